@@ -1,0 +1,3 @@
+from k26ops.cli import main
+
+main()

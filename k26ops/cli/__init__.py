@@ -1,0 +1,58 @@
+"""The `k26ops` command: parses arguments and prints; the work lives elsewhere.
+
+Each command group lives in its own module here and is registered below.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from k26ops import __version__
+from k26ops.cli.context import Settings
+from k26ops.errors import EXIT_INTERRUPTED, UserError
+
+
+class K26Group(click.Group):
+    """Turns UserError into one line on stderr and an exit code; never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            click.echo(f"k26ops: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("k26ops: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="k26ops")
+@click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
+              help="Inventory YAML (default: $K26OPS_INVENTORY, else the running lab's).")
+@click.option("--limit", "-l", metavar="HOST[,HOST]", help="Only these hosts or groups.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
+@click.option("--lab-dir", metavar="DIR", envvar="K26OPS_LAB_DIR", hidden=True)
+@click.pass_context
+def cli(ctx, inventory, limit, as_json, verbose, lab_dir):
+    """Deploy, baseline, roll back and diagnose a TP8 DDTree SGLang engine over SSH."""
+    ctx.obj = Settings(inventory=inventory, limit=limit, as_json=as_json,
+                       verbose=verbose, lab_dir=lab_dir)
+
+
+def _register() -> None:
+    from k26ops.cli import diagnose, inventory, lab
+
+    for module in (lab, inventory, diagnose):
+        cli.add_command(module.group)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="k26ops")

@@ -1,0 +1,36 @@
+"""Global options shared by every command."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def default_lab_dir() -> Path:
+    return Path(os.environ.get("K26OPS_LAB_DIR") or Path.home() / ".local/share/k26ops/lab")
+
+
+@dataclass
+class Settings:
+    inventory: str | None = None
+    limit: str | None = None
+    as_json: bool = False
+    verbose: int = 0
+    lab_dir: str | None = None
+
+    @property
+    def lab_path(self) -> Path:
+        return Path(self.lab_dir) if self.lab_dir else default_lab_dir()
+
+    def inventory_path(self) -> Path:
+        """--inventory, else $K26OPS_INVENTORY, else the running lab's inventory."""
+        from k26ops.errors import UserError
+
+        if self.inventory:
+            return Path(self.inventory)
+        lab_inv = self.lab_path / "inventory.yml"
+        if lab_inv.exists():
+            return lab_inv
+        raise UserError("no inventory: pass --inventory PATH, set K26OPS_INVENTORY, "
+                        "or start the lab with `k26ops lab up`")
