@@ -1,0 +1,74 @@
+"""`k26ops lab`: boot, inspect and stop the local lab of nspawn hosts."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from k26ops.lab.machines import DEFAULT_BASE_PORT, Lab
+
+
+def _lab(ctx, directory) -> Lab:
+    return Lab(directory or ctx.obj.lab_path)
+
+
+@click.group(name="lab")
+def group():
+    """A local lab of real Debian hosts (systemd, sshd) in nspawn containers."""
+
+
+@group.command()
+@click.option("--hosts", "count", type=int, default=2, show_default=True, help="How many hosts.")
+@click.option("--dir", "directory", metavar="DIR", help="Lab directory (default: ~/.local/share/k26ops/lab).")
+@click.option("--base-port", type=int, default=DEFAULT_BASE_PORT, show_default=True,
+              help="sshd port of the first host; the others follow.")
+@click.pass_context
+def up(ctx, count, directory, base_port):
+    """Boot the lab's hosts (builds the base image once)."""
+    lab = _lab(ctx, directory)
+    err = Console(stderr=True)
+    hosts = lab.up(count, base_port, log=lambda m: err.print(f"[dim]{m}[/dim]"))
+    if ctx.obj.as_json:
+        click.echo(json.dumps({"dir": str(lab.dir), "inventory": str(lab.inventory_file),
+                               "hosts": [h.__dict__ for h in hosts]}))
+        return
+    click.echo(f"lab up: {len(hosts)} hosts ({', '.join(h.name for h in hosts)})")
+    click.echo(f"inventory: {lab.inventory_file}")
+    click.echo(f"ssh: ssh -i {lab.dir}/id_ed25519 -o UserKnownHostsFile={lab.dir}/known_hosts "
+               f"-o StrictHostKeyChecking=yes -p {hosts[0].port} root@127.0.0.1")
+
+
+@group.command()
+@click.option("--dir", "directory", metavar="DIR", help="Lab directory.")
+@click.pass_context
+def status(ctx, directory):
+    """Show the lab's hosts and whether they answer."""
+    lab = _lab(ctx, directory)
+    rows = lab.status()
+    if ctx.obj.as_json:
+        click.echo(json.dumps({"dir": str(lab.dir), "hosts": rows}))
+        return
+    if not rows:
+        click.echo(f"no lab in {lab.dir}")
+        return
+    table = Table("host", "ssh port", "engine port", "pid", "running", "sshd")
+    for r in rows:
+        table.add_row(r["name"], str(r["port"]), str(r["engine_port"]), str(r["pid"]),
+                      "yes" if r["running"] else "NO", "answers" if r["ssh"] else "NO")
+    Console().print(table)
+
+
+@group.command()
+@click.option("--dir", "directory", metavar="DIR", help="Lab directory.")
+@click.pass_context
+def down(ctx, directory):
+    """Stop every host the lab started."""
+    lab = _lab(ctx, directory)
+    names = lab.down()
+    if ctx.obj.as_json:
+        click.echo(json.dumps({"stopped": names}))
+    else:
+        click.echo(f"lab down: stopped {len(names)} hosts" if names else f"no lab in {lab.dir}")

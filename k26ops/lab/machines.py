@@ -1,0 +1,282 @@
+"""Boot, watch and stop the lab's nspawn hosts; record them in the lab dir.
+
+Layout of a lab dir:
+  lab.json            the hosts this lab started (name, port, pid, start time)
+  id_ed25519[.pub]    the per-lab client key
+  known_hosts         each host's real host key, for strict checking
+  inventory.yml       the lab's inventory (what k26ops uses by default)
+  hosts/NAME/         per-host files bound into the host (sshd drop-in, host key,
+                      hostname) and its console log
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from k26ops.errors import UserError
+from k26ops.lab import rootfs
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+DEFAULT_BASE_PORT = 2221
+ENGINE_BASE_PORT = 30001
+
+
+@dataclass
+class LabHost:
+    name: str
+    port: int
+    pid: int
+    started: str  # /proc start time of the nspawn process, to recognise pid reuse
+    engine_port: int
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _is_ours(h: LabHost) -> bool:
+    if _proc_start(h.pid) != h.started:
+        return False
+    try:
+        return b"systemd-nspawn" in Path(f"/proc/{h.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _banner(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(8).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+class Lab:
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "lab.json"
+
+    @property
+    def inventory_file(self) -> Path:
+        return self.dir / "inventory.yml"
+
+    def hosts(self) -> list[LabHost]:
+        if not self.state_file.exists():
+            return []
+        data = json.loads(self.state_file.read_text())
+        return [LabHost(**h) for h in data.get("hosts", [])]
+
+    def _save(self, hosts: list[LabHost], image: Path) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rootfs": str(image), "hosts": [asdict(h) for h in hosts]}, indent=1))
+        tmp.replace(self.state_file)
+
+    def status(self) -> list[dict]:
+        out = []
+        for h in self.hosts():
+            alive = _is_ours(h)
+            out.append({**asdict(h), "running": alive, "ssh": alive and _banner(h.port)})
+        return out
+
+    # -- up ------------------------------------------------------------------
+    def up(self, count: int = 2, base_port: int = DEFAULT_BASE_PORT, log=print) -> list[LabHost]:
+        _preflight()
+        existing = self.hosts()
+        if existing:
+            alive = [h for h in existing if _is_ours(h)]
+            if len(alive) == len(existing) and len(existing) == count:
+                log(f"lab already up in {self.dir} ({count} hosts); nothing to do")
+                return existing
+            if len(alive) == len(existing):
+                raise UserError(f"lab in {self.dir} is up with {len(existing)} hosts, not {count}: "
+                                "run `k26ops lab down` first")
+            raise UserError(f"lab in {self.dir} is half-started ({len(alive)} of {len(existing)} hosts "
+                            "running): run `k26ops lab down` first")
+        if count < 1 or count > 64:
+            raise UserError(f"--hosts {count}: must be between 1 and 64")
+        ports = [base_port + i for i in range(count)]
+        for p in ports:
+            if not _port_free(p):
+                raise UserError(f"port 127.0.0.1:{p} is in use: stop what listens there or pass --base-port")
+        image = rootfs.ensure(log=log)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._client_key()
+        started: list[LabHost] = []
+        try:
+            known = []
+            for i, port in enumerate(ports):
+                name = f"lab{i + 1}"
+                h, key_line = self._boot(name, port, ENGINE_BASE_PORT + i, image)
+                started.append(h)
+                known.append(key_line)
+                self._save(started, image)
+            (self.dir / "known_hosts").write_text("".join(known))
+            self._wait_ssh(started)
+            self._write_inventory(started)
+        except BaseException:
+            self._stop(started)
+            self.state_file.unlink(missing_ok=True)
+            raise
+        return started
+
+    def _client_key(self) -> None:
+        key = self.dir / "id_ed25519"
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "k26ops-lab",
+                            "-f", str(key)], check=True)
+        auth = self.dir / "authorized_keys"
+        auth.write_text((self.dir / "id_ed25519.pub").read_text())
+        auth.chmod(0o600)
+
+    def _boot(self, name: str, port: int, engine_port: int, image: Path) -> tuple[LabHost, str]:
+        hdir = self.dir / "hosts" / name
+        if hdir.exists():
+            shutil.rmtree(hdir)
+        (hdir / "ssh").mkdir(parents=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}-hostkey",
+                        "-f", str(hdir / "ssh/ssh_host_ed25519_key")], check=True)
+        (hdir / "sshd.conf").write_text(
+            f"# k26ops lab host {name}\nPort {port}\nListenAddress 127.0.0.1\n"
+            "HostKey /etc/ssh/k26ops/ssh_host_ed25519_key\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nMaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\n")
+        (hdir / "hostname").write_text(name + "\n")
+        pub = (hdir / "ssh/ssh_host_ed25519_key.pub").read_text().split()
+        key_line = f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n"
+        binds = [
+            f"--bind-ro={hdir / 'sshd.conf'}:/etc/ssh/sshd_config.d/k26ops-lab.conf",
+            f"--bind={hdir / 'ssh'}:/etc/ssh/k26ops",
+            f"--bind-ro={self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys",
+            f"--bind-ro={hdir / 'hostname'}:/etc/hostname",
+        ]
+        if (FIXTURES / "nvidia-smi").exists():
+            binds.append(f"--bind-ro={FIXTURES / 'nvidia-smi'}:/usr/local/bin/nvidia-smi")
+        if CA_BUNDLE.exists():
+            binds.append(f"--bind-ro={CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt")
+        cmd = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(image),
+               "--ephemeral", "-b", f"--machine=k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-"),
+               "--console=read-only", *binds]
+        with open(hdir / "console.log", "wb") as console:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        time.sleep(0.05)
+        return LabHost(name, port, proc.pid, _proc_start(proc.pid) or "", engine_port), key_line
+
+    def _wait_ssh(self, hosts: list[LabHost], timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(hosts)
+        while pending:
+            for h in list(pending):
+                if not _is_ours(h):
+                    log = (self.dir / "hosts" / h.name / "console.log").read_text(errors="replace")
+                    tail = " | ".join(log.strip().splitlines()[-3:])
+                    raise UserError(f"lab host {h.name} exited while booting: {tail}")
+                if _banner(h.port):
+                    pending.remove(h)
+            if pending and time.monotonic() > deadline:
+                raise UserError(f"lab hosts {', '.join(h.name for h in pending)} did not answer ssh "
+                                f"within {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def _write_inventory(self, hosts: list[LabHost]) -> None:
+        inv = {
+            "vars": {
+                "gpus_per_host": 8,
+                "compute_capability": "12.0",
+                "recipe": "lab",
+            },
+            "hosts": {
+                h.name: {
+                    "address": "127.0.0.1", "port": h.port, "user": "root",
+                    "identity_file": str(self.dir / "id_ed25519"),
+                    "known_hosts": str(self.dir / "known_hosts"),
+                    "vars": {"engine_port": h.engine_port},
+                } for h in hosts
+            },
+            "groups": {"lab": {"hosts": [h.name for h in hosts]}},
+        }
+        header = "# k26ops lab inventory, written by `k26ops lab up`; hosts are local nspawn containers.\n"
+        self.inventory_file.write_text(header + yaml.safe_dump(inv, sort_keys=False))
+
+    # -- down ----------------------------------------------------------------
+    def down(self) -> list[str]:
+        hosts = self.hosts()
+        self._stop(hosts)
+        self.state_file.unlink(missing_ok=True)
+        self.inventory_file.unlink(missing_ok=True)
+        return [h.name for h in hosts]
+
+    def stop_host(self, name: str) -> None:
+        """Stop one host's container (as a crash would: the host disappears)."""
+        self._stop([h for h in self.hosts() if h.name == name])
+
+    @staticmethod
+    def _stop(hosts: list[LabHost], timeout: float = 20.0) -> None:
+        ours = [h for h in hosts if _is_ours(h)]
+        for h in ours:
+            try:
+                os.kill(h.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        for h in ours:
+            while _is_ours(h) and time.monotonic() < deadline:
+                _reap(h.pid)
+                time.sleep(0.1)
+            if _is_ours(h):
+                try:
+                    os.killpg(h.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                for _ in range(50):
+                    _reap(h.pid)
+                    if not _is_ours(h):
+                        break
+                    time.sleep(0.1)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _preflight() -> None:
+    if os.geteuid() != 0:
+        raise UserError("the lab needs root (systemd-nspawn boots containers): run as root")
+    if not shutil.which("systemd-nspawn"):
+        raise UserError("systemd-nspawn is missing: apt-get install systemd-container")
+    if not shutil.which("debootstrap"):
+        raise UserError("debootstrap is missing: apt-get install debootstrap")
+    if not shutil.which("ssh-keygen"):
+        raise UserError("ssh-keygen is missing: apt-get install openssh-client")
