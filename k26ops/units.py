@@ -1,0 +1,381 @@
+"""The engine's systemd unit and env file: the command line, Jinja rendering of
+templates/, and escaping.
+
+Why its own module: every flag and secret reaches the host through these two
+files, so escaping (systemd.service(5) "Command lines", systemd.exec(5)
+"EnvironmentFile=") and redaction live in one tested place. Everything here is
+pure: no host access.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import jinja2
+
+from k26ops.errors import UserError
+
+TEMPLATES_DIR = Path(os.environ.get("K26OPS_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
+UNIT_TEMPLATE = "sglang.service.j2"
+ENV_TEMPLATE = "sglang.env.j2"
+REDACTED = "<redacted>"
+
+RELEASE_DIR = "/opt/k26ops/releases/current"
+ENV_FILE = "/etc/k26ops/sglang.env"
+
+# Flags engine_argv sets itself; extra_args may not repeat them.
+MANAGED_FLAGS = frozenset({
+    "--model-path", "--tp-size", "--trust-remote-code", "--served-model-name",
+    "--speculative-algorithm", "--speculative-draft-model-path",
+    "--speculative-ddtree-budget", "--speculative-dflash-block-size", "--page-size",
+    "--disable-cuda-graph", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill",
+    "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr",
+})
+
+UNIT_DEFAULTS = {
+    "description": "SGLang engine (k26ops)",
+    "release_id": None,
+    "user": None,
+    "group": None,
+    "working_directory": None,
+    "env_file": ENV_FILE,
+    "restart_sec": 10,
+    "timeout_start_sec": 3600,
+    "timeout_stop_sec": 120,
+    "start_limit_interval_sec": 7200,
+    "start_limit_burst": 3,
+    "limit_nofile": 1048576,
+    "syslog_identifier": "sglang",
+}
+
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_ASSIGN = re.compile(r"(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_.-]*)[ \t]*=[ \t]*")
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+# ---------------------------------------------------------------- escaping
+
+def _check_text(value: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise UserError(f"{what}: expected text, got {type(value).__name__} {value!r}")
+    bad = [c for c in value if (ord(c) < 32 and c != "\t") or ord(c) == 127]
+    if bad:
+        raise UserError(f"{what}: control character {bad[0]!r} not allowed in {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{what}: not valid UTF-8: {value!r}") from None
+    return value
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart= word that systemd turns back into exactly `arg` at exec time.
+
+    Specifiers (`%`) and environment references (`$`) are doubled; anything
+    beyond a plain word is double-quoted with C escapes for `\\` and `"`.
+    Newlines and other control characters are refused (tab becomes `\\t`)."""
+    _check_text(arg, "ExecStart argument")
+    word = arg.replace("%", "%%").replace("$", "$$")
+    if _SAFE_WORD.fullmatch(arg):
+        return word
+    word = word.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t")
+    return f'"{word}"'
+
+
+def systemd_exec(argv: Iterable[str]) -> str:
+    """An ExecStart= value: the executable (absolute path) and its quoted arguments."""
+    argv = list(argv)
+    if not argv:
+        raise UserError("ExecStart: empty command line")
+    exe = _check_text(argv[0], "ExecStart executable")
+    if not exe.startswith("/") or "$" in exe:
+        raise UserError(f"ExecStart executable must be an absolute path without '$': {exe!r}")
+    return " ".join(systemd_quote(a) for a in argv)
+
+
+def unit_value(value) -> str:
+    """A free-text unit setting (Description=, User=): no control chars, `%` doubled."""
+    return _check_text(str(value), "unit setting").replace("%", "%%")
+
+
+def unit_path(value) -> str:
+    """A path setting (EnvironmentFile=, WorkingDirectory=): absolute, no whitespace."""
+    text = _check_text(str(value), "unit path")
+    if not text.startswith("/") or any(c.isspace() for c in text):
+        raise UserError(f"unit path must be absolute without whitespace: {text!r}")
+    return text.replace("%", "%%")
+
+
+def int_value(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"unit setting: expected a non-negative integer, got {value!r}")
+    return str(value)
+
+
+def env_quote(value) -> str:
+    """A value for an EnvironmentFile= line: double-quoted; `\\ " $ \\`` escaped.
+
+    systemd.exec(5) and a POSIX shell both read it back as `value`."""
+    text = _check_text(str(value), "env value")
+    for ch in '\\"$`':
+        text = text.replace(ch, "\\" + ch)
+    return f'"{text}"'
+
+
+def env_line(key: str, value) -> str:
+    if not isinstance(key, str) or not _ENV_KEY.fullmatch(key):
+        raise UserError(f"env file: invalid variable name {key!r}")
+    if value is None or isinstance(value, (dict, list)):
+        raise UserError(f"env file: {key} needs a text or number value, got {value!r}")
+    if isinstance(value, bool):
+        value = "1" if value else "0"
+    return f"{key}={env_quote(value)}"
+
+
+# ---------------------------------------------------------------- engine argv
+
+def _req(profile: Mapping, key: str):
+    if profile.get(key) in (None, ""):
+        raise UserError(f"engine profile: missing required setting {key!r}")
+    return profile[key]
+
+
+def _int(profile: Mapping, key: str, minimum: int = 0) -> int | None:
+    value = profile.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"engine profile: {key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _extra_args(extra) -> list[str]:
+    """extra_args: a list of words, or a mapping flag -> value (True: bare flag;
+    False/None: omitted; list: the flag repeated per item)."""
+    if extra is None:
+        return []
+    out: list[str] = []
+    if isinstance(extra, Mapping):
+        for flag, value in extra.items():
+            flag = str(flag) if str(flag).startswith("--") else f"--{flag}"
+            if value is None or value is False:
+                continue
+            values = value if isinstance(value, list) else [value]
+            for v in values:
+                out += [flag] if v is True else [flag, str(v)]
+    elif isinstance(extra, (list, tuple)):
+        out = [str(a) for a in extra]
+    else:
+        raise UserError(f"engine profile: extra_args must be a list or mapping, got {extra!r}")
+    for word in out:
+        _check_text(word, "engine extra_args")
+        if word.split("=", 1)[0] in MANAGED_FLAGS:
+            raise UserError(f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
+                            "it comes from the profile's own setting")
+    return out
+
+
+def engine_argv(profile: Mapping) -> list[str]:
+    """The engine's command line (python -m launch_module and flags) for a profile.
+
+    Keys: model_path (required), draft_model_path, launch_module
+    (sglang.launch_server), python or release_dir, tp_size (8),
+    trust_remote_code (True), served_model_name, speculative_algorithm (DDTREE),
+    speculative_ddtree_budget, speculative_dflash_block_size, page_size,
+    disable_cuda_graph, cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill,
+    host (127.0.0.1), port (30000), nnodes (1) with node_rank and
+    dist_init_addr from the caller when > 1, extra_args."""
+    python = profile.get("python") or f"{profile.get('release_dir') or RELEASE_DIR}/venv/bin/python"
+    module = profile.get("launch_module") or "sglang.launch_server"
+    if not isinstance(module, str) or not _MODULE.fullmatch(module):
+        raise UserError(f"engine profile: launch_module is not a Python module name: {module!r}")
+    argv = [str(python), "-m", module, "--model-path", str(_req(profile, "model_path"))]
+    argv += ["--tp-size", str(_int(profile, "tp_size", 1) or 8)]
+    if profile.get("trust_remote_code", True):
+        argv.append("--trust-remote-code")
+    if profile.get("served_model_name"):
+        argv += ["--served-model-name", str(profile["served_model_name"])]
+    algo = profile.get("speculative_algorithm", "DDTREE")
+    if algo:
+        argv += ["--speculative-algorithm", str(algo)]
+        argv += ["--speculative-draft-model-path", str(_req(profile, "draft_model_path"))]
+        for key in ("speculative_ddtree_budget", "speculative_dflash_block_size"):
+            if (value := _int(profile, key, 1)) is not None:
+                argv += ["--" + key.replace("_", "-"), str(value)]
+    if (page := _int(profile, "page_size", 1)) is not None:
+        argv += ["--page-size", str(page)]
+    if profile.get("disable_cuda_graph"):
+        argv.append("--disable-cuda-graph")
+    else:
+        for key in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill"):
+            if (value := _int(profile, key, 1)) is not None:
+                argv += ["--" + key.replace("_", "-"), str(value)]
+    argv += ["--host", str(profile.get("host") or "127.0.0.1")]
+    argv += ["--port", str(_int(profile, "port", 1) or 30000)]
+    nnodes = _int(profile, "nnodes", 1) or 1
+    if nnodes > 1:
+        rank = _int(profile, "node_rank", 0)
+        addr = profile.get("dist_init_addr")
+        if rank is None or rank >= nnodes:
+            raise UserError(f"engine profile: node_rank must be in 0..{nnodes - 1}, got {rank!r}")
+        if not addr or not isinstance(addr, str) or any(c.isspace() for c in addr):
+            raise UserError(f"engine profile: nnodes={nnodes} needs dist_init_addr host:port, got {addr!r}")
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", addr]
+    argv += _extra_args(profile.get("extra_args"))
+    for word in argv:
+        _check_text(word, "engine argument")
+    return argv
+
+
+# ---------------------------------------------------------------- rendering
+
+def _environment(templates_dir: Path | None) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir or TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined, autoescape=False,
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters.update(systemd_exec=systemd_exec, unit_value=unit_value,
+                       unit_path=unit_path, int_value=int_value, env_quote=env_quote)
+    env.globals["env_line"] = env_line
+    return env
+
+
+def render(template: str, ctx: Mapping, templates_dir: Path | None = None) -> str:
+    """Render one template strictly: an undefined variable is a UserError naming it."""
+    try:
+        return _environment(templates_dir).get_template(template).render(**ctx)
+    except jinja2.TemplateNotFound:
+        raise UserError(f"template {template} not found in {templates_dir or TEMPLATES_DIR}") from None
+    except jinja2.UndefinedError as exc:
+        raise UserError(f"template {template}: undefined variable: {exc.message}") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"template {exc.filename or template}:{exc.lineno}: {exc.message}") from None
+
+
+def render_unit(ctx: Mapping, templates_dir: Path | None = None) -> str:
+    """The unit file text. ctx: `argv` (or `profile`, turned into argv by
+    engine_argv) plus any of UNIT_DEFAULTS' keys."""
+    full = {**UNIT_DEFAULTS, **ctx}
+    if "argv" not in full and "profile" in full:
+        full["argv"] = engine_argv(full["profile"])
+    return render(UNIT_TEMPLATE, full, templates_dir)
+
+
+def render_env(ctx: Mapping, templates_dir: Path | None = None) -> str:
+    """The env file text. ctx: `env`, a mapping of variable -> value (secrets included)."""
+    return render(ENV_TEMPLATE, ctx, templates_dir)
+
+
+# ---------------------------------------------------------------- secrets
+
+def is_secret_key(name: str) -> bool:
+    """HF_TOKEN, *_TOKEN, *_KEY, *SECRET*, *PASSWORD* (any case)."""
+    up = name.upper()
+    return (up.endswith("TOKEN") or up.endswith("_KEY") or up == "KEY"
+            or "SECRET" in up or "PASSWORD" in up or "PASSWD" in up)
+
+
+def secrets_of(env: Mapping) -> list[str]:
+    """The values of an env mapping's secret keys (for redact)."""
+    return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")]
+
+
+def redact(text: str, secrets: Iterable[str] | Mapping) -> str:
+    """`text` with every secret value (also in its quoted/escaped spellings)
+    replaced by <redacted>. A Mapping is read as an env: its secret keys' values."""
+    values = secrets_of(secrets) if isinstance(secrets, Mapping) else [str(s) for s in secrets if s]
+    forms: set[str] = set()
+    for s in values:
+        forms |= {s, json.dumps(s)[1:-1], shlex.quote(s)}
+        try:
+            forms |= {env_quote(s)[1:-1], systemd_quote(s).strip('"')}
+        except UserError:
+            pass
+    for form in sorted((f for f in forms if f), key=len, reverse=True):
+        text = text.replace(form, REDACTED)
+    return text
+
+
+def parse_env(text: str) -> list[tuple[str, str, int, int]]:
+    """(key, value, value_start, value_end) for each assignment, read the way
+    systemd reads an EnvironmentFile= (comments, quotes, escapes, continuations)."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n:
+            break
+        if text[i] in "#;":
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        m = _ENV_ASSIGN.match(text, i)
+        if not m:
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        key, start = m.group(1), m.end()
+        value, j = _env_value(text, start)
+        out.append((key, value, start, j))
+        i = j
+    return out
+
+
+def _env_value(text: str, i: int) -> tuple[str, int]:
+    """systemd's value state machine: quotes open only where a value (or a
+    quoted part) starts; trailing unquoted whitespace is dropped."""
+    n, buf, keep, state = len(text), [], 0, "pre"
+    while i < n:
+        c = text[i]
+        if state in ("pre", "value") and c in "\n\r":
+            break
+        if state == "pre" and c in "'\"":
+            state = "single" if c == "'" else "double"
+        elif state in ("pre", "value") and c == "\\":
+            if i + 1 < n and text[i + 1] != "\n":
+                buf.append(text[i + 1])
+                keep = len(buf)
+            i += 1
+            state = "value"
+        elif state == "pre" and c in " \t":
+            pass
+        elif state in ("pre", "value"):
+            state = "value"
+            buf.append(c)
+            if c not in " \t":
+                keep = len(buf)
+        elif state == "single":
+            if c == "'":
+                state = "pre"
+            else:
+                buf.append(c)
+                keep = len(buf)
+        else:  # double
+            if c == '"':
+                state = "pre"
+            elif c == "\\" and i + 1 < n:
+                nxt = text[i + 1]
+                buf += [] if nxt == "\n" else [nxt] if nxt in '"\\`$' else ["\\", nxt]
+                keep = len(buf)
+                i += 1
+            else:
+                buf.append(c)
+                keep = len(buf)
+        i += 1
+    return "".join(buf[:keep]), i
+
+
+def env_for_baseline(env_text: str, marker: str = REDACTED) -> str:
+    """The env file text with each secret key's value replaced by `marker`
+    (the baselines repository keeps the file's shape, never the secret)."""
+    for key, _value, start, end in reversed(parse_env(env_text)):
+        if is_secret_key(key):
+            env_text = env_text[:start] + marker + env_text[end:]
+    return env_text
