@@ -1,0 +1,89 @@
+"""Host facts: shell commands plus pure parsers, gathered in one remote call.
+
+    from k26ops import facts
+    values = facts.gather(runner)                      # every fact
+    values = facts.gather(runner, ["gpus", "python3"])  # a subset
+    values = facts.gather(runner, extra=[facts.disk_free_fact(["/models"])])
+
+`runner` is anything with `.run(command, *, stdin=None, timeout=None)`
+returning an object with `.exited`, `.stdout`, `.stderr` (a Fabric
+Connection wrapper, or a local subprocess runner). One `run` call ships
+remote_gather.py and the command list; parsing happens here. Fact values
+carry errors ({"error": ...}, None) instead of raising; only a failure of the
+gathering itself (no python3 on the host, garbled output) raises GatherError.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from k26ops.facts import cuda, disk, gpu
+from k26ops.facts import os as os_facts
+from k26ops.facts.base import Fact
+from k26ops.facts.disk import disk_free_fact
+
+FACTS: dict[str, Fact] = {**gpu.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS}
+REMOTE_SCRIPT = Path(__file__).with_name("remote_gather.py")
+SLACK_S = 15.0
+
+__all__ = ["FACTS", "Fact", "GatherError", "gather", "command_list", "remote_command",
+           "parse_results", "disk_free_fact"]
+
+
+class GatherError(Exception):
+    """The gatherer itself failed on the host (not one fact)."""
+
+
+def _select(names=None, extra=()) -> list[Fact]:
+    table = dict(FACTS)
+    for f in extra:
+        table[f.name] = f
+    wanted = list(names) if names is not None else list(table)
+    for f in extra:
+        if f.name not in wanted:
+            wanted.append(f.name)
+    unknown = [n for n in wanted if n not in table]
+    if unknown:
+        raise KeyError(f"unknown fact(s): {', '.join(unknown)} (known: {', '.join(table)})")
+    return [table[n] for n in wanted]
+
+
+def command_list(names=None, extra=()) -> list[dict]:
+    """The JSON-able list remote_gather.py reads on stdin."""
+    return [{"name": f.name, "command": f.command, "timeout": f.timeout} for f in _select(names, extra)]
+
+
+def remote_command(python: str = "python3") -> str:
+    """`python3 -c '<remote_gather.py>'`: the one command sent to the host."""
+    return f"{shlex.quote(python)} -c {shlex.quote(REMOTE_SCRIPT.read_text())}"
+
+
+def parse_results(raw: dict, names=None, extra=()) -> dict:
+    """Raw {name: {rc, stdout, stderr}} -> {name: parsed value}."""
+    out = {}
+    for f in _select(names, extra):
+        r = raw.get(f.name)
+        if r is None:
+            out[f.name] = {"error": "not gathered"}
+        elif r.get("rc") == 124 and "timed out" in r.get("stderr", ""):
+            out[f.name] = {"error": f"timed out after {f.timeout:g} s: {f.command[:80]}"}
+        else:
+            out[f.name] = f.parse(r.get("stdout", ""), int(r.get("rc", 0)))
+    return out
+
+
+def gather(host_runner, names=None, *, extra=(), python: str = "python3") -> dict:
+    """All (or the named) facts of one host in one `host_runner.run` call."""
+    items = command_list(names, extra)
+    timeout = max((i["timeout"] for i in items), default=0) + SLACK_S
+    res = host_runner.run(remote_command(python), stdin=json.dumps(items), timeout=timeout)
+    if res.exited != 0:
+        why = (res.stderr or res.stdout or "").strip().splitlines()
+        raise GatherError(f"fact gathering exited {res.exited}: {why[-1] if why else 'no output'}")
+    try:
+        raw = json.loads(res.stdout)
+    except ValueError as e:
+        raise GatherError(f"fact gathering printed no JSON ({e}): {res.stdout[:200]!r}") from None
+    return parse_results(raw, names, extra)

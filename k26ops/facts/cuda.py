@@ -1,0 +1,53 @@
+"""CUDA toolkit fact: which nvcc exists and its version.
+
+Why: the engine JIT-compiles kernels (FlashInfer, SGLang) and the self-test
+builds one with nvcc; k26ops may install its own toolchain under
+/opt/k26ops/toolchain, which is not on PATH, so that place is searched too.
+"""
+
+from __future__ import annotations
+
+import re
+
+from k26ops.facts.base import Fact, safe
+
+TOOLCHAIN_DIR = "/opt/k26ops/toolchain"
+# Each candidate prints '== <path>' then its `nvcc --version`; PATH's first.
+NVCC_COMMAND = (
+    'for n in "$(command -v nvcc 2>/dev/null)" ' + TOOLCHAIN_DIR + "/cuda-*/bin/nvcc "
+    + TOOLCHAIN_DIR + "/*/bin/nvcc /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do "
+    '[ -n "$n" ] && [ -x "$n" ] || continue; '
+    'echo "== $n"; "$n" --version 2>&1; done; true'
+)
+_REL_RE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
+
+
+def parse_nvcc_version(text: str) -> dict | None:
+    """`nvcc --version` text -> {"release": "13.0", "version": "13.0.88"}, None if not nvcc's."""
+    m = _REL_RE.search(text)
+    return {"release": m.group(1), "version": m.group(2)} if m else None
+
+
+@safe
+def parse_cuda_toolkit(stdout: str, rc: int) -> dict | None:
+    """None when no nvcc anywhere; else the first (PATH wins) plus every install found.
+
+    Also accepts a bare `nvcc --version` output (no '== path' lines).
+    """
+    if "== " not in stdout:
+        v = parse_nvcc_version(stdout)
+        return {**v, "path": None, "installs": [{**v, "path": None}]} if v else None
+    installs, seen = [], set()
+    for block in re.split(r"^== ", stdout, flags=re.M)[1:]:
+        path, _, rest = block.partition("\n")
+        v = parse_nvcc_version(rest)
+        real = path.strip()
+        if v and real not in seen:
+            seen.add(real)
+            installs.append({"path": real, **v})
+    if not installs:
+        return None
+    return {**installs[0], "installs": installs}
+
+
+FACTS = {"cuda_toolkit": Fact("cuda_toolkit", NVCC_COMMAND, parse_cuda_toolkit)}
