@@ -5,7 +5,6 @@ Each command group lives in its own module here and is registered below.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -36,12 +35,22 @@ class K26Group(click.Group):
 @click.option("--limit", "-l", metavar="HOST[,HOST]", help="Only these hosts or groups.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
+@click.option("--forks", "-f", type=click.IntRange(1, 512), default=16, show_default=True,
+              help="Hosts worked on at once.")
+@click.option("--deadline", type=click.FloatRange(1), default=3600, show_default=True,
+              help="Seconds one host may take before it is reported failed.")
+@click.option("--connect-timeout", type=click.FloatRange(0.1), default=10, show_default=True,
+              help="Seconds to wait for a host's SSH connection.")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust-on-first-use: record unknown host keys (changed keys are always refused).")
 @click.option("--lab-dir", metavar="DIR", envvar="K26OPS_LAB_DIR", hidden=True)
 @click.pass_context
-def cli(ctx, inventory, limit, as_json, verbose, lab_dir):
+def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeout,
+        accept_new_host_keys, lab_dir):
     """Deploy, baseline, roll back and diagnose a TP8 DDTree SGLang engine over SSH."""
-    ctx.obj = Settings(inventory=inventory, limit=limit, as_json=as_json,
-                       verbose=verbose, lab_dir=lab_dir)
+    ctx.obj = Settings(inventory=inventory, limit=limit, as_json=as_json, verbose=verbose,
+                       lab_dir=lab_dir, forks=forks, deadline=deadline,
+                       connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
 
 
 def _register() -> None:

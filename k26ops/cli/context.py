@@ -18,6 +18,10 @@ class Settings:
     as_json: bool = False
     verbose: int = 0
     lab_dir: str | None = None
+    forks: int = 16
+    deadline: float = 3600.0
+    connect_timeout: float = 10.0
+    accept_new_host_keys: bool = False
 
     @property
     def lab_path(self) -> Path:
@@ -34,3 +38,22 @@ class Settings:
             return lab_inv
         raise UserError("no inventory: pass --inventory PATH, set K26OPS_INVENTORY, "
                         "or start the lab with `k26ops lab up`")
+
+    def fleet_options(self):
+        from k26ops.fleet import FleetOptions
+
+        return FleetOptions(forks=self.forks, deadline=self.deadline,
+                            connect_timeout=self.connect_timeout,
+                            accept_new_host_keys=self.accept_new_host_keys)
+
+    def selected_hosts(self):
+        """The inventory's hosts after --limit (UserError on a bad inventory or limit)."""
+        from k26ops import inventory
+
+        inv = inventory.load(self.inventory_path())
+        hosts = inv.select(self.limit)
+        if not hosts:
+            from k26ops.errors import UserError
+
+            raise UserError(f"{inv.path}: no hosts selected")
+        return hosts

@@ -1,0 +1,31 @@
+# The two commands a newcomer needs: `make demo` and `make test` (see README.md).
+PY ?= python3
+PIP ?= $(PY) -m pip
+
+.PHONY: demo test deps system-deps python-deps lab-down
+
+system-deps:
+	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v ssh >/dev/null \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      systemd-container debootstrap openssh-client git make >/dev/null)
+
+python-deps:
+	$(PIP) install -q -e '.[test]'
+	$(PY) -c 'import torch' 2>/dev/null || $(PIP) install -q 'torch==2.13.0'
+
+deps: system-deps python-deps
+
+# The main job on the built-in default, the local lab.
+K26 = $(PY) -m k26ops
+demo: system-deps
+	$(PIP) install -q -e .
+	$(K26) lab up
+	$(K26) inventory list
+	$(K26) facts
+	$(K26) check
+
+test: deps
+	$(PY) -m pytest -q
+
+lab-down:
+	$(PY) -m k26ops lab down

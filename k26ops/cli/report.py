@@ -1,0 +1,64 @@
+"""Per-host results: a summary table for people, JSON for scripts, and the exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
+from k26ops.errors import EXIT_INTERRUPTED
+
+STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red",
+         "interrupted": "magenta"}
+
+
+def run_and_report(settings, work, *, title: str, columns=(), render=None) -> None:
+    """Run `work` over the selected hosts, print, and exit with the fleet's code.
+
+    `columns` are (header, key) pairs taken from each host's data for the table.
+    `render(results)` may print extra human detail after the table.
+    """
+    hosts = settings.selected_hosts()
+    err = Console(stderr=True)
+    fleet = Fleet(hosts, settings.fleet_options(),
+                  on_event=(lambda h, m: err.print(f"[dim]{h}: {m}[/dim]")) if settings.verbose else None)
+    try:
+        results = fleet.run(work)
+    except FleetInterrupted as exc:
+        print_results(settings, exc.results, title, columns)
+        click.echo(f"k26ops: {exc}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        fleet.close()
+    print_results(settings, results, title, columns)
+    if render and not settings.as_json:
+        render(results)
+    sys.exit(exit_code(results))
+
+
+def print_results(settings, results: list[HostResult], title: str, columns=()) -> None:
+    if settings.as_json:
+        click.echo(json.dumps({"hosts": {r.host: r.to_json() for r in results}}, default=str))
+        return
+    table = Table("host", "status", *[c[0] for c in columns], "time", "detail", title=title)
+    for r in results:
+        cells = [_cell(r.data.get(key)) for _, key in columns]
+        table.add_row(r.host, f"[{STYLE.get(r.status, 'white')}]{r.status}[/]", *cells,
+                      f"{r.elapsed:.1f}s", r.error or "")
+    Console(width=max(100, Console().width)).print(table)
+    counts = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)

@@ -1,0 +1,175 @@
+"""Run one unit of work per host, in parallel, bounded, with per-host deadlines.
+
+Fabric's ThreadingGroup starts a thread per host with no cap and joins with no
+timeout, so one hung host blocks the whole run. Here a fixed number of daemon
+workers (`forks`) take hosts from a queue; each host has its own deadline,
+counted from when its work started; a host past its deadline is reported
+`failed` (deadline exceeded) and its connection is closed so its worker
+unblocks, while the other hosts go on. Ctrl-C closes every connection and
+reports which hosts did not finish.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from k26ops.inventory import Host
+from k26ops.ssh import HostKeyRefused, Session, Unreachable, connect
+
+OK, CHANGED, FAILED, UNREACHABLE, INTERRUPTED = "ok", "changed", "failed", "unreachable", "interrupted"
+DEFAULT_FORKS = 16
+DEFAULT_DEADLINE = 3600.0
+
+
+@dataclass
+class HostResult:
+    host: str
+    status: str = "pending"
+    error: str | None = None
+    data: dict = field(default_factory=dict)
+    elapsed: float = 0.0
+    commands: int = 0
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "status": self.status, "error": self.error,
+                "elapsed": round(self.elapsed, 3), "commands": self.commands, **self.data}
+
+
+class Outcome(dict):
+    """What a unit of work returns: `changed` plus any data for the report."""
+
+    def __init__(self, changed: bool = False, **data):
+        super().__init__(data)
+        self.changed = changed
+
+
+Work = Callable[[Session], "Outcome | dict | None"]
+
+
+@dataclass
+class FleetOptions:
+    forks: int = DEFAULT_FORKS
+    deadline: float = DEFAULT_DEADLINE
+    connect_timeout: float = 10.0
+    accept_new_host_keys: bool = False
+
+
+class Fleet:
+    def __init__(self, hosts: list[Host], options: FleetOptions | None = None,
+                 on_event: Callable[[str, str], None] | None = None):
+        self.hosts = hosts
+        self.opt = options or FleetOptions()
+        self.on_event = on_event or (lambda host, msg: None)
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def session(self, host: Host) -> Session:
+        """The host's one connection for this run (opened on first use, then reused)."""
+        with self._lock:
+            s = self.sessions.get(host.name)
+        if s is None:
+            s = connect(host, accept_new=self.opt.accept_new_host_keys,
+                        connect_timeout=self.opt.connect_timeout)
+            with self._lock:
+                self.sessions[host.name] = s
+        return s
+
+    def run(self, work: Work) -> list[HostResult]:
+        results = {h.name: HostResult(h.name) for h in self.hosts}
+        started: dict[str, float] = {}
+        done: set[str] = set()
+        todo: queue.Queue = queue.Queue()
+        for h in self.hosts:
+            todo.put(h)
+        finished = threading.Event()
+        cond = threading.Condition()
+
+        def worker():
+            while True:
+                try:
+                    host = todo.get_nowait()
+                except queue.Empty:
+                    return
+                with cond:
+                    started[host.name] = time.monotonic()
+                res = self._one(host, work)
+                with cond:
+                    if host.name not in done:  # not already timed out
+                        results[host.name] = res
+                        done.add(host.name)
+                    cond.notify_all()
+
+        threads = [threading.Thread(target=worker, daemon=True, name=f"k26ops-fork-{i}")
+                   for i in range(max(1, min(self.opt.forks, len(self.hosts))))]
+        for t in threads:
+            t.start()
+        try:
+            with cond:
+                while len(done) < len(self.hosts):
+                    now = time.monotonic()
+                    for name, t0 in list(started.items()):
+                        if name not in done and now - t0 > self.opt.deadline:
+                            done.add(name)
+                            results[name] = HostResult(name, FAILED, f"deadline of {self.opt.deadline:.0f}s exceeded",
+                                                       elapsed=now - t0)
+                            self._close(name)
+                    cond.wait(timeout=0.2)
+        except KeyboardInterrupt:
+            for name, r in results.items():
+                if name not in done:
+                    r.status = INTERRUPTED
+                    r.error = "interrupted before this host finished"
+            self.close()
+            raise FleetInterrupted([results[h.name] for h in self.hosts]) from None
+        finished.set()
+        return [results[h.name] for h in self.hosts]
+
+    def _one(self, host: Host, work: Work) -> HostResult:
+        t0 = time.monotonic()
+        res = HostResult(host.name)
+        try:
+            self.on_event(host.name, "connecting")
+            session = self.session(host)
+            self.on_event(host.name, "running")
+            out = work(session)
+            res.status = CHANGED if getattr(out, "changed", False) else OK
+            res.data = dict(out or {})
+        except (Unreachable, HostKeyRefused) as exc:
+            res.status, res.error = UNREACHABLE, str(exc)
+        except Exception as exc:  # a host's failure is that host's result, never the run's
+            res.status, res.error = FAILED, _describe(exc)
+        res.elapsed = time.monotonic() - t0
+        s = self.sessions.get(host.name)
+        res.commands = s.commands if s else 0
+        self.on_event(host.name, res.status)
+        return res
+
+    def _close(self, name: str) -> None:
+        s = self.sessions.get(name)
+        if s:
+            s.close()
+
+    def close(self) -> None:
+        for s in list(self.sessions.values()):
+            s.close()
+
+
+class FleetInterrupted(Exception):
+    def __init__(self, results: list[HostResult]):
+        self.results = results
+        unfinished = [r.host for r in results if r.status == INTERRUPTED]
+        super().__init__("interrupted; not finished: " + (", ".join(unfinished) or "none"))
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc).strip() or exc.__class__.__name__
+    return text.splitlines()[0] if "\n" in text and len(text) > 300 else text
+
+
+def exit_code(results: list[HostResult]) -> int:
+    """0: every host ok or changed; 1: any host failed or unreachable."""
+    return 0 if all(r.status in (OK, CHANGED) for r in results) else 1

@@ -1,0 +1,70 @@
+"""Shared fixtures. `lab` is a real lab of nspawn hosts, booted once per test
+session and always torn down (also on failure or Ctrl-C)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from labtools import free_port_block
+
+LAB_HOSTS = int(os.environ.get("K26OPS_TEST_LAB_HOSTS", "3"))
+
+
+class RunningLab:
+    def __init__(self, directory: Path, count: int):
+        from k26ops.lab.machines import Lab
+
+        self.lab = Lab(directory)
+        self.dir = directory
+        self.base_port = free_port_block(count)
+        self.hosts = self.lab.up(count, self.base_port, log=lambda m: None)
+        self.inventory = directory / "inventory.yml"
+
+    def env(self) -> dict:
+        return {"K26OPS_INVENTORY": str(self.inventory), "K26OPS_LAB_DIR": str(self.dir)}
+
+    def port(self, name: str) -> int:
+        return next(h.port for h in self.hosts if h.name == name)
+
+    def down(self) -> None:
+        self.lab.down()
+
+
+def _make_lab(count: int, tag: str) -> RunningLab:
+    if os.geteuid() != 0:
+        pytest.fail("lab tests need root (systemd-nspawn); run the test suite as root")
+    directory = Path(tempfile.mkdtemp(prefix=f"k26ops-{tag}-", dir="/var/tmp"))
+    lab = RunningLab(directory, count)
+
+    def cleanup():
+        lab.down()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(cleanup)
+    return lab, cleanup
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """A shared lab (3 hosts). Tests must leave its hosts as they found them."""
+    running, cleanup = _make_lab(LAB_HOSTS, "lab")
+    try:
+        yield running
+    finally:
+        cleanup()
+
+
+@pytest.fixture
+def scratch_lab():
+    """A private 1-host lab for tests that break their host."""
+    running, cleanup = _make_lab(1, "scratch")
+    try:
+        yield running
+    finally:
+        cleanup()

@@ -1,0 +1,54 @@
+"""Test helpers around the lab: free ports, ssh with the lab's key, running k26ops."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
+    """The first port of `count` consecutive free loopback ports."""
+    port = start + (os.getpid() * 7) % 3000
+    while port + count < stop:
+        ok = True
+        for p in range(port, port + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return port
+        port += count + 1
+    raise RuntimeError("no free port block")
+
+
+def lab_ssh(lab_dir: Path, port: int, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """OpenSSH with the lab's key and known_hosts, strict host key checking."""
+    return subprocess.run(
+        ["ssh", "-i", str(lab_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={lab_dir / 'known_hosts'}",
+         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+         "-p", str(port), "root@127.0.0.1", command],
+        capture_output=True, text=True, timeout=timeout)
+
+
+def k26ops(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None):
+    """Run the real CLI in a subprocess (as a user would)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "k26ops", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=REPO, input=input)
+
+
+def k26ops_json(*args: str, **kw) -> tuple[int, dict]:
+    proc = k26ops("--json", *args, **kw)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"not JSON (rc {proc.returncode}): {proc.stdout!r} {proc.stderr!r}")
