@@ -54,10 +54,12 @@ def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeou
 
 
 def _register() -> None:
-    from k26ops.cli import diagnose, inventory, lab
+    from k26ops.cli import diagnose, hosts, inventory, lab
 
     for module in (lab, inventory, diagnose):
         cli.add_command(module.group)
+    cli.add_command(hosts.facts_cmd)
+    cli.add_command(hosts.check_cmd)
 
 
 _register()

@@ -213,6 +213,11 @@ class Lab:
                 "gpus_per_host": 8,
                 "compute_capability": "12.0",
                 "recipe": "lab",
+                # The lab has no model weights; the engine stand-in needs none.
+                "model_path": "/models/Kimi-K2.6",
+                "model_size_gb": 1,
+                "disk_margin_gb": 1,
+                "release_size_gb": 1,
             },
             "hosts": {
                 h.name: {

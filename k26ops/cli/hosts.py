@@ -1,0 +1,64 @@
+"""`k26ops facts` and `k26ops check`: read hosts, change nothing."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+
+from k26ops import facts as facts_mod
+from k26ops import preflight
+from k26ops.cli.report import run_and_report
+from k26ops.facts.disk import disk_free_fact
+from k26ops.fleet import Outcome
+
+
+def _gather(session):
+    extra = [disk_free_fact(preflight.paths(session.host.vars))]
+    return facts_mod.gather(session, extra=extra)
+
+
+@click.command(name="facts")
+@click.pass_obj
+def facts_cmd(settings):
+    """Show each host's facts (GPUs, interconnect, driver, CUDA, OS, python, disk, systemd)."""
+
+    def work(session):
+        f = _gather(session)
+        g = f["gpus"]
+        return Outcome(facts=f, gpus=g.get("count"),
+                       gpu=(g["gpus"][0]["name"] if g.get("gpus") else g.get("error")),
+                       cc=", ".join(sorted({x["compute_cap"] for x in g.get("gpus", []) if x.get("compute_cap")})),
+                       link=f["gpu_topology"].get("interconnect"),
+                       driver=f["nvidia_smi"].get("driver_version"),
+                       cuda=(f["cuda_toolkit"] or {}).get("version"),
+                       os=" ".join(str((f["os_release"] or {}).get(k) or "") for k in ("id", "version_id")).strip(),
+                       python=(f["python3"] or {}).get("version"))
+
+    run_and_report(settings, work, title="facts",
+                   columns=[("GPUs", "gpus"), ("GPU", "gpu"), ("cc", "cc"), ("link", "link"),
+                            ("driver", "driver"), ("nvcc", "cuda"), ("OS", "os"), ("python", "python")])
+
+
+@click.command(name="check")
+@click.pass_obj
+def check_cmd(settings):
+    """Preflight: compare each host with what the inventory expects for the TP8 profile."""
+
+    def work(session):
+        checks = preflight.evaluate(_gather(session), session.host.vars)
+        failed = [c for c in checks if not c.ok]
+        if failed:
+            raise PreflightFailed("; ".join(f"{c.name}: {c.detail}" for c in failed))
+        return Outcome(checks=[c.to_json() for c in checks], verdict="pass")
+
+    def render(results):
+        con = Console()
+        for r in results:
+            for c in r.data.get("checks", []):
+                con.print(f"  {r.host}: [green]ok[/] {c['check']}: {c['detail']}")
+
+    run_and_report(settings, work, title="preflight", columns=[("verdict", "verdict")], render=render)
+
+
+class PreflightFailed(Exception):
+    pass

@@ -1,0 +1,96 @@
+"""Preflight: does a host look able to run the K2.6 TP8 engine? Pure, over facts.
+
+Expectations come from the host's merged inventory variables, with the K2.6
+TP8 profile as defaults: 8 GPUs, compute capability 12.0 (RTX PRO 6000
+Blackwell) or 10.x (B300), driver >= 580 (CUDA 13 needs R580+), free disk for
+the model plus a margin where it will live, systemd present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULTS = {
+    "gpus_per_host": 8,
+    "compute_capability": ["12.0", "10.x"],
+    "min_driver": 580,
+    "model_path": "/models/Kimi-K2.6",
+    "model_size_gb": 590,
+    "disk_margin_gb": 50,
+    "releases_root": "/opt/k26ops/releases",
+    "release_size_gb": 20,
+}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"check": self.name, "ok": self.ok, "detail": self.detail}
+
+
+def expectations(host_vars: dict) -> dict:
+    return {k: host_vars.get(k, v) for k, v in DEFAULTS.items()}
+
+
+def paths(host_vars: dict) -> list[str]:
+    e = expectations(host_vars)
+    return [str(e["model_path"]), str(e["releases_root"])]
+
+
+def _cc_matches(cc: str | None, wanted) -> bool:
+    if cc is None:
+        return False
+    for w in ([wanted] if isinstance(wanted, str) else list(wanted)):
+        w = str(w)
+        if w.endswith(".x") and cc.split(".")[0] == w[:-2]:
+            return True
+        if cc == w:
+            return True
+    return False
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.0f} GB"
+
+
+def evaluate(facts: dict, host_vars: dict) -> list[Check]:
+    e = expectations(host_vars)
+    checks: list[Check] = []
+    gpus = facts.get("gpus") or {}
+    want = int(e["gpus_per_host"])
+    if gpus.get("error"):
+        checks.append(Check("gpus", False, gpus["error"]))
+    else:
+        checks.append(Check("gpus", gpus.get("count") == want, f"{gpus.get('count')} GPUs, expected {want}"))
+        ccs = sorted({g.get("compute_cap") for g in gpus.get("gpus", [])} - {None})
+        ok = bool(ccs) and all(_cc_matches(cc, e["compute_capability"]) for cc in ccs)
+        wanted = e["compute_capability"]
+        wanted = wanted if isinstance(wanted, str) else " or ".join(map(str, wanted))
+        checks.append(Check("compute_capability", ok,
+                            f"{', '.join(ccs) or 'none'}, expected {wanted}"))
+    drivers = sorted({g.get("driver_version") for g in gpus.get("gpus", [])} - {None})
+    driver = drivers[0] if drivers else (facts.get("nvidia_smi") or {}).get("driver_version")
+    try:
+        major = int(str(driver).split(".")[0])
+    except ValueError:
+        major = None
+    checks.append(Check("driver", major is not None and major >= int(e["min_driver"]),
+                        f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"))
+    disk = facts.get("disk_free") or {}
+    model_need = (int(e["model_size_gb"]) + int(e["disk_margin_gb"])) * 10**9
+    for label, path, need in (("disk_model", str(e["model_path"]), model_need),
+                              ("disk_releases", str(e["releases_root"]), int(e["release_size_gb"]) * 10**9)):
+        row = disk.get(path) or {}
+        if row.get("error") or "available" not in row:
+            checks.append(Check(label, False, f"{path}: {row.get('error', 'not measured')}"))
+        else:
+            checks.append(Check(label, row["available"] >= need,
+                                f"{path}: {_gb(row['available'])} free, needs {_gb(need)}"))
+    sd = facts.get("systemd") or {}
+    checks.append(Check("systemd", bool(sd.get("version")),
+                        f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd")))
+    return checks
