@@ -1,0 +1,104 @@
+"""Inventory: which hosts exist, how to reach them, their groups and variables.
+
+Two YAML shapes load into the same model: the native k26ops shape (`hosts:`,
+`groups:`, `vars:`) and Ansible's YAML inventory (`all: hosts/children/vars`),
+the latter with ansible-inventory's semantics. Every problem is a one-line
+UserError naming file and line; nothing here ever connects anywhere.
+
+    from k26ops.inventory import load
+    inv = load("inventory/example-rtxpro6000.yml")
+    for host in inv.select("gpu*,!gpu03"): ...
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from k26ops.inventory import ansible, native
+from k26ops.inventory.fields import ANSIBLE_SSH_CONNECTIONS, resolve
+from k26ops.inventory.graph import Graph, Origin
+from k26ops.inventory.model import Host, Inventory
+from k26ops.inventory.sshconfig import SSHConfig, default_path
+from k26ops.inventory.yamlsrc import Vault, is_jinja, read, show
+
+__all__ = ["Host", "Inventory", "load", "Vault"]
+
+
+def load(path: Path | str, ssh_config: Path | str | None | bool = True) -> Inventory:
+    """Load and validate `path`. `ssh_config`: True for the default
+    (~/.ssh/config, or $K26OPS_SSH_CONFIG), a path, or None/False for none."""
+    path = Path(os.fspath(path))
+    data = read(path)
+    graph = Graph(path)
+    warnings: list[str] = []
+    shape = "native" if native.looks_native(data) else "ansible"
+    (native if shape == "native" else ansible).parse(data, graph, warnings)
+    graph.finish()
+    ssh = SSHConfig(default_path() if ssh_config is True
+                    else Path(ssh_config) if ssh_config else None)
+    hosts = {name: _host(graph, name, shape, ssh, warnings) for name in graph.hosts}
+    groups = {g: graph.group_hosts(g) for g in graph.groups}
+    children = {g: list(node.children) for g, node in graph.groups.items()}
+    return Inventory(path=path, hosts=hosts, groups=groups, warnings=warnings, shape=shape,
+                     children=children)
+
+
+def _origin_text(o: Origin) -> str:
+    parts = [o.level]
+    if o.var:
+        parts.append(f"var {o.var}")
+    if o.line:
+        parts.append(f"line {o.line}")
+    return ", ".join(parts)
+
+
+def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[str]) -> Host:
+    values, origins = graph.merged_vars(name)
+    r = resolve(graph, name, values, origins, shape, ssh)
+    conn = r.values.get("connection", "ssh")
+    if shape == "native" and conn not in ("ssh", "local"):
+        o = r.origins["connection"]
+        graph.fail(o.line, f"host {show(name)}: connection must be ssh or local, got {show(conn)}")
+    if shape == "ansible":
+        if conn in ANSIBLE_SSH_CONNECTIONS:
+            conn = "ssh"
+        elif conn in ("local", "ansible.builtin.local"):
+            conn = "local"
+        else:
+            warnings.append(f"{graph.path}: host {show(name)}: ansible_connection {show(conn)} "
+                            f"is not one k26ops can use (ssh or local)")
+    notes = list(r.notes)
+    notes += _value_notes(values, "vars")
+    return Host(
+        name=name,
+        address=r.values["address"],
+        port=r.values.get("port"),
+        user=r.values.get("user"),
+        identity_file=r.values.get("identity_file"),
+        gateway=r.values.get("gateway"),
+        known_hosts=r.values.get("known_hosts"),
+        connection=conn,
+        groups=graph.member_of(name),
+        vars=values,
+        notes=notes,
+        unresolved=r.unresolved,
+        origins={f: _origin_text(o) for f, o in r.origins.items()},
+    )
+
+
+def _value_notes(value, where: str, limit: int = 50) -> list[str]:
+    """Notes for every Jinja or vault value inside the merged vars."""
+    out: list[str] = []
+    todo = [(where, value, 0)]
+    while todo and len(out) < limit:
+        at, v, depth = todo.pop(0)
+        if isinstance(v, Vault):
+            out.append(f"{at} is a !vault value, not decrypted (shown as <vault>)")
+        elif is_jinja(v):
+            out.append(f"{at} is a Jinja expression, kept as written: {show(v)}")
+        elif depth < 20 and isinstance(v, dict):
+            todo.extend((f"{at}.{k}", x, depth + 1) for k, x in v.items())
+        elif depth < 20 and isinstance(v, list):
+            todo.extend((f"{at}[{i}]", x, depth + 1) for i, x in enumerate(v))
+    return out

@@ -1,0 +1,172 @@
+"""Groups, hosts and variable precedence, shared by both inventory shapes.
+
+The rules are ansible-inventory's, so an Ansible inventory means the same here:
+`all` is the root of every group, `ungrouped` holds hosts in no other group,
+group names are global, a group's depth is its longest path from `all`, and
+variables merge all < shallower group < deeper group < host (ties by
+`ansible_group_priority`, then name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from k26ops.errors import UserError
+from k26ops.inventory.yamlsrc import oneline, show
+
+
+@dataclass
+class GroupNode:
+    name: str
+    line: int | None = None
+    vars: dict = field(default_factory=dict)
+    var_lines: dict = field(default_factory=dict)
+    children: list[str] = field(default_factory=list)
+    parents: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    depth: int = 0
+
+
+@dataclass
+class HostNode:
+    name: str
+    line: int | None = None
+    vars: dict = field(default_factory=dict)
+    var_lines: dict = field(default_factory=dict)
+    fields: dict = field(default_factory=dict)  # native shape: field -> (value, line)
+    groups: list[str] = field(default_factory=list)  # direct groups
+
+
+@dataclass
+class Origin:
+    """Where a value came from, for messages and `inventory show`."""
+
+    level: str  # "host", "group NAME", "all", "ssh_config", "host name"
+    line: int | None = None
+    var: str | None = None
+
+
+class Graph:
+    def __init__(self, path: Path):
+        self.path = path
+        self.groups: dict[str, GroupNode] = {}
+        self.hosts: dict[str, HostNode] = {}
+        self.group("all")
+        self.group("ungrouped")
+        self.add_child("all", "ungrouped")
+
+    def fail(self, line: int | None, message: str):
+        where = f"{self.path}:{line}" if line else f"{self.path}"
+        raise UserError(oneline(f"{where}: {message}"))
+
+    def group(self, name: str, line: int | None = None) -> GroupNode:
+        node = self.groups.get(name)
+        if node is None:
+            node = self.groups[name] = GroupNode(name, line)
+        elif node.line is None:
+            node.line = line
+        return node
+
+    def host(self, name: str, line: int | None = None) -> HostNode:
+        node = self.hosts.get(name)
+        if node is None:
+            node = self.hosts[name] = HostNode(name, line)
+        return node
+
+    def add_child(self, parent: str, child: str, line: int | None = None) -> None:
+        if child == parent or child in self.ancestors(parent):
+            self.fail(line, f"group {show(child)} as a child of {show(parent)} "
+                            f"makes a loop of groups")
+        p, c = self.group(parent), self.group(child)
+        if child not in p.children:
+            p.children.append(child)
+            c.parents.append(parent)
+
+    def add_host(self, host: str, group: str, line: int | None = None) -> HostNode:
+        node = self.host(host, line)
+        g = self.group(group)
+        if host not in g.hosts:
+            g.hosts.append(host)
+            node.groups.append(group)
+        return node
+
+    def ancestors(self, name: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(self.groups[name].parents) if name in self.groups else []
+        while todo:
+            g = todo.pop()
+            if g not in seen:
+                seen.add(g)
+                todo.extend(self.groups[g].parents)
+        return seen
+
+    def finish(self) -> None:
+        """ansible's reconcile: parentless groups go under `all`; `ungrouped`; depths."""
+        for name in list(self.groups):
+            if name != "all" and not self.groups[name].parents:
+                self.add_child("all", name, self.groups[name].line)
+        ungrouped = self.groups["ungrouped"]
+        for host in self.hosts.values():
+            others = set(self.member_of(host.name)) - {"all", "ungrouped"}
+            if others and "ungrouped" in host.groups:
+                host.groups.remove("ungrouped")
+                ungrouped.hosts.remove(host.name)
+            elif not others and "ungrouped" not in host.groups:
+                self.add_host(host.name, "ungrouped")
+        self._depths()
+
+    def _depths(self) -> None:
+        """Longest path from `all` (the graph is acyclic: add_child refuses loops)."""
+        for g in self.groups.values():
+            g.depth = 0
+        todo = ["all"]
+        while todo:
+            parent = self.groups[todo.pop()]
+            for child in parent.children:
+                c = self.groups[child]
+                if c.depth < parent.depth + 1:
+                    c.depth = parent.depth + 1
+                    todo.append(child)
+
+    def member_of(self, host: str) -> list[str]:
+        """Every group of `host`, transitively, in precedence order (all first)."""
+        direct = self.hosts[host].groups
+        names = set(direct)
+        for g in direct:
+            names |= self.ancestors(g)
+        return sorted(names, key=self._rank)
+
+    def _rank(self, name: str):
+        g = self.groups[name]
+        prio = g.vars.get("ansible_group_priority", 1)
+        prio = prio if isinstance(prio, int) and not isinstance(prio, bool) else 1
+        return (g.depth, prio, name)
+
+    def group_hosts(self, name: str) -> list[str]:
+        """Hosts of a group and of all its descendants, in inventory order."""
+        wanted: set[str] = set()
+        todo, seen = [name], set()
+        while todo:
+            g = todo.pop()
+            if g in seen:
+                continue
+            seen.add(g)
+            wanted.update(self.groups[g].hosts)
+            todo.extend(self.groups[g].children)
+        return [h for h in self.hosts if h in wanted]
+
+    def merged_vars(self, host: str) -> tuple[dict, dict[str, Origin]]:
+        values: dict = {}
+        origins: dict[str, Origin] = {}
+        for gname in self.member_of(host):
+            g = self.groups[gname]
+            level = "all" if gname == "all" else f"group {gname}"
+            for k, v in g.vars.items():
+                values[k] = v
+                origins[k] = Origin(level, g.var_lines.get(k), k)
+        h = self.hosts[host]
+        for k, v in h.vars.items():
+            values[k] = v
+            origins[k] = Origin("host", h.var_lines.get(k), k)
+        return values, origins

@@ -1,0 +1,48 @@
+"""What the rest of k26ops sees: hosts with effective connection fields, groups
+with their (transitive) members, and the warnings the load produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Host:
+    name: str
+    address: str
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    gateway: str | None = None  # ProxyJump spec: [user@]host[:port][,...]
+    known_hosts: str | None = None  # extra known_hosts file (the lab's)
+    connection: str = "ssh"  # "ssh" or "local"
+    groups: list[str] = field(default_factory=list)  # transitive, incl. "all"
+    vars: dict = field(default_factory=dict)  # merged, precedence applied
+    notes: list[str] = field(default_factory=list)  # unevaluated values etc.
+    unresolved: list[str] = field(default_factory=list)  # fields holding Jinja/vault
+    origins: dict[str, str] = field(default_factory=dict)  # field -> "group gpu, line 7"
+
+
+@dataclass
+class Inventory:
+    path: Path
+    hosts: dict[str, Host]
+    groups: dict[str, list[str]]  # group -> every host in it (transitively)
+    warnings: list[str] = field(default_factory=list)
+    shape: str = "native"  # or "ansible"
+    children: dict[str, list[str]] = field(default_factory=dict)
+
+    def select(self, limit: str | None) -> list[Host]:
+        """Hosts matching --limit, in inventory order (see k26ops.inventory.limit)."""
+        from k26ops.inventory.limit import select
+
+        return select(self, limit)
+
+    def host(self, name: str) -> Host:
+        """One host by name; an unknown name is a UserError listing near matches."""
+        from k26ops.inventory.limit import unknown
+
+        if name in self.hosts:
+            return self.hosts[name]
+        raise unknown(self, name, "host")

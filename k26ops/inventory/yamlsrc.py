@@ -1,0 +1,179 @@
+"""YAML that remembers where things are.
+
+Validation must name the file and line of a bad key, so mappings and lists
+carry the line of each key/item. `!vault` (and `!unsafe`) load without error:
+k26ops never decrypts or templates, it keeps what was written. Duplicate
+mapping keys are refused (YAML itself silently keeps the last one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from k26ops.errors import UserError
+
+
+def oneline(text: str) -> str:
+    """Escape anything that would break a one-line message (newlines, controls)."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(text))
+
+
+def show(value, limit: int = 60) -> str:
+    """A value as it appears in an error message: quoted, escaped, bounded."""
+    text = repr(value) if not isinstance(value, Vault) else "<vault>"
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+class Vault:
+    """An `!vault` encrypted value: opaque, shown as `<vault>`."""
+
+    def __init__(self, ciphertext: str):
+        self.ciphertext = ciphertext
+
+    def __repr__(self) -> str:
+        return "<vault>"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Vault) and other.ciphertext == self.ciphertext
+
+    def __hash__(self) -> int:
+        return hash(self.ciphertext)
+
+
+def is_jinja(value) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+class Map(dict):
+    """A mapping with `line` (its own) and `key_lines` (key -> line)."""
+
+    line: int | None = None
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.key_lines: dict = {}
+
+    def line_of(self, key) -> int | None:
+        return self.key_lines.get(key, self.line)
+
+
+class Seq(list):
+    """A list with `line` and `item_lines`."""
+
+    line: int | None = None
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.item_lines: list[int] = []
+
+    def line_of(self, index: int) -> int | None:
+        return self.item_lines[index] if 0 <= index < len(self.item_lines) else self.line
+
+
+def line_of(container, key) -> int | None:
+    if isinstance(container, (Map, Seq)):
+        return container.line_of(key)
+    return None
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct_map(loader: _Loader, node: yaml.MappingNode):
+    data = Map()
+    data.line = node.start_mark.line + 1
+    yield data
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value, not a list or mapping",
+                key_node.start_mark) from None
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {show(key)} (first at line {seen[key]})",
+                key_node.start_mark)
+        seen[key] = key_node.start_mark.line + 1
+    loader.flatten_mapping(node)
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        data[key] = loader.construct_object(value_node, deep=False)
+        data.key_lines[key] = key_node.start_mark.line + 1
+
+
+def _construct_seq(loader: _Loader, node: yaml.SequenceNode):
+    data = Seq()
+    data.line = node.start_mark.line + 1
+    yield data
+    for child in node.value:
+        data.append(loader.construct_object(child, deep=False))
+        data.item_lines.append(child.start_mark.line + 1)
+
+
+def _construct_vault(loader: _Loader, node):
+    return Vault(loader.construct_scalar(node))
+
+
+def _construct_unsafe(loader: _Loader, node):
+    return loader.construct_scalar(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+_Loader.add_constructor("!vault", _construct_vault)
+_Loader.add_constructor("!vault-encrypted", _construct_vault)
+_Loader.add_constructor("!unsafe", _construct_unsafe)
+
+
+def read(path: Path):
+    """Load one inventory file; every failure is a one-line UserError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(oneline(f"{path}: cannot read inventory: {exc.strerror or exc}")) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(oneline(f"{path}: inventory is not UTF-8 text (byte {exc.start})")) from None
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else f"{path}"
+        what = exc.problem or exc.context or "invalid YAML"
+        if exc.context and exc.problem and "duplicate" not in exc.problem:
+            what = f"{exc.problem} ({exc.context})"
+        raise UserError(oneline(f"{where}: YAML error: {what}")) from None
+    except yaml.YAMLError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
+        raise UserError(oneline(f"{path}: YAML error: {first}")) from None
+    except RecursionError:
+        raise UserError(oneline(f"{path}: YAML error: nested too deeply")) from None
+    if data is None:
+        raise UserError(oneline(f"{path}: inventory is empty"))
+    if not isinstance(data, dict):
+        raise UserError(oneline(
+            f"{path}:{line_of(data, 0) or 1}: inventory must be a mapping at the top level, "
+            f"got {type_name(data)}"))
+    if not data:
+        raise UserError(oneline(f"{path}: inventory is empty"))
+    return data
+
+
+def type_name(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Vault):
+        return "a !vault value"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(
+        next((t for t in (dict, list, str, bool, int, float) if isinstance(value, t)), None),
+        type(value).__name__)
