@@ -1,0 +1,115 @@
+"""Traceback structure in cleaned log lines: exception lines, the traceback
+block that ends at an error, chained blocks, frames, startup progress.
+
+Why: a message alone rarely says where it happened; the frames above it (and
+the chained exception after it) say whether CUDA-graph capture or replay ran.
+"""
+
+from __future__ import annotations
+
+import re
+
+from k26ops.diagnose.logtext import Line
+
+HEADER = re.compile(r"^Traceback \(most recent call last\):")
+CHAIN_MARK = re.compile(r"The above exception was the direct cause|"
+                        r"During handling of the above exception")
+FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<fn>[\w<>.]+)')
+EXC_LINE = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z_]\w*)?(?:Error|Exception|Exit|Interrupt|Fault))"
+    r"(?::\s*(?P<msg>.*))?$")
+ERRORISH = re.compile(r"\b(?:error|fatal|failed|failure|exception)\b", re.IGNORECASE)
+PROGRESS = re.compile(r"(?P<begin>Capture (?:cuda|CUDA) graph begin|Capturing batches)|"
+                      r"(?P<end>Capture (?:cuda|CUDA) graph end|fired up and ready to roll|"
+                      r"Uvicorn running on)", re.IGNORECASE)
+MAX_BLOCK = 250
+
+
+def is_exception(text: str) -> bool:
+    return bool(EXC_LINE.match(text)) and not HEADER.match(text)
+
+
+def block_start(lines: list[Line], i: int) -> int | None:
+    """Index of the Traceback header whose block ends at line i, if any."""
+    anchor = i
+    for j in range(i - 1, max(-1, i - MAX_BLOCK), -1):
+        text = lines[j].text
+        if HEADER.match(text):
+            return j
+        if is_exception(text) and not FRAME.match(lines[j - 1].text if j else ""):
+            continued = anchor - j <= 12 and not any(
+                lines[k].new_record for k in range(j + 1, anchor + 1))
+            if not continued:
+                return None  # the end of an earlier traceback
+            anchor = j  # line i continues the message of exception j
+    return None
+
+
+def block_end(lines: list[Line], start: int) -> int:
+    """The exception line closing the traceback that starts at `start`."""
+    for j in range(start + 1, min(len(lines), start + MAX_BLOCK)):
+        if is_exception(lines[j].text) and not FRAME.match(lines[j - 1].text):
+            return j
+        if HEADER.match(lines[j].text):
+            return j - 1
+    return min(len(lines), start + MAX_BLOCK) - 1
+
+
+def _next_chained(lines: list[Line], end: int) -> int | None:
+    """Header of the block chained after the exception at `end`, if any."""
+    for j in range(end + 1, min(len(lines), end + 15)):
+        if CHAIN_MARK.search(lines[j].text):
+            for k in range(j + 1, min(len(lines), j + 4)):
+                if HEADER.match(lines[k].text):
+                    return k
+            return None
+        if HEADER.match(lines[j].text):
+            return None
+    return None
+
+
+def chain(lines: list[Line], i: int) -> tuple[int, int, bool]:
+    """(first, last, has_frames): the chained tracebacks containing line i;
+    without a traceback, a few lines around i."""
+    start = block_start(lines, i)
+    if start is None:
+        return max(0, i - 3), min(len(lines) - 1, i + 3), False
+    first, end = start, block_end(lines, start)
+    # Walk back over earlier chained blocks.
+    while first > 0:
+        prev = [j for j in range(first - 1, max(-1, first - 4), -1)
+                if CHAIN_MARK.search(lines[j].text)]
+        if not prev:
+            break
+        earlier = block_start(lines, prev[0])
+        if earlier is None:
+            break
+        first = earlier
+    while (nxt := _next_chained(lines, end)) is not None:
+        end = block_end(lines, nxt)
+    end = max(end, i)
+    tail = min(len(lines) - 1, end + 8)  # the message's continuation lines
+    has_frames = any(FRAME.match(lines[j].text) for j in range(first, end + 1))
+    return first, tail, has_frames
+
+
+def frames(lines: list[Line], first: int, last: int) -> list[tuple[str, str, str]]:
+    """(path, function, code line) of each frame, outermost first."""
+    out = []
+    for j in range(first, last + 1):
+        m = FRAME.match(lines[j].text)
+        if m:
+            code = lines[j + 1].text if j + 1 <= last else ""
+            code = "" if FRAME.match(code) or is_exception(code) else code
+            out.append((m.group("path"), m.group("fn"), code))
+    return out
+
+
+def startup_state(lines: list[Line], i: int) -> str | None:
+    """'capture' if graph capture had begun and not ended before line i,
+    'running' if the server had finished starting, else None."""
+    for j in range(i, -1, -1):
+        m = PROGRESS.search(lines[j].text)
+        if m:
+            return "capture" if m.group("begin") else "running"
+    return None

@@ -1,0 +1,182 @@
+"""Name the crash in an SGLang server log: `classify(text) -> Diagnosis`.
+
+Pure (no I/O besides `classify_file`), so the CLI, the remote workflows and
+tests all share it. Signatures (data) live in `signatures`; this module only
+finds hits, checks their context, and says where they happened.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from k26ops.diagnose import chains
+from k26ops.diagnose import signatures as S
+from k26ops.diagnose.details import detail_for
+from k26ops.diagnose.logtext import Line, clean_lines
+
+
+@dataclass
+class Diagnosis:
+    """What crashed, where, and what to do. `signature` is a stable id."""
+
+    signature: str
+    evidence: str
+    phase: str | None = None        # "capture" (startup) / "replay" (runtime) / None
+    rank: str | None = None         # "TP3", "DP2 TP2 EP2", "rank3", None
+    algorithm: str | None = None    # DDTREE / DFLASH / EAGLE / ... if visible
+    detail: dict = field(default_factory=dict)
+    suggestion: str = ""
+    title: str = ""
+    line: int | None = None         # 1-based line of the evidence in the input
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class _Log:
+    """Cleaned lines plus their text joined, for regexes that span lines."""
+
+    def __init__(self, text: str):
+        self.lines: list[Line] = clean_lines(text)
+        self.starts: list[int] = []
+        pos = 0
+        for line in self.lines:
+            self.starts.append(pos)
+            pos += len(line.text) + 1
+        self.flat = "\n".join(line.text for line in self.lines)
+
+    def index(self, offset: int) -> int:
+        return bisect.bisect_right(self.starts, offset) - 1
+
+    def span_text(self, m: re.Match) -> tuple[int, str]:
+        first, last = self.index(m.start()), self.index(max(m.start(), m.end() - 1))
+        return first, " ".join(self.lines[k].text for k in range(first, last + 1))
+
+
+def _graph_context(log: _Log, i: int, sig: S.Signature) -> bool:
+    first, last, has_frames = chains.chain(log.lines, i)
+    text = "\n".join(line.text for line in log.lines[first:last + 1])
+    if S.GRAPH_HINTS.search(text):
+        return True
+    if has_frames:
+        return False
+    if any(chains.FRAME.match(line.text) for line in log.lines):
+        return False
+    # A bare pasted message: the shape mismatch is specific enough on its own.
+    return sig is S.SHAPE_MISMATCH or bool(S.GRAPH_HINTS.search(log.flat))
+
+
+def phase_at(log: _Log, i: int) -> str | None:
+    """capture / replay from the banner, then frames (innermost first), then
+    startup progress lines."""
+    first, last, _ = chains.chain(log.lines, i)
+    window = "\n".join(line.text for line in log.lines[first:last + 1])
+    if S.CAPTURE_BANNER.search(window):
+        return "capture"
+    for path, fn, _code in reversed(chains.frames(log.lines, first, last)):
+        name = fn.lower()
+        if "replay" in name:
+            return "replay"
+        if "capture" in name or name in ("init_device_graphs", "init_cuda_graphs") or (
+                name == "__init__" and "graph_runner" in path):
+            return "capture"
+    for path, fn, _code in reversed(chains.frames(log.lines, first, last)):
+        if fn in ("event_loop_normal", "event_loop_overlap", "run_batch",
+                  "forward_batch_generation", "process_batch_result") or "event_loop" in fn:
+            return "replay"
+    state = chains.startup_state(log.lines, i)
+    return {"capture": "capture", "running": "replay"}.get(state or "")
+
+
+def _capture_context(log: _Log, i: int) -> bool:
+    return phase_at(log, i) == "capture"
+
+
+def _primary(log: _Log) -> int | None:
+    """The first real error: an exception closing a traceback, else any
+    exception line, else an error-ish line; echoes of other failures skipped."""
+    candidates = [k for k, line in enumerate(log.lines)
+                  if chains.is_exception(line.text) and not S.SECONDARY.search(line.text)
+                  and not (k and chains.FRAME.match(log.lines[k - 1].text))]
+    with_tb = [k for k in candidates if chains.block_start(log.lines, k) is not None]
+    if with_tb or candidates:
+        return (with_tb or candidates)[0]
+    for k, line in enumerate(log.lines):
+        if chains.ERRORISH.search(line.text) and not S.SECONDARY.search(line.text):
+            return k
+    return None
+
+
+def _accept(log: _Log, sig: S.Signature, i: int, primary: int | None) -> bool:
+    if sig.context == "graph":
+        return _graph_context(log, i, sig)
+    if sig.context == "capture":
+        return _capture_context(log, i)
+    if sig.context == "primary":
+        if primary is None or i <= primary:
+            return True
+        return any(p.search(log.lines[primary].text) for p in sig.patterns)
+    return True
+
+
+def _hits(log: _Log, sig: S.Signature):
+    found = []
+    for strong, patterns in ((True, sig.strong), (False, sig.patterns)):
+        for rx in patterns:
+            for m in rx.finditer(log.flat):
+                found.append((log.index(m.start()), not strong, m))
+    return sorted(found, key=lambda h: (h[0], h[1]))
+
+
+def algorithm_in(text: str) -> str | None:
+    """The speculative algorithm named in server args or frames, if any."""
+    m = re.search(r"speculative[_-]algorithm['\"]?\s*[=:]?\s*['\"]?(?:SpeculativeAlgorithm\.)?"
+                  r"([A-Za-z0-9_]+)", text)
+    algo = m.group(1).upper() if m and m.group(1).lower() != "none" else None
+    budget = re.search(r"speculative[_-]ddtree[_-]budget['\"]?\s*[=:]?\s*['\"]?\d", text)
+    if algo in (None, "DFLASH") and (budget or re.search(r"ddtree", text, re.I)):
+        return "DDTREE"
+    if algo:
+        return algo
+    for name in ("DFLASH", "EAGLE3", "EAGLE"):
+        if re.search(name, text, re.IGNORECASE):
+            return name
+    return None
+
+
+def classify(text: str) -> Diagnosis:
+    """Classify one log text; never raises on odd input."""
+    log = _Log(text or "")
+    primary = _primary(log)
+    algorithm = algorithm_in(log.flat)
+    for sig in S.SIGNATURES:
+        for i, weak, m in _hits(log, sig):
+            if weak and not _accept(log, sig, i, primary):
+                continue
+            first, evidence = log.span_text(m)
+            detail, suggestion = detail_for(sig, m, log.lines, first, algorithm)
+            return Diagnosis(signature=sig.id, evidence=evidence, phase=phase_at(log, first),
+                             rank=log.lines[first].rank, algorithm=algorithm, detail=detail,
+                             suggestion=suggestion, title=sig.title,
+                             line=log.lines[first].raw_index + 1)
+    if primary is None:
+        last = next((k for k in range(len(log.lines) - 1, -1, -1) if log.lines[k].text), None)
+        if last is None:
+            return Diagnosis(S.UNCLASSIFIED, "", suggestion=S.UNCLASSIFIED_SUGGESTION,
+                             title="no error found", algorithm=algorithm)
+        primary = last
+    line = log.lines[primary]
+    exc = chains.EXC_LINE.match(line.text)
+    return Diagnosis(signature=S.UNCLASSIFIED, evidence=line.text, phase=phase_at(log, primary),
+                     rank=line.rank, algorithm=algorithm,
+                     detail={"exception": exc.group("type")} if exc else {},
+                     suggestion=S.UNCLASSIFIED_SUGGESTION, title="no known crash signature",
+                     line=line.raw_index + 1)
+
+
+def classify_file(path: str | Path) -> Diagnosis:
+    """Classify a log file (read as UTF-8, undecodable bytes replaced)."""
+    return classify(Path(path).read_text(encoding="utf-8", errors="replace"))

@@ -1,0 +1,112 @@
+"""Per-signature details (which field was None, which sizes mismatched, ...)
+and the suggestion that fits them.
+
+Why separate: signatures stay plain data; extracting numbers and field names
+from a match and the frames around it is the only code each kind needs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from k26ops.diagnose import chains
+from k26ops.diagnose import signatures as S
+from k26ops.diagnose.logtext import Line
+
+_FB_FIELD = re.compile(r"\b(?:forward_batch|fb|batch)\.((?:spec_info\.)?\w+)")
+_BUF_FIELD = re.compile(r"\bbuffers?\.(\w+)\s*\[")
+_ALLOC = re.compile(r"Tried to allocate ([\d.]+ [KMGT]i?B)")
+_FREE = re.compile(r"of which ([\d.]+ [KMGT]i?B) is free")
+_BS = re.compile(r"Capturing batches \((?:bs=)?(\d+)")
+_OPTYPE = re.compile(r"OpType=(\w+)")
+_NCCL_VERSION = re.compile(r"NCCL version ([\d.]+\S*)")
+
+
+def _int(value):
+    if value is None:
+        return None
+    value = value.strip()
+    return int(value) if value.isdigit() else value
+
+
+def _innermost(lines: list[Line], i: int) -> tuple[str, str] | None:
+    """(function, code) of the frame closest to the error at line i."""
+    first, _last, _ = chains.chain(lines, i)
+    found = chains.frames(lines, first, i)
+    return (found[-1][1], found[-1][2]) if found else None
+
+
+def _none_field(m: re.Match, lines: list[Line], i: int) -> dict:
+    groups = m.groupdict()
+    detail = {"field": groups.get("field"), "index": _int(groups.get("index")),
+              "side": groups.get("side")}
+    if groups.get("arg") is not None:  # torch._foreach_copy_(dsts, srcs)
+        detail["side"] = "src" if groups["arg"] == "1" else "dst"
+    if groups.get("arg_name") == "src":
+        detail["side"] = "src"
+    if groups.get("attr"):
+        detail["attribute"] = groups["attr"]
+    inner = _innermost(lines, i)
+    if inner:
+        detail["function"] = inner[0]
+        if not detail["field"]:
+            code = inner[1]
+            if detail.get("side") != "dst" and "copy_(" in code and _FB_FIELD.search(code):
+                detail["field"] = _FB_FIELD.findall(code)[-1]
+            elif _BUF_FIELD.search(code) and groups.get("attr") is None:
+                detail["field"] = _BUF_FIELD.search(code).group(1)
+    return {k: v for k, v in detail.items() if v is not None}
+
+
+def _shape(m: re.Match) -> dict:
+    g = m.groupdict()
+    detail = {"got": _int(g.get("a")), "expected": _int(g.get("b")), "dim": _int(g.get("dim"))}
+    return {k: v for k, v in detail.items() if v is not None}
+
+
+def _oom(lines: list[Line], i: int, evidence: str) -> dict:
+    detail = {}
+    if m := _ALLOC.search(evidence):
+        detail["tried_to_allocate"] = m.group(1)
+    if m := _FREE.search(evidence):
+        detail["free"] = m.group(1)
+    for j in range(i, -1, -1):
+        if m := _BS.search(lines[j].text):
+            detail["batch_size"] = int(m.group(1))
+            break
+    return detail
+
+
+def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
+               algorithm: str | None) -> tuple[dict, str]:
+    """(detail, suggestion) for a hit of `sig` at line i."""
+    evidence = lines[i].text
+    if sig is S.NONE_FIELD:
+        detail = _none_field(m, lines, i)
+        where = f"{detail.get('side', 'tensor')}[{detail['index']}]" if "index" in detail else ""
+        if "field" in detail:
+            head = f"`{detail['field']}`" + (f" ({where})" if where else "") + " was None. "
+            return detail, head + sig.suggestion + " " + S.NONE_FIELD_NAMED.format(**detail)
+        head = f"{where} was None. " if where else ""
+        return detail, head + sig.suggestion + " " + S.NONE_FIELD_UNNAMED
+    if sig is S.SHAPE_MISMATCH:
+        detail = _shape(m)
+        if algorithm == "DDTREE":
+            return detail, S.DDTREE_SHAPE_SUGGESTION
+        if algorithm == "DFLASH":
+            return detail, (sig.suggestion + " If DDTree runs on the DFLASH worker: "
+                            + S.DDTREE_SHAPE_SUGGESTION)
+        return detail, sig.suggestion
+    if sig is S.CAPTURE_OOM:
+        return _oom(lines, i, evidence), sig.suggestion
+    if sig is S.ILLEGAL_MEMORY_ACCESS:
+        carried = re.search(r"watchdog|ProcessGroupNCCL", evidence, re.IGNORECASE)
+        return ({"reported_by": "nccl-watchdog"} if carried else {}), sig.suggestion
+    if sig is S.NCCL_FAILURE:
+        detail = {"kind": "timeout" if re.search(r"time(?:d)?\s*out", evidence, re.I) else "error"}
+        if op := _OPTYPE.search(evidence):
+            detail["op"] = op.group(1)
+        if ver := _NCCL_VERSION.search(evidence):
+            detail["nccl_version"] = ver.group(1).rstrip(",.")
+        return detail, sig.suggestion
+    return {}, sig.suggestion

@@ -1,0 +1,178 @@
+"""Known SGLang crash signatures, as data.
+
+A signature is a list of regexes over the cleaned log (see `logtext`), an
+optional context requirement, and a suggestion. Adding one is adding an entry
+to `SIGNATURES`; `classify` tries them in list order (most specific first), so
+a cause such as an illegal memory access wins over the NCCL watchdog message
+that carries it. Ids are stable: users and scripts rely on them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+DDTREE_PATCH = "patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch"
+PROBE_TAG = "K26OPS-PROBE cuda-graph-none-field"
+UNCLASSIFIED = "unclassified"
+
+# Words between parts of a message may be split over pasted lines.
+_ = r"\s+"
+
+
+def _rx(*patterns: str) -> tuple[re.Pattern, ...]:
+    return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One crash kind. `context`: None (the message alone is enough), "graph"
+    (the failing traceback must run through CUDA-graph code), "capture" (it
+    must be graph capture), "primary" (it must be the first real error)."""
+
+    id: str
+    title: str
+    patterns: tuple[re.Pattern, ...]
+    suggestion: str
+    context: str | None = None
+    # Patterns that are enough without context (e.g. the probe's own tag).
+    strong: tuple[re.Pattern, ...] = field(default=())
+
+
+NONE_FIELD = Signature(
+    id="cuda-graph-none-field",
+    title="a None tensor reached a CUDA-graph capture/replay buffer copy",
+    strong=_rx(r"K26OPS-PROBE" + _ + r"cuda-graph-none-field:" + _
+               + r"(?P<side>src|dst)\[(?P<index>\d+)\](?:" + _ + r"\((?P<field>[\w.]+)\))?"),
+    patterns=_rx(
+        r"'NoneType'" + _ + r"object" + _ + r"has" + _ + r"no" + _ + r"attribute" + _
+        + r"'(?P<attr>dtype|shape|device|is_cuda|copy_|data_ptr|size|numel|stride|"
+        r"is_contiguous|contiguous|to|fill_|zero_|element_size|dim|ndim)'",
+        r"expected" + _ + r"Tensor" + _ + r"as" + _ + r"element" + _ + r"(?P<index>\d+)" + _
+        + r"in" + _ + r"argument" + _ + r"(?P<arg>\d+)," + _ + r"but" + _ + r"got" + _ + r"NoneType",
+        r"argument" + _ + r"'(?P<arg_name>src|self|input|other)'" + _ + r"\(position" + _
+        + r"\d+\)" + _ + r"must" + _ + r"be" + _ + r"Tensor," + _ + r"not" + _ + r"NoneType",
+        r"'NoneType'" + _ + r"object" + _ + r"is" + _ + r"not" + _ + r"subscriptable",
+    ),
+    context="graph",
+    suggestion=("A ForwardBatch field was None when the CUDA-graph input buffers were "
+                "filled: the batch built for this forward mode (often speculative "
+                "verify or draft) lacks a field the captured graph expects."),
+)
+NONE_FIELD_UNNAMED = ("Run `k26ops diagnose cuda-graph --host H` (applies "
+                      "patches/sglang-0.5.23/cuda-graph-none-probe.patch) to name the field.")
+NONE_FIELD_NAMED = ("Populate `{field}` for that forward mode before replay, or skip its copy "
+                    "when it is None; or disable CUDA graphs for that mode meanwhile.")
+
+SHAPE_MISMATCH = Signature(
+    id="cuda-graph-shape-mismatch",
+    title="a batch did not fit the shape its CUDA graph was captured with",
+    patterns=_rx(
+        r"The" + _ + r"size" + _ + r"of" + _ + r"tensor" + _ + r"a" + _ + r"\((?P<a>\d+)\)" + _
+        + r"must" + _ + r"match" + _ + r"the" + _ + r"size" + _ + r"of" + _ + r"tensor" + _
+        + r"b" + _ + r"\((?P<b>\d+)\)(?:" + _ + r"at" + _ + r"non-singleton" + _
+        + r"dimension" + _ + r"(?P<dim>\d+))?",
+        r"The" + _ + r"expanded" + _ + r"size" + _ + r"of" + _ + r"the" + _ + r"tensor" + _
+        + r"\((?P<a>\d+)\)" + _ + r"must" + _ + r"match" + _ + r"the" + _ + r"existing" + _
+        + r"size" + _ + r"\((?P<b>\d+)\)",
+        r"shape" + _ + r"mismatch:" + _ + r"value" + _ + r"tensor" + _ + r"of" + _ + r"shape"
+        + _ + r"\[(?P<b>[\d, ]+)\]" + _ + r"cannot" + _ + r"be" + _ + r"broadcast" + _ + r"to"
+        + _ + r"indexing" + _ + r"result" + _ + r"of" + _ + r"shape" + _ + r"\[(?P<a>[\d, ]+)\]",
+    ),
+    context="graph",
+    suggestion=("The batch fed at replay has a different number of tokens per request "
+                "than the graph was captured with. Check the speculative token settings "
+                "(--speculative-num-draft-tokens, block size) against the captured "
+                "graphs, or run with CUDA graphs disabled to confirm."),
+)
+
+DDTREE_SHAPE_SUGGESTION = (
+    "DDTree: the target-verify CUDA graph was captured with the draft block size "
+    "(num_tokens_per_bs = --speculative-dflash-block-size) while DDTree verify feeds "
+    "budget+1 tokens per request (--speculative-ddtree-budget + 1). Apply "
+    f"{DDTREE_PATCH} (captures the verify graph with budget+1 tokens per request) "
+    "and restart.")
+
+CAPTURE_OOM = Signature(
+    id="cuda-graph-capture-oom",
+    title="out of GPU memory while capturing CUDA graphs",
+    patterns=_rx(
+        r"CUDA" + _ + r"out" + _ + r"of" + _ + r"memory",
+        r"OutOfMemoryError",
+        r"CUDA" + _ + r"error:" + _ + r"out" + _ + r"of" + _ + r"memory",
+        r"cudaErrorMemoryAllocation",
+        r"CUDA_ERROR_OUT_OF_MEMORY",
+        r"Failed" + _ + r"to" + _ + r"CUDA" + _ + r"calloc",
+    ),
+    context="capture",
+    suggestion=("Graph capture ran out of GPU memory: lower --mem-fraction-static "
+                "(e.g. 0.8 or 0.7) to leave room for the graphs, or lower "
+                "--cuda-graph-max-bs-decode (0.5.23; older: --cuda-graph-max-bs)."),
+)
+
+ILLEGAL_MEMORY_ACCESS = Signature(
+    id="illegal-memory-access",
+    title="CUDA illegal memory access",
+    patterns=_rx(
+        r"illegal" + _ + r"memory" + _ + r"access",
+        r"cudaErrorIllegalAddress",
+        r"CUDA_ERROR_ILLEGAL_ADDRESS",
+    ),
+    suggestion=("A kernel read or wrote out of bounds; CUDA reports it late, so the "
+                "traceback may point at an innocent op. Rerun with "
+                "CUDA_LAUNCH_BLOCKING=1 to find the kernel; if it happens only with CUDA "
+                "graphs, compare the captured buffer sizes with the replayed batch "
+                "(k26ops diagnose cuda-graph), else try another attention backend."),
+)
+
+NCCL_FAILURE = Signature(
+    id="nccl-failure",
+    title="NCCL / collective communication failure",
+    patterns=_rx(
+        r"\bNCCL" + _ + r"error\b",
+        r"\bnccl(?:UnhandledCuda|System|Internal|InvalidUsage|InvalidArgument|Remote)Error\b",
+        r"\bDistBackendError\b",
+        r"Watchdog" + _ + r"caught" + _ + r"collective" + _ + r"operation" + _ + r"timeout",
+        r"WorkNCCL\(.*\)" + _ + r"ran" + _ + r"for" + _ + r"\d+" + _ + r"milliseconds",
+        r"ProcessGroupNCCL.{0,80}(?:timed?\s*out|timeout|abort|exception|terminat|stuck)",
+        r"NCCL" + _ + r"communicator" + _ + r"was" + _ + r"aborted",
+        r"\bNCCL\s+WARN\b",
+        r"ncclCommInitRank" + _ + r"failed",
+        r"NCCL" + _ + r"(?:timeout|watchdog)",
+    ),
+    context="primary",
+    suggestion=("A collective failed or timed out. If another rank crashed first, fix "
+                "that error (this is then only its echo). Otherwise rerun with "
+                "NCCL_DEBUG=INFO; check NVLink/PCIe P2P (`nvidia-smi topo -m`, "
+                "NCCL_P2P_DISABLE=1 as a test), --disable-custom-all-reduce, and "
+                "--watchdog-timeout for long captures."),
+)
+
+# Most specific first: the first signature with a hit names the crash.
+SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
+                               ILLEGAL_MEMORY_ACCESS, NCCL_FAILURE]
+
+UNCLASSIFIED_SUGGESTION = ("No known crash signature; the evidence line is the first "
+                           "error in the log (chained exceptions: the cause).")
+
+# Traceback text showing that CUDA-graph code was running.
+GRAPH_HINTS = re.compile(
+    r"_grouped_foreach_copy_|cuda_graph|graph_runner|CudaGraph|GraphRunner|"
+    r"populate_from_forward_batch|fill_from|copy_slots|init_device_graphs|"
+    r"init_cuda_graphs|capture_one|can_run_graph|cuda graph|\breplay\w*|\bcapture\w*|"
+    r"graph\.replay|torch\.cuda\.graph", re.IGNORECASE)
+CAPTURE_BANNER = re.compile(r"Capture\s+(?:prefill\s+)?(?:cuda|CUDA)\s+graph\s+failed:\s*",
+                            re.IGNORECASE)
+
+# Lines that only echo a failure elsewhere: never the primary error.
+SECONDARY = re.compile(
+    r"Connection\s+closed\s+by\s+peer|gloo|Connection\s+reset\s+by\s+peer|"
+    r"scheduler\s+(?:is\s+dead|died)|Received\s+sigquit|SIGQUIT\s+received|"
+    r"hit\s+an\s+exception|Initialization\s+failed\.\s+Please\s+see|"
+    r"^(?:KeyboardInterrupt|SystemExit|(?:asyncio\.(?:exceptions\.)?)?CancelledError|"
+    r"BrokenPipeError|ConnectionResetError|ConnectionRefusedError|EOFError)\b|"
+    r"DistStoreError|TCPStore|Exception\s+in\s+thread|child\s+process|"
+    r"server\s+process\s+(?:exited|died)|Killed\b",
+    re.IGNORECASE)
+
+ALGORITHMS = ("DDTREE", "DFLASH", "EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "NGRAM")
