@@ -1,8 +1,176 @@
-"""`k26ops inventory` commands."""
+"""`k26ops inventory list|show`: what k26ops understood from an inventory --
+hosts, effective address/port/user, groups and merged vars -- without ever
+opening a connection. Output mirrors `ansible-inventory --list` in spirit."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sys
 
 import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from k26ops.cli.context import Settings
+from k26ops.inventory import Host, Inventory, Vault, load
+from k26ops.inventory.yamlsrc import oneline
+
+FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection")
+
+
+def jsonable(value, _path: tuple = ()):
+    """Vars as JSON: vault -> "<vault>", dates -> ISO text, sets -> lists,
+    NaN/inf and anything odd -> text; recursive YAML anchors are cut."""
+    if isinstance(value, Vault):
+        return "<vault>"
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    if id(value) in _path or len(_path) > 50:
+        return "<recursive>"
+    inner = _path + (id(value),)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, inner) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, inner) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((jsonable(v, inner) for v in value), key=repr)
+    return repr(value) if isinstance(value, bytes) else str(value)
+
+
+def host_json(host: Host, origins: bool = False) -> dict:
+    out = {f: getattr(host, f) for f in FIELDS}
+    out["groups"] = list(host.groups)
+    out["vars"] = jsonable(host.vars)
+    out["notes"] = list(host.notes)
+    if origins:
+        out["origins"] = dict(host.origins)
+    return out
+
+
+def _load(settings: Settings, inventory: str | None) -> Inventory:
+    if inventory:
+        settings.inventory = inventory
+    inv = load(settings.inventory_path())
+    for warning in inv.warnings:
+        click.echo(oneline(f"k26ops: warning: {warning}"), err=True)
+    return inv
+
+
+def _text(value) -> Text:
+    return Text("-" if value is None else str(value))
+
+
+def _vars_text(values: dict) -> Text:
+    shown = jsonable(values)
+    return Text("\n".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in shown.items()))
+
+
+def _who(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:3])} and {len(names) - 3} more"
+
+
+def _print_vars(console: Console, hosts: list[Host]) -> None:
+    """Merged vars after the table, hosts with identical vars together."""
+    by_vars: dict[str, list[str]] = {}
+    for h in hosts:
+        by_vars.setdefault(_vars_text(h.vars).plain, []).append(h.name)
+    for text, names in by_vars.items():
+        console.print(Text(f"vars of {_who(names)}:", style="bold"))
+        console.print(Text("  " + (text.replace("\n", "\n  ") if text else "(none)")))
+
+
+def _print_notes(console: Console, hosts: list[Host]) -> None:
+    by_note: dict[str, list[str]] = {}
+    for h in hosts:
+        for n in h.notes:
+            by_note.setdefault(n, []).append(h.name)
+    for note, names in by_note.items():
+        console.print(Text(f"note: {_who(names)}: {note}"))
+
+
+_options = [
+    click.option("--inventory", "-i", "inventory", metavar="PATH",
+                 help="Inventory YAML (overrides the global --inventory)."),
+    click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
+]
+
+
+def _with_options(func):
+    for opt in reversed(_options):
+        func = opt(func)
+    return func
 
 
 @click.group(name="inventory")
 def group():
-    """(being built)"""
+    """Show what k26ops understood from an inventory (never connects)."""
+
+
+@group.command("list")
+@_with_options
+@click.option("--limit", "-l", "limit", metavar="PATTERN",
+              help="Only these hosts or groups (overrides the global --limit).")
+@click.pass_obj
+def list_cmd(settings: Settings, inventory, as_json, limit):
+    """Every selected host: address, port, user, gateway, groups, merged vars."""
+    inv = _load(settings, inventory)
+    hosts = inv.select(limit if limit is not None else settings.limit)
+    if as_json or settings.as_json:
+        names = {h.name for h in hosts}
+        doc = {
+            "inventory": str(inv.path),
+            "shape": inv.shape,
+            "hosts": {h.name: host_json(h) for h in hosts},
+            "groups": {g: [h for h in members if h in names] for g, members in inv.groups.items()},
+            "warnings": list(inv.warnings),
+        }
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        return
+    console = Console(file=sys.stdout)
+    table = Table(title=Text(f"{inv.path} ({inv.shape} shape, {len(hosts)} of "
+                             f"{len(inv.hosts)} hosts)"), show_lines=True)
+    wide = console.width >= 150
+    cols = ["host", "address", "port", "user", "identity file", "gateway", "groups"]
+    for col in cols + (["vars"] if wide else []):
+        table.add_column(col, overflow="fold")
+    for h in hosts:
+        row = [_text(h.name), _text(h.address), _text(h.port), _text(h.user),
+               _text(h.identity_file), _text(h.gateway), Text(", ".join(h.groups))]
+        table.add_row(*row, *([_vars_text(h.vars)] if wide else []))
+    console.print(table)
+    if not wide:
+        _print_vars(console, hosts)
+    _print_notes(console, hosts)
+
+
+@group.command("show")
+@_with_options
+@click.argument("host")
+@click.pass_obj
+def show_cmd(settings: Settings, inventory, as_json, host):
+    """One host, with where each of its settings came from."""
+    inv = _load(settings, inventory)
+    h = inv.host(host)
+    if as_json or settings.as_json:
+        click.echo(json.dumps({"hosts": {h.name: host_json(h, origins=True)}}, indent=2,
+                              ensure_ascii=False))
+        return
+    console = Console(file=sys.stdout)
+    table = Table(title=Text(f"{h.name} ({inv.path})"), show_header=True)
+    table.add_column("setting")
+    table.add_column("value", overflow="fold")
+    table.add_column("from", overflow="fold")
+    for f in FIELDS:
+        table.add_row(f, _text(getattr(h, f)), _text(h.origins.get(f, "default")))
+    table.add_row("groups", Text(", ".join(h.groups)), Text(""))
+    for k, v in jsonable(h.vars).items():
+        table.add_row(Text(f"vars.{k}"), Text(json.dumps(v, ensure_ascii=False)), Text(""))
+    console.print(table)
+    _print_notes(console, [h])
