@@ -237,7 +237,9 @@ def check_cuda_graph(args):
                     out = torch.relu(emb[input_ids[:n]] @ w)
             torch.cuda.current_stream(dev).wait_stream(s)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            # An explicit capture stream on this GPU: torch.cuda.graph's default
+            # capture stream is created once, on the first GPU used.
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(device=dev)):
                 out = torch.relu(emb[input_ids[:n]] @ w)
             ok = True
             for trial in range(3):
@@ -304,9 +306,12 @@ def check_triton(args):
             _axpy[(triton.cdiv(n, 1024),)](x, y, out, n, 2.5, BLOCK=1024)
             torch.cuda.synchronize(dev)
             row["first_call_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-            row["ok"] = bool(torch.allclose(out, 2.5 * x + y))
+            # FMA in the kernel vs two rounded ops in torch: compare loosely.
+            row["max_abs_err"] = float((out - (2.5 * x + y)).abs().max().item())
+            row["ok"] = row["max_abs_err"] < 1e-4
             if not row["ok"]:
-                problems.append("GPU %d: wrong result" % d)
+                row["sample"] = {"got": out[:4].tolist(), "want": (2.5 * x + y)[:4].tolist()}
+                problems.append("GPU %d: wrong result (max abs error %g)" % (d, row["max_abs_err"]))
         except Exception as e:
             row["error"] = _err_line(e)
             problems.append("GPU %d: %s" % (d, row["error"]))
