@@ -218,6 +218,10 @@ class Lab:
                 "model_size_gb": 1,
                 "disk_margin_gb": 1,
                 "release_size_gb": 1,
+                # Lab fixture: the engine is the stand-in (k26ops/lab/fixtures/
+                # engine_standin.py) installed as this module; never outside the lab.
+                "lab": True,
+                "launch_module": "k26ops_lab_engine",
             },
             "hosts": {
                 h.name: {

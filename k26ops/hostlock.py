@@ -1,0 +1,126 @@
+"""One k26ops run per host at a time: a host-side lock tied to our SSH session.
+
+The lock is `flock` held by a process on the host whose stdin is our open
+channel: when this run ends, or dies (killed, network lost), the channel
+closes, the process exits and the lock is free. A killed run therefore never
+leaves a lock that blocks the next one; what it leaves is an owner file,
+reported as stale (and overwritten) by the next run. A second concurrent run
+is refused with the owner: who, which control node, pid, since when.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import time
+from datetime import datetime, timezone
+
+from k26ops.ssh import SSHSession, Session, q
+
+LOCK_BUSY = 75
+
+
+class HostLocked(Exception):
+    """Another k26ops run holds this host."""
+
+
+class HostLock:
+    def __init__(self, session: Session, state_dir: str, purpose: str):
+        self.session = session
+        self.state_dir = state_dir
+        self.purpose = purpose
+        self.chan = None
+        self.stale: dict | None = None
+
+    @property
+    def owner_file(self) -> str:
+        return f"{self.state_dir}/lock.owner"
+
+    def owner(self) -> dict:
+        return {"user": getpass.getuser(), "control_node": socket.gethostname(), "pid": os.getpid(),
+                "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "purpose": self.purpose}
+
+    def acquire(self) -> None:
+        lock = f"{self.state_dir}/lock"
+        me = json.dumps(self.owner())
+        # Holds the flock while our channel's stdin is open; prints LOCKED once
+        # held (and the previous owner record, to tell a stale one), or exits 75.
+        script = (f"mkdir -p {q(self.state_dir)} && exec flock -n -E {LOCK_BUSY} {q(lock)} sh -c "
+                  + q(f"prev=$(cat {q(self.owner_file)} 2>/dev/null); "
+                      f"printf '%s\\n' {q(me)} > {q(self.owner_file)}.tmp && "
+                      f"mv {q(self.owner_file)}.tmp {q(self.owner_file)}; "
+                      "echo \"LOCKED $prev\"; cat >/dev/null; "
+                      f"rm -f {q(self.owner_file)}"))
+        if not isinstance(self.session, SSHSession):
+            return self._acquire_local(script)
+        chan = self.session.conn.transport.open_session(timeout=10)
+        chan.exec_command(script)
+        buf = b""
+        deadline = time.monotonic() + 30
+        while b"\n" not in buf:
+            if chan.exit_status_ready() and not chan.recv_ready():
+                break
+            if chan.recv_ready():
+                buf += chan.recv(4096)
+            elif time.monotonic() > deadline:
+                chan.close()
+                raise HostLocked(f"could not take the host lock {lock} within 30s")
+            else:
+                time.sleep(0.01)
+        if buf.startswith(b"LOCKED"):
+            self.chan = chan
+            prev = buf.decode().split(" ", 1)[1].strip() if b" " in buf else ""
+            self.stale = json.loads(prev) if prev.startswith("{") else None
+            return
+        rc = chan.recv_exit_status()
+        chan.close()
+        if rc == LOCK_BUSY:
+            raise HostLocked(self._describe_holder())
+        raise HostLocked(f"could not take the host lock {lock} (exit {rc}): "
+                         + (buf.decode(errors='replace').strip() or "flock missing?"))
+
+    def _acquire_local(self, script: str) -> None:
+        import subprocess
+
+        proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        line = proc.stdout.readline()
+        if not line.startswith(b"LOCKED"):
+            proc.wait()
+            raise HostLocked(self._describe_holder() if proc.returncode == LOCK_BUSY
+                             else f"could not take the host lock (exit {proc.returncode})")
+        self.chan = proc
+
+    def _describe_holder(self) -> str:
+        res = self.session.run(f"cat {q(self.owner_file)} 2>/dev/null")
+        try:
+            o = json.loads(res.stdout)
+            return (f"host is locked by another k26ops run: {o.get('user')}@{o.get('control_node')} "
+                    f"pid {o.get('pid')} since {o.get('since')} ({o.get('purpose')})")
+        except ValueError:
+            return "host is locked by another k26ops run (owner unknown)"
+
+    def release(self) -> None:
+        chan, self.chan = self.chan, None
+        if chan is None:
+            return
+        if hasattr(chan, "shutdown_write"):
+            try:
+                chan.shutdown_write()
+                deadline = time.monotonic() + 5
+                while not chan.exit_status_ready() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            finally:
+                chan.close()
+        else:
+            chan.stdin.close()
+            chan.wait(timeout=5)
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()

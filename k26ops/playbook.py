@@ -1,0 +1,96 @@
+"""Playbooks: `playbooks/NAME.yml` is an ordered list of steps with parameters;
+running one drives the steps per host through the fleet.
+
+Per host: take the host lock, gather facts in one remote call, then for each
+step plan -> (apply unless --check). The result lists each step as changed or
+unchanged with the changes (and diffs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from k26ops import facts as facts_mod
+from k26ops import preflight
+from k26ops.errors import UserError
+from k26ops.facts.disk import disk_free_fact
+from k26ops.fleet import Outcome
+from k26ops.hostlock import HostLock
+from k26ops.steps import REGISTRY, HostContext, Step, StepFailed
+
+PLAYBOOKS_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+
+
+def _load_steps() -> None:
+    # Importing the step modules registers them.
+    from k26ops.steps import release, toolchain  # noqa: F401
+    try:
+        from k26ops.steps import service  # noqa: F401
+    except ImportError:
+        pass
+
+
+def load(name_or_path: str) -> list[Step]:
+    _load_steps()
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PLAYBOOKS_DIR / f"{name_or_path}.yml"
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read playbook: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    items = (doc or {}).get("steps") if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not items:
+        raise UserError(f"{path}: a playbook needs a non-empty `steps:` list")
+    steps = []
+    for i, item in enumerate(items, 1):
+        if isinstance(item, str):
+            item = {item: {}}
+        if not isinstance(item, dict) or len(item) != 1:
+            raise UserError(f"{path}: step {i}: write each step as `- NAME: {{params}}`")
+        (name, params), = item.items()
+        if name not in REGISTRY:
+            raise UserError(f"{path}: step {i}: unknown step {name!r} (known: {', '.join(sorted(REGISTRY))})")
+        if params is not None and not isinstance(params, dict):
+            raise UserError(f"{path}: step {i} ({name}): parameters must be a mapping")
+        steps.append(REGISTRY[name](params or {}))
+    return steps
+
+
+def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None = None,
+                progress=lambda m: None, purpose: str = "deploy") -> Outcome:
+    """Run the steps on one host; raise StepFailed (or others) on failure."""
+    host = session.host
+    lock = None if check else HostLock(session, f"{host.vars.get('k26ops_root', '/opt/k26ops')}/state", purpose)
+    if lock:
+        lock.acquire()
+    try:
+        progress("gathering facts")
+        extra = [disk_free_fact(preflight.paths(host.vars))]
+        facts = facts_mod.gather(session, extra=extra)
+        ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts,
+                          shared=dict(shared or {}), check=check, progress=progress)
+        report, changed = [], False
+        for step in steps:
+            progress(f"{step.name}: planning")
+            changes = step.plan(ctx)
+            if changes and not check:
+                progress(f"{step.name}: applying {len(changes)} change(s)")
+                step.apply(ctx, changes)
+            changed = changed or bool(changes)
+            report.append({"step": step.name, "changed": bool(changes),
+                           "changes": [c.what for c in changes],
+                           "diffs": [c.diff for c in changes if c.diff]})
+        out = Outcome(changed=changed, steps=report, release=ctx.shared.get("release_id"))
+        if lock and lock.stale:
+            out["stale_lock"] = lock.stale
+        return out
+    finally:
+        if lock:
+            lock.release()

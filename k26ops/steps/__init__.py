@@ -1,0 +1,99 @@
+"""Steps: idempotent units of a playbook.
+
+A step reads the host's state (facts, gathered once per host and shared),
+compares it with the desired state and returns the changes it would make
+(`plan`); `apply` makes exactly those. `--check` stops after `plan`; `--diff`
+prints the changes' text diffs. A step that finds nothing to change reports
+`unchanged` and runs no further command.
+
+Steps share what they learn through `ctx.shared` (e.g. the release step puts
+the release id and whether `current` moved; the service step restarts only
+when its files or the release changed). A step never re-reads what another
+step already knows.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from k26ops.inventory import Host
+from k26ops.ssh import Session
+
+# Host layout (all under configurable roots; see `paths`).
+DEFAULT_ROOT = "/opt/k26ops"
+
+
+@dataclass
+class Change:
+    what: str  # one line a person reads: "switch current -> sglang0.5.23-ab12cd34ef56"
+    diff: str | None = None  # unified diff for --diff, when the change is a file's text
+
+
+@dataclass
+class HostContext:
+    session: Session
+    host: Host
+    vars: dict  # host vars merged with the playbook's parameters
+    facts: dict
+    shared: dict = field(default_factory=dict)
+    check: bool = False
+    progress: Callable[[str], None] = lambda msg: None
+
+    @property
+    def root(self) -> str:
+        return str(self.vars.get("k26ops_root", DEFAULT_ROOT))
+
+    @property
+    def releases_root(self) -> str:
+        return str(self.vars.get("releases_root", f"{self.root}/releases"))
+
+    @property
+    def state_dir(self) -> str:
+        return f"{self.root}/state"
+
+    def run(self, command: str, **kw):
+        return self.session.run(command, **kw)
+
+
+class Step:
+    """Base class: subclasses set `name` and implement plan/apply."""
+
+    name = "step"
+
+    def __init__(self, params: dict | None = None):
+        self.params = dict(params or {})
+
+    def plan(self, ctx: HostContext) -> list[Change]:
+        raise NotImplementedError
+
+    def apply(self, ctx: HostContext, changes: list[Change]) -> None:
+        raise NotImplementedError
+
+
+class StepFailed(Exception):
+    """A step could not reach its desired state; the message says why, in one line."""
+
+
+def text_diff(path: str, old: str | None, new: str) -> str:
+    return "".join(difflib.unified_diff((old or "").splitlines(True), new.splitlines(True),
+                                        fromfile=f"a{path}" if old is not None else "/dev/null",
+                                        tofile=f"b{path}"))
+
+
+class Elapsed:
+    def __init__(self):
+        self.t0 = time.monotonic()
+
+    def __str__(self) -> str:
+        return f"{time.monotonic() - self.t0:.0f}s"
+
+
+REGISTRY: dict[str, type[Step]] = {}
+
+
+def register(cls: type[Step]) -> type[Step]:
+    REGISTRY[cls.name] = cls
+    return cls
