@@ -153,9 +153,11 @@ def classify(text: str) -> Diagnosis:
     primary = _primary(log)
     algorithm = algorithm_in(log.flat)
     for sig in S.SIGNATURES:
-        for i, weak, m in _hits(log, sig):
-            if weak and not _accept(log, sig, i, primary):
-                continue
+        accepted = [(i, m) for i, weak, m in _hits(log, sig)
+                    if not weak or _accept(log, sig, i, primary)]
+        # Prefer a Python exception line (e.g. over NCCL's own WARN lines).
+        accepted.sort(key=lambda h: not chains.is_exception(log.lines[h[0]].text))
+        for i, m in accepted[:1]:
             first, evidence = log.span_text(m)
             detail, suggestion = detail_for(sig, m, log.lines, first, algorithm)
             return Diagnosis(signature=sig.id, evidence=evidence, phase=phase_at(log, first),
