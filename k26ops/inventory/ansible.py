@@ -5,6 +5,8 @@ same warnings for keys ansible skips."""
 
 from __future__ import annotations
 
+import difflib
+
 from k26ops.inventory import hostpattern
 from k26ops.inventory.graph import Graph
 from k26ops.inventory.yamlsrc import Map, line_of, show, type_name
@@ -55,8 +57,10 @@ def _group(graph: Graph, name, body, line, warnings: list[str], stack=()) -> str
     for key, value in body.items():
         kline = line_of(body, key)
         if key not in SECTIONS:
+            near = difflib.get_close_matches(str(key), SECTIONS, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
             warnings.append(f"{graph.path}:{kline}: group {show(name)}: ignoring key {show(key)} "
-                            f"(ansible reads only vars, children and hosts)")
+                            f"({hint}ansible reads only vars, children and hosts)")
             continue
         value = sections[key]
         if value is None:
@@ -64,9 +68,7 @@ def _group(graph: Graph, name, body, line, warnings: list[str], stack=()) -> str
         if key == "vars":
             for var, val in value.items():
                 _check_var(graph, var, line_of(value, var))
-                g = graph.groups[name]
-                g.vars[var] = val
-                g.var_lines[var] = line_of(value, var)
+                graph.set_group_var(name, var, val, line_of(value, var))
         elif key == "children":
             for child, child_body in value.items():
                 cline = line_of(value, child)
@@ -77,11 +79,11 @@ def _group(graph: Graph, name, body, line, warnings: list[str], stack=()) -> str
                 graph.add_child(name, child, cline)
         else:
             for pattern, hvars in value.items():
-                _hosts(graph, name, pattern, hvars, line_of(value, pattern))
+                _hosts(graph, name, pattern, hvars, line_of(value, pattern), warnings)
     return name
 
 
-def _hosts(graph: Graph, group: str, pattern, hvars, line) -> None:
+def _hosts(graph: Graph, group: str, pattern, hvars, line, warnings: list[str]) -> None:
     if not isinstance(pattern, str):
         graph.fail(line, f"group {show(group)}: host name {show(pattern)} must be a string "
                          f"(quote numbers)")
@@ -104,9 +106,18 @@ def _hosts(graph: Graph, group: str, pattern, hvars, line) -> None:
         if new and port is not None:
             node.vars["ansible_port"] = port
             node.var_lines["ansible_port"] = line
+        # ansible's set_variable looks the name up among groups first: vars of a
+        # host named like an existing group land on that group (and it warns).
+        as_group = host in graph.groups
+        if hvars and as_group:
+            warnings.append(f"{graph.path}:{line}: host {show(host)} has the name of a group: "
+                            f"its vars apply to group {show(host)}, as in ansible")
         for var, val in hvars.items():
-            node.vars[var] = val
-            node.var_lines[var] = line_of(hvars, var)
+            if as_group:
+                graph.set_group_var(host, var, val, line_of(hvars, var))
+            else:
+                node.vars[var] = val
+                node.var_lines[var] = line_of(hvars, var)
 
 
 def _check_var(graph: Graph, var, line) -> None:

@@ -26,6 +26,7 @@ class GroupNode:
     parents: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     depth: int = 0
+    priority: int = 1  # ansible_group_priority: orders groups of equal depth
 
 
 @dataclass
@@ -73,6 +74,19 @@ class Graph:
         if node is None:
             node = self.hosts[name] = HostNode(name, line)
         return node
+
+    def set_group_var(self, group: str, var: str, value, line: int | None) -> None:
+        """As ansible: `ansible_group_priority` sets the priority, it is not a var."""
+        g = self.group(group)
+        if var == "ansible_group_priority":
+            try:
+                g.priority = int(value)
+            except (TypeError, ValueError):
+                self.fail(line, f"group {show(group)}: ansible_group_priority must be an "
+                                f"integer, got {show(value)}")
+            return
+        g.vars[var] = value
+        g.var_lines[var] = line
 
     def add_child(self, parent: str, child: str, line: int | None = None) -> None:
         if child == parent or child in self.ancestors(parent):
@@ -139,9 +153,7 @@ class Graph:
 
     def _rank(self, name: str):
         g = self.groups[name]
-        prio = g.vars.get("ansible_group_priority", 1)
-        prio = prio if isinstance(prio, int) and not isinstance(prio, bool) else 1
-        return (g.depth, prio, name)
+        return (g.depth, g.priority, name)
 
     def group_hosts(self, name: str) -> list[str]:
         """Hosts of a group and of all its descendants, in inventory order."""

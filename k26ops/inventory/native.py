@@ -73,8 +73,9 @@ def parse(data: dict, graph: Graph, warnings: list[str]) -> None:
     for key in data:
         if key not in TOP_KEYS:
             _unknown(graph, "", key, TOP_KEYS, line_of(data, key))
-    all_group = graph.groups["all"]
-    all_group.vars, all_group.var_lines = _vars(graph, data, "")
+    values, lines = _vars(graph, data, "")
+    for var, val in values.items():
+        graph.set_group_var("all", var, val, lines[var])
 
     hosts = _mapping(graph, data, "hosts", "hosts")
     groups = _mapping(graph, data, "groups", "groups")
@@ -94,8 +95,9 @@ def parse(data: dict, graph: Graph, warnings: list[str]) -> None:
         for key in spec:
             if key not in GROUP_KEYS:
                 _unknown(graph, where, key, GROUP_KEYS, line_of(spec, key))
-        g = graph.groups[name]
-        g.vars, g.var_lines = _vars(graph, spec, where)
+        values, lines = _vars(graph, spec, where)
+        for var, val in values.items():
+            graph.set_group_var(name, var, val, lines[var])
         for host, line in _names(graph, spec, "hosts", f"group {show(name)} hosts"):
             if host not in graph.hosts:
                 near = difflib.get_close_matches(host, list(graph.hosts), n=3)

@@ -1,0 +1,128 @@
+"""k26ops reads every Ansible-shape test inventory exactly as ansible-inventory
+does: same hosts, same (transitive) group membership, same effective
+address/port/user. Runs the real ansible-inventory from ansible-core."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from k26ops.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests/data/inventories"
+FILES = sorted(DATA.glob("ansible-*.yml")) + [ROOT / "inventory/example-ansible.yml"]
+
+pytestmark = pytest.mark.skipif(shutil.which("ansible-inventory") is None,
+                                reason="ansible-core (test extra) not installed")
+
+
+@pytest.fixture(autouse=True)
+def _no_ssh_config(monkeypatch):
+    monkeypatch.setenv("K26OPS_SSH_CONFIG", "")
+
+
+def _ansible_list(path: Path, home: Path) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"),
+               ANSIBLE_CONFIG=str(home / "none.cfg"), ANSIBLE_INVENTORY_ENABLED="yaml",
+               ANSIBLE_INVENTORY_UNPARSED_FAILED="true", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run(["ansible-inventory", "-i", str(path), "--list"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=home)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def ansible_out(tmp_path_factory):
+    home = tmp_path_factory.mktemp("ansible-home")
+    with ThreadPoolExecutor(8) as pool:
+        results = pool.map(lambda p: _ansible_list(p, home), FILES)
+        return dict(zip(FILES, results))
+
+
+def _expected(listing: dict) -> dict:
+    """host -> groups (transitive, with all), address, port, user, per ansible."""
+    children = {g: d.get("children", []) for g, d in listing.items() if g != "_meta"}
+    direct = {g: d.get("hosts", []) for g, d in listing.items() if g != "_meta"}
+    hostvars = listing.get("_meta", {}).get("hostvars", {})
+
+    def descendants(g, seen=None):
+        seen = seen if seen is not None else set()
+        for c in children.get(g, []):
+            if c not in seen:
+                seen.add(c)
+                descendants(c, seen)
+        return seen
+
+    hosts: dict = {}
+    for g in direct:
+        for h in direct[g]:
+            hosts.setdefault(h, {"groups": {"all"}})
+    for g in children.keys() | direct.keys():
+        for member in {g} | descendants(g):
+            for h in direct.get(member, []):
+                hosts[h]["groups"].add(g)
+    for h, info in hosts.items():
+        hv = hostvars.get(h, {})
+        info["address"] = hv.get("ansible_ssh_host", hv.get("ansible_host", h))
+        port = hv.get("ansible_ssh_port", hv.get("ansible_port"))
+        info["port"] = int(port) if port is not None else None
+        info["user"] = hv.get("ansible_ssh_user", hv.get("ansible_user"))
+    return hosts
+
+
+def _k26ops_list(path: Path) -> dict:
+    result = CliRunner().invoke(cli, ["--inventory", str(path), "inventory", "list", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_same_hosts_groups_address_port_user_as_ansible_inventory(path, ansible_out):
+    listing, _ = ansible_out[path]
+    expected = _expected(listing)
+    ours = _k26ops_list(path)["hosts"]
+    assert list(ours) == list(ours)  # order is ours; the set must match
+    assert set(ours) == set(expected)
+    for name, exp in expected.items():
+        got = ours[name]
+        assert set(got["groups"]) == exp["groups"], name
+        assert got["address"] == exp["address"], name
+        assert got["port"] == exp["port"], name
+        assert got["user"] == exp["user"], name
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_same_merged_vars_as_ansible_inventory(path, ansible_out):
+    """Variable precedence (all < parent < child < host, priority, name) matches."""
+    listing, _ = ansible_out[path]
+    hostvars = listing.get("_meta", {}).get("hostvars", {})
+    ours = _k26ops_list(path)["hosts"]
+    for name, got in ours.items():
+        exp = {k: ("<vault>" if isinstance(v, dict) and "__ansible_vault" in v else v)
+               for k, v in hostvars.get(name, {}).items()}
+        assert got["vars"] == exp, name
+
+
+def test_ignored_group_keys_warned_like_ansible(ansible_out):
+    path = DATA / "ansible-typo.yml"
+    _, ansible_err = ansible_out[path]
+    assert "Skipping unexpected key (host) in group (gpus)" in ansible_err
+    assert "Skipping 'notagroup'" in ansible_err
+    result = CliRunner().invoke(cli, ["-i", str(path), "inventory", "list"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0
+    warnings = result.stderr.splitlines()
+    assert f"k26ops: warning: {path}:4: group 'gpus': ignoring key 'host' (did you mean " \
+           f"'hosts'? ansible reads only vars, children and hosts)" in warnings
+    assert any("'var'" in w and "did you mean 'vars'?" in w for w in warnings)
+    assert any("'notagroup'" in w and "not a valid group definition" in w for w in warnings)
