@@ -263,3 +263,48 @@ def test_standalone_script_json(site, tmp_path):
     (tmp_path / "bad.series").write_text("nope.patch\n")
     r = run("check", "--root", str(site), "--series", str(tmp_path / "bad.series"), "--state", str(tmp_path / "st"))
     assert r.returncode == 2 and "nope.patch" in json.loads(r.stdout)["error"]
+
+
+def test_ddtree_patch_behaviour(site, tmp_path):
+    """Run the patched decode_num_tokens_per_req from the real file (extracted with ast,
+    no sglang import): DDTree target verify -> budget+1; draft worker and DFLASH unchanged."""
+    import ast
+    import types
+
+    ps.apply(site, ps.load_series(SERIES), tmp_path / "st")
+    path = site / "sglang/srt/model_executor/model_runner.py"
+    tree = ast.parse(path.read_text())
+    helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_k26ops_ddtree_verify_budget")
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "decode_num_tokens_per_req")
+    calls = []
+    ns = {"Optional": __import__("typing").Optional, "get_spec": lambda: types.SimpleNamespace(),
+          "resolve_num_tokens_per_req": lambda **kw: calls.append(kw) or kw["num_draft_tokens"] or 8,
+          "DllmConfig": None}
+    exec(compile(ast.Module([helper, method], []), str(path), "exec"), ns)
+    fn = ns["decode_num_tokens_per_req"]
+
+    class Algo:
+        def __init__(self, name, has_is_ddtree):
+            self.name = name
+            if has_is_ddtree:
+                self.is_ddtree = lambda: name == "DDTREE"
+
+        def is_speculative(self):
+            return True
+
+        def is_dspark(self):
+            return False
+
+    def runner(algo, draft, has_is_ddtree=False, budget=32):
+        return types.SimpleNamespace(
+            spec_algorithm=Algo(algo, has_is_ddtree), is_draft_worker=draft,
+            server_args=types.SimpleNamespace(speculative_algorithm=algo, speculative_ddtree_budget=budget))
+
+    for has in (False, True):
+        assert fn(runner("DDTREE", False, has), num_draft_tokens=8) == 33
+        assert fn(runner("DDTREE", True, has), num_draft_tokens=8) == 8  # draft keeps the block size
+        assert fn(runner("DFLASH", False, has), num_draft_tokens=8) == 8
+    plain = types.SimpleNamespace(spec_algorithm=Algo("DFLASH", False), is_draft_worker=False,
+                                  server_args=types.SimpleNamespace(speculative_algorithm="DFLASH"))
+    assert fn(plain, num_draft_tokens=8) == 8  # 0.5.23 without the overlay: no such attributes
