@@ -91,8 +91,8 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         return detail, head + sig.suggestion + " " + S.NONE_FIELD_UNNAMED
     if sig is S.SHAPE_MISMATCH:
         detail = _shape(m)
-        sizes = (f" Here tensor a ({detail['got']}) is the captured size and tensor b "
-                 f"({detail['expected']}) the fed one." if "got" in detail else "")
+        sizes = (f" When copying into a graph buffer, tensor a ({detail['got']}) is the buffer and b "
+                 f"({detail['expected']}) the batch." if "got" in detail else "")
         if algorithm == "DDTREE":
             return detail, S.DDTREE_SHAPE_SUGGESTION + sizes
         if algorithm == "DFLASH":

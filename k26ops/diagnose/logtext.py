@@ -25,7 +25,8 @@ _PLAIN_PREFIXES = [
     # docker-compose "name  | " (also "name-1  | ")
     re.compile(r"^[A-Za-z0-9][\w.\-]*\s*\|\s?(?=.)"),
     # glog-style from torch C++: "[E520 08:02:44.123456 1234 ProcessGroupNCCL.cpp:616] "
-    re.compile(r"^\[?[EWIF]\d{4}\s+\d\d:\d\d:\d\d\.\d+\s+(?:\d+\s+)?[\w./-]+:\d+\]\s*"),
+    # (older torch: "[E ProcessGroupNCCL.cpp:474] ")
+    re.compile(r"^\[?[EWIF](?:\d{3,4}\s+\d\d:\d\d:\d\d\.\d+\s+)?(?:\d+\s+)?[\w./-]+\.\w+:\d+\]\s*"),
     # plain logging timestamps: "2026-05-20 08:02:44,123 " / "INFO 05-20 08:02:44 "
     re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:-\s+)?"),
 ]

@@ -1,0 +1,222 @@
+"""classify() on realistic SGLang crash logs (tests/data/logs, expectations in
+expected.json) and on the noisy shapes real logs take (prefixes, chains,
+pasting, per-rank repeats, watchdog messages)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from k26ops.diagnose import SIGNATURES, classify, classify_file
+from k26ops.diagnose.logtext import clean_lines, strip_prefixes
+from k26ops.diagnose.signatures import DDTREE_PATCH
+
+LOGS = Path(__file__).parent / "data/logs"
+EXPECTED = json.loads((LOGS / "expected.json").read_text())
+IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
+       "cuda-graph-capture-oom", "nccl-failure"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_log_files(name):
+    exp = EXPECTED[name]
+    d = classify_file(LOGS / name)
+    assert d.signature == exp["signature"], d
+    for key in ("phase", "rank", "algorithm"):
+        if key in exp:
+            assert getattr(d, key) == exp[key], (key, d)
+    for key, value in exp.get("detail", {}).items():
+        assert d.detail.get(key) == value, (key, d.detail)
+    if "evidence" in exp:
+        assert exp["evidence"] in d.evidence
+    if "suggestion_has" in exp:
+        assert exp["suggestion_has"] in d.suggestion
+    assert d.evidence and d.suggestion and d.line
+    raw = (LOGS / name).read_text().splitlines()[d.line - 1]
+    assert d.evidence.split()[0] in raw  # the line number points at the evidence
+
+
+def test_every_kind_has_logs():
+    kinds = {e["signature"] for e in EXPECTED.values()}
+    assert kinds == IDS | {"unclassified"}
+    assert {s.id for s in SIGNATURES} == IDS
+    assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
+
+
+def test_ddtree_shape_mismatch_explains_budget_and_points_to_patch():
+    d = classify_file(LOGS / "shape_mismatch_ddtree_tp8.log")
+    assert DDTREE_PATCH in d.suggestion
+    assert "block size" in d.suggestion and "budget+1" in d.suggestion
+    assert d.detail == {"got": 8, "expected": 33, "dim": 0}
+
+
+def test_to_json_keys_and_values():
+    d = classify_file(LOGS / "none_field_probe_journald.log")
+    j = d.to_json()
+    assert {"signature", "evidence", "phase", "suggestion", "rank", "algorithm", "detail"} <= set(j)
+    assert j["signature"] == "cuda-graph-none-field" and j["detail"]["field"] == "out_cache_loc"
+    assert json.loads(json.dumps(j)) == j
+
+
+# --- prefixes -------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, text, rank", [
+    ("[2026-05-20 08:02:44 TP7] Scheduler hit an exception:", "Scheduler hit an exception:", "TP7"),
+    ("[2026-05-20 08:02:44 DP2 TP2 EP2] RuntimeError: x", "RuntimeError: x", "DP2 TP2 EP2"),
+    ("[... DP2 TP2 EP2] RuntimeError: x", "RuntimeError: x", "DP2 TP2 EP2"),
+    ("[2026-05-20 08:02:44] INFO:     Started server", "INFO:     Started server", None),
+    ("sglang-1  | [2026-05-20 08:02:44 TP3] RuntimeError: x", "RuntimeError: x", "TP3"),
+    ("engine  |     self.capture()", "self.capture()", None),
+    ("2026-05-20T08:02:44.123456789Z stdout F [2026-05-20 08:02:44 TP1] ValueError: y",
+     "ValueError: y", "TP1"),
+    ("2026-05-20T08:02:44.1Z stderr P partial", "partial", None),
+    ("Nov 29 10:00:00 gpu-node-1 python3[123]: [2026-05-20 08:02:44 TP0] OSError: z",
+     "OSError: z", "TP0"),
+    ("Nov  9 10:00:00 host sglang-engine.sh[9]: Traceback (most recent call last):",
+     "Traceback (most recent call last):", None),
+    ("[rank3]:[E520 08:10:13.512 88 ProcessGroupNCCL.cpp:2057] [Rank 3] Watchdog",
+     "[Rank 3] Watchdog", "rank3"),
+    ("\x1b[31m[2026-05-20 08:02:44 TP4] RuntimeError: red\x1b[0m\r", "RuntimeError: red", "TP4"),
+])
+def test_prefixes(raw, text, rank):
+    assert strip_prefixes(raw)[:2] == (text, rank)
+
+
+def test_record_continuation_lines_inherit_rank():
+    lines = clean_lines("[2026-05-20 08:02:44 TP5] Scheduler hit an exception: Traceback "
+                        "(most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
+                        "RuntimeError: boom\n")
+    assert [l.text for l in lines][:2] == ["Scheduler hit an exception:",
+                                           "Traceback (most recent call last):"]
+    assert {l.rank for l in lines} == {"TP5"}
+
+
+# --- noisy shapes ---------------------------------------------------------
+
+GRAPH_FRAMES = '''Traceback (most recent call last):
+  File "/sp/sglang/srt/managers/scheduler.py", line 1452, in event_loop_normal
+    result = self.run_batch(batch)
+  File "/sp/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", line 1702, in replay
+    self.replay_prepare(forward_batch, pp_proxy_tensors)
+  File "/sp/sglang/srt/model_executor/runner_utils/buffers.py", line 58, in _grouped_foreach_copy_
+    key = (dst.dtype, src.dtype)
+'''
+
+
+def test_same_error_per_rank_then_secondary_errors():
+    text = ""
+    for r in (2, 0, 1):
+        text += "".join(f"[2026-05-20 08:02:44 TP{r}] " + l + "\n" if i == 0 else l + "\n"
+                        for i, l in enumerate(("Scheduler hit an exception: " + GRAPH_FRAMES
+                                               + "AttributeError: 'NoneType' object has no "
+                                               "attribute 'dtype'").splitlines()))
+    text += ("[2026-05-20 08:02:45 TP4] RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
+             "pair.cc:534] Connection closed by peer [10.0.0.3]:4411\n"
+             "[2026-05-20 08:02:45] Rank 0 scheduler is dead. Please check if there are relevant logs.\n"
+             "[2026-05-20 08:02:46] Received sigquit from a child process. It usually means the child failed.\n")
+    d = classify(text)
+    assert (d.signature, d.rank, d.phase) == ("cuda-graph-none-field", "TP2", "replay")
+
+
+def test_stripped_indentation_and_broken_lines():
+    text = "\n".join(l.strip() for l in GRAPH_FRAMES.splitlines())
+    text += "\nRuntimeError: The size of tensor a (8) must match the size\nof tensor b (33) at non-singleton dimension 0\n"
+    d = classify(text)
+    assert d.signature == "cuda-graph-shape-mismatch" and d.detail["expected"] == 33
+    assert d.phase == "replay"
+
+
+def test_chained_exception_first_is_the_cause():
+    text = ('Traceback (most recent call last):\n  File "a.py", line 1, in load\n    x()\n'
+            "KeyError: 'model.layers.61.mlp.experts.w13_weight'\n\n"
+            "The above exception was the direct cause of the following exception:\n\n"
+            'Traceback (most recent call last):\n  File "b.py", line 2, in main\n    y()\n'
+            "RuntimeError: Failed to load weights\n")
+    d = classify(text)
+    assert d.signature == "unclassified"
+    assert d.evidence == "KeyError: 'model.layers.61.mlp.experts.w13_weight'"
+    assert d.detail == {"exception": "KeyError"}
+
+
+def test_capture_banner_classifies_the_inner_error():
+    banner = ("Exception: Capture cuda graph failed: {}\nPossible solutions:\n"
+              "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+              "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+              "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+              "(Not recommended. Huge performance loss)\n")
+    oom = classify(banner.format("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has "
+                                 "a total capacity of 79.19 GiB of which 1.06 GiB is free."))
+    assert (oom.signature, oom.phase) == ("cuda-graph-capture-oom", "capture")
+    assert oom.detail["tried_to_allocate"] == "2.00 GiB"
+    ima = classify(banner.format("CUDA error: an illegal memory access was encountered"))
+    assert (ima.signature, ima.phase) == ("illegal-memory-access", "capture")
+    other = classify(banner.format("Triton Error [CUDA]: invalid argument"))
+    assert other.signature == "unclassified" and "Triton Error" in other.evidence
+
+
+def test_watchdog_carrying_illegal_memory_access_is_not_nccl():
+    text = ("[rank1]:[E520 08:10:11.5 881 ProcessGroupNCCL.cpp:1912] [PG ID 0 PG GUID 0(default_pg) "
+            "Rank 1] Process group watchdog thread terminated with exception: CUDA error: an "
+            "illegal memory access was encountered\n"
+            "terminate called after throwing an instance of 'c10::DistBackendError'\n")
+    d = classify(text)
+    assert d.signature == "illegal-memory-access" and d.rank == "rank1"
+    assert d.detail == {"reported_by": "nccl-watchdog"}
+
+
+def test_graph_error_wins_over_later_nccl_echo():
+    text = (GRAPH_FRAMES + "AttributeError: 'NoneType' object has no attribute 'dtype'\n"
+            "[rank1]:[E520 08:20:00.1 9 ProcessGroupNCCL.cpp:685] [Rank 1] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600000 "
+            "milliseconds before timing out.\n")
+    assert classify(text).signature == "cuda-graph-none-field"
+
+
+def test_none_outside_graph_code_is_unclassified():
+    text = ('Traceback (most recent call last):\n  File "/sp/sglang/srt/managers/tokenizer_manager.py",'
+            ' line 9, in _tokenize\n    ids = enc.input_ids\n'
+            "AttributeError: 'NoneType' object has no attribute 'dtype'\n")
+    assert classify(text).signature == "unclassified"
+
+
+def test_probe_tag_alone():
+    d = classify("RuntimeError: K26OPS-PROBE cuda-graph-none-field: dst[0] (input_ids) is None "
+                 "in _grouped_foreach_copy_ (sglang.srt.model_executor.runner_utils.buffers)")
+    assert d.signature == "cuda-graph-none-field"
+    assert d.detail == {"field": "input_ids", "index": 0, "side": "dst"}
+    assert "`input_ids`" in d.suggestion
+
+
+@pytest.mark.parametrize("text, evidence", [
+    ("", ""),
+    ("just some text\nwithout problems\n", "without problems"),
+    ("ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): "
+     "address already in use\n", "address already in use"),
+    ("OSError: [Errno 98] Address already in use\n", "OSError: [Errno 98] Address already in use"),
+    ("ModuleNotFoundError: No module named 'flashinfer'\n", "No module named 'flashinfer'"),
+    ("RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code "
+     "is -9 (SIGKILL), a common cause is the OS OOM killer.\n", "Rank 0 scheduler died"),
+])
+def test_unclassified_edge_cases(text, evidence):
+    d = classify(text)
+    assert d.signature == "unclassified" and evidence in d.evidence
+    assert d.suggestion
+
+
+def test_algorithm_detection():
+    frames = GRAPH_FRAMES + "AttributeError: 'NoneType' object has no attribute 'dtype'\n"
+    assert classify("--speculative-algorithm EAGLE3\n" + frames).algorithm == "EAGLE3"
+    assert classify("speculative_algorithm='DFLASH', speculative_ddtree_budget=32\n"
+                    + frames).algorithm == "DDTREE"
+    assert classify(frames).algorithm is None
+
+
+def test_crlf_and_bytes_file(tmp_path):
+    path = tmp_path / "crlf.log"
+    path.write_bytes(b"\xff\xfe junk\r\n" + (GRAPH_FRAMES + "RuntimeError: The size of tensor a "
+                     "(16) must match the size of tensor b (66) at non-singleton dimension 0\n"
+                     ).replace("\n", "\r\n").encode())
+    d = classify_file(path)
+    assert d.signature == "cuda-graph-shape-mismatch" and d.detail["got"] == 16
