@@ -16,7 +16,7 @@ _GLOB = re.compile(r"[*?\[]")
 
 def unknown(inv, name: str, what: str = "host or group") -> UserError:
     candidates = list(inv.hosts) + ([g for g in inv.groups] if "group" in what else [])
-    near = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
+    near = sorted(set(difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)))
     hint = f" (near: {', '.join(near)})" if near else ""
     return UserError(oneline(f"{inv.path}: no {what} named {show(name)}{hint}"))
 
