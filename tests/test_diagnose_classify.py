@@ -220,3 +220,30 @@ def test_crlf_and_bytes_file(tmp_path):
                      ).replace("\n", "\r\n").encode())
     d = classify_file(path)
     assert d.signature == "cuda-graph-shape-mismatch" and d.detail["got"] == 16
+
+
+@pytest.mark.parametrize("text, evidence, rank", [
+    ("[2026-05-20 08:02:44 TP1] Scheduler hit an exception: ValueError: bad rope scaling\n"
+     "[2026-05-20 08:02:45] Received sigquit from a child process. It usually means the child "
+     "failed.\n", "ValueError: bad rope scaling", "TP1"),
+    ("[2026-05-20 08:02:45 TP4] RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
+     " Connection closed by peer [10.0.0.3]:4411\nKilled\n", "Connection closed by peer", "TP4"),
+    ("[2026-05-20 08:02:44 TP0] Scheduler hit an exception: RuntimeError: CUDA error: out of "
+     "memory\n", "RuntimeError: CUDA error: out of memory", "TP0"),
+])
+def test_single_line_wrappers_and_echo_only_logs(text, evidence, rank):
+    d = classify(text)
+    assert (d.signature, d.evidence, d.rank) == ("unclassified", d.evidence, rank)
+    assert evidence in d.evidence
+
+
+def test_older_sglang_capture_banner_advice_is_not_oom():
+    text = ("Exception: Capture cuda graph failed: CUDA error: operation failed due to a previous "
+            "error during capture\nPossible solutions:\n1. disable cuda graph by "
+            "--disable-cuda-graph\n2. set --mem-fraction-static to a smaller value (e.g., 0.8 or "
+            "0.7)\n3. disable torch compile by not using --enable-torch-compile\n4. set "
+            "--cuda-graph-max-bs to a smaller value (e.g., 32)\nOpen an issue on GitHub "
+            "https://github.com/sgl-project/sglang/issues/new/choose\n")
+    d = classify(text)
+    assert d.signature == "unclassified" and d.phase == "capture"
+    assert "operation failed due to a previous error during capture" in d.evidence

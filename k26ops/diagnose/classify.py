@@ -107,7 +107,9 @@ def _primary(log: _Log) -> int | None:
     for k, line in enumerate(log.lines):
         if chains.ERRORISH.search(line.text) and not S.SECONDARY.search(line.text):
             return k
-    return None
+    # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
+    return next((k for k, line in enumerate(log.lines) if chains.is_exception(line.text)
+                 or chains.ERRORISH.search(line.text)), None)
 
 
 def _accept(log: _Log, sig: S.Signature, i: int, primary: int | None) -> bool:

@@ -37,7 +37,9 @@ _SGLANG_DATE = re.compile(r"^\[\d{4}-\d\d-\d\d[ T][\d:.,]+\s*\]\s?")
 # torchrun "[rank3]: ", "[default0]:"
 _TORCHRUN = re.compile(r"^\[(?P<rank>rank\d+|default\d+)\]:\s?")
 _NCCL_RANK = re.compile(r"\[(?:PG[^\]]*?\s)?Rank\s+(?P<n>\d+)\]")
-_SPLIT_AT = re.compile(r"(?<=\S)\s*(?=Traceback \(most recent call last\):)")
+# "Scheduler hit an exception: Traceback ..." / "... hit an exception: ValueError: x"
+_SPLIT_AT = re.compile(r"(?<=\S)\s*(?=Traceback \(most recent call last\):)|"
+                       r"(?<=hit an exception:)\s+(?=\S)")
 
 
 @dataclass
@@ -92,7 +94,7 @@ def clean_lines(text: str) -> list[Line]:
             current = rank
         elif not body:
             continue
-        parts = _SPLIT_AT.split(body) if "Traceback" in body else [body]
+        parts = _SPLIT_AT.split(body) if "Traceback" in body or "hit an" in body else [body]
         for n, part in enumerate(parts):
             out.append(Line(part.strip(), current, i, record and n == 0))
     return out
