@@ -1,0 +1,186 @@
+"""Roll a unit of work over the selected hosts: canary batch first, then the rest.
+
+`run_rollout(settings, work, canary=N)` runs `work` on the first N selected
+hosts; only when every one of them ends ok/changed does it run the rest. A
+failed canary stops the rollout: the other hosts are reported `skipped` and
+untouched. Per-host live progress (rich, on a terminal; plain lines with -v
+otherwise), the results table or --json, a failed host's journal tail and
+crash diagnosis, and the exit code.
+
+`work(session, progress)` gets the host's progress callback (pass it to
+`playbook.run_on_host(..., progress=progress)`); `playbook_work(steps, ...)`
+builds that for a playbook and carries the steps' report data (health,
+smoke latency, spec_accept_length, rollback) into each host's result.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Callable
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from k26ops.errors import EXIT_INTERRUPTED
+from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
+
+SKIPPED = "skipped"
+Progress = Callable[[str], None]
+
+
+def canary_batches(hosts: list, n: int | None) -> list[list]:
+    """[first n hosts, the rest] (empty batches dropped); n <= 0 or None: one batch."""
+    if not n or n <= 0 or n >= len(hosts):
+        return [list(hosts)] if hosts else []
+    return [list(hosts[:n]), list(hosts[n:])]
+
+
+def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared: dict | None = None):
+    """A rollout work function running `steps` via playbook.run_on_host; each
+    host's result gets the steps' report data (ctx.shared["outcome"])."""
+    from k26ops import playbook
+
+    def work(session, progress: Progress):
+        report: dict = {}
+        out = playbook.run_on_host(session, steps, check=check, progress=progress, purpose=purpose,
+                                   shared={**(shared or {}), "outcome": report})
+        out.update(report)
+        return out
+
+    return work
+
+
+class _Board:
+    """Last progress message per host: a live table on a terminal, else lines with -v."""
+
+    def __init__(self, hosts: list[str], console: Console, live: bool, verbose: bool):
+        self.state = {h: ("waiting", time.monotonic()) for h in hosts}
+        self.t0 = {}
+        self.console, self.verbose = console, verbose
+        self.lock = threading.Lock()
+        self.live = Live(self._table(), console=console, refresh_per_second=4, transient=True) if live else None
+
+    def _table(self) -> Table:
+        t = Table("host", "elapsed", "state", box=None, pad_edge=False)
+        now = time.monotonic()
+        for h, (msg, _) in self.state.items():
+            t0 = self.t0.get(h)
+            t.add_row(h, f"{now - t0:.0f}s" if t0 else "-", msg[:160])
+        return t
+
+    def update(self, host: str, msg: str) -> None:
+        with self.lock:
+            self.t0.setdefault(host, time.monotonic())
+            self.state[host] = (msg, time.monotonic())
+        if self.live:
+            self.live.update(self._table())
+        elif self.verbose:
+            self.console.print(f"[dim]{host}: {msg}[/dim]", highlight=False)
+
+    def __enter__(self):
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.live.__exit__(*exc)
+
+
+def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy", columns=(),
+                render=None, exit: bool = True) -> list[HostResult]:
+    """Run `work(session, progress)` over the selected hosts in canary batches,
+    print the results and (exit=True) exit with the fleet's code."""
+    hosts = settings.selected_hosts()
+    err = Console(stderr=True)
+    board = _Board([h.name for h in hosts], err, live=err.is_terminal and not settings.as_json,
+                   verbose=bool(settings.verbose))
+    details: dict[str, dict] = {}
+
+    def wrapped_for(session):
+        name = session.host.name
+        try:
+            return work(session, lambda msg: board.update(name, msg))
+        except Exception as exc:
+            if getattr(exc, "details", None):
+                details[name] = exc.details
+            raise
+
+    results: dict[str, HostResult] = {}
+    batches = canary_batches(hosts, canary)
+    interrupted = None
+    with board:
+        for i, batch in enumerate(batches):
+            fleet = Fleet(batch, settings.fleet_options())
+            try:
+                for r in fleet.run(wrapped_for):
+                    results[r.host] = r
+            except FleetInterrupted as exc:
+                for r in exc.results:
+                    results[r.host] = r
+                interrupted = exc
+            finally:
+                fleet.close()
+            if interrupted:
+                break
+            failed = [h.name for h in batch if results[h.name].status not in ("ok", "changed")]
+            if failed and i + 1 < len(batches):
+                why = f"not deployed: canary {', '.join(failed)} failed"
+                for later in batches[i + 1:]:
+                    for h in later:
+                        results[h.name] = HostResult(h.name, SKIPPED, why)
+                break
+    ordered = [results.get(h.name) or HostResult(h.name, SKIPPED, "not started") for h in hosts]
+    for r in ordered:
+        if r.host in details:
+            r.data.update(details[r.host])
+    print_rollout(settings, ordered, title, columns, canary=canary)
+    if render and not settings.as_json:
+        render(ordered)
+    if not exit:
+        return ordered
+    if interrupted:
+        click.echo(f"k26ops: {interrupted}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(exit_code(ordered))
+
+
+def print_rollout(settings, results: list[HostResult], title: str, columns=(), canary=0) -> None:
+    """The results table (or JSON), then each failed host's diagnosis and journal tail."""
+    from k26ops.cli.report import print_results
+
+    if settings.as_json:
+        click.echo(json.dumps({"canary": canary or 0, "hosts": {r.host: r.to_json() for r in results}},
+                              default=str))
+        return
+    cols = list(columns) or [("engine", "_engine"), ("health", "_health"), ("smoke", "_smoke")]
+    for r in results:
+        h, s = r.data.get("health"), r.data.get("smoke")
+        if isinstance(h, dict):
+            r.data["_health"] = f"{h.get('state')} {h.get('wait_s', 0):.1f}s"
+        if isinstance(s, dict) and s.get("ok"):
+            r.data["_smoke"] = f"{s['latency_s'] * 1000:.0f} ms, accept {s.get('spec_accept_length')}"
+        if "engine_restarted" in r.data:
+            r.data["_engine"] = "restarted" if r.data["engine_restarted"] else "kept"
+    print_results(settings, results, title, cols)
+    for r in results:
+        r.data.pop("_health", None)
+        r.data.pop("_smoke", None)
+        r.data.pop("_engine", None)
+    console = Console(width=max(100, Console().width))
+    for r in results:
+        tail = r.data.get("journal_tail")
+        diag = r.data.get("diagnosis") or {}
+        if not tail and not diag:
+            continue
+        console.rule(f"{r.host}: journal tail", style="red")
+        if diag.get("signature"):
+            console.print(f"[bold]{diag['signature']}[/bold] {diag.get('title') or ''}", highlight=False)
+            if diag.get("suggestion"):
+                console.print(f"suggestion: {diag['suggestion']}", highlight=False)
+        console.print(tail, markup=False, highlight=False)
