@@ -1,0 +1,112 @@
+"""The lab's nvidia-smi fixture, run for real and read with the fact parsers.
+
+Its formats are held to the outputs recorded on a real H200 host: with the
+h200 profile it must reproduce them (tests/data/facts/h200x2-*).
+"""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from k26ops.facts import gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "k26ops" / "lab" / "fixtures" / "nvidia-smi"
+DATA = ROOT / "tests" / "data" / "facts"
+Q = "index,name,memory.total,driver_version,compute_cap,uuid"
+
+
+def smi(*args, **env):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_LAB_")}
+    e.update(env)
+    p = subprocess.run([str(FIXTURE), *args], capture_output=True, text=True, env=e, timeout=30)
+    return p.stdout + p.stderr, p.returncode
+
+
+def recorded(name):
+    return (DATA / f"h200x2-{name}.txt").read_text()
+
+
+def test_header_comment_and_executable():
+    lines = FIXTURE.read_text().splitlines()
+    assert lines[0].startswith("#!")
+    assert "k26ops LAB FIXTURE — stands in for nvidia-smi on lab hosts without GPUs; never installed outside the lab" in lines[1]
+    assert os.access(FIXTURE, os.X_OK)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "csv,noheader", "csv,nounits", "csv,noheader,nounits"])
+def test_query_gpus_every_format(fmt):
+    text, rc = smi(f"--query-gpu={Q}", f"--format={fmt}")
+    v = gpu.parse_gpus(text, rc)
+    assert rc == 0 and v["error"] is None and v["count"] == 8
+    assert [g["index"] for g in v["gpus"]] == list(range(8))
+    for g in v["gpus"]:
+        assert g["name"] == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+        assert g["memory_mib"] == 97887 and g["compute_cap"] == "12.0"
+        assert g["driver_version"].startswith("580.") and g["uuid"].startswith("GPU-")
+    assert len({g["uuid"] for g in v["gpus"]}) == 8
+
+
+def test_fields_come_back_in_the_order_asked_with_aliases():
+    fields = ("uuid", "compute_cap", "gpu_name", "memory.free", "index", "power.limit", "fan.speed")
+    text, rc = smi("--query-gpu=" + ",".join(fields), "--format=csv")
+    header = text.splitlines()[0]
+    assert header == "uuid, compute_cap, name, memory.free [MiB], index, power.limit [W], fan.speed"
+    rows = gpu.parse_query_csv(text, fields)
+    assert rows[3]["index"] == "3" and rows[3]["compute_cap"] == "12.0"
+    assert rows[0]["gpu_name"].startswith("NVIDIA RTX PRO 6000") and rows[0]["fan.speed"] is None
+
+
+def test_id_selection_and_count():
+    text, rc = smi("-i", "2,5", "--query-gpu=index,count", "--format=csv,noheader")
+    assert text.split() == ["2,", "2", "5,", "2"]
+
+
+def test_topology_is_pcie_only():
+    v = gpu.parse_topology(*smi("topo", "-m"))
+    assert v["interconnect"] == "pcie" and len(v["links"]) == 28
+    assert not any(re.fullmatch(r"NV\d+", x) for x in v["links"].values())
+    assert {"PIX", "PXB", "NODE", "SYS"} == set(v["links"].values())
+
+
+def test_table_and_list():
+    h = gpu.parse_smi_header(*smi())
+    assert h["driver_version"].startswith("580.") and h["cuda_version"] == "13.0" and len(h["gpu_names"]) == 8
+    text, rc = smi("-L")
+    uuids = [g["uuid"] for g in gpu.parse_gpus(*smi(f"--query-gpu={Q}", "--format=csv,noheader"))["gpus"]]
+    assert text.splitlines() == [f"GPU {i}: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: {u})"
+                                 for i, u in enumerate(uuids)]
+
+
+def test_errors_look_like_the_real_ones():
+    text, rc = smi("--bogus-option")
+    assert (text, rc) == (recorded("smi-badopt"), 255)
+    text, rc = smi("--query-gpu=index,bogus_field", "--format=csv")
+    assert (text, rc) == (recorded("smi-query-badfield"), 2)
+    text, rc = smi("topo", "-x")
+    assert (text, rc) == (recorded("smi-topo-badopt"), 2)
+    assert smi("--query-gpu=index")[0] == "index\n" + "".join(f"{i}\n" for i in range(8))
+
+
+@pytest.mark.parametrize("mode,why,code", [("nvml-mismatch", "Failed to initialize NVML: Driver/library version mismatch", 18),
+                                           ("no-devices", "No devices were found", 6)])
+def test_failure_modes(mode, why, code):
+    text, rc = smi(f"--query-gpu={Q}", "--format=csv,noheader,nounits", K26OPS_LAB_NVIDIA_SMI=mode)
+    assert rc == code and gpu.parse_gpus(text, rc)["error"] == why
+
+
+def test_h200_profile_reproduces_the_recorded_formats():
+    env = dict(K26OPS_LAB_GPU_PROFILE="h200", K26OPS_LAB_GPUS="2")
+    assert smi("topo", "-m", **env)[0] == recorded("smi-topo-m")
+    assert smi("--version", **env)[0] == recorded("smi-version")
+    uuid = re.compile(r"GPU-[0-9a-f-]{36}")
+    for fmt in ("csv", "csv,noheader", "csv,nounits", "csv,noheader,nounits"):
+        name = "smi-query-" + {"csv": "csv", "csv,noheader": "noheader", "csv,nounits": "nounits",
+                               "csv,noheader,nounits": "noheader-nounits"}[fmt]
+        assert uuid.sub("U", smi(f"--query-gpu={Q}", f"--format={fmt}", **env)[0]) == uuid.sub("U", recorded(name))
+    power = re.compile(r"\d+W /")  # the recorded table's power draw differs by GPU
+    mine, real = smi(**env)[0].splitlines()[1:], recorded("smi-table").splitlines()[1:]
+    assert [power.sub("W /", l) for l in mine] == [power.sub("W /", l) for l in real]
