@@ -60,6 +60,10 @@ def _register() -> None:
         cli.add_command(module.group)
     cli.add_command(hosts.facts_cmd)
     cli.add_command(hosts.check_cmd)
+    from k26ops.cli import service
+
+    cli.add_command(service.status_cmd)
+    cli.add_command(service.logs_cmd)
 
 
 _register()

@@ -1,0 +1,126 @@
+"""`k26ops status` and `k26ops logs`: the engine's unit on each host; change nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+from rich.console import Console
+
+from k26ops import units
+from k26ops.cli.report import run_and_report
+from k26ops.fleet import Fleet, FleetInterrupted, Outcome
+from k26ops.steps import HostContext
+
+
+def _host_ctx(session) -> HostContext:
+    return HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+
+
+def _target(ctx: HostContext, unit: str | None):
+    from k26ops.steps import service as svc
+
+    name = svc.unit_name({"unit": unit}, ctx.vars)
+    host, port = svc.poll_target(svc.engine_profile(ctx))
+    return svc, name, host, port
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+@click.command(name="status")
+@click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
+@click.pass_obj
+def status_cmd(settings, unit):
+    """Per host: engine unit state, health, release, uptime, model, last restart."""
+
+    def work(session):
+        ctx = _host_ctx(session)
+        svc, name, host, port = _target(ctx, unit)
+        r = svc.agent(session, "status", unit=name, port=port, host=host, current=f"{ctx.releases_root}/current")
+        show = r["show"]
+        active = show.get("ActiveState")
+        started = show.get("ExecMainStartTimestampMonotonic") or 0
+        uptime = (r["now_monotonic_us"] - started) / 1e6 if active == "active" and started else None
+        health = r.get("health")
+        stamp = show.get("ExecMainStartTimestamp") or ""
+        parts = stamp.split()
+        return Outcome(unit=name, state=active or "unknown", substate=show.get("SubState"),
+                       enabled=show.get("UnitFileState") or None,
+                       health=("healthy" if health == 200 else f"HTTP {health}" if health else
+                               "no answer" if health == 0 else "-"),
+                       release=r["current"].rsplit("/", 1)[-1] if r.get("current") else None,
+                       uptime_s=round(uptime, 1) if uptime is not None else None, uptime=_ago(uptime),
+                       model=r.get("model"), model_short=(r.get("model") or "").rstrip("/").rsplit("/", 1)[-1] or None, port=port, pid=show.get("MainPID") or None,
+                       restarts=show.get("NRestarts"),
+                       last_start=stamp or None,
+                       started=" ".join(parts[1:3]) if len(parts) >= 3 else None)
+
+    run_and_report(settings, work, title="engine status",
+                   columns=[("unit", "state"), ("health", "health"), ("release", "release"),
+                            ("uptime", "uptime"), ("model", "model_short"), ("restarts", "restarts"),
+                            ("started", "started")])
+
+
+@click.command(name="logs")
+@click.option("-n", "--lines", type=click.IntRange(1, 100000), default=50, show_default=True,
+              help="Journal lines per host.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C stops).")
+@click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
+@click.option("--interval", type=click.FloatRange(0.2), default=1.0, hidden=True)
+@click.pass_obj
+def logs_cmd(settings, lines, follow, unit, interval):
+    """The engine's journal on each host (secrets redacted)."""
+    hosts = settings.selected_hosts()
+    prefix = len(hosts) > 1
+    cursors: dict[str, str | None] = {}
+    secrets: dict[str, list[str]] = {}
+    out = Console(soft_wrap=True, highlight=False)
+
+    def work(session):
+        name = session.host.name
+        ctx = _host_ctx(session)
+        svc, uname, _host, _port = _target(ctx, unit)
+        first = name not in secrets
+        r = svc.agent(session, "logs", unit=uname, lines=lines, cursor=cursors.get(name),
+                      env_path=svc.env_path({}, ctx.vars), with_env=first)
+        if first:
+            known = svc._secrets(ctx, svc.engine_env(ctx, {}), r.get("env"))
+            secrets[name] = known
+        cursors[name] = r.get("cursor") or cursors.get(name)
+        return Outcome(lines=[units.redact(line, secrets[name]) for line in r["lines"]])
+
+    fleet = Fleet(hosts, settings.fleet_options())
+    failed = False
+    try:
+        while True:
+            results = fleet.run(work)
+            for res in results:
+                if res.status not in ("ok", "changed"):
+                    failed = True
+                    click.echo(f"k26ops: {res.host}: {res.status}: {res.error}", err=True)
+                    continue
+                if settings.as_json:
+                    click.echo(json.dumps({"host": res.host, "lines": res.data["lines"]}))
+                    continue
+                for line in res.data["lines"]:
+                    out.print(f"[bold]{res.host}[/bold] | " if prefix else "", end="", markup=True)
+                    out.print(line, markup=False)
+            if not follow or failed:
+                break
+            time.sleep(interval)
+    except (KeyboardInterrupt, FleetInterrupted):
+        pass
+    finally:
+        fleet.close()
+    sys.exit(1 if failed else 0)
