@@ -78,6 +78,8 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
                           shared=dict(shared or {}), check=check, progress=progress)
         report, changed = [], False
         for step in steps:
+            step.prepare(ctx)
+        for step in steps:
             progress(f"{step.name}: planning")
             changes = step.plan(ctx)
             if changes and not check:

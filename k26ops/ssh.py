@@ -149,6 +149,14 @@ class SSHSession(Session):
         sftp.chmod(tmp, mode)
         sftp.posix_rename(tmp, remote_path)
 
+    def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
+        """Stream a local file to the host atomically (temp name, then rename)."""
+        sftp = self.conn.sftp()
+        tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
+        sftp.put(str(local_path), tmp)
+        sftp.chmod(tmp, mode)
+        sftp.posix_rename(tmp, remote_path)
+
     def close(self) -> None:
         try:
             self.conn.close()
@@ -195,6 +203,14 @@ class LocalSession(Session):
         tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
         with open(tmp, "wb") as fh:
             fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, remote_path)
+
+    def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
+        import shutil
+
+        tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
+        shutil.copyfile(local_path, tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, remote_path)
 

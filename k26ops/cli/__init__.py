@@ -54,7 +54,7 @@ def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeou
 
 
 def _register() -> None:
-    from k26ops.cli import diagnose, hosts, inventory, lab
+    from k26ops.cli import deploy, diagnose, hosts, inventory, lab
 
     for module in (lab, inventory, diagnose):
         cli.add_command(module.group)
@@ -64,6 +64,7 @@ def _register() -> None:
 
     cli.add_command(service.status_cmd)
     cli.add_command(service.logs_cmd)
+    cli.add_command(deploy.deploy_cmd)
 
 
 _register()

@@ -142,6 +142,9 @@ class Lab:
                 self._save(started, image)
             (self.dir / "known_hosts").write_text("".join(known))
             self._wait_ssh(started)
+            from k26ops.lab import overlay_fixture
+
+            self.overlay = overlay_fixture.ensure(self.dir)
             self._write_inventory(started)
         except BaseException:
             self._stop(started)
@@ -222,6 +225,8 @@ class Lab:
                 # engine_standin.py) installed as this module; never outside the lab.
                 "lab": True,
                 "launch_module": "k26ops_lab_engine",
+                "ddtree_overlay_url": self.overlay[0],
+                "ddtree_overlay_ref": self.overlay[1],
             },
             "hosts": {
                 h.name: {

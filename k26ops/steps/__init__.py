@@ -66,6 +66,10 @@ class Step:
     def __init__(self, params: dict | None = None):
         self.params = dict(params or {})
 
+    def prepare(self, ctx: HostContext) -> None:
+        """Control-node work and checks that must pass before ANY step changes
+        the host (called for every step first). Default: nothing."""
+
     def plan(self, ctx: HostContext) -> list[Change]:
         raise NotImplementedError
 

@@ -1,0 +1,167 @@
+"""The CUDA 13 toolchain step: install (pip or apt method) and verify nvcc.
+
+Verified means: `nvcc --version` reports the wanted release and a tiny kernel
+compiles for sm_120 (RTX PRO 6000 Blackwell) and for the host's own GPU
+architecture when it has one. GPU drivers are never installed or changed; a
+driver older than the toolkit needs stops the step before anything changes.
+
+pip method: `cuda-toolkit[nvcc]==13.0.*` into <root>/toolchain/cuda-13.0 (a
+venv), built beside the old one and renamed into place when verified; nvcc
+lives in site-packages/nvidia/cu13/bin and is linked as <dir>/bin/nvcc.
+apt method (Ubuntu): NVIDIA's repository via its cuda-keyring package, then
+`cuda-toolkit-13-0` only, never the `cuda`/`cuda-13-0` driver metapackages.
+"""
+
+from __future__ import annotations
+
+from k26ops import recipe as recipe_mod
+from k26ops import wheelhouse
+from k26ops.ssh import q
+from k26ops.steps import Change, HostContext, Step, StepFailed, register
+
+KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"
+MARKER = "k26ops-verified"
+
+
+def host_recipe(ctx: HostContext):
+    r = ctx.shared.get("recipe")
+    if r is None:
+        r = recipe_mod.load(ctx.vars.get("recipe"))
+        ctx.shared["recipe"] = r
+    return r
+
+
+def _driver_major(facts: dict) -> int | None:
+    gpus = (facts.get("gpus") or {}).get("gpus") or []
+    drv = gpus[0].get("driver_version") if gpus else (facts.get("nvidia_smi") or {}).get("driver_version")
+    try:
+        return int(str(drv).split(".")[0])
+    except ValueError:
+        return None
+
+
+def archs(facts: dict) -> list[str]:
+    """sm_120 always, plus the host's own GPUs' architectures."""
+    out = ["sm_120"]
+    for g in (facts.get("gpus") or {}).get("gpus") or []:
+        cc = str(g.get("compute_cap") or "")
+        if cc.replace(".", "").isdigit():
+            sm = "sm_" + cc.replace(".", "")
+            if sm not in out:
+                out.append(sm)
+    return out
+
+
+@register
+class CudaToolkit(Step):
+    name = "cuda_toolkit"
+
+    def _spec(self, ctx):
+        tk = host_recipe(ctx).toolkit
+        method = self.params.get("method") or ctx.vars.get("cuda_method") or tk.method
+        version = str(self.params.get("version") or tk.version)
+        return method, version, int(ctx.vars.get("min_driver", tk.min_driver))
+
+    def toolchain_dir(self, ctx, version) -> str:
+        return f"{ctx.root}/toolchain/cuda-{version}"
+
+    def plan(self, ctx: HostContext) -> list[Change]:
+        method, version, min_driver = self._spec(ctx)
+        major = _driver_major(ctx.facts)
+        if major is None:
+            raise StepFailed("no NVIDIA driver found (nvidia-smi): k26ops never installs drivers; "
+                             f"install an R{min_driver}+ driver first")
+        if major < min_driver:
+            raise StepFailed(f"driver {major} is older than CUDA {version} needs (>= {min_driver}); "
+                             "k26ops never changes drivers: upgrade it first")
+        want_archs = archs(ctx.facts)
+        ctx.shared["cuda_archs"] = want_archs
+        if method == "pip":
+            d = self.toolchain_dir(ctx, version)
+            ctx.shared["nvcc"] = f"{d}/bin/nvcc"
+            tk = ctx.facts.get("cuda_toolkit") or {}
+            here = [i for i in tk.get("installs", []) if i.get("path") == f"{d}/bin/nvcc"]
+            if here and here[0].get("release") == version:
+                res = ctx.run(f"cat {q(d)}/{MARKER} 2>/dev/null")
+                if res.stdout.split() == want_archs:
+                    return []
+            return [Change(f"install CUDA {version} toolkit (pip) into {d}, verify nvcc for "
+                           + ", ".join(want_archs))]
+        if method == "apt":
+            tk = ctx.facts.get("cuda_toolkit") or {}
+            d = f"/usr/local/cuda-{version}"
+            ctx.shared["nvcc"] = f"{d}/bin/nvcc"
+            if any(i.get("path") == f"{d}/bin/nvcc" and i.get("release") == version
+                   for i in tk.get("installs", [])):
+                return []
+            return [Change(f"install cuda-toolkit-{version.replace('.', '-')} (apt, NVIDIA repository)")]
+        raise StepFailed(f"unknown CUDA toolkit method {method!r} (pip or apt)")
+
+    def apply(self, ctx: HostContext, changes: list[Change]) -> None:
+        method, version, _ = self._spec(ctx)
+        if method == "pip":
+            self._apply_pip(ctx, version)  # builds, verifies, then renames into place
+        else:
+            self._apply_apt(ctx, version)
+            self._verify(ctx, ctx.shared["nvcc"], version)
+
+    def _apply_pip(self, ctx, version):
+        r = host_recipe(ctx)
+        py = (ctx.facts.get("python3") or {}).get("version", "3.11")
+        ctx.progress("downloading the CUDA toolkit wheels (once for all hosts)")
+        wheels = wheelhouse.ensure([r.toolkit.pip_spec], no_deps=False, python=".".join(py.split(".")[:2]))
+        wh = f"{ctx.root}/wheelhouse"
+        ctx.progress("pushing wheels")
+        wheelhouse.push(ctx.session, wheels, wh)
+        d = self.toolchain_dir(ctx, version)
+        part = f"{d}.partial"
+        ctx.progress(f"installing CUDA {version} (pip) into {d}")
+        script = (
+            f"set -e; rm -rf {q(part)}; python3 -m venv {q(part)}; "
+            f"{q(part)}/bin/pip install -q --no-index --find-links {q(wh)} {q(r.toolkit.pip_spec)}; "
+            f"n=$(ls -d {q(part)}/lib/python3*/site-packages/nvidia/cu*/bin/nvcc | head -1); "
+            # nvcc finds its profile and headers from the path it was run by,
+            # so bin/nvcc is a wrapper that runs the real one (not a symlink).
+            f"mkdir -p {q(part)}/bin; rel=\"${{n#{part}/}}\"; "
+            "printf '#!/bin/sh\\n# k26ops: CUDA toolkit (pip method)\\n"
+            "exec \"$(dirname \"$0\")/../%s\" \"$@\"\\n' \"$rel\" > " + q(part) + "/bin/nvcc; "
+            f"chmod 755 {q(part)}/bin/nvcc"
+        )
+        res = ctx.run(script, timeout=1800)
+        if not res.ok:
+            ctx.run(f"rm -rf {q(part)}")
+            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise StepFailed(f"installing the CUDA {version} toolkit failed: {tail[0]}")
+        try:
+            self._verify(ctx, f"{part}/bin/nvcc", version)
+        except StepFailed:
+            ctx.run(f"rm -rf {q(part)}")
+            raise
+        # Only a verified toolchain takes the place of the old one. (nvcc does
+        # not care where its venv lives; pip's script shebangs are not used.)
+        ctx.run(f"set -e; rm -rf {q(d)}.old; if [ -e {q(d)} ]; then mv {q(d)} {q(d)}.old; fi; "
+                f"mv {q(part)} {q(d)}; rm -rf {q(d)}.old; "
+                f"printf '%s\\n' {q(' '.join(ctx.shared['cuda_archs']))} > {q(d)}/{MARKER}", check=True)
+
+    def _apply_apt(self, ctx, version):
+        osr = ctx.facts.get("os_release") or {}
+        if osr.get("id") != "ubuntu":
+            raise StepFailed(f"apt method needs Ubuntu (NVIDIA's repository), host is {osr.get('pretty_name')}")
+        dist = "ubuntu" + str(osr.get("version_id", "")).replace(".", "")
+        repo = f"https://developer.download.nvidia.com/compute/cuda/repos/{dist}/x86_64"
+        pkg = f"cuda-toolkit-{version.replace('.', '-')}"
+        ctx.run("set -e; export DEBIAN_FRONTEND=noninteractive; t=$(mktemp -d); "
+                f"curl -fsSL -o \"$t/keyring.deb\" {q(repo + '/cuda-keyring_1.1-1_all.deb')}; "
+                "dpkg -i \"$t/keyring.deb\"; rm -rf \"$t\"; apt-get update -qq; "
+                f"apt-get install -y -qq --no-install-recommends {q(pkg)}", timeout=3600, check=True)
+
+    def _verify(self, ctx, nvcc: str, version: str) -> None:
+        want = ctx.shared["cuda_archs"]
+        arch_flags = " ".join(f"-gencode arch=compute_{a[3:]},code={a}" for a in want)
+        res = ctx.run(
+            f"set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; {q(nvcc)} --version; "
+            f"printf %s {q(KERNEL)} > \"$t/k.cu\"; {q(nvcc)} {arch_flags} -c -o \"$t/k.o\" \"$t/k.cu\"",
+            timeout=600)
+        if res.exited != 0 or f"release {version}" not in res.stdout:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise StepFailed(f"CUDA {version} toolkit did not verify: {tail[0]}")
