@@ -7,6 +7,7 @@ the chained exception after it) say whether CUDA-graph capture or replay ran.
 
 from __future__ import annotations
 
+import bisect
 import re
 
 from k26ops.diagnose.logtext import Line
@@ -105,11 +106,18 @@ def frames(lines: list[Line], first: int, last: int) -> list[tuple[str, str, str
     return out
 
 
-def startup_state(lines: list[Line], i: int) -> str | None:
-    """'capture' if graph capture had begun and not ended before line i,
+def progress_marks(lines: list[Line]) -> list[tuple[int, str]]:
+    """(line, 'capture'|'running') for each startup progress line, in order."""
+    marks = []
+    for j, line in enumerate(lines):
+        if ("aptur" in line.text or "ready to roll" in line.text or "Uvicorn" in line.text) and (
+                m := PROGRESS.search(line.text)):
+            marks.append((j, "capture" if m.group("begin") else "running"))
+    return marks
+
+
+def startup_state(marks: list[tuple[int, str]], i: int) -> str | None:
+    """'capture' if graph capture had begun and not ended by line i,
     'running' if the server had finished starting, else None."""
-    for j in range(i, -1, -1):
-        m = PROGRESS.search(lines[j].text)
-        if m:
-            return "capture" if m.group("begin") else "running"
-    return None
+    k = bisect.bisect_right(marks, (i, "~")) - 1
+    return marks[k][1] if k >= 0 else None

@@ -47,6 +47,8 @@ class _Log:
             self.starts.append(pos)
             pos += len(line.text) + 1
         self.flat = "\n".join(line.text for line in self.lines)
+        self.lower = self.flat.lower()
+        self.marks = chains.progress_marks(self.lines)
 
     def index(self, offset: int) -> int:
         return bisect.bisect_right(self.starts, offset) - 1
@@ -87,7 +89,7 @@ def phase_at(log: _Log, i: int) -> str | None:
         if fn in ("event_loop_normal", "event_loop_overlap", "run_batch",
                   "forward_batch_generation", "process_batch_result") or "event_loop" in fn:
             return "replay"
-    state = chains.startup_state(log.lines, i)
+    state = chains.startup_state(log.marks, i)
     return {"capture": "capture", "running": "replay"}.get(state or "")
 
 
@@ -101,9 +103,9 @@ def _primary(log: _Log) -> int | None:
     candidates = [k for k, line in enumerate(log.lines)
                   if chains.is_exception(line.text) and not S.SECONDARY.search(line.text)
                   and not (k and chains.FRAME.match(log.lines[k - 1].text))]
-    with_tb = [k for k in candidates if chains.block_start(log.lines, k) is not None]
-    if with_tb or candidates:
-        return (with_tb or candidates)[0]
+    with_tb = next((k for k in candidates if chains.block_start(log.lines, k) is not None), None)
+    if with_tb is not None or candidates:
+        return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
         if chains.ERRORISH.search(line.text) and not S.SECONDARY.search(line.text):
             return k
@@ -126,11 +128,28 @@ def _accept(log: _Log, sig: S.Signature, i: int, primary: int | None) -> bool:
 
 def _hits(log: _Log, sig: S.Signature):
     found = []
+    if sig.keywords and not any(k in log.lower for k in sig.keywords):
+        return found
     for strong, patterns in ((True, sig.strong), (False, sig.patterns)):
         for rx in patterns:
             for m in rx.finditer(log.flat):
                 found.append((log.index(m.start()), not strong, m))
     return sorted(found, key=lambda h: (h[0], h[1]))
+
+
+def _first_accepted(log: _Log, sig: S.Signature, primary: int | None):
+    """The earliest accepted hit, preferring a Python exception line (e.g. over
+    NCCL's own WARN lines) among the next few hundred; bounded for huge logs."""
+    first = None
+    for n, (i, weak, m) in enumerate(_hits(log, sig)):
+        if (first is not None and n > 300) or n > 3000:
+            break
+        if weak and not _accept(log, sig, i, primary):
+            continue
+        if chains.is_exception(log.lines[i].text):
+            return [(i, m)]
+        first = first or (i, m)
+    return [first] if first else []
 
 
 def algorithm_in(text: str) -> str | None:
@@ -155,11 +174,7 @@ def classify(text: str) -> Diagnosis:
     primary = _primary(log)
     algorithm = algorithm_in(log.flat)
     for sig in S.SIGNATURES:
-        accepted = [(i, m) for i, weak, m in _hits(log, sig)
-                    if not weak or _accept(log, sig, i, primary)]
-        # Prefer a Python exception line (e.g. over NCCL's own WARN lines).
-        accepted.sort(key=lambda h: not chains.is_exception(log.lines[h[0]].text))
-        for i, m in accepted[:1]:
+        for i, m in _first_accepted(log, sig, primary):
             first, evidence = log.span_text(m)
             detail, suggestion = detail_for(sig, m, log.lines, first, algorithm)
             return Diagnosis(signature=sig.id, evidence=evidence, phase=phase_at(log, first),

@@ -37,9 +37,12 @@ class Signature:
     context: str | None = None
     # Patterns that are enough without context (e.g. the probe's own tag).
     strong: tuple[re.Pattern, ...] = field(default=())
+    # Cheap prefilter: lowercase words one of which any hit contains.
+    keywords: tuple[str, ...] = ()
 
 
 NONE_FIELD = Signature(
+    keywords=("nonetype", "k26ops-probe"),
     id="cuda-graph-none-field",
     title="a None tensor reached a CUDA-graph capture/replay buffer copy",
     strong=_rx(r"K26OPS-PROBE" + _ + r"cuda-graph-none-field:" + _
@@ -65,6 +68,7 @@ NONE_FIELD_NAMED = ("Populate `{field}` for that forward mode before replay, or 
                     "when it is None; or disable CUDA graphs for that mode meanwhile.")
 
 SHAPE_MISMATCH = Signature(
+    keywords=("tensor",),
     id="cuda-graph-shape-mismatch",
     title="a batch did not fit the shape its CUDA graph was captured with",
     patterns=_rx(
@@ -94,6 +98,7 @@ DDTREE_SHAPE_SUGGESTION = (
     "and restart.")
 
 CAPTURE_OOM = Signature(
+    keywords=("memory", "calloc"),
     id="cuda-graph-capture-oom",
     title="out of GPU memory while capturing CUDA graphs",
     patterns=_rx(
@@ -111,6 +116,7 @@ CAPTURE_OOM = Signature(
 )
 
 ILLEGAL_MEMORY_ACCESS = Signature(
+    keywords=("illegal",),
     id="illegal-memory-access",
     title="CUDA illegal memory access",
     patterns=_rx(
@@ -126,6 +132,7 @@ ILLEGAL_MEMORY_ACCESS = Signature(
 )
 
 NCCL_FAILURE = Signature(
+    keywords=("nccl", "distbackenderror"),
     id="nccl-failure",
     title="NCCL / collective communication failure",
     patterns=_rx(
