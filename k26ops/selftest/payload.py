@@ -417,7 +417,8 @@ def check_allreduce(args):
         detail = "WRONG SUM; " + detail
     elif not ok:
         detail = "bus bandwidth %.1f GB/s < %.1f; %s" % (bw, floor, detail)
-    return _result("pass" if ok else "fail", bw, "GB/s", _expect(floor, None, "NCCL all-reduce bus bandwidth"),
+    return _result("pass" if ok else "fail", bw, "GB/s",
+                   _expect(floor, None, "NCCL all-reduce bus bandwidth, %d MiB bf16" % args.allreduce_mb),
                    detail, world_size=n, **res)
 
 
@@ -565,7 +566,9 @@ def parse_args(argv=None):
     ap.add_argument("--matmul-size", type=int, default=8192, help="bf16 matmul M=N=K")
     ap.add_argument("--min-tflops", type=float, default=None, help="per-GPU bf16 floor (default by compute capability)")
     ap.add_argument("--allreduce-mb", type=int, default=256, help="largest all-reduce message in MiB")
-    ap.add_argument("--min-busbw", type=float, default=None, help="all-reduce bus bandwidth floor in GB/s")
+    ap.add_argument("--min-busbw", type=float, default=10.0,
+                    help="all-reduce bus bandwidth floor in GB/s (default 10: a sick PCIe host; "
+                         "raise it for NVLink hosts)")
     ap.add_argument("--checks", type=lambda s: [p for p in s.split(",") if p], default=CHECKS,
                     help="comma-separated subset of: " + ",".join(CHECKS))
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every per-check timeout")
