@@ -311,27 +311,29 @@ def _mapping(value, what: str) -> dict:
 
 
 def engine_profile(ctx: HostContext) -> dict:
-    """Recipe profile, then inventory `engine_profile`, then the single vars
-    (model_path, draft_model_path, served_model_name, engine_port,
-    launch_module, extra_flags)."""
-    from k26ops import recipe as recipe_mod
+    """The release step's profile (recipe profile, then inventory `engine_profile`,
+    model_path, draft_model_path, served_model_name, engine_port, launch_module,
+    extra_flags), so the unit runs exactly the flags it validated; plus the
+    release dir under this host's releases root."""
+    try:
+        from k26ops.steps.release import engine_profile as release_profile
+    except ImportError:  # pragma: no cover - the release step ships with this module
+        release_profile = None
+    if release_profile is not None:
+        profile = dict(release_profile(ctx))
+    else:
+        from k26ops import recipe as recipe_mod
 
-    hv = ctx.vars
-    profile = dict(recipe_mod.load(hv.get("recipe")).profile)
-    profile.update(_mapping(hv.get("engine_profile"), "engine_profile"))
-    for var, key in (("model_path", "model_path"), ("draft_model_path", "draft_model_path"),
-                     ("served_model_name", "served_model_name"), ("engine_port", "port"),
-                     ("launch_module", "launch_module")):
-        if hv.get(var) not in (None, ""):
-            profile[key] = hv[var]
-    if hv.get("extra_flags") is not None:
-        profile["extra_args"] = (units._extra_args(profile.get("extra_args"))
-                                 + units._extra_args(hv.get("extra_flags")))
+        hv = ctx.vars
+        profile = dict(recipe_mod.load(hv.get("recipe")).profile)
+        profile.update(_mapping(hv.get("engine_profile"), "engine_profile"))
+        for var, key in (("model_path", "model_path"), ("draft_model_path", "draft_model_path"),
+                         ("served_model_name", "served_model_name"), ("engine_port", "port"),
+                         ("launch_module", "launch_module"), ("extra_flags", "extra_args")):
+            if hv.get(var) not in (None, ""):
+                profile[key] = hv[var]
     if is_lab(ctx):
         profile.setdefault("launch_module", LAB_MODULE)
-        # The stand-in needs no weights: a draft path only to satisfy the DDTREE flags.
-        if profile.get("speculative_algorithm") and not profile.get("draft_model_path"):
-            profile["draft_model_path"] = f"{profile.get('model_path') or '/models/lab'}-draft"
     profile["release_dir"] = f"{ctx.releases_root}/current"
     return profile
 
