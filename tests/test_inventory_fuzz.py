@@ -137,4 +137,4 @@ def test_limit_and_show_values(tmp_path, monkeypatch, limit, host):
     inv = ("all:\n  children:\n    lab:\n      hosts:\n        gpu[1:3]:\n"
            "    g1:\n      hosts:\n        gpu1:\n")
     check(tmp_path, monkeypatch, inv, limit)
-    check(tmp_path, monkeypatch, inv, None, ("show", host))
+    check(tmp_path, monkeypatch, inv, None, ("show", "--", host))
