@@ -1,0 +1,268 @@
+"""Service, health and smoke steps against the real lab: real nspawn hosts,
+real systemd and journald, real sshd, the engine stand-in as the engine.
+
+The tests use a releases root of their own on each host (`releases_root`
+inventory var: /opt/k26ops/test-service-releases) holding two fake releases
+(`test-fake-a`, `test-fake-b`: a venv/bin/python symlink to the host's
+python3; the stand-in is stdlib-only), and a test-only step
+`test_fake_release` that switches `current` the way the release step does
+(shared release_changed / previous_release). Everything is removed at
+teardown: the lab's hosts are left as found.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k26ops.cli.context import Settings
+from k26ops.rollout import playbook_work, run_rollout
+from k26ops.ssh import q
+from k26ops.steps import REGISTRY, Change, Step, register
+from k26ops.steps import service as svc_mod
+from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
+
+UNIT = "k26-engine.service"
+ENV_FILE = "/etc/k26ops/sglang.env"
+RELEASES = "/opt/k26ops/test-service-releases"
+TOKEN = "hf_TESTSECRET_9f8e7d6c5b4a"
+
+
+@register
+class FakeRelease(Step):
+    """TEST ONLY: point `current` at the host var `test_release` like the release step would."""
+
+    name = "test_fake_release"
+
+    def plan(self, ctx):
+        want = ctx.vars.get("test_release", "test-fake-a")
+        cur = ctx.run(f"readlink {q(ctx.releases_root)}/current || true").stdout.strip() or None
+        ctx.shared["previous_release"] = cur
+        ctx.shared["release_id"] = want
+        return [] if cur == want else [Change(f"switch current: {cur} -> {want}")]
+
+    def apply(self, ctx, changes):
+        want = ctx.vars.get("test_release", "test-fake-a")
+        ctx.run(f"cd {q(ctx.releases_root)} && ln -sfn {q(want)} .current.tmp && mv -T .current.tmp current",
+                check=True)
+        ctx.shared["release_changed"] = True
+
+
+def ssh(lab, host: str, command: str) -> str:
+    res = lab_ssh(lab.dir, lab.port(host), command)
+    assert res.returncode == 0, (command, res.stdout, res.stderr)
+    return res.stdout
+
+
+def main_pid(lab, host: str) -> int:
+    return int(ssh(lab, host, f"systemctl show -p MainPID --value {UNIT}").strip())
+
+
+@pytest.fixture(scope="module")
+def engine(lab, tmp_path_factory):
+    """The shared lab prepared for engine tests; cleaned up afterwards."""
+    names = [h.name for h in lab.hosts]
+    base = free_port_block(len(names), start=31000, stop=33000)
+    ports = {n: base + i for i, n in enumerate(names)}
+    for n in names:
+        ssh(lab, n, f"set -e; for r in test-fake-a test-fake-b; do mkdir -p {RELEASES}/$r/venv/bin; "
+                    f"ln -sfn /usr/bin/python3 {RELEASES}/$r/venv/bin/python; done; "
+                    f"ln -sfn test-fake-a {RELEASES}/current")
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["vars"]["releases_root"] = RELEASES
+    inv["vars"]["hf_token"] = TOKEN
+    for n in names:
+        inv["hosts"][n]["vars"]["engine_port"] = ports[n]
+    state = {"dir": tmp_path_factory.mktemp("engine"), "inv": inv, "names": names, "ports": ports}
+    yield state
+    for n in names:
+        lab_ssh(lab.dir, lab.port(n),
+                f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} {ENV_FILE}; "
+                f"rmdir /etc/k26ops 2>/dev/null; rm -rf /opt/k26ops/lab /opt/k26ops/state/service {RELEASES}; "
+                f"systemctl daemon-reload; systemctl reset-failed {UNIT} 2>/dev/null; true")
+
+
+def inventory(engine, name: str, **host_vars) -> Path:
+    """The test inventory with extra vars per host: host_vars = {host: {var: value}}."""
+    inv = json.loads(json.dumps(engine["inv"]))
+    for host, extra in host_vars.items():
+        inv["hosts"][host]["vars"].update(extra)
+    path = engine["dir"] / f"{name}.yml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def deploy(inv: Path, *, canary=0, check=False, release=True, capsys=None):
+    names = (["test_fake_release"] if release else []) + ["service", "health", "smoke"]
+    steps = [REGISTRY[n]({}) for n in names]
+    settings = Settings(inventory=str(inv), as_json=False)
+    results = run_rollout(settings, playbook_work(steps, check=check), canary=canary, exit=False)
+    text = ""
+    if capsys is not None:
+        cap = capsys.readouterr()
+        text = cap.out + cap.err
+    return {r.host: r for r in results}, text
+
+
+def test_deploy_healthy_smoke_then_converged(lab, engine, capsys):
+    inv = inventory(engine, "base")
+    t0 = time.monotonic()
+    res, out = deploy(inv, capsys=capsys)
+    for n, r in res.items():
+        assert r.status == "changed", (n, r.error)
+        assert r.data["health"]["state"] == "healthy"
+        assert r.data["smoke"]["ok"] and r.data["smoke"]["text"].strip()
+        assert r.data["smoke"]["spec_accept_length"] == pytest.approx(3.2)
+        assert r.data["smoke"]["latency_s"] > 0
+        assert r.data["engine_restarted"] is True
+    assert time.monotonic() - t0 < 60
+    assert TOKEN not in out and TOKEN not in json.dumps([r.to_json() for r in res.values()])
+    pids = {n: main_pid(lab, n) for n in engine["names"]}
+    lab1 = engine["names"][0]
+    # env file: 0600, holds the token; the unit never does
+    assert ssh(lab, lab1, f"stat -c %a {ENV_FILE}").strip() == "600"
+    assert TOKEN in ssh(lab, lab1, f"cat {ENV_FILE}")
+    unit_text = ssh(lab, lab1, f"cat /etc/systemd/system/{UNIT}")
+    assert TOKEN not in unit_text and "-m k26ops_lab_engine" in unit_text
+    assert f"--port {engine['ports'][lab1]}" in unit_text
+    # the installed, rendered unit passes systemd-analyze verify on the host
+    v = lab_ssh(lab.dir, lab.port(lab1), f"systemd-analyze verify /etc/systemd/system/{UNIT}")
+    assert v.returncode == 0, v.stderr
+
+    # second run: nothing changes, nothing restarts, few round trips
+    res2, out2 = deploy(inv, capsys=capsys)
+    for n, r in res2.items():
+        assert r.status == "ok", (n, r.error, r.data.get("steps"))
+        assert all(not s["changed"] for s in r.data["steps"])
+        assert r.data["smoke"]["ok"]
+        assert r.commands <= 8, r.commands
+    assert {n: main_pid(lab, n) for n in engine["names"]} == pids
+
+    # status and logs through the CLI
+    env = {**lab.env(), "K26OPS_INVENTORY": str(inv), "HF_TOKEN": ""}
+    rc, st = k26ops_json("status", env=env)
+    assert rc == 0, st
+    for n in engine["names"]:
+        h = st["hosts"][n]
+        assert (h["state"], h["health"], h["release"]) == ("active", "healthy", "test-fake-a")
+        assert h["model"] == "/models/Kimi-K2.6" and h["pid"] == pids[n] and h["uptime_s"] >= 0
+    logs = k26ops("--limit", lab1, "logs", "-n", "30", env=env)
+    assert logs.returncode == 0, logs.stderr
+    assert "Load weight" in logs.stdout or "/generate" in logs.stdout
+    assert TOKEN not in logs.stdout + logs.stderr
+
+
+def test_check_diff_redacts_secrets(lab, engine):
+    lab1 = engine["names"][0]
+    inv = inventory(engine, "newtoken", **{lab1: {"hf_token": "hf_OTHERSECRET_123456"}})
+    res, _ = deploy(inv, check=True)
+    steps = {s["step"]: s for s in res[lab1].data["steps"]}
+    diff = "\n".join(steps["service"]["diffs"])
+    assert "HF_TOKEN" in diff and "<redacted>" in diff
+    assert TOKEN not in diff and "hf_OTHERSECRET_123456" not in diff
+    assert any(c.startswith("restart") for c in steps["service"]["changes"])
+    assert ssh(lab, lab1, f"grep -c {TOKEN} {ENV_FILE}").strip() == "1"  # --check changed nothing
+
+
+def test_one_flag_change_restarts_only_that_engine(lab, engine):
+    names = engine["names"]
+    res, _ = deploy(inventory(engine, "base"))
+    assert all(r.status == "ok" for r in res.values())
+    before = {n: main_pid(lab, n) for n in names}
+    inv = inventory(engine, "flag", **{names[1]: {"extra_flags": {"mem-fraction-static": 0.81}}})
+    res, _ = deploy(inv)
+    assert res[names[1]].status == "changed" and res[names[1]].data["engine_restarted"] is True
+    assert [res[n].status for n in names if n != names[1]] == ["ok"] * (len(names) - 1)
+    after = {n: main_pid(lab, n) for n in names}
+    assert after[names[1]] != before[names[1]]
+    assert all(after[n] == before[n] for n in names if n != names[1])
+    assert "--mem-fraction-static 0.81" in ssh(lab, names[1], f"cat /etc/systemd/system/{UNIT}")
+    deploy(inventory(engine, "base"))  # back to the common state
+
+
+def _journal_times(lab, host: str, since: float) -> dict:
+    out = ssh(lab, host, f"journalctl -u {UNIT} -o json --since @{int(since) - 1} --no-pager")
+    times = {}
+    for line in out.splitlines():
+        e = json.loads(line)
+        msg = e.get("MESSAGE") or ""
+        t = int(e["__REALTIME_TIMESTAMP"]) / 1e6
+        if isinstance(msg, str) and "Main process exited" in msg:
+            times.setdefault("exited", t)
+        if isinstance(msg, str) and msg.startswith("Stopped") and "exited" in times:
+            times.setdefault("stopped_after", t)
+    return times
+
+
+def test_crash_during_load_fails_fast_and_rolls_back(lab, engine, capsys):
+    names = engine["names"]
+    bad = names[-1]
+    res, _ = deploy(inventory(engine, "base"))
+    assert all(r.status == "ok" for r in res.values())
+    unit_before = ssh(lab, bad, f"cat /etc/systemd/system/{UNIT}")
+    env_before = ssh(lab, bad, f"cat {ENV_FILE}")
+    pids = {n: main_pid(lab, n) for n in names}
+    crash = {"engine_env": {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch",
+                            "K26OPS_STANDIN_LOAD_SECONDS": 2},
+             "test_release": "test-fake-b"}
+    since = time.time()
+    res, out = deploy(inventory(engine, "crash", **{bad: crash}), capsys=capsys)
+    r = res[bad]
+    assert r.status == "failed"
+    assert "cuda-graph-shape-mismatch" in r.error and "must match the size of tensor" in r.error
+    assert "previous engine is healthy again" in r.error and "release" in r.error
+    assert "Capture cuda graph" in r.data["journal_tail"] or "Traceback" in r.data["journal_tail"]
+    assert r.data["diagnosis"]["signature"] == "cuda-graph-shape-mismatch"
+    assert "journal tail" in out and "cuda-graph-shape-mismatch" in out and TOKEN not in out
+    for n in names[:-1]:
+        assert res[n].status == "ok", (n, res[n].error)
+    # stopped waiting at once: the rollback's stop follows the crash within ~2 s
+    t = _journal_times(lab, bad, since)
+    assert "exited" in t and "stopped_after" in t, t
+    assert t["stopped_after"] - t["exited"] < 3.0, t
+    assert r.elapsed < 20  # load 2 s + crash + rollback, nowhere near the 1800 s timeout
+    # the previous unit, env file and release are back and running
+    assert ssh(lab, bad, f"cat /etc/systemd/system/{UNIT}") == unit_before
+    assert ssh(lab, bad, f"cat {ENV_FILE}") == env_before
+    assert ssh(lab, bad, f"readlink {RELEASES}/current").strip() == "test-fake-a"
+    assert ssh(lab, bad, f"systemctl is-active {UNIT}").strip() == "active"
+    assert all(main_pid(lab, n) == pids[n] for n in names[:-1])
+    env = {**lab.env(), "K26OPS_INVENTORY": str(inventory(engine, "base"))}
+    rc, st = k26ops_json("--limit", bad, "status", env=env)
+    assert rc == 0 and st["hosts"][bad]["health"] == "healthy"
+
+
+def test_canary_failure_stops_the_rollout(lab, engine):
+    names = engine["names"]
+    res, _ = deploy(inventory(engine, "base"))
+    pids = {n: main_pid(lab, n) for n in names}
+    crash = {"engine_env": {"K26OPS_STANDIN_CRASH": "load"}}
+    changed = {n: crash for n in names}
+    res, _ = deploy(inventory(engine, "canary", **changed), canary=1)
+    assert res[names[0]].status == "failed"
+    for n in names[1:]:
+        assert res[n].status == "skipped" and "canary" in res[n].error
+        assert main_pid(lab, n) == pids[n]
+    assert ssh(lab, names[0], f"systemctl is-active {UNIT}").strip() == "active"
+
+
+def test_bad_unit_never_replaces_the_working_one(lab, engine):
+    lab1 = engine["names"][0]
+    res, _ = deploy(inventory(engine, "base"))
+    unit_before = ssh(lab, lab1, f"cat /etc/systemd/system/{UNIT}")
+    pid = main_pid(lab, lab1)
+    # a release dir without the engine's python: ExecStart is not executable
+    ssh(lab, lab1, f"mkdir -p {RELEASES}/test-fake-empty")
+    steps = [REGISTRY[n]({}) for n in ("service", "health", "smoke")]
+    inv2 = inventory(engine, "badroot", **{lab1: {"releases_root": f"{RELEASES}/test-fake-empty"}})
+    results = run_rollout(Settings(inventory=str(inv2)), playbook_work(steps), exit=False)
+    r = {x.host: x for x in results}[lab1]
+    assert r.status == "failed" and "systemd-analyze verify rejected" in r.error
+    assert "not executable" in r.error
+    assert ssh(lab, lab1, f"cat /etc/systemd/system/{UNIT}") == unit_before
+    assert main_pid(lab, lab1) == pid
