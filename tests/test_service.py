@@ -67,7 +67,7 @@ def main_pid(lab, host: str) -> int:
 def engine(lab, tmp_path_factory):
     """The shared lab prepared for engine tests; cleaned up afterwards."""
     names = [h.name for h in lab.hosts]
-    base = free_port_block(len(names), start=31000, stop=33000)
+    base = free_port_block(len(names), start=31000, stop=35000)
     ports = {n: base + i for i, n in enumerate(names)}
     for n in names:
         ssh(lab, n, f"set -e; for r in test-fake-a test-fake-b; do mkdir -p {RELEASES}/$r/venv/bin; "
