@@ -13,7 +13,6 @@ teardown: the lab's hosts are left as found.
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from k26ops.cli.context import Settings
 from k26ops.rollout import playbook_work, run_rollout
 from k26ops.ssh import q
 from k26ops.steps import REGISTRY, Change, Step, register
-from k26ops.steps import service as svc_mod
 from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
