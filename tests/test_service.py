@@ -23,6 +23,7 @@ from k26ops.cli.context import Settings
 from k26ops.rollout import playbook_work, run_rollout
 from k26ops.ssh import q
 from k26ops.steps import REGISTRY, Change, Step, register
+from k26ops.steps import service  # noqa: F401  (registers service, health, smoke)
 from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
@@ -157,6 +158,7 @@ def test_deploy_healthy_smoke_then_converged(lab, engine, capsys):
 
 def test_check_diff_redacts_secrets(lab, engine):
     lab1 = engine["names"][0]
+    deploy(inventory(engine, "base"))
     inv = inventory(engine, "newtoken", **{lab1: {"hf_token": "hf_OTHERSECRET_123456"}})
     res, _ = deploy(inv, check=True)
     steps = {s["step"]: s for s in res[lab1].data["steps"]}
