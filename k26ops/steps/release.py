@@ -124,12 +124,19 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
         return prep
 
 
+_FLAGS: dict[Path, engine_flags.EngineFlags] = {}
+
+
 def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
+    """The engine's command line, its flags checked against the release's own sources."""
     argv = units.engine_argv(engine_profile(ctx, prep.recipe))
     flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
-    if engine_profile(ctx, prep.recipe).get("launch_module", "sglang.launch_server") == "sglang.launch_server" \
-            or ctx.vars.get("lab"):
-        engine_flags.validate(flags, prep.sources)
+    # Parsed once per release; under the lock because CPython 3.11's ast is not
+    # safe to run from several threads at once (SystemError: recursion depth mismatch).
+    with _PREP_LOCK:
+        if prep.sources not in _FLAGS:
+            _FLAGS[prep.sources] = engine_flags.read_flags(prep.sources)
+        engine_flags.validate(flags, prep.sources, _FLAGS[prep.sources])
     return argv
 
 
