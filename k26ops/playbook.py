@@ -90,6 +90,7 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
                            "changes": [c.what for c in changes],
                            "diffs": [c.diff for c in changes if c.diff]})
         out = Outcome(changed=changed, steps=report, release=ctx.shared.get("release_id"))
+        out.update(ctx.shared.get("outcome") or {})  # steps' report data (health, smoke, ...)
         if lock and lock.stale:
             out["stale_lock"] = lock.stale
         return out

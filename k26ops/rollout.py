@@ -46,11 +46,8 @@ def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared
     from k26ops import playbook
 
     def work(session, progress: Progress):
-        report: dict = {}
-        out = playbook.run_on_host(session, steps, check=check, progress=progress, purpose=purpose,
-                                   shared={**(shared or {}), "outcome": report})
-        out.update(report)
-        return out
+        return playbook.run_on_host(session, steps, check=check, progress=progress, purpose=purpose,
+                                    shared={**(shared or {}), "outcome": {}})
 
     return work
 
@@ -167,11 +164,13 @@ def print_rollout(settings, results: list[HostResult], title: str, columns=(), c
             r.data["_smoke"] = f"{s['latency_s'] * 1000:.0f} ms, accept {s.get('spec_accept_length')}"
         if "engine_restarted" in r.data:
             r.data["_engine"] = "restarted" if r.data["engine_restarted"] else "kept"
+        if "steps" in r.data:
+            changed = [s["step"] for s in r.data["steps"] if s["changed"]]
+            r.data["_changed"] = ", ".join(changed) if changed else "nothing"
     print_results(settings, results, title, cols)
     for r in results:
-        r.data.pop("_health", None)
-        r.data.pop("_smoke", None)
-        r.data.pop("_engine", None)
+        for key in ("_health", "_smoke", "_engine", "_changed"):
+            r.data.pop(key, None)
     console = Console(width=max(100, Console().width))
     for r in results:
         tail = r.data.get("journal_tail")

@@ -16,37 +16,25 @@ STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "re
          "interrupted": "magenta", "skipped": "magenta"}
 
 
-def run_and_report(settings, work, *, title: str, columns=(), render=None, summarize=None,
-                   canary: int = 0) -> None:
+def run_and_report(settings, work, *, title: str, columns=(), render=None) -> None:
     """Run `work` over the selected hosts, print, and exit with the fleet's code.
 
     `columns` are (header, key) pairs taken from each host's data for the table.
-    `summarize(data)` fills the `summary` key; `render(results)` prints extra
-    human detail after the table. With `canary` N, the first N hosts run first
-    and the rest only if all of them succeeded (the others are `skipped`).
+    `render(results)` may print extra human detail after the table.
+    (Playbooks with progress and canaries go through `k26ops.rollout`.)
     """
     hosts = settings.selected_hosts()
     err = Console(stderr=True)
     fleet = Fleet(hosts, settings.fleet_options(),
                   on_event=(lambda h, m: err.print(f"[dim]{h}: {m}[/dim]")) if settings.verbose else None)
-    batches = [hosts[:canary], hosts[canary:]] if 0 < canary < len(hosts) else [hosts]
-    results: list[HostResult] = []
     try:
-        for i, batch in enumerate(batches):
-            if i and exit_code(results) != 0:
-                results += [HostResult(h.name, "skipped", "canary failed: rollout stopped") for h in batch]
-                continue
-            fleet.hosts = batch
-            results += fleet.run(work)
+        results = fleet.run(work)
     except FleetInterrupted as exc:
-        print_results(settings, results + exc.results, title, columns)
+        print_results(settings, exc.results, title, columns)
         click.echo(f"k26ops: {exc}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         fleet.close()
-    if summarize:
-        for r in results:
-            r.data["summary"] = summarize(r.data)
     print_results(settings, results, title, columns)
     if render and not settings.as_json:
         render(results)
