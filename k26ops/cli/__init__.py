@@ -70,5 +70,21 @@ def _register() -> None:
 _register()
 
 
+GLOBAL_FLAGS = {"--json", "-v", "-vv", "-vvv", "--verbose", "--accept-new-host-keys"}
+
+
+def hoist_global_flags(args: list[str]) -> list[str]:
+    """`k26ops deploy --json` means `k26ops --json deploy`: global flags (no value)
+    may be written after the command too."""
+    if "--" in args:
+        i = args.index("--")
+        head, tail = args[:i], args[i:]
+    else:
+        head, tail = args, []
+    flags = [a for a in head if a in GLOBAL_FLAGS]
+    rest = [a for a in head if a not in GLOBAL_FLAGS]
+    return flags + rest + tail
+
+
 def main() -> None:
-    cli(prog_name="k26ops")
+    cli(args=hoist_global_flags(sys.argv[1:]), prog_name="k26ops")
