@@ -6,8 +6,9 @@ PIP ?= $(PY) -m pip
 
 system-deps:
 	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v ssh >/dev/null \
+	  && command -v patch >/dev/null && command -v git >/dev/null \
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      systemd-container debootstrap openssh-client git make >/dev/null)
+	      systemd-container debootstrap openssh-client git make patch >/dev/null)
 
 python-deps:
 	$(PIP) install -q -e '.[test]'
