@@ -65,6 +65,9 @@ def _register() -> None:
     cli.add_command(service.status_cmd)
     cli.add_command(service.logs_cmd)
     cli.add_command(deploy.deploy_cmd)
+    from k26ops.cli import selftest
+
+    cli.add_command(selftest.selftest_cmd)
 
 
 _register()
@@ -87,4 +90,21 @@ def hoist_global_flags(args: list[str]) -> list[str]:
 
 
 def main() -> None:
-    cli(args=hoist_global_flags(sys.argv[1:]), prog_name="k26ops")
+    """Entry point: click's own usage errors become one line too (exit 2)."""
+    try:
+        rc = cli.main(args=hoist_global_flags(sys.argv[1:]), prog_name="k26ops", standalone_mode=False)
+    except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `k26ops`: show the help
+            click.echo(exc.ctx.get_help())
+            sys.exit(0)
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        msg = " ".join(exc.format_message().split())
+        click.echo(f"k26ops: error: {msg}{where}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"k26ops: error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("k26ops: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(rc if isinstance(rc, int) else 0)
