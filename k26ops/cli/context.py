@@ -51,6 +51,10 @@ class Settings:
         from k26ops import inventory
 
         inv = inventory.load(self.inventory_path())
+        import click
+
+        for w in getattr(inv, "warnings", []):
+            click.echo(f"k26ops: warning: {w}", err=True)
         hosts = inv.select(self.limit)
         if not hosts:
             from k26ops.errors import UserError
