@@ -12,6 +12,7 @@ import sys
 import click
 
 from k26ops.errors import UserError
+from k26ops.ssh import q
 
 
 @click.group(name="diagnose")
@@ -66,3 +67,160 @@ def log_cmd(ctx, file):
         click.echo(json.dumps(diagnosis.to_json(), indent=2))
     else:
         _print_human(diagnosis)
+
+
+# ---------------------------------------------------------------- diagnose service
+
+@group.command(name="service")
+@click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
+@click.option("--lines", type=click.IntRange(100, 1000000), default=20000, show_default=True,
+              help="Journal entries searched per host for the last crash.")
+@click.pass_obj
+def service_cmd(settings, unit, lines):
+    """Classify the engine's last crash on each host, from its journal."""
+    from datetime import datetime
+
+    from k26ops import units
+    from k26ops.cli.report import run_and_report
+    from k26ops.cli.service import _host_ctx
+    from k26ops.diagnose import service as dsvc
+    from k26ops.diagnose.classify import classify
+    from k26ops.fleet import Outcome
+    from k26ops.steps import service as svc
+
+    def work(session):
+        ctx = _host_ctx(session)
+        name = svc.unit_name({"unit": unit}, ctx.vars)
+        r = dsvc.last_crash(session, name, lines=lines)
+        show = r.get("show") or {}
+        out = Outcome(unit=name, state=show.get("ActiveState") or "unknown", crashes=r.get("crashes", 0))
+        if not r.get("invocation"):
+            out.update(signature=None, crashed=False, summary="no crash in the journal")
+            return out
+        env = session.run(f"cat {q(svc.env_path({}, ctx.vars))} 2>/dev/null").stdout
+        secrets = svc._secrets(ctx, svc.engine_env(ctx, {}), env)
+        d = classify(units.redact(r.get("text") or "", secrets))
+        when = None
+        if r.get("ended_us"):
+            when = datetime.fromtimestamp(int(r["ended_us"]) / 1e6).astimezone().isoformat(timespec="seconds")
+        out.update(crashed=True, crashed_at=when, exit=r.get("why"), invocation=r["invocation"],
+                   current_invocation=bool(r.get("current")), **d.to_json(),
+                   summary=f"{d.signature}: {d.evidence[:120]}" if d.evidence else d.signature)
+        return out
+
+    def render(results):
+        from rich.console import Console
+        from rich.markup import escape
+
+        con = Console(highlight=False, soft_wrap=True)
+        for res in results:
+            data = res.data
+            if not data.get("crashed"):
+                continue
+            con.print(f"[bold]{res.host}[/]: last crash {data.get('crashed_at') or ''} ({escape(str(data.get('exit')))})")
+            from k26ops.diagnose.classify import Diagnosis
+            fields = {k: data.get(k) for k in Diagnosis.__dataclass_fields__}
+            _print_human(Diagnosis(**fields))
+
+    run_and_report(settings, work, title="engine: last crash",
+                   columns=[("unit", "state"), ("crashed at", "crashed_at"), ("signature", "signature"),
+                            ("phase", "phase"), ("rank", "rank")],
+                   render=render)
+
+
+# ---------------------------------------------------------------- diagnose cuda-graph
+
+@group.command(name="cuda-graph")
+@click.option("--host", "host_name", required=True, metavar="HOST", help="The one host to probe.")
+@click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
+@click.option("--force", is_flag=True, help="Probe even when the deployed files differ from the release manifest.")
+@click.option("--timeout", "ready_timeout", type=click.FloatRange(1), default=1800, show_default=True,
+              help="Seconds to wait for the probed engine to be ready.")
+@click.option("--requests", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Requests sent to reach the speculative verify path.")
+@click.pass_obj
+def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests):
+    """Apply the None-field probe, restart with CUDA graphs on, send a request,
+    name the crash; always revert and restore the engine."""
+    import time
+
+    from rich.console import Console
+
+    from k26ops import inventory
+    from k26ops.diagnose import probe
+    from k26ops.errors import EXIT_INTERRUPTED
+    from k26ops.ssh import HostKeyRefused, Unreachable, connect
+
+    inv = inventory.load(settings.inventory_path())
+    hosts = inv.select(host_name)
+    if len(hosts) != 1:
+        raise UserError(f"--host {host_name}: names {len(hosts)} hosts in {inv.path}; name exactly one host")
+    host = hosts[0]
+    err = Console(stderr=True, highlight=False)
+    t0 = time.monotonic()
+    last = {"msg": None, "t": 0.0}
+
+    def progress(msg: str) -> None:
+        now = time.monotonic()
+        # the waits report every ~2s: on a terminal each, in a pipe when it changes or every 10s
+        key = msg.split(":")[0] if msg.startswith("waiting") else msg
+        if not err.is_terminal and key == last["msg"] and now - last["t"] < 10:
+            return
+        last.update(msg=key, t=now)
+        from rich.markup import escape
+
+        err.print(f"[dim]{host.name} {now - t0:5.0f}s[/dim] {escape(msg)}", markup=True)
+
+    try:
+        session = connect(host, accept_new=settings.accept_new_host_keys,
+                          connect_timeout=settings.connect_timeout)
+    except (Unreachable, HostKeyRefused) as exc:
+        raise UserError(f"{host.name}: {exc}", exit_code=1) from None
+    rep = None
+    try:
+        try:
+            rep = probe.run_probe(session, host, unit=unit, force=force, ready_timeout=ready_timeout,
+                                  requests=requests, progress=progress)
+        except KeyboardInterrupt:
+            click.echo(f"k26ops: interrupted; {host.name}: probe reverted and engine restored", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except UserError:
+            raise
+        except Exception as exc:  # after restore: one line, never a traceback
+            text = str(exc).strip().splitlines()
+            raise UserError(f"{host.name}: diagnose cuda-graph failed: {text[0] if text else exc.__class__.__name__} "
+                            "(the probe was reverted and the engine restored)", exit_code=1) from None
+    finally:
+        session.close()
+    if rep.interrupted:
+        _print_probe(settings, rep)
+        click.echo(f"k26ops: interrupted; {host.name}: probe reverted and engine restored", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    _print_probe(settings, rep)
+    sys.exit(1 if rep.restore_errors else 0)
+
+
+def _print_probe(settings, rep) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from k26ops.diagnose import probe
+    from k26ops.diagnose.classify import Diagnosis
+
+    if getattr(settings, "as_json", False):
+        click.echo(json.dumps({**rep.to_json(), "summary": probe.summary(rep)}, indent=2))
+        return
+    con = Console(highlight=False, soft_wrap=True)
+    con.print(f"[bold]{rep.host}[/]: release {rep.release}, "
+              + ("canonical" if rep.canonical else "NOT canonical (--force)"))
+    for note in rep.notes:
+        con.print(f"  note: {escape(note)}")
+    if rep.drift:
+        con.print("  " + escape(probe.describe_drift(rep.drift)))
+    con.print(f"[bold]result:[/] {escape(probe.summary(rep))}")
+    if rep.diagnosis:
+        d = rep.diagnosis
+        _print_human(Diagnosis(**{k: d.get(k) for k in Diagnosis.__dataclass_fields__}))
+    con.print("[bold]restored:[/] " + escape("; ".join(rep.restored) or "nothing to restore"))
+    for e in rep.restore_errors:
+        con.print(f"[bold red]restore problem:[/] {escape(e)}")

@@ -1,0 +1,510 @@
+"""`k26ops diagnose cuda-graph --host H`: the seeds' None-field hunt in one command.
+
+Under the host lock:
+  (a) check that the deployed engine is canonical: the release's patched files
+      against its manifest and its patch state (the release's own
+      `patchset.py verify`); say which files differ; refuse unless forced;
+  (b) apply the probe patch (patches/, tag `diagnose`) to the current release
+      with its own state dir (<release>/probe-state), so the release's patch
+      state is untouched; file mtimes are kept so existing .pyc stay valid;
+  (c) restart the engine with CUDA graphs on: a runtime drop-in
+      (/run/systemd/system/<unit>.d/, gone at reboot anyway) drops
+      --disable-cuda-graph from ExecStart when the profile has it and keeps
+      the probed run from writing bytecode; wait until ready with progress;
+  (d) send /generate requests (every decode step runs DDTree's verify path);
+  (e) collect the journal since the restart and classify it;
+  (f) ALWAYS (finally: failure, timeout, Ctrl-C) remove the drop-in, revert the
+      probe and put the engine back as it was (running: restarted on the
+      canonical files and waited for; stopped: stopped);
+  (g) report signature, field/index or sizes, phase, rank and the fix.
+
+Every host-side action is one stdlib-only agent call (JSON in/out), like the
+service step's agent.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from k26ops import units
+from k26ops.errors import UserError
+from k26ops.ssh import q
+
+REPO = Path(__file__).resolve().parent.parent.parent
+PROBE_PATCH = REPO / "patches" / "sglang-0.5.23" / "cuda-graph-none-probe.patch"
+DROPIN_NAME = "zz-k26ops-probe.conf"
+PROBE_STATE = "probe-state"
+DEFAULT_READY_TIMEOUT = 1800.0
+DEFAULT_REQUESTS = 3
+
+AGENT = r'''
+import hashlib, json, os, re, shutil, subprocess, sys, time
+
+def sh(argv, timeout=120):
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+def sha(path):
+    try:
+        with open(path, "rb") as fh: return hashlib.sha256(fh.read()).hexdigest()
+    except (FileNotFoundError, IsADirectoryError): return None
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh: return fh.read()
+    except FileNotFoundError: return None
+
+def show(unit):
+    props = "ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,FragmentPath,DropInPaths,Result"
+    _, out, _ = sh(["systemctl", "show", unit, "-p", props])
+    d = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
+    for k in ("MainPID", "NRestarts"):
+        try: d[k] = int(d.get(k) or 0)
+        except ValueError: d[k] = 0
+    return d
+
+def runtime_dropin(unit, name):
+    return os.path.join("/run/systemd/system", unit + ".d", name)
+
+def dropins(unit):
+    out = {}
+    for base in ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system"):
+        d = os.path.join(base, unit + ".d")
+        if os.path.isdir(d):
+            for f in sorted(os.listdir(d)):
+                out[os.path.join(d, f)] = sha(os.path.join(d, f))
+    return out
+
+def probe_revert(release, site, sdir):
+    """Revert a probe (ours) exactly and restore the files' mtimes; drop its state dir."""
+    done = {"reverted": [], "had_probe": False}
+    if not os.path.isdir(sdir):
+        return done
+    done["had_probe"] = os.path.exists(os.path.join(sdir, "state.json"))
+    if done["had_probe"]:
+        rc, out, err = sh([sys.executable, os.path.join(release, "k26ops", "patchset.py"), "revert",
+                           "--root", site, "--state", sdir])
+        try: res = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError): res = {"ok": False, "error": (err or out).strip()[-300:]}
+        if not res.get("ok"):
+            raise RuntimeError("reverting the probe failed: %s" % res.get("error"))
+        done["reverted"] = res.get("files", [])
+    try:
+        with open(os.path.join(sdir, "mtimes.json")) as fh: mt = json.load(fh)
+    except (OSError, ValueError): mt = {}
+    for rel, ns in mt.items():
+        p = os.path.join(site, rel)
+        if os.path.exists(p): os.utime(p, ns=(ns, ns))
+    shutil.rmtree(sdir)
+    return done
+
+def op_prepare(r):
+    """Leftovers of a run that died are removed; then the engine's state and the
+    release's canonical check."""
+    unit, rels = r["unit"], r["releases"]
+    notes = []
+    dp = runtime_dropin(unit, r["dropin"])
+    if os.path.exists(dp):
+        os.unlink(dp); sh(["systemctl", "daemon-reload"])
+        notes.append("removed a probe drop-in left by an earlier run: " + dp)
+    try: rid = os.readlink(os.path.join(rels, "current"))
+    except OSError: return {"ok": False, "error": "no current release under %s (deploy first)" % rels}
+    release = rid if rid.startswith("/") else os.path.join(rels, rid)
+    try:
+        with open(os.path.join(release, "manifest.json")) as fh: man = json.load(fh)
+    except (OSError, ValueError):
+        return {"ok": False, "error": "release %s has no readable manifest.json (not built by k26ops?)" % release}
+    site = man.get("site_packages") or ""
+    if not os.path.isdir(site):
+        return {"ok": False, "error": "release %s: site-packages %s is missing" % (release, site)}
+    sdir = os.path.join(release, r["probe_state"])
+    try:
+        left = probe_revert(release, site, sdir)
+    except RuntimeError as e:
+        return {"ok": False, "error": "a probe left by an earlier run: " + str(e)}
+    if left["had_probe"]:
+        notes.append("reverted a probe left by an earlier run (%d file(s))" % len(left["reverted"]))
+    drift = []
+    for rel, want in sorted((man.get("patched_files") or {}).items()):
+        got = sha(os.path.join(site, rel))
+        if got != want:
+            text = read(os.path.join(site, rel)) or ""
+            drift.append({"path": rel, "expected": want, "actual": got, "source": "manifest",
+                          "probe": "K26OPS-PROBE" in text})
+    pstate = os.path.join(release, "patch-state")
+    script = os.path.join(release, "k26ops", "patchset.py")
+    if os.path.exists(os.path.join(pstate, "state.json")) and os.path.exists(script):
+        rc, out, err = sh([sys.executable, script, "verify", "--root", site, "--state", pstate])
+        try: res = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError): res = {"ok": False, "drift": [], "error": (err or out).strip()[-300:]}
+        seen = {d["path"] for d in drift}
+        for d in res.get("drift", []):
+            if d["path"] not in seen:
+                drift.append({**d, "source": "patch-state", "probe": False})
+        if res.get("error"):
+            notes.append("patchset verify: " + res["error"])
+    else:
+        notes.append("release has no patch state to verify (%s)" % pstate)
+    s = show(unit)
+    unit_path = s.get("FragmentPath") or ""
+    unit_text = read(unit_path) if unit_path else None
+    env_path = r.get("env_path")
+    return {"ok": True, "notes": notes, "release": release, "release_id": os.path.basename(release),
+            "site": site, "drift": drift, "show": s, "unit_path": unit_path, "unit_text": unit_text,
+            "unit_sha": sha(unit_path) if unit_path else None, "dropins": dropins(unit),
+            "env": read(env_path) if env_path else None, "env_sha": sha(env_path) if env_path else None}
+
+def op_apply_probe(r):
+    release, site = r["release"], r["site"]
+    sdir = os.path.join(release, r["probe_state"])
+    os.makedirs(os.path.join(sdir, "patches"), mode=0o700, exist_ok=True)
+    with open(os.path.join(sdir, "patches", "probe.patch"), "w") as fh: fh.write(r["patch_text"])
+    with open(os.path.join(sdir, "patches", "series"), "w") as fh: fh.write("probe.patch\n")
+    rc, out, err = sh([sys.executable, os.path.join(release, "k26ops", "patchset.py"), "check", "--root", site,
+                       "--series", os.path.join(sdir, "patches", "series"), "--state", sdir])
+    try: res = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError): res = {"ok": False, "error": (err or out).strip()[-300:]}
+    if not res.get("ok"):
+        shutil.rmtree(sdir, ignore_errors=True)
+        return {"ok": False, "error": res.get("error")}
+    mt = {}
+    for p in res.get("patches", []):
+        for rel in p.get("files", {}):
+            path = os.path.join(site, rel)
+            if os.path.exists(path): mt[rel] = os.stat(path).st_mtime_ns
+    with open(os.path.join(sdir, "mtimes.json"), "w") as fh: json.dump(mt, fh)
+    rc, out, err = sh([sys.executable, os.path.join(release, "k26ops", "patchset.py"), "apply", "--root", site,
+                       "--series", os.path.join(sdir, "patches", "series"), "--state", sdir])
+    try: res = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError): res = {"ok": False, "error": (err or out).strip()[-300:]}
+    return {"ok": bool(res.get("ok")), "error": res.get("error"), "files": res.get("files", [])}
+
+def op_restart(r):
+    """Install the runtime drop-in, remember the journal position, restart."""
+    unit = r["unit"]
+    dp = runtime_dropin(unit, r["dropin"])
+    os.makedirs(os.path.dirname(dp), exist_ok=True)
+    with open(dp + ".tmp", "w") as fh: fh.write(r["dropin_text"])
+    os.replace(dp + ".tmp", dp)
+    sh(["systemctl", "daemon-reload"])
+    _, out, _ = sh(["journalctl", "--no-pager", "-u", unit, "-n", "0", "--show-cursor"])
+    m = re.search(r"-- cursor: (\S+)", out)
+    sh(["systemctl", "reset-failed", unit])
+    rc, out2, err = sh(["systemctl", "restart", unit], timeout=600)
+    s = show(unit)
+    return {"ok": rc == 0, "error": err.strip()[-300:], "cursor": m.group(1) if m else None, "show": s}
+
+def op_journal(r):
+    argv = ["journalctl", "--no-pager", "-u", r["unit"], "-o", "cat", "-n", str(r.get("lines", 20000))]
+    if r.get("cursor"): argv += ["--after-cursor", r["cursor"]]
+    if r.get("since"): argv += ["--since", r["since"]]
+    _, out, _ = sh(argv)
+    return {"text": out, "show": show(r["unit"])}
+
+def op_restore(r):
+    """Drop-in out, probe reverted, engine as before. Each part is tried even if another failed."""
+    unit, done, errors = r["unit"], [], []
+    dp = runtime_dropin(unit, r["dropin"])
+    try:
+        if os.path.exists(dp):
+            os.unlink(dp); done.append("removed drop-in " + dp)
+        try: os.rmdir(os.path.dirname(dp))
+        except OSError: pass
+        sh(["systemctl", "daemon-reload"])
+    except Exception as e:
+        errors.append("drop-in: %s" % e)
+    if r.get("release"):
+        try:
+            res = probe_revert(r["release"], r["site"], os.path.join(r["release"], r["probe_state"]))
+            if res["had_probe"]: done.append("reverted the probe (%d file(s))" % len(res["reverted"]))
+        except Exception as e:
+            errors.append(str(e))
+    sh(["systemctl", "reset-failed", unit])
+    if r.get("was_active"):
+        rc, _, err = sh(["systemctl", "restart", unit], timeout=600)
+        done.append("restarted the engine" if rc == 0 else "restart failed")
+        if rc: errors.append("systemctl restart: " + err.strip()[-200:])
+    elif r.get("stop"):
+        sh(["systemctl", "stop", unit], timeout=600)
+        sh(["systemctl", "reset-failed", unit])
+        done.append("stopped the engine (it was not running before)")
+    return {"ok": not errors, "done": done, "errors": errors, "show": show(unit), "dropins": dropins(unit)}
+
+req = json.loads(sys.stdin.read())
+try:
+    res = globals()["op_" + req.pop("op")](req)
+except Exception as e:
+    res = {"ok": False, "error": "%s: %s" % (e.__class__.__name__, e)}
+sys.stdout.write("\n" + json.dumps(res) + "\n")
+'''
+
+
+class ProbeFailed(Exception):
+    """The workflow could not run (the engine was restored); one line."""
+
+
+def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
+    res = session.run(f"python3 -c {q(AGENT)}", stdin=json.dumps({"op": op, **req}), timeout=timeout)
+    lines = res.stdout.strip().splitlines()
+    if res.exited != 0 or not lines:
+        err = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeFailed(f"host agent ({op}) failed: {err[:300]}")
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        raise ProbeFailed(f"host agent ({op}) answered no JSON: {lines[-1][:200]}") from None
+
+
+_DISABLE = ("--disable-cuda-graph",)
+
+
+def graphs_on_exec(unit_text: str | None) -> str | None:
+    """The unit's ExecStart= without --disable-cuda-graph, or None when graphs are already on."""
+    if not unit_text:
+        return None
+    lines = [ln for ln in unit_text.splitlines() if ln.strip().startswith("ExecStart=")]
+    if not lines:
+        return None
+    value = lines[-1].strip()[len("ExecStart="):]
+    words = value.split(" ")
+    if not any(w in _DISABLE for w in words):
+        return None
+    return " ".join(w for w in words if w not in _DISABLE)
+
+
+def dropin_text(exec_start: str | None) -> str:
+    text = ("# k26ops diagnose cuda-graph: temporary (runtime) drop-in; removed when the probe ends.\n"
+            "[Service]\n"
+            "# The probed code must not leave bytecode in the release.\n"
+            "Environment=PYTHONDONTWRITEBYTECODE=1\n")
+    if exec_start is not None:
+        text += "# CUDA graphs on: the unit's command line without --disable-cuda-graph.\nExecStart=\n"
+        text += f"ExecStart={exec_start}\n"
+    return text
+
+
+@dataclass
+class ProbeReport:
+    host: str
+    release: str | None = None
+    canonical: bool | None = None
+    drift: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    graphs_enabled_by_dropin: bool = False
+    ready_s: float | None = None
+    crashed: bool | None = None
+    crash_when: str | None = None   # "startup" / "request"
+    diagnosis: dict | None = None
+    restored: list = field(default_factory=list)
+    restore_errors: list = field(default_factory=list)
+    engine_after: dict = field(default_factory=dict)
+    interrupted: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def run_probe(session, host, *, unit: str | None = None, force: bool = False,
+              ready_timeout: float = DEFAULT_READY_TIMEOUT, requests: int = DEFAULT_REQUESTS,
+              progress: Callable[[str], None] = lambda m: None) -> ProbeReport:
+    """The whole workflow on one host (caller holds the session). Raises
+    UserError for a refusal before anything changed; ProbeFailed /
+    KeyboardInterrupt after restoring; returns the report."""
+    from k26ops.cli.service import _host_ctx
+    from k26ops.diagnose.classify import classify
+    from k26ops.hostlock import HostLock, HostLocked
+    from k26ops.steps import service as svc
+
+    ctx = _host_ctx(session)
+    uname = svc.unit_name({"unit": unit}, ctx.vars)
+    ehost, port = svc.poll_target(svc.engine_profile(ctx))
+    epath = svc.env_path({}, ctx.vars)
+    rep = ProbeReport(host=host.name)
+    try:
+        patch_text = PROBE_PATCH.read_text()
+    except OSError as exc:
+        raise UserError(f"{PROBE_PATCH}: cannot read the probe patch: {exc.strerror}") from None
+
+    lock = HostLock(session, ctx.state_dir, "diagnose cuda-graph")
+    try:
+        lock.acquire()
+    except HostLocked as exc:
+        raise UserError(f"{host.name}: {exc}") from None
+    try:
+        progress("checking the deployed engine is canonical")
+        st = agent(session, "prepare", unit=uname, releases=ctx.releases_root, env_path=epath,
+                   dropin=DROPIN_NAME, probe_state=PROBE_STATE)
+        if not st.get("ok"):
+            raise UserError(f"{host.name}: {st.get('error')}")
+        rep.release, rep.notes, rep.drift = st["release_id"], st["notes"], st["drift"]
+        rep.canonical = not st["drift"]
+        if st["drift"] and not force:
+            raise UserError(f"{host.name}: the deployed engine is not canonical (release {st['release_id']}): "
+                            + describe_drift(st["drift"]) + "; redeploy, or pass --force to probe it anyway")
+        show = st["show"]
+        if show.get("LoadState") != "loaded" or not st.get("unit_text"):
+            raise UserError(f"{host.name}: {uname} is not installed (deploy first)")
+        was_active = show.get("ActiveState") in ("active", "activating", "reloading")
+        secrets = svc._secrets(ctx, svc.engine_env(ctx, {}), st.get("env"))
+        exec_start = graphs_on_exec(st["unit_text"])
+        rep.graphs_enabled_by_dropin = exec_start is not None
+        _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
+                  ready_timeout, requests, progress, classify)
+        return rep
+    finally:
+        lock.release()
+
+
+def describe_drift(drift: list) -> str:
+    parts = []
+    for d in drift[:6]:
+        if d.get("actual") is None:
+            what = "missing"
+        elif d.get("probe"):
+            what = "has the K26OPS-PROBE probe in it"
+        else:
+            what = f"sha256 {str(d['actual'])[:12]}, expected {str(d.get('expected'))[:12]}"
+        parts.append(f"{d['path']} ({what})")
+    more = f" and {len(drift) - 6} more" if len(drift) > 6 else ""
+    return f"{len(drift)} file(s) differ from the release manifest: " + ", ".join(parts) + more
+
+
+def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
+              ready_timeout, requests, progress, classify) -> None:
+    from k26ops.steps import service as svc
+
+    restarted = False
+    try:
+        progress(f"applying the probe patch to release {st['release_id']}")
+        res = agent(session, "apply_probe", release=st["release"], site=st["site"], patch_text=patch_text,
+                    probe_state=PROBE_STATE)
+        if not res.get("ok"):
+            raise ProbeFailed(f"the probe patch does not apply to release {st['release_id']}: {res.get('error')}")
+        progress("restarting the engine with CUDA graphs on"
+                 + (" (temporary drop-in without --disable-cuda-graph)" if exec_start else ""))
+        r = agent(session, "restart", timeout=700, unit=uname, dropin=DROPIN_NAME,
+                  dropin_text=dropin_text(exec_start))
+        restarted = True
+        cursor = r.get("cursor")
+        if not r.get("ok"):
+            raise ProbeFailed(f"systemctl restart {uname} failed: {units.redact(r.get('error') or '', secrets)}")
+        base = {k: r["show"].get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+        t0 = time.monotonic()
+        crashed = None
+        while True:
+            el = time.monotonic() - t0
+            window = max(0.5, min(2.0, ready_timeout - el))
+            p = svc.agent(session, "poll", timeout=window + 90, unit=uname, port=port, host=ehost,
+                          base=base, window=window, journal_lines=50)
+            el = time.monotonic() - t0
+            if p["state"] == "healthy":
+                rep.ready_s = round(el, 1)
+                progress(f"ready after {el:.0f}s")
+                break
+            if p["state"] == "crashed":
+                crashed, rep.crash_when = p.get("why"), "startup"
+                progress(f"engine crashed while starting ({crashed}) after {el:.0f}s")
+                break
+            last = units.redact(p.get("last_line") or "", secrets)
+            progress(f"waiting for ready: {p['state']} {el:.0f}s" + (f": {last}" if last else ""))
+            if el >= ready_timeout:
+                raise ProbeFailed(f"{uname} not ready after {ready_timeout:.0f}s with the probe "
+                                  f"({p['state']})" + (f"; last log line: {last}" if last else ""))
+        if crashed is None:
+            for n in range(1, requests + 1):
+                progress(f"request {n}/{requests}: /generate (speculative verify path)")
+                svc.agent(session, "smoke", timeout=200, port=port, host=ehost,
+                          prompt="Write a short poem about CUDA graphs.", max_new_tokens=32, timeout_s=120.0)
+                p = svc.agent(session, "poll", timeout=100, unit=uname, port=port, host=ehost, base=base,
+                              window=1.5, journal_lines=50)
+                if p["state"] == "crashed":
+                    crashed, rep.crash_when = p.get("why"), "request"
+                    progress(f"engine crashed on request {n} ({crashed})")
+                    break
+        rep.crashed = crashed is not None
+        progress("collecting the journal since the restart")
+        time.sleep(0.3)
+        j = agent(session, "journal", unit=uname, cursor=cursor)
+        text = units.redact(j.get("text") or "", secrets)
+        d = classify(text)
+        if crashed is None and d.signature == "unclassified":
+            rep.diagnosis = None
+        else:
+            rep.diagnosis = d.to_json()
+    finally:
+        _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
+                 ready_timeout)
+
+
+def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
+             ready_timeout):
+    """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this."""
+    from k26ops.steps import service as svc
+
+    interrupted = []
+    old = None
+    try:
+        old = signal.signal(signal.SIGINT, lambda *a: interrupted.append(True))
+    except ValueError:  # not the main thread
+        pass
+    try:
+        progress("restoring: removing the drop-in, reverting the probe"
+                 + (", restarting the engine" if was_active and restarted else ""))
+        try:
+            r = agent(session, "restore", timeout=700, unit=uname, dropin=DROPIN_NAME,
+                      release=st["release"], site=st["site"], probe_state=PROBE_STATE,
+                      was_active=was_active and restarted, stop=restarted and not was_active)
+        except ProbeFailed as exc:
+            rep.restore_errors.append(str(exc))
+            return
+        rep.restored = r.get("done", [])
+        rep.restore_errors += [units.redact(e, secrets) for e in (r.get("errors") or [])]
+        if r.get("error"):
+            rep.restore_errors.append(units.redact(r["error"], secrets))
+        show = r.get("show") or {}
+        if was_active and restarted and r.get("ok"):
+            base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+            t0 = time.monotonic()
+            while True:
+                p = svc.agent(session, "poll", timeout=100, unit=uname, port=port, host=ehost, base=base,
+                              window=2.0, journal_lines=30)
+                el = time.monotonic() - t0
+                if p["state"] == "healthy":
+                    rep.restored.append(f"the engine is healthy again ({el:.0f}s)")
+                    break
+                if p["state"] == "crashed":
+                    rep.restore_errors.append(f"the restored engine crashed: {p.get('why')}")
+                    break
+                progress(f"restoring: waiting for the engine: {p['state']} {el:.0f}s")
+                if el > ready_timeout:
+                    rep.restore_errors.append(f"the restored engine is not healthy after {el:.0f}s")
+                    break
+            show = p.get("show") or show
+        rep.engine_after = {"ActiveState": show.get("ActiveState"), "SubState": show.get("SubState")}
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+        if interrupted:
+            rep.interrupted = True
+
+
+def summary(rep: ProbeReport) -> str:
+    """One line: what the probe found."""
+    d = rep.diagnosis
+    if not d:
+        if rep.crashed is False:
+            return "no crash: the engine served the verify path with CUDA graphs on and the probe applied"
+        return "no crash signature found"
+    det = d.get("detail") or {}
+    if d["signature"] == "cuda-graph-none-field" and det.get("field"):
+        where = f" ({det.get('side', 'src')}[{det['index']}])" if "index" in det else ""
+        return f"{d['signature']}: `{det['field']}`{where} was None"
+    if d["signature"] == "cuda-graph-shape-mismatch" and "got" in det:
+        return f"{d['signature']}: size {det['got']} vs {det['expected']}"
+    return d["signature"]
