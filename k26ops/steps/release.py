@@ -71,6 +71,14 @@ _PREP_LOCK = threading.Lock()
 
 
 def effective_recipe(ctx: HostContext) -> recipe_mod.Recipe:
+    ov = ctx.shared.get("release_override")
+    if ov:  # a rebuild from a baseline: its recorded recipe file and overlay source
+        r = ov.get("_recipe")
+        if r is None:
+            r = ov["_recipe"] = recipe_mod.load(ov["recipe"])
+            if ov.get("overlay"):
+                r = ov["_recipe"] = recipe_mod.with_overlay(r, ov["overlay"]["url"], ov["overlay"]["ref"])
+        return r
     r = host_recipe(ctx)
     url = ctx.vars.get("ddtree_overlay_url")
     if url:
@@ -97,16 +105,24 @@ def engine_profile(ctx: HostContext, r: recipe_mod.Recipe | None = None) -> dict
 def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     """Assemble and check the release once per run on the control node (shared by hosts)."""
     r = effective_recipe(ctx)
+    ov = ctx.shared.get("release_override") or {}
+    pin = (ov.get("overlay") or {}).get("commit")
     py = ".".join(((ctx.facts.get("python3") or {}).get("version") or "3.11").split(".")[:2])
-    key = json.dumps([str(r.source), r.overlay and [r.overlay.url, r.overlay.ref], list(tags), py])
+    key = json.dumps([str(r.source), r.overlay and [r.overlay.url, r.overlay.ref], list(tags), py, pin,
+                      [list(x) for x in ov.get("patches") or []]])
     with _PREP_LOCK:
         if key in _PREP:
             return _PREP[key]
         commit = None
         if r.overlay:
             ctx.progress(f"fetching DDTree overlay {r.overlay.url} {r.overlay.ref}")
-            commit = overlay.fetch(r.overlay.url, r.overlay.ref)
-        patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
+            commit = overlay.fetch(r.overlay.url, pin or r.overlay.ref)
+            if pin and commit != pin:
+                raise UserError(f"ddtree overlay: {r.overlay.url} has no commit {pin}")
+        if ov.get("patches"):  # [(name as recorded, file)]: same names + contents -> same release id
+            patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
+        else:
+            patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
         rid = recipe_mod.release_id(r, commit, patches)
         work = PREP_CACHE / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         ctx.progress(f"downloading wheels for {rid} (once for all hosts)")
@@ -116,7 +132,8 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             raise UserError(f"{r.source}: no sglang wheel among the downloaded wheels")
         site, tar, pdir = work / "site-packages", work / "overlay.tar", work / "patches"
         if not (work / "prepared.ok").exists():  # assembled once per release id on this node
-            _assemble(work, r, commit, patches, sg[0].path)
+            _assemble(work, r, commit, patches, sg[0].path,
+                      {name: Path(f) for name, f in ov.get("patches") or []})
         pstate = patchset.load_state(work / "patch-state")
         tar = tar if r.overlay else None
         prep = Prepared(rid, r, commit, tar, patches, pdir, wheels, pstate, site)
@@ -129,7 +146,8 @@ _FLAGS: dict[Path, engine_flags.EngineFlags] = {}
 
 def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     """The engine's command line, its flags checked against the release's own sources."""
-    argv = units.engine_argv(engine_profile(ctx, prep.recipe))
+    ov = ctx.shared.get("release_override") or {}
+    argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(engine_profile(ctx, prep.recipe))
     flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
     # Parsed once per release; under the lock because CPython 3.11's ast is not
     # safe to run from several threads at once (SystemError: recursion depth mismatch).
@@ -241,7 +259,7 @@ class Release(Step):
                 "rm -rf -- \"$r\"; done; true")
 
 
-def _assemble(work: Path, r, commit, patches, sglang_wheel: Path) -> None:
+def _assemble(work: Path, r, commit, patches, sglang_wheel: Path, patch_files: dict | None = None) -> None:
     """The release's sources on the control node: wheel + overlay + patch series."""
     shutil.rmtree(work, ignore_errors=True)
     site = work / "site-packages"
@@ -263,7 +281,8 @@ def _assemble(work: Path, r, commit, patches, sglang_wheel: Path) -> None:
     series_lines = []
     for i, p in enumerate(patches, 1):
         shipped = f"{i:02d}-{Path(p.name).name}"  # flat, ordered, unique
-        (pdir / shipped).write_text((Path(r.series).parent / p.name).read_text())
+        src = (patch_files or {}).get(p.name) or Path(r.series).parent / p.name
+        (pdir / shipped).write_text(src.read_text())
         series_lines.append(shipped)
     (pdir / "series").write_text("\n".join(series_lines) + "\n")
     (work / "prepared.ok").write_text("ok\n")

@@ -1,0 +1,73 @@
+"""Drift: does what runs on a host equal a tagged baseline (which), or how does
+it differ? The seeds' "is the deployed worker canonical?" as one remote call:
+the current release's patched files hashed against its own manifest, and the
+release, files, unit and env file (secrets masked) compared with every tag.
+"""
+
+from __future__ import annotations
+
+from k26ops import units
+from k26ops.baselines import hostscript
+from k26ops.baselines.repo import Baselines
+from k26ops.baselines.snapshot import sha256
+
+
+def load_index(baselines_dir=None) -> list[tuple[str, dict]]:
+    """[(tag, {host: record})], newest first; empty without a repository."""
+    repo = Baselines(baselines_dir)
+    if not repo.exists():
+        return []
+    out = []
+    for t in reversed(repo.tags()):
+        recs = {}
+        for h in (t.index.get("hosts") or {}):
+            rec = repo.host_record(t.commit, h)
+            if rec:
+                recs[h] = rec
+        out.append((t.name, recs))
+    return out
+
+
+def host_drift(session, releases_root: str, unit_path: str, env_path: str, index: list) -> dict:
+    p = hostscript.call(session, "probe", releases_root=releases_root, release=None,
+                        unit_path=unit_path, env_path=env_path)
+    r = p["release"]
+    m = r.get("manifest") or {}
+    changed = sorted(k for k, h in (m.get("patched_files") or {}).items() if r["hashes"].get(k) != h)
+    unit_sha = sha256(p.get("unit"))
+    env_sha = sha256(units.env_for_baseline(p["env"])) if p.get("env") is not None else None
+    out = {"release": r["current"], "canonical": bool(m) and not changed,
+           "drifted_files": changed, "baseline": None, "differs_from": None}
+    name = session.host.name
+    for tag, recs in index:
+        rec = recs.get(name)
+        if not rec or rec.get("release_id") != r["current"]:
+            continue
+        diff = []
+        bad = sorted(k for k, h in rec["patched_files"].items() if r["hashes"].get(k) != h)
+        if bad:
+            diff.append(f"{len(bad)} file(s): {', '.join(bad[:3])}")
+        if rec["unit"].get("sha256") != unit_sha:
+            diff.append("unit")
+        if rec["env"].get("sha256_redacted") != env_sha:
+            diff.append("env file")
+        if not diff:
+            out["baseline"] = tag
+            break
+        if out["differs_from"] is None:
+            out["differs_from"] = {"tag": tag, "what": diff}
+    return out
+
+
+def describe(d: dict) -> str:
+    """One short cell for `k26ops status`."""
+    if d.get("error"):
+        return f"? {d['error']}"
+    if d["drifted_files"]:
+        return (f"DRIFT: {len(d['drifted_files'])} file(s) differ from the release manifest: "
+                + ", ".join(d["drifted_files"][:3]))
+    if d["baseline"]:
+        return f"= {d['baseline']}"
+    if d["differs_from"]:
+        return f"differs from {d['differs_from']['tag']}: {', '.join(d['differs_from']['what'])}"
+    return "canonical, no baseline" if d["canonical"] else "no release manifest"

@@ -1,0 +1,284 @@
+"""The baselines git repository on the control node (GitPython).
+
+Layout of a snapshot commit (the tree is exactly the snapshot's hosts):
+
+    baseline.json                    tag, time, message, per host: release, health, accept length
+    hosts/<host>/baseline.json       what rollback and drift compare (release, hashes, unit, env)
+    hosts/<host>/manifest.json       the release manifest + package versions from the venv
+    hosts/<host>/recipe.yml          the recipe file the release was built from
+    hosts/<host>/patches/            the patch series as shipped in the release
+    hosts/<host>/unit/<name>         the systemd unit, as installed
+    hosts/<host>/env/<name>          the env file, secrets replaced by a marker
+    hosts/<host>/engine-cmdline.txt  the running engine's command line
+    hosts/<host>/facts.json          GPUs, driver, CUDA toolkit, OS, python
+    hosts/<host>/health.json         health and smoke result (latency, spec accept length)
+    hosts/<host>/files/<path>        the patched source files, as they ran
+
+Writing never touches the work tree or index beyond the paths the snapshot
+owns (`baseline.json`, `hosts/`): the commit is built in a temporary index,
+the branch moves by compare-and-swap, and only then are those paths brought
+in line with the new commit. If any of them has uncommitted changes, the
+snapshot is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from k26ops.errors import UserError
+
+OWNED = ("baseline.json", "hosts")
+ZERO = "0" * 40
+_TAG_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*")
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("K26OPS_BASELINES") or "baselines")
+
+
+def check_tag_name(tag: str) -> str:
+    """git check-ref-format's rules for refs/tags/TAG, plus: a plain charset
+    (letters, digits, . _ + - /) so a tag is safe in any shell and path."""
+    why = None
+    if not tag:
+        why = "empty"
+    elif not _TAG_OK.fullmatch(tag):
+        bad = next((c for c in tag if not re.fullmatch(r"[A-Za-z0-9._+/-]", c)), tag[:1])
+        why = f"character {bad!r} not allowed (use letters, digits, . _ + - /)"
+    elif ".." in tag:
+        why = "'..' not allowed"
+    elif tag.endswith((".", "/", ".lock")) or "//" in tag:
+        why = "may not end with '.', '/' or '.lock', nor contain '//'"
+    elif any(part.startswith(".") or part.endswith(".lock") or not part for part in tag.split("/")):
+        why = "no path component may start with '.' or end with '.lock'"
+    elif tag == "@" or len(tag) > 200:
+        why = "not a usable tag name"
+    if why is None:
+        import git
+
+        try:
+            git.Git().check_ref_format(f"refs/tags/{tag}")
+        except git.GitCommandError:
+            why = "rejected by git check-ref-format"
+    if why:
+        raise UserError(f"invalid tag name {tag!r}: {why}; nothing was written")
+    return tag
+
+
+@dataclass
+class TagInfo:
+    name: str
+    date: float
+    message: str
+    commit: str
+    index: dict  # baseline.json of the tagged commit ({} if none)
+
+
+class Baselines:
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path else default_dir()
+        self._repo = None
+
+    # ---------------------------------------------------------------- reading
+    def exists(self) -> bool:
+        return (self.path / ".git").exists()
+
+    @property
+    def repo(self):
+        if self._repo is None:
+            import git
+
+            if not self.exists():
+                raise UserError(f"no baselines repository at {self.path} (take one with `k26ops snapshot --tag TAG`)")
+            try:
+                self._repo = git.Repo(self.path)
+            except git.GitError as exc:
+                raise UserError(f"{self.path}: not a usable git repository: {exc}") from None
+        return self._repo
+
+    def tag_names(self) -> list[str]:
+        if not self.exists():
+            return []
+        return sorted(t.name for t in self.repo.tags)
+
+    def has_tag(self, tag: str) -> bool:
+        return self.exists() and tag in self.tag_names()
+
+    def tags(self) -> list[TagInfo]:
+        """Every tag, oldest first, with its snapshot index."""
+        out = []
+        if not self.exists():
+            return out
+        for ref in self.repo.tags:
+            t = ref.tag
+            commit = ref.commit
+            out.append(TagInfo(ref.name, float(t.tagged_date if t else commit.committed_date),
+                               (t.message if t else commit.message).strip(), commit.hexsha,
+                               self._json(commit, "baseline.json") or {}))
+        return sorted(out, key=lambda t: (t.date, t.name))
+
+    def tag(self, tag: str) -> TagInfo:
+        known = self.tag_names()
+        if tag not in known:
+            where = f"known tags: {', '.join(known)}" if known else "no tags yet"
+            raise UserError(f"unknown baseline tag {tag!r} in {self.path} ({where}); nothing was changed")
+        return next(t for t in self.tags() if t.name == tag)
+
+    def read(self, tag_or_commit: str, path: str) -> bytes | None:
+        commit = self.repo.commit(tag_or_commit)
+        try:
+            return commit.tree[path].data_stream.read()
+        except KeyError:
+            return None
+
+    def _json(self, commit, path: str):
+        try:
+            return json.loads(commit.tree[path].data_stream.read())
+        except (KeyError, ValueError):
+            return None
+
+    def host_record(self, tag: str, host: str) -> dict | None:
+        data = self.read(tag, f"hosts/{host}/baseline.json")
+        return json.loads(data) if data else None
+
+    def files_under(self, tag: str, prefix: str) -> dict[str, bytes]:
+        """{path relative to prefix: bytes} of the tag's files under `prefix/`."""
+        commit = self.repo.commit(tag)
+        try:
+            tree = commit.tree[prefix.rstrip("/")]
+        except KeyError:
+            return {}
+        out = {}
+        for item in tree.traverse():
+            if item.type == "blob":
+                out[item.path[len(prefix.rstrip("/")) + 1:]] = item.data_stream.read()
+        return out
+
+    # ---------------------------------------------------------------- writing
+    def dirty_owned(self) -> list[str]:
+        """Paths the snapshot writes that have uncommitted changes (index, work tree, untracked)."""
+        if not self.exists():
+            if self.path.exists() and any(self.path.iterdir()):
+                owned = [p for p in OWNED if (self.path / p).exists()]
+                if owned:
+                    return owned
+            return []
+        out = self.repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", "--", *OWNED)
+        paths = []
+        for entry in filter(None, out.split("\0")):
+            if len(entry) > 3 and entry[2] == " ":
+                paths.append(entry[3:])
+        return paths
+
+    def _ensure(self):
+        import git
+
+        if not self.exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._repo = git.Repo.init(self.path, initial_branch="main")
+            (self.path / ".git" / "description").write_text("k26ops baselines: tagged known-good engine states\n")
+        return self.repo
+
+    def _identity_env(self) -> dict:
+        r = self.repo
+        env = {}
+        try:
+            r.git.config("user.name")
+            r.git.config("user.email")
+        except Exception:
+            name, mail = "k26ops", f"k26ops@{socket.gethostname() or 'control-node'}"
+            env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": mail,
+                   "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": mail}
+        return env
+
+    def commit_snapshot(self, files: dict[str, bytes], message: str, tag: str, tag_message: str,
+                        force: bool = False) -> str:
+        """Commit exactly `files` as the owned paths and tag it (annotated); return the commit sha."""
+        import git
+
+        if any(not (p == OWNED[0] or p.startswith(OWNED[1] + "/")) for p in files):
+            raise ValueError("snapshot files must live under the owned paths")
+        dirty = self.dirty_owned()
+        if dirty:
+            raise UserError(f"{self.path} has uncommitted changes in files a snapshot writes: "
+                            f"{', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''} "
+                            "(commit or move them first); nothing was written")
+        if self.has_tag(tag) and not force:
+            raise UserError(f"baseline tag {tag!r} already exists in {self.path} (use --force to move it); "
+                            "nothing was written")
+        repo = self._ensure()
+        g = repo.git
+        try:
+            branch = g.symbolic_ref("-q", "HEAD")
+        except git.GitCommandError:
+            raise UserError(f"{self.path}: HEAD is detached; check out a branch first; nothing was written") from None
+        try:
+            old = g.rev_parse("--verify", "-q", "HEAD")
+        except git.GitCommandError:
+            old = None
+        env = self._identity_env()
+        with tempfile.TemporaryDirectory(prefix="k26ops-baseline-") as tmp:
+            ienv = {**env, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            if old:
+                g.read_tree(old, env=ienv)
+                g.rm("-r", "--cached", "-q", "--ignore-unmatch", "--", *OWNED, env=ienv)
+                old_paths = set(g.ls_tree("-r", "--name-only", old, "--", *OWNED).splitlines())
+            else:
+                g.read_tree("--empty", env=ienv)
+                old_paths = set()
+            lines = []
+            for path, data in sorted(files.items()):
+                sha = repo.odb.store(_istream(data)).hexsha
+                lines.append(f"100644 {sha}\t{path}\n")
+            info = Path(tmp) / "index-info"
+            info.write_text("".join(lines))
+            with open(info, "rb") as fh:
+                g.update_index("--add", "--index-info", istream=fh, env=ienv)
+            tree = g.write_tree(env=ienv)
+            msgf = Path(tmp) / "msg"
+            msgf.write_text(message.rstrip() + "\n")
+            commit = g.commit_tree(tree, *(["-p", old] if old else []), "-F", str(msgf), env=env)
+            g.update_ref("-m", f"k26ops snapshot {tag}", branch, commit, old or ZERO, env=env)
+            tagf = Path(tmp) / "tagmsg"
+            tagf.write_text(tag_message.rstrip() + "\n")
+            g.tag("-a", *(["-f"] if force else []), "-F", str(tagf), "--", tag, commit, env=env)
+        # Bring the owned paths (clean, checked above) in line with the new commit; nothing else.
+        for p in old_paths - set(files):
+            (self.path / p).unlink(missing_ok=True)
+            _prune_empty(self.path, (self.path / p).parent)
+        for p, data in files.items():
+            dst = self.path / p
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+        g.reset("-q", commit, "--", *[p for p in OWNED if (p in files or any(f.startswith(p + "/") for f in files)
+                                                          or any(o.startswith(p) for o in old_paths))], env=env)
+        return commit
+
+    def all_text(self) -> str:
+        """Every object's text (history, tags) for secret checks in tests and `doctor`s."""
+        g = self.repo.git
+        return g.log("-p", "--all", "--format=fuller") + "\n" + g.for_each_ref("--format=%(contents)", "refs/tags")
+
+
+def _prune_empty(root: Path, d: Path) -> None:
+    root = root.resolve()
+    d = d.resolve()
+    while d != root and root in d.parents:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        d = d.parent
+
+
+def _istream(data: bytes):
+    from gitdb import IStream
+
+    return IStream("blob", len(data), io.BytesIO(data))

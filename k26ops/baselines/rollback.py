@@ -1,0 +1,258 @@
+"""`k26ops rollback --tag TAG`: bring each host back to what the tag recorded.
+
+Per host (under the host lock, through the playbook runner):
+  baseline_release  the recorded release if it is still on the host and its
+                    patched files match the tag's hashes: switch `current` to
+                    it; otherwise rebuild it from the tag (its recipe file,
+                    shipped patches under their recorded names, overlay pinned
+                    to the recorded commit: the same release id), then switch.
+  baseline_service  the tag's unit file as recorded; its env file with the
+                    secrets filled in from the inventory / environment (as a
+                    deploy does); restart when anything changed.
+  health, smoke     the deploy's own steps; a failure rolls the host back to
+                    the unit, env file and release it ran before.
+  baseline_verify   the running release's patched files, unit and release id
+                    equal the tag's; otherwise roll back as above.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from k26ops import units
+from k26ops.baselines import hostscript
+from k26ops.baselines.repo import Baselines
+from k26ops.errors import UserError
+from k26ops.ssh import q
+from k26ops.steps import Change, HostContext, Step, StepFailed, register
+from k26ops.steps import release as release_step
+from k26ops.steps import service as svc_mod
+
+
+def _b(ctx: HostContext) -> dict:
+    return ctx.shared["baselines"][ctx.host.name]
+
+
+@register
+class BaselineRelease(Step):
+    """Switch `current` to the recorded release, rebuilding it first when it is gone or damaged."""
+
+    name = "baseline_release"
+
+    def prepare(self, ctx: HostContext) -> None:
+        b = _b(ctx)
+        rec = b["record"]
+        rid = rec["release_id"]
+        probe = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=rid,
+                                unit_path=rec["unit"]["path"], env_path=rec["env"]["path"])
+        ctx.shared["baseline_probe"] = probe
+        r = probe["release"]
+        m = r.get("manifest") or {}
+        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h)
+        ok = r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"] and not bad
+        ctx.shared["baseline_mode"] = "switch" if ok else "rebuild"
+        ctx.shared["baseline_damage"] = ("missing" if not r["exists"] else "no manifest" if not m
+                                         else f"{len(bad)} file(s) differ" if bad else "manifest differs")
+        if ok:
+            return
+        if not rec.get("rebuildable"):
+            raise StepFailed(f"release {rid} is {ctx.shared['baseline_damage']} on the host and the tag cannot "
+                             f"rebuild it: {rec.get('rebuild_check')}")
+        ctx.shared["release_override"] = b["override"]
+        ctx.progress(f"baseline: release {rid} {ctx.shared['baseline_damage']}: preparing a rebuild from the tag")
+        prep = release_step.prepare(ctx)
+        if prep.release_id != rid:
+            raise StepFailed(f"the tag's sources give release {prep.release_id}, not the recorded {rid}; not rebuilding")
+        ctx.shared["prepared"] = prep
+        ctx.shared["engine_argv"] = release_step.validate_flags(ctx, prep)
+
+    def plan(self, ctx: HostContext) -> list[Change]:
+        rid = _b(ctx)["record"]["release_id"]
+        cur = ctx.shared["baseline_probe"]["release"]["current"]
+        ctx.shared["release_id"] = rid
+        ctx.shared["previous_release"] = cur
+        changes = []
+        if ctx.shared["baseline_mode"] == "rebuild":
+            changes.append(Change(f"rebuild release {rid} from the baseline ({ctx.shared['baseline_damage']} on the host)"))
+        if cur != rid or changes:
+            changes.append(Change(f"switch current: {cur or '(none)'} -> {rid}"))
+        return changes
+
+    def apply(self, ctx: HostContext, changes: list[Change]) -> None:
+        rid, rel = _b(ctx)["record"]["release_id"], ctx.releases_root
+        if ctx.shared["baseline_mode"] == "rebuild":
+            release_step.Release()._build(ctx, ctx.shared["prepared"])
+            ctx.shared.setdefault("outcome", {})["release_rebuilt"] = True
+        ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
+                f"mv -T .current.tmp current", check=True)
+        ctx.shared["release_changed"] = True
+
+
+@register
+class BaselineService(svc_mod.ServiceStep):
+    """The tag's unit (verbatim) and env file (secrets from the inventory/environment)."""
+
+    name = "baseline_service"
+
+    def prepare(self, ctx: HostContext) -> None:
+        b = _b(ctx)
+        env_text = b["env_text"]
+        if env_text is None:
+            ctx.shared["baseline_env"] = None
+            return
+        want = svc_mod.engine_env(ctx, {})
+        for key, value, start, end in reversed(units.parse_env(env_text)):
+            if units.is_secret_key(key) and value == b["record"]["env"].get("marker", units.REDACTED):
+                if want.get(key) in (None, ""):
+                    raise StepFailed(f"the baseline's env file needs {key}: set it in the inventory "
+                                     f"(or the control node's environment) as for a deploy")
+                env_text = env_text[:start] + units.env_quote(want[key]) + env_text[end:]
+        ctx.shared["baseline_env"] = env_text
+
+    def plan(self, ctx: HostContext) -> list[Change]:
+        b = _b(ctx)
+        rec = b["record"]
+        unit, upath, epath = rec["unit"]["name"], rec["unit"]["path"], rec["env"]["path"]
+        cur = svc_mod.agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
+                            current=f"{ctx.releases_root}/current", lab_module=None)
+        env_text = ctx.shared["baseline_env"]
+        secrets = svc_mod._secrets(ctx, svc_mod.engine_env(ctx, {}), cur["env"])
+        host, port = svc_mod.poll_target(svc_mod.engine_profile(ctx))
+        port = b.get("port") or port
+        show = cur["show"]
+        svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
+               "secrets": secrets, "changed": False, "base": None, "show": show}
+        ctx.shared["service"] = svc
+        changes, todo, reasons = [], {}, []
+        if b["unit_text"] is not None and cur["unit"] != b["unit_text"]:
+            changes.append(Change(f"restore {upath} from the baseline",
+                                  units.redact(svc_mod.text_diff(upath, cur["unit"], b["unit_text"]), secrets)))
+            todo["unit_text"] = b["unit_text"]
+            reasons.append("unit")
+        if env_text is not None and cur["env"] != env_text:
+            changes.append(Change(f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
+                                  units.redact(svc_mod.text_diff(epath, cur["env"], env_text), secrets)))
+            todo["env_text"] = env_text
+            reasons.append("env file")
+        if ctx.shared.get("release_changed"):
+            reasons.append("release")
+        if show.get("UnitFileState") != "enabled":
+            changes.append(Change(f"enable {unit}"))
+            todo["enable"] = True
+        active = show.get("ActiveState") in ("active", "activating", "reloading")
+        if reasons and active:
+            changes.append(Change(f"restart {unit} ({', '.join(reasons)} changed)"))
+            todo["restart"] = True
+        elif not active:
+            changes.append(Change(f"start {unit} (was {show.get('ActiveState') or 'not installed'})"))
+            todo["start"] = True
+        svc["todo"] = todo
+        svc["restart_reasons"] = reasons
+        return changes
+
+
+@register
+class BaselineVerify(Step):
+    """What now runs must be the tag's: release id, patched file hashes, unit file."""
+
+    name = "baseline_verify"
+
+    def plan(self, ctx: HostContext) -> list[Change]:
+        if ctx.check:
+            return []
+        b = _b(ctx)
+        rec = b["record"]
+        p = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=None,
+                            unit_path=rec["unit"]["path"], env_path=rec["env"]["path"])
+        r = p["release"]
+        why = []
+        if r["current"] != rec["release_id"]:
+            why.append(f"current is {r['current']}, not {rec['release_id']}")
+        bad = sorted(k for k, h in rec["patched_files"].items() if r["hashes"].get(k) != h)
+        if bad:
+            why.append(f"patched files differ: {', '.join(bad[:3])}")
+        if b["unit_text"] is not None and p["unit"] != b["unit_text"]:
+            why.append("unit file differs")
+        if why:
+            svc_mod._fail(ctx, ctx.shared["service"], "after rollback the host does not match the baseline: "
+                          + "; ".join(why))
+        out = ctx.shared.setdefault("outcome", {})
+        out["verified_files"] = len(rec["patched_files"])
+        out["baseline"] = rec.get("tag")
+        return []
+
+    def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes
+        pass
+
+
+STEPS = ("baseline_release", "baseline_service", "health", "smoke", "baseline_verify")
+
+
+def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -> dict:
+    """Per host: the tag's record, unit and env text, and the rebuild override (files under workdir)."""
+    info = repo.tag(tag)
+    index_hosts = list((info.index or {}).get("hosts") or {})
+    missing = [h for h in hosts if h not in index_hosts]
+    if missing:
+        raise UserError(f"baseline {tag!r} has no record of {', '.join(missing)} (it holds: "
+                        f"{', '.join(index_hosts) or 'no hosts'}); use --limit; nothing was changed")
+    out = {}
+    for h in hosts:
+        rec = repo.host_record(tag, h)
+        if rec is None:
+            raise UserError(f"baseline {tag!r}: hosts/{h}/baseline.json is missing; nothing was changed")
+        base = f"hosts/{h}"
+        unit = repo.read(tag, f"{base}/{rec['unit']['file']}")
+        env = repo.read(tag, f"{base}/{rec['env']['file']}")
+        d = workdir / h
+        pdir = d / "patches"
+        pdir.mkdir(parents=True)
+        for name, data in repo.files_under(tag, f"{base}/patches").items():
+            (pdir / name).write_bytes(data)
+        series = rec.get("shipped_series") or []
+        names = [p["name"] for p in rec.get("patches") or []]
+        if len(series) != len(names):
+            raise UserError(f"baseline {tag!r}: {h}: shipped series and recorded patches disagree")
+        recipe_text = (repo.read(tag, f"{base}/recipe.yml") or b"").decode()
+        doc = yaml.safe_load(recipe_text) or {}
+        doc.setdefault("patches", {})
+        doc["patches"] = {**(doc.get("patches") or {}), "series": str(pdir / "series")}
+        (d / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        override = {"recipe": str(d / "recipe.yml"), "overlay": rec.get("overlay"),
+                    "patches": [(n, str(pdir / s)) for n, s in zip(names, series)],
+                    "engine_argv": rec.get("engine_argv")}
+        argv = rec.get("engine_argv") or []
+        port = int(argv[argv.index("--port") + 1]) if "--port" in argv[:-1] else None
+        out[h] = {"record": rec, "port": port, "unit_text": unit.decode() if unit is not None else None,
+                  "env_text": env.decode() if env is not None else None, "override": override}
+    return out
+
+
+def run(settings, tag: str, *, baselines_dir=None, check: bool = False, exit: bool = True):
+    """Roll the selected hosts back to `tag` (one per-host result each)."""
+    from k26ops import playbook
+    from k26ops.rollout import playbook_work, run_rollout
+
+    repo = Baselines(baselines_dir)
+    if not repo.exists():
+        raise UserError(f"no baselines repository at {repo.path}: no tags to roll back to; nothing was changed")
+    repo.tag(tag)  # unknown tag: one line listing the known ones
+    hosts = [h.name for h in settings.selected_hosts()]
+    playbook._load_steps()
+    from k26ops.steps import REGISTRY
+
+    workdir = Path(tempfile.mkdtemp(prefix="k26ops-rollback-"))
+    try:
+        per_host = host_baselines(repo, tag, hosts, workdir)
+        steps = [REGISTRY[n]({}) for n in STEPS]
+        work = playbook_work(steps, check=check, purpose=f"rollback to {tag}", shared={"baselines": per_host})
+        return run_rollout(settings, work, canary=0, title=f"rollback --tag {tag}" + (" --check" if check else ""),
+                           columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
+                                    ("health", "_health"), ("smoke", "_smoke"), ("verified", "verified_files")],
+                           exit=exit)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

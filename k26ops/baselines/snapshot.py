@@ -1,0 +1,266 @@
+"""`k26ops snapshot --tag TAG`: record the selected hosts' known-good state in
+the baselines repository, commit it, tag it, and pin its releases on the hosts.
+
+Per host one remote call reads everything (hostscript `snapshot`); the
+control node checks it all (health, canonical files, no secret anywhere),
+and only then writes: one commit + annotated tag, then one call per host to
+add the release to /opt/k26ops/state/pinned-releases (prune keeps it).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import socket
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+from k26ops import facts as facts_mod
+from k26ops import recipe as recipe_mod
+from k26ops import units
+from k26ops.baselines import hostscript
+from k26ops.baselines.repo import Baselines, check_tag_name
+from k26ops.errors import UserError
+from k26ops.fleet import Fleet, Outcome
+from k26ops.ssh import q
+from k26ops.steps import HostContext
+
+FACT_NAMES = ("gpus", "nvidia_smi", "cuda_toolkit", "os_release", "python3")
+SMOKE_PROMPT = "Say hello in one short sentence."
+
+
+def host_target(session) -> tuple[HostContext, dict]:
+    """The host's context and its engine's unit, env file, port (as a deploy sees them)."""
+    from k26ops.steps import service as svc
+
+    ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+    unit = svc.unit_name({}, ctx.vars)
+    host, port = svc.poll_target(svc.engine_profile(ctx))
+    return ctx, {"unit": unit, "unit_path": f"{svc.UNIT_DIR}/{unit}", "env_path": svc.env_path({}, ctx.vars),
+                 "host": host, "port": port, "releases_root": ctx.releases_root}
+
+
+def known_secrets(ctx: HostContext, env_text: str | None) -> list[str]:
+    from k26ops.steps import service as svc
+
+    return svc._secrets(ctx, svc.engine_env(ctx, {}), env_text)
+
+
+def sha256(data: bytes | str | None) -> str | None:
+    if data is None:
+        return None
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def _rebuild_check(recipe_text: str, recipe_path: Path, manifest: dict) -> tuple[bool, str]:
+    """Would this recipe file, with the recorded overlay commit and patches, give the same release id?"""
+    try:
+        r = recipe_mod.parse(recipe_text, recipe_path)
+    except UserError as exc:
+        return False, f"recipe does not load: {exc}"
+    ov = manifest.get("overlay")
+    if ov:
+        r = recipe_mod.with_overlay(r, ov["url"], ov["ref"])
+    pats = [SimpleNamespace(name=p["name"], sha256=p["sha256"]) for p in manifest.get("patches") or []]
+    try:
+        rid = recipe_mod.release_id(r, ov and ov.get("commit"), pats)
+    except UserError as exc:
+        return False, str(exc)
+    if rid != manifest.get("release_id"):
+        return False, (f"the recipe file {recipe_path} now gives release {rid}, not {manifest.get('release_id')}: "
+                       "it changed since the release was built")
+    return True, "recipe + recorded overlay commit + recorded patches give the same release id"
+
+
+def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes], dict]:
+    """One remote call; returns (report row, files for the repository, the host's record)."""
+    ctx, t = host_target(session)
+    name = session.host.name
+    req = dict(t, facts=facts_mod.command_list(list(FACT_NAMES)), prompt=SMOKE_PROMPT, max_new_tokens=16)
+    raw = hostscript.call(session, "snapshot", timeout=240, **req)
+    rel = raw["release"]
+    m = rel.get("manifest")
+    if not rel.get("current"):
+        raise hostscript.HostScriptFailed(f"no release is deployed ({t['releases_root']}/current missing)")
+    if not isinstance(m, dict):
+        raise hostscript.HostScriptFailed(f"release {rel['current']} has no readable manifest.json")
+    secrets = known_secrets(ctx, raw.get("env"))
+    base = f"hosts/{name}"
+    files: dict[str, bytes] = {}
+
+    def put(path: str, data, redact: bool = True):
+        if isinstance(data, (dict, list)):
+            data = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        if isinstance(data, str):
+            data = (units.redact(data, secrets) if redact else data).encode()
+        files[f"{base}/{path}"] = data
+
+    drift = sorted(p for p, h in (m.get("patched_files") or {}).items() if rel["hashes"].get(p) != h)
+    # facts: parsed on this node, as a deploy would
+    parsed = facts_mod.parse_results(raw["facts"], list(FACT_NAMES))
+    gpus = (parsed.get("gpus") or {}).get("gpus") or []
+    facts = {"gpus": gpus, "gpu_count": len(gpus),
+             "driver": gpus[0].get("driver_version") if gpus else None,
+             "cuda_toolkit": parsed.get("cuda_toolkit"), "os": parsed.get("os_release"),
+             "python3": parsed.get("python3")}
+    recipe_path = recipe_mod.resolve(ctx.vars.get("recipe"))
+    try:
+        recipe_text = Path(recipe_path).read_text()
+    except OSError as exc:
+        raise UserError(f"{recipe_path}: cannot read recipe: {exc.strerror}") from None
+    rebuildable, why = _rebuild_check(recipe_text, Path(recipe_path), m)
+    shipped = raw["release"].get("patches") or {}
+    series = [ln.strip() for ln in (shipped.get("series") or "").splitlines() if ln.strip()]
+    env_text = raw.get("env")
+    env_base = units.env_for_baseline(env_text) if env_text is not None else None
+    secret_keys = sorted({k for k, _v, _s, _e in units.parse_env(env_text or "") if units.is_secret_key(k)})
+    unit_text = raw.get("unit")
+    health, smoke = raw["health"], raw.get("smoke")
+    health_state = health["state"]
+    if health_state == "healthy" and not (smoke or {}).get("ok"):
+        health_state = "unhealthy"
+        health["why"] = f"smoke /generate failed (HTTP {(smoke or {}).get('status')})"
+    cmdline = raw.get("cmdline") or m.get("engine_argv")
+    unit_file = f"unit/{t['unit']}"
+    env_file = f"env/{Path(t['env_path']).name}"
+    record = {
+        "host": name, "tag": tag, "taken_at": now, "release_id": rel["current"],
+        "releases_root": t["releases_root"], "site_packages": m.get("site_packages"),
+        "unit": {"name": t["unit"], "path": t["unit_path"], "file": unit_file, "sha256": sha256(unit_text)},
+        "env": {"path": t["env_path"], "file": env_file, "sha256_redacted": sha256(env_base),
+                "secret_keys": secret_keys, "marker": units.REDACTED},
+        "patched_files": m.get("patched_files") or {}, "drift": drift,
+        "overlay": m.get("overlay"), "patches": m.get("patches") or [], "shipped_series": series,
+        "engine_argv": m.get("engine_argv"), "cmdline": cmdline,
+        "health": health_state, "smoke": smoke, "rebuildable": rebuildable, "rebuild_check": why,
+        "recipe_source": str(recipe_path),
+    }
+    manifest = {**m, "packages": rel.get("packages") or {}}
+    put("baseline.json", record)
+    put("manifest.json", manifest)
+    put("recipe.yml", recipe_text)
+    for pname, text in shipped.items():
+        put(f"patches/{pname}", text or "", redact=False)
+    if unit_text is not None:
+        put(unit_file, unit_text)
+    if env_base is not None:
+        put(env_file, env_base)
+    put("engine-cmdline.txt", " ".join(q(a) for a in (cmdline or [])) + "\n")
+    put("facts.json", facts)
+    put("health.json", {"health": health, "smoke": smoke})
+    if rel.get("patch_state"):
+        put("patch-state.json", rel["patch_state"])
+    for path, b64 in sorted((rel.get("files") or {}).items()):
+        files[f"{base}/files/{path}"] = base64.b64decode(b64)
+    row = Outcome(release=rel["current"], health=health_state,
+                  accept=(smoke or {}).get("spec_accept_length"),
+                  latency_ms=round(smoke["latency_s"] * 1000) if smoke and smoke.get("latency_s") is not None else None,
+                  files=len(rel.get("files") or {}), rebuildable=rebuildable, drift=drift)
+    return row, files, {"record": record, "secrets": secrets}
+
+
+def _summary_line(host: str, rec: dict) -> str:
+    sm = rec.get("smoke") or {}
+    lat = f"{sm['latency_s'] * 1000:.0f} ms" if sm.get("latency_s") is not None else "-"
+    return (f"{host}: {rec['release_id']}  {rec['health']}  accept {sm.get('spec_accept_length', '-')}"
+            f"  latency {lat}  {len(rec['patched_files'])} patched file(s)"
+            + ("" if rec["rebuildable"] else "  (not rebuildable: " + rec["rebuild_check"] + ")"))
+
+
+def snapshot(settings, tag: str, message: str | None = None, *, force: bool = False,
+             allow_unhealthy: bool = False, baselines_dir=None, log=lambda m: None) -> dict:
+    """Take the snapshot; raise UserError (nothing written) on any refusal."""
+    t0 = time.monotonic()
+    check_tag_name(tag)
+    repo = Baselines(baselines_dir)
+    if repo.has_tag(tag) and not force:
+        raise UserError(f"baseline tag {tag!r} already exists in {repo.path} (use --force to move it); "
+                        "nothing was written")
+    dirty = repo.dirty_owned()
+    if dirty:
+        raise UserError(f"{repo.path} has uncommitted changes in files a snapshot writes: "
+                        f"{', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''} "
+                        "(commit or move them first); nothing was written")
+    hosts = settings.selected_hosts()
+    now = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    files: dict[str, bytes] = {}
+    records: dict[str, dict] = {}
+
+    def work(session):
+        row, f, info = gather_host(session, tag, now)
+        files.update(f)
+        records[session.host.name] = info
+        return row
+
+    fleet = Fleet(hosts, settings.fleet_options(), on_event=lambda h, m: log(f"{h}: {m}"))
+    try:
+        results = fleet.run(work)
+        failed = [r for r in results if r.status not in ("ok", "changed")]
+        if failed:
+            raise UserError("snapshot refused, nothing was written: " +
+                            "; ".join(f"{r.host}: {r.status}: {r.error}" for r in failed))
+        bad = [f"{h}: {i['record']['health']}" for h, i in records.items() if i["record"]["health"] != "healthy"]
+        bad += [f"{h}: files differ from release manifest ({', '.join(i['record']['drift'][:3])})"
+                for h, i in records.items() if i["record"]["drift"]]
+        if bad and not allow_unhealthy:
+            raise UserError("snapshot refused (use --allow-unhealthy to record it anyway), nothing was written: "
+                            + "; ".join(bad))
+        secrets = sorted({s for i in records.values() for s in i["secrets"] if len(s) >= 4}, key=len, reverse=True)
+        for path, data in files.items():
+            for s in secrets:
+                if s.encode() in data:
+                    raise UserError(f"snapshot refused: {path} would contain a secret value; nothing was written")
+        order = [h.name for h in hosts]
+        recs = {h: records[h]["record"] for h in order}
+        index = {"tag": tag, "taken_at": now, "message": message or "", "control_node": socket.gethostname(),
+                 "hosts": {h: {"release_id": r["release_id"], "health": r["health"],
+                               "spec_accept_length": (r.get("smoke") or {}).get("spec_accept_length"),
+                               "latency_s": (r.get("smoke") or {}).get("latency_s"),
+                               "patched_files": len(r["patched_files"]), "rebuildable": r["rebuildable"]}
+                           for h, r in recs.items()}}
+        files["baseline.json"] = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
+        releases = sorted({r["release_id"] for r in recs.values()})
+        healthy = all(r["health"] == "healthy" for r in recs.values())
+        title = (f"k26ops baseline {tag}: {len(recs)} host(s) on {', '.join(releases)}, "
+                 + ("all healthy" if healthy else "NOT all healthy"))
+        body = "\n".join(_summary_line(h, r) for h, r in recs.items())
+        detail = []
+        for h, r in recs.items():
+            ov = r.get("overlay") or {}
+            detail.append(f"{h}:\n  release {r['release_id']} (rebuildable: {'yes' if r['rebuildable'] else 'no'})\n"
+                          f"  overlay {ov.get('url', '-')} {ov.get('ref', '')} @ {ov.get('commit', '-')}\n"
+                          + "".join(f"  patch {p['name']} sha256 {p['sha256'][:16]}\n" for p in r["patches"])
+                          + "".join(f"  file {p} sha256 {(s or 'deleted')[:16]}\n" for p, s in sorted(r["patched_files"].items()))
+                          + f"  unit {r['unit']['path']} sha256 {(r['unit']['sha256'] or 'missing')[:16]}\n"
+                          f"  env {r['env']['path']} (secrets {', '.join(r['env']['secret_keys']) or 'none'}: "
+                          f"recorded as {units.REDACTED})")
+        msg_head = f"{title}\n\n" + (f"{message}\n\n" if message else "")
+        commit_msg = msg_head + body + "\n\n" + "\n".join(detail) + f"\n\nTaken {now} by k26ops snapshot.\n"
+        tag_msg = msg_head + body + f"\n\nTaken {now}.\n"
+        for s in secrets:
+            if s in commit_msg or s in tag_msg:
+                raise UserError("snapshot refused: the message would contain a secret value; nothing was written")
+        commit = repo.commit_snapshot(files, commit_msg, tag, tag_msg, force=force)
+        # Pin the releases on the hosts so prune keeps them.
+        pin_err = {}
+
+        def pin(session):
+            ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+            rid = recs[session.host.name]["release_id"]
+            pins = f"{ctx.state_dir}/pinned-releases"
+            session.run(f"mkdir -p {q(ctx.state_dir)} && touch {q(pins)} && "
+                        f"{{ grep -qxF {q(rid)} {q(pins)} || echo {q(rid)} >> {q(pins)}; }}", check=True)
+            return Outcome(pinned=rid)
+
+        for r in fleet.run(pin):
+            if r.status not in ("ok", "changed"):
+                pin_err[r.host] = r.error
+        for r in results:
+            r.data["pinned"] = r.host not in pin_err
+    finally:
+        fleet.close()
+    return {"tag": tag, "commit": commit, "repo": str(repo.path), "results": results, "pin_errors": pin_err,
+            "elapsed_s": round(time.monotonic() - t0, 2), "title": title, "hosts": order}

@@ -1,0 +1,143 @@
+"""`k26ops snapshot`, `k26ops rollback`, `k26ops baselines list|show`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
+                             help="Baselines git repository (default: $K26OPS_BASELINES, else ./baselines).")
+
+
+def _fmt_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+@click.command(name="snapshot")
+@click.option("--tag", required=True, metavar="TAG", help="Tag name for this baseline (e.g. k26-baseline-working).")
+@click.option("-m", "--message", metavar="MSG", help="Why this state is worth keeping.")
+@click.option("--force", is_flag=True, help="Move an existing tag to this snapshot.")
+@click.option("--allow-unhealthy", is_flag=True,
+              help="Record hosts that are not healthy (or whose files differ from their manifest) anyway.")
+@BASELINES_OPT
+@click.pass_obj
+def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir):
+    """Record the hosts' running engine as a tagged known-good baseline."""
+    from k26ops.baselines import snapshot
+    from k26ops.cli.report import print_results
+
+    err = Console(stderr=True)
+    res = snapshot(settings, tag, message, force=force, allow_unhealthy=allow_unhealthy,
+                   baselines_dir=baselines_dir,
+                   log=(lambda m: err.print(f"[dim]{m}[/dim]")) if settings.verbose else (lambda m: None))
+    if settings.as_json:
+        click.echo(json.dumps({"tag": res["tag"], "commit": res["commit"], "repo": res["repo"],
+                               "elapsed_s": res["elapsed_s"], "pin_errors": res["pin_errors"],
+                               "hosts": {r.host: r.to_json() for r in res["results"]}}, default=str))
+    else:
+        print_results(settings, res["results"], f"snapshot {tag}",
+                      [("release", "release"), ("health", "health"), ("accept", "accept"),
+                       ("latency ms", "latency_ms"), ("files", "files"), ("pinned", "pinned")])
+        click.echo(f"{res['title']}\ncommit {res['commit'][:12]} tagged {tag} in {res['repo']} "
+                   f"({res['elapsed_s']:.1f}s); see: git -C {res['repo']} show {tag}")
+    for host, why in res["pin_errors"].items():
+        click.echo(f"k26ops: warning: {host}: could not pin the release (prune may remove it): {why}", err=True)
+    sys.exit(1 if res["pin_errors"] else 0)
+
+
+@click.command(name="rollback")
+@click.option("--tag", required=True, metavar="TAG", help="Baseline tag to return to.")
+@click.option("--check", is_flag=True, help="Change nothing; say what would change.")
+@BASELINES_OPT
+@click.pass_obj
+def rollback_cmd(settings, tag, check, baselines_dir):
+    """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
+    from k26ops.baselines import rollback
+    from k26ops.cli.deploy import render_changes
+
+    results = rollback(settings, tag, baselines_dir=baselines_dir, check=check, exit=False)
+    if not settings.as_json:
+        render_changes(results, check=check, diff=False)
+    from k26ops.fleet import exit_code
+
+    sys.exit(exit_code(results))
+
+
+@click.group(name="baselines")
+def group():
+    """Tagged known-good baselines (the control node's git repository)."""
+
+
+@group.command(name="list")
+@BASELINES_OPT
+@click.pass_obj
+def list_cmd(settings, baselines_dir):
+    """Tags with date, hosts, release, health and spec accept length."""
+    from k26ops.baselines import Baselines
+
+    repo = Baselines(baselines_dir)
+    tags = repo.tags() if repo.exists() else []
+    rows = []
+    for t in tags:
+        hosts = (t.index or {}).get("hosts") or {}
+        rows.append({"tag": t.name, "date": _fmt_time(t.date), "commit": t.commit[:12],
+                     "hosts": sorted(hosts), "releases": sorted({h.get("release_id") for h in hosts.values()}),
+                     "health": sorted({h.get("health") for h in hosts.values()}),
+                     "accept": [hosts[h].get("spec_accept_length") for h in sorted(hosts)]})
+    if settings.as_json:
+        click.echo(json.dumps({"repo": str(repo.path), "tags": rows}))
+        return
+    if not rows:
+        click.echo(f"no baselines in {repo.path} (take one with `k26ops snapshot --tag TAG`)")
+        return
+    table = Table("tag", "date", "hosts", "release", "health", "accept length", title=f"baselines in {repo.path}")
+    for r in rows:
+        table.add_row(r["tag"], r["date"], ", ".join(r["hosts"]), ", ".join(map(str, r["releases"])),
+                      ", ".join(map(str, r["health"])), ", ".join("-" if a is None else str(a) for a in r["accept"]))
+    Console(width=max(120, Console().width)).print(table)
+
+
+@group.command(name="show")
+@click.argument("tag")
+@BASELINES_OPT
+@click.pass_obj
+def show_cmd(settings, tag, baselines_dir):
+    """One baseline: its tag message and per-host record."""
+    from k26ops.baselines import Baselines
+    from k26ops.errors import UserError
+
+    repo = Baselines(baselines_dir)
+    if not repo.exists():
+        raise UserError(f"unknown baseline tag {tag!r}: no baselines repository at {repo.path}")
+    t = repo.tag(tag)
+    hosts = {h: repo.host_record(t.commit, h) for h in ((t.index or {}).get("hosts") or {})}
+    if settings.as_json:
+        click.echo(json.dumps({"tag": t.name, "date": _fmt_time(t.date), "commit": t.commit,
+                               "message": t.message, "hosts": hosts}, default=str))
+        return
+    out = Console(highlight=False, width=max(120, Console().width))
+    out.print(f"[bold]{t.name}[/bold]  {_fmt_time(t.date)}  commit {t.commit[:12]}  ({repo.path})")
+    out.print(t.message, markup=False)
+    for h, rec in hosts.items():
+        if not rec:
+            continue
+        out.rule(h)
+        sm = rec.get("smoke") or {}
+        ov = rec.get("overlay") or {}
+        out.print(f"release {rec['release_id']}  health {rec['health']}  accept {sm.get('spec_accept_length')}  "
+                  f"latency {sm.get('latency_s')} s  rebuildable {'yes' if rec.get('rebuildable') else 'no'}",
+                  markup=False)
+        out.print(f"overlay {ov.get('url', '-')} {ov.get('ref', '')} @ {ov.get('commit', '-')}", markup=False)
+        for p in rec.get("patches") or []:
+            out.print(f"patch {p['name']}  sha256 {p['sha256']}", markup=False)
+        for p, s in sorted((rec.get("patched_files") or {}).items()):
+            out.print(f"file  {p}  sha256 {s}", markup=False)
+        out.print(f"unit  {rec['unit']['path']}  sha256 {rec['unit']['sha256']}", markup=False)
+        out.print(f"env   {rec['env']['path']}  secrets recorded as {rec['env'].get('marker')}: "
+                  f"{', '.join(rec['env'].get('secret_keys') or []) or 'none'}", markup=False)
+        out.print("cmd   " + " ".join(rec.get("cmdline") or []), markup=False)
