@@ -65,6 +65,11 @@ def _register() -> None:
     cli.add_command(service.status_cmd)
     cli.add_command(service.logs_cmd)
     cli.add_command(deploy.deploy_cmd)
+    from k26ops.cli import baselines
+
+    cli.add_command(baselines.snapshot_cmd)
+    cli.add_command(baselines.rollback_cmd)
+    cli.add_command(baselines.group)
     from k26ops.cli import selftest
 
     cli.add_command(selftest.selftest_cmd)
