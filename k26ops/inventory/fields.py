@@ -142,7 +142,7 @@ def resolve(graph: Graph, host: str, values: dict, origins: dict[str, Origin], s
             r.values[f] = v
             r.origins[f] = Origin("ssh_config", None, None)
     if "address" not in r.values and "address" not in r.unresolved:
-        if shape == "native":
+        if shape == "native" and r.values.get("connection") != "local":  # local needs no address
             graph.fail(node.line, f"host {show(host)}: no address (set address:, or a HostName "
                                   f"in ssh config)")
         r.values["address"] = host
