@@ -1,0 +1,173 @@
+"""`k26ops diagnose cuda-graph` and `diagnose service` on a real lab host: real
+nspawn host, real systemd and journald, a real release built by `deploy`, the
+engine stand-in as the engine (it notices the probe patch in its release by
+itself, like the real engine would run the probed code).
+
+One private 1-host lab for the module (the host is changed and restored).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+
+UNIT = "k26-engine.service"
+PLAYBOOK = "name: engine\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n"
+SITE_HASH = ("cd $(python3 -c 'import json;print(json.load(open(\"/opt/k26ops/releases/current/manifest.json\"))"
+             "[\"site_packages\"])') && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum")
+BASE_ENV = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "none-field",
+            "K26OPS_STANDIN_NONE_FIELD": "seq_lens"}
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    from conftest import _make_lab
+
+    lab, cleanup = _make_lab(1, "diagprobe")
+    d = tmp_path_factory.mktemp("diagprobe")
+    (d / "engine.yml").write_text(PLAYBOOK)
+    try:
+        # the lab hosts share the loopback with other labs: an engine port of our own
+        yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
+               "port": free_port_block(1, start=35000, stop=39000)}
+    finally:
+        cleanup()
+
+
+def remote(h, cmd: str) -> str:
+    p = lab_ssh(h["lab"].dir, h["lab"].port(h["name"]), cmd)
+    assert p.returncode == 0, (cmd, p.stdout, p.stderr)
+    return p.stdout.strip()
+
+
+def deploy(h, env: dict, tag: str) -> str:
+    inv = yaml.safe_load(h["lab"].inventory.read_text())
+    inv["vars"]["engine_env"] = env
+    inv["vars"]["engine_profile"] = {"disable_cuda_graph": True}
+    inv["hosts"][h["name"]]["vars"]["engine_port"] = h["port"]
+    path = h["dir"] / f"inv-{tag}.yml"
+    path.write_text(yaml.safe_dump(inv))
+    rc, data = k26ops_json("-i", str(path), "deploy", "--playbook", str(h["dir"] / "engine.yml"))
+    assert rc == 0, data
+    return str(path)
+
+
+def engine_state(h) -> dict:
+    """Everything the probe must leave as it found it."""
+    pid = remote(h, f"systemctl show -p MainPID --value {UNIT}")
+    return {
+        "site": remote(h, SITE_HASH),
+        "release": remote(h, "readlink /opt/k26ops/releases/current"),
+        "release_dir": remote(h, "ls -a /opt/k26ops/releases/current/"),
+        "patch_state": remote(h, "cd /opt/k26ops/releases/current && find patch-state -type f | sort | "
+                                 "xargs sha256sum"),
+        "unit": remote(h, f"systemctl cat {UNIT} | sha256sum; sha256sum /etc/k26ops/sglang.env"),
+        "dropins": remote(h, f"ls -la /etc/systemd/system/{UNIT}.d /run/systemd/system/{UNIT}.d 2>&1; true"),
+        "active": remote(h, f"systemctl is-active {UNIT}; true"),
+        "enabled": remote(h, f"systemctl is-enabled {UNIT}; true"),
+        "argv": remote(h, f"tr '\\0' ' ' < /proc/{pid}/cmdline") if pid != "0" else None,
+    }
+
+
+def assert_restored(h, before: dict) -> None:
+    after = engine_state(h)
+    assert after == before
+    assert "--disable-cuda-graph" in after["argv"]
+    port = remote(h, f"systemctl cat {UNIT} | grep -o -- '--port [0-9]*' | cut -d' ' -f2")
+    code = remote(h, "python3 -c \"import urllib.request as u;print(u.urlopen('http://127.0.0.1:"
+                     f"{port}/health',timeout=5).status)\"")
+    assert code == "200"
+
+
+def test_probe_names_the_none_field_and_restores_everything(host):
+    inv = deploy(host, BASE_ENV, "none")
+    before = engine_state(host)
+    assert before["active"] == "active"
+    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "--host", host["name"], timeout=300)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    rep = json.loads(proc.stdout)
+    d = rep["diagnosis"]
+    assert d["signature"] == "cuda-graph-none-field"
+    assert d["detail"]["field"] == "seq_lens" and d["detail"]["index"] == 1
+    assert "K26OPS-PROBE" in d["evidence"] and d["phase"] == "replay" and d["rank"] == "TP0"
+    assert "seq_lens" in d["suggestion"]
+    assert rep["canonical"] is True and rep["graphs_enabled_by_dropin"] is True
+    assert rep["crashed"] is True and rep["crash_when"] == "request"
+    assert rep["restore_errors"] == [] and rep["engine_after"]["ActiveState"] == "active"
+    assert "seq_lens" in rep["summary"]
+    assert "waiting for ready" in proc.stderr or "ready after" in proc.stderr
+    assert_restored(host, before)
+
+
+def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host):
+    inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "slow")
+    before = engine_state(host)
+    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "--host",
+                          host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    t0 = time.monotonic()
+    for line in p.stderr:
+        seen.append(line)
+        if "waiting for ready" in line:
+            break
+        assert time.monotonic() - t0 < 120, seen
+    # the probe is applied on the host right now
+    rel = remote(host, "readlink -f /opt/k26ops/releases/current")
+    assert remote(host, f"test -f {rel}/probe-state/state.json && echo yes") == "yes"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (out, err)
+    err = "".join(seen) + err
+    assert "interrupted" in err and "Traceback" not in err
+    assert remote(host, f"test -e {rel}/probe-state && echo left || echo gone") == "gone"
+    assert_restored(host, before)
+
+
+def test_not_canonical_is_refused_and_nothing_changes(host):
+    inv = deploy(host, BASE_ENV, "none")
+    manifest = json.loads(remote(host, "cat /opt/k26ops/releases/current/manifest.json"))
+    rel = sorted(manifest["patched_files"])[0]
+    path = f"{manifest['site_packages']}/{rel}"
+    remote(host, f"cp -p {path} /root/keep.py && echo '# local edit' >> {path}")
+    try:
+        before = engine_state(host)
+        proc = k26ops("-i", inv, "diagnose", "cuda-graph", "--host", host["name"], timeout=120)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        line = proc.stderr.strip()
+        assert len(line.splitlines()) == 1 and "Traceback" not in line
+        assert "not canonical" in line and rel in line and "--force" in line
+        assert engine_state(host) == before
+    finally:
+        remote(host, f"cp -p /root/keep.py {path} && rm /root/keep.py")
+
+
+def test_diagnose_service_names_the_shape_mismatch(host):
+    env = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch",
+           "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"}
+    inv = deploy(host, env, "shape")
+    rc, data = k26ops_json("-i", inv, "diagnose", "service")
+    assert rc == 0, data
+    assert data["hosts"][host["name"]]["crashed"] is False
+    port = remote(host, f"systemctl cat {UNIT} | grep -o -- '--port [0-9]*' | cut -d' ' -f2")
+    remote(host, "python3 -c \"import urllib.request as u\ntry: u.urlopen(u.Request('http://127.0.0.1:"
+                 f"{port}/generate', data=b'{{}}'), timeout=10)\nexcept Exception as e: print(e)\"")
+    time.sleep(1.5)
+    rc, data = k26ops_json("-i", inv, "diagnose", "service")
+    assert rc == 0, data
+    r = data["hosts"][host["name"]]
+    assert r["crashed"] is True and r["signature"] == "cuda-graph-shape-mismatch", r
+    assert r["detail"] == {"got": 8, "expected": 33, "dim": 0}
+    assert r["phase"] == "replay" and r["rank"] == "TP0" and "budget+1" in r["suggestion"]
+    assert "status=1" in r["exit"]
+    proc = k26ops("-i", inv, "diagnose", "service")
+    assert proc.returncode == 0 and "cuda-graph-shape-mismatch" in proc.stdout
+    # put the host back to the healthy configuration
+    deploy(host, BASE_ENV, "none")
