@@ -32,6 +32,12 @@ def _load_steps() -> None:
         pass
 
 
+def _shown(path: Path) -> str:
+    """A path for a one-line message: control characters (newlines...) escaped."""
+    text = str(path)
+    return text if text.isprintable() else ascii(text)
+
+
 def load(name_or_path: str) -> list[Step]:
     _load_steps()
     path = Path(name_or_path)
@@ -39,26 +45,27 @@ def load(name_or_path: str) -> list[Step]:
         path = PLAYBOOKS_DIR / f"{name_or_path}.yml"
     try:
         doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read playbook: {exc.strerror}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise UserError(f"{_shown(path)}: cannot read playbook: {why}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise UserError(f"{_shown(path)}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
     items = (doc or {}).get("steps") if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
-        raise UserError(f"{path}: a playbook needs a non-empty `steps:` list")
+        raise UserError(f"{_shown(path)}: a playbook needs a non-empty `steps:` list")
     steps = []
     for i, item in enumerate(items, 1):
         if isinstance(item, str):
             item = {item: {}}
         if not isinstance(item, dict) or len(item) != 1:
-            raise UserError(f"{path}: step {i}: write each step as `- NAME: {{params}}`")
+            raise UserError(f"{_shown(path)}: step {i}: write each step as `- NAME: {{params}}`")
         (name, params), = item.items()
         if name not in REGISTRY:
-            raise UserError(f"{path}: step {i}: unknown step {name!r} (known: {', '.join(sorted(REGISTRY))})")
+            raise UserError(f"{_shown(path)}: step {i}: unknown step {name!r} (known: {', '.join(sorted(REGISTRY))})")
         if params is not None and not isinstance(params, dict):
-            raise UserError(f"{path}: step {i} ({name}): parameters must be a mapping")
+            raise UserError(f"{_shown(path)}: step {i} ({name}): parameters must be a mapping")
         steps.append(REGISTRY[name](params or {}))
     return steps
 

@@ -224,9 +224,9 @@ class Release(Step):
                   f"--state patch-state --installed sglang=={q(prep.recipe.sglang)} >/dev/null; "
                 "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
                 "echo \"SITE=$SP\"")
-            res = ctx.run(script, timeout=3600)
+            res = ctx.run(_tied_to_channel(script), timeout=3600)
             if not res.ok:
-                lines = (res.stdout + "\n" + res.stderr).strip().splitlines()
+                lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
                 raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
             site = res.stdout.rsplit("SITE=", 1)[1].strip()
             self._verify_hashes(ctx, prep, site)
@@ -257,6 +257,21 @@ class Release(Step):
                 f"ls -1t --ignore=current --ignore='.*' | tail -n +{keep + 1} | while read -r r; do "
                 f"[ \"$r\" = \"$cur\" ] && continue; grep -qxF \"$r\" {q(pins)} 2>/dev/null && continue; "
                 "rm -rf -- \"$r\"; done; true")
+
+
+def _tied_to_channel(script: str) -> str:
+    """`script` in its own process group, killed when our SSH channel goes away.
+
+    sshd sends no signal to a non-tty command when the client dies (killed
+    control node, Ctrl-C, lost network): the build would go on, unowned, and
+    race the next run's rebuild of the same directory. A watchdog writes one
+    NUL byte to the channel's stderr every second; once the channel is gone the
+    write fails (EPIPE) and it kills the build's process group.
+    """
+    return ("setsid sh -c " + q(script) + " & b=$!; trap '' PIPE; "
+            "while kill -0 $b 2>/dev/null; do sleep 1; "
+            "printf '\\0' >&2 || { kill -TERM -$b 2>/dev/null; sleep 2; kill -KILL -$b 2>/dev/null; exit 143; }; "
+            "done; wait $b")
 
 
 def _assemble(work: Path, r, commit, patches, sglang_wheel: Path, patch_files: dict | None = None) -> None:

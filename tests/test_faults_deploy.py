@@ -1,0 +1,312 @@
+"""Faults during a deploy, against real lab hosts (nspawn, systemd, sshd):
+a host killed mid-build, a full disk under the releases root, two runs at
+once and a run killed with SIGKILL, Ctrl-C (SIGINT) mid-build.
+
+The invariant checked on every host after every fault: `current` is absent
+or points at a release whose manifest.json exists (complete), and no
+`.current.tmp` is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import _make_lab
+from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+
+RELEASES = "/opt/k26ops/releases"
+TOKEN = "hf_FAULTSECRET_5a4b3c2d1e0f"
+RELEASE_ONLY = "name: release-only\nsteps:\n  - release: {keep: 3}\n"
+FULL = "name: full\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n  - smoke: {}\n"
+
+
+# ------------------------------------------------------------------ helpers
+
+def ssh(lab, host: str, command: str, timeout: float = 60) -> str:
+    res = lab_ssh(lab.dir, lab.port(host), command, timeout=timeout)
+    assert res.returncode == 0, (command, res.stdout, res.stderr)
+    return res.stdout
+
+
+def release_state(lab, host: str) -> dict:
+    """current's target, every release dir and whether it is complete, leftovers."""
+    out = ssh(lab, host, f"mkdir -p {RELEASES}; cd {RELEASES}; echo \"CURRENT $(readlink current)\"; "
+                         "for d in */; do d=${d%/}; [ \"$d\" = current ] && continue; "
+                         "[ -d \"$d\" ] || continue; "
+                         "if [ -f \"$d/manifest.json\" ]; then echo \"DIR $d complete\"; "
+                         "else echo \"DIR $d partial\"; fi; done; "
+                         "ls -a | grep -c '^.current.tmp$' | sed 's/^/TMP /'; true")
+    state = {"current": None, "dirs": {}, "tmp": 0}
+    for line in out.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "CURRENT":
+            state["current"] = rest.strip() or None
+        elif kind == "DIR":
+            name, _, what = rest.rpartition(" ")
+            state["dirs"][name] = what == "complete"
+        elif kind == "TMP":
+            state["tmp"] = int(rest)
+    return state
+
+
+def assert_consistent(lab, host: str) -> dict:
+    s = release_state(lab, host)
+    assert s["tmp"] == 0, f"{host}: .current.tmp left behind: {s}"
+    if s["current"] is not None:
+        assert s["dirs"].get(s["current"]) is True, f"{host}: current points at an incomplete release: {s}"
+    return s
+
+
+def extra_patch_text(marker: str) -> str:
+    import sglang_release
+    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
+    return ("Base: sglang==0.5.23 (PyPI)\nA harmless fault-test patch.\n"
+            "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
+            f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops fault test {marker}\n")
+
+
+def recipe_with_patch(tmp_path: Path, marker: str) -> Path:
+    """The lab recipe plus one harmless patch: a different release id per marker."""
+    d = tmp_path / f"recipe-{marker}"
+    (d / "patches").mkdir(parents=True)
+    (d / "patches" / f"{marker}.patch").write_text(extra_patch_text(marker))
+    (d / "patches" / "series").write_text(
+        f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\n{marker}.patch\n")
+    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
+    doc["patches"]["series"] = str(d / "patches" / "series")
+    path = d / "recipe.yml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def inventory(lab, path: Path, engine_ports: dict, **all_vars) -> Path:
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["vars"].update(all_vars)
+    for name, port in engine_ports.items():
+        inv["hosts"][name]["vars"]["engine_port"] = port
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def playbook(tmp_path: Path, text: str, name: str) -> Path:
+    p = tmp_path / f"{name}.yml"
+    p.write_text(text)
+    return p
+
+
+def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "k26ops", *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def wait_for_build(lab, host: str, proc: subprocess.Popen, timeout: float = 240) -> str:
+    """Wait until `host` is building a release (its venv exists, no manifest yet); its id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, ("k26ops ended before the build started", proc.communicate())
+        res = lab_ssh(lab.dir, lab.port(host),
+                      f"cd {RELEASES} 2>/dev/null && for d in */; do d=${{d%/}}; "
+                      "[ -x \"$d/venv/bin/python\" ] && [ ! -f \"$d/manifest.json\" ] && echo \"$d\"; done; true")
+        building = [x for x in res.stdout.split() if x and x != "current"]
+        if building:
+            return building[0]
+        time.sleep(0.3)
+    raise AssertionError(f"{host}: no build started within {timeout}s")
+
+
+def build_processes(lab, host: str) -> str:
+    """Build processes (venv creation, pip, patchset) still running on the host."""
+    res = lab_ssh(lab.dir, lab.port(host), "pgrep -af 'pip install|patchset.py|-m venv' | grep -v pgrep; true")
+    return res.stdout.strip()
+
+
+# ------------------------------------------------------------------ fixtures
+
+@pytest.fixture
+def pair_lab():
+    """A private 2-host lab (one of its hosts gets killed)."""
+    running, cleanup = _make_lab(2, "faults2")
+    try:
+        yield running
+    finally:
+        cleanup()
+
+
+@pytest.fixture(scope="module")
+def solo():
+    """A private 1-host lab shared by this module's single-host fault tests; each
+    test starts by making sure the base release is current."""
+    running, cleanup = _make_lab(1, "faults1")
+    try:
+        yield running
+    finally:
+        cleanup()
+
+
+@pytest.fixture
+def solo_inv(solo, tmp_path):
+    port = free_port_block(1, start=36000, stop=40000)
+    return inventory(solo, tmp_path / "inventory.yml", {"lab1": port}, hf_token=TOKEN)
+
+
+# ------------------------------------------------------------------ 1: host killed mid-deploy
+
+def test_host_killed_mid_build_others_finish_rerun_converges(pair_lab, tmp_path):
+    lab = pair_lab
+    ports = free_port_block(2, start=36000, stop=40000)
+    inv = inventory(lab, tmp_path / "inv.yml", {"lab1": ports, "lab2": ports + 1})
+    pb = playbook(tmp_path, RELEASE_ONLY, "release-only")
+    proc = start("-i", str(inv), "deploy", "--playbook", str(pb), env={"COLUMNS": "200"})
+    try:
+        rid = wait_for_build(lab, "lab2", proc)
+        # lab2 is mid-build: current (if any) must still be complete, right up to the kill
+        assert_consistent(lab, "lab2")
+        lab.lab.stop_host("lab2")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out + err
+    assert proc.returncode == 1, text
+    assert "Traceback" not in text
+    # the summary names the failed host, the other host finished
+    lines = [line for line in text.splitlines() if "lab2" in line and ("failed" in line or "unreachable" in line)]
+    assert lines, text
+    lab1_line = [line for line in text.splitlines() if "│ lab1" in line or line.startswith("lab1")]
+    assert any("changed" in line for line in lab1_line), text
+    s1 = assert_consistent(lab, "lab1")
+    assert s1["current"] == rid
+
+    # the killed host comes back (as a crashed machine would, here with a fresh
+    # disk and a new host key, recorded as an operator would); a re-run converges
+    from k26ops.lab import rootfs
+    old = next(h for h in lab.lab.hosts() if h.name == "lab2")
+    host, key_line = lab.lab._boot("lab2", old.port, old.engine_port, rootfs.ensure(log=lambda m: None))
+    lab.lab._save([h for h in lab.lab.hosts() if h.name != "lab2"] + [host], rootfs.ensure(log=lambda m: None))
+    kh = lab.dir / "known_hosts"
+    kh.write_text("".join(line + "\n" for line in kh.read_text().splitlines()
+                          if not line.startswith(f"[127.0.0.1]:{old.port} ")) + key_line)
+    lab.lab._wait_ssh([host])
+    rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    assert data["hosts"]["lab1"]["status"] == "ok"  # nothing to redo on the survivor
+    assert data["hosts"]["lab2"]["status"] == "changed"
+    for h in ("lab1", "lab2"):
+        s = assert_consistent(lab, h)
+        assert s["current"] == rid and all(s["dirs"].values()), s
+    rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb))
+    assert rc == 0 and {r["status"] for r in data["hosts"].values()} == {"ok"}, data
+
+
+# ------------------------------------------------------------------ 6: two runs; a killed run's lock
+
+def test_second_run_refused_with_owner_and_killed_run_leaves_no_blocking_lock(solo, solo_inv, tmp_path):
+    pb = playbook(tmp_path, RELEASE_ONLY, "release-only")
+    inv = inventory(solo, tmp_path / "lock.yml", {}, recipe=str(recipe_with_patch(tmp_path, "lock")))
+    first = start("-i", str(inv), "deploy", "--playbook", str(pb))
+    try:
+        wait_for_build(solo, "lab1", first)
+        owner = json.loads(ssh(solo, "lab1", "cat /opt/k26ops/state/lock.owner"))
+        assert owner["pid"] == first.pid
+        second = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(pb))
+        assert second.returncode == 1, second.stdout + second.stderr
+        err = json.loads(second.stdout)["hosts"]["lab1"]["error"]
+        assert "locked by another k26ops run" in err
+        assert f"pid {first.pid}" in err and owner["since"] in err
+        assert f"{owner['user']}@{owner['control_node']}" in err
+        # the refused run changed nothing and did not take over the owner record
+        assert json.loads(ssh(solo, "lab1", "cat /opt/k26ops/state/lock.owner"))["pid"] == first.pid
+        os.killpg(first.pid, signal.SIGKILL)  # a run that dies without any cleanup
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert_consistent(solo, "lab1")
+    # the next run is not blocked, builds the release and notes the dead run's lock
+    third = k26ops("-i", str(inv), "deploy", "--playbook", str(pb), env={"COLUMNS": "200"})
+    text = third.stdout + third.stderr
+    assert third.returncode == 0, text
+    assert "a run that died held this host" in text and f"pid {first.pid}" in text
+    s = assert_consistent(solo, "lab1")
+    assert all(s["dirs"].values()), s
+    # nothing of the killed run's build is still running on the host
+    assert build_processes(solo, "lab1") == ""
+
+
+# ------------------------------------------------------------------ 7: SIGINT mid-build
+
+def test_sigint_mid_build_leaves_previous_release_current(solo, solo_inv, tmp_path):
+    pb = playbook(tmp_path, RELEASE_ONLY, "release-only")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    base = data["hosts"]["lab1"]["release"]
+    inv = inventory(solo, tmp_path / "sigint.yml", {}, recipe=str(recipe_with_patch(tmp_path, "sigint")))
+    proc = start("-i", str(inv), "deploy", "--playbook", str(pb))
+    try:
+        new = wait_for_build(solo, "lab1", proc)
+        assert new != base
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C (to k26ops only, as a terminal would to its group)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "interrupted" in err and "Traceback" not in out + err
+    time.sleep(1)
+    s = assert_consistent(solo, "lab1")
+    assert s["current"] == base
+    # a re-run of the interrupted deploy converges on the new release
+    rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    s = assert_consistent(solo, "lab1")
+    assert s["current"] == new and all(s["dirs"].values()), s
+    assert build_processes(solo, "lab1") == ""
+
+
+# ------------------------------------------------------------------ 3: disk full during the build
+
+def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, tmp_path):
+    pb = playbook(tmp_path, FULL, "full")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    r = data["hosts"]["lab1"]
+    assert r["health"]["state"] == "healthy"
+    base = r["release"]
+    port = yaml.safe_load(solo_inv.read_text())["hosts"]["lab1"]["vars"]["engine_port"]
+    pid = ssh(solo, "lab1", "systemctl show -p MainPID --value k26-engine.service").strip()
+    # the releases root becomes a small filesystem: what is there now plus 40 MB
+    used_mb = int(ssh(solo, "lab1", f"du -sm {RELEASES} | cut -f1").strip())
+    ssh(solo, "lab1", f"set -e; mkdir -p /run/k26small; mount -t tmpfs -o size={used_mb + 40}m tmpfs /run/k26small; "
+                      f"cp -a {RELEASES}/. /run/k26small/; mount --move /run/k26small {RELEASES}; "
+                      f"findmnt -n {RELEASES}")
+    try:
+        inv = inventory(solo, tmp_path / "full.yml", {}, recipe=str(recipe_with_patch(tmp_path, "diskfull")))
+        rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
+        r = data["hosts"]["lab1"]
+        assert rc == 1 and r["status"] == "failed", data
+        assert r["error"] and "\n" not in r["error"]
+        assert "No space left" in r["error"] or "space" in r["error"].lower(), r["error"]
+        assert TOKEN not in json.dumps(data)
+        s = assert_consistent(solo, "lab1")
+        assert s["current"] == base
+        assert set(s["dirs"]) == {base}, f"the failed build was not removed: {s}"
+        # the engine still serves, never restarted
+        assert ssh(solo, "lab1", "systemctl is-active k26-engine.service").strip() == "active"
+        assert ssh(solo, "lab1", "systemctl show -p MainPID --value k26-engine.service").strip() == pid
+        code = ssh(solo, "lab1", f"python3 -c \"import urllib.request as u; "
+                                 f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=5).status)\"")
+        assert code.strip() == "200"
+        assert build_processes(solo, "lab1") == ""
+    finally:
+        lab_ssh(solo.dir, solo.port("lab1"),
+                f"systemctl stop k26-engine.service; umount -l {RELEASES}; true")

@@ -1,0 +1,306 @@
+"""Bad input and secrets, against a real lab host (nspawn, systemd, sshd):
+hostile host names, group vars, engine flags, tag names and file paths never
+run anything on the host or the control node and never escape the release or
+baselines directories; an HF token given in the inventory never shows in
+anything k26ops prints or stores; command-line values fuzzed with hypothesis
+always give a clean one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from conftest import _make_lab
+from labtools import REPO, free_port_block, k26ops, lab_ssh
+
+TOKEN = "hf_INPUTSECRET_77aa88bb99cc"
+TOKEN2 = "hf_OTHERSECRET_1122334455"
+UNIT = "k26-engine.service"
+ENV_FILE = "/etc/k26ops/sglang.env"
+FULL = "name: full\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n  - smoke: {}\n"
+MARK = "K26INJ"
+
+
+def payloads(tag: str) -> list[str]:
+    m = f"/tmp/{MARK}_{tag}"
+    return [f"$(touch {m}_1)", f"`touch {m}_2`", f"x; touch {m}_3", f"x | touch {m}_4",
+            f"x\ntouch {m}_5", f"x' ; touch {m}_6 ; '", f'x" ; touch {m}_7 ; "', f"x && touch {m}_8",
+            f"../../../../tmp/{MARK}_{tag}_9", f"x\rtouch {m}_10", f"${{IFS}}touch${{IFS}}{m}_11"]
+
+
+def ssh(lab, command: str) -> str:
+    res = lab_ssh(lab.dir, lab.hosts[0].port, command)
+    assert res.returncode == 0, (command, res.stdout, res.stderr)
+    return res.stdout
+
+
+def no_markers(lab) -> None:
+    on_host = ssh(lab, f"find / -xdev -name '*{MARK}*' 2>/dev/null | grep -v '^/opt/k26ops/releases/' ; true")
+    assert on_host.strip() == "", f"host: {on_host}"
+    local = subprocess.run(f"find /tmp /root /var/tmp -maxdepth 3 -name '*{MARK}*' 2>/dev/null | grep -v pytest-of",
+                           shell=True, capture_output=True, text=True).stdout
+    assert local.strip() == "", f"control node: {local}"
+
+
+def one_line_error_or_ok(proc, allowed=(0, 1, 2)) -> None:
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    assert proc.returncode in allowed, (proc.returncode, text)
+    if proc.returncode == 2:
+        err = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(err) == 1 and err[0].startswith("k26ops: error: "), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def host():
+    running, cleanup = _make_lab(1, "faultsin")
+    try:
+        yield running
+    finally:
+        cleanup()
+
+
+@pytest.fixture(scope="module")
+def base_inv(host, tmp_path_factory):
+    d = tmp_path_factory.mktemp("faultsin")
+    inv = yaml.safe_load(host.inventory.read_text())
+    inv["vars"]["hf_token"] = TOKEN
+    inv["hosts"]["lab1"]["vars"]["engine_port"] = free_port_block(1, start=36000, stop=40000)
+    return {"dir": d, "inv": inv}
+
+
+def write_inv(base_inv, name: str, host_vars: dict | None = None, all_vars: dict | None = None,
+              hosts: dict | None = None) -> Path:
+    inv = json.loads(json.dumps(base_inv["inv"]))
+    inv["hosts"]["lab1"]["vars"].update(host_vars or {})
+    inv["vars"].update(all_vars or {})
+    if hosts is not None:
+        inv["hosts"] = hosts
+        inv.pop("groups", None)
+    path = base_inv["dir"] / f"{name}.yml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def playbook(base_inv, text: str = FULL, name: str = "full") -> Path:
+    p = base_inv["dir"] / f"{name}.yml"
+    p.write_text(text)
+    return p
+
+
+# ------------------------------------------------------------------ 9: injection
+
+def test_hostile_host_names_never_run(host, base_inv):
+    spec = base_inv["inv"]["hosts"]["lab1"]
+    for p in payloads("hostname"):
+        inv = write_inv(base_inv, "hn", hosts={p: spec})
+        for args in (["inventory", "list"], ["facts"], ["deploy", "--check", "--playbook", str(playbook(base_inv))]):
+            one_line_error_or_ok(k26ops("-i", str(inv), *args))
+    no_markers(host)
+
+
+def test_hostile_vars_and_engine_flags_never_run_and_are_refused_before_any_change(host, base_inv):
+    pb = playbook(base_inv)
+    proc = k26ops("-i", str(write_inv(base_inv, "good")), "--json", "deploy", "--playbook", str(pb))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    unit_before = ssh(host, f"cat /etc/systemd/system/{UNIT}")
+    current = ssh(host, "readlink /opt/k26ops/releases/current")
+    for i, p in enumerate(payloads("vars")):
+        for hv in ({"model_path": "/models/" + p}, {"served_model_name": p},
+                   {"engine_profile": {"served_model_name": p}},
+                   {"engine_profile": {"speculative_ddtree_budget": p}},
+                   {"extra_flags": {"mem-fraction-static": p}}, {"extra_flags": {p: 1}},
+                   {"extra_flags": {f"chunked-prefill-size {p}": 1}},
+                   {"engine_env": {"FOO": p}}, {"engine_env": {p: "1"}},
+                   {"engine_unit": p + ".service"}, {"launch_module": p}):
+            inv = write_inv(base_inv, f"v{i}", host_vars=hv, all_vars={"group_note": p})
+            one_line_error_or_ok(k26ops("-i", str(inv), "deploy", "--check", "--diff", "--playbook", str(pb)))
+    no_markers(host)
+    # --check changed nothing
+    assert ssh(host, f"cat /etc/systemd/system/{UNIT}") == unit_before
+    assert ssh(host, "readlink /opt/k26ops/releases/current") == current
+
+
+def test_shell_and_systemd_specials_reach_the_engine_literally(host, base_inv):
+    """$, %, backticks and quotes in a model path and an engine flag value: the
+    engine's real argv holds them verbatim (no shell, no systemd expansion)."""
+    weird = f"/models/a b/$HOME/%h/${{PATH}}/`id`/$(touch /tmp/{MARK}_lit)/'q'\"d\""
+    inv = write_inv(base_inv, "literal", host_vars={"model_path": weird,
+                                                    "served_model_name": "m;$(touch /tmp/K26INJ_name)%n"})
+    proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(playbook(base_inv)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pid = ssh(host, f"systemctl show -p MainPID --value {UNIT}").strip()
+    argv = ssh(host, f"cat /proc/{pid}/cmdline").split("\0")
+    assert argv[argv.index("--model-path") + 1] == weird
+    assert argv[argv.index("--served-model-name") + 1] == "m;$(touch /tmp/K26INJ_name)%n"
+    no_markers(host)
+    k26ops("-i", str(write_inv(base_inv, "good")), "deploy", "--playbook", str(playbook(base_inv)))
+
+
+def test_hostile_patch_file_names_and_tags_stay_inside_the_release(host, base_inv, tmp_path):
+    """Patch file names with metacharacters and `..`, and hostile patch tags in
+    the playbook: shipped flat into <release>/k26ops/patches, never run."""
+    import sglang_release
+    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
+    text = ("Base: sglang==0.5.23 (PyPI)\nharmless\n--- a/sglang/version.py\n+++ b/sglang/version.py\n"
+            f"@@ -1,1 +1,2 @@\n {first}\n+# hostile name test\n")
+    name = f"x $(touch /tmp/{MARK}_pn1);`touch /tmp/{MARK}_pn2`'.patch"
+    sub = tmp_path / "series-dir"
+    sub.mkdir()
+    (tmp_path / name).write_text(text)  # reached through ../ from the series' directory
+    (sub / "series").write_text(f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\n../{name}\n")
+    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
+    doc["patches"]["series"] = str(sub / "series")
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text(yaml.safe_dump(doc))
+    inv = write_inv(base_inv, "patchnames", all_vars={"recipe": str(recipe)})
+    pb = playbook(base_inv, "name: r\nsteps:\n  - release: {keep: 5}\n", "release-only")
+    proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(pb))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rid = json.loads(proc.stdout)["hosts"]["lab1"]["release"]
+    shipped = ssh(host, f"ls /opt/k26ops/releases/{rid}/k26ops/patches/")
+    assert f"02-{name}" in shipped.splitlines()
+    no_markers(host)
+    for tags in ([f"$(touch /tmp/{MARK}_tag1)"], ["../../etc"], ["a\nb"], [f"x; touch /tmp/{MARK}_tag2"]):
+        pb = playbook(base_inv, yaml.safe_dump({"name": "t", "steps": [{"release": {"tags": tags}}]}), "tags")
+        one_line_error_or_ok(k26ops("-i", str(inv), "deploy", "--check", "--playbook", str(pb)))
+    no_markers(host)
+
+
+def test_hostile_snapshot_tags_stay_inside_the_baselines_repo(host, base_inv, tmp_path):
+    proc = k26ops("snapshot", "--help")
+    if proc.returncode != 0:
+        pytest.skip("`k26ops snapshot` does not exist yet")
+    base = tmp_path / "b"
+    base.mkdir()
+    repo = base / "baselines"
+    inv = write_inv(base_inv, "good")
+    k26ops("-i", str(inv), "deploy", "--playbook", str(playbook(base_inv)))
+    for i, p in enumerate(payloads("snaptag") + ["../escape", "../../escape2", "..", "-x", "a..b", "a/../../c"]):
+        proc = k26ops("-i", str(inv), "snapshot", "--tag", p, "--baselines", str(repo),
+                      env={"K26OPS_BASELINES": str(repo)})
+        one_line_error_or_ok(proc)
+    assert sorted(x.name for x in base.iterdir()) in ([], ["baselines"])
+    no_markers(host)
+    if repo.exists():
+        found = subprocess.run(["grep", "-rl", TOKEN, str(repo)], capture_output=True, text=True).stdout
+        assert found == "", f"token stored in the baselines repository: {found}"
+
+
+# ------------------------------------------------------------------ 10: secrets
+
+def test_token_never_shown_nor_stored(host, base_inv):
+    pb = playbook(base_inv)
+    inv = write_inv(base_inv, "good")
+    env = {"K26OPS_INVENTORY": str(inv), "COLUMNS": "200", "HF_TOKEN": ""}
+    outputs = []
+
+    def run(*args, inventory=None):
+        proc = k26ops(*(["-i", str(inventory)] if inventory else []), *args, env=env)
+        outputs.append((args, proc.stdout + proc.stderr))
+        return proc
+
+    assert run("-vv", "deploy", "--diff", "--playbook", str(pb)).returncode == 0
+    assert run("--json", "deploy", "--playbook", str(pb)).returncode == 0
+    # a new token: --check --diff shows the env file change, redacted
+    inv2 = write_inv(base_inv, "token2", all_vars={"hf_token": TOKEN2})
+    proc = run("--json", "deploy", "--check", "--diff", "--playbook", str(pb), inventory=inv2)
+    assert proc.returncode == 0 and "<redacted>" in proc.stdout
+    run("deploy", "--check", "--diff", "--playbook", str(pb), inventory=inv2)
+    # the engine writes the token to its journal, then crashes: the journal tail
+    # and diagnosis k26ops prints, `k26ops logs` and `status` must all redact it
+    ssh(host, f"printf 'loading with token {TOKEN} and {TOKEN}x\\nRuntimeError: boom {TOKEN}\\n' > /root/crash.txt")
+    crash = write_inv(base_inv, "crash", host_vars={"engine_env": {
+        "K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "/root/crash.txt"}})
+    proc = run("-v", "deploy", "--playbook", str(pb), inventory=crash)
+    assert proc.returncode == 1
+    assert run("--json", "deploy", "--playbook", str(pb), inventory=crash).returncode == 1
+    journal = ssh(host, f"journalctl -u {UNIT} --no-pager -n 500")
+    assert TOKEN in journal  # the test's premise: the secret is really in the journal
+    assert run("logs", "-n", "500").returncode == 0
+    assert run("--json", "logs", "-n", "500").returncode == 0
+    assert run("--json", "status").returncode == 0
+    assert run("status").returncode == 0
+    assert run("--json", "facts").returncode == 0
+    for args, text in outputs:
+        assert TOKEN not in text and TOKEN2 not in text, (args, text)
+    assert any("journal tail" in text for _, text in outputs)
+    # on the host: only the 0600 env file holds it
+    assert ssh(host, f"stat -c '%a %U' {ENV_FILE}").strip() == "600 root"
+    holders = ssh(host, f"grep -rlF {TOKEN} /etc /opt/k26ops /var/tmp /tmp /root 2>/dev/null | grep -v '^/root/crash.txt$'; true")
+    assert holders.split() == [ENV_FILE], holders
+    assert ssh(host, f"ls -ld /etc/k26ops | cut -c1-10").strip() in ("drwxr-xr-x", "drwx------", "drwxr-x---")
+    # on the control node: nothing k26ops keeps holds it
+    kept = [p for p in (Path.home() / ".cache/k26ops", Path.home() / ".local/share/k26ops") if p.exists()]
+    found = subprocess.run(["grep", "-rlF", "--exclude-dir=wheelhouse", TOKEN, *map(str, kept)],
+                           capture_output=True, text=True).stdout if kept else ""
+    assert found == "", found
+    ssh(host, "rm -f /root/crash.txt")
+
+
+# ------------------------------------------------------------------ CLI fuzz
+
+ODD = ["", " ", "-1", "0", "nan", "inf", "-inf", "1e999", "0x10", "1_000", "١٢", "\t", "$(id)", "`id`",
+       "../x", "a\nb", "--json", "-", "--", "all", "lab*", "!lab1", "&lab", "~[", "1.5", "99999999999999999999"]
+value = st.one_of(st.sampled_from(ODD), st.text(max_size=12).filter(lambda s: "\x00" not in s),
+                  st.integers(-10**6, 10**6).map(str), st.floats(allow_nan=True).map(str))
+
+
+def fuzz_inventory(tmp: Path) -> Path:
+    inv = tmp / "fuzz-inv.yml"
+    if not inv.exists():  # one host nobody listens for: every connection is refused at once
+        inv.write_text(yaml.safe_dump({"vars": {"recipe": "lab"}, "hosts": {"gpu1": {
+            "address": "127.0.0.1", "port": 9, "user": "root", "known_hosts": str(tmp / "kh")}}}))
+    return inv
+
+
+def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "k26ops", "-i", str(fuzz_inventory(tmp)), *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**os.environ, "K26OPS_SSH_CONFIG": "", "COLUMNS": "120",
+                               "K26OPS_BASELINES": str(tmp / "baselines")})
+
+
+@settings(max_examples=int(os.environ.get("K26OPS_CLI_FUZZ_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(opt=st.sampled_from(["--limit", "--forks", "--deadline", "--connect-timeout", "--playbook",
+                            "--canary", "-n", "--tag"]), val=value)
+@example(opt="--playbook", val="a\nb")  # was a two-line error (fixed in playbook.py)
+@example(opt="--playbook", val="../../../../etc/passwd")
+@example(opt="--limit", val="a\nb")
+@example(opt="--forks", val="1e999")
+def test_cli_values_fuzz_clean_error(tmp_path_factory, opt, val):
+    tmp = tmp_path_factory.getbasetemp()
+    if opt in ("--limit", "--forks", "--deadline", "--connect-timeout"):
+        args = [f"{opt}={val}", "--connect-timeout=1" if opt != "--connect-timeout" else "--forks=2",
+                "deploy", "--check", "--playbook", "deploy"]
+    elif opt in ("--playbook", "--canary"):
+        args = ["--connect-timeout=1", "deploy", "--check", f"{opt}={val}"]
+    elif opt == "-n":
+        args = ["--connect-timeout=1", "logs", f"-n={val}"]
+    else:
+        args = ["--connect-timeout=1", "snapshot", f"--tag={val}"]
+    proc = run_cli(args, tmp)
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, (args, text)
+    assert proc.returncode in (1, 2), (args, proc.returncode, text)
+    if proc.returncode == 2:
+        err = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(err) == 1 and err[0].startswith("k26ops: error: "), (args, proc.stderr)
+
+
+@pytest.mark.parametrize("opt", ["--deadline", "--connect-timeout"])
+@pytest.mark.xfail(strict=True, reason="BUG (k26ops/cli/__init__.py, not ours to fix): click.FloatRange "
+                   "accepts 'nan' (every comparison with NaN is false), so --deadline nan silently "
+                   "means no deadline at all and --connect-timeout nan is passed to the socket")
+def test_nan_is_refused(opt, tmp_path):
+    proc = run_cli([f"{opt}=nan", "deploy", "--check"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("k26ops: error: ")
