@@ -203,6 +203,16 @@ class Baselines:
         """Commit exactly `files` as the owned paths and tag it (annotated); return the commit sha."""
         import git
 
+        try:
+            return self._commit_snapshot(files, message, tag, tag_message, force)
+        except git.GitCommandError as exc:
+            err = (exc.stderr or "").strip().splitlines()
+            raise UserError(f"{self.path}: git {exc.command[1] if len(exc.command) > 1 else ''} failed: "
+                            f"{err[-1] if err else exc}") from None
+
+    def _commit_snapshot(self, files, message, tag, tag_message, force) -> str:
+        import git
+
         if any(not (p == OWNED[0] or p.startswith(OWNED[1] + "/")) for p in files):
             raise ValueError("snapshot files must live under the owned paths")
         dirty = self.dirty_owned()
@@ -235,7 +245,7 @@ class Baselines:
                 old_paths = set()
             lines = []
             for path, data in sorted(files.items()):
-                sha = repo.odb.store(_istream(data)).hexsha
+                sha = repo.odb.store(_istream(data)).binsha.hex()
                 lines.append(f"100644 {sha}\t{path}\n")
             info = Path(tmp) / "index-info"
             info.write_text("".join(lines))

@@ -40,9 +40,15 @@ def _ago(seconds: float | None) -> str:
 
 @click.command(name="status")
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
+@click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
+              help="Baselines repository to compare with (default: $K26OPS_BASELINES, else ./baselines).")
 @click.pass_obj
-def status_cmd(settings, unit):
-    """Per host: engine unit state, health, release, uptime, model, last restart."""
+def status_cmd(settings, unit, baselines_dir):
+    """Per host: engine unit state, health, release, uptime, model, last restart;
+    and drift: which tagged baseline runs, or which files differ from the release manifest."""
+    from k26ops.baselines import drift as drift_mod
+
+    index = drift_mod.load_index(baselines_dir)
 
     def work(session):
         ctx = _host_ctx(session)
@@ -55,7 +61,13 @@ def status_cmd(settings, unit):
         health = r.get("health")
         stamp = show.get("ExecMainStartTimestamp") or ""
         parts = stamp.split()
-        return Outcome(unit=name, state=active or "unknown", substate=show.get("SubState"),
+        try:  # one more call: patched files vs the release manifest, and vs the tagged baselines
+            d = drift_mod.host_drift(session, ctx.releases_root, f"{svc.UNIT_DIR}/{name}",
+                                     svc.env_path({}, ctx.vars), index)
+        except Exception as exc:  # drift is advisory: never fail `status` for it
+            d = {"error": str(exc).splitlines()[0][:200]}
+        return Outcome(drift=d, baseline=drift_mod.describe(d),
+                       unit=name, state=active or "unknown", substate=show.get("SubState"),
                        enabled=show.get("UnitFileState") or None,
                        health=("healthy" if health == 200 else f"HTTP {health}" if health else
                                "no answer" if health == 0 else "-"),
@@ -69,7 +81,7 @@ def status_cmd(settings, unit):
     run_and_report(settings, work, title="engine status",
                    columns=[("unit", "state"), ("health", "health"), ("release", "release"),
                             ("uptime", "uptime"), ("model", "model_short"), ("restarts", "restarts"),
-                            ("started", "started")])
+                            ("started", "started"), ("baseline / drift", "baseline")])
 
 
 @click.command(name="logs")
