@@ -141,8 +141,10 @@ def test_not_canonical_is_refused_and_nothing_changes(host):
         before = engine_state(host)
         proc = k26ops("-i", inv, "diagnose", "cuda-graph", "--host", host["name"], timeout=120)
         assert proc.returncode == 2, (proc.stdout, proc.stderr)
-        line = proc.stderr.strip()
-        assert len(line.splitlines()) == 1 and "Traceback" not in line
+        assert "Traceback" not in proc.stderr
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("k26ops: error:")]
+        assert len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0]
+        line = errors[0]
         assert "not canonical" in line and rel in line and "--force" in line
         assert engine_state(host) == before
     finally:
