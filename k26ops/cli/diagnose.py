@@ -181,15 +181,15 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests):
         try:
             rep = probe.run_probe(session, host, unit=unit, force=force, ready_timeout=ready_timeout,
                                   requests=requests, progress=progress)
-        except KeyboardInterrupt:
-            click.echo(f"k26ops: interrupted; {host.name}: probe reverted and engine restored", err=True)
+        except KeyboardInterrupt as exc:
+            click.echo(f"k26ops: interrupted; {host.name}: {_restore_line(exc)}", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except UserError:
             raise
         except Exception as exc:  # after restore: one line, never a traceback
             text = str(exc).strip().splitlines()
-            raise UserError(f"{host.name}: diagnose cuda-graph failed: {text[0] if text else exc.__class__.__name__} "
-                            "(the probe was reverted and the engine restored)", exit_code=1) from None
+            raise UserError(f"{host.name}: diagnose cuda-graph failed: {text[0] if text else exc.__class__.__name__}"
+                            f" ({_restore_line(exc)})", exit_code=1) from None
     finally:
         session.close()
     if rep.interrupted:
@@ -198,6 +198,13 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests):
         sys.exit(EXIT_INTERRUPTED)
     _print_probe(settings, rep)
     sys.exit(1 if rep.restore_errors else 0)
+
+
+def _restore_line(exc) -> str:
+    rep = getattr(exc, "probe_report", None)
+    if rep is not None and rep.restore_errors:
+        return "restore problem: " + "; ".join(rep.restore_errors)
+    return "the probe was reverted and the engine restored"
 
 
 def _print_probe(settings, rep) -> None:

@@ -354,8 +354,12 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
         secrets = svc._secrets(ctx, svc.engine_env(ctx, {}), st.get("env"))
         exec_start = graphs_on_exec(st["unit_text"])
         rep.graphs_enabled_by_dropin = exec_start is not None
-        _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
-                  ready_timeout, requests, progress, classify)
+        try:
+            _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
+                      ready_timeout, requests, progress, classify)
+        except BaseException as exc:  # restored already; let the caller say how the restore went
+            exc.probe_report = rep
+            raise
         return rep
     finally:
         lock.release()
