@@ -1,0 +1,240 @@
+"""Baselines on the real lab: deploy, `snapshot --tag k26-baseline-working`,
+change the engine (another patch) and deploy, `rollback --tag` back (switch
+path, then the rebuild path after the release directory was deleted), drift in
+`k26ops status`, refusals that write nothing, the user's uncommitted work in
+the baselines repository kept, and no secret value anywhere in the repository.
+
+Works on lab1 of the shared lab only; at the end lab1 runs the lab's default
+deploy again (its state otherwise tolerated by the other lab tests).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+
+TAG = "k26-baseline-working"
+TOKEN = "hf_BASELINESECRET_0a1b2c3d4e5f"
+HOST = "lab1"
+UNIT = "/etc/systemd/system/k26-engine.service"
+
+
+def ssh(lab, cmd: str) -> str:
+    proc = lab_ssh(lab.dir, lab.port(HOST), cmd)
+    assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
+    return proc.stdout
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def host_state(lab) -> dict:
+    """What rollback must restore: release, its patched files' hashes, unit text."""
+    cur = ssh(lab, "readlink /opt/k26ops/releases/current").strip()
+    m = json.loads(ssh(lab, "cat /opt/k26ops/releases/current/manifest.json"))
+    files = " ".join(f"{m['site_packages']}/{p}" for p in sorted(m["patched_files"]))
+    hashes = {line.split()[1][len(m["site_packages"]) + 1:]: line.split()[0]
+              for line in ssh(lab, f"sha256sum {files}").splitlines()}
+    return {"release": cur, "hashes": hashes, "unit": ssh(lab, f"cat {UNIT}")}
+
+
+def refs(repo: Path) -> str:
+    return git(repo, "for-each-ref") + git(repo, "rev-parse", "HEAD") + git(repo, "status", "--porcelain")
+
+
+@pytest.fixture(scope="module")
+def env(lab, tmp_path_factory):
+    """Inventories (base, changed engine) with an HF token, and a baselines dir."""
+    import sglang_release
+
+    d = tmp_path_factory.mktemp("baselines")
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["vars"]["hf_token"] = TOKEN
+    inv["hosts"][HOST]["vars"]["engine_port"] = free_port_block(1, start=36000, stop=40000)
+    base = d / "inventory.yml"
+    base.write_text(yaml.safe_dump(inv))
+    # the changed engine: the lab recipe plus one more patch
+    series = d / "patches" / "series"
+    series.parent.mkdir()
+    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
+    (series.parent / "baseline-test.patch").write_text(
+        "Base: sglang==0.5.23 (PyPI)\nA harmless test patch (baselines test).\n"
+        "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
+        f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops baselines test patch\n")
+    series.write_text(f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\nbaseline-test.patch\n")
+    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
+    doc["patches"]["series"] = str(series)
+    (d / "changed.yml").write_text(yaml.safe_dump(doc))
+    inv["vars"]["recipe"] = str(d / "changed.yml")
+    changed = d / "changed-inventory.yml"
+    changed.write_text(yaml.safe_dump(inv))
+    e = {**lab.env(), "K26OPS_INVENTORY": str(base), "K26OPS_BASELINES": str(d / "baselines")}
+    yield {"env": e, "base": base, "changed": changed, "repo": d / "baselines"}
+    k26ops("--limit", HOST, "deploy", env=lab.env())  # lab1 back on the lab's own inventory
+
+
+def deploy(env, inventory) -> dict:
+    rc, data = k26ops_json("-i", str(inventory), "--limit", HOST, "deploy", env=env["env"])
+    assert rc == 0, data
+    return data["hosts"][HOST]
+
+
+def status(env) -> dict:
+    rc, data = k26ops_json("--limit", HOST, "status", env=env["env"])
+    assert rc == 0, data
+    return data["hosts"][HOST]
+
+
+def test_snapshot_records_the_running_engine(lab, env):
+    deploy(env, env["base"])
+    before = host_state(lab)
+    t0 = time.monotonic()
+    rc, data = k26ops_json("--limit", HOST, "snapshot", "--tag", TAG, "-m", "stand-in healthy, before the probe",
+                           env=env["env"])
+    took = time.monotonic() - t0
+    assert rc == 0, data
+    print(f"\nsnapshot of 1 host: {took:.1f}s (command), {data['elapsed_s']}s inside")
+    h = data["hosts"][HOST]
+    assert h["release"] == before["release"] and h["health"] == "healthy" and h["pinned"]
+    assert h["accept"] is not None and h["files"] == len(before["hashes"]) >= 1
+    assert h["commands"] <= 3, h["commands"]  # one gather + one pin (+ the lock-free connect)
+    repo = env["repo"]
+    shown = git(repo, "show", TAG)
+    assert f"tag {TAG}" in shown and "stand-in healthy" in shown and "all healthy" in shown
+    assert before["release"] in shown and "accept" in shown
+    rec = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/baseline.json"))
+    assert rec["patched_files"] == before["hashes"] and rec["rebuildable"], rec["rebuild_check"]
+    assert git(repo, "show", f"{TAG}:hosts/{HOST}/unit/k26-engine.service") == before["unit"]
+    env_file = git(repo, "show", f"{TAG}:hosts/{HOST}/env/sglang.env")
+    assert "HF_TOKEN=<redacted>" in env_file
+    manifest = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/manifest.json"))
+    assert manifest["release_id"] == before["release"] and manifest["packages"]["sglang"] == "0.5.23"
+    for path, sha in before["hashes"].items():  # the patched sources themselves
+        blob = subprocess.run(["git", "-C", str(repo), "show", f"{TAG}:hosts/{HOST}/files/{path}"],
+                              capture_output=True, check=True).stdout
+        import hashlib
+        assert hashlib.sha256(blob).hexdigest() == sha
+    facts = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/facts.json"))
+    assert facts["gpu_count"] == 8 and facts["driver"]
+    assert "venv/bin/python" in git(repo, "show", f"{TAG}:hosts/{HOST}/engine-cmdline.txt")
+    assert before["release"] in ssh(lab, "cat /opt/k26ops/state/pinned-releases").split()
+    # status: what runs is this baseline
+    assert status(env)["baseline"] == f"= {TAG}"
+    # list and show
+    rc, listing = k26ops_json("baselines", "list", env=env["env"])
+    assert rc == 0 and listing["tags"][0]["tag"] == TAG and listing["tags"][0]["hosts"] == [HOST]
+    proc = k26ops("baselines", "show", TAG, env=env["env"])
+    assert proc.returncode == 0 and before["release"] in proc.stdout and "sha256" in proc.stdout
+
+
+def test_no_secret_anywhere_in_the_repository(lab, env):
+    repo = env["repo"]
+    assert TOKEN in ssh(lab, "cat /etc/k26ops/sglang.env")  # the host has it
+    everything = git(repo, "log", "-p", "--all") + git(repo, "for-each-ref", "--format=%(contents)", "refs/tags")
+    objects = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch"],
+                             capture_output=True, check=True).stdout
+    assert TOKEN not in everything and TOKEN.encode() not in objects
+    assert not subprocess.run(["grep", "-rqF", TOKEN, str(repo)]).returncode == 0
+
+
+def test_refusals_write_nothing(lab, env):
+    repo = env["repo"]
+    snap = refs(repo)
+    cur = host_state(lab)
+    for args, why in ((["--tag", TAG], "already exists"), (["--tag", "bad..name"], "invalid tag name"),
+                      (["--tag", "a b"], "invalid tag name"), (["--tag", "-x"], "invalid tag name"),
+                      (["--tag", "x;rm -rf /"], "invalid tag name")):
+        proc = k26ops("--limit", HOST, "snapshot", *args, env=env["env"])
+        assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    # an unhealthy host: the engine stopped
+    ssh(lab, "systemctl stop k26-engine.service")
+    try:
+        proc = k26ops("--limit", HOST, "snapshot", "--tag", "while-stopped", env=env["env"])
+        assert proc.returncode == 2 and "--allow-unhealthy" in proc.stderr and "lab1: inactive" in proc.stderr
+    finally:
+        ssh(lab, "systemctl start k26-engine.service")
+    # unknown tag: one line listing the known ones; the host untouched
+    proc = k26ops("--limit", HOST, "rollback", "--tag", "no-such-tag", env=env["env"])
+    assert proc.returncode == 2 and f"known tags: {TAG}" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert refs(repo) == snap
+    after = host_state(lab)
+    assert after == cur
+
+
+def test_change_then_rollback_switches_back(lab, env):
+    base = host_state(lab)
+    r = deploy(env, env["changed"])
+    assert r["release"] != base["release"]
+    changed = host_state(lab)
+    assert changed["hashes"] != base["hashes"]
+    st = status(env)
+    assert st["baseline"] != f"= {TAG}"
+    rc, data = k26ops_json("--limit", HOST, "rollback", "--tag", TAG, env=env["env"])
+    assert rc == 0, data
+    h = data["hosts"][HOST]
+    assert h["release"] == base["release"] and not h.get("release_rebuilt")
+    assert h["health"]["state"] == "healthy" and h["smoke"]["ok"] and h["verified_files"] == len(base["hashes"])
+    assert host_state(lab) == base
+    assert TOKEN in ssh(lab, "cat /etc/k26ops/sglang.env")  # the secret came from the inventory
+    assert status(env)["baseline"] == f"= {TAG}"
+    # again: converged, nothing changes
+    rc, data = k26ops_json("--limit", HOST, "rollback", "--tag", TAG, env=env["env"])
+    assert rc == 0 and not any(s["changed"] for s in data["hosts"][HOST]["steps"]), data
+
+
+def test_rollback_rebuilds_a_deleted_release(lab, env):
+    base = host_state(lab)
+    deploy(env, env["changed"])
+    ssh(lab, f"rm -rf /opt/k26ops/releases/{base['release']}")
+    rc, data = k26ops_json("--limit", HOST, "rollback", "--tag", TAG, env=env["env"])
+    assert rc == 0, data
+    h = data["hosts"][HOST]
+    assert h["release_rebuilt"] and h["release"] == base["release"]
+    assert host_state(lab) == base
+    assert status(env)["health"] == "healthy"
+
+
+def test_status_reports_drift(lab, env):
+    m = json.loads(ssh(lab, "cat /opt/k26ops/releases/current/manifest.json"))
+    path = sorted(m["patched_files"])[0]
+    ssh(lab, f"echo '# hand edit' >> {m['site_packages']}/{path}")
+    st = status(env)
+    assert st["baseline"].startswith("DRIFT") and path in st["baseline"], st
+    # rollback repairs it (the damaged release is rebuilt in place)
+    rc, data = k26ops_json("--limit", HOST, "rollback", "--tag", TAG, env=env["env"])
+    assert rc == 0 and data["hosts"][HOST]["release_rebuilt"], data
+    assert status(env)["baseline"] == f"= {TAG}"
+
+
+def test_uncommitted_work_in_the_repository_is_kept(lab, env):
+    repo = env["repo"]
+    (repo / "NOTES.md").write_text("notes v1\n")
+    git(repo, "add", "NOTES.md")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "notes")
+    (repo / "NOTES.md").write_text("notes v2, not committed\n")
+    (repo / "staged.txt").write_text("staged\n")
+    git(repo, "add", "staged.txt")
+    (repo / "scratch.txt").write_text("untracked\n")
+    rc, data = k26ops_json("--limit", HOST, "snapshot", "--tag", "k26-second", env=env["env"])
+    assert rc == 0, data
+    assert (repo / "NOTES.md").read_text() == "notes v2, not committed\n"
+    st = git(repo, "status", "--porcelain")
+    assert sorted(st.splitlines()) == sorted([" M NOTES.md", "A  staged.txt", "?? scratch.txt"]), st
+    assert "k26-second" in git(repo, "tag")
+    # a hand edit in a file the snapshot would write: refused, named, nothing written
+    f = repo / "hosts" / HOST / "health.json"
+    f.write_text(f.read_text() + " ")
+    snap = refs(repo)
+    proc = k26ops("--limit", HOST, "snapshot", "--tag", "k26-third", env=env["env"])
+    assert proc.returncode == 2 and f"hosts/{HOST}/health.json" in proc.stderr, proc.stderr
+    assert refs(repo) == snap
