@@ -4,7 +4,9 @@ The lock is `flock` held by a process on the host whose stdin is our open
 channel: when this run ends, or dies (killed, network lost), the channel
 closes, the process exits and the lock is free. A killed run therefore never
 leaves a lock that blocks the next one; what it leaves is an owner file,
-reported as stale (and overwritten) by the next run. A second concurrent run
+reported as stale (and overwritten) by the next run. A clean release says
+`released` on the channel before closing it, and only then is the owner file
+removed. A second concurrent run
 is refused with the owner: who, which control node, pid, since when.
 """
 
@@ -20,6 +22,7 @@ from datetime import datetime, timezone
 from k26ops.ssh import SSHSession, Session, q
 
 LOCK_BUSY = 75
+RELEASED = "released"
 
 
 class HostLocked(Exception):
@@ -52,8 +55,10 @@ class HostLock:
                   + q(f"prev=$(cat {q(self.owner_file)} 2>/dev/null); "
                       f"printf '%s\\n' {q(me)} > {q(self.owner_file)}.tmp && "
                       f"mv {q(self.owner_file)}.tmp {q(self.owner_file)}; "
-                      "echo \"LOCKED $prev\"; cat >/dev/null; "
-                      f"rm -f {q(self.owner_file)}"))
+                      "echo \"LOCKED $prev\"; IFS= read -r bye; cat >/dev/null; "
+                      # Only a clean release says goodbye: a run that died (EOF
+                      # without it) leaves its owner record, reported as stale.
+                      f"if [ \"$bye\" = {RELEASED} ]; then rm -f {q(self.owner_file)}; fi"))
         if not isinstance(self.session, SSHSession):
             return self._acquire_local(script)
         chan = self.session.conn.transport.open_session(timeout=10)
@@ -108,6 +113,10 @@ class HostLock:
             return
         if hasattr(chan, "shutdown_write"):
             try:
+                try:
+                    chan.sendall(f"{RELEASED}\n".encode())
+                except OSError:
+                    pass
                 chan.shutdown_write()
                 deadline = time.monotonic() + 5
                 while not chan.exit_status_ready() and time.monotonic() < deadline:
@@ -115,6 +124,11 @@ class HostLock:
             finally:
                 chan.close()
         else:
+            try:
+                chan.stdin.write(f"{RELEASED}\n".encode())
+                chan.stdin.flush()
+            except OSError:
+                pass
             chan.stdin.close()
             chan.wait(timeout=5)
 

@@ -284,11 +284,14 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
     base = r["release"]
     port = yaml.safe_load(solo_inv.read_text())["hosts"]["lab1"]["vars"]["engine_port"]
     pid = ssh(solo, "lab1", "systemctl show -p MainPID --value k26-engine.service").strip()
-    # the releases root becomes a small filesystem: what is there now plus 40 MB
-    used_mb = int(ssh(solo, "lab1", f"du -sm {RELEASES} | cut -f1").strip())
-    ssh(solo, "lab1", f"set -e; mkdir -p /run/k26small; mount -t tmpfs -o size={used_mb + 40}m tmpfs /run/k26small; "
-                      f"cp -a {RELEASES}/. /run/k26small/; mount --move /run/k26small {RELEASES}; "
-                      f"findmnt -n {RELEASES}")
+    # the releases root becomes a small filesystem holding the current release
+    # and 40 MB more: a new build runs out of space
+    ssh(solo, "lab1", f"set -e; cd {RELEASES}; cur=$(readlink current); for d in */; do d=${{d%/}}; "
+                      "[ \"$d\" = current ] || [ \"$d\" = \"$cur\" ] || rm -rf -- \"$d\"; done; "
+                      f"used=$(du -sm . | cut -f1); cd /; rm -rf /var/tmp/k26copy; cp -a {RELEASES} /var/tmp/k26copy; "
+                      f"mount -t tmpfs -o size=$((used + 40))m tmpfs {RELEASES}; cp -a /var/tmp/k26copy/. {RELEASES}/; "
+                      f"rm -rf /var/tmp/k26copy; findmnt -n {RELEASES}")
+    assert_consistent(solo, "lab1")
     try:
         inv = inventory(solo, tmp_path / "full.yml", {}, recipe=str(recipe_with_patch(tmp_path, "diskfull")))
         rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
