@@ -149,7 +149,7 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
 
 def print_rollout(settings, results: list[HostResult], title: str, columns=(), canary=0) -> None:
     """The results table (or JSON), then each failed host's diagnosis and journal tail."""
-    from k26ops.cli.report import print_results
+    from k26ops.cli.report import print_results, wide_console
 
     if settings.as_json:
         click.echo(json.dumps({"canary": canary or 0, "hosts": {r.host: r.to_json() for r in results}},
@@ -171,7 +171,7 @@ def print_rollout(settings, results: list[HostResult], title: str, columns=(), c
     for r in results:
         for key in ("_health", "_smoke", "_engine", "_changed"):
             r.data.pop(key, None)
-    console = Console(width=max(100, Console().width))
+    console = wide_console()
     for r in results:
         tail = r.data.get("journal_tail")
         diag = r.data.get("diagnosis") or {}

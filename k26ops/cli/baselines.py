@@ -8,6 +8,8 @@ from datetime import datetime, timezone
 
 import click
 from rich.console import Console
+
+from k26ops.cli.report import wide_console
 from rich.table import Table
 
 BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
@@ -99,7 +101,7 @@ def list_cmd(settings, baselines_dir):
     for r in rows:
         table.add_row(r["tag"], r["date"], ", ".join(r["hosts"]), ", ".join(map(str, r["releases"])),
                       ", ".join(map(str, r["health"])), ", ".join("-" if a is None else str(a) for a in r["accept"]))
-    Console(width=max(120, Console().width)).print(table)
+    wide_console().print(table)
 
 
 @group.command(name="show")

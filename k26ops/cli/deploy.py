@@ -5,13 +5,15 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
+from k26ops.cli.report import wide_console
+
 from k26ops import playbook
 from k26ops.rollout import playbook_work, run_rollout
 
 
 def render_changes(results, *, check: bool, diff: bool) -> None:
     """What changed (or would), the diffs, and any stale lock that was cleared."""
-    con = Console(highlight=False, width=max(120, Console().width))
+    con = wide_console()
     for r in results:
         for s in r.data.get("steps", []):
             mark = "[yellow]would change[/]" if check else "[yellow]changed[/]"

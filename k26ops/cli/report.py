@@ -50,11 +50,17 @@ def print_results(settings, results: list[HostResult], title: str, columns=()) -
         cells = [_cell(r.data.get(key)) for _, key in columns]
         table.add_row(r.host, f"[{STYLE.get(r.status, 'white')}]{r.status}[/]", *cells,
                       f"{r.elapsed:.1f}s", r.error or "")
-    Console(width=max(100, Console().width)).print(table)
+    wide_console().print(table)
     counts = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+def wide_console(stderr: bool = False) -> Console:
+    """A terminal's own width; 160 columns when output goes to a file or pipe."""
+    con = Console(stderr=stderr)
+    return con if con.is_terminal else Console(stderr=stderr, width=160)
 
 
 def _cell(value) -> str:
