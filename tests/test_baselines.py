@@ -4,8 +4,9 @@ path, then the rebuild path after the release directory was deleted), drift in
 `k26ops status`, refusals that write nothing, the user's uncommitted work in
 the baselines repository kept, and no secret value anywhere in the repository.
 
-Works on lab1 of the shared lab only; at the end lab1 runs the lab's default
-deploy again (its state otherwise tolerated by the other lab tests).
+Works on lab1 of the shared lab only, with an engine port of its own; at the
+end the engine unit, env file and pins are removed again (releases stay: the
+other lab tests tolerate them).
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def env(lab, tmp_path_factory):
     changed.write_text(yaml.safe_dump(inv))
     e = {**lab.env(), "K26OPS_INVENTORY": str(base), "K26OPS_BASELINES": str(d / "baselines")}
     yield {"env": e, "base": base, "changed": changed, "repo": d / "baselines"}
-    k26ops("--limit", HOST, "deploy", env=lab.env())  # lab1 back on the lab's own inventory
+    # lab1 as the lab left it: no engine unit, no pins (releases are tolerated by the other tests)
+    lab_ssh(lab.dir, lab.port(HOST), "systemctl disable --now k26-engine.service; rm -f " + UNIT +
+            " /etc/k26ops/sglang.env /opt/k26ops/state/pinned-releases; systemctl daemon-reload")
 
 
 def deploy(env, inventory) -> dict:
