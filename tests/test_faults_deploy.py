@@ -293,7 +293,7 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
                       f"rm -rf /var/tmp/k26copy; findmnt -n {RELEASES}")
     assert_consistent(solo, "lab1")
     try:
-        inv = inventory(solo, tmp_path / "full.yml", {}, recipe=str(recipe_with_patch(tmp_path, "diskfull")))
+        inv = inventory(solo, tmp_path / "diskfull-inv.yml", {}, recipe=str(recipe_with_patch(tmp_path, "diskfull")))
         rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
         r = data["hosts"]["lab1"]
         assert rc == 1 and r["status"] == "failed", data

@@ -154,7 +154,7 @@ def test_hostile_patch_file_names_and_tags_stay_inside_the_release(host, base_in
     first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
     text = ("Base: sglang==0.5.23 (PyPI)\nharmless\n--- a/sglang/version.py\n+++ b/sglang/version.py\n"
             f"@@ -1,1 +1,2 @@\n {first}\n+# hostile name test\n")
-    name = f"x $(touch /tmp/{MARK}_pn1);`touch /tmp/{MARK}_pn2`'.patch"
+    name = f"x $(touch {MARK}_pn1);`touch {MARK}_pn2`'\\n.patch"
     sub = tmp_path / "series-dir"
     sub.mkdir()
     (tmp_path / name).write_text(text)  # reached through ../ from the series' directory
@@ -238,7 +238,11 @@ def test_token_never_shown_nor_stored(host, base_inv):
     # on the host: only the 0600 env file holds it
     assert ssh(host, f"stat -c '%a %U' {ENV_FILE}").strip() == "600 root"
     holders = ssh(host, f"grep -rlF {TOKEN} /etc /opt/k26ops /var/tmp /tmp /root 2>/dev/null | grep -v '^/root/crash.txt$'; true")
-    assert holders.split() == [ENV_FILE], holders
+    # the env file, and the service step's rollback copy of it: both 0600 root
+    assert ENV_FILE in holders.split(), holders
+    for path in holders.split():
+        assert path == ENV_FILE or path.startswith("/opt/k26ops/state/service/"), holders
+        assert ssh(host, f"stat -c '%a %U' {path}").strip() == "600 root", path
     assert ssh(host, f"ls -ld /etc/k26ops | cut -c1-10").strip() in ("drwxr-xr-x", "drwx------", "drwxr-x---")
     # on the control node: nothing k26ops keeps holds it
     kept = [p for p in (Path.home() / ".cache/k26ops", Path.home() / ".local/share/k26ops") if p.exists()]
