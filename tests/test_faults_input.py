@@ -154,7 +154,7 @@ def test_hostile_patch_file_names_and_tags_stay_inside_the_release(host, base_in
     first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
     text = ("Base: sglang==0.5.23 (PyPI)\nharmless\n--- a/sglang/version.py\n+++ b/sglang/version.py\n"
             f"@@ -1,1 +1,2 @@\n {first}\n+# hostile name test\n")
-    name = f"x $(touch {MARK}_pn1);`touch {MARK}_pn2`'\\n.patch"
+    name = f"x$(touch${{IFS}}{MARK}_pn1);`touch${{IFS}}{MARK}_pn2`'\\n&|.patch"
     sub = tmp_path / "series-dir"
     sub.mkdir()
     (tmp_path / name).write_text(text)  # reached through ../ from the series' directory
@@ -170,6 +170,13 @@ def test_hostile_patch_file_names_and_tags_stay_inside_the_release(host, base_in
     rid = json.loads(proc.stdout)["hosts"]["lab1"]["release"]
     shipped = ssh(host, f"ls /opt/k26ops/releases/{rid}/k26ops/patches/")
     assert f"02-{name}" in shipped.splitlines()
+    no_markers(host)
+    # a series line with a space in its file name: refused before the host changes
+    (sub / "series").write_text(f"../{name} ; touch {MARK}_pn3\n")
+    listing = ssh(host, "ls -a /opt/k26ops/releases")
+    proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(pb))
+    assert proc.returncode == 1 and "series:1" in json.loads(proc.stdout)["hosts"]["lab1"]["error"]
+    assert ssh(host, "ls -a /opt/k26ops/releases") == listing
     no_markers(host)
     for tags in ([f"$(touch /tmp/{MARK}_tag1)"], ["../../etc"], ["a\nb"], [f"x; touch /tmp/{MARK}_tag2"]):
         pb = playbook(base_inv, yaml.safe_dump({"name": "t", "steps": [{"release": {"tags": tags}}]}), "tags")
