@@ -17,7 +17,8 @@ def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
     port = start + (os.getpid() * 7) % 3000
     while port + count < stop:
         ok = True
-        for p in range(port, port + count):
+        # the sshd ports and the engine ports the lab derives from them
+        for p in [*range(port, port + count), *range(port + 20000, port + 20000 + count)]:
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))

@@ -29,7 +29,9 @@ from k26ops.lab import rootfs
 FIXTURES = Path(__file__).parent / "fixtures"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_BASE_PORT = 2221
-ENGINE_BASE_PORT = 30001
+# Hosts share this machine's network: each engine listens on its own loopback
+# port, derived from the host's sshd port so that two labs never clash.
+ENGINE_PORT_OFFSET = 20000
 
 
 @dataclass
@@ -125,7 +127,7 @@ class Lab:
         if count < 1 or count > 64:
             raise UserError(f"--hosts {count}: must be between 1 and 64")
         ports = [base_port + i for i in range(count)]
-        for p in ports:
+        for p in ports + [p + ENGINE_PORT_OFFSET for p in ports]:
             if not _port_free(p):
                 raise UserError(f"port 127.0.0.1:{p} is in use: stop what listens there or pass --base-port")
         image = rootfs.ensure(log=log)
@@ -136,7 +138,7 @@ class Lab:
             known = []
             for i, port in enumerate(ports):
                 name = f"lab{i + 1}"
-                h, key_line = self._boot(name, port, ENGINE_BASE_PORT + i, image)
+                h, key_line = self._boot(name, port, port + ENGINE_PORT_OFFSET, image)
                 started.append(h)
                 known.append(key_line)
                 self._save(started, image)
