@@ -5,6 +5,7 @@ Each command group lives in its own module here and is registered below.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
@@ -28,6 +29,13 @@ class K26Group(click.Group):
             sys.exit(EXIT_INTERRUPTED)
 
 
+def _finite(param, value):
+    """click's float ranges let NaN through: `--deadline nan` would mean no deadline."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds", param=param)
+    return value
+
+
 @click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="k26ops")
 @click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
@@ -37,9 +45,9 @@ class K26Group(click.Group):
 @click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
 @click.option("--forks", "-f", type=click.IntRange(1, 512), default=16, show_default=True,
               help="Hosts worked on at once.")
-@click.option("--deadline", type=click.FloatRange(1), default=3600, show_default=True,
+@click.option("--deadline", type=click.FloatRange(1), callback=lambda c, p, v: _finite(p, v), default=3600, show_default=True,
               help="Seconds one host may take before it is reported failed.")
-@click.option("--connect-timeout", type=click.FloatRange(0.1), default=10, show_default=True,
+@click.option("--connect-timeout", type=click.FloatRange(0.1), callback=lambda c, p, v: _finite(p, v), default=10, show_default=True,
               help="Seconds to wait for a host's SSH connection.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust-on-first-use: record unknown host keys (changed keys are always refused).")
