@@ -1,0 +1,221 @@
+"""Host-side agent of the service steps (stdlib only; sent to the host as
+`python3 -c`, never imported by k26ops): one JSON request on stdin, one JSON
+answer as the last line of stdout. Each `op_*` is one remote round trip.
+"""
+import json, os, shutil, subprocess, sys, time, hashlib, urllib.request, urllib.error
+
+PROPS = ("ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
+         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic")
+
+def sh(argv, timeout=60):
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+def show(unit):
+    _, out, _ = sh(["systemctl", "show", unit, "-p", PROPS])
+    d = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
+    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic"):
+        try: d[k] = int(d.get(k) or 0)
+        except ValueError: d[k] = 0
+    return d
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh: return fh.read()
+    except FileNotFoundError: return None
+
+def mode(path):
+    try: return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError: return None
+
+def write(path, text, perm):
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, "." + os.path.basename(path) + ".k26ops-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, perm)
+    try:
+        os.fchmod(fd, perm)
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
+    url = "http://%s:%d%s" % (host, port, path)
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e: return e.code, e.read().decode(errors="replace")[:300]
+    except Exception as e: return 0, "%s: %s" % (e.__class__.__name__, e)
+
+def journal(unit, lines, invocation=None):
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines)]
+    argv += ["_SYSTEMD_INVOCATION_ID=" + invocation] if invocation else ["-u", unit]
+    _, out, _ = sh(argv)
+    return out
+
+MEANINGFUL = ("Loading safetensors", "Load weight", "Capture cuda graph", "KV Cache", "Init torch",
+              "fired up", "Uvicorn running", "ERROR", "Error", "Traceback", "Starting", "server_args")
+
+def last_meaningful(text):
+    for line in reversed(text.splitlines()):
+        if any(m in line for m in MEANINGFUL):
+            return line.strip()[:200]
+    lines = [l for l in text.splitlines() if l.strip()]
+    return lines[-1].strip()[:200] if lines else ""
+
+def crashed(s, base):
+    if s.get("ActiveState") in ("failed", "inactive", "deactivating"):
+        return "unit is %s (%s)" % (s.get("ActiveState"), s.get("Result"))
+    if s.get("SubState") in ("auto-restart", "failed", "dead", "exited", "stop-sigterm", "final-sigterm"):
+        return "unit is %s/%s" % (s.get("ActiveState"), s.get("SubState"))
+    if base.get("MainPID") and s.get("MainPID") != base["MainPID"]:
+        return "engine process %s exited (now %s)" % (base["MainPID"], s.get("MainPID") or "none")
+    if s.get("NRestarts", 0) > base.get("NRestarts", 0):
+        return "systemd restarted the engine"
+    return None
+
+def op_read(r):
+    cur = None
+    try: cur = os.readlink(r["current"])
+    except OSError: pass
+    lab = r.get("lab_module")
+    sha = None
+    if lab and os.path.exists(lab):
+        with open(lab, "rb") as fh: sha = hashlib.sha256(fh.read()).hexdigest()
+    return {"unit": read(r["unit_path"]), "env": read(r["env_path"]), "env_mode": mode(r["env_path"]),
+            "current": cur, "lab_module_sha": sha, "show": show(r["unit"])}
+
+def op_apply(r):
+    unit, upath, epath = r["unit"], r["unit_path"], r["env_path"]
+    sdir = os.path.join(r["state_dir"], "service")
+    new, prev = os.path.join(sdir, "new"), os.path.join(sdir, "prev")
+    for d in (new, prev): os.makedirs(d, mode=0o700, exist_ok=True)
+    if r.get("unit_text") is not None:
+        staged = os.path.join(new, unit)
+        write(staged, r["unit_text"], 0o644)
+        if shutil.which("systemd-analyze"):
+            rc, out, err = sh(["systemd-analyze", "verify", staged], timeout=120)
+            if rc != 0:
+                return {"ok": False, "error": "verify", "output": (err + out).strip()[-3000:]}
+    # Keep the files in place now, for a rollback (manifest says which existed).
+    manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
+                "was_enabled": show(unit).get("UnitFileState") == "enabled", "time": time.time()}
+    for src, name in ((upath, "unit"), (epath, "env")):
+        dst = os.path.join(prev, name)
+        if os.path.exists(src): shutil.copy2(src, dst)
+        elif os.path.exists(dst): os.unlink(dst)
+    write(os.path.join(prev, "manifest.json"), json.dumps(manifest), 0o600)
+    if r.get("env_text") is not None: write(epath, r["env_text"], 0o600)
+    elif os.path.exists(epath) and mode(epath) != 0o600: os.chmod(epath, 0o600)
+    if r.get("lab_module_text") is not None: write(r["lab_module"], r["lab_module_text"], 0o644)
+    if r.get("unit_text") is not None:
+        write(upath, r["unit_text"], 0o644)
+        rc, out, err = sh(["systemctl", "daemon-reload"])
+        if rc: return {"ok": False, "error": "daemon-reload", "output": err.strip()[-500:]}
+    if r.get("enable"):
+        rc, out, err = sh(["systemctl", "enable", unit])
+        if rc: return {"ok": False, "error": "enable", "output": err.strip()[-500:]}
+    if r.get("restart") or r.get("start"):
+        sh(["systemctl", "reset-failed", unit])
+        rc, out, err = sh(["systemctl", "restart" if r.get("restart") else "start", unit], timeout=600)
+        if rc: return {"ok": False, "error": "restart", "output": err.strip()[-500:], "show": show(unit)}
+    return {"ok": True, "show": show(unit), "manifest": manifest}
+
+def op_rollback(r):
+    unit, upath, epath = r["unit"], r["unit_path"], r["env_path"]
+    prev = os.path.join(r["state_dir"], "service", "prev")
+    try:
+        with open(os.path.join(prev, "manifest.json")) as fh: m = json.load(fh)
+    except (OSError, ValueError):
+        return {"ok": False, "error": "no backup of the previous unit and env file"}
+    done = []
+    for name, path, existed, perm in (("unit", upath, m["unit_existed"], 0o644), ("env", epath, m["env_existed"], 0o600)):
+        if existed:
+            with open(os.path.join(prev, name), encoding="utf-8") as fh: write(path, fh.read(), perm)
+            done.append("restored " + path)
+        elif os.path.exists(path):
+            os.unlink(path); done.append("removed " + path)
+    if r.get("previous_release"):
+        cur = r["current"]
+        tmp = cur + ".k26ops-tmp"
+        if os.path.lexists(tmp): os.unlink(tmp)
+        os.symlink(r["previous_release"], tmp)
+        os.replace(tmp, cur)
+        done.append("current -> " + r["previous_release"])
+    sh(["systemctl", "daemon-reload"])
+    sh(["systemctl", "reset-failed", unit])
+    if m["unit_existed"]:
+        if not m.get("was_enabled"): sh(["systemctl", "disable", unit])
+        rc, _, err = sh(["systemctl", "restart", unit], timeout=600)
+        done.append("restarted" if rc == 0 else "restart failed: " + err.strip()[-200:])
+    else:
+        sh(["systemctl", "disable", "--now", unit])
+        done.append("stopped (no previous unit)")
+    return {"ok": True, "done": done, "show": show(unit), "had_unit": m["unit_existed"]}
+
+def op_poll(r):
+    unit, port, host = r["unit"], r["port"], r.get("host", "127.0.0.1")
+    base = r.get("base") or {}
+    end = time.monotonic() + r.get("window", 2.0)
+    first = True
+    while True:
+        s = show(unit)
+        if first and not base:
+            base = {k: s.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+        first = False
+        why = crashed(s, base)
+        if why:
+            time.sleep(0.4)  # let journald take the last lines
+            return {"state": "crashed", "why": why, "show": show(unit), "base": base,
+                    "journal": journal(unit, r.get("journal_lines", 150), base.get("InvocationID"))}
+        code, _ = http(port, "/health", timeout=2.0, host=host)
+        if code == 200:
+            code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host)
+            if code2 == 200:
+                return {"state": "healthy", "show": s, "base": base}
+        if time.monotonic() >= end:
+            j = journal(unit, 30, base.get("InvocationID"))
+            return {"state": "loading" if code in (0, 503) else "unhealthy", "health": code,
+                    "last_line": last_meaningful(j), "show": s, "base": base}
+        time.sleep(r.get("interval", 0.25))
+
+def op_smoke(r):
+    body = {"text": r["prompt"], "sampling_params": {"max_new_tokens": r["max_new_tokens"], "temperature": 0}}
+    t0 = time.monotonic()
+    code, text = http(r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"))
+    latency = time.monotonic() - t0
+    try: data = json.loads(text)
+    except ValueError: data = None
+    return {"status": code, "latency_s": round(latency, 4), "body": data if isinstance(data, dict) else text[:300]}
+
+def op_status(r):
+    unit = r["unit"]
+    s = show(unit)
+    cur = None
+    try: cur = os.readlink(r["current"])
+    except OSError: pass
+    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6)}
+    if s.get("ActiveState") == "active":
+        out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"))[0]
+        code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"))
+        try: out["model"] = json.loads(body)["data"][0]["id"] if code == 200 else None
+        except Exception: out["model"] = None
+    return out
+
+def op_logs(r):
+    argv = ["journalctl", "--no-pager", "-u", r["unit"], "-o", "short-iso", "--show-cursor"]
+    argv += ["--after-cursor", r["cursor"]] if r.get("cursor") else ["-n", str(r["lines"])]
+    rc, out, err = sh(argv)
+    cursor = r.get("cursor")
+    lines = out.splitlines()
+    if lines and lines[-1].startswith("-- cursor: "):
+        cursor = lines.pop()[len("-- cursor: "):]
+    lines = [l for l in lines if l != "-- No entries --"]
+    return {"lines": lines, "cursor": cursor, "env": read(r["env_path"]) if r.get("with_env") else None}
+
+req = json.loads(sys.stdin.read())
+res = globals()["op_" + req.pop("op")](req)
+sys.stdout.write("\n" + json.dumps(res) + "\n")
