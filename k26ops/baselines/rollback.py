@@ -138,21 +138,7 @@ class BaselineService(svc_mod.ServiceStep):
                                   units.redact(svc_mod.text_diff(epath, cur["env"], env_text), secrets)))
             todo["env_text"] = env_text
             reasons.append("env file")
-        if ctx.shared.get("release_changed"):
-            reasons.append("release")
-        if show.get("UnitFileState") != "enabled":
-            changes.append(Change(f"enable {unit}"))
-            todo["enable"] = True
-        active = show.get("ActiveState") in ("active", "activating", "reloading")
-        if reasons and active:
-            changes.append(Change(f"restart {unit} ({', '.join(reasons)} changed)"))
-            todo["restart"] = True
-        elif not active:
-            changes.append(Change(f"start {unit} (was {show.get('ActiveState') or 'not installed'})"))
-            todo["start"] = True
-        svc["todo"] = todo
-        svc["restart_reasons"] = reasons
-        return changes
+        return svc_mod.plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
 
 
 @register

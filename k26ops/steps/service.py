@@ -239,21 +239,7 @@ class ServiceStep(Step):
                 changes.append(Change(f"install lab engine stand-in as {lab_path}"))
                 todo["lab_module_text"] = data
                 reasons.append("lab engine module")
-        if ctx.shared.get("release_changed"):
-            reasons.append("release")
-        if show.get("UnitFileState") != "enabled":
-            changes.append(Change(f"enable {unit}"))
-            todo["enable"] = True
-        active = show.get("ActiveState") in ("active", "activating", "reloading")
-        if reasons and active:
-            changes.append(Change(f"restart {unit} ({', '.join(reasons)} changed)"))
-            todo["restart"] = True
-        elif not active:
-            changes.append(Change(f"start {unit} (was {show.get('ActiveState') or 'not installed'})"))
-            todo["start"] = True
-        svc["todo"] = todo
-        svc["restart_reasons"] = reasons
-        return changes
+        return plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         svc = ctx.shared["service"]
@@ -280,6 +266,27 @@ class ServiceStep(Step):
 
 
 # ---------------------------------------------------------------- rollback
+
+
+def plan_enable_and_restart(ctx: HostContext, svc: dict, show: dict, unit: str,
+                            changes: list[Change], todo: dict, reasons: list[str]) -> list[Change]:
+    """After the files are planned: enable the unit, and restart it only when
+    something it runs changed (its files, the release); start it if it is down."""
+    if ctx.shared.get("release_changed"):
+        reasons.append("release")
+    if show.get("UnitFileState") != "enabled":
+        changes.append(Change(f"enable {unit}"))
+        todo["enable"] = True
+    active = show.get("ActiveState") in ("active", "activating", "reloading")
+    if reasons and active:
+        changes.append(Change(f"restart {unit} ({', '.join(reasons)} changed)"))
+        todo["restart"] = True
+    elif not active:
+        changes.append(Change(f"start {unit} (was {show.get('ActiveState') or 'not installed'})"))
+        todo["start"] = True
+    svc["todo"] = todo
+    svc["restart_reasons"] = reasons
+    return changes
 
 def rollback(ctx: HostContext, svc: dict) -> str:
     """Put back the previous unit, env file and `current`, restart; a short phrase for the report."""
