@@ -1,0 +1,157 @@
+"""Case 2, converged re-deploy on one host: k26ops vs the Ansible equivalent.
+
+Boots a 1-host lab, deploys it once, then REPS times each (interleaved):
+  - `k26ops --json deploy` (converged): process wall time, remote commands
+    (SSH exec channels, from the report's `commands`);
+  - `ansible-playbook bench/ansible/converged.yml` (same host, same state:
+    unit, env file 0600, current -> release, nvcc version, package versions
+    via pip, service active + enabled, health, smoke), with Ansible's defaults
+    (ssh ControlPersist on, pipelining off) and with pipelining on.
+Ansible uses the lab's key and known_hosts with StrictHostKeyChecking=yes.
+One extra -vvv run per Ansible mode counts its `SSH: EXEC` lines (each one an
+ssh/sftp process, i.e. one exec channel over the ControlPersist master); it is
+not timed. Ratio = Ansible median / k26ops median (target >= 3).
+
+    python bench/converged.py [--reps 5]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import yaml
+
+import common
+
+PLAYBOOK = common.REPO / "bench" / "ansible" / "converged.yml"
+
+
+def ensure_ansible() -> str:
+    try:
+        import ansible  # noqa: F401
+    except ImportError:
+        print("ansible-core missing: pip install ansible-core")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "ansible-core>=2.16"], check=True)
+    import ansible
+
+    exe = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    if not os.path.exists(exe):
+        exe = "ansible-playbook"
+    return ansible.__version__, exe
+
+
+def ansible_setup(b: common.BenchLab, host: str) -> tuple[dict, dict]:
+    """Ansible inventory + vars for `host`, from the deployed host's own files."""
+    files = b.dir / "ansible-files"
+    files.mkdir(exist_ok=True)
+    (files / "k26-engine.service").write_text(b.ssh(host, f"cat /etc/systemd/system/{common.UNIT}"))
+    (files / "sglang.env").write_text(b.ssh(host, f"cat {common.ENV_FILE}"))
+    rid = b.ssh(host, "readlink /opt/k26ops/releases/current").strip()
+    inv = {"all": {"hosts": {host: {
+        "ansible_host": "127.0.0.1", "ansible_port": b.port(host), "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(b.dir / "id_ed25519"),
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={b.dir / 'known_hosts'} -o StrictHostKeyChecking=yes",
+        "ansible_python_interpreter": "/usr/bin/python3"}}}}
+    inv_path = b.dir / "ansible-inventory.yml"
+    inv_path.write_text(yaml.safe_dump(inv))
+    vars_ = {"release_id": rid, "engine_port": b.engine_port(host),
+             "unit_src": str(files / "k26-engine.service"), "env_src": str(files / "sglang.env"),
+             "module_src": str(common.REPO / "k26ops/lab/fixtures/engine_standin.py"),
+             "sglang_version": "0.5.23", "cuda_version": "13.0"}
+    vars_path = b.dir / "ansible-vars.json"
+    vars_path.write_text(json.dumps(vars_))
+    return {"inventory": inv_path, "vars": vars_path}, vars_
+
+
+def ansible_env(b: common.BenchLab, pipelining: bool) -> dict:
+    cfg = b.dir / "ansible.cfg"  # empty: Ansible's defaults, no user/site config
+    cfg.write_text("[defaults]\n")
+    return {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_PIPELINING": str(pipelining),
+            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "False",
+            "ANSIBLE_LOCAL_TEMP": str(b.dir / "ansible-tmp"), "ANSIBLE_CONFIG": str(cfg),
+            "ANSIBLE_CONTROL_PATH_DIR": str(b.dir / "ansible-cp")}
+
+
+def run_ansible(exe, paths, env, verbose=False) -> tuple[float, str, dict]:
+    cmd = [exe, "-i", str(paths["inventory"]), "-e", f"@{paths['vars']}", str(PLAYBOOK)]
+    if verbose:
+        cmd.append("-vvv")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t0
+    m = re.search(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
+    recap = dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()))) if m else {}
+    if proc.returncode != 0 or not recap or recap["changed"] or recap["failed"] or recap["unreachable"]:
+        raise RuntimeError(f"ansible run not converged/ok (rc {proc.returncode}, {recap}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-1500:]}")
+    return wall, proc.stdout, recap
+
+
+def count_exec(out: str) -> dict:
+    lines = [l for l in out.splitlines() if "SSH: EXEC" in l]
+    sftp = [l for l in lines if re.search(r"EXEC (sftp|scp)\b", l)]
+    return {"exec_lines": len(lines), "ssh": len(lines) - len(sftp), "sftp_or_scp": len(sftp)}
+
+
+def main() -> int:
+    reps = common.reps_arg(5)
+    version, exe = ensure_ansible()
+    k26, ans = [], {"default": [], "pipelining": []}
+    execs, recaps = {}, {}
+    with common.lab(1, "converged") as b:
+        host = b.names[0]
+        t0 = time.monotonic()
+        common.first_deploy(b)
+        print(f"first deploy: {time.monotonic() - t0:.0f}s")
+        paths, _ = ansible_setup(b, host)
+        envs = {"default": ansible_env(b, False), "pipelining": ansible_env(b, True)}
+        # warm-ups (not counted) and the -vvv counts (not timed)
+        common.deploy_json(b.inventory)
+        for mode, env in envs.items():
+            run_ansible(exe, paths, env)
+            _, out, recaps[mode] = run_ansible(exe, paths, env, verbose=True)
+            execs[mode] = count_exec(out)
+        for i in range(reps):
+            rc, data, wall = common.deploy_json(b.inventory)
+            r = data["hosts"][host]
+            if rc != 0 or r["status"] != "ok" or any(s["changed"] for s in r["steps"]):
+                raise RuntimeError(f"k26ops converged deploy not ok: {r['status']} {r['error']}")
+            k26.append({"wall": wall, "elapsed": r["elapsed"], "commands": r["commands"]})
+            line = f"  rep {i + 1}: k26ops {wall:.2f}s ({r['commands']} commands)"
+            for mode, env in envs.items():
+                w, _, _ = run_ansible(exe, paths, env)
+                ans[mode].append(w)
+                line += f", ansible[{mode}] {w:.2f}s"
+            print(line)
+    out = {"reps": reps, "ansible_version": version, "host": "lab1",
+           "k26ops": {"wall": common.stats([x["wall"] for x in k26]),
+                      "in_run_elapsed": common.stats([x["elapsed"] for x in k26]),
+                      "commands": sorted({x["commands"] for x in k26})},
+           "ansible": {mode: {"wall": common.stats(v), "ssh_exec": execs[mode], "recap": recaps[mode]}
+                       for mode, v in ans.items()}}
+    kmed = out["k26ops"]["wall"]["median"]
+    for mode in ans:
+        out["ansible"][mode]["ratio_vs_k26ops"] = out["ansible"][mode]["wall"]["median"] / kmed
+    out["target"] = "ansible (default) wall / k26ops wall >= 3"
+    out["met"] = out["ansible"]["default"]["ratio_vs_k26ops"] >= 3
+    rows = [("k26ops deploy", common.fmt(out["k26ops"]["wall"]), ",".join(map(str, out["k26ops"]["commands"])), "1.00")]
+    for mode in ans:
+        a = out["ansible"][mode]
+        rows.append((f"ansible-playbook ({mode})", common.fmt(a["wall"]),
+                     f"{a['ssh_exec']['exec_lines']} ({a['ssh_exec']['sftp_or_scp']} sftp)",
+                     f"{a['ratio_vs_k26ops']:.2f}"))
+    common.table(f"converged re-deploy, 1 host, {reps} reps", rows,
+                 ("tool", "wall median (min-max)", "remote commands", "x k26ops"))
+    print(f"  k26ops in-run (connect to done): {common.fmt(out['k26ops']['in_run_elapsed'])}")
+    print(f"  target: Ansible >= 3x slower: {'met' if out['met'] else 'MISSED'}")
+    common.write_result("converged", out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Run every benchmark, one after another (each boots and stops its own lab),
+then print one summary from their results (bench/results/*-latest.json).
+
+    python bench/run_all.py [--reps N] [--only fanout,converged,crash,wheelhouse,snapshot]
+    python bench/run_all.py --summary      # only print the summary of the last results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import common
+
+SCRIPTS = {"fanout": "fanout.py", "converged": "converged.py", "crash": "crash.py",
+           "wheelhouse": "wheelhouse_bytes.py", "snapshot": "snapshot.py"}
+
+
+def latest(name: str) -> dict | None:
+    p = common.RESULTS / f"{name}-latest.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def summary() -> dict:
+    rows, out = [], {}
+    f = latest("fanout")
+    if f:
+        c = f["cases"]
+        rows.append(("1 fan-out 1 vs 8 hosts", f"{c['1']['wall']['median']:.2f}s vs {c['8']['wall']['median']:.2f}s",
+                     f"ratio {f['ratio_wall']:.2f}", "<= 1.5", "met" if f["met"] else "MISSED"))
+    c = latest("converged")
+    if c:
+        a = c["ansible"]["default"]
+        rows.append(("2 converged 1 host", f"k26ops {c['k26ops']['wall']['median']:.2f}s / "
+                     f"{','.join(map(str, c['k26ops']['commands']))} cmds; ansible {a['wall']['median']:.2f}s / "
+                     f"{a['ssh_exec']['exec_lines']} execs", f"{a['ratio_vs_k26ops']:.1f}x", ">= 3x",
+                     "met" if c["met"] else "MISSED"))
+    k = latest("crash")
+    if k:
+        worst = max(v["detect_s"]["max"] for v in k["cases"].values())
+        med = ", ".join(f"{v['detect_s']['median']:.2f}s" for v in k["cases"].values())
+        rows.append(("3 crash detection", f"median {med}", f"max {worst:.2f}s", "<= 3 s", "met" if k["met"] else "MISSED"))
+    w = latest("wheelhouse")
+    if w:
+        c1, c4 = w["cases"]["1"]["bytes"]["median"], w["cases"]["4"]["bytes"]["median"]
+        rows.append(("4 wheelhouse 1 vs 4 hosts", f"{c1 / 1e6:.1f} MB vs {c4 / 1e6:.1f} MB", f"ratio {w['ratio_bytes']:.2f}",
+                     "== 1", "met" if w["met"] else "MISSED"))
+    s = latest("snapshot")
+    if s:
+        if s.get("available"):
+            rows.append(("5 snapshot 1 host", f"{s['wall']['median']:.2f}s wall", f"{','.join(map(str, s['commands']))} cmds",
+                         "-", "-"))
+        else:
+            rows.append(("5 snapshot 1 host", "no `k26ops snapshot`", "-", "-", "-"))
+    common.table("summary (medians)", rows, ("case", "measured", "result", "target", ""))
+    return {"rows": rows}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int)
+    p.add_argument("--only", help="comma-separated: " + ",".join(SCRIPTS))
+    p.add_argument("--summary", action="store_true")
+    a = p.parse_args()
+    failed = []
+    if not a.summary:
+        names = a.only.split(",") if a.only else list(SCRIPTS)
+        for name in names:
+            cmd = [sys.executable, str(common.REPO / "bench" / SCRIPTS[name])]
+            if a.reps:
+                cmd += ["--reps", str(a.reps)]
+            print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+            t0 = time.monotonic()
+            rc = subprocess.call(cmd, cwd=common.REPO)
+            print(f"=== {name}: rc {rc} in {time.monotonic() - t0:.0f}s", flush=True)
+            if rc:
+                failed.append(name)
+    summary()
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
