@@ -184,7 +184,7 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
             pause = 0.0005
         else:
             time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+            pause = min(pause * 2, 0.005)
     return out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
 
 

@@ -149,12 +149,20 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     ov = ctx.shared.get("release_override") or {}
     argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(engine_profile(ctx, prep.recipe))
     flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
-    # Parsed once per release; under the lock because CPython 3.11's ast is not
-    # safe to run from several threads at once (SystemError: recursion depth mismatch).
+    # A release's sources never change (its id is their content), so a command
+    # line validated once against them is remembered beside them on this node.
+    seen = prep.sources.parent / "validated-argv"
+    key = hashlib.sha256(json.dumps(flags).encode()).hexdigest()
+    # Under the lock: CPython 3.11's ast is not safe to run from several
+    # threads at once (SystemError: recursion depth mismatch).
     with _PREP_LOCK:
+        if seen.exists() and key in seen.read_text().split():
+            return argv
         if prep.sources not in _FLAGS:
             _FLAGS[prep.sources] = engine_flags.read_flags(prep.sources)
         engine_flags.validate(flags, prep.sources, _FLAGS[prep.sources])
+        with open(seen, "a") as fh:
+            fh.write(key + "\n")
     return argv
 
 
