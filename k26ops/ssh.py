@@ -285,6 +285,10 @@ def connect(host: Host, *, accept_new: bool = False,
         msg = str(exc) or exc.__class__.__name__
         if isinstance(exc, paramiko.SSHException) and "banner" in msg.lower():
             msg = f"no SSH banner within {connect_timeout:.0f}s ({msg})"
+        elif isinstance(exc, paramiko.SSHException) and "no existing session" in msg.lower():
+            # paramiko's words when the transport died before authentication:
+            # the peer never completed the SSH handshake.
+            msg = f"SSH handshake did not complete within {connect_timeout:.0f}s (connection closed)"
         raise Unreachable(msg) from None
     conn.transport.set_keepalive(KEEPALIVE_SECONDS)
     return SSHSession(host, conn)
