@@ -56,6 +56,9 @@ class Settings:
         for w in getattr(inv, "warnings", []):
             click.echo(f"k26ops: warning: {w}", err=True)
         hosts = inv.select(self.limit)
+        from k26ops import multinode
+
+        multinode.assign(inv, hosts)
         if not hosts:
             from k26ops.errors import UserError
 

@@ -21,7 +21,7 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
                 con.print(f"  {r.host}: {s['step']}: {mark}: {c}")
             if diff:
                 for d in s.get("diffs", []):
-                    con.print(d, markup=False)
+                    click.echo(d.rstrip("\n"))  # diffs verbatim, never wrapped
         if r.data.get("stale_lock"):
             o = r.data["stale_lock"]
             con.print(f"  {r.host}: note: a run that died held this host "

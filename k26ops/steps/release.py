@@ -91,7 +91,8 @@ def engine_profile(ctx: HostContext, r: recipe_mod.Recipe | None = None) -> dict
     r = r or effective_recipe(ctx)
     prof = dict(r.profile)
     prof.update(ctx.vars.get("engine_profile") or {})
-    for key in ("model_path", "draft_model_path", "launch_module", "served_model_name"):
+    for key in ("model_path", "draft_model_path", "launch_module", "served_model_name",
+                "nnodes", "node_rank", "dist_init_addr"):  # the last three: k26ops.multinode
         if key in ctx.vars:
             prof[key] = ctx.vars[key]
     if "engine_port" in ctx.vars:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from k26ops import units
 from k26ops.errors import UserError
+from k26ops.multinode import serves_http
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register, text_diff
 
@@ -98,23 +99,9 @@ def engine_profile(ctx: HostContext) -> dict:
     model_path, draft_model_path, served_model_name, engine_port, launch_module,
     extra_flags), so the unit runs exactly the flags it validated; plus the
     release dir under this host's releases root."""
-    try:
-        from k26ops.steps.release import engine_profile as release_profile
-    except ImportError:  # pragma: no cover - the release step ships with this module
-        release_profile = None
-    if release_profile is not None:
-        profile = dict(release_profile(ctx))
-    else:
-        from k26ops import recipe as recipe_mod
+    from k26ops.steps.release import engine_profile as release_profile
 
-        hv = ctx.vars
-        profile = dict(recipe_mod.load(hv.get("recipe")).profile)
-        profile.update(_mapping(hv.get("engine_profile"), "engine_profile"))
-        for var, key in (("model_path", "model_path"), ("draft_model_path", "draft_model_path"),
-                         ("served_model_name", "served_model_name"), ("engine_port", "port"),
-                         ("launch_module", "launch_module"), ("extra_flags", "extra_args")):
-            if hv.get(var) not in (None, ""):
-                profile[key] = hv[var]
+    profile = dict(release_profile(ctx))
     if is_lab(ctx):
         profile.setdefault("launch_module", LAB_MODULE)
     profile["release_dir"] = f"{ctx.releases_root}/current"
@@ -339,6 +326,9 @@ class HealthStep(Step):
     def plan(self, ctx: HostContext) -> list[Change]:
         if ctx.check:
             return []
+        if not serves_http(ctx.vars):
+            outcome(ctx)["health"] = {"state": f"node rank {ctx.vars['node_rank']}: checked on rank 0", "wait_s": 0}
+            return []
         from k26ops.diagnose.classify import classify
 
         svc = _svc(ctx, self.params)
@@ -389,7 +379,7 @@ class SmokeStep(Step):
     name = "smoke"
 
     def plan(self, ctx: HostContext) -> list[Change]:
-        if ctx.check:
+        if ctx.check or not serves_http(ctx.vars):
             return []
         svc = _svc(ctx, self.params)
         prompt = str(self.params.get("prompt") or "Say hello in one short sentence.")
