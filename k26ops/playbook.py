@@ -18,18 +18,14 @@ from k26ops.errors import UserError
 from k26ops.facts.disk import disk_free_fact
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
-from k26ops.steps import REGISTRY, HostContext, Step, StepFailed
+from k26ops.steps import REGISTRY, HostContext, Step
 
 PLAYBOOKS_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 
 
 def _load_steps() -> None:
     # Importing the step modules registers them.
-    from k26ops.steps import release, toolchain  # noqa: F401
-    try:
-        from k26ops.steps import service  # noqa: F401
-    except ImportError:
-        pass
+    from k26ops.steps import release, service, toolchain  # noqa: F401
 
 
 def _shown(path: Path) -> str:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
-
-from k26ops.cli.report import wide_console
 
 from k26ops import playbook
+from k26ops.cli.report import wide_console
 from k26ops.rollout import playbook_work, run_rollout
 
 

@@ -17,11 +17,8 @@ atomic). A failed build is removed and the previous release stays current.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
-import tarfile
-import tempfile
 import threading
 import zipfile
 from dataclasses import dataclass
