@@ -4,6 +4,7 @@ session and always torn down (also on failure or Ctrl-C)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -36,35 +37,40 @@ class RunningLab:
         self.lab.down()
 
 
-def _make_lab(count: int, tag: str) -> RunningLab:
+@contextlib.contextmanager
+def private_lab(count: int, tag: str):
+    """Boot a lab of `count` hosts for the duration of the block; always torn
+    down (also on failure, Ctrl-C, or, through atexit, a dying interpreter)."""
     if os.geteuid() != 0:
         pytest.fail("lab tests need root (systemd-nspawn); run the test suite as root")
     directory = Path(tempfile.mkdtemp(prefix=f"k26ops-{tag}-", dir="/var/tmp"))
-    lab = RunningLab(directory, count)
+    try:
+        running = RunningLab(directory, count)  # a failed `up` stops what it started
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
 
     def cleanup():
-        lab.down()
+        running.down()
         shutil.rmtree(directory, ignore_errors=True)
 
     atexit.register(cleanup)
-    return lab, cleanup
+    try:
+        yield running
+    finally:
+        cleanup()
+        atexit.unregister(cleanup)
 
 
 @pytest.fixture(scope="session")
 def lab():
     """A shared lab (3 hosts). Tests must leave its hosts as they found them."""
-    running, cleanup = _make_lab(LAB_HOSTS, "lab")
-    try:
+    with private_lab(LAB_HOSTS, "lab") as running:
         yield running
-    finally:
-        cleanup()
 
 
 @pytest.fixture
 def scratch_lab():
     """A private 1-host lab for tests that break their host."""
-    running, cleanup = _make_lab(1, "scratch")
-    try:
+    with private_lab(1, "scratch") as running:
         yield running
-    finally:
-        cleanup()

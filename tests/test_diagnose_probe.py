@@ -29,17 +29,14 @@ BASE_ENV = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG":
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from conftest import _make_lab
+    from conftest import private_lab
 
-    lab, cleanup = _make_lab(1, "diagprobe")
     d = tmp_path_factory.mktemp("diagprobe")
     (d / "engine.yml").write_text(PLAYBOOK)
-    try:
+    with private_lab(1, "diagprobe") as lab:
         # the lab hosts share the loopback with other labs: an engine port of our own
         yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
                "port": free_port_block(1, start=35000, stop=39000)}
-    finally:
-        cleanup()
 
 
 def remote(h, cmd: str) -> str:

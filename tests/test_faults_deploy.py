@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import _make_lab
+from conftest import private_lab
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 RELEASES = "/opt/k26ops/releases"
@@ -135,22 +135,16 @@ def build_processes(lab, host: str) -> str:
 @pytest.fixture
 def pair_lab():
     """A private 2-host lab (one of its hosts gets killed)."""
-    running, cleanup = _make_lab(2, "faults2")
-    try:
+    with private_lab(2, "faults2") as running:
         yield running
-    finally:
-        cleanup()
 
 
 @pytest.fixture(scope="module")
 def solo():
     """A private 1-host lab shared by this module's single-host fault tests; each
     test starts by making sure the base release is current."""
-    running, cleanup = _make_lab(1, "faults1")
-    try:
+    with private_lab(1, "faults1") as running:
         yield running
-    finally:
-        cleanup()
 
 
 @pytest.fixture

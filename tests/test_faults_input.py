@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import _make_lab
+from conftest import private_lab
 from labtools import REPO, free_port_block, k26ops, lab_ssh
 
 TOKEN = "hf_INPUTSECRET_77aa88bb99cc"
@@ -61,11 +61,8 @@ def one_line_error_or_ok(proc, allowed=(0, 1, 2)) -> None:
 
 @pytest.fixture(scope="module")
 def host():
-    running, cleanup = _make_lab(1, "faultsin")
-    try:
+    with private_lab(1, "faultsin") as running:
         yield running
-    finally:
-        cleanup()
 
 
 @pytest.fixture(scope="module")
