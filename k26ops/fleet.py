@@ -85,7 +85,6 @@ class Fleet:
         todo: queue.Queue = queue.Queue()
         for h in self.hosts:
             todo.put(h)
-        finished = threading.Event()
         cond = threading.Condition()
 
         def worker():
@@ -125,7 +124,6 @@ class Fleet:
                     r.error = "interrupted before this host finished"
             self.close()
             raise FleetInterrupted([results[h.name] for h in self.hosts]) from None
-        finished.set()
         return [results[h.name] for h in self.hosts]
 
     def _one(self, host: Host, work: Work) -> HostResult:

@@ -57,6 +57,17 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.0f} GB"
 
 
+def driver_version(facts: dict) -> tuple[str | None, int | None]:
+    """The NVIDIA driver version from the GPU query (else the nvidia-smi table) and its major."""
+    gpus = (facts.get("gpus") or {}).get("gpus") or []
+    drivers = sorted({g.get("driver_version") for g in gpus} - {None})
+    driver = drivers[0] if drivers else (facts.get("nvidia_smi") or {}).get("driver_version")
+    try:
+        return driver, int(str(driver).split(".")[0])
+    except ValueError:
+        return driver, None
+
+
 def evaluate(facts: dict, host_vars: dict) -> list[Check]:
     e = expectations(host_vars)
     checks: list[Check] = []
@@ -72,12 +83,7 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
         wanted = wanted if isinstance(wanted, str) else " or ".join(map(str, wanted))
         checks.append(Check("compute_capability", ok,
                             f"{', '.join(ccs) or 'none'}, expected {wanted}"))
-    drivers = sorted({g.get("driver_version") for g in gpus.get("gpus", [])} - {None})
-    driver = drivers[0] if drivers else (facts.get("nvidia_smi") or {}).get("driver_version")
-    try:
-        major = int(str(driver).split(".")[0])
-    except ValueError:
-        major = None
+    driver, major = driver_version(facts)
     checks.append(Check("driver", major is not None and major >= int(e["min_driver"]),
                         f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"))
     disk = facts.get("disk_free") or {}

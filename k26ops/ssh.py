@@ -234,7 +234,7 @@ def _strict(conn: Connection, host: Host, accept_new: bool) -> None:
         gateway = gateway.gateway
 
 
-def _gateway(spec: str | None, host: Host, timeout: float):
+def _gateway(spec: str | None, timeout: float):
     """A ProxyJump spec ([user@]host[:port], comma-separated chain) as nested Connections."""
     if not spec:
         return None
@@ -260,7 +260,7 @@ def connect(host: Host, *, accept_new: bool = False,
         kwargs["allow_agent"] = False
     conn = Connection(host.address, user=host.user or None, port=host.port or None,
                       connect_kwargs=kwargs, connect_timeout=connect_timeout,
-                      gateway=_gateway(host.gateway, host, connect_timeout),
+                      gateway=_gateway(host.gateway, connect_timeout),
                       config=Config(overrides={"load_ssh_configs": True}))
     _strict(conn, host, accept_new)
     try:

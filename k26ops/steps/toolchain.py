@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from k26ops import recipe as recipe_mod
 from k26ops import wheelhouse
+from k26ops.preflight import driver_version
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register
 
@@ -29,15 +30,6 @@ def host_recipe(ctx: HostContext):
         r = recipe_mod.load(ctx.vars.get("recipe"))
         ctx.shared["recipe"] = r
     return r
-
-
-def _driver_major(facts: dict) -> int | None:
-    gpus = (facts.get("gpus") or {}).get("gpus") or []
-    drv = gpus[0].get("driver_version") if gpus else (facts.get("nvidia_smi") or {}).get("driver_version")
-    try:
-        return int(str(drv).split(".")[0])
-    except ValueError:
-        return None
 
 
 def archs(facts: dict) -> list[str]:
@@ -67,7 +59,7 @@ class CudaToolkit(Step):
 
     def plan(self, ctx: HostContext) -> list[Change]:
         method, version, min_driver = self._spec(ctx)
-        major = _driver_major(ctx.facts)
+        _, major = driver_version(ctx.facts)
         if major is None:
             raise StepFailed("no NVIDIA driver found (nvidia-smi): k26ops never installs drivers; "
                              f"install an R{min_driver}+ driver first")
