@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 from labtools import k26ops, k26ops_json, lab_ssh
+
+from k26ops.lab import rootfs
 
 
 def test_every_host_answers_strict_ssh_and_runs_systemd(lab):
@@ -99,6 +102,10 @@ def test_half_started_lab_is_named_and_down_cleans_up(scratch_lab):
     while time.time() < deadline and Path(f"/proc/{h.pid}/cmdline").exists() \
             and b"nspawn" in Path(f"/proc/{h.pid}/cmdline").read_bytes():
         time.sleep(0.2)
+    # A killed host leaves nothing mounted and no copy of the rootfs behind:
+    # its overlay lived in a mount namespace that died with it.
+    assert str(scratch_lab.dir) not in Path("/proc/mounts").read_text()
+    assert not list(rootfs.cache_root().glob(".#machine.*"))
     proc = k26ops("lab", "up", "--hosts", "1", "--dir", str(scratch_lab.dir))
     assert proc.returncode == 2
     assert "half-started (0 of 1 hosts running)" in proc.stderr
@@ -117,3 +124,28 @@ def test_down_leaves_no_nspawn_process(scratch_lab):
         cmd = Path(f"/proc/{pid}/cmdline")
         assert not cmd.exists() or b"systemd-nspawn" not in cmd.read_bytes()
     assert lab_ssh(scratch_lab.dir, scratch_lab.base_port, "true", timeout=20).returncode != 0
+
+
+def test_hosts_write_to_their_own_overlay_never_to_the_shared_rootfs(lab):
+    a, b = lab.hosts[0], lab.hosts[1]
+    marker = f"/etc/k26ops-overlay-test-{a.name}"
+    assert lab_ssh(lab.dir, a.port, f"echo x > {marker}").returncode == 0
+    try:
+        assert lab_ssh(lab.dir, b.port, f"test ! -e {marker}").returncode == 0
+        image = Path(json.loads((lab.dir / "lab.json").read_text())["rootfs"])
+        assert not (image / marker.lstrip("/")).exists()
+        assert (lab.dir / "hosts" / a.name / "root/upper" / marker.lstrip("/")).read_text() == "x\n"
+    finally:
+        lab_ssh(lab.dir, a.port, f"rm -f {marker}")
+
+
+def test_stale_ephemeral_copies_are_collected_but_not_ones_in_use(tmp_path, monkeypatch):
+    monkeypatch.setenv("K26OPS_ROOTFS_CACHE", str(tmp_path))
+    for name in ("stale", "inuse"):
+        (tmp_path / f".#machine.{name}" / "etc").mkdir(parents=True)
+        (tmp_path / f".#.#machine.{name}.lck").touch()
+    with open(tmp_path / ".#.#machine.inuse.lck") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        rootfs._remove_stale_ephemeral_copies(log=lambda m: None)
+    assert not (tmp_path / ".#machine.stale").exists()
+    assert (tmp_path / ".#machine.inuse" / "etc").is_dir()

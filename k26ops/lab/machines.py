@@ -7,6 +7,8 @@ Layout of a lab dir:
   inventory.yml       the lab's inventory (what k26ops uses by default)
   hosts/NAME/         per-host files bound into the host (sshd drop-in, host key,
                       hostname) and its console log
+  hosts/NAME/root/    the host's root: an overlay of the shared rootfs (upper
+                      holds what the host wrote; see overlay_boot)
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ class Lab:
                                 "run `k26ops lab down` first")
             raise UserError(f"lab in {self.dir} is half-started ({len(alive)} of {len(existing)} hosts "
                             "running): run `k26ops lab down` first")
+        if any(c in str(self.dir.resolve()) for c in ",:\\"):
+            raise UserError(f"lab dir {self.dir}: a path with ',', ':' or '\\' cannot hold an overlay root; "
+                            "choose another --dir")
         if count < 1 or count > 64:
             raise UserError(f"--hosts {count}: must be between 1 and 64")
         ports = [base_port + i for i in range(count)]
@@ -187,9 +192,13 @@ class Lab:
             binds.append(f"--bind-ro={FIXTURES / 'nvidia-smi'}:/usr/local/bin/nvidia-smi")
         if CA_BUNDLE.exists():
             binds.append(f"--bind-ro={CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt")
-        cmd = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(image),
-               "--ephemeral", "-b", f"--machine=k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-"),
-               "--console=read-only", *binds]
+        root = hdir / "root"
+        for sub in ("upper", "work", "merged"):
+            (root / sub).mkdir(parents=True)
+        nspawn = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root / "merged"),
+                  "-b", f"--machine=k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-"),
+                  "--console=read-only", *binds]
+        cmd = overlay_boot(image, root, nspawn)
         with open(hdir / "console.log", "wb") as console:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -280,6 +289,22 @@ class Lab:
                     time.sleep(0.1)
 
 
+def overlay_boot(image: Path, root: Path, nspawn: list[str]) -> list[str]:
+    """The command that boots one host on a copy-on-write view of the shared rootfs.
+
+    Why not `nspawn --ephemeral`: off btrfs it copies the whole rootfs (about
+    760 MB) per host, and a host killed before it shuts down leaves its copy
+    behind for good. Here the overlay is mounted in a private mount namespace
+    that dies with the nspawn process, whatever kills it; the host's writes
+    live in root/upper inside the lab dir and go when the lab dir goes. The
+    shell execs nspawn, so the recorded pid is nspawn's.
+    """
+    script = ('mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
+              '&& shift 4 && exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "k26ops-lab-boot",
+            str(image), str(root / "upper"), str(root / "work"), str(root / "merged"), *nspawn]
+
+
 def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)
@@ -294,5 +319,7 @@ def _preflight() -> None:
         raise UserError("systemd-nspawn is missing: apt-get install systemd-container")
     if not shutil.which("debootstrap"):
         raise UserError("debootstrap is missing: apt-get install debootstrap")
+    if not shutil.which("unshare"):
+        raise UserError("unshare is missing: apt-get install util-linux")
     if not shutil.which("ssh-keygen"):
         raise UserError("ssh-keygen is missing: apt-get install openssh-client")

@@ -8,6 +8,7 @@ an interrupted build is never used.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -62,10 +63,38 @@ def recipe_hash(r: dict | None = None) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
+def _remove_stale_ephemeral_copies(log) -> None:
+    """Delete whole-rootfs copies that `nspawn --ephemeral` (what earlier
+    k26ops labs booted with) left in the cache when a host was killed: about 760 MB each,
+    and they filled a CI disk. nspawn holds a BSD lock on `.#<copy>.lck` while
+    a copy is in use, so a copy whose lock we can take is garbage."""
+    root = cache_root()
+    if not root.is_dir():
+        return
+    for copy in root.glob(".#machine.*"):
+        lock = root / f".#{copy.name}.lck"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a running host still uses it
+        try:
+            shutil.rmtree(copy, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            log(f"removed a stale ephemeral host copy {copy.name} from the rootfs cache")
+        finally:
+            os.close(fd)
+
+
 def ensure(log=print) -> Path:
     """Return the cached root filesystem for the current recipe, building it if needed."""
     r = recipe()
     target = cache_root() / f"debian-{SUITE}-{recipe_hash(r)}"
+    _remove_stale_ephemeral_copies(log)
     if (target / ".k26ops-rootfs.json").exists():
         return target
     if not shutil.which("debootstrap"):
