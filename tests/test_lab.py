@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,3 +150,15 @@ def test_stale_ephemeral_copies_are_collected_but_not_ones_in_use(tmp_path, monk
         rootfs._remove_stale_ephemeral_copies(log=lambda m: None)
     assert not (tmp_path / ".#machine.stale").exists()
     assert (tmp_path / ".#machine.inuse" / "etc").is_dir()
+
+
+def test_not_root_is_a_one_line_error_that_starts_nothing(tmp_path):
+    # /root is 0700 here, so an unprivileged user cannot even start this
+    # Python; the CLI is run with geteuid() answering as a normal user would.
+    code = ("import os, sys; os.geteuid = lambda: 1000; from k26ops.cli import main; "
+            "sys.argv = ['k26ops', 'lab', 'up', '--hosts', '1', '--dir', sys.argv[1]]; main()")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "lab")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == "k26ops: error: the lab needs root (systemd-nspawn boots containers): run as root\n"
+    assert not (tmp_path / "lab").exists()
