@@ -16,7 +16,7 @@ from k26ops.diagnose.signatures import DDTREE_PATCH
 LOGS = Path(__file__).parent / "data/logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text())
 IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
-       "cuda-graph-capture-oom", "nccl-failure"}
+       "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

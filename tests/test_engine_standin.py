@@ -164,6 +164,9 @@ def test_crash_during_load_with_a_given_log(standins, tmp_path):
 def test_crash_during_load_default_is_a_weight_load_error(standins):
     _s, rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "load"})
     assert rc != 0 and "SafetensorError" in err and "Received sigquit" in err
+    from k26ops.diagnose import classify
+
+    assert classify(err).signature == "weight-file-corrupt"
 
 
 def test_none_field_on_first_request_multi_rank(standins):

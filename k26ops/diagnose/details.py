@@ -111,4 +111,6 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         if ver := _NCCL_VERSION.search(evidence):
             detail["nccl_version"] = ver.group(1).rstrip(",.")
         return detail, sig.suggestion
+    if sig is S.WEIGHT_FILE_CORRUPT:
+        return {"reason": m.group("reason").strip()}, sig.suggestion
     return {}, sig.suggestion

@@ -28,15 +28,13 @@ import json
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-from k26ops import units
+from k26ops import resources, units
 from k26ops.errors import UserError
 from k26ops.ssh import q
 
-REPO = Path(__file__).resolve().parent.parent.parent
-PROBE_PATCH = REPO / "patches" / "sglang-0.5.23" / "cuda-graph-none-probe.patch"
+PROBE_PATCH = resources.path("patches", "sglang-0.5.23", "cuda-graph-none-probe.patch")
 DROPIN_NAME = "zz-k26ops-probe.conf"
 PROBE_STATE = "probe-state"
 DEFAULT_READY_TIMEOUT = 1800.0

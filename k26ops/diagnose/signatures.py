@@ -155,9 +155,31 @@ NCCL_FAILURE = Signature(
                 "--watchdog-timeout for long captures."),
 )
 
+# Messages as safetensors prints them: 0.4+ words ("incomplete metadata, file
+# not fully covered", "header too large", ...) and older enum names.
+WEIGHT_FILE_CORRUPT = Signature(
+    keywords=("deserializing", "safetensor"),
+    id="weight-file-corrupt",
+    title="a model weight shard is truncated or not a safetensors file",
+    patterns=_rx(
+        r"SafetensorError:" + _ + r"Error" + _ + r"while" + _ + r"deserializing" + _
+        + r"header:" + _ + r"(?P<reason>[^\n]+?)\s*$",
+        r"Error" + _ + r"while" + _ + r"deserializing" + _ + r"header:" + _
+        + r"(?P<reason>MetadataIncompleteBuffer|HeaderTooLarge|HeaderTooSmall|"
+        r"InvalidHeader\w*|incomplete" + _ + r"metadata[^\n]*|header" + _ + r"too" + _ + r"(?:large|small)|"
+        r"invalid" + _ + r"header[^\n]*)",
+    ),
+    suggestion=("A .safetensors shard under the model path is cut short or is not a "
+                "weight file (an interrupted download, a full disk, or an error page "
+                "saved as a shard); the traceback does not name it. Compare each "
+                "shard's size with the source, re-download the bad ones (the HF "
+                "download resumes and re-checks sizes), then restart. Free disk "
+                "space first if the model disk is full."),
+)
+
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
-                               ILLEGAL_MEMORY_ACCESS, NCCL_FAILURE]
+                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, NCCL_FAILURE]
 
 UNCLASSIFIED_SUGGESTION = ("No known crash signature; the evidence line is the first "
                            "error in the log (chained exceptions: the cause).")
