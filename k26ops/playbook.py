@@ -13,14 +13,14 @@ from pathlib import Path
 import yaml
 
 from k26ops import facts as facts_mod
-from k26ops import preflight
+from k26ops import preflight, resources
 from k26ops.errors import UserError
 from k26ops.facts.disk import disk_free_fact
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
 from k26ops.steps import REGISTRY, HostContext, Step
 
-PLAYBOOKS_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+PLAYBOOKS_DIR = resources.path("playbooks")
 
 
 def _load_steps() -> None:

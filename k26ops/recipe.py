@@ -18,10 +18,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from k26ops import resources
 from k26ops.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RECIPES_DIR = REPO_ROOT / "playbooks" / "recipes"
+RECIPES_DIR = resources.path("playbooks", "recipes")
 DEFAULT_RECIPE = "k26-tp8-ddtree"
 UPSTREAM_URL = "https://github.com/sgl-project/sglang.git"
 UPSTREAM_DDTREE_REF = "refs/pull/29907/head"
@@ -145,7 +145,7 @@ def _find_repo_root(path: Path) -> Path:
     for p in path.resolve().parents:
         if (p / "patches").is_dir() or (p / "pyproject.toml").exists():
             return p
-    return Path.cwd()
+    return resources.root()  # a recipe outside any tree: the shipped patches
 
 
 def resolve(name_or_path: str | Path | None = None) -> Path:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import jinja2
 
+from k26ops import resources
 from k26ops.errors import UserError
 
-TEMPLATES_DIR = Path(os.environ.get("K26OPS_TEMPLATES") or Path(__file__).resolve().parent.parent / "templates")
+TEMPLATES_DIR = Path(os.environ.get("K26OPS_TEMPLATES") or resources.path("templates"))
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 REDACTED = "<redacted>"

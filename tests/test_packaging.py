@@ -1,0 +1,84 @@
+"""A wheel, installed outside the checkout, carries and finds the top-level
+playbooks/, recipes, templates/ and patches/ (they live outside the package)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# What the build reads: pyproject.toml names README.md, the package and the data.
+BUILD_INPUTS = ["pyproject.toml", "README.md", "k26ops", "playbooks", "templates", "patches"]
+
+CHECK = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import k26ops
+    from k26ops import patchset, playbook, recipe, resources, units
+    from k26ops.diagnose import probe
+
+    target = Path(sys.argv[1]).resolve()
+    assert Path(k26ops.__file__).resolve().is_relative_to(target), k26ops.__file__
+    root = resources.root()
+    assert root.is_relative_to(target), root
+    assert [s.name for s in playbook.load("deploy")], "deploy playbook has no steps"
+    for name in ("k26-tp8-ddtree", "lab"):
+        r = recipe.load(name)
+        assert r.source.resolve().is_relative_to(target), r.source
+        assert r.series.resolve().is_relative_to(target), r.series
+        entries = patchset.parse_series(r.series.read_text())
+        assert entries and all((r.series.parent / e.path).is_file() for e in entries), entries
+        assert len(patchset.load_series(r.series, tags=["diagnose"])) == len(entries)
+    assert probe.PROBE_PATCH.is_file(), probe.PROBE_PATCH
+    assert "ExecStart=/bin/true" in units.render_unit({"argv": ["/bin/true"]})
+    assert "CUDA_HOME=" in units.render_env({"env": {"CUDA_HOME": "/usr/local/cuda"}})
+    print("ok", root)
+""")
+
+
+def _copy_sources(dst: Path) -> None:
+    """Build from a copy: an in-tree build would write build/ and egg-info into the checkout."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_data")
+    for name in BUILD_INPUTS:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=ignore)
+        else:
+            shutil.copy2(src, dst / name)
+
+
+def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
+    src, wheels, target, elsewhere = (tmp_path / d for d in ("src", "wheels", "target", "elsewhere"))
+    for d in (src, elsewhere):
+        d.mkdir()
+    _copy_sources(src)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "K26OPS_TEMPLATES")}
+    env["PIP_NO_INDEX"] = "1"  # nothing is downloaded
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(src)], check=True, env=env, cwd=tmp_path, timeout=120)
+    wheel, = wheels.glob("k26ops-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    # Every package of the checkout is in the wheel (pyproject.toml lists them).
+    for init in (REPO / "k26ops").rglob("__init__.py"):
+        assert init.relative_to(REPO).as_posix() in names, init
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                    str(wheel)], check=True, env=env, cwd=tmp_path, timeout=120)
+    run_env = {**env, "PYTHONPATH": str(target)}
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(target)], cwd=elsewhere, env=run_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "k26ops", "--help"], cwd=elsewhere, env=run_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The shipped copies equal the checkout's files.
+    for top in ("playbooks", "templates", "patches"):
+        for f in (REPO / top).rglob("*"):
+            if f.is_file() and "__pycache__" not in f.parts:
+                shipped = target / "k26ops" / "_data" / f.relative_to(REPO)
+                assert shipped.is_file() and shipped.read_bytes() == f.read_bytes(), shipped
