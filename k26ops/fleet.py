@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from k26ops.inventory import Host
-from k26ops.ssh import HostKeyRefused, Session, Unreachable, connect
+from k26ops.ssh import BecomeFailed, HostKeyRefused, Session, Unreachable, connect
 
 OK, CHANGED, FAILED, UNREACHABLE, INTERRUPTED = "ok", "changed", "failed", "unreachable", "interrupted"
 DEFAULT_FORKS = 16
@@ -136,6 +136,8 @@ class Fleet:
             out = work(session)
             res.status = CHANGED if getattr(out, "changed", False) else OK
             res.data = dict(out or {})
+        except BecomeFailed as exc:  # reached, but cannot run as root: a failure, not a network one
+            res.status, res.error = FAILED, str(exc)
         except (Unreachable, HostKeyRefused) as exc:
             res.status, res.error = UNREACHABLE, str(exc)
         except Exception as exc:  # a host's failure is that host's result, never the run's

@@ -8,6 +8,11 @@ reported as stale (and overwritten) by the next run. A clean release says
 `released` on the channel before closing it, and only then is the owner file
 removed. A second concurrent run
 is refused with the owner: who, which control node, pid, since when.
+
+Only root may take it: every run that takes the lock changes system files, so
+a login as a normal user without `become` is refused here, before anything
+changed, with a line saying to set `become: true`. With become the lock
+process runs under sudo, still reading our channel.
 """
 
 from __future__ import annotations
@@ -22,11 +27,16 @@ from datetime import datetime, timezone
 from k26ops.ssh import SSHSession, Session, q
 
 LOCK_BUSY = 75
+NOT_ROOT = 77
 RELEASED = "released"
 
 
 class HostLocked(Exception):
     """Another k26ops run holds this host."""
+
+
+class NotRoot(HostLocked):
+    """Logged in as a normal user without become: the run could change nothing."""
 
 
 class HostLock:
@@ -51,7 +61,8 @@ class HostLock:
         me = json.dumps(self.owner())
         # Holds the flock while our channel's stdin is open; prints LOCKED once
         # held (and the previous owner record, to tell a stale one), or exits 75.
-        script = (f"mkdir -p {q(self.state_dir)} && exec flock -n -E {LOCK_BUSY} {q(lock)} sh -c "
+        script = (f"[ \"$(id -u)\" = 0 ] || {{ echo \"NOTROOT $(id -un)\"; exit {NOT_ROOT}; }}; "
+                  f"mkdir -p {q(self.state_dir)} && exec flock -n -E {LOCK_BUSY} {q(lock)} sh -c "
                   + q(f"prev=$(cat {q(self.owner_file)} 2>/dev/null); "
                       f"printf '%s\\n' {q(me)} > {q(self.owner_file)}.tmp && "
                       f"mv {q(self.owner_file)}.tmp {q(self.owner_file)}; "
@@ -59,6 +70,7 @@ class HostLock:
                       # Only a clean release says goodbye: a run that died (EOF
                       # without it) leaves its owner record, reported as stale.
                       f"if [ \"$bye\" = {RELEASED} ]; then rm -f {q(self.owner_file)}; fi"))
+        script = self.session.wrap(script)
         if not isinstance(self.session, SSHSession):
             return self._acquire_local(script)
         chan = self.session.conn.transport.open_session(timeout=10)
@@ -82,6 +94,8 @@ class HostLock:
             return
         rc = chan.recv_exit_status()
         chan.close()
+        if rc == NOT_ROOT and buf.startswith(b"NOTROOT"):
+            raise NotRoot(self._not_root(buf))
         if rc == LOCK_BUSY:
             raise HostLocked(self._describe_holder())
         raise HostLocked(f"could not take the host lock {lock} (exit {rc}): "
@@ -94,9 +108,17 @@ class HostLock:
         line = proc.stdout.readline()
         if not line.startswith(b"LOCKED"):
             proc.wait()
+            if proc.returncode == NOT_ROOT and line.startswith(b"NOTROOT"):
+                raise NotRoot(self._not_root(line))
             raise HostLocked(self._describe_holder() if proc.returncode == LOCK_BUSY
                              else f"could not take the host lock (exit {proc.returncode})")
         self.chan = proc
+
+    @staticmethod
+    def _not_root(line: bytes) -> str:
+        user = line.decode(errors="replace").split(" ", 1)[1].strip() if b" " in line else "?"
+        return (f"logged in as {user}, not root: k26ops changes system files as root; set "
+                f"`become: true` for this host (needs passwordless sudo) or log in as root")
 
     def _describe_holder(self) -> str:
         res = self.session.run(f"cat {q(self.owner_file)} 2>/dev/null")

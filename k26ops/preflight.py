@@ -3,7 +3,8 @@
 Expectations come from the host's merged inventory variables, with the K2.6
 TP8 profile as defaults: 8 GPUs, compute capability 12.0 (RTX PRO 6000
 Blackwell) or 10.x (B300), driver >= 580 (CUDA 13 needs R580+), free disk for
-the model plus a margin where it will live, systemd present.
+the model plus a margin where it will live, systemd present, commands running
+as root (a normal login needs `become: true`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
         return driver, None
 
 
+def root_check(user: dict) -> Check:
+    """Deploying writes /opt, /etc/systemd: commands must run as root."""
+    if user.get("error") or "uid" not in user:
+        return Check("root", False, user.get("error") or "not measured")
+    if user["uid"] == 0:
+        return Check("root", True, "commands run as root")
+    return Check("root", False, f"commands run as {user.get('name')} (uid {user['uid']}), not root: "
+                                "set `become: true` for this host (needs passwordless sudo) or log in as root")
+
+
 def evaluate(facts: dict, host_vars: dict) -> list[Check]:
     e = expectations(host_vars)
     checks: list[Check] = []
@@ -96,6 +107,8 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
         else:
             checks.append(Check(label, row["available"] >= need,
                                 f"{path}: {_gb(row['available'])} free, needs {_gb(need)}"))
+    if "user" in facts:
+        checks.append(root_check(facts["user"] or {}))
     sd = facts.get("systemd") or {}
     checks.append(Check("systemd", bool(sd.get("version")),
                         f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd")))

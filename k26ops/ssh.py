@@ -9,11 +9,20 @@ always refuses a changed key, showing its fingerprint.
 A `Session` is what steps and facts use: `run(command, stdin=, timeout=)`,
 the same for SSH and for `connection: local`. It counts the commands it runs
 (the benchmarks report remote round trips).
+
+Become (inventory `become: true`, Ansible's `ansible_become`): hosts reached as
+a normal user with passwordless sudo. Every command then runs as
+`sudo -n -H -- sh -c '<command>'` (-n: never prompt; a sudo that wants a
+password fails at once), and files are written by root: SFTP to a private temp
+file of the login user, then root copies it next to the target and renames it
+into place. `sudo -n` is tried once right after connecting, so a host whose
+sudo needs a password fails before anything runs on it.
 """
 
 from __future__ import annotations
 
 import base64
+import getpass
 import hashlib
 import io
 import os
@@ -42,6 +51,41 @@ class HostKeyRefused(Exception):
 
 class Unreachable(Exception):
     """The host could not be connected to (network, timeout, auth)."""
+
+
+class BecomeFailed(Unreachable):
+    """Connected, but `sudo -n` does not work for the login user: no command
+    can run as root, so nothing is run. (An Unreachable, so every caller that
+    reports a failed connection reports this too; the fleet calls it failed.)"""
+
+
+def as_root(command: str) -> str:
+    """`command` run by root through sudo: -n never prompts, -H gives root's HOME."""
+    return f"sudo -n -H -- sh -c {q(command)}"
+
+
+def install_as_root(tmp: str, remote_path: str, mode: int) -> str:
+    """Shell line (run by the login user) that has root copy `tmp` (the login
+    user's upload) to a temp name beside `remote_path`, chmod and rename it into
+    place; the temp names are removed whatever happens."""
+    inner = (f'set -e; t=$(mktemp {q(remote_path + ".k26ops-tmp-XXXXXX")}); '
+             f'trap \'rm -f "$t"\' EXIT; cp {q(tmp)} "$t"; chmod {mode:o} "$t"; '
+             f'mv -fT "$t" {q(remote_path)}; trap - EXIT')
+    return f"{as_root(inner)}; rc=$?; rm -f {q(tmp)}; exit $rc"
+
+
+def sudo_problem(user: str, res: "Result") -> str | None:
+    """None if `sudo -n id -u` said 0, else the one-line reason."""
+    if res.ok and res.stdout.strip() == "0":
+        return None
+    if res.exited == 127:
+        why = "sudo is not installed"
+    else:
+        lines = [ln.strip() for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
+        why = lines[-1].removeprefix("sudo: ") if lines else f"exit {res.exited}"
+        if res.ok:
+            why = f"commands ran as uid {res.stdout.strip()!r}, not root"
+    return f"sudo -n failed for user {user}: {why} (become needs passwordless sudo for this user)"
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -95,13 +139,39 @@ class Session:
             check: bool = False) -> Result:
         with self._lock:
             self.commands += 1
-        res = self._run(command, stdin, timeout or DEFAULT_COMMAND_TIMEOUT)
+        res = self._run(self.wrap(command), stdin, timeout or DEFAULT_COMMAND_TIMEOUT)
         if check and not res.ok:
             raise CommandFailed(self.host.name, command, res)
         return res
 
+    def wrap(self, command: str) -> str:
+        """The command line that runs `command` as this host's root (sudo if become)."""
+        return as_root(command) if self.host.become else command
+
+    def check_become(self, user: str) -> None:
+        """With become: one `sudo -n` round trip; raises BecomeFailed if it cannot."""
+        if not self.host.become:
+            return
+        res = self._raw("sudo -n -H -- id -u")
+        problem = sudo_problem(user, res)
+        if problem:
+            raise BecomeFailed(problem)
+
+    def _raw(self, command: str, timeout: float = 60.0) -> Result:
+        """A command of k26ops' own, as the login user (never through sudo)."""
+        with self._lock:
+            self.commands += 1
+        return self._run(command, None, timeout)
+
     def _run(self, command, stdin, timeout) -> Result:  # pragma: no cover - abstract
+        """Run `command` exactly as given (no sudo), as the login user."""
         raise NotImplementedError
+
+    def _install(self, tmp: str, remote_path: str, mode: int) -> None:
+        """Become: root puts the login user's temp file `tmp` in place (and it is removed)."""
+        res = self._raw(install_as_root(tmp, remote_path, mode), DEFAULT_COMMAND_TIMEOUT)
+        if not res.ok:
+            raise CommandFailed(self.host.name, f"install {remote_path} as root", res)
 
     def close(self) -> None:
         pass
@@ -142,20 +212,38 @@ class SSHSession(Session):
 
     def put(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         """Write a file atomically: SFTP to a temp name beside it, then rename."""
-        sftp = self.conn.sftp()
-        tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
-        with sftp.open(tmp, "wb") as fh:
-            fh.write(data)
-        sftp.chmod(tmp, mode)
-        sftp.posix_rename(tmp, remote_path)
+        def upload(sftp, tmp):
+            with sftp.open(tmp, "wb") as fh:
+                fh.write(data)
+        self._put(upload, remote_path, mode)
 
     def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
         """Stream a local file to the host atomically (temp name, then rename)."""
+        self._put(lambda sftp, tmp: sftp.put(str(local_path), tmp), remote_path, mode)
+
+    def _put(self, upload, remote_path: str, mode: int) -> None:
         sftp = self.conn.sftp()
-        tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
-        sftp.put(str(local_path), tmp)
-        sftp.chmod(tmp, mode)
-        sftp.posix_rename(tmp, remote_path)
+        if not self.host.become:
+            tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
+            upload(sftp, tmp)
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, remote_path)
+            return
+        # The login user cannot write there: upload to its own private temp
+        # file (mktemp: mode 600), then root installs it (see install_as_root).
+        res = self._raw('umask 077; mktemp "${TMPDIR:-/tmp}/k26ops-put.XXXXXXXX"')
+        tmp = res.stdout.strip()
+        if not res.ok or not tmp.startswith("/"):
+            raise CommandFailed(self.host.name, "mktemp (upload temp file)", res)
+        try:
+            upload(sftp, tmp)
+        except BaseException:
+            try:
+                self._raw(f"rm -f {q(tmp)}")
+            except Exception:
+                pass  # the connection is gone: the temp file is the login user's, in its tmp
+            raise
+        self._install(tmp, remote_path, mode)
 
     def close(self) -> None:
         try:
@@ -200,19 +288,33 @@ class LocalSession(Session):
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     def put(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, remote_path)
+        def write(tmp):
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+        self._put(write, remote_path, mode)
 
     def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
         import shutil
 
-        tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
-        shutil.copyfile(local_path, tmp)
-        os.chmod(tmp, mode)
-        os.replace(tmp, remote_path)
+        self._put(lambda tmp: shutil.copyfile(local_path, tmp), remote_path, mode)
+
+    def _put(self, write, remote_path: str, mode: int) -> None:
+        if not self.host.become:
+            tmp = f"{remote_path}.k26ops-tmp-{os.getpid()}"
+            write(tmp)
+            os.chmod(tmp, mode)
+            os.replace(tmp, remote_path)
+            return
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(prefix="k26ops-put.")  # mode 600, ours
+        os.close(fd)
+        try:
+            write(tmp)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        self._install(tmp, remote_path, mode)
 
 
 def _strict(conn: Connection, host: Host, accept_new: bool) -> None:
@@ -251,7 +353,7 @@ def connect(host: Host, *, accept_new: bool = False,
             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Session:
     """Open the host's one connection for this run. Raises HostKeyRefused or Unreachable."""
     if host.connection == "local":
-        return LocalSession(host)
+        return _checked(LocalSession(host), getpass.getuser())
     kwargs = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout,
               "allow_agent": True}
     if host.identity_file:
@@ -291,7 +393,17 @@ def connect(host: Host, *, accept_new: bool = False,
             msg = f"SSH handshake did not complete within {connect_timeout:.0f}s (connection closed)"
         raise Unreachable(msg) from None
     conn.transport.set_keepalive(KEEPALIVE_SECONDS)
-    return SSHSession(host, conn)
+    return _checked(SSHSession(host, conn), conn.user)
+
+
+def _checked(session: Session, user: str) -> Session:
+    """The session, once become (if set) is known to work; closed if not."""
+    try:
+        session.check_become(user)
+    except BaseException:
+        session.close()
+        raise
+    return session
 
 
 def q(value) -> str:

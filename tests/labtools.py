@@ -31,12 +31,13 @@ def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
     raise RuntimeError("no free port block")
 
 
-def lab_ssh(lab_dir: Path, port: int, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def lab_ssh(lab_dir: Path, port: int, command: str, timeout: float = 60,
+            user: str = "root") -> subprocess.CompletedProcess:
     """OpenSSH with the lab's key and known_hosts, strict host key checking."""
     return subprocess.run(
         ["ssh", "-i", str(lab_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={lab_dir / 'known_hosts'}",
          "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-         "-p", str(port), "root@127.0.0.1", command],
+         "-p", str(port), f"{user}@127.0.0.1", command],
         capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,6 +1,6 @@
 """k26ops reads every Ansible-shape test inventory exactly as ansible-inventory
 does: same hosts, same (transitive) group membership, same effective
-address/port/user. Runs the real ansible-inventory from ansible-core."""
+address/port/user/become. Runs the real ansible-inventory from ansible-core."""
 
 from __future__ import annotations
 
@@ -76,6 +76,7 @@ def _expected(listing: dict) -> dict:
         port = hv.get("ansible_ssh_port", hv.get("ansible_port"))
         info["port"] = int(port) if port is not None else None
         info["user"] = hv.get("ansible_ssh_user", hv.get("ansible_user"))
+        info["become"] = str(hv.get("ansible_become", False)).lower() in ("y", "yes", "on", "1", "true", "t")
     return hosts
 
 
@@ -87,7 +88,7 @@ def _k26ops_list(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
-def test_same_hosts_groups_address_port_user_as_ansible_inventory(path, ansible_out):
+def test_same_hosts_groups_address_port_user_become_as_ansible_inventory(path, ansible_out):
     listing, _ = ansible_out[path]
     expected = _expected(listing)
     ours = _k26ops_list(path)["hosts"]
@@ -99,6 +100,7 @@ def test_same_hosts_groups_address_port_user_as_ansible_inventory(path, ansible_
         assert got["address"] == exp["address"], name
         assert got["port"] == exp["port"], name
         assert got["user"] == exp["user"], name
+        assert got["become"] is exp["become"], name
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])

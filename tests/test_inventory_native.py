@@ -223,7 +223,7 @@ def test_cli_json_shape(tmp_path):
     assert list(doc["hosts"]) == ["lab1", "lab3"]
     assert doc["hosts"]["lab1"] == {
         "address": "127.0.0.1", "port": 2221, "user": "root", "identity_file": "/x/id_ed25519",
-        "gateway": None, "known_hosts": "/x/known_hosts", "connection": "ssh",
+        "gateway": None, "known_hosts": "/x/known_hosts", "connection": "ssh", "become": False,
         "groups": ["all", "lab"], "vars": {"gpus_per_host": 8, "fake_gpus": True}, "notes": []}
     assert doc["groups"]["lab"] == ["lab1", "lab3"]
 

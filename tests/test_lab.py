@@ -127,6 +127,15 @@ def test_down_leaves_no_nspawn_process(scratch_lab):
     assert lab_ssh(scratch_lab.dir, scratch_lab.base_port, "true", timeout=20).returncode != 0
 
 
+def test_hosts_have_sudo_and_resolve_their_own_name(lab):
+    """Like a real host: sudo (for `become`), quiet because the name resolves."""
+    for h in lab.hosts:
+        proc = lab_ssh(lab.dir, h.port, "sudo -n -H -- sh -c 'id -un; getent hosts $(hostname)'")
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        user, addr, name = proc.stdout.split()
+        assert (user, addr, name) == ("root", "127.0.1.1", h.name)
+
+
 def test_hosts_write_to_their_own_overlay_never_to_the_shared_rootfs(lab):
     a, b = lab.hosts[0], lab.hosts[1]
     marker = f"/etc/k26ops-overlay-test-{a.name}"

@@ -18,7 +18,8 @@ from k26ops.cli.context import Settings
 from k26ops.inventory import Host, Inventory, Vault, load
 from k26ops.inventory.yamlsrc import oneline
 
-FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection")
+FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection",
+          "become")
 
 
 def jsonable(value, _path: tuple = ()):
@@ -65,6 +66,11 @@ def _load(settings: Settings, inventory: str | None) -> Inventory:
 
 def _text(value) -> Text:
     return Text("-" if value is None else str(value))
+
+
+def _user_text(h: Host) -> Text:
+    """The login user, marked `(become)` when commands run as root through sudo."""
+    return Text(f"{h.user or '-'}" + (" (become)" if h.become else ""))
 
 
 def _vars_text(values: dict) -> Text:
@@ -141,7 +147,7 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
     for col in cols + (["vars"] if wide else []):
         table.add_column(col, overflow="fold")
     for h in hosts:
-        row = [_text(h.name), _text(h.address), _text(h.port), _text(h.user),
+        row = [_text(h.name), _text(h.address), _text(h.port), _user_text(h),
                _text(h.identity_file), _text(h.gateway), Text(", ".join(h.groups))]
         table.add_row(*row, *([_vars_text(h.vars)] if wide else []))
     console.print(table)

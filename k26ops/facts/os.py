@@ -1,7 +1,8 @@
-"""Operating-system facts: os-release, python3, systemd.
+"""Operating-system facts: os-release, python3, systemd, the user commands run as.
 
 Why: the engine wheels need a known distro and a python3 for the host-side
-helpers; units need systemd. Missing tools give None, not an exception.
+helpers; units need systemd; deploying needs root (directly or through
+become). Missing tools give None, not an exception.
 """
 
 from __future__ import annotations
@@ -60,9 +61,19 @@ def parse_systemd_version(stdout: str, rc: int) -> dict | None:
             "features": [f for f in feats if f[:1] in "+-"], "error": None}
 
 
+@safe
+def parse_user(stdout: str, rc: int) -> dict:
+    """`id -u; id -un` -> {"uid": 1000, "name": "k26"}: who k26ops' commands run as."""
+    lines = stdout.split()
+    if rc != 0 or len(lines) != 2 or not lines[0].isdigit():
+        return {"error": f"unexpected id output: {first_line(stdout)[:200] or f'exit {rc}'}"}
+    return {"uid": int(lines[0]), "name": lines[1], "error": None}
+
+
 FACTS = {
     "os_release": Fact("os_release", "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>&1",
                        parse_os_release),
     "python3": Fact("python3", "python3 --version 2>&1", parse_python_version),
     "systemd": Fact("systemd", "systemctl --version 2>&1", parse_systemd_version),
+    "user": Fact("user", "id -u && id -un", parse_user),
 }

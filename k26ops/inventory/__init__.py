@@ -79,6 +79,7 @@ def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[st
         gateway=r.values.get("gateway"),
         known_hosts=r.values.get("known_hosts"),
         connection=conn,
+        become=r.values.get("become", False),
         groups=graph.member_of(name),
         vars=values,
         notes=notes,

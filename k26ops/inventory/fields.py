@@ -19,7 +19,14 @@ ANSIBLE_VARS = {
     "user": ("ansible_user", "ansible_ssh_user"),
     "identity_file": ("ansible_private_key_file", "ansible_ssh_private_key_file"),
     "connection": ("ansible_connection",),
+    "become": ("ansible_become",),
 }
+# Ansible's boolean words (module_utils convert_bool), for ansible_become.
+ANSIBLE_TRUE = ("y", "yes", "on", "1", "true", "t")
+ANSIBLE_FALSE = ("n", "no", "off", "0", "false", "f")
+# Become means root through sudo, nothing else: these may only say that.
+BECOME_METHODS = ("sudo", "ansible.builtin.sudo")
+BECOME_PASSWORD_VARS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
 SSH_ARGS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 ANSIBLE_SSH_CONNECTIONS = ("ssh", "paramiko", "smart", "paramiko_ssh", "ansible.builtin.ssh",
                            "ansible.builtin.paramiko_ssh")
@@ -105,7 +112,7 @@ def resolve(graph: Graph, host: str, values: dict, origins: dict[str, Origin], s
     node = graph.hosts[host]
     if shape == "native":
         for f in ("address", "port", "user", "identity_file", "gateway", "known_hosts",
-                  "connection"):
+                  "connection", "become"):
             if f in node.fields and node.fields[f][0] is not None:
                 r.values[f] = node.fields[f][0]
                 r.origins[f] = Origin("host", node.fields[f][1], f)
@@ -135,6 +142,8 @@ def resolve(graph: Graph, host: str, values: dict, origins: dict[str, Origin], s
                     r.values[f] = v
                     r.origins[f] = origins[name]
     _check(graph, host, r)
+    if shape != "native":
+        _check_become_vars(graph, host, values, origins, r)
     lookup_name = r.values.get("address") if isinstance(r.values.get("address"), str) \
         and "address" not in r.unresolved else host
     for f, v in ssh.lookup(lookup_name).items():
@@ -164,7 +173,7 @@ def _check(graph: Graph, host: str, r: Resolved) -> None:
                 else "a Jinja expression, not evaluated"
             r.notes.append(f"{f} is {kind}: {show(v)} ({_where(o)})")
             r.unresolved.append(f)
-            if f in ("port", "connection"):
+            if f in ("port", "connection", "become"):
                 del r.values[f]
             else:
                 r.values[f] = "<vault>" if isinstance(v, Vault) else v
@@ -177,6 +186,8 @@ def _check(graph: Graph, host: str, r: Resolved) -> None:
                 graph.fail(o.line, f"{prefix} must be an integer 1..65535, got {show(v)} "
                                    f"({_where(o)})")
             r.values[f] = v
+        elif f == "become":
+            r.values[f] = _become(graph, prefix, v, o)
         elif f == "connection":
             if not isinstance(v, str):
                 graph.fail(o.line, f"{prefix} must be ssh or local, got {show(v)} ({_where(o)})")
@@ -192,3 +203,37 @@ def _check(graph: Graph, host: str, r: Resolved) -> None:
                 graph.fail(o.line, f"{prefix} {show(v)} has spaces, control characters or a "
                                    f"leading '-' ({_where(o)})")
             r.values[f] = v
+
+
+def _become(graph: Graph, prefix: str, v, o: Origin) -> bool:
+    """`become` (native: a YAML boolean) or `ansible_become` (Ansible's boolean
+    words too, e.g. "yes" from an INI-converted inventory)."""
+    if isinstance(v, bool):
+        return v
+    if o.var != "become":
+        word = v.strip().lower() if isinstance(v, str) else v
+        if word in ANSIBLE_TRUE or (word == 1 and not isinstance(word, bool)):
+            return True
+        if word in ANSIBLE_FALSE or (word == 0 and not isinstance(word, bool)):
+            return False
+    graph.fail(o.line, f"{prefix} must be true or false, got {show(v)} ({_where(o)})")
+
+
+def _check_become_vars(graph: Graph, host: str, values: dict, origins: dict[str, Origin],
+                       r: Resolved) -> None:
+    """With become on, ansible_become_method/_user may only ask for root via
+    sudo (what k26ops does); a sudo password var is noted as never used. Off,
+    they are ignored, as ansible ignores them without become."""
+    if not r.values.get("become"):
+        return
+    for var, allowed, want in (("ansible_become_method", BECOME_METHODS, "sudo"),
+                               ("ansible_become_user", ("root",), "root")):
+        v = values.get(var)
+        if v is not None and v not in allowed:
+            o = origins[var]
+            graph.fail(o.line, f"host {show(host)}: {var} {show(v)} is not supported: k26ops "
+                               f"becomes root with sudo, so only {want!r} ({_where(o)})")
+    for var in BECOME_PASSWORD_VARS:
+        if values.get(var) is not None:
+            r.notes.append(f"{var} is ignored: k26ops never sends a sudo password "
+                           f"(become needs passwordless sudo, `sudo -n`)")

@@ -11,7 +11,8 @@ from k26ops.inventory.ansible import group_name
 from k26ops.inventory.graph import Graph
 from k26ops.inventory.yamlsrc import line_of, show, type_name
 
-FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection")
+FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection",
+          "become")
 TOP_KEYS = ("hosts", "groups", "vars")
 HOST_KEYS = FIELDS + ("groups", "vars")
 GROUP_KEYS = ("hosts", "children", "vars")

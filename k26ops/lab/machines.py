@@ -6,7 +6,7 @@ Layout of a lab dir:
   known_hosts         each host's real host key, for strict checking
   inventory.yml       the lab's inventory (what k26ops uses by default)
   hosts/NAME/         per-host files bound into the host (sshd drop-in, host key,
-                      hostname) and its console log
+                      hostname, hosts) and its console log
   hosts/NAME/root/    the host's root: an overlay of the shared rootfs (upper
                       holds what the host wrote; see overlay_boot)
 """
@@ -180,6 +180,10 @@ class Lab:
             "HostKey /etc/ssh/k26ops/ssh_host_ed25519_key\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nMaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\n")
         (hdir / "hostname").write_text(name + "\n")
+        # As on a real install: the host resolves its own name (sudo warns on
+        # every command otherwise: "unable to resolve host").
+        (hdir / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n"
+                                    "::1\tlocalhost ip6-localhost ip6-loopback\n")
         pub = (hdir / "ssh/ssh_host_ed25519_key.pub").read_text().split()
         key_line = f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n"
         binds = [
@@ -187,6 +191,7 @@ class Lab:
             f"--bind={hdir / 'ssh'}:/etc/ssh/k26ops",
             f"--bind-ro={self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys",
             f"--bind-ro={hdir / 'hostname'}:/etc/hostname",
+            f"--bind-ro={hdir / 'hosts'}:/etc/hosts",
         ]
         if (FIXTURES / "nvidia-smi").exists():
             binds.append(f"--bind-ro={FIXTURES / 'nvidia-smi'}:/usr/local/bin/nvidia-smi")

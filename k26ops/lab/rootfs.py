@@ -21,10 +21,11 @@ from k26ops.errors import UserError
 
 SUITE = "bookworm"
 # What a GPU host has for k26ops' purposes: systemd as PID 1, sshd, python3
-# with venv, TLS roots, tar and git; g++ because nvcc needs a host compiler.
+# with venv, TLS roots, tar and git; g++ because nvcc needs a host compiler;
+# sudo because real hosts are often reached as a sudoer (inventory `become`).
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-    "ca-certificates", "tar", "git", "iproute2", "procps", "g++", "curl",
+    "ca-certificates", "tar", "git", "iproute2", "procps", "g++", "curl", "sudo",
 ]
 CUSTOMISE_VERSION = 1  # bump when _customise changes
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
