@@ -20,11 +20,10 @@ import hashlib
 import json
 import shutil
 import threading
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import engine_flags, overlay, patchset, units, wheelhouse
+from k26ops import engine_flags, overlay, patchset, prepcache, units, wheelhouse
 from k26ops import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
@@ -32,7 +31,6 @@ from k26ops.steps import Change, HostContext, Step, StepFailed, register
 from k26ops.steps.toolchain import host_recipe
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
-PREP_CACHE = Path.home() / ".cache/k26ops/releases"
 
 
 @dataclass
@@ -122,16 +120,18 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
         else:
             patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
         rid = recipe_mod.release_id(r, commit, patches)
-        work = PREP_CACHE / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+        work = prepcache.VARIANTS / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         ctx.progress(f"downloading wheels for {rid} (once for all hosts)")
         wheels = wheelhouse.ensure(r.requirements(), no_deps=r.no_deps, python=py)
         sg = [w for w in wheels if w.name.lower().startswith("sglang-")]
         if not sg:
             raise UserError(f"{r.source}: no sglang wheel among the downloaded wheels")
         site, tar, pdir = work / "site-packages", work / "overlay.tar", work / "patches"
-        if not (work / "prepared.ok").exists():  # assembled once per release id on this node
+        if not (work / prepcache.MARK).exists():  # assembled once per release id on this node
             _assemble(work, r, commit, patches, sg[0].path,
                       {name: Path(f) for name, f in ov.get("patches") or []})
+            prepcache.prune()
+        prepcache.used(work)
         pstate = patchset.load_state(work / "patch-state")
         tar = tar if r.overlay else None
         prep = Prepared(rid, r, commit, tar, patches, pdir, wheels, pstate, site)
@@ -258,7 +258,7 @@ class Release(Step):
     def _prune(self, ctx: HostContext, keep: int) -> None:
         """Keep the newest `keep` releases, never `current` nor one a baseline pins."""
         rel = ctx.releases_root
-        pins = f"{ctx.state_dir}/pinned-releases"
+        pins = ctx.pins_file
         ctx.run(f"cd {q(rel)} && cur=$(readlink current); "
                 f"ls -1t --ignore=current --ignore='.*' | tail -n +{keep + 1} | while read -r r; do "
                 f"[ \"$r\" = \"$cur\" ] && continue; grep -qxF \"$r\" {q(pins)} 2>/dev/null && continue; "
@@ -284,9 +284,8 @@ def _assemble(work: Path, r, commit, patches, sglang_wheel: Path, patch_files: d
     """The release's sources on the control node: wheel + overlay + patch series."""
     shutil.rmtree(work, ignore_errors=True)
     site = work / "site-packages"
-    site.mkdir(parents=True)
-    with zipfile.ZipFile(sglang_wheel) as zf:
-        zf.extractall(site)
+    work.mkdir(parents=True)
+    prepcache.linked_copy(prepcache.pristine(sglang_wheel), site)
     tar = None
     if r.overlay:
         overlay.export(r.overlay.url, commit, work / "overlay", r.overlay.subdir, r.overlay.include)
@@ -306,4 +305,4 @@ def _assemble(work: Path, r, commit, patches, sglang_wheel: Path, patch_files: d
         (pdir / shipped).write_text(src.read_text())
         series_lines.append(shipped)
     (pdir / "series").write_text("\n".join(series_lines) + "\n")
-    (work / "prepared.ok").write_text("ok\n")
+    (work / prepcache.MARK).write_text("ok\n")
