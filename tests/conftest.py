@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,22 @@ class RunningLab:
 
     def down(self) -> None:
         self.lab.down()
+
+
+def pytest_sessionstart(session):
+    """Remove lab dirs that killed test runs left in /var/tmp: their hosts are
+    gone, but their overlays hold what the hosts installed (GBs: CUDA wheels)."""
+    from k26ops.lab.machines import Lab, _is_ours
+
+    for d in Path("/var/tmp").glob("k26ops-*-*"):
+        state = d / "lab.json"
+        if not d.is_dir() or not state.exists() or time.time() - state.stat().st_mtime < 600:
+            continue
+        try:
+            if not any(_is_ours(h) for h in Lab(d).hosts()):
+                shutil.rmtree(d, ignore_errors=True)
+        except (OSError, ValueError, TypeError):
+            continue
 
 
 @contextlib.contextmanager
