@@ -6,6 +6,7 @@ tagged snapshots of what ran on the hosts, and rollback to them.
     baselines.rollback(settings, "k26-baseline-working")                    # per-host results
     baselines.Baselines(path).tags()                                        # [TagInfo]
     baselines.drift.host_drift(session, ...)                                # for `k26ops status`
+    baselines.pins.delete(settings, ["old-tag"])  # drop tags, unpin what no tag needs (pins.repin)
 
 See repo.py for the repository layout, snapshot.py and rollback.py for what
 is recorded and restored. Repository: --baselines DIR, else $K26OPS_BASELINES,
@@ -15,4 +16,4 @@ else ./baselines; created by the first snapshot.
 from k26ops.baselines.repo import Baselines, TagInfo, check_tag_name, default_dir  # noqa: F401
 from k26ops.baselines.snapshot import snapshot  # noqa: F401
 from k26ops.baselines.rollback import run as rollback  # noqa: F401
-from k26ops.baselines import drift  # noqa: F401
+from k26ops.baselines import drift, pins  # noqa: F401

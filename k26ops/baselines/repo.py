@@ -131,6 +131,19 @@ class Baselines:
             raise UserError(f"unknown baseline tag {tag!r} in {self.path} ({where}); nothing was changed")
         return next(t for t in self.tags() if t.name == tag)
 
+    def releases_by_host(self, without=()) -> dict[str, list[str]]:
+        """{host: [release id]} that the tags record (oldest tag first), leaving
+        out the tags in `without`: what each host must keep pinned."""
+        out: dict[str, list[str]] = {}
+        for t in self.tags():
+            if t.name in without:
+                continue
+            for host, rec in ((t.index or {}).get("hosts") or {}).items():
+                rid = (rec or {}).get("release_id")
+                if rid and rid not in out.setdefault(host, []):
+                    out[host].append(rid)
+        return out
+
     def read(self, tag_or_commit: str, path: str) -> bytes | None:
         commit = self.repo.commit(tag_or_commit)
         try:
@@ -270,6 +283,17 @@ class Baselines:
         g.reset("-q", commit, "--", *[p for p in OWNED if (p in files or any(f.startswith(p + "/") for f in files)
                                                           or any(o.startswith(p) for o in old_paths))], env=env)
         return commit
+
+    def delete_tags(self, tags: list[str]) -> None:
+        """Delete the tags (all known: check with `tag()` first); the commits stay
+        in the branch's history, only the names go."""
+        import git
+
+        try:
+            self.repo.git.tag("-d", "--", *tags)
+        except git.GitCommandError as exc:
+            err = (exc.stderr or "").strip().splitlines()
+            raise UserError(f"{self.path}: git tag -d failed: {err[-1] if err else exc}") from None
 
     def all_text(self) -> str:
         """Every object's text (history, tags) for secret checks in tests and `doctor`s."""

@@ -250,7 +250,7 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
         def pin(session):
             ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
             rid = recs[session.host.name]["release_id"]
-            pins = f"{ctx.state_dir}/pinned-releases"
+            pins = ctx.pins_file
             session.run(f"mkdir -p {q(ctx.state_dir)} && touch {q(pins)} && "
                         f"{{ grep -qxF {q(rid)} {q(pins)} || echo {q(rid)} >> {q(pins)}; }}", check=True)
             return Outcome(pinned=rid)

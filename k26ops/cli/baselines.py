@@ -1,4 +1,4 @@
-"""`k26ops snapshot`, `k26ops rollback`, `k26ops baselines list|show`."""
+"""`k26ops snapshot`, `k26ops rollback`, `k26ops baselines list|show|delete|repin`."""
 
 from __future__ import annotations
 
@@ -143,3 +143,85 @@ def show_cmd(settings, tag, baselines_dir):
         out.print(f"env   {rec['env']['path']}  secrets recorded as {rec['env'].get('marker')}: "
                   f"{', '.join(rec['env'].get('secret_keys') or []) or 'none'}", markup=False)
         out.print("cmd   " + " ".join(rec.get("cmdline") or []), markup=False)
+
+
+PIN_COLUMNS = [("changed", "_changed"), ("pins", "pins"), ("unpinned", "unpinned"), ("pinned", "newly_pinned")]
+
+
+def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None:
+    """Per-host table or JSON, the changes, what stays on disk, stale hosts; then exit."""
+    from k26ops.cli.deploy import render_changes
+    from k26ops.errors import EXIT_INTERRUPTED
+    from k26ops.fleet import exit_code
+    from k26ops.rollout import print_rollout
+
+    results, check, stale = res["results"], res["check"], res["stale_pins"]
+    if settings.as_json:
+        doc = {k: v for k, v in res.items() if k != "results"}
+        click.echo(json.dumps({**doc, "hosts": {r.host: r.to_json() for r in results}}, default=str))
+    else:
+        if results:
+            print_rollout(settings, results, title, PIN_COLUMNS)
+            render_changes(results, check=check, diff=diff)
+        if any(r.data.get("unpinned") for r in results) and not check:
+            click.echo("Unpinned releases stay on disk: the next deploy's prune removes them "
+                       "(it never removes `current` or a pinned release).")
+    for host, why in stale.items():
+        click.echo(f"k26ops: warning: {host}: pins {'would not be' if check else 'not'} rewritten ({why}); "
+                   "they may keep releases no baseline needs", err=True)
+    if stale and not check:
+        click.echo(f"k26ops: {hint}`k26ops baselines repin --limit {','.join(stale)}` "
+                   "(with an inventory that has them)", err=True)
+    if any(r.status == "interrupted" for r in results):
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(exit_code(results))
+
+
+@group.command(name="delete")
+@click.argument("tags", nargs=-1, required=True, metavar="TAG [TAG...]")
+@click.option("--check", is_flag=True, help="Change nothing; say what would change.")
+@click.option("--diff", is_flag=True, help="Show the pinned-releases diff per host.")
+@BASELINES_OPT
+@click.pass_obj
+def delete_cmd(settings, tags, check, diff, baselines_dir):
+    """Delete baseline tags, then unpin releases no remaining baseline needs.
+
+    Only the tags go: the commits they name stay in the repository's history.
+    Every tag must exist, else nothing changes. Then each host the tags
+    recorded (after --limit) is repinned: its pinned-releases becomes exactly
+    the releases the remaining tags record for it (as `baselines repin`).
+    Release directories are not removed here; the next deploy's prune frees
+    them. A host that cannot be reached keeps its old pins; the tags stay
+    deleted, and `k26ops baselines repin` fixes that host later.
+    """
+    from k26ops.baselines import pins
+
+    res = pins.delete(settings, list(tags), check=check, baselines_dir=baselines_dir, log=_log(settings))
+    if not settings.as_json:
+        click.echo(f"{'would delete' if check else 'deleted'} tag(s) {', '.join(res['tags'])} in {res['repo']} "
+                   "(their commits stay in its history)")
+    _report_pins(settings, res, "baselines delete" + (" --check" if check else ""), diff,
+                 "the tags are deleted, do not run `baselines delete` again; when the hosts are back, run ")
+
+
+@group.command(name="repin")
+@click.option("--check", is_flag=True, help="Change nothing; say what would change.")
+@click.option("--diff", is_flag=True, help="Show the pinned-releases diff per host.")
+@BASELINES_OPT
+@click.pass_obj
+def repin_cmd(settings, check, diff, baselines_dir):
+    """Rewrite the hosts' pinned-releases from the baselines' tags.
+
+    Each selected host pins exactly the releases the tags record for it (a
+    host no tag records pins none). `current` and release directories are not
+    touched; the next deploy's prune frees what is no longer pinned.
+    """
+    from k26ops.baselines import pins
+
+    res = pins.repin(settings, check=check, baselines_dir=baselines_dir, log=_log(settings))
+    _report_pins(settings, res, "baselines repin" + (" --check" if check else ""), diff, "when the hosts are back, run ")
+
+
+def _log(settings):
+    err = Console(stderr=True)
+    return (lambda m: err.print(f"[dim]{m}[/dim]", highlight=False)) if settings.verbose else (lambda m: None)

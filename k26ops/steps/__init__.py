@@ -54,6 +54,11 @@ class HostContext:
     def state_dir(self) -> str:
         return f"{self.root}/state"
 
+    @property
+    def pins_file(self) -> str:
+        """Releases that baselines need: prune never removes them (one id a line)."""
+        return f"{self.state_dir}/pinned-releases"
+
     def run(self, command: str, **kw):
         return self.session.run(command, **kw)
 

@@ -1,0 +1,111 @@
+"""`k26ops baselines repin` and `baselines delete`: keep each host's
+pinned-releases equal to what the tagged baselines still need.
+
+Pins only exist so that prune keeps a release a baseline may roll back to.
+Once a tag is gone, its release needs no pin unless another tag records it;
+a pin nobody needs keeps several GB on the host forever. So the pins are not
+edited one by one: `repin` recomputes each host's list from the tags that
+remain (all of them, read from the repository) and rewrites the file
+atomically. Deleting tags is a control-node change made first (it cannot be
+half done on a host); its hosts are then repinned. A host that cannot be
+reached keeps its old pins (more than needed, never fewer) until `repin`.
+
+Release directories are not removed here: the next deploy's prune does that.
+The host side is one playbook step (`baseline_pins`) run through the playbook
+runner, so it takes the host lock and gets --check/--diff like a deploy.
+"""
+
+from __future__ import annotations
+
+from k26ops.baselines.repo import Baselines
+from k26ops.errors import UserError
+from k26ops.fleet import Fleet, FleetInterrupted
+from k26ops.ssh import q
+from k26ops.steps import Change, HostContext, Step, register, text_diff
+
+
+@register
+class BaselinePins(Step):
+    """Rewrite pinned-releases as exactly the releases the baselines record for this host."""
+
+    name = "baseline_pins"
+
+    def plan(self, ctx: HostContext) -> list[Change]:
+        want = ctx.shared["pins"].get(ctx.host.name, [])
+        path = ctx.pins_file
+        res = ctx.run(f"if test -f {q(path)}; then echo exists; cat -- {q(path)}; fi", check=True)
+        mark, _, text = res.stdout.partition("\n")
+        old = text if mark == "exists" else None
+        have = list(dict.fromkeys(ln.strip() for ln in text.splitlines() if ln.strip()))
+        new = [r for r in have if r in want] + [r for r in want if r not in have]
+        unpin = [r for r in have if r not in want]
+        pin = [r for r in want if r not in have]
+        ctx.shared["pins_new"] = new
+        ctx.shared["outcome"].update(pins=new, unpinned=unpin, newly_pinned=pin)
+        changes = ([Change(f"unpin {r} (no remaining baseline records it)") for r in unpin]
+                   + [Change(f"pin {r} (a baseline records it)") for r in pin])
+        if changes:
+            changes[0].diff = text_diff(path, old, "".join(f"{r}\n" for r in new))
+        return changes
+
+    def apply(self, ctx: HostContext, changes: list[Change]) -> None:
+        new, path = ctx.shared["pins_new"], ctx.pins_file
+        write = f"printf '%s\\n' {' '.join(q(r) for r in new)}" if new else ":"
+        ctx.run(f"set -e; mkdir -p {q(ctx.state_dir)}; t=$(mktemp {q(ctx.state_dir + '/.pinned-releases.XXXXXX')}); "
+                f"trap 'rm -f \"$t\"' EXIT; {write} > \"$t\"; chmod 644 \"$t\"; mv -fT \"$t\" {q(path)}; trap - EXIT",
+                check=True)
+
+
+def repin_hosts(settings, hosts, pins: dict[str, list[str]], *, check: bool, log=lambda m: None) -> list:
+    """Run `baseline_pins` on `hosts` (host lock, --check); one result per host."""
+    from k26ops.rollout import playbook_work
+
+    if not hosts:
+        return []
+    work = playbook_work([BaselinePins()], check=check, purpose="baselines repin", shared={"pins": pins})
+    fleet = Fleet(hosts, settings.fleet_options(), on_event=lambda h, m: log(f"{h}: {m}"))
+    try:
+        return fleet.run(lambda session: work(session, lambda m: log(f"{session.host.name}: {m}")))
+    except FleetInterrupted as exc:
+        return exc.results
+    finally:
+        fleet.close()
+
+
+def _repo(baselines_dir) -> Baselines:
+    repo = Baselines(baselines_dir)
+    if not repo.exists():  # never read "no repository" as "no baseline needs anything"
+        raise UserError(f"no baselines repository at {repo.path} (use --baselines DIR); nothing was changed")
+    return repo
+
+
+def _stale(results) -> dict[str, str]:
+    return {r.host: f"{r.status}: {r.error}" for r in results if r.status not in ("ok", "changed")}
+
+
+def repin(settings, *, check: bool = False, baselines_dir=None, log=lambda m: None) -> dict:
+    """Rewrite the selected hosts' pins from every tag in the repository."""
+    repo = _repo(baselines_dir)
+    hosts = settings.selected_hosts()
+    results = repin_hosts(settings, hosts, repo.releases_by_host(), check=check, log=log)
+    return {"repo": str(repo.path), "check": check, "results": results, "stale_pins": _stale(results)}
+
+
+def delete(settings, tags: list[str], *, check: bool = False, baselines_dir=None, log=lambda m: None) -> dict:
+    """Delete `tags` (all must exist, else nothing changes), then repin the
+    selected hosts they recorded. The deletion stands whatever the hosts do."""
+    repo = _repo(baselines_dir)
+    tags = list(dict.fromkeys(tags))
+    infos = [repo.tag(t) for t in tags]  # an unknown tag: one line naming it, before any change
+    recorded = list(dict.fromkeys(h for i in infos for h in ((i.index or {}).get("hosts") or {})))
+    selected = settings.selected_hosts()  # a bad inventory or --limit: refused before any change
+    hosts = [h for h in selected if h.name in recorded]
+    pins = repo.releases_by_host(without=set(tags))
+    if not check:
+        repo.delete_tags(tags)
+    results = repin_hosts(settings, hosts, pins, check=check, log=log)
+    stale = _stale(results)
+    names = {h.name for h in selected}
+    why = "not selected by --limit, or not in the inventory" if settings.limit else "not in the inventory"
+    stale.update({h: why for h in recorded if h not in names})
+    return {"repo": str(repo.path), "check": check, "tags": tags, "results": results, "stale_pins": stale}
