@@ -15,13 +15,26 @@ from pathlib import Path
 from labtools import k26ops, k26ops_json, lab_ssh
 
 from k26ops.lab import rootfs
+from k26ops.lab.machines import _port_free
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_every_host_answers_strict_ssh_and_runs_systemd(lab):
     names = set()
     for h in lab.hosts:
         proc = lab_ssh(lab.dir, h.port, "hostname; systemctl is-system-running --wait")
-        assert proc.returncode == 0, proc.stderr
+        failed = lab_ssh(lab.dir, h.port, "systemctl --failed --no-legend --plain").stdout
+        assert proc.returncode == 0, (proc.stdout, proc.stderr, f"failed units on {h.name}: {failed}")
         hostname, state = proc.stdout.split()
         assert state == "running"
         names.add(hostname)
@@ -103,8 +116,13 @@ def test_half_started_lab_is_named_and_down_cleans_up(scratch_lab):
     while time.time() < deadline and Path(f"/proc/{h.pid}/cmdline").exists() \
             and b"nspawn" in Path(f"/proc/{h.pid}/cmdline").read_bytes():
         time.sleep(0.2)
-    # A killed host leaves nothing mounted and no copy of the rootfs behind:
-    # its overlay lived in a mount namespace that died with it.
+    # A killed host leaves nothing behind: no process of the host (its sshd
+    # stops answering), nothing mounted, no copy of the rootfs.
+    deadline = time.time() + 20
+    while time.time() < deadline and lab_ssh(scratch_lab.dir, h.port, "true", timeout=5).returncode == 0:
+        time.sleep(0.2)
+    assert _port_free(h.port) and _port_free(h.engine_port)
+    assert not [pid for pid in _pids() if f"k26lab-{scratch_lab.dir.name[-8:]}" in _cmdline(pid)]
     assert str(scratch_lab.dir) not in Path("/proc/mounts").read_text()
     assert not list(rootfs.cache_root().glob(".#machine.*"))
     proc = k26ops("lab", "up", "--hosts", "1", "--dir", str(scratch_lab.dir))

@@ -271,12 +271,16 @@ class Lab:
 
     @staticmethod
     def _stop(hosts: list[LabHost], timeout: float = 20.0) -> None:
+        """SIGTERM to nspawn (it powers the host off), then SIGKILL to the
+        recorded `unshare`, which takes nspawn and every process of the host
+        with it (see overlay_boot)."""
         ours = [h for h in hosts if _is_ours(h)]
         for h in ours:
-            try:
-                os.kill(h.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            for pid in _children(h.pid) or [h.pid]:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
         deadline = time.monotonic() + timeout
         for h in ours:
             while _is_ours(h) and time.monotonic() < deadline:
@@ -284,7 +288,7 @@ class Lab:
                 time.sleep(0.1)
             if _is_ours(h):
                 try:
-                    os.killpg(h.pid, signal.SIGKILL)
+                    os.kill(h.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 for _ in range(50):
@@ -294,19 +298,39 @@ class Lab:
                     time.sleep(0.1)
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):  # kernels without CONFIG_PROC_CHILDREN: scan
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(stat.parent.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+
 def overlay_boot(image: Path, root: Path, nspawn: list[str]) -> list[str]:
     """The command that boots one host on a copy-on-write view of the shared rootfs.
 
     Why not `nspawn --ephemeral`: off btrfs it copies the whole rootfs (about
     760 MB) per host, and a host killed before it shuts down leaves its copy
     behind for good. Here the overlay is mounted in a private mount namespace
-    that dies with the nspawn process, whatever kills it; the host's writes
-    live in root/upper inside the lab dir and go when the lab dir goes. The
-    shell execs nspawn, so the recorded pid is nspawn's.
+    and the host's writes live in root/upper inside the lab dir (gone with it).
+
+    Why a PID namespace too: a SIGKILLed nspawn leaves its container running
+    (systemd, sshd, the engine, still on their ports, reparented to init).
+    With `--pid --fork --kill-child`, nspawn is PID 1 of its own namespace,
+    so when it or the recorded `unshare` dies, the kernel kills everything in
+    it, the host included, and the overlay mount goes with the last process.
+    `unshare` ignores SIGTERM while it waits, so a clean stop signals nspawn.
     """
     script = ('mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
               '&& shift 4 && exec "$@"')
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "k26ops-lab-boot",
+    return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--",
+            "sh", "-c", script, "k26ops-lab-boot",
             str(image), str(root / "upper"), str(root / "work"), str(root / "merged"), *nspawn]
 
 
