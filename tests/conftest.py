@@ -84,6 +84,20 @@ def lab():
     """A shared lab (3 hosts). Tests must leave its hosts as they found them."""
     with private_lab(LAB_HOSTS, "lab") as running:
         yield running
+        _warn_failed_units(running)
+
+
+def _warn_failed_units(running) -> None:
+    """Say which units the tests left failed on the shared lab (a hint for
+    whoever sees a later test trip over one); never fails the run."""
+    import warnings
+
+    from labtools import lab_ssh
+
+    for h in running.hosts:
+        res = lab_ssh(running.dir, h.port, "systemctl --failed --no-legend --plain", timeout=20)
+        if res.stdout.strip():
+            warnings.warn(f"shared lab {h.name}: units left failed: {res.stdout.strip()}")
 
 
 @pytest.fixture
