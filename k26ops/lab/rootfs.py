@@ -27,7 +27,7 @@ PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
     "ca-certificates", "tar", "git", "iproute2", "procps", "g++", "curl", "sudo",
 ]
-CUSTOMISE_VERSION = 1  # bump when _customise changes
+CUSTOMISE_VERSION = 2  # bump when _customise changes
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -133,4 +133,10 @@ def _customise(root: Path) -> None:
         link = root / "etc/systemd/system/timers.target.wants" / unit
         if link.is_symlink():
             link.unlink()
+    # The journal lives in /run: a lab host is thrown away anyway, and under a
+    # loaded CI machine systemd-journal-flush (moving it to /var/log on the
+    # overlay) once failed, leaving a host "degraded" at boot.
+    conf = root / "etc/systemd/journald.conf.d"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "k26ops-lab.conf").write_text("[Journal]\nStorage=volatile\nRuntimeMaxUse=64M\n")
     (root / "etc/hostname").write_text("lab\n")
