@@ -54,3 +54,24 @@ def k26ops_json(*args: str, **kw) -> tuple[int, dict]:
         return proc.returncode, json.loads(proc.stdout)
     except json.JSONDecodeError:
         raise AssertionError(f"not JSON (rc {proc.returncode}): {proc.stdout!r} {proc.stderr!r}")
+
+
+def recipe_with_extra_patch(d: Path, label: str) -> Path:
+    """The lab recipe plus one harmless patch (a comment line in
+    sglang/version.py): a second, different release of the same engine."""
+    import yaml
+
+    import sglang_release
+
+    series = d / "patches" / "series"
+    series.parent.mkdir(parents=True)
+    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
+    (series.parent / f"{label}.patch").write_text(
+        f"Base: sglang==0.5.23 (PyPI)\nA harmless test patch ({label}).\n"
+        "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
+        f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops {label} patch\n")
+    series.write_text(f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\n{label}.patch\n")
+    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
+    doc["patches"]["series"] = str(series)
+    (d / "changed.yml").write_text(yaml.safe_dump(doc))
+    return d / "changed.yml"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 TAG = "k26-baseline-working"
 TOKEN = "hf_BASELINESECRET_0a1b2c3d4e5f"
@@ -54,8 +54,6 @@ def refs(repo: Path) -> str:
 @pytest.fixture(scope="module")
 def env(lab, tmp_path_factory):
     """Inventories (base, changed engine) with an HF token, and a baselines dir."""
-    import sglang_release
-
     d = tmp_path_factory.mktemp("baselines")
     inv = yaml.safe_load(lab.inventory.read_text())
     inv["vars"]["hf_token"] = TOKEN
@@ -63,17 +61,7 @@ def env(lab, tmp_path_factory):
     base = d / "inventory.yml"
     base.write_text(yaml.safe_dump(inv))
     # the changed engine: the lab recipe plus one more patch
-    series = d / "patches" / "series"
-    series.parent.mkdir()
-    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
-    (series.parent / "baseline-test.patch").write_text(
-        "Base: sglang==0.5.23 (PyPI)\nA harmless test patch (baselines test).\n"
-        "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-        f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops baselines test patch\n")
-    series.write_text(f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\nbaseline-test.patch\n")
-    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
-    doc["patches"]["series"] = str(series)
-    (d / "changed.yml").write_text(yaml.safe_dump(doc))
+    recipe_with_extra_patch(d, "baseline-test")
     inv["vars"]["recipe"] = str(d / "changed.yml")
     changed = d / "changed-inventory.yml"
     changed.write_text(yaml.safe_dump(inv))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 HOST = "lab2"
 RELEASES = "/opt/k26ops/test-delete-releases"
@@ -55,24 +55,6 @@ def untouched(lab, env) -> tuple:
             ssh(lab, f"cat {PINS}; ls -la {PINS}"), current(lab))
 
 
-def _changed_recipe(d: Path) -> Path:
-    """The lab recipe plus one harmless patch: a second, different release."""
-    import sglang_release
-
-    series = d / "patches" / "series"
-    series.parent.mkdir()
-    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
-    (series.parent / "delete-test.patch").write_text(
-        "Base: sglang==0.5.23 (PyPI)\nA harmless test patch (baselines delete test).\n"
-        "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-        f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops baselines delete test patch\n")
-    series.write_text(f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\ndelete-test.patch\n")
-    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
-    doc["patches"]["series"] = str(series)
-    (d / "changed.yml").write_text(yaml.safe_dump(doc))
-    return d / "changed.yml"
-
-
 @pytest.fixture(scope="module")
 def env(lab, tmp_path_factory):
     """lab2 deployed twice (two releases), snapshot after each: OLD records r1, NEW r2."""
@@ -83,7 +65,7 @@ def env(lab, tmp_path_factory):
                                       releases_root=RELEASES)
     base = d / "inventory.yml"
     base.write_text(yaml.safe_dump(inv))
-    inv["vars"]["recipe"] = str(_changed_recipe(d))
+    inv["vars"]["recipe"] = str(recipe_with_extra_patch(d, "delete-test"))
     changed = d / "changed-inventory.yml"
     changed.write_text(yaml.safe_dump(inv))
     e = {**lab.env(), "K26OPS_INVENTORY": str(base), "K26OPS_BASELINES": str(d / "baselines")}
