@@ -24,7 +24,7 @@ import socket
 import time
 from datetime import datetime, timezone
 
-from k26ops.ssh import SSHSession, Session, q
+from k26ops.ssh import BECOME_HINT, SSHSession, Session, q
 
 LOCK_BUSY = 75
 NOT_ROOT = 77
@@ -117,8 +117,7 @@ class HostLock:
     @staticmethod
     def _not_root(line: bytes) -> str:
         user = line.decode(errors="replace").split(" ", 1)[1].strip() if b" " in line else "?"
-        return (f"logged in as {user}, not root: k26ops changes system files as root; set "
-                f"`become: true` for this host (needs passwordless sudo) or log in as root")
+        return f"logged in as {user}, not root: k26ops changes system files as root; {BECOME_HINT}"
 
     def _describe_holder(self) -> str:
         res = self.session.run(f"cat {q(self.owner_file)} 2>/dev/null")

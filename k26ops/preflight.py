@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k26ops.ssh import BECOME_HINT
+
 DEFAULTS = {
     "gpus_per_host": 8,
     "compute_capability": ["12.0", "10.x"],
@@ -75,8 +77,7 @@ def root_check(user: dict) -> Check:
         return Check("root", False, user.get("error") or "not measured")
     if user["uid"] == 0:
         return Check("root", True, "commands run as root")
-    return Check("root", False, f"commands run as {user.get('name')} (uid {user['uid']}), not root: "
-                                "set `become: true` for this host (needs passwordless sudo) or log in as root")
+    return Check("root", False, f"commands run as {user.get('name')} (uid {user['uid']}), not root: {BECOME_HINT}")
 
 
 def evaluate(facts: dict, host_vars: dict) -> list[Check]:

@@ -59,6 +59,9 @@ class BecomeFailed(Unreachable):
     reports a failed connection reports this too; the fleet calls it failed.)"""
 
 
+BECOME_HINT = "set `become: true` for this host (needs passwordless sudo) or log in as root"
+
+
 def as_root(command: str) -> str:
     """`command` run by root through sudo: -n never prompts, -H gives root's HOME."""
     return f"sudo -n -H -- sh -c {q(command)}"
@@ -152,7 +155,7 @@ class Session:
         """With become: one `sudo -n` round trip; raises BecomeFailed if it cannot."""
         if not self.host.become:
             return
-        res = self._raw("sudo -n -H -- id -u")
+        res = self._raw(as_root("id -u"))
         problem = sudo_problem(user, res)
         if problem:
             raise BecomeFailed(problem)

@@ -18,8 +18,7 @@ from k26ops.cli.context import Settings
 from k26ops.inventory import Host, Inventory, Vault, load
 from k26ops.inventory.yamlsrc import oneline
 
-FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection",
-          "become")
+from k26ops.inventory.native import FIELDS  # a host's connection fields, as the inventory reads them
 
 
 def jsonable(value, _path: tuple = ()):
