@@ -49,11 +49,9 @@ class BaselinePins(Step):
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
-        new, path = ctx.shared["pins_new"], ctx.pins_file
-        write = f"printf '%s\\n' {' '.join(q(r) for r in new)}" if new else ":"
-        ctx.run(f"set -e; mkdir -p {q(ctx.state_dir)}; t=$(mktemp {q(ctx.state_dir + '/.pinned-releases.XXXXXX')}); "
-                f"trap 'rm -f \"$t\"' EXIT; {write} > \"$t\"; chmod 644 \"$t\"; mv -fT \"$t\" {q(path)}; trap - EXIT",
-                check=True)
+        ctx.run(f"mkdir -p {q(ctx.state_dir)}", check=True)
+        data = "".join(f"{r}\n" for r in ctx.shared["pins_new"]).encode()
+        ctx.session.put(data, ctx.pins_file, 0o644)  # atomic (temp + rename), as root under become
 
 
 def repin_hosts(settings, hosts, pins: dict[str, list[str]], *, check: bool, log=lambda m: None) -> list:
