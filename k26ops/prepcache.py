@@ -14,7 +14,6 @@ unbounded, they filled a shared CI disk. So:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import zipfile
@@ -28,10 +27,10 @@ KEEP_SOURCES = 3
 MARK = "prepared.ok"
 
 
-def pristine(wheel: Path) -> Path:
-    """The wheel's files, extracted once (atomically: temp dir, then rename)."""
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:12]
-    dest = SOURCES / f"{wheel.stem}-{digest}"
+def pristine(wheel: Path, sha256: str) -> Path:
+    """The wheel's files (sha256: its digest, as the wheelhouse recorded it),
+    extracted once (atomically: temp dir, then rename)."""
+    dest = SOURCES / f"{wheel.stem}-{sha256[:12]}"
     if not dest.is_dir():
         SOURCES.mkdir(parents=True, exist_ok=True)
         tmp = SOURCES / f".{dest.name}.tmp-{os.getpid()}"

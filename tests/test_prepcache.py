@@ -17,6 +17,7 @@ import sglang_release  # noqa: E402
 from k26ops import patchset, prepcache  # noqa: E402
 
 SERIES = Path(__file__).resolve().parent.parent / "patches" / "series"
+WHEEL = sglang_release.wheel()
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def _sha(p: Path) -> str:
 
 
 def test_patching_a_linked_copy_leaves_the_pristine_tree_alone(cache):
-    pristine = prepcache.pristine(sglang_release.wheel())
+    pristine = prepcache.pristine(WHEEL, _sha(WHEEL))
     patches = patchset.load_series(SERIES, ("diagnose",))
     touched = sorted({f.path for p in patches for f in p.files})
     before = {f: _sha(pristine / f) for f in touched}
@@ -51,10 +52,10 @@ def test_patching_a_linked_copy_leaves_the_pristine_tree_alone(cache):
 
 
 def test_pristine_is_extracted_once(cache):
-    first = prepcache.pristine(sglang_release.wheel())
+    first = prepcache.pristine(WHEEL, _sha(WHEEL))
     marker = first / "k26ops-test-marker"
     marker.write_text("x")
-    assert prepcache.pristine(sglang_release.wheel()) == first and marker.exists()
+    assert prepcache.pristine(WHEEL, _sha(WHEEL)) == first and marker.exists()
 
 
 def test_prune_keeps_the_most_recently_used_variants(cache):

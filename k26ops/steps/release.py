@@ -128,7 +128,7 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             raise UserError(f"{r.source}: no sglang wheel among the downloaded wheels")
         site, tar, pdir = work / "site-packages", work / "overlay.tar", work / "patches"
         if not (work / prepcache.MARK).exists():  # assembled once per release id on this node
-            _assemble(work, r, commit, patches, sg[0].path,
+            _assemble(work, r, commit, patches, sg[0],
                       {name: Path(f) for name, f in ov.get("patches") or []})
             prepcache.prune()
         prepcache.used(work)
@@ -280,12 +280,13 @@ def _tied_to_channel(script: str) -> str:
             "done; wait $b")
 
 
-def _assemble(work: Path, r, commit, patches, sglang_wheel: Path, patch_files: dict | None = None) -> None:
+def _assemble(work: Path, r, commit, patches, sglang_wheel: wheelhouse.Wheel,
+              patch_files: dict | None = None) -> None:
     """The release's sources on the control node: wheel + overlay + patch series."""
     shutil.rmtree(work, ignore_errors=True)
     site = work / "site-packages"
     work.mkdir(parents=True)
-    prepcache.linked_copy(prepcache.pristine(sglang_wheel), site)
+    prepcache.linked_copy(prepcache.pristine(sglang_wheel.path, sglang_wheel.sha256), site)
     tar = None
     if r.overlay:
         overlay.export(r.overlay.url, commit, work / "overlay", r.overlay.subdir, r.overlay.include)
