@@ -197,3 +197,12 @@ def test_not_root_is_a_one_line_error_that_starts_nothing(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr == "k26ops: error: the lab needs root (systemd-nspawn boots containers): run as root\n"
     assert not (tmp_path / "lab").exists()
+
+
+def test_lab_dir_an_overlay_cannot_name_is_a_one_line_error_that_starts_nothing(tmp_path):
+    bad = tmp_path / "a:b"
+    proc = k26ops("lab", "up", "--hosts", "1", "--dir", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr == (f"k26ops: error: lab dir {bad}: a path with ',', ':' or '\\' cannot hold an "
+                           "overlay root; choose another --dir\n")
+    assert not bad.exists()
