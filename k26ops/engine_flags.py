@@ -230,7 +230,7 @@ def _normalize(flags) -> list[str]:
 
 def _ddtree_missing(ef: EngineFlags) -> UserError:
     return UserError(f"the DDTree source is missing: sglang {ef.version or '(unknown version)'} has no DDTREE; "
-                     f"set the recipe's ddtree overlay (sources: {ef.root})")
+                     f"build the engine from a git source pinned to a DDTree commit (recipe engine.source) (sources: {ef.root})")
 
 
 def _unknown(name: str, ef: EngineFlags) -> UserError:

@@ -28,7 +28,9 @@ except Exception:  # standalone on a host
 STATE_FILE = "state.json"
 PRISTINE_DIR = "pristine"
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-_BASE_RE = re.compile(r"^[#\s]*Base:\s*([A-Za-z0-9_.\-]+)\s*==\s*([^\s()]+)\s*(?:\((.*?)\))?", re.I)
+# `Base: sglang==0.5.23 (PyPI)` or `Base: sglang@<40-hex commit> (where it comes from)`;
+# a patch verified against several bases lists one Base: line each.
+_BASE_RE = re.compile(r"^[#\s]*Base:\s*([A-Za-z0-9_.\-]+)\s*(==\s*[^\s()]+|@\s*[0-9a-f]{40})\s*(?:\((.*?)\))?", re.I)
 _GUARD_RE = re.compile(r"#\s*when:\s*([\w,\- ]+)\s*$")
 _TAG_RE = re.compile(r"\[([\w,\- ]+)\]")
 
@@ -63,8 +65,9 @@ class Patch:
     name: str
     sha256: str
     header: str
-    base: tuple[str, str, str] | None  # (package, version, source) from `Base:`
+    base: tuple[str, str, str] | None  # (package, "==ver" or "@commit", source): the first `Base:`
     files: list[FilePatch]
+    bases: tuple = ()  # every `Base:` line, as (package, spec, source)
 
 
 @dataclass
@@ -147,13 +150,13 @@ def parse_patch(text: str, name: str = "<patch>", strip: int = 1) -> Patch:
     if not files:
         raise PatchError(f"{name}: no file changes found (not a unified diff?)")
     head = "".join(header)
-    base = None
+    bases = []
     for h in header:
         m = _BASE_RE.match(h)
         if m:
-            base = (m.group(1), m.group(2), (m.group(3) or "").strip())
-            break
-    return Patch(name=name, sha256=sha, header=head, base=base, files=files)
+            bases.append((m.group(1), m.group(2).replace(" ", ""), (m.group(3) or "").strip()))
+    return Patch(name=name, sha256=sha, header=head, base=bases[0] if bases else None, files=files,
+                 bases=tuple(bases))
 
 
 def parse_series(text: str, source: str = "series") -> list[SeriesEntry]:
@@ -278,7 +281,20 @@ def _try(patch: Patch, view, reverse: bool):
 
 
 def _fmt_base(base) -> str:
-    return f"{base[0]}=={base[1]}" if base else "no Base: header"
+    return f"{base[0]}{base[1]}" if base else "no Base: header"
+
+
+def _spec(value: str) -> str:
+    """An installed base as a spec: "0.5.23" -> "==0.5.23"; "@<sha>" and "==x" as they are."""
+    return value if value.startswith(("==", "@")) else "==" + value
+
+
+def parse_base(text: str) -> tuple[str, str]:
+    """`sglang==0.5.23` or `sglang@<sha>` -> (package, spec)."""
+    m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(==\S+|@[0-9a-f]{40})", text.strip())
+    if not m:
+        raise PatchError(f"not a base: {text!r} (expected PKG==VERSION or PKG@COMMIT)")
+    return m.group(1), m.group(2)
 
 
 def plan(root, patches: list[Patch], installed: dict | None = None,
@@ -302,9 +318,16 @@ def plan(root, patches: list[Patch], installed: dict | None = None,
         if prev and prev["sha256"] != p.sha256:
             raise PatchError(f"patch {p.name} changed since it was applied (state sha256 {prev['sha256'][:12]}, "
                              f"now {p.sha256[:12]}): revert the series first")
+        pkgs = {b[0] for b in p.bases}
+        for pkg in sorted(pkgs & set(installed)):
+            have = _spec(installed[pkg])
+            if not any(b[0] == pkg and b[1] == have for b in p.bases):
+                raise PatchError(f"patch {p.name} is written for {', '.join(_fmt_base(b) for b in p.bases)}, "
+                                 f"the deployed base is {pkg}{have}: nothing was applied")
+        if installed and not p.bases:
+            raise PatchError(f"patch {p.name} has no Base: header (which engine it was written for): "
+                             "nothing was applied")
         mismatch = None
-        if p.base and p.base[0] in installed and installed[p.base[0]] != p.base[1]:
-            mismatch = f"expects {_fmt_base(p.base)}, installed {p.base[0]}=={installed[p.base[0]]}"
         fwd, finfo = _try(p, view, reverse=False)
         rev, _rinfo = _try(p, view, reverse=True)
         if fwd is not None and rev is not None:  # ambiguous: trust the state, then exactness
@@ -316,7 +339,7 @@ def plan(root, patches: list[Patch], installed: dict | None = None,
         else:
             path, hunk, _missing = finfo
             what = {-1: "file is missing", -2: "file already exists"}.get(hunk, f"hunk {hunk} does not apply")
-            inst = f"{p.base[0]}=={installed[p.base[0]]}" if p.base and p.base[0] in installed else "unknown"
+            inst = f"{p.base[0]}{_spec(installed[p.base[0]])}" if p.base and p.base[0] in installed else "unknown"
             raise PatchError(f"patch {p.name}: {path}: {what} (base expected {_fmt_base(p.base)}, installed {inst})")
         if mismatch:
             warnings.append(f"patch {p.name} {mismatch} but {'applies' if status == 'apply' else 'is applied'}")
@@ -481,11 +504,12 @@ def _main(argv=None) -> int:
         if name in ("apply", "check"):
             s.add_argument("--series", required=True)
             s.add_argument("--tag", action="append", default=[], help="enable guarded patches")
-            s.add_argument("--installed", action="append", default=[], metavar="PKG==VER")
+            s.add_argument("--installed", "--base", action="append", default=[], metavar="PKG==VER|PKG@COMMIT",
+                           help="the deployed base; every patch must name it in a Base: line")
     a = ap.parse_args(argv)
     try:
         if a.cmd in ("apply", "check"):
-            inst = dict(x.split("==", 1) for x in a.installed)
+            inst = dict(parse_base(x) for x in a.installed)
             res = apply(a.root, load_series(a.series, a.tag), a.state, inst, check=a.cmd == "check")
         elif a.cmd == "revert":
             res = revert(a.root, a.state)

@@ -110,7 +110,22 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
                                 f"{path}: {_gb(row['available'])} free, needs {_gb(need)}"))
     if "user" in facts:
         checks.append(root_check(facts["user"] or {}))
+    if "drafter" in facts and host_vars.get("_drafter"):
+        checks.append(drafter_check(facts["drafter"] or {}, host_vars["_drafter"]))
     sd = facts.get("systemd") or {}
     checks.append(Check("systemd", bool(sd.get("version")),
                         f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd")))
     return checks
+
+
+def drafter_check(fact: dict, want: dict) -> Check:
+    """The drafter exists with a readable config whose block size matches the profile's."""
+    path, block = want.get("path"), want.get("block_size")
+    if fact.get("error"):
+        return Check("drafter", False, f"{path}: {fact['error']}")
+    got = fact.get("block_size")
+    if block is not None and got is not None and int(got) != int(block):
+        return Check("drafter", False, f"{path}: config.json block_size {got}, the profile's "
+                                       f"speculative_dflash_block_size is {block}")
+    src = f" ({want['repo']} @ {want['revision'][:12]})" if want.get("repo") and want.get("revision") else ""
+    return Check("drafter", True, f"{path}: block size {got if got is not None else 'not in config'}{src}")

@@ -1,5 +1,6 @@
-"""The engine recipe: pins, CUDA toolkit, DDTree overlay source, patch series,
-engine profile defaults; and the release id derived from its content.
+"""The engine recipe: the engine source (a registry release, or a git URL
+pinned to one commit with its dependency lock), CUDA toolkit, patch series,
+drafter, engine profile defaults; and the release id derived from its content.
 
 Why a separate, validated file: hosts built from the same recipe, overlay commit
 and patch contents must be byte-for-byte the same release (same id, nothing
@@ -24,18 +25,20 @@ from k26ops.errors import UserError
 RECIPES_DIR = resources.path("playbooks", "recipes")
 DEFAULT_RECIPE = "k26-tp8-ddtree"
 UPSTREAM_URL = "https://github.com/sgl-project/sglang.git"
-UPSTREAM_DDTREE_REF = "refs/pull/29907/head"
+_SHA = re.compile(r"[0-9a-f]{40}")
+_PY = re.compile(r"3\.\d+")
 
 _VERSION = re.compile(r"\d+(\.\d+)*([.+-]?[A-Za-z0-9]+)*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GPU_PINS = ("torch", "triton", "flashinfer-python")
-_TOP = {"name", "description", "engine", "cuda_toolkit", "ddtree_overlay", "patches", "engine_profile"}
+_TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile"}
 # engine_profile keys understood by units.engine_argv (plus extra_args)
 PROFILE_INT = {"tp_size": 1, "speculative_ddtree_budget": 1, "speculative_dflash_block_size": 1,
                "page_size": 1, "cuda_graph_max_bs_decode": 1, "cuda_graph_max_bs_prefill": 1,
                "port": 1, "nnodes": 1}
 PROFILE_OTHER = {"model_path", "draft_model_path", "launch_module", "served_model_name",
-                 "speculative_algorithm", "trust_remote_code", "disable_cuda_graph", "host", "extra_args"}
+                 "speculative_algorithm", "trust_remote_code", "disable_cuda_graph", "host", "extra_args",
+                 "attention_backend", "prefill_attention_backend", "decode_attention_backend"}
 
 
 @dataclass(frozen=True)
@@ -54,29 +57,57 @@ class Toolkit:
 
 
 @dataclass(frozen=True)
-class Overlay:
+class GitSource:
+    """The engine built from one commit: its Python, compiled parts and dependency pins."""
     url: str
-    ref: str
-    subdir: str = "python/sglang"  # upstream layout
-    include: str = "*.py"  # compiled kernels of the installed wheel are kept
+    commit: str  # full 40-hex: a deploy never follows a moving ref
+    subdir: str = "python"  # where the commit's pyproject.toml is
+    ref: str | None = None  # only where `engine pin` looks, and a fetch hint
+    wheel_path: str | None = None  # prebuilt wheel (when this node cannot build it) ...
+    wheel_url: str | None = None
+    wheel_sha256: str | None = None  # ... accepted only with its sha256
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """The speculative drafter (DFlash for K2.6): where it is on the host, where it came from."""
+    path: str | None
+    block_size: int | None
+    repo: str | None = None
+    revision: str | None = None
 
 
 @dataclass(frozen=True)
 class Recipe:
     name: str
     source: Path
-    sglang: str
+    sglang: str | None  # registry version; None for a git source
     install: str  # full | no-deps
     pins: dict[str, str]
     extras: dict[str, list[str]]
     toolkit: Toolkit
-    overlay: Overlay | None
+    git: GitSource | None
     series: Path
     tags: tuple[str, ...]
     profile: dict[str, Any] = field(default_factory=dict)
+    lock_path: Path | None = None  # git sources: the dependency lock beside the recipe
+    python: str = "3.11"  # the hosts' python (a lock is for one)
+    index_urls: tuple[str, ...] = ()
+    drafter: Drafter | None = None
+
+    @property
+    def base(self) -> str:
+        """What the patch series is written against: `sglang==0.5.23` or `sglang@<commit>`."""
+        return f"sglang@{self.git.commit}" if self.git else f"sglang=={self.sglang}"
+
+    @property
+    def base_short(self) -> str:
+        return f"sglang@{self.git.commit[:12]}" if self.git else f"sglang=={self.sglang}"
 
     def requirements(self) -> list[str]:
-        """pip requirement strings to install into the release venv (see `no_deps`)."""
+        """Registry sources: pip requirement strings for the release venv (see `no_deps`)."""
+        if self.git:
+            return []
         out = [f"sglang=={self.sglang}"]
         if self.install == "full":
             for pkg, ver in self.pins.items():
@@ -181,8 +212,13 @@ def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise c.err(("name",), f"must be a simple name, got {name!r}")
 
-    eng = c.mapping(top["engine"], ("engine",), {"sglang", "install", "pins", "extras"}, required=("sglang",))
-    sglang = c.version(eng["sglang"], ("engine", "sglang"))
+    eng = c.mapping(top["engine"], ("engine",), {"sglang", "install", "pins", "extras", "source", "lock",
+                                                  "python", "index_urls"})
+    git = None
+    if (eng.get("sglang") is None) == (eng.get("source") is None):
+        raise c.err(("engine",), "give exactly one of sglang: VERSION (a registry release) "
+                                 "or source: {git: URL, commit: SHA} (a git commit)")
+    sglang = c.version(eng["sglang"], ("engine", "sglang")) if eng.get("sglang") is not None else None
     install = c.choice(eng.get("install", "full"), ("engine", "install"), ("full", "no-deps"))
     pins_raw = c.mapping(eng.get("pins"), ("engine", "pins"))
     pins = {}
@@ -190,7 +226,7 @@ def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
         if not isinstance(pkg, str) or not _NAME.fullmatch(pkg):
             raise c.err(("engine", "pins", pkg), "not a package name")
         pins[pkg] = c.version(ver, ("engine", "pins", pkg))
-    if install == "full":
+    if install == "full" and sglang is not None:
         for pkg in _GPU_PINS:
             if pkg not in pins:
                 raise c.err(("engine", "pins"), f"install: full needs a pin for {pkg}")
@@ -201,6 +237,45 @@ def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
         if not isinstance(ex, list) or not all(isinstance(e, str) and _NAME.fullmatch(e) for e in ex):
             raise c.err(("engine", "extras", pkg), "must be a list of extra names")
         extras[pkg] = list(ex)
+    python = str(eng.get("python", "3.11"))
+    if not _PY.fullmatch(python):
+        raise c.err(("engine", "python"), f"must be a quoted python version like \"3.12\", got {eng.get('python')!r}")
+    index_urls = eng.get("index_urls") or []
+    if not isinstance(index_urls, list) or not all(isinstance(u, str) and re.match(r"https?://\S+$", u)
+                                                   for u in index_urls):
+        raise c.err(("engine", "index_urls"), "must be a list of http(s) index URLs")
+    lock_path = None
+    if eng.get("source") is not None:
+        src = c.mapping(eng["source"], ("engine", "source"), {"git", "commit", "subdir", "ref", "wheel"},
+                        required=("git", "commit"))
+        if pins or extras or "install" in eng:
+            raise c.err(("engine", "pins" if pins else "install"), "a git source takes its dependency pins from "
+                        "the commit's own pyproject (recorded in the lock), not from the recipe")
+        url = src["git"]
+        if not isinstance(url, str) or not re.match(r"((https?|ssh|git|file)://|[\w.-]+@[\w.-]+:|/)\S+$", url):
+            raise c.err(("engine", "source", "git"), f"not a git URL: {url!r}")
+        commit = src["commit"]
+        if not isinstance(commit, str) or not _SHA.fullmatch(commit):
+            raise c.err(("engine", "source", "commit"), f"must be a full 40-hex commit, got {commit!r} (a deploy "
+                        "never follows a branch or PR; find the commit with `k26ops engine pin RECIPE --ref REF`)")
+        subdir = src.get("subdir", "python")
+        ref = src.get("ref")
+        for k, v in (("subdir", subdir), ("ref", ref)):
+            if v is not None and (not isinstance(v, str) or not re.fullmatch(r"[\w./-]+", v) or ".." in v.split("/")):
+                raise c.err(("engine", "source", k), f"must be a plain path or ref name, got {v!r}")
+        wp = wu = ws = None
+        if src.get("wheel") is not None:
+            wh = c.mapping(src["wheel"], ("engine", "source", "wheel"), {"path", "url", "sha256"}, required=("sha256",))
+            wp, wu, ws = wh.get("path"), wh.get("url"), wh["sha256"]
+            if (wp is None) == (wu is None):
+                raise c.err(("engine", "source", "wheel"), "give exactly one of path or url")
+            if not isinstance(ws, str) or not re.fullmatch(r"[0-9a-f]{64}", ws):
+                raise c.err(("engine", "source", "wheel", "sha256"), "must be the wheel's 64-hex sha256")
+        git = GitSource(url, commit, subdir, ref, wp, wu, ws)
+        lock_rel = eng.get("lock", f"{path.stem}.lock")
+        if not isinstance(lock_rel, str) or not lock_rel.strip():
+            raise c.err(("engine", "lock"), "must be a file name or path")
+        lock_path = Path(lock_rel) if Path(lock_rel).is_absolute() else path.parent / lock_rel
 
     tk = c.mapping(top["cuda_toolkit"], ("cuda_toolkit",), {"method", "version", "min_driver"},
                    required=("method", "version"))
@@ -212,17 +287,6 @@ def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
     if isinstance(min_driver, bool) or not isinstance(min_driver, int) or min_driver < 1:
         raise c.err(("cuda_toolkit", "min_driver"), f"must be a driver major number, got {min_driver!r}")
     toolkit = Toolkit(method, tver, min_driver)
-
-    overlay = None
-    ov = top.get("ddtree_overlay")
-    if ov is not None:
-        ov = c.mapping(ov, ("ddtree_overlay",), {"url", "ref", "subdir", "include"}, required=("url", "ref"))
-        for k in ("url", "ref", "subdir", "include"):
-            if k in ov and (not isinstance(ov[k], str) or not ov[k].strip() or any(ch.isspace() for ch in ov[k])):
-                raise c.err(("ddtree_overlay", k), f"must be a non-empty string without spaces, got {ov[k]!r}")
-        if not re.match(r"(https?|ssh|git|file)://|[\w.-]+@[\w.-]+:|/", ov["url"]):
-            raise c.err(("ddtree_overlay", "url"), f"not a git URL: {ov['url']!r}")
-        overlay = Overlay(ov["url"], ov["ref"], ov.get("subdir", "python/sglang"), ov.get("include", "*.py"))
 
     pt = c.mapping(top.get("patches"), ("patches",), {"series", "tags"})
     series_rel = pt.get("series", "patches/series")
@@ -246,14 +310,31 @@ def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
             raise c.err(("engine_profile",), "speculative_algorithm DDTREE needs speculative_ddtree_budget")
         if profile.get("page_size", 1) != 1:
             raise c.err(("engine_profile", "page_size"), "DDTREE needs page_size 1")
+    drafter = None
+    if top.get("drafter") is not None:
+        dr = c.mapping(top["drafter"], ("drafter",), {"path", "block_size", "repo", "revision"})
+        if dr.get("path") is not None and not isinstance(dr["path"], str):
+            raise c.err(("drafter", "path"), "must be a path")
+        bs = dr.get("block_size")
+        if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs < 1):
+            raise c.err(("drafter", "block_size"), f"must be an integer >= 1, got {bs!r}")
+        rev = dr.get("revision")
+        if dr.get("repo") is not None and not (isinstance(rev, str) and _SHA.fullmatch(rev)):
+            raise c.err(("drafter", "revision"), "a drafter from a hub repo needs its full 40-hex revision "
+                        "(a branch name moves)")
+        drafter = Drafter(dr.get("path"), bs, dr.get("repo"), rev)
     return Recipe(name=name, source=path, sglang=sglang, install=install, pins=pins, extras=extras,
-                  toolkit=toolkit, overlay=overlay, series=series, tags=tuple(tags), profile=profile)
+                  toolkit=toolkit, git=git, series=series, tags=tuple(tags), profile=profile,
+                  lock_path=lock_path, python=python, index_urls=tuple(index_urls), drafter=drafter)
 
 
-def with_overlay(recipe: Recipe, url: str, ref: str) -> Recipe:
-    """The same recipe with another DDTree source (the lab's local repository)."""
-    base = recipe.overlay or Overlay(url, ref)
-    return replace(recipe, overlay=replace(base, url=url, ref=ref))
+def with_source_url(recipe: Recipe, url: str) -> Recipe:
+    """The same commit fetched from another URL (a mirror; the lab's local repository).
+
+    The commit is the engine's identity; the URL is only where it is fetched."""
+    if recipe.git is None:
+        raise UserError(f"{recipe.source}: engine_source_url is set but the recipe's engine is a registry release")
+    return replace(recipe, git=replace(recipe.git, url=url))
 
 
 def _ver_tuple(v: str) -> tuple:
@@ -321,10 +402,12 @@ def _hash_bytes(data) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else bytes(data)).hexdigest()
 
 
-def release_id(recipe: Recipe, overlay_commit: str | None, patch_contents) -> str:
-    """`sglang<ver>-<12 hex>` from what goes into the build: pins, install mode, toolkit,
-    overlay URL + resolved commit (not the ref name), and each active patch's name and
-    content in series order. Engine profile and recipe name do not change the build."""
+def release_id(recipe: Recipe, lock_sha256: str | None, patch_contents) -> str:
+    """`sglang<ver>-<12 hex>` (registry) or `sglang-<commit12>-<12 hex>` (git) from
+    what goes into the build: the engine source (registry pins and install mode, or
+    commit + subdir + lock hash + prebuilt wheel hash; never the URL, a mirror gives
+    the same release), toolkit, and each active patch's name and content in series
+    order. Engine profile and recipe name do not change the build."""
     if isinstance(patch_contents, Mapping):
         patch_contents = list(patch_contents.items())
     patches = []
@@ -334,16 +417,16 @@ def release_id(recipe: Recipe, overlay_commit: str | None, patch_contents) -> st
         else:
             name, content = item
             patches.append([str(name), _hash_bytes(content)])
+    if recipe.git is not None and not lock_sha256:
+        raise UserError(f"{recipe.source}: the engine source's lock is not loaded yet")
     doc = {
-        "sglang": recipe.sglang, "install": recipe.install,
-        "requirements": recipe.requirements(),
+        "engine": ({"commit": recipe.git.commit, "subdir": recipe.git.subdir, "lock": lock_sha256,
+                    "wheel": recipe.git.wheel_sha256} if recipe.git else
+                   {"sglang": recipe.sglang, "install": recipe.install, "requirements": recipe.requirements()}),
         "toolkit": asdict(recipe.toolkit),
-        "overlay": None if recipe.overlay is None else {
-            "url": recipe.overlay.url, "commit": overlay_commit,
-            "subdir": recipe.overlay.subdir, "include": recipe.overlay.include},
         "patches": patches,
     }
-    if recipe.overlay is not None and not overlay_commit:
-        raise UserError(f"{recipe.source}: ddtree_overlay is set but its commit is not resolved yet")
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    if recipe.git:
+        return f"sglang-{recipe.git.commit[:12]}-{digest[:12]}"
     return f"sglang{recipe.sglang}-{digest[:12]}"

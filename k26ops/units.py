@@ -189,7 +189,7 @@ def engine_argv(profile: Mapping) -> list[str]:
     (sglang.launch_server), python or release_dir, tp_size (8),
     trust_remote_code (True), served_model_name, speculative_algorithm (DDTREE),
     speculative_ddtree_budget, speculative_dflash_block_size, page_size,
-    disable_cuda_graph, cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill,
+    attention_backend / prefill_ / decode_attention_backend, disable_cuda_graph, cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill,
     host (127.0.0.1), port (30000), nnodes (1) with node_rank and
     dist_init_addr from the caller when > 1, extra_args."""
     python = profile.get("python") or f"{profile.get('release_dir') or RELEASE_DIR}/venv/bin/python"
@@ -205,12 +205,16 @@ def engine_argv(profile: Mapping) -> list[str]:
     algo = profile.get("speculative_algorithm", "DDTREE")
     if algo:
         argv += ["--speculative-algorithm", str(algo)]
-        argv += ["--speculative-draft-model-path", str(_req(profile, "draft_model_path"))]
+        if profile.get("draft_model_path"):  # required by DFLASH/DDTREE: k26ops.launch_rules says so
+            argv += ["--speculative-draft-model-path", str(profile["draft_model_path"])]
         for key in ("speculative_ddtree_budget", "speculative_dflash_block_size"):
             if (value := _int(profile, key, 1)) is not None:
                 argv += ["--" + key.replace("_", "-"), str(value)]
     if (page := _int(profile, "page_size", 1)) is not None:
         argv += ["--page-size", str(page)]
+    for key in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        if profile.get(key):
+            argv += ["--" + key.replace("_", "-"), str(profile[key])]
     if profile.get("disable_cuda_graph"):
         argv.append("--disable-cuda-graph")
     else:

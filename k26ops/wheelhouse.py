@@ -45,9 +45,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def ensure(requirements: list[str], *, no_deps: bool, python: str = "3.11") -> list[Wheel]:
-    """The wheels for `requirements` (downloaded once; cached by content of the request)."""
+def ensure(requirements: list[str], *, no_deps: bool, python: str = "3.11", hashes: bool = False) -> list[Wheel]:
+    """The wheels for `requirements` (downloaded once; cached by content of the request).
+
+    hashes=True: the requirements are lock lines (`name==ver --hash=sha256:...`);
+    pip downloads exactly those files and refuses any other bytes."""
     key_doc = {"req": sorted(requirements), "no_deps": no_deps, "python": python, "platforms": PLATFORMS}
+    if hashes:
+        key_doc["hashes"] = True
+        if not requirements:
+            return []
     key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:16]
     root = cache_root()
     d = root / key
@@ -56,7 +63,7 @@ def ensure(requirements: list[str], *, no_deps: bool, python: str = "3.11") -> l
         fcntl.flock(lock, fcntl.LOCK_EX)
         manifest = d / "manifest.json"
         if not manifest.exists():
-            _download(d, requirements, no_deps, python)
+            _download(d, requirements, no_deps, python, hashes)
             wheels = [{"name": p.name, "sha256": _sha256(p), "size": p.stat().st_size}
                       for p in sorted(d.glob("*.whl"))]
             manifest.write_text(json.dumps({"request": key_doc, "wheels": wheels}, indent=1))
@@ -67,7 +74,7 @@ def ensure(requirements: list[str], *, no_deps: bool, python: str = "3.11") -> l
     return [Wheel(w["name"], w["sha256"], w["size"], d / w["name"]) for w in data["wheels"]]
 
 
-def _download(d: Path, requirements: list[str], no_deps: bool, python: str) -> None:
+def _download(d: Path, requirements: list[str], no_deps: bool, python: str, hashes: bool = False) -> None:
     tmp = d.with_name(d.name + ".partial")
     if tmp.exists():
         for p in tmp.iterdir():
@@ -79,12 +86,28 @@ def _download(d: Path, requirements: list[str], no_deps: bool, python: str) -> N
         cmd += ["--platform", p]
     if no_deps:
         cmd.append("--no-deps")
-    proc = subprocess.run(cmd + list(requirements), capture_output=True, text=True)
+    if hashes:
+        reqs = d.with_name(d.name + ".requirements.txt")
+        reqs.write_text("".join(r + "\n" for r in requirements))
+        args, shown = ["--require-hashes", "-r", str(reqs)], f"the {len(requirements)} locked wheels"
+    else:
+        args, shown = list(requirements), " ".join(requirements)
+    proc = subprocess.run(cmd + args, capture_output=True, text=True)
     if proc.returncode != 0:
         errs = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
-        raise UserError(f"pip download {' '.join(requirements)} failed: "
+        raise UserError(f"pip download {shown} failed: "
                         + (errs[-1] if errs else proc.stderr.strip()[-300:]))
     tmp.rename(d)
+
+
+def requirements_file(wheels: list[Wheel]) -> str:
+    """What a host installs: every wheel pinned to its version and sha256, so
+    `pip install --require-hashes --no-index` can only take these bytes."""
+    lines = []
+    for w in sorted(wheels, key=lambda w: w.name):
+        parts = w.name[:-len(".whl")].split("-")
+        lines.append(f"{parts[0]}=={parts[1]} --hash=sha256:{w.sha256}\n")
+    return "".join(lines)
 
 
 def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:

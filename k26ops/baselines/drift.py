@@ -37,7 +37,7 @@ def host_drift(session, releases_root: str, unit_path: str, env_path: str, index
     unit_sha = sha256(p.get("unit"))
     env_sha = sha256(units.env_for_baseline(p["env"])) if p.get("env") is not None else None
     out = {"release": r["current"], "canonical": bool(m) and not changed,
-           "drifted_files": changed, "baseline": None, "differs_from": None}
+           "drifted_files": changed, "baseline": None, "differs_from": None, "engine": m.get("engine")}
     name = session.host.name
     for tag, recs in index:
         rec = recs.get(name)

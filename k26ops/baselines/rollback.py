@@ -4,8 +4,8 @@ Per host (under the host lock, through the playbook runner):
   baseline_release  the recorded release if it is still on the host and its
                     patched files match the tag's hashes: switch `current` to
                     it; otherwise rebuild it from the tag (its recipe file,
-                    shipped patches under their recorded names, overlay pinned
-                    to the recorded commit: the same release id), then switch.
+                    recorded lock, shipped patches under their recorded names:
+                    the same commit and release id), then switch.
   baseline_service  the tag's unit file as recorded; its env file with the
                     secrets filled in from the inventory / environment (as a
                     deploy does); restart when anything changed.
@@ -207,8 +207,16 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
         doc = yaml.safe_load(recipe_text) or {}
         doc.setdefault("patches", {})
         doc["patches"] = {**(doc.get("patches") or {}), "series": str(pdir / "series")}
+        lock = repo.read(tag, f"{base}/engine.lock")
+        if isinstance(doc.get("engine"), dict) and doc["engine"].get("source") is not None:
+            if lock is None:
+                raise UserError(f"baseline {tag!r}: {h}: the engine's lock (hosts/{h}/engine.lock) was not "
+                                "recorded; this baseline cannot rebuild its engine")
+            (d / "engine.lock").write_bytes(lock)
+            doc["engine"]["lock"] = str(d / "engine.lock")
         (d / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        override = {"recipe": str(d / "recipe.yml"), "overlay": rec.get("overlay"),
+        src = ((rec.get("engine") or {}).get("source") or {})
+        override = {"recipe": str(d / "recipe.yml"), "source_url": src.get("git"),
                     "patches": [(n, str(pdir / s)) for n, s in zip(names, series)],
                     "engine_argv": rec.get("engine_argv")}
         argv = rec.get("engine_argv") or []

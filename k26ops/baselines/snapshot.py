@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
-from k26ops import facts as facts_mod
+from k26ops import engine_source, facts as facts_mod
 from k26ops import recipe as recipe_mod
 from k26ops import units
 from k26ops.baselines import hostscript
@@ -55,24 +55,25 @@ def sha256(data: bytes | str | None) -> str | None:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
-def _rebuild_check(recipe_text: str, recipe_path: Path, manifest: dict) -> tuple[bool, str]:
-    """Would this recipe file, with the recorded overlay commit and patches, give the same release id?"""
+def _rebuild_check(recipe_text: str, recipe_path: Path, manifest: dict,
+                   lock_text: str | None) -> tuple[bool, str]:
+    """Would this recipe file (with its lock and the recorded patches) give the same release id?"""
     try:
         r = recipe_mod.parse(recipe_text, recipe_path)
     except UserError as exc:
         return False, f"recipe does not load: {exc}"
-    ov = manifest.get("overlay")
-    if ov:
-        r = recipe_mod.with_overlay(r, ov["url"], ov["ref"])
+    lock_sha = sha256(lock_text) if r.git else None
+    if r.git and lock_text is None:
+        return False, f"the recipe's lock {r.lock_path} is missing"
     pats = [SimpleNamespace(name=p["name"], sha256=p["sha256"]) for p in manifest.get("patches") or []]
     try:
-        rid = recipe_mod.release_id(r, ov and ov.get("commit"), pats)
+        rid = recipe_mod.release_id(r, lock_sha, pats)
     except UserError as exc:
         return False, str(exc)
     if rid != manifest.get("release_id"):
-        return False, (f"the recipe file {recipe_path} now gives release {rid}, not {manifest.get('release_id')}: "
-                       "it changed since the release was built")
-    return True, "recipe + recorded overlay commit + recorded patches give the same release id"
+        return False, (f"the recipe file {recipe_path} (and its lock) now give release {rid}, not "
+                       f"{manifest.get('release_id')}: they changed since the release was built")
+    return True, "recipe + lock + recorded patches give the same release id"
 
 
 def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes], dict]:
@@ -111,7 +112,14 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         recipe_text = Path(recipe_path).read_text()
     except OSError as exc:
         raise UserError(f"{recipe_path}: cannot read recipe: {exc.strerror}") from None
-    rebuildable, why = _rebuild_check(recipe_text, Path(recipe_path), m)
+    lock_text = None
+    try:
+        rp = recipe_mod.parse(recipe_text, Path(recipe_path))
+        if rp.git and rp.lock_path.exists():
+            lock_text = rp.lock_path.read_text()
+    except UserError:
+        pass
+    rebuildable, why = _rebuild_check(recipe_text, Path(recipe_path), m, lock_text)
     shipped = raw["release"].get("patches") or {}
     series = [ln.strip() for ln in (shipped.get("series") or "").splitlines() if ln.strip()]
     env_text = raw.get("env")
@@ -133,7 +141,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         "env": {"path": t["env_path"], "file": env_file, "sha256_redacted": sha256(env_base),
                 "secret_keys": secret_keys, "marker": units.REDACTED},
         "patched_files": m.get("patched_files") or {}, "drift": drift,
-        "overlay": m.get("overlay"), "patches": m.get("patches") or [], "shipped_series": series,
+        "engine": m.get("engine"), "patches": m.get("patches") or [], "shipped_series": series,
         "engine_argv": m.get("engine_argv"), "cmdline": cmdline,
         "health": health_state, "smoke": smoke, "rebuildable": rebuildable, "rebuild_check": why,
         "recipe_source": str(recipe_path),
@@ -142,6 +150,8 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     put("baseline.json", record)
     put("manifest.json", manifest)
     put("recipe.yml", recipe_text)
+    if lock_text is not None:
+        put("engine.lock", lock_text, redact=False)
     for pname, text in shipped.items():
         put(f"patches/{pname}", text or "", redact=False)
     if unit_text is not None:
@@ -229,9 +239,8 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
         body = "\n".join(_summary_line(h, r) for h, r in recs.items())
         detail = []
         for h, r in recs.items():
-            ov = r.get("overlay") or {}
             detail.append(f"{h}:\n  release {r['release_id']} (rebuildable: {'yes' if r['rebuildable'] else 'no'})\n"
-                          f"  overlay {ov.get('url', '-')} {ov.get('ref', '')} @ {ov.get('commit', '-')}\n"
+                          + "".join(f"  {line}\n" for line in engine_source.describe(r.get("engine")))
                           + "".join(f"  patch {p['name']} sha256 {p['sha256'][:16]}\n" for p in r["patches"])
                           + "".join(f"  file {p} sha256 {(s or 'deleted')[:16]}\n" for p, s in sorted(r["patched_files"].items()))
                           + f"  unit {r['unit']['path']} sha256 {(r['unit']['sha256'] or 'missing')[:16]}\n"

@@ -62,9 +62,9 @@ def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeou
 
 
 def _register() -> None:
-    from k26ops.cli import deploy, diagnose, hosts, inventory, lab
+    from k26ops.cli import deploy, diagnose, engine, hosts, inventory, lab
 
-    for module in (lab, inventory, diagnose):
+    for module in (lab, inventory, diagnose, engine):
         cli.add_command(module.group)
     cli.add_command(hosts.facts_cmd)
     cli.add_command(hosts.check_cmd)

@@ -7,6 +7,8 @@ import sys
 from datetime import datetime, timezone
 
 import click
+
+from k26ops import engine_source
 from rich.console import Console
 
 from k26ops.cli.report import wide_console
@@ -130,11 +132,11 @@ def show_cmd(settings, tag, baselines_dir):
             continue
         out.rule(h)
         sm = rec.get("smoke") or {}
-        ov = rec.get("overlay") or {}
         out.print(f"release {rec['release_id']}  health {rec['health']}  accept {sm.get('spec_accept_length')}  "
                   f"latency {sm.get('latency_s')} s  rebuildable {'yes' if rec.get('rebuildable') else 'no'}",
                   markup=False)
-        out.print(f"overlay {ov.get('url', '-')} {ov.get('ref', '')} @ {ov.get('commit', '-')}", markup=False)
+        for line in engine_source.describe(rec.get("engine")):
+            out.print(line, markup=False)
         for p in rec.get("patches") or []:
             out.print(f"patch {p['name']}  sha256 {p['sha256']}", markup=False)
         for p, s in sorted((rec.get("patched_files") or {}).items()):

@@ -31,6 +31,8 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
                  exit: bool = True):
     """Run playbook `name` over the selected hosts; print; exit with the fleet's code."""
     steps = playbook.load(name)
+    for step in steps:
+        step.before_hosts(settings.selected_hosts())
     return run_rollout(settings, playbook_work(steps, check=check, purpose=purpose, shared=shared),
                        canary=canary, title=title or (f"{name} --check" if check else name),
                        columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),

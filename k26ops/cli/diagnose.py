@@ -56,12 +56,20 @@ def _print_human(d) -> None:
 
 @group.command(name="log")
 @click.argument("file", metavar="FILE|-")
+@click.option("--base", metavar="BASE", help="The engine base the log came from (sglang==VER or sglang@COMMIT): "
+              "picks the fix that fits that code base.")
 @click.pass_context
-def log_cmd(ctx, file):
+def log_cmd(ctx, file, base):
     """Classify a local SGLang log (a file, or - for stdin)."""
     from k26ops.diagnose.classify import classify
 
-    diagnosis = classify(_read(file))
+    if base:
+        from k26ops import patchset
+        try:
+            patchset.parse_base(base)
+        except patchset.PatchError as exc:
+            raise UserError(f"--base: {exc}") from None
+    diagnosis = classify(_read(file), base)
     settings = ctx.find_root().obj
     if getattr(settings, "as_json", False):
         click.echo(json.dumps(diagnosis.to_json(), indent=2))

@@ -9,12 +9,30 @@ from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report
 from k26ops.facts.disk import disk_free_fact
+from k26ops.facts.drafter import drafter_fact
 from k26ops.fleet import Outcome
 
 
-def _gather(session):
+def _gather(session, drafter: dict | None = None):
     extra = [disk_free_fact(preflight.paths(session.host.vars))]
+    if drafter and drafter.get("path"):
+        extra.append(drafter_fact(drafter["path"]))
     return facts_mod.gather(session, extra=extra)
+
+
+def drafter_wanted(host_vars: dict) -> dict | None:
+    """The drafter this host's engine will use: path (inventory draft_model_path, else
+    the recipe's drafter.path), the profile's block size, and where it came from."""
+    from k26ops.steps.release import profile_for, recipe_for
+
+    r = recipe_for(host_vars)
+    prof = profile_for(host_vars, r)
+    if not prof.get("speculative_algorithm") or not prof.get("draft_model_path"):
+        return None
+    d = r.drafter
+    block = prof.get("speculative_dflash_block_size") or (d.block_size if d else None)
+    return {"path": str(prof["draft_model_path"]), "block_size": block,
+            "repo": d.repo if d else None, "revision": d.revision if d else None}
 
 
 @click.command(name="facts")
@@ -44,8 +62,11 @@ def facts_cmd(settings):
 def check_cmd(settings):
     """Preflight: compare each host with what the inventory expects for the TP8 profile."""
 
+    wanted = {h.name: drafter_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2 here
+
     def work(session):
-        checks = preflight.evaluate(_gather(session), session.host.vars)
+        want = wanted.get(session.host.name)
+        checks = preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want})
         failed = [c for c in checks if not c.ok]
         if failed:
             raise PreflightFailed("; ".join(f"{c.name}: {c.detail}" for c in failed))

@@ -66,7 +66,7 @@ def status_cmd(settings, unit, baselines_dir):
                                      svc.env_path({}, ctx.vars), index)
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
-        return Outcome(drift=d, baseline=drift_mod.describe(d),
+        return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
                        unit=name, state=active or "unknown", substate=show.get("SubState"),
                        enabled=show.get("UnitFileState") or None,
                        health=("healthy" if health == 200 else f"HTTP {health}" if health else

@@ -168,15 +168,16 @@ def algorithm_in(text: str) -> str | None:
     return None
 
 
-def classify(text: str) -> Diagnosis:
-    """Classify one log text; never raises on odd input."""
+def classify(text: str, base: str | None = None) -> Diagnosis:
+    """Classify one log text; never raises on odd input. `base` (the deployed
+    engine's, e.g. sglang@<commit>) picks the suggestion that fits that code base."""
     log = _Log(text or "")
     primary = _primary(log)
     algorithm = algorithm_in(log.flat)
     for sig in S.SIGNATURES:
         for i, m in _first_accepted(log, sig, primary):
             first, evidence = log.span_text(m)
-            detail, suggestion = detail_for(sig, m, log.lines, first, algorithm)
+            detail, suggestion = detail_for(sig, m, log.lines, first, algorithm, base)
             return Diagnosis(signature=sig.id, evidence=evidence, phase=phase_at(log, first),
                              rank=log.lines[first].rank, algorithm=algorithm, detail=detail,
                              suggestion=suggestion, title=sig.title,

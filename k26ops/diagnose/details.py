@@ -78,7 +78,7 @@ def _oom(lines: list[Line], i: int, evidence: str) -> dict:
 
 
 def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
-               algorithm: str | None) -> tuple[dict, str]:
+               algorithm: str | None, base: str | None = None) -> tuple[dict, str]:
     """(detail, suggestion) for a hit of `sig` at line i."""
     evidence = lines[i].text
     if sig is S.NONE_FIELD:
@@ -93,11 +93,12 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         detail = _shape(m)
         sizes = (f" When copying into a graph buffer, tensor a ({detail['got']}) is the buffer and b "
                  f"({detail['expected']}) the batch." if "got" in detail else "")
+        ddtree = (S.DDTREE_SHAPE_FIXED_BASE.format(where=S.VERIFY_AT_BUDGET_PLUS_1[base])
+                  if base in S.VERIFY_AT_BUDGET_PLUS_1 else S.DDTREE_SHAPE_SUGGESTION)
         if algorithm == "DDTREE":
-            return detail, S.DDTREE_SHAPE_SUGGESTION + sizes
+            return detail, ddtree + sizes
         if algorithm == "DFLASH":
-            return detail, (sig.suggestion + " If DDTree runs on the DFLASH worker: "
-                            + S.DDTREE_SHAPE_SUGGESTION)
+            return detail, sig.suggestion + " If DDTree runs on the DFLASH worker: " + ddtree
         return detail, sig.suggestion
     if sig is S.CAPTURE_OOM:
         return _oom(lines, i, evidence), sig.suggestion

@@ -28,13 +28,38 @@ import json
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from k26ops import resources, units
 from k26ops.errors import UserError
 from k26ops.ssh import q
 
-PROBE_PATCH = resources.path("patches", "sglang-0.5.23", "cuda-graph-none-probe.patch")
+PATCHES = resources.path("patches")
+PROBE_GUARD = "diagnose"
+
+
+def probe_patch_for(base: str | None) -> Path:
+    """The diagnose-tagged patch written for the deployed base (its `Base:` names it).
+
+    Each base's series (patches/<base>/series) lists its own probe: the copy
+    call sites of `_grouped_foreach_copy_` differ between engine code bases."""
+    from k26ops import patchset
+
+    if not base:
+        raise UserError("the deployed release records no engine base (built before engine provenance): "
+                        "redeploy it, then probe")
+    want = patchset.parse_base(base)
+    for series in sorted(PATCHES.glob("*/series")):
+        for e in patchset.parse_series(series.read_text(), str(series)):
+            if PROBE_GUARD not in e.guards:
+                continue
+            path = (series.parent / e.path).resolve()
+            p = patchset.parse_patch(path.read_text(), e.path, e.strip)
+            if any((b[0], b[1]) == want for b in p.bases):
+                return path
+    raise UserError(f"no probe patch is written for the deployed base {base} (none of patches/*/series has a "
+                    f"[{PROBE_GUARD}] patch whose Base: names it)")
 DROPIN_NAME = "zz-k26ops-probe.conf"
 PROBE_STATE = "probe-state"
 DEFAULT_READY_TIMEOUT = 1800.0
@@ -153,7 +178,7 @@ def op_prepare(r):
     unit_text = read(unit_path) if unit_path else None
     env_path = r.get("env_path")
     return {"ok": True, "notes": notes, "release": release, "release_id": os.path.basename(release),
-            "site": site, "drift": drift, "show": s, "unit_path": unit_path, "unit_text": unit_text,
+            "site": site, "drift": drift, "show": s, "base": (man.get("engine") or {}).get("base"), "unit_path": unit_path, "unit_text": unit_text,
             "unit_sha": sha(unit_path) if unit_path else None, "dropins": dropins(unit),
             "env": read(env_path) if env_path else None, "env_sha": sha(env_path) if env_path else None}
 
@@ -163,8 +188,9 @@ def op_apply_probe(r):
     os.makedirs(os.path.join(sdir, "patches"), mode=0o700, exist_ok=True)
     with open(os.path.join(sdir, "patches", "probe.patch"), "w") as fh: fh.write(r["patch_text"])
     with open(os.path.join(sdir, "patches", "series"), "w") as fh: fh.write("probe.patch\n")
+    base = ["--base", r["base"]] if r.get("base") else []
     rc, out, err = sh([sys.executable, os.path.join(release, "k26ops", "patchset.py"), "check", "--root", site,
-                       "--series", os.path.join(sdir, "patches", "series"), "--state", sdir])
+                       "--series", os.path.join(sdir, "patches", "series"), "--state", sdir] + base)
     try: res = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError): res = {"ok": False, "error": (err or out).strip()[-300:]}
     if not res.get("ok"):
@@ -177,7 +203,7 @@ def op_apply_probe(r):
             if os.path.exists(path): mt[rel] = os.stat(path).st_mtime_ns
     with open(os.path.join(sdir, "mtimes.json"), "w") as fh: json.dump(mt, fh)
     rc, out, err = sh([sys.executable, os.path.join(release, "k26ops", "patchset.py"), "apply", "--root", site,
-                       "--series", os.path.join(sdir, "patches", "series"), "--state", sdir])
+                       "--series", os.path.join(sdir, "patches", "series"), "--state", sdir] + base)
     try: res = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError): res = {"ok": False, "error": (err or out).strip()[-300:]}
     return {"ok": bool(res.get("ok")), "error": res.get("error"), "files": res.get("files", [])}
@@ -324,11 +350,6 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
     ehost, port = svc.poll_target(svc.engine_profile(ctx))
     epath = svc.env_path({}, ctx.vars)
     rep = ProbeReport(host=host.name)
-    try:
-        patch_text = PROBE_PATCH.read_text()
-    except OSError as exc:
-        raise UserError(f"{PROBE_PATCH}: cannot read the probe patch: {exc.strerror}") from None
-
     lock = HostLock(session, ctx.state_dir, "diagnose cuda-graph")
     try:
         lock.acquire()
@@ -341,6 +362,11 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
         if not st.get("ok"):
             raise UserError(f"{host.name}: {st.get('error')}")
         rep.release, rep.notes, rep.drift = st["release_id"], st["notes"], st["drift"]
+        probe_path = probe_patch_for(st.get("base"))
+        try:
+            patch_text = probe_path.read_text()
+        except OSError as exc:
+            raise UserError(f"{probe_path}: cannot read the probe patch: {exc.strerror}") from None
         rep.canonical = not st["drift"]
         if st["drift"] and not force:
             raise UserError(f"{host.name}: the deployed engine is not canonical (release {st['release_id']}): "
@@ -385,7 +411,7 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
     try:
         progress(f"applying the probe patch to release {st['release_id']}")
         res = agent(session, "apply_probe", release=st["release"], site=st["site"], patch_text=patch_text,
-                    probe_state=PROBE_STATE)
+                    probe_state=PROBE_STATE, base=st.get("base"))
         if not res.get("ok"):
             raise ProbeFailed(f"the probe patch does not apply to release {st['release_id']}: {res.get('error')}")
         progress("restarting the engine with CUDA graphs on"
@@ -434,7 +460,7 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
         time.sleep(0.3)
         j = agent(session, "journal", unit=uname, cursor=cursor)
         text = units.redact(j.get("text") or "", secrets)
-        d = classify(text)
+        d = classify(text, st.get("base"))
         if crashed is None and d.signature == "unclassified":
             rep.diagnosis = None
         else:

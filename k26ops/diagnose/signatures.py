@@ -12,7 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-DDTREE_PATCH = "patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch"
+# Bases whose target-verify CUDA graph is already captured with budget+1 tokens
+# per request (read at the commit): for them the seeds' shape mismatch is not
+# the block-size/budget mismatch, and its fix must not be suggested.
+VERIFY_AT_BUDGET_PLUS_1 = {
+    "sglang@93e9850e430035f8a363fd881a6a0c5436b95108":
+        "sglang PR #29907 @ 93e9850e4305 (model_executor/runner/decode_cuda_graph_runner.py)",
+}
 PROBE_TAG = "K26OPS-PROBE cuda-graph-none-field"
 UNCLASSIFIED = "unclassified"
 
@@ -93,9 +99,17 @@ SHAPE_MISMATCH = Signature(
 DDTREE_SHAPE_SUGGESTION = (
     "DDTree: the target-verify CUDA graph was captured with the draft block size "
     "(num_tokens_per_bs = --speculative-dflash-block-size) while DDTree verify feeds "
-    "budget+1 tokens per request (--speculative-ddtree-budget + 1). Apply "
-    f"{DDTREE_PATCH} (captures the verify graph with budget+1 tokens per request) "
-    "and restart.")
+    "budget+1 tokens per request (--speculative-ddtree-budget + 1). That is the older "
+    "cuda_graph_runner.py layout (the seeds' build): size the verify graph at budget+1 "
+    "there, as sglang PR #29907 does in decode_cuda_graph_runner.py, with a patch in "
+    "patches/<base>/ for your base, and restart.")
+DDTREE_SHAPE_FIXED_BASE = (
+    "DDTree: this base, {where}, already captures the target-verify graph with budget+1 "
+    "tokens per request, so this is not the block-size/budget mismatch. What is left: the "
+    "budget and block size at replay must equal those at capture (restart after changing "
+    "them), a full tree needs the triton attention backend, and the draft and draft-extend "
+    "graphs have their own widths; run `k26ops diagnose cuda-graph --host H` to see which "
+    "buffer copy fails.")
 
 CAPTURE_OOM = Signature(
     keywords=("memory", "calloc"),

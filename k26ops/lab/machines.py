@@ -30,6 +30,12 @@ from k26ops.lab import rootfs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# Lab fixture: where the lab recipe's drafter lives on a lab host, and its config
+# (the keys sglang's parse_dflash_draft_config reads; no weights: the engine is the stand-in).
+LAB_DRAFTER = "/models/Kimi-K2.6-DFlash"
+DRAFTER_CONFIG = ('{"k26ops_lab_fixture": "a DFlash drafter config for the lab; no weights",\n'
+                  ' "architectures": ["DFlashDraftModel"], "num_hidden_layers": 6,\n'
+                  ' "dflash_config": {"block_size": 8}}\n')
 DEFAULT_BASE_PORT = 2221
 # Hosts share this machine's network: each engine listens on its own loopback
 # port, derived from the host's sshd port so that two labs never clash.
@@ -149,9 +155,9 @@ class Lab:
                 self._save(started, image)
             (self.dir / "known_hosts").write_text("".join(known))
             self._wait_ssh(started)
-            from k26ops.lab import overlay_fixture
+            from k26ops.lab import engine_source_fixture
 
-            self.overlay = overlay_fixture.ensure(self.dir)
+            self.source_url = engine_source_fixture.ensure()[0]
             self._write_inventory(started)
         except BaseException:
             self._stop(started)
@@ -195,6 +201,11 @@ class Lab:
         ]
         if (FIXTURES / "nvidia-smi").exists():
             binds.append(f"--bind-ro={FIXTURES / 'nvidia-smi'}:/usr/local/bin/nvidia-smi")
+        drafter = self.dir / "drafter"
+        if not (drafter / "config.json").exists():  # lab fixture: a drafter's config, no weights
+            drafter.mkdir(exist_ok=True)
+            (drafter / "config.json").write_text(DRAFTER_CONFIG)
+        binds.append(f"--bind-ro={drafter}:{LAB_DRAFTER}")
         if CA_BUNDLE.exists():
             binds.append(f"--bind-ro={CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt")
         root = hdir / "root"
@@ -241,8 +252,9 @@ class Lab:
                 # engine_standin.py) installed as this module; never outside the lab.
                 "lab": True,
                 "launch_module": "k26ops_lab_engine",
-                "ddtree_overlay_url": self.overlay[0],
-                "ddtree_overlay_ref": self.overlay[1],
+                # Lab fixture: the recipe's pinned commit, fetched from the local
+                # repository (k26ops/lab/engine_source_fixture.py) as from a mirror.
+                "engine_source_url": self.source_url,
             },
             "hosts": {
                 h.name: {

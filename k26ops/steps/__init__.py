@@ -71,6 +71,10 @@ class Step:
     def __init__(self, params: dict | None = None):
         self.params = dict(params or {})
 
+    def before_hosts(self, hosts) -> None:
+        """Checks on the control node before any host is contacted (bad input:
+        raise UserError, exit 2, nothing runs). Default: nothing."""
+
     def prepare(self, ctx: HostContext) -> None:
         """Control-node work and checks that must pass before ANY step changes
         the host (called for every step first). Default: nothing."""

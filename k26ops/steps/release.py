@@ -1,17 +1,21 @@
 """The release step: build the patched engine into its own release directory
 and make it current by one atomic symlink switch.
 
-A release is identified by its content (recipe pins, overlay commit, patch
-series); the same inputs give the same id and nothing is rebuilt. Before any
-host is touched, the control node assembles the release's sources once
-(sglang wheel + DDTree overlay + patch series) and validates the engine flags
-against them, so a patch that does not apply, or a flag the engine does not
-know, stops the run with every host unchanged.
+A release is identified by its content (engine source: registry pins, or git
+commit + dependency lock; patch series); the same inputs give the same id and
+nothing is rebuilt. Before any host is touched, the control node assembles the
+release once: the engine wheel (downloaded, or built from the pinned commit),
+the locked dependency wheels, the patch series applied to the wheel's own
+files, and the engine flags and launch rules checked against them. A patch
+that does not apply, a flag the engine does not know or a lock that does not
+belong to the commit stops the run with every host unchanged.
 
-On the host the build goes into <releases>/<id>/ and is complete only when
-its manifest.json is written, last. `current` only ever points at a complete
-release: `ln -s` to a temp name, then `mv -T` over `current` (rename(2) is
-atomic). A failed build is removed and the previous release stays current.
+On the host the build goes into <releases>/<id>/: a venv installed from the
+pushed wheels only (`pip --require-hashes --no-index`), then the series, and is
+complete only when its manifest.json is written, last. `current` only ever
+points at a complete release: `ln -s` to a temp name, then `mv -T` over
+`current` (rename(2) is atomic). A failed build is removed and the previous
+release stays current.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import engine_flags, overlay, patchset, prepcache, units, wheelhouse
+from k26ops import enginelock, engine_flags, engine_source, launch_rules, patchset, prepcache, units, wheelhouse
 from k26ops import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
@@ -38,11 +42,13 @@ class Prepared:
     """What the control node knows about a release before any host builds it."""
     release_id: str
     recipe: recipe_mod.Recipe
-    overlay_commit: str | None
-    overlay_tar: Path | None
+    engine: dict  # provenance: base, source, wheel, lock
+    engine_wheel: wheelhouse.Wheel
+    lock: enginelock.Lock | None
     patches: list
     patch_dir: Path  # series + patch files, as shipped
-    wheels: list
+    wheels: list  # everything the host installs, the engine wheel included
+    requirements: str  # the host's pip requirements file: every wheel with its sha256
     patch_state: dict  # from applying the series to the control node's copy
     sources: Path  # site-packages tree on the control node (sglang/ inside)
 
@@ -52,9 +58,8 @@ class Prepared:
             "release_id": self.release_id,
             "recipe": {"name": r.name, "sglang": r.sglang, "install": r.install, "pins": r.pins,
                        "toolkit": {"method": r.toolkit.method, "version": r.toolkit.version}},
-            "requirements": r.requirements(),
-            "overlay": ({"url": r.overlay.url, "ref": r.overlay.ref, "commit": self.overlay_commit}
-                        if r.overlay else None),
+            "engine": self.engine,
+            "requirements_sha256": hashlib.sha256(self.requirements.encode()).hexdigest(),
             "wheels": [{"name": w.name, "sha256": w.sha256} for w in self.wheels],
             "patches": [{"name": p.name, "sha256": p.sha256} for p in self.patches],
             "patched_files": patchset.expected_hashes(self.patch_state),
@@ -65,76 +70,154 @@ _PREP: dict[str, Prepared] = {}
 _PREP_LOCK = threading.Lock()
 
 
+def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = None) -> recipe_mod.Recipe:
+    """The recipe a host deploys: a baseline's recorded one when rolling back,
+    else the inventory's, with the engine source fetched from `engine_source_url`
+    when the inventory names a mirror (the commit stays the recipe's)."""
+    if override:
+        r = override.get("_recipe")
+        if r is None:
+            r = recipe_mod.load(override["recipe"])
+            if override.get("source_url") and r.git:
+                r = recipe_mod.with_source_url(r, override["source_url"])
+            override["_recipe"] = r
+        return r
+    cache = {} if cache is None else cache
+    key = (str(vars.get("recipe")), str(vars.get("engine_source_url")))
+    if key not in cache:
+        r = recipe_mod.load(vars.get("recipe"))
+        if vars.get("engine_source_url"):
+            r = recipe_mod.with_source_url(r, str(vars["engine_source_url"]))
+        cache[key] = r
+    return cache[key]
+
+
 def effective_recipe(ctx: HostContext) -> recipe_mod.Recipe:
     ov = ctx.shared.get("release_override")
-    if ov:  # a rebuild from a baseline: its recorded recipe file and overlay source
-        r = ov.get("_recipe")
-        if r is None:
-            r = ov["_recipe"] = recipe_mod.load(ov["recipe"])
-            if ov.get("overlay"):
-                r = ov["_recipe"] = recipe_mod.with_overlay(r, ov["overlay"]["url"], ov["overlay"]["ref"])
-        return r
-    r = host_recipe(ctx)
-    url = ctx.vars.get("ddtree_overlay_url")
-    if url:
-        r = recipe_mod.with_overlay(r, str(url), str(ctx.vars.get("ddtree_overlay_ref", recipe_mod.UPSTREAM_DDTREE_REF)))
+    if ov:
+        return recipe_for(ctx.vars, ov)
+    r = ctx.shared.get("effective_recipe")
+    if r is None:
+        host_recipe(ctx)  # loads (and validates) the inventory's recipe once
+        r = ctx.shared["effective_recipe"] = recipe_for(ctx.vars)
     return r
 
 
-def engine_profile(ctx: HostContext, r: recipe_mod.Recipe | None = None) -> dict:
+def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
     """The engine profile: the recipe's defaults, then the inventory's overrides."""
-    r = r or effective_recipe(ctx)
     prof = dict(r.profile)
-    prof.update(ctx.vars.get("engine_profile") or {})
+    prof.update(vars.get("engine_profile") or {})
+    if r.drafter and r.drafter.path:
+        prof.setdefault("draft_model_path", r.drafter.path)
     for key in ("model_path", "draft_model_path", "launch_module", "served_model_name",
                 "nnodes", "node_rank", "dist_init_addr"):  # the last three: k26ops.multinode
-        if key in ctx.vars:
-            prof[key] = ctx.vars[key]
-    if "engine_port" in ctx.vars:
-        prof["port"] = ctx.vars["engine_port"]
-    if ctx.vars.get("extra_flags"):
-        prof["extra_args"] = ctx.vars["extra_flags"]
-    prof.setdefault("draft_model_path", f"{prof.get('model_path', '/models/Kimi-K2.6')}-DFlash-drafter")
+        if key in vars:
+            prof[key] = vars[key]
+    if "engine_port" in vars:
+        prof["port"] = vars["engine_port"]
+    if vars.get("extra_flags"):
+        prof["extra_args"] = vars["extra_flags"]
     return prof
+
+
+def engine_profile(ctx: HostContext, r: recipe_mod.Recipe | None = None) -> dict:
+    return profile_for(ctx.vars, r or effective_recipe(ctx))
+
+
+def check_launch(host: str, argv: list[str]) -> None:
+    """The engine's own start-up rules on this command line: one line naming the flag."""
+    bad = launch_rules.violations(argv)
+    if bad:
+        raise UserError(f"{host}: engine launch rule {bad[0].rule.name}: {bad[0]}")
+
+
+def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock | None:
+    """A git source's lock, which must belong to its commit; None for a registry source."""
+    if r.git is None:
+        return None
+    how = (f"make it with `k26ops engine lock {r.source}` on a control node that reaches the repository "
+           "and the package index, then commit it beside the recipe")
+    lock = enginelock.load(r.lock_path)
+    if lock is None:
+        raise UserError(f"{r.source}: no dependency lock for {r.git.url} @ {r.git.commit[:12]} "
+                        f"({r.lock_path} is missing): {how}")
+    if lock.commit != r.git.commit or lock.meta.get("subdir", "python") != r.git.subdir:
+        raise UserError(f"{r.lock_path}: the lock is for commit {lock.commit[:12] or '?'} "
+                        f"({lock.meta.get('subdir', 'python')}/), the recipe pins {r.git.commit[:12]} "
+                        f"({r.git.subdir}/): remake it: {how}")
+    return lock
+
+
+def before_hosts(hosts) -> None:
+    """Checks that need no host: the recipe and lock of every selected host, and
+    the engine's launch rules on each host's command line. Exit 2 before anything runs."""
+    cache: dict = {}
+    for h in hosts:
+        r = recipe_for(h.vars, cache=cache)
+        lock_for(r)
+        try:
+            argv = units.engine_argv(profile_for(h.vars, r))
+        except UserError as exc:
+            raise UserError(f"{h.name}: {exc}") from None
+        check_launch(h.name, argv)
+
+
+def _host_python(ctx: HostContext) -> str:
+    return ".".join(((ctx.facts.get("python3") or {}).get("version") or "3.11").split(".")[:2])
 
 
 def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     """Assemble and check the release once per run on the control node (shared by hosts)."""
     r = effective_recipe(ctx)
     ov = ctx.shared.get("release_override") or {}
-    pin = (ov.get("overlay") or {}).get("commit")
-    py = ".".join(((ctx.facts.get("python3") or {}).get("version") or "3.11").split(".")[:2])
-    key = json.dumps([str(r.source), r.overlay and [r.overlay.url, r.overlay.ref], list(tags), py, pin,
+    py = _host_python(ctx)
+    lock = lock_for(r)
+    if lock and lock.meta["python"] != py:
+        raise StepFailed(f"the engine lock {lock.path.name} is for python {lock.meta['python']}, this host has "
+                         f"python {py}: set engine.python in the recipe and remake the lock")
+    key = json.dumps([str(r.source), r.base, r.git and r.git.url, lock and lock.sha256, list(tags), py,
                       [list(x) for x in ov.get("patches") or []]])
     with _PREP_LOCK:
         if key in _PREP:
             return _PREP[key]
-        commit = None
-        if r.overlay:
-            ctx.progress(f"fetching DDTree overlay {r.overlay.url} {r.overlay.ref}")
-            commit = overlay.fetch(r.overlay.url, pin or r.overlay.ref)
-            if pin and commit != pin:
-                raise UserError(f"ddtree overlay: {r.overlay.url} has no commit {pin}")
         if ov.get("patches"):  # [(name as recorded, file)]: same names + contents -> same release id
             patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
         else:
             patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
-        rid = recipe_mod.release_id(r, commit, patches)
+        rid = recipe_mod.release_id(r, lock and lock.sha256, patches)
         work = prepcache.VARIANTS / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-        ctx.progress(f"downloading wheels for {rid} (once for all hosts)")
-        wheels = wheelhouse.ensure(r.requirements(), no_deps=r.no_deps, python=py)
-        sg = [w for w in wheels if w.name.lower().startswith("sglang-")]
-        if not sg:
-            raise UserError(f"{r.source}: no sglang wheel among the downloaded wheels")
-        site, tar, pdir = work / "site-packages", work / "overlay.tar", work / "patches"
+        if r.git:
+            g = r.git
+            if g.wheel_sha256:
+                built = engine_source.prebuilt(g.wheel_path, g.wheel_url, g.wheel_sha256, Path(r.source).parent,
+                                               ctx.progress)
+            else:
+                built = engine_source.build(g.url, g.commit, g.subdir, g.ref, ctx.progress)
+            engine = wheelhouse.Wheel(built.name, built.sha256, built.size, built.path)
+            ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
+            deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
+            wheels = [engine] + deps
+            source = {"git": g.url, "commit": g.commit, "subdir": g.subdir,
+                      "built": "prebuilt wheel" if g.wheel_sha256 else "pip wheel on the control node"}
+        else:
+            ctx.progress(f"downloading wheels for {rid} (once for all hosts)")
+            wheels = wheelhouse.ensure(r.requirements(), no_deps=r.no_deps, python=py)
+            sg = [w for w in wheels if w.name.lower().startswith("sglang-")]
+            if not sg:
+                raise UserError(f"{r.source}: no sglang wheel among the downloaded wheels")
+            engine = sg[0]
+            source = {"registry": f"sglang=={r.sglang}", "install": r.install}
+        provenance = {"base": r.base, "source": source, "wheel": {"name": engine.name, "sha256": engine.sha256},
+                      "lock": ({"file": lock.path.name, "sha256": lock.sha256, "wheels": len(lock.entries)}
+                               if lock else None)}
+        site, pdir = work / "site-packages", work / "patches"
         if not (work / prepcache.MARK).exists():  # assembled once per release id on this node
-            _assemble(work, r, commit, patches, sg[0],
-                      {name: Path(f) for name, f in ov.get("patches") or []})
+            _assemble(work, r, patches, engine, {name: Path(f) for name, f in ov.get("patches") or []})
             prepcache.prune()
         prepcache.used(work)
         pstate = patchset.load_state(work / "patch-state")
-        tar = tar if r.overlay else None
-        prep = Prepared(rid, r, commit, tar, patches, pdir, wheels, pstate, site)
+        prep = Prepared(rid, r, provenance, engine, lock, patches, pdir, wheels,
+                        wheelhouse.requirements_file(wheels), pstate, site)
         _PREP[key] = prep
         return prep
 
@@ -146,6 +229,8 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     """The engine's command line, its flags checked against the release's own sources."""
     ov = ctx.shared.get("release_override") or {}
     argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(engine_profile(ctx, prep.recipe))
+    if not ov.get("engine_argv"):
+        check_launch(ctx.host.name, argv)
     flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
     # A release's sources never change (its id is their content), so a command
     # line validated once against them is remembered beside them on this node.
@@ -168,6 +253,9 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
 class Release(Step):
     name = "release"
 
+    def before_hosts(self, hosts) -> None:
+        before_hosts(hosts)
+
     def prepare(self, ctx: HostContext) -> None:
         prep = prepare(ctx, tuple(self.params.get("tags", ())))
         ctx.shared["prepared"] = prep
@@ -189,9 +277,9 @@ class Release(Step):
             return []
         changes = []
         if not complete:
-            changes.append(Change(f"build release {rid} in {rel}/{rid} (sglang {prep.recipe.sglang}"
-                                  + (f", overlay {prep.overlay_commit[:12]}" if prep.overlay_commit else "")
-                                  + f", {len(prep.patches)} patch(es))"))
+            lock = f", lock {prep.lock.sha256[:12]}" if prep.lock else ""
+            changes.append(Change(f"build release {rid} in {rel}/{rid} ({prep.recipe.base_short}, "
+                                  f"wheel {prep.engine_wheel.sha256[:12]}{lock}, {len(prep.patches)} patch(es))"))
         changes.append(Change(f"switch current: {current or '(none)'} -> {rid}"))
         return changes
 
@@ -216,18 +304,16 @@ class Release(Step):
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
-            if prep.overlay_tar:
-                ctx.session.put_file(prep.overlay_tar, f"{d}/k26ops/overlay.tar")
-            reqs = " ".join(q(x) for x in prep.recipe.requirements())
-            ctx.progress(f"building release {rid} (venv, pip install from the pushed wheels)")
+            ctx.session.put(prep.requirements.encode(), f"{d}/k26ops/requirements.txt")
+            ctx.progress(f"building release {rid} (venv, pip install --require-hashes from the pushed wheels)")
+            no_deps = prep.recipe.git is None and prep.recipe.no_deps
             script = (
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
-                f"venv/bin/python -m pip install -q --no-index --find-links {q(wh)} "
-                f"{'--no-deps ' if prep.recipe.no_deps else ''}{reqs}; "
+                f"venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links {q(wh)} "
+                f"--require-hashes {'--no-deps ' if no_deps else ''}-r k26ops/requirements.txt; "
                 "SP=$(venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); "
-                + ("tar -xf k26ops/overlay.tar -C \"$SP\" --exclude=k26ops-overlay.json; " if prep.overlay_tar else "")
-                + f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
-                  f"--state patch-state --installed sglang=={q(prep.recipe.sglang)} >/dev/null; "
+                f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
+                f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
                 "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
                 "echo \"SITE=$SP\"")
             res = ctx.run(_tied_to_channel(script), timeout=3600)
@@ -280,21 +366,15 @@ def _tied_to_channel(script: str) -> str:
             "done; wait $b")
 
 
-def _assemble(work: Path, r, commit, patches, sglang_wheel: wheelhouse.Wheel,
-              patch_files: dict | None = None) -> None:
-    """The release's sources on the control node: wheel + overlay + patch series."""
+def _assemble(work: Path, r, patches, engine_wheel: wheelhouse.Wheel, patch_files: dict | None = None) -> None:
+    """The release's sources on the control node: the engine wheel's files + the patch series."""
     shutil.rmtree(work, ignore_errors=True)
     site = work / "site-packages"
     work.mkdir(parents=True)
-    prepcache.linked_copy(prepcache.pristine(sglang_wheel.path, sglang_wheel.sha256), site)
-    tar = None
-    if r.overlay:
-        overlay.export(r.overlay.url, commit, work / "overlay", r.overlay.subdir, r.overlay.include)
-        overlay.apply_overlay(work / "overlay", site)
-        tar = work / "overlay.tar"
-        overlay.tarball(work / "overlay", tar)
+    prepcache.linked_copy(prepcache.pristine(engine_wheel.path, engine_wheel.sha256), site)
+    base = patchset.parse_base(r.base)
     try:
-        patchset.apply(site, patches, work / "patch-state", {"sglang": r.sglang})
+        patchset.apply(site, patches, work / "patch-state", {base[0]: base[1]})
     except patchset.PatchError as exc:
         raise UserError(f"patch series does not apply to the release sources (no host was changed): {exc}") from None
     pdir = work / "patches"

@@ -349,7 +349,8 @@ class HealthStep(Step):
                 return []
             if r["state"] == "crashed":
                 text = units.redact(r.get("journal") or "", svc["secrets"])
-                d = classify(text)
+                prep = ctx.shared.get("prepared")
+                d = classify(text, prep.recipe.base if prep else None)
                 show = r.get("show") or {}
                 status = show.get("ExecMainStatus")
                 msg = (f"{svc['unit']} crashed {el:.1f}s into the health wait ({r['why']}"

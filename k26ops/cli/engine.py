@@ -1,0 +1,111 @@
+"""`k26ops engine pin|lock|show`: find the commit a branch or PR points at,
+and make the dependency lock for a recipe's engine source.
+
+These are the only commands that follow a moving ref or reach the package
+index for resolution; each writes one reviewed file (the recipe's commit line,
+the lock) and prints its diff. A deploy only reads what they wrote.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+
+import click
+
+from k26ops import enginelock, engine_source
+from k26ops import recipe as recipe_mod
+from k26ops.errors import UserError
+
+
+@click.group(name="engine")
+def group():
+    """Pin the engine source to a commit; make its dependency lock."""
+
+
+def _diff(path: Path, old: str, new: str) -> str:
+    try:
+        shown = Path(path).resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = Path(path)
+    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                        fromfile=f"a/{shown}", tofile=f"b/{shown}"))
+
+
+def _recipe(name: str, source_url: str | None) -> recipe_mod.Recipe:
+    r = recipe_mod.load(name)
+    if r.git is None:
+        raise UserError(f"{r.source}: the engine is a registry release (engine.sglang); pin and lock are for "
+                        "git sources (engine.source)")
+    return recipe_mod.with_source_url(r, source_url) if source_url else r
+
+
+def _emit(settings, data: dict, diff: str, summary: str) -> None:
+    if settings.as_json:
+        click.echo(json.dumps({**data, "diff": diff}, indent=1, sort_keys=True))
+        return
+    if diff:
+        click.echo(diff.rstrip("\n"))
+    click.echo(summary)
+
+
+@group.command(name="pin")
+@click.argument("recipe", metavar="RECIPE")
+@click.option("--ref", required=True, help="Branch or PR ref to look up (e.g. refs/pull/29907/head).")
+@click.option("--source-url", metavar="URL", help="Fetch from this URL instead of the recipe's (a mirror).")
+@click.option("--check", is_flag=True, help="Show the change; write nothing.")
+@click.pass_obj
+def pin_cmd(settings, recipe, ref, source_url, check):
+    """Resolve REF to a commit now and write it into the recipe (with a diff)."""
+    r = _recipe(recipe, source_url)
+    if not re.fullmatch(r"[\w./-]+", ref) or ".." in ref:
+        raise UserError(f"--ref {ref!r}: not a plain ref name")
+    commit = engine_source.resolve_ref(r.git.url, ref)
+    path = Path(r.source)
+    old = path.read_text()
+    new, n = re.subn(r"(?m)^(\s*commit:\s*)[\"']?[0-9a-fA-F]{40}[\"']?", lambda m: m.group(1) + commit, old, count=1)
+    if n != 1:
+        raise UserError(f"{path}: no `commit: <40 hex>` line under engine.source to update")
+    recipe_mod.parse(new, path)  # still a valid recipe
+    diff = _diff(path, old, new)
+    if diff and not check:
+        path.write_text(new)
+    lock_note = (f"; the lock {r.lock_path.name} is for the old commit: run `k26ops engine lock {path}`"
+                 if diff else "")
+    what = "unchanged" if not diff else ("would pin" if check else "pinned")
+    _emit(settings, {"recipe": str(path), "ref": ref, "commit": commit, "changed": bool(diff), "written": bool(diff) and not check},
+          diff, f"{path}: {ref} is {commit}: {what}{lock_note}")
+
+
+@group.command(name="lock")
+@click.argument("recipe", metavar="RECIPE")
+@click.option("--source-url", metavar="URL", help="Fetch from this URL instead of the recipe's (a mirror).")
+@click.option("--check", is_flag=True, help="Show the change; write nothing.")
+@click.pass_obj
+def lock_cmd(settings, recipe, source_url, check):
+    """Build the engine wheel from the pinned commit and lock its dependencies (with a diff)."""
+    r = _recipe(recipe, source_url)
+    g = r.git
+    say = (lambda m: None) if settings.as_json else (lambda m: click.echo(f"  {m}", err=True))
+    if g.wheel_sha256:
+        built = engine_source.prebuilt(g.wheel_path, g.wheel_url, g.wheel_sha256, Path(r.source).parent, say)
+    else:
+        built = engine_source.build(g.url, g.commit, g.subdir, g.ref, say)
+    say(f"resolving the dependencies of {built.name} for python {r.python}, manylinux x86_64")
+    entries = enginelock.resolve(built.path, r.python, r.index_urls)
+    declared = recipe_mod.load(recipe).git.url  # a mirror of the same commit gives the same lock
+    meta = {"source": declared, "commit": g.commit, "subdir": g.subdir, "engine": f"{built.dist} {built.version}",
+            "python": r.python, "platform": f"cp{r.python.replace('.', '')} manylinux x86_64"}
+    text = enginelock.render(recipe, meta, entries)
+    old = r.lock_path.read_text() if r.lock_path.exists() else ""
+    diff = _diff(r.lock_path, old, text)
+    if diff and not check:
+        r.lock_path.write_text(text)
+    what = "unchanged" if not diff else ("would write" if check else "written")
+    _emit(settings, {"recipe": str(r.source), "lock": str(r.lock_path), "commit": g.commit, "engine_wheel":
+                     {"name": built.name, "sha256": built.sha256}, "wheels": len(entries), "changed": bool(diff),
+                     "written": bool(diff) and not check},
+          diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for {g.url} @ {g.commit[:12]} "
+                f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}")

@@ -1,0 +1,263 @@
+"""The engine's source: one pinned git commit, fetched and built into a wheel
+once on the control node.
+
+Why: DDTree lives in branches and pull requests, not in a release. Python
+sources, compiled parts and dependency pins must all come from the same
+commit (laying one code base's Python over another's install mixes two
+engines). So a recipe names a git URL and a full 40-hex commit; a moving ref
+is only ever used by `k26ops engine pin` to *find* a commit. The control node
+keeps one bare cache per URL (~/.cache/k26ops/git) and one built wheel per
+(commit, subdir) (~/.cache/k26ops/engine), so N hosts and N runs cost one
+fetch and one build. Hosts never see git: they get the wheel.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from k26ops.errors import UserError
+
+SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("K26OPS_ENGINE_CACHE") or Path.home() / ".cache/k26ops")
+
+
+def git_cache(url: str) -> Path:
+    base = Path(os.environ.get("K26OPS_GIT_CACHE") or _cache_root() / "git")
+    return base / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    name: str  # file name
+    sha256: str
+    size: int
+    path: Path
+    dist: str  # distribution name, normalised (sglang)
+    version: str  # as in the wheel's file name (0.5.23+lab)
+
+
+def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check)
+
+
+def _repo(url: str) -> Path:
+    d = git_cache(url)
+    if not (d / "HEAD").exists():
+        d.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "init", "-q", "--bare", str(d)], check=True, capture_output=True)
+        (d / "k26ops-url").write_text(url + "\n")
+    return d
+
+
+def _has_commit(d: Path, commit: str) -> bool:
+    return _git(d, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
+
+
+def _fetch(d: Path, url: str, what: str, depth: int | None) -> subprocess.CompletedProcess:
+    local = "refs/k26ops/" + hashlib.sha256(what.encode()).hexdigest()[:16]
+    args = ["fetch", "-q", "--no-tags", "--force"] + ([f"--depth={depth}"] if depth else [])
+    return _git(d, *args, url, f"+{what}:{local}", check=False)
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+    return lines[-1].strip() if lines else f"git exited {proc.returncode}"
+
+
+def resolve_ref(url: str, ref: str) -> str:
+    """The commit a branch/PR ref points at *now* (for `engine pin` only)."""
+    d = _repo(url)
+    proc = _fetch(d, url, ref, depth=1)
+    if proc.returncode != 0:
+        raise UserError(f"engine source: cannot fetch {ref} from {url}: {_last_line(proc)}")
+    local = "refs/k26ops/" + hashlib.sha256(ref.encode()).hexdigest()[:16]
+    return _git(d, "rev-parse", f"{local}^{{commit}}").stdout.strip()
+
+
+def fetch(url: str, commit: str, ref: str | None = None) -> Path:
+    """Make `commit` present in the bare cache (once); returns the cache dir.
+
+    Fetching by sha works on GitHub and on any server for an advertised tip;
+    if the server refuses, the recipe's `ref` (a hint where the commit lives)
+    is fetched in full and must contain it. The commit itself is never moved."""
+    if not SHA.fullmatch(commit):
+        raise UserError(f"engine source: {commit!r} is not a full 40-hex commit")
+    d = _repo(url)
+    if _has_commit(d, commit):
+        return d
+    proc = _fetch(d, url, commit, depth=1)
+    if proc.returncode != 0 and ref:
+        proc = _fetch(d, url, ref, depth=None)
+    if not _has_commit(d, commit):
+        why = _last_line(proc) if proc.returncode != 0 else f"{ref or 'the fetched ref'} does not contain it"
+        raise UserError(f"engine source: commit {commit} not found at {url}: {why}")
+    return d
+
+
+def export(url: str, commit: str, dest: Path) -> Path:
+    """The whole tree at `commit` (git archive: no .git, exact bytes) under dest."""
+    d = git_cache(url)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile() as tf:
+        proc = subprocess.run(["git", "-C", str(d), "archive", "--format=tar", commit], stdout=tf,
+                              stderr=subprocess.PIPE, text=False)
+        if proc.returncode != 0:
+            raise UserError(f"engine source: git archive {commit[:12]} failed: "
+                            f"{proc.stderr.decode(errors='replace').strip()[-200:]}")
+        tf.seek(0)
+        with tarfile.open(fileobj=tf) as tar:
+            tar.extractall(dest, filter="data")
+    return dest
+
+
+# What a build backend or build requirement needs on the control node, besides Python.
+_TOOLS = {"setuptools-rust": "cargo", "setuptools_rust": "cargo", "maturin": "cargo",
+          "scikit-build-core": "cmake", "scikit_build_core": "cmake", "cmake": "cmake",
+          "torch": "a CUDA build environment (torch as a build requirement compiles kernels)"}
+
+
+def build_requirements(project: Path) -> list[str]:
+    """`[build-system] requires` of the project's pyproject.toml (what pip installs to build it)."""
+    try:
+        doc = tomllib.loads((project / "pyproject.toml").read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"engine source: {project / 'pyproject.toml'} is not readable TOML: {exc}") from None
+    return list((doc.get("build-system") or {}).get("requires") or [])
+
+
+def missing_tools(project: Path) -> list[str]:
+    """Tools the commit's own build configuration needs that this control node lacks."""
+    missing = []
+    for req in build_requirements(project):
+        name = re.split(r"[\s<>=!~;\[]", req.strip(), maxsplit=1)[0].lower()
+        tool = _TOOLS.get(name)
+        if tool and (tool.startswith("a ") or not shutil.which(tool)) and tool not in missing:
+            missing.append(tool)
+    return missing
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def wheel_info(path: Path, sha256: str | None = None) -> BuiltWheel:
+    parts = path.name[:-len(".whl")].split("-")
+    if not path.name.endswith(".whl") or len(parts) < 5:
+        raise UserError(f"engine wheel {path}: not a wheel file name (name-version-python-abi-platform.whl)")
+    return BuiltWheel(path.name, sha256 or _sha256(path), path.stat().st_size, path,
+                      re.sub(r"[-_.]+", "-", parts[0]).lower(), parts[1])
+
+
+def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
+          progress=lambda msg: None) -> BuiltWheel:
+    """The engine wheel built from `subdir` of `commit` with its own build
+    configuration (pip wheel --no-deps), once per (commit, subdir) on this node."""
+    key = hashlib.sha256(f"{commit}:{subdir}".encode()).hexdigest()[:16]
+    root = _cache_root() / "engine"
+    out = root / f"{commit[:12]}-{key}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = out / "built.json"
+        if record.exists():
+            rec = json.loads(record.read_text())
+            return wheel_info(out / rec["name"], rec["sha256"])
+        progress(f"fetching engine source {url} @ {commit[:12]}")
+        fetch(url, commit, ref)
+        with tempfile.TemporaryDirectory(prefix="k26ops-engine-build-") as tmp:
+            tree = export(url, commit, Path(tmp) / "src")
+            project = tree / subdir
+            if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
+                raise UserError(f"engine source: {url} @ {commit[:12]} has no {subdir}/pyproject.toml "
+                                "(set engine.source.subdir to the directory that builds the engine)")
+            missing = missing_tools(project)
+            if missing:
+                raise UserError(f"engine source: building {url} @ {commit[:12]} needs {', '.join(missing)}, which "
+                                "this control node lacks: install it, or build the wheel elsewhere and set "
+                                "engine.source.wheel {path|url, sha256} in the recipe")
+            progress(f"building the engine wheel from {subdir}/ @ {commit[:12]} (pip wheel, once per commit)")
+            dist = Path(tmp) / "dist"
+            proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                                   "--disable-pip-version-check", "-w", str(dist), str(project)],
+                                  capture_output=True, text=True)
+            wheels = sorted(dist.glob("*.whl")) if dist.exists() else []
+            if proc.returncode != 0 or len(wheels) != 1:
+                errs = [ln.strip() for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+                raise UserError(f"engine source: building the wheel from {url} @ {commit[:12]} failed: "
+                                + (errs[-1] if errs else (proc.stderr.strip().splitlines() or ["no wheel"])[-1]))
+            partial = out.with_name(out.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            shutil.move(str(wheels[0]), partial / wheels[0].name)
+            info = wheel_info(partial / wheels[0].name)
+            (partial / "built.json").write_text(json.dumps(
+                {"name": info.name, "sha256": info.sha256, "url": url, "commit": commit, "subdir": subdir},
+                indent=1) + "\n")
+            shutil.rmtree(out, ignore_errors=True)
+            partial.rename(out)
+        return wheel_info(out / info.name, info.sha256)
+
+
+def prebuilt(path: str | None, url: str | None, sha256: str, recipe_dir: Path,
+             progress=lambda msg: None) -> BuiltWheel:
+    """A wheel built elsewhere (path or URL), accepted only with its sha256."""
+    if url and not path:
+        root = _cache_root() / "engine" / "prebuilt"
+        root.mkdir(parents=True, exist_ok=True)
+        dest = root / sha256[:16] / url.rstrip("/").rsplit("/", 1)[-1]
+        if not dest.exists():
+            import urllib.request
+
+            progress(f"downloading the prebuilt engine wheel {url}")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".partial")
+            try:
+                with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as fh:
+                    shutil.copyfileobj(resp, fh)
+            except OSError as exc:
+                raise UserError(f"engine source: cannot download {url}: {exc}") from None
+            tmp.rename(dest)
+        p = dest
+    else:
+        p = Path(path) if Path(path).is_absolute() else recipe_dir / path
+    if not p.is_file():
+        raise UserError(f"engine source: prebuilt wheel {p} does not exist")
+    got = _sha256(p)
+    if got != sha256:
+        raise UserError(f"engine source: prebuilt wheel {p} has sha256 {got}, the recipe says {sha256}")
+    return wheel_info(p, got)
+
+
+def describe(engine: dict | None) -> list[str]:
+    """A release's engine provenance (its manifest's `engine`) as lines a person reads."""
+    if not engine:
+        return ["engine (not recorded: a release built before engine provenance)"]
+    src = engine.get("source") or {}
+    where = (f"{src['git']} @ {src.get('commit')} ({src.get('subdir', 'python')}/, {src.get('built', 'built')})"
+             if src.get("git") else f"{src.get('registry')} ({src.get('install', 'full')})")
+    wheel, lock = engine.get("wheel") or {}, engine.get("lock")
+    return [f"engine {engine.get('base')}  from {where}",
+            f"wheel  {wheel.get('name')}  sha256 {wheel.get('sha256')}",
+            f"lock   {lock['file']}  sha256 {lock['sha256']}  ({lock.get('wheels')} wheels)" if lock
+            else "lock   none (registry release: pip resolved its pins at download)"]

@@ -1,0 +1,136 @@
+"""The engine's own start-up checks, evaluated by k26ops on the rendered command
+line before any host changes.
+
+Why: a DDTree engine that refuses its flags does so only after the weights
+start loading on every host, in a restart loop. These rules are the checks the
+engine makes in its argument hooks, read from the engine source at a named
+commit (`SOURCE`); each names where it comes from, so when the base moves the
+rule can be re-read. A violation is one line naming the flag and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+# Where the rules were read: sglang PR #29907 (DDTree) at this commit.
+PR29907 = "93e9850e430035f8a363fd881a6a0c5436b95108"
+HOOK = f"python/sglang/srt/arg_groups/speculative_hook.py @ {PR29907[:12]} (sglang PR #29907)"
+BACKENDS = f"python/sglang/srt/arg_groups/model_override_base.py:attention_backends_of @ sglang 0.5.23"
+
+
+class LaunchRuleError(ValueError):
+    """One broken rule: `flag` is what to change."""
+
+    def __init__(self, rule: "Rule", detail: str):
+        self.rule, self.detail = rule, detail
+        super().__init__(f"{rule.flag}: {detail} ({rule.where}); fix: {rule.fix}")
+
+
+def parse_flags(argv: list[str]) -> dict[str, object]:
+    """`--name value` and bare `--flag` (True) from an engine argv; the last one wins,
+    as argparse does. Anything before `-m MODULE` is the interpreter."""
+    if "-m" in argv:
+        argv = argv[argv.index("-m") + 2:]
+    out: dict[str, object] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            if eq:
+                out[name] = val
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[name] = argv[i + 1]
+                i += 1
+            else:
+                out[name] = True
+        i += 1
+    return out
+
+
+def _int(flags, name, default=None):
+    v = flags.get(name, default)
+    try:
+        return int(v) if v is not None and v is not True else None
+    except (TypeError, ValueError):
+        return None
+
+
+def block_size(flags) -> int | None:
+    """DFlash's verify window: --speculative-dflash-block-size, else --speculative-num-draft-tokens
+    (_handle_dflash makes them equal; without either the engine reads the drafter's config)."""
+    return _int(flags, "--speculative-dflash-block-size") or _int(flags, "--speculative-num-draft-tokens")
+
+
+def attention_backends(flags) -> tuple[object, object]:
+    """(prefill, decode): the split flags fall back to --attention-backend (attention_backends_of)."""
+    base = flags.get("--attention-backend")
+    return flags.get("--prefill-attention-backend") or base, flags.get("--decode-attention-backend") or base
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    algorithms: tuple[str, ...]
+    flag: str
+    where: str
+    fix: str
+    check: Callable[[dict], str | None]  # the problem, or None
+
+
+def _full_tree_triton(flags):
+    budget, block = _int(flags, "--speculative-ddtree-budget"), block_size(flags)
+    if budget is None or block is None or budget <= block - 1:
+        return None
+    pre, dec = attention_backends(flags)
+    if pre == "triton" and dec == "triton":
+        return None
+    return (f"--speculative-ddtree-budget {budget} > block size {block} - 1 (a full tree) needs the triton "
+            f"attention backend for prefill and decode; got prefill {pre or '(default)'}, decode {dec or '(default)'}")
+
+
+def _dflash_block_matches(flags):
+    a, b = _int(flags, "--speculative-dflash-block-size"), _int(flags, "--speculative-num-draft-tokens")
+    if a is not None and b is not None and a != b:
+        return f"--speculative-num-draft-tokens {b} differs from --speculative-dflash-block-size {a}"
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("drafter-path", ("DFLASH", "DDTREE"), "--speculative-draft-model-path", f"{HOOK}:_handle_dflash",
+         "set the drafter's path (recipe `drafter.path` or inventory `draft_model_path`)",
+         lambda f: None if f.get("--speculative-draft-model-path") not in (None, True, "")
+         else "DFLASH/DDTREE speculative decoding needs a drafter path"),
+    Rule("no-dp-attention", ("DFLASH", "DDTREE"), "--enable-dp-attention", f"{HOOK}:_handle_dflash",
+         "remove --enable-dp-attention",
+         lambda f: "DFLASH does not support dp attention" if f.get("--enable-dp-attention") else None),
+    Rule("pp-size-1", ("DFLASH", "DDTREE"), "--pp-size", f"{HOOK}:_handle_dflash", "use --pp-size 1",
+         lambda f: None if _int(f, "--pp-size", 1) in (1, None) else f"DFLASH needs --pp-size 1, got {f['--pp-size']}"),
+    Rule("block-size-match", ("DFLASH", "DDTREE"), "--speculative-num-draft-tokens", f"{HOOK}:_handle_dflash",
+         "drop --speculative-num-draft-tokens or make it equal to the block size", _dflash_block_matches),
+    Rule("budget-positive", ("DDTREE",), "--speculative-ddtree-budget", f"{HOOK}:_handle_ddtree",
+         "use a budget >= 1",
+         lambda f: None if _int(f, "--speculative-ddtree-budget", 1) is None or _int(f, "--speculative-ddtree-budget", 1) >= 1
+         else f"--speculative-ddtree-budget must be >= 1, got {f['--speculative-ddtree-budget']}"),
+    Rule("no-rejection-sampling", ("DDTREE",), "--speculative-use-rejection-sampling", f"{HOOK}:_handle_ddtree",
+         "remove --speculative-use-rejection-sampling (DDTree samples on the target side)",
+         lambda f: "DDTREE does not support rejection sampling" if f.get("--speculative-use-rejection-sampling") else None),
+    Rule("page-size-1", ("DDTREE",), "--page-size", f"{HOOK}:_handle_ddtree", "use --page-size 1",
+         lambda f: None if _int(f, "--page-size", 1) == 1 else f"DDTREE supports only page size 1, got {f['--page-size']}"),
+    Rule("full-tree-triton", ("DDTREE",), "--attention-backend", f"{HOOK}:_handle_ddtree",
+         "set --attention-backend triton (engine_profile attention_backend: triton), or a budget <= block size - 1",
+         _full_tree_triton),
+)
+
+
+def violations(argv: list[str]) -> list[LaunchRuleError]:
+    flags = parse_flags(argv)
+    algo = str(flags.get("--speculative-algorithm") or "").upper()
+    out = []
+    for rule in RULES:
+        if algo in rule.algorithms:
+            problem = rule.check(flags)
+            if problem:
+                out.append(LaunchRuleError(rule, problem))
+    return out
