@@ -169,6 +169,17 @@ def wheel_info(path: Path, sha256: str | None = None) -> BuiltWheel:
                       re.sub(r"[-_.]+", "-", parts[0]).lower(), parts[1])
 
 
+def check_python(wheel: BuiltWheel, python: str) -> None:
+    """A wheel with compiled parts is built for one python: it must be the hosts'."""
+    tag = wheel.name[:-len(".whl")].split("-")[-3]
+    want = "cp" + python.replace(".", "")
+    tags = tag.split(".")
+    if any(t.startswith("py3") for t in tags) or want in tags:
+        return
+    raise UserError(f"engine wheel {wheel.name} is for {tag}, the hosts run python {python} ({want}): build it "
+                    f"with python {python} (pip wheel), or give a prebuilt {want} wheel as engine.source.wheel")
+
+
 def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
           progress=lambda msg: None) -> BuiltWheel:
     """The engine wheel built from `subdir` of `commit` with its own build

@@ -185,6 +185,15 @@ def parse_series(text: str, source: str = "series") -> list[SeriesEntry]:
     return out
 
 
+def series_base(text: str) -> tuple[int, str] | None:
+    """The base a series is written for, from its `# Base: sglang@<commit>` comment: (line, base)."""
+    for n, raw in enumerate(text.splitlines(), 1):
+        m = re.match(r"^#\s*Base:\s*(\S+)\s*$", raw)
+        if m:
+            return n, m.group(1)
+    return None
+
+
 def load_series(series: str | os.PathLike, tags=()) -> list[Patch]:
     """The active patches of a series file, in order (guarded ones only with a matching tag)."""
     series = Path(series)

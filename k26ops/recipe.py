@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from k26ops import resources
+from k26ops import patchset, resources
 from k26ops.errors import UserError
 
 RECIPES_DIR = resources.path("playbooks", "recipes")
@@ -295,6 +295,14 @@ def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
     series = (_find_repo_root(path) / series_rel) if not Path(series_rel).is_absolute() else Path(series_rel)
     if not series.is_file():
         raise c.err(("patches", "series"), f"no such file: {series}")
+    declared = patchset.series_base(series.read_text(errors="replace"))
+    want_base = f"sglang@{git.commit}" if git else f"sglang=={sglang}"
+    if declared is None:
+        raise c.err(("patches", "series"), f"{series} does not say which base it is for: add a "
+                    f"`# Base: {want_base}` line")
+    if declared[1] != want_base:
+        raise c.err(("patches", "series"), f"{series}:{declared[0]} is written for {declared[1]}, the engine "
+                    f"source is {want_base}: use the series for this base (patches/<base>/series)")
     tags = pt.get("tags") or []
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise c.err(("patches", "tags"), "must be a list of tag names")

@@ -93,6 +93,7 @@ def lock_cmd(settings, recipe, source_url, check):
         built = engine_source.prebuilt(g.wheel_path, g.wheel_url, g.wheel_sha256, Path(r.source).parent, say)
     else:
         built = engine_source.build(g.url, g.commit, g.subdir, g.ref, say)
+    engine_source.check_python(built, r.python)
     say(f"resolving the dependencies of {built.name} for python {r.python}, manylinux x86_64")
     entries = enginelock.resolve(built.path, r.python, r.index_urls)
     declared = recipe_mod.load(recipe).git.url  # a mirror of the same commit gives the same lock

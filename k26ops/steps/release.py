@@ -193,6 +193,7 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
                                                ctx.progress)
             else:
                 built = engine_source.build(g.url, g.commit, g.subdir, g.ref, ctx.progress)
+            engine_source.check_python(built, r.python)
             engine = wheelhouse.Wheel(built.name, built.sha256, built.size, built.path)
             ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
             deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
