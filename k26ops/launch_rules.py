@@ -116,8 +116,12 @@ RULES: tuple[Rule, ...] = (
     Rule("no-rejection-sampling", ("DDTREE",), "--speculative-use-rejection-sampling", f"{HOOK}:_handle_ddtree",
          "remove --speculative-use-rejection-sampling (DDTree samples on the target side)",
          lambda f: "DDTREE does not support rejection sampling" if f.get("--speculative-use-rejection-sampling") else None),
-    Rule("page-size-1", ("DDTREE",), "--page-size", f"{HOOK}:_handle_ddtree", "use --page-size 1",
-         lambda f: None if _int(f, "--page-size", 1) == 1 else f"DDTREE supports only page size 1, got {f['--page-size']}"),
+    # _handle_ddtree compares the raw field (`server_args.page_size != 1`), and at that
+    # point of __post_init__ an unset page size may still be None: so it must be given.
+    Rule("page-size-1", ("DDTREE",), "--page-size", f"{HOOK}:_handle_ddtree",
+         "set --page-size 1 (engine_profile page_size: 1)",
+         lambda f: None if _int(f, "--page-size") == 1 else
+         f"DDTREE supports only page size 1, got {f.get('--page-size') or 'none given (the raw field is checked)'}"),
     Rule("full-tree-triton", ("DDTREE",), "--attention-backend", f"{HOOK}:_handle_ddtree",
          "set --attention-backend triton (engine_profile attention_backend: triton), or a budget <= block size - 1",
          _full_tree_triton),

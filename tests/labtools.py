@@ -56,22 +56,50 @@ def k26ops_json(*args: str, **kw) -> tuple[int, dict]:
         raise AssertionError(f"not JSON (rc {proc.returncode}): {proc.stdout!r} {proc.stderr!r}")
 
 
+LAB_RECIPE = REPO / "playbooks/recipes/lab.yml"
+
+
+def lab_base() -> str:
+    """The lab recipe's engine base (sglang@<the lab fixture's commit>)."""
+    from k26ops import recipe
+    return recipe.load("lab").base
+
+
+def harmless_patch(note: str) -> str:
+    """A patch for the lab base that adds a comment line to sglang/version.py."""
+    import sglang_release
+
+    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
+    return (f"Base: {lab_base()} (k26ops lab fixture)\n{note}\n"
+            "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
+            f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops {note}\n")
+
+
+def write_series(path: Path, lines: list[str]) -> Path:
+    """A series file for the lab base (its `# Base:` line first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# Base: {lab_base()}\n" + "".join(line + "\n" for line in lines))
+    return path
+
+
+def lab_recipe_copy(path: Path, series: Path | None = None) -> Path:
+    """The lab recipe written elsewhere: its lock by absolute path, optionally another series."""
+    import yaml
+
+    doc = yaml.safe_load(LAB_RECIPE.read_text())
+    doc["engine"]["lock"] = str(LAB_RECIPE.with_suffix(".lock"))
+    if series is not None:
+        doc["patches"]["series"] = str(series)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def recipe_with_extra_patch(d: Path, label: str) -> Path:
     """The lab recipe plus one harmless patch (a comment line in
     sglang/version.py): a second, different release of the same engine."""
-    import yaml
-
-    import sglang_release
-
     series = d / "patches" / "series"
     series.parent.mkdir(parents=True)
-    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
-    (series.parent / f"{label}.patch").write_text(
-        f"Base: sglang==0.5.23 (PyPI)\nA harmless test patch ({label}).\n"
-        "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-        f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops {label} patch\n")
-    series.write_text(f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\n{label}.patch\n")
-    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
-    doc["patches"]["series"] = str(series)
-    (d / "changed.yml").write_text(yaml.safe_dump(doc))
-    return d / "changed.yml"
+    (series.parent / f"{label}.patch").write_text(harmless_patch(f"{label} patch"))
+    write_series(series, [f"{label}.patch"])
+    return lab_recipe_copy(d / "changed.yml", series)

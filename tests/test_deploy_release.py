@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import REPO, k26ops, k26ops_json, lab_ssh
+from labtools import (REPO, harmless_patch, k26ops, k26ops_json, lab_base, lab_recipe_copy, lab_ssh,
+                      write_series)
 
 ENGINE_STEPS = "name: engine\nsteps:\n  - cuda_toolkit: {}\n  - release: {keep: 3}\n"
 TREE_HASH = ("cd /opt/k26ops/releases/current/venv/lib/python3*/site-packages && "
@@ -35,16 +36,12 @@ def _recipe(tmp_path: Path, extra_patches: list[tuple[str, str]]) -> Path:
     """The lab recipe with its own series: the shipped patches plus `extra_patches`."""
     series = tmp_path / "patches" / "series"
     series.parent.mkdir(parents=True, exist_ok=True)
-    lines = [f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch"]
+    lines = []
     for name, text in extra_patches:
         (series.parent / name).write_text(text)
         lines.append(name)
-    series.write_text("\n".join(lines) + "\n")
-    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
-    doc["patches"]["series"] = str(series)
-    path = tmp_path / "recipe.yml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    write_series(series, lines)
+    return lab_recipe_copy(tmp_path / "recipe.yml", series)
 
 
 def _remote(lab, host: str, cmd: str) -> str:
@@ -54,10 +51,7 @@ def _remote(lab, host: str, cmd: str) -> str:
 
 
 def _extra_patch_text(site: Path) -> str:
-    first = (site / "sglang/version.py").read_text().splitlines()[0]
-    return ("Base: sglang==0.5.23 (PyPI)\nA harmless test patch.\n"
-            "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-            f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops test patch\n")
+    return harmless_patch("test patch")
 
 
 def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
@@ -117,7 +111,7 @@ def test_check_on_changed_recipe_lists_changes_and_changes_nothing(lab, engine_p
 
 
 def test_patch_that_does_not_apply_changes_no_file(lab, engine_playbook, tmp_path):
-    broken = ("Base: sglang==0.5.23 (PyPI)\nA patch whose context is not in the file.\n"
+    broken = (f"Base: {lab_base()}\nA patch whose context is not in the file.\n"
               "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
               "@@ -1,2 +1,3 @@\n this line is not there\n nor this one\n+# never\n")
     recipe = _recipe(tmp_path, [("broken.patch", broken)])

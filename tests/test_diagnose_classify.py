@@ -11,7 +11,6 @@ import pytest
 
 from k26ops.diagnose import SIGNATURES, classify, classify_file
 from k26ops.diagnose.logtext import clean_lines, strip_prefixes
-from k26ops.diagnose.signatures import DDTREE_PATCH
 
 LOGS = Path(__file__).parent / "data/logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text())
@@ -45,11 +44,17 @@ def test_every_kind_has_logs():
     assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
 
 
-def test_ddtree_shape_mismatch_explains_budget_and_points_to_patch():
-    d = classify_file(LOGS / "shape_mismatch_ddtree_tp8.log")
-    assert DDTREE_PATCH in d.suggestion
+def test_ddtree_shape_mismatch_fix_follows_the_deployed_base():
+    text = (LOGS / "shape_mismatch_ddtree_tp8.log").read_text()
+    d = classify(text)  # base unknown (the seeds' custom build): the budget+1 fix for its layout
     assert "block size" in d.suggestion and "budget+1" in d.suggestion
+    assert "cuda_graph_runner.py" in d.suggestion and "patches/<base>/" in d.suggestion
     assert d.detail == {"got": 8, "expected": 33, "dim": 0}
+    pr = classify(text, "sglang@93e9850e430035f8a363fd881a6a0c5436b95108")
+    assert pr.signature == d.signature and pr.detail == d.detail
+    assert "already captures the target-verify graph with budget+1" in pr.suggestion
+    assert "PR #29907" in pr.suggestion and "diagnose cuda-graph" in pr.suggestion
+    assert "size the verify graph at budget+1" not in pr.suggestion
 
 
 def test_to_json_keys_and_values():

@@ -22,7 +22,7 @@ def test_json_output_for_file():
     data = json.loads(result.output)
     assert data["signature"] == "cuda-graph-shape-mismatch"
     assert data["phase"] == "replay" and data["rank"] == "TP5"
-    assert "tensor a (8)" in data["evidence"] and "ddtree-verify-graph-tokens.patch" in data["suggestion"]
+    assert "tensor a (8)" in data["evidence"] and "budget+1" in data["suggestion"]
     assert data["detail"] == {"got": 8, "expected": 33, "dim": 0}
 
 

@@ -63,7 +63,7 @@ def test_renamed_cuda_graph_max_bs(real):
 
 def test_ddtree_missing_on_plain_release(real):
     with pytest.raises(UserError, match="the DDTree source is missing: sglang 0.5.23 has no DDTREE; "
-                                        "set the recipe's ddtree overlay"):
+                                        "build the engine from a git source pinned to a DDTree commit"):
         ef.validate(PROD, real.root, real)
     with pytest.raises(UserError, match="DDTree source is missing"):
         ef.validate({"speculative_ddtree_budget": 32}, real.root, real)

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from conftest import private_lab
-from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import (REPO, free_port_block, harmless_patch, k26ops, k26ops_json, lab_recipe_copy, lab_ssh,
+                      write_series)
 
 RELEASES = "/opt/k26ops/releases"
 TOKEN = "hf_FAULTSECRET_5a4b3c2d1e0f"
@@ -67,11 +68,7 @@ def assert_consistent(lab, host: str) -> dict:
 
 
 def extra_patch_text(marker: str) -> str:
-    import sglang_release
-    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
-    return ("Base: sglang==0.5.23 (PyPI)\nA harmless fault-test patch.\n"
-            "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-            f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops fault test {marker}\n")
+    return harmless_patch(f"fault test {marker}")
 
 
 def recipe_with_patch(tmp_path: Path, marker: str) -> Path:
@@ -79,13 +76,8 @@ def recipe_with_patch(tmp_path: Path, marker: str) -> Path:
     d = tmp_path / f"recipe-{marker}"
     (d / "patches").mkdir(parents=True)
     (d / "patches" / f"{marker}.patch").write_text(extra_patch_text(marker))
-    (d / "patches" / "series").write_text(
-        f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\n{marker}.patch\n")
-    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
-    doc["patches"]["series"] = str(d / "patches" / "series")
-    path = d / "recipe.yml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    write_series(d / "patches" / "series", [f"{marker}.patch"])
+    return lab_recipe_copy(d / "recipe.yml", d / "patches" / "series")
 
 
 def inventory(lab, path: Path, engine_ports: dict, **all_vars) -> Path:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import private_lab
-from labtools import REPO, free_port_block, k26ops, lab_ssh
+from labtools import REPO, free_port_block, harmless_patch, k26ops, lab_recipe_copy, lab_ssh, write_series
 
 TOKEN = "hf_INPUTSECRET_77aa88bb99cc"
 TOKEN2 = "hf_OTHERSECRET_1122334455"
@@ -147,32 +147,26 @@ def test_shell_and_systemd_specials_reach_the_engine_literally(host, base_inv):
 def test_hostile_patch_file_names_and_tags_stay_inside_the_release(host, base_inv, tmp_path):
     """Patch file names with metacharacters and `..`, and hostile patch tags in
     the playbook: shipped flat into <release>/k26ops/patches, never run."""
-    import sglang_release
-    first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
-    text = ("Base: sglang==0.5.23 (PyPI)\nharmless\n--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-            f"@@ -1,1 +1,2 @@\n {first}\n+# hostile name test\n")
+    text = harmless_patch("hostile name test")
     name = f"x$(touch${{IFS}}{MARK}_pn1);`touch${{IFS}}{MARK}_pn2`'\\n&|.patch"
     sub = tmp_path / "series-dir"
     sub.mkdir()
     (tmp_path / name).write_text(text)  # reached through ../ from the series' directory
-    (sub / "series").write_text(f"{REPO}/patches/sglang-0.5.23/ddtree-verify-graph-tokens.patch\n../{name}\n")
-    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
-    doc["patches"]["series"] = str(sub / "series")
-    recipe = tmp_path / "recipe.yml"
-    recipe.write_text(yaml.safe_dump(doc))
+    write_series(sub / "series", [f"../{name}"])
+    recipe = lab_recipe_copy(tmp_path / "recipe.yml", sub / "series")
     inv = write_inv(base_inv, "patchnames", all_vars={"recipe": str(recipe)})
     pb = playbook(base_inv, "name: r\nsteps:\n  - release: {keep: 5}\n", "release-only")
     proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(pb))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rid = json.loads(proc.stdout)["hosts"]["lab1"]["release"]
     shipped = ssh(host, f"ls /opt/k26ops/releases/{rid}/k26ops/patches/")
-    assert f"02-{name}" in shipped.splitlines()
+    assert f"01-{name}" in shipped.splitlines()
     no_markers(host)
     # a series line with a space in its file name: refused before the host changes
-    (sub / "series").write_text(f"../{name} ; touch {MARK}_pn3\n")
+    write_series(sub / "series", [f"../{name} ; touch {MARK}_pn3"])
     listing = ssh(host, "ls -a /opt/k26ops/releases")
     proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(pb))
-    assert proc.returncode == 1 and "series:1" in json.loads(proc.stdout)["hosts"]["lab1"]["error"]
+    assert proc.returncode == 1 and "series:2" in json.loads(proc.stdout)["hosts"]["lab1"]["error"]
     assert ssh(host, "ls -a /opt/k26ops/releases") == listing
     no_markers(host)
     for tags in ([f"$(touch /tmp/{MARK}_tag1)"], ["../../etc"], ["a\nb"], [f"x; touch /tmp/{MARK}_tag2"]):

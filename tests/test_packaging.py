@@ -27,14 +27,17 @@ CHECK = textwrap.dedent("""
     root = resources.root()
     assert root.is_relative_to(target), root
     assert [s.name for s in playbook.load("deploy")], "deploy playbook has no steps"
-    for name in ("k26-tp8-ddtree", "lab"):
+    for name in ("k26-tp8-ddtree", "lab", "lab-registry", "k26-tp8-dflash-0.5.23"):
         r = recipe.load(name)
         assert r.source.resolve().is_relative_to(target), r.source
         assert r.series.resolve().is_relative_to(target), r.series
         entries = patchset.parse_series(r.series.read_text())
-        assert entries and all((r.series.parent / e.path).is_file() for e in entries), entries
+        assert all((r.series.parent / e.path).is_file() for e in entries), entries
         assert len(patchset.load_series(r.series, tags=["diagnose"])) == len(entries)
-    assert probe.PROBE_PATCH.is_file(), probe.PROBE_PATCH
+        if name.startswith("lab"):
+            assert entries and probe.probe_patch_for(r.base).resolve().is_relative_to(target)
+        if r.git and name == "lab":
+            assert r.lock_path.resolve().is_relative_to(target) and r.lock_path.is_file(), r.lock_path
     assert "ExecStart=/bin/true" in units.render_unit({"argv": ["/bin/true"]})
     assert "CUDA_HOME=" in units.render_env({"env": {"CUDA_HOME": "/usr/local/cuda"}})
     print("ok", root)

@@ -20,7 +20,8 @@ from k26ops import patchset as ps  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-SERIES = REPO / "patches" / "series"
+SERIES = REPO / "patches" / "sglang-0.5.23" / "series"
+LAB_BASE = "sglang@b7018131aa5bd5b8058c265595b91715be4c0c75"
 
 
 def tree_hash(root: Path) -> dict[str, str]:
@@ -38,28 +39,40 @@ def site(tmp_path) -> Path:
     return sglang_release.copy_tree(tmp_path / "site")
 
 
-def all_patches() -> list[ps.Patch]:
-    """Every patch named in the series, guarded or not, that exists on disk."""
+def all_series() -> list[Path]:
+    return sorted((REPO / "patches").glob("*/series"))
+
+
+def all_patches() -> list[tuple[ps.Patch, tuple]]:
+    """Every (patch, base) pair of every shipped series, guarded or not."""
     out = []
-    for e in ps.parse_series(SERIES.read_text()):
-        p = SERIES.parent / e.path
-        if p.exists():
-            out.append(ps.parse_patch(p.read_text(), e.path, e.strip))
+    for series in all_series():
+        for e in ps.parse_series(series.read_text()):
+            p = ps.parse_patch((series.parent / e.path).read_text(), e.path, e.strip)
+            out += [(p, b) for b in p.bases]
     return out
 
 
-def test_series_has_ddtree_fix_and_guarded_probe():
-    entries = {e.path: e for e in ps.parse_series(SERIES.read_text())}
-    assert entries["sglang-0.5.23/ddtree-verify-graph-tokens.patch"].guards == ()
-    assert entries["sglang-0.5.23/cuda-graph-none-probe.patch"].guards == ("diagnose",)
-    assert [p.name for p in ps.load_series(SERIES)] == ["sglang-0.5.23/ddtree-verify-graph-tokens.patch"]
+def test_every_series_names_its_base_and_every_patch_names_it_too():
+    assert all_series(), "no patches/<base>/series"
+    for series in all_series():
+        declared = ps.series_base(series.read_text())
+        assert declared, f"{series} has no `# Base:` line"
+        pkg, spec = ps.parse_base(declared[1])
+        for e in ps.parse_series(series.read_text()):
+            p = ps.parse_patch((series.parent / e.path).read_text(), e.path, e.strip)
+            assert (pkg, spec) in [(b[0], b[1]) for b in p.bases], f"{series}: {e.path} is not for {declared[1]}"
+    # the DDTree verify-graph fix is in PR 29907 itself: its series must not carry one
+    pr = (REPO / "patches/sglang-pr29907-93e9850e4305/series").read_text()
+    assert not [e for e in ps.parse_series(pr) if "verify-graph" in e.path]
 
 
-@pytest.mark.parametrize("patch", all_patches(), ids=lambda p: p.name)
-def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch, tmp_path):
-    assert patch.base, f"{patch.name} has no Base: header"
-    pkg, version, source = patch.base
+@pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1].startswith("==")],
+                         ids=lambda x: getattr(x, "name", None) or "".join(x[:2]))
+def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch, base, tmp_path):
+    pkg, spec, source = base
     assert pkg == "sglang" and source.lower().startswith("pypi")
+    version = spec[2:]
     site = sglang_release.copy_tree(tmp_path / "site", version)
     before = tree_hash(site)
     res = ps.apply(site, [patch], tmp_path / "state", {pkg: version})
@@ -73,9 +86,48 @@ def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch,
     assert tree_hash(site) == before
 
 
+@pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1] == LAB_BASE[6:]],
+                         ids=lambda x: getattr(x, "name", None) or "lab")
+def test_every_lab_base_patch_applies_to_the_lab_commit(patch, base, tmp_path):
+    """The lab base is a real commit (the lab fixture's): read its tree at that commit."""
+    from k26ops import engine_source
+    from k26ops.lab import engine_source_fixture
+
+    url, commit = engine_source_fixture.ensure()
+    assert "sglang@" + commit == LAB_BASE
+    engine_source.fetch(url, commit)
+    tree = engine_source.export(url, commit, tmp_path / "src") / "python"
+    res = ps.apply(tree, [patch], tmp_path / "state", {"sglang": "@" + commit})
+    assert res["changed"] and [p["status"] for p in res["patches"]] == ["apply"]
+
+
+def test_a_patch_for_another_base_is_refused_and_writes_nothing(site, tmp_path):
+    probe = ps.load_series(SERIES, ["diagnose"])
+    before = tree_hash(site)
+    other = "@" + "1" * 40
+    with pytest.raises(ps.PatchError) as ei:
+        ps.apply(site, probe, tmp_path / "st", {"sglang": other})
+    msg = str(ei.value)
+    assert "\n" not in msg and "is written for sglang==0.5.23" in msg and f"sglang{other}" in msg
+    assert "nothing was applied" in msg
+    assert tree_hash(site) == before and not (tmp_path / "st").exists()
+    with pytest.raises(ps.PatchError, match="is written for"):
+        ps.apply(site, probe, tmp_path / "st", {"sglang": "0.5.24"})
+    no_base = ps.parse_patch(PROBE_TEXT().split("\n--- ", 1)[0].replace("Base:", "Was:") + "\n--- "
+                             + PROBE_TEXT().split("\n--- ", 1)[1], "nobase.patch")
+    with pytest.raises(ps.PatchError, match="no Base: header"):
+        ps.apply(site, [no_base], tmp_path / "st", {"sglang": "0.5.23"})
+    assert tree_hash(site) == before
+
+
+def PROBE_TEXT() -> str:
+    return (SERIES.parent / "cuda-graph-none-probe.patch").read_text()
+
+
 def test_whole_series_with_diagnose_tag(site, tmp_path):
     before = tree_hash(site)
-    pats = ps.load_series(SERIES, tags=["diagnose"]) if (SERIES.parent / "sglang-0.5.23/cuda-graph-none-probe.patch").exists() else ps.load_series(SERIES)
+    pats = ps.load_series(SERIES, tags=["diagnose"])
+    assert pats
     res = ps.apply(site, pats, tmp_path / "st", {"sglang": "0.5.23"})
     assert res["changed"]
     again = ps.apply(site, pats, tmp_path / "st", {"sglang": "0.5.23"})
@@ -83,13 +135,6 @@ def test_whole_series_with_diagnose_tag(site, tmp_path):
     ps.revert(site, tmp_path / "st")
     assert tree_hash(site) == before
     assert not (tmp_path / "st" / "state.json").exists()
-
-
-def test_ddtree_patch_content(site, tmp_path):
-    ps.apply(site, ps.load_series(SERIES), tmp_path / "st", {"sglang": "0.5.23"})
-    src = (site / "sglang/srt/model_executor/model_runner.py").read_text()
-    assert "return ddtree_budget + 1" in src and "not self.is_draft_worker" in src
-    assert 'getattr(model_runner.spec_algorithm, "is_ddtree", None)' in src
 
 
 BROKEN = """Base: sglang==0.5.23 (PyPI)
@@ -115,22 +160,22 @@ deliberately broken: second file's hunk 2 context is wrong
 
 def test_broken_patch_touches_nothing(site, tmp_path):
     version_line = (site / "sglang/version.py").read_text().splitlines()[0]
-    good = ps.parse_patch((SERIES.parent / "sglang-0.5.23/ddtree-verify-graph-tokens.patch").read_text(), "good.patch")
+    good = ps.parse_patch(PROBE_TEXT(), "good.patch")
     bad = ps.parse_patch(BROKEN.replace("{version_line}", version_line), "broken.patch")
     before = tree_hash(site)
     with pytest.raises(ps.PatchError) as ei:
-        ps.apply(site, [good, bad], tmp_path / "st", {"sglang": "0.5.24"})
+        ps.apply(site, [good, bad], tmp_path / "st", {"sglang": "0.5.23"})
     msg = str(ei.value)
     assert isinstance(ei.value, UserError) and "\n" not in msg
     assert "broken.patch" in msg and "sglang/version.py" in msg and "hunk 2" in msg
-    assert "expected sglang==0.5.23" in msg and "installed sglang==0.5.24" in msg
+    assert "expected sglang==0.5.23" in msg and "installed sglang==0.5.23" in msg
     assert tree_hash(site) == before
     assert not (tmp_path / "st").exists()
 
 
 def test_already_applied_without_state_then_revert(site, tmp_path):
     before = tree_hash(site)
-    pats = ps.load_series(SERIES)
+    pats = ps.load_series(SERIES, ["diagnose"])
     ps.apply(site, pats, tmp_path / "first", {"sglang": "0.5.23"})
     patched = tree_hash(site)
     # a fresh state (applied by hand, or state lost): detected, nothing written
@@ -143,7 +188,7 @@ def test_already_applied_without_state_then_revert(site, tmp_path):
 
 
 def test_changed_patch_after_apply_fails_loudly(site, tmp_path):
-    p = ps.load_series(SERIES)[0]
+    p = ps.load_series(SERIES, ["diagnose"])[0]
     ps.apply(site, [p], tmp_path / "st")
     text = "Edited header line.\n" + (SERIES.parent / p.name).read_text()
     with pytest.raises(ps.PatchError, match="changed since it was applied"):
@@ -253,7 +298,7 @@ def test_standalone_script_json(site, tmp_path):
     before = tree_hash(site)
     run = lambda *a: subprocess.run([sys.executable, "-I", str(script), *a], capture_output=True, text=True)
     r = run("apply", "--root", str(site), "--series", str(SERIES), "--state", str(tmp_path / "st"),
-            "--installed", "sglang==0.5.23")
+            "--tag", "diagnose", "--base", "sglang==0.5.23")
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["ok"] and out["changed"], r.stderr
     r = run("verify", "--root", str(site), "--state", str(tmp_path / "st"))
@@ -263,48 +308,8 @@ def test_standalone_script_json(site, tmp_path):
     (tmp_path / "bad.series").write_text("nope.patch\n")
     r = run("check", "--root", str(site), "--series", str(tmp_path / "bad.series"), "--state", str(tmp_path / "st"))
     assert r.returncode == 2 and "nope.patch" in json.loads(r.stdout)["error"]
-
-
-def test_ddtree_patch_behaviour(site, tmp_path):
-    """Run the patched decode_num_tokens_per_req from the real file (extracted with ast,
-    no sglang import): DDTree target verify -> budget+1; draft worker and DFLASH unchanged."""
-    import ast
-    import types
-
-    ps.apply(site, ps.load_series(SERIES), tmp_path / "st")
-    path = site / "sglang/srt/model_executor/model_runner.py"
-    tree = ast.parse(path.read_text())
-    helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_k26ops_ddtree_verify_budget")
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
-    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "decode_num_tokens_per_req")
-    calls = []
-    ns = {"Optional": __import__("typing").Optional, "get_spec": lambda: types.SimpleNamespace(),
-          "resolve_num_tokens_per_req": lambda **kw: calls.append(kw) or kw["num_draft_tokens"] or 8,
-          "DllmConfig": None}
-    exec(compile(ast.Module([helper, method], []), str(path), "exec"), ns)
-    fn = ns["decode_num_tokens_per_req"]
-
-    class Algo:
-        def __init__(self, name, has_is_ddtree):
-            self.name = name
-            if has_is_ddtree:
-                self.is_ddtree = lambda: name == "DDTREE"
-
-        def is_speculative(self):
-            return True
-
-        def is_dspark(self):
-            return False
-
-    def runner(algo, draft, has_is_ddtree=False, budget=32):
-        return types.SimpleNamespace(
-            spec_algorithm=Algo(algo, has_is_ddtree), is_draft_worker=draft,
-            server_args=types.SimpleNamespace(speculative_algorithm=algo, speculative_ddtree_budget=budget))
-
-    for has in (False, True):
-        assert fn(runner("DDTREE", False, has), num_draft_tokens=8) == 33
-        assert fn(runner("DDTREE", True, has), num_draft_tokens=8) == 8  # draft keeps the block size
-        assert fn(runner("DFLASH", False, has), num_draft_tokens=8) == 8
-    plain = types.SimpleNamespace(spec_algorithm=Algo("DFLASH", False), is_draft_worker=False,
-                                  server_args=types.SimpleNamespace(speculative_algorithm="DFLASH"))
-    assert fn(plain, num_draft_tokens=8) == 8  # 0.5.23 without the overlay: no such attributes
+    # the wrong base: refused by the host script too, nothing written
+    r = run("apply", "--root", str(site), "--series", str(SERIES), "--state", str(tmp_path / "st2"),
+            "--tag", "diagnose", "--base", "sglang@" + "2" * 40)
+    assert r.returncode == 2 and "is written for sglang==0.5.23" in json.loads(r.stdout)["error"]
+    assert tree_hash(site) == before

@@ -16,7 +16,7 @@ import sglang_release  # noqa: E402
 
 from k26ops import patchset, prepcache  # noqa: E402
 
-SERIES = Path(__file__).resolve().parent.parent / "patches" / "series"
+SERIES = Path(__file__).resolve().parent.parent / "patches" / "sglang-0.5.23" / "series"
 WHEEL = sglang_release.wheel()
 
 

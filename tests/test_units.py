@@ -293,7 +293,6 @@ def test_engine_argv_lab_module_disable_graph_and_multinode():
 
 @pytest.mark.parametrize("bad, needle", [
     ({"model_path": None}, "model_path"),
-    ({"draft_model_path": ""}, "draft_model_path"),
     ({"tp_size": "8"}, "tp_size"),
     ({"port": True}, "port"),
     ({"launch_module": "x; rm -rf /"}, "launch_module"),
