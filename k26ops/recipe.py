@@ -341,7 +341,7 @@ def with_source_url(recipe: Recipe, url: str) -> Recipe:
 
     The commit is the engine's identity; the URL is only where it is fetched."""
     if recipe.git is None:
-        raise UserError(f"{recipe.source}: engine_source_url is set but the recipe's engine is a registry release")
+        raise UserError(f"{recipe.source}: a source URL was given but the engine is a registry release (engine.sglang)")
     return replace(recipe, git=replace(recipe.git, url=url))
 
 

@@ -106,7 +106,8 @@ def requirements_file(wheels: list[Wheel]) -> str:
     lines = []
     for w in sorted(wheels, key=lambda w: w.name):
         parts = w.name[:-len(".whl")].split("-")
-        lines.append(f"{parts[0]}=={parts[1]} --hash=sha256:{w.sha256}\n")
+        # `===`: exactly this version string (`==0.5.23` would also take 0.5.23+lab)
+        lines.append(f"{parts[0]}==={parts[1]} --hash=sha256:{w.sha256}\n")
     return "".join(lines)
 
 

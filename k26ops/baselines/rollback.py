@@ -207,6 +207,10 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
         doc = yaml.safe_load(recipe_text) or {}
         doc.setdefault("patches", {})
         doc["patches"] = {**(doc.get("patches") or {}), "series": str(pdir / "series")}
+        eng = doc.get("engine") if isinstance(doc.get("engine"), dict) else {}
+        src = eng.get("source") if isinstance(eng.get("source"), dict) else None
+        engine_base = f"sglang@{src.get('commit')}" if src else f"sglang=={eng.get('sglang')}"
+        (pdir / "series").write_text(f"# Base: {engine_base}\n" + "".join(f"{s}\n" for s in series))
         lock = repo.read(tag, f"{base}/engine.lock")
         if isinstance(doc.get("engine"), dict) and doc["engine"].get("source") is not None:
             if lock is None:

@@ -121,7 +121,8 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         pass
     rebuildable, why = _rebuild_check(recipe_text, Path(recipe_path), m, lock_text)
     shipped = raw["release"].get("patches") or {}
-    series = [ln.strip() for ln in (shipped.get("series") or "").splitlines() if ln.strip()]
+    series = [ln.strip() for ln in (shipped.get("series") or "").splitlines()
+              if ln.strip() and not ln.lstrip().startswith("#")]
     env_text = raw.get("env")
     env_base = units.env_for_baseline(env_text) if env_text is not None else None
     secret_keys = sorted({k for k, _v, _s, _e in units.parse_env(env_text or "") if units.is_secret_key(k)})

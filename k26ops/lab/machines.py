@@ -33,6 +33,7 @@ CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Lab fixture: where the lab recipe's drafter lives on a lab host, and its config
 # (the keys sglang's parse_dflash_draft_config reads; no weights: the engine is the stand-in).
 LAB_DRAFTER = "/models/Kimi-K2.6-DFlash"
+LAB_SOURCE_URL = "file:///var/lib/k26ops-lab/sglang-0.5.23-ddtree-lab"  # the lab recipe's engine.source.git
 DRAFTER_CONFIG = ('{"k26ops_lab_fixture": "a DFlash drafter config for the lab; no weights",\n'
                   ' "architectures": ["DFlashDraftModel"], "num_hidden_layers": 6,\n'
                   ' "dflash_config": {"block_size": 8}}\n')
@@ -252,9 +253,9 @@ class Lab:
                 # engine_standin.py) installed as this module; never outside the lab.
                 "lab": True,
                 "launch_module": "k26ops_lab_engine",
-                # Lab fixture: the recipe's pinned commit, fetched from the local
-                # repository (k26ops/lab/engine_source_fixture.py) as from a mirror.
-                "engine_source_url": self.source_url,
+                # Lab fixture: the lab recipe's pinned commit, fetched from the
+                # local repository (k26ops/lab/engine_source_fixture.py) as from a mirror.
+                "engine_source_mirrors": {LAB_SOURCE_URL: self.source_url},
             },
             "hosts": {
                 h.name: {

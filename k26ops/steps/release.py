@@ -72,8 +72,9 @@ _PREP_LOCK = threading.Lock()
 
 def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = None) -> recipe_mod.Recipe:
     """The recipe a host deploys: a baseline's recorded one when rolling back,
-    else the inventory's, with the engine source fetched from `engine_source_url`
-    when the inventory names a mirror (the commit stays the recipe's)."""
+    else the inventory's, with the engine source fetched from a mirror when the
+    inventory's `engine_source_mirrors` maps the recipe's git URL to one (like
+    git's url.insteadOf; the commit stays the recipe's)."""
     if override:
         r = override.get("_recipe")
         if r is None:
@@ -83,11 +84,14 @@ def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = No
             override["_recipe"] = r
         return r
     cache = {} if cache is None else cache
-    key = (str(vars.get("recipe")), str(vars.get("engine_source_url")))
+    mirrors = vars.get("engine_source_mirrors") or {}
+    if not isinstance(mirrors, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mirrors.items()):
+        raise UserError("inventory var engine_source_mirrors must map a recipe's git URL to a mirror URL")
+    key = (str(vars.get("recipe")), json.dumps(mirrors, sort_keys=True))
     if key not in cache:
         r = recipe_mod.load(vars.get("recipe"))
-        if vars.get("engine_source_url"):
-            r = recipe_mod.with_source_url(r, str(vars["engine_source_url"]))
+        if r.git and r.git.url in mirrors:
+            r = recipe_mod.with_source_url(r, mirrors[r.git.url])
         cache[key] = r
     return cache[key]
 
@@ -386,5 +390,5 @@ def _assemble(work: Path, r, patches, engine_wheel: wheelhouse.Wheel, patch_file
         src = (patch_files or {}).get(p.name) or Path(r.series).parent / p.name
         (pdir / shipped).write_text(src.read_text())
         series_lines.append(shipped)
-    (pdir / "series").write_text("\n".join(series_lines) + "\n")
+    (pdir / "series").write_text(f"# Base: {r.base}\n" + "".join(line + "\n" for line in series_lines))
     (work / prepcache.MARK).write_text("ok\n")
