@@ -187,16 +187,16 @@ def resolve(name_or_path: str | Path | None = None) -> Path:
     return RECIPES_DIR / f"{p}.yml"
 
 
-def load(name_or_path: str | Path | None = None) -> Recipe:
+def load(name_or_path: str | Path | None = None, check_series_base: bool = True) -> Recipe:
     path = resolve(name_or_path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise UserError(f"{path}: cannot read recipe: {exc.strerror}") from None
-    return parse(text, path)
+    return parse(text, path, check_series_base)
 
 
-def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
+def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = True) -> Recipe:
     """Validate recipe YAML; every error is one line with file, line and key."""
     path = Path(path)
     try:
@@ -300,7 +300,7 @@ def parse(text: str, path: Path | str = "<recipe>") -> Recipe:
     if declared is None:
         raise c.err(("patches", "series"), f"{series} does not say which base it is for: add a "
                     f"`# Base: {want_base}` line")
-    if declared[1] != want_base:
+    if declared[1] != want_base and check_series_base:
         raise c.err(("patches", "series"), f"{series}:{declared[0]} is written for {declared[1]}, the engine "
                     f"source is {want_base}: use the series for this base (patches/<base>/series)")
     tags = pt.get("tags") or []

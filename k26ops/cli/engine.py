@@ -34,8 +34,8 @@ def _diff(path: Path, old: str, new: str) -> str:
                                         fromfile=f"a/{shown}", tofile=f"b/{shown}"))
 
 
-def _recipe(name: str, source_url: str | None) -> recipe_mod.Recipe:
-    r = recipe_mod.load(name)
+def _recipe(name: str, source_url: str | None, check_series_base: bool = True) -> recipe_mod.Recipe:
+    r = recipe_mod.load(name, check_series_base)
     if r.git is None:
         raise UserError(f"{r.source}: the engine is a registry release (engine.sglang); pin and lock are for "
                         "git sources (engine.source)")
@@ -59,7 +59,7 @@ def _emit(settings, data: dict, diff: str, summary: str) -> None:
 @click.pass_obj
 def pin_cmd(settings, recipe, ref, source_url, check):
     """Resolve REF to a commit now and write it into the recipe (with a diff)."""
-    r = _recipe(recipe, source_url)
+    r = _recipe(recipe, source_url, check_series_base=False)  # pinning is how a recipe moves to a new base
     if not re.fullmatch(r"[\w./-]+", ref) or ".." in ref:
         raise UserError(f"--ref {ref!r}: not a plain ref name")
     commit = engine_source.resolve_ref(r.git.url, ref)
@@ -68,12 +68,15 @@ def pin_cmd(settings, recipe, ref, source_url, check):
     new, n = re.subn(r"(?m)^(\s*commit:\s*)[\"']?[0-9a-fA-F]{40}[\"']?", lambda m: m.group(1) + commit, old, count=1)
     if n != 1:
         raise UserError(f"{path}: no `commit: <40 hex>` line under engine.source to update")
-    recipe_mod.parse(new, path)  # still a valid recipe
+    recipe_mod.parse(new, path, check_series_base=False)  # still a valid recipe
     diff = _diff(path, old, new)
     if diff and not check:
         path.write_text(new)
-    lock_note = (f"; the lock {r.lock_path.name} is for the old commit: run `k26ops engine lock {path}`"
-                 if diff else "")
+    lock_note = ""
+    if diff:
+        lock_note = (f"; next: the series {r.series} is written for the old base: make patches/<base>/series for "
+                     f"sglang@{commit} (re-verify each patch against that commit, `# Base:` and `Base:` lines), point "
+                     f"patches.series at it, and run `k26ops engine lock {path}`")
     what = "unchanged" if not diff else ("would pin" if check else "pinned")
     _emit(settings, {"recipe": str(path), "ref": ref, "commit": commit, "changed": bool(diff), "written": bool(diff) and not check},
           diff, f"{path}: {ref} is {commit}: {what}{lock_note}")

@@ -158,12 +158,12 @@ def before_hosts(hosts) -> None:
     cache: dict = {}
     for h in hosts:
         r = recipe_for(h.vars, cache=cache)
-        lock_for(r)
         try:
             argv = units.engine_argv(profile_for(h.vars, r))
         except UserError as exc:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
+        lock_for(r)
 
 
 def _host_python(ctx: HostContext) -> str:

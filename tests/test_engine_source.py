@@ -1,0 +1,181 @@
+"""The engine source path on the control node: a pinned commit fetched from a
+real git repository (file:// URLs made here), the wheel built from the commit's
+own pyproject with pip, the dependency lock made by pip's resolver, and the
+`engine pin` / `engine lock` commands that write them with a diff."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from labtools import REPO, k26ops  # noqa: E402
+
+from k26ops import enginelock, engine_source  # noqa: E402
+from k26ops import recipe as rc  # noqa: E402
+from k26ops.errors import UserError  # noqa: E402
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private engine/git cache, so nothing here is served from another test's build."""
+    monkeypatch.setenv("K26OPS_ENGINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("K26OPS_GIT_CACHE", raising=False)
+    return tmp_path / "cache"
+
+
+def tiny_engine(tmp_path: Path, version: str = "1.0", build_requires: str = '"setuptools>=61.0"',
+                deps: str = '"tqdm"') -> tuple[Path, str]:
+    """A tiny real Python project in a git repo (python/ subdir, like sglang's layout)."""
+    repo = tmp_path / "engine-src"
+    py = repo / "python"
+    (py / "tinyengine").mkdir(parents=True, exist_ok=True)
+    (py / "tinyengine/__init__.py").write_text(f'__version__ = "{version}"\n')
+    (py / "pyproject.toml").write_text(
+        f'[build-system]\nrequires = [{build_requires}]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "tinyengine"\nversion = "{version}"\ndependencies = [{deps}]\n')
+    if not (repo / ".git").exists():
+        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", f"v{version}")
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def test_fetch_builds_the_commit_not_the_branch(tmp_path, cache):
+    repo, c1 = tiny_engine(tmp_path, "1.0")
+    _, c2 = tiny_engine(tmp_path, "2.0")  # the branch moved on
+    w = engine_source.build(repo.as_uri(), c1, "python")
+    assert w.name == "tinyengine-1.0-py3-none-any.whl" and w.dist == "tinyengine" and w.version == "1.0"
+    again = engine_source.build(repo.as_uri(), c1, "python")
+    assert again.sha256 == w.sha256 and again.path == w.path  # built once per commit
+    assert engine_source.build(repo.as_uri(), c2, "python").version == "2.0"
+    assert engine_source.resolve_ref(repo.as_uri(), "refs/heads/main") == c2
+    with pytest.raises(UserError, match="not a full 40-hex commit"):
+        engine_source.fetch(repo.as_uri(), "main")
+    with pytest.raises(UserError, match=f"commit {'0' * 40} not found"):
+        engine_source.fetch(repo.as_uri(), "0" * 40)
+
+
+def test_a_commit_without_the_subdir_or_with_a_missing_toolchain_is_one_line(tmp_path, cache):
+    repo, c1 = tiny_engine(tmp_path, "1.0", build_requires='"setuptools>=61.0", "setuptools-rust"')
+    with pytest.raises(UserError) as ei:
+        engine_source.build(repo.as_uri(), c1, "nope")
+    assert "has no nope/pyproject.toml" in str(ei.value) and "\n" not in str(ei.value)
+    env_path = os.environ["PATH"]
+    os.environ["PATH"] = "/usr/bin:/bin"  # no cargo here either way; make sure of it
+    try:
+        with pytest.raises(UserError) as ei:
+            engine_source.build(repo.as_uri(), c1, "python")
+    finally:
+        os.environ["PATH"] = env_path
+    msg = str(ei.value)
+    assert "needs cargo" in msg and "engine.source.wheel" in msg and "\n" not in msg
+
+
+def test_prebuilt_wheel_needs_its_sha256(tmp_path, cache):
+    repo, c1 = tiny_engine(tmp_path)
+    w = engine_source.build(repo.as_uri(), c1, "python")
+    assert engine_source.prebuilt(str(w.path), None, w.sha256, tmp_path).sha256 == w.sha256
+    with pytest.raises(UserError, match="has sha256"):
+        engine_source.prebuilt(str(w.path), None, "0" * 64, tmp_path)
+    engine_source.check_python(w, "3.12")  # py3-none-any fits every python
+    cp311 = engine_source.BuiltWheel("x-1-cp311-cp311-manylinux_2_28_x86_64.whl", "0", 1, w.path, "x", "1")
+    engine_source.check_python(cp311, "3.11")
+    with pytest.raises(UserError, match="is for cp311, the hosts run python 3.12"):
+        engine_source.check_python(cp311, "3.12")
+
+
+def test_lock_resolves_the_commits_own_dependencies_with_hashes(tmp_path, cache):
+    repo, c1 = tiny_engine(tmp_path, deps='"tqdm", "idna"')
+    w = engine_source.build(repo.as_uri(), c1, "python")
+    entries = enginelock.resolve(w.path, "3.11")
+    names = sorted(e[0].lower() for e in entries)
+    assert names == ["idna", "tqdm"] and all(len(e[2]) == 64 for e in entries)
+    text = enginelock.render("r", {"commit": c1, "subdir": "python", "python": "3.11"}, entries)
+    lock = enginelock.parse(text, "x.lock")
+    assert lock.commit == c1 and sorted(e[0].lower() for e in lock.entries) == names
+    with pytest.raises(UserError, match=r"x.lock:\d+: not a lock entry"):
+        enginelock.parse(text + "junk\n", "x.lock")
+    with pytest.raises(UserError, match="no `# commit:` line"):
+        enginelock.parse("tqdm==1 --hash=sha256:" + "0" * 64 + "\n", "x.lock")
+
+
+def _recipe_for(tmp_path: Path, url: str, commit: str) -> Path:
+    """A git-source recipe in a directory of its own (its series says its base)."""
+    d = tmp_path / "recipes"
+    (d / "patches").mkdir(parents=True, exist_ok=True)
+    (d / "patches/series").write_text(f"# Base: sglang@{commit}\n")
+    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
+    doc["name"] = "mine"
+    doc["engine"] = {"source": {"git": url, "commit": commit, "subdir": "python", "ref": "refs/heads/main"},
+                     "python": "3.11", "lock": "mine.lock"}
+    doc["patches"]["series"] = str(d / "patches/series")
+    text = "# my recipe\n" + yaml.safe_dump(doc, sort_keys=False)
+    (d / "mine.yml").write_text(text)
+    return d / "mine.yml"
+
+
+def test_engine_pin_and_lock_commands_write_reviewed_files(tmp_path, cache):
+    repo, c1 = tiny_engine(tmp_path, "1.0")
+    recipe = _recipe_for(tmp_path, repo.as_uri(), c1)
+    env = {"K26OPS_ENGINE_CACHE": str(cache)}
+    proc = k26ops("engine", "lock", str(recipe), env=env)
+    assert proc.returncode == 0, proc.stderr
+    lock = recipe.with_name("mine.lock")
+    assert f"+# commit: {c1}" in proc.stdout and "+tqdm==" in proc.stdout and "written" in proc.stdout
+    assert enginelock.load(lock).commit == c1
+    again = k26ops("engine", "lock", str(recipe), env=env)
+    assert again.returncode == 0 and "unchanged" in again.stdout and "+tqdm" not in again.stdout
+    # the branch moves: pin finds the new commit, writes only the commit line, shows the diff
+    _, c2 = tiny_engine(tmp_path, "2.0")
+    before = recipe.read_text()
+    proc = k26ops("engine", "pin", str(recipe), "--ref", "refs/heads/main", "--check", env=env)
+    assert proc.returncode == 0 and f"+    commit: {c2}" in proc.stdout and recipe.read_text() == before
+    proc = k26ops("--json", "engine", "pin", str(recipe), "--ref", "refs/heads/main", env=env)
+    data = json.loads(proc.stdout)
+    assert data["commit"] == c2 and data["written"]
+    # the series was written for the old base: the recipe refuses to load until the operator
+    # makes the series for the new one (the pin output says so)
+    with pytest.raises(UserError, match=f"is written for sglang@{c1}"):
+        rc.load(recipe)
+    text = k26ops("engine", "pin", str(recipe), "--ref", "refs/heads/main", "--check", env=env).stdout
+    assert "unchanged" in text
+    (recipe.parent / "patches/series").write_text(f"# Base: sglang@{c2}\n")
+    assert rc.load(recipe).git.commit == c2
+    assert recipe.read_text().startswith("# my recipe\n")  # comments kept: only the sha changed
+    assert [l for l in recipe.read_text().splitlines() if l not in before.splitlines()] == [f"    commit: {c2}"]
+    # now the lock belongs to the old commit: refused, with the way out
+    with pytest.raises(UserError) as ei:
+        from k26ops.steps.release import lock_for
+        lock_for(rc.load(recipe))
+    assert f"the lock is for commit {c1[:12]}" in str(ei.value) and "k26ops engine lock" in str(ei.value)
+    lock.unlink()
+    with pytest.raises(UserError, match="no dependency lock for .* is missing.*k26ops engine lock"):
+        lock_for(rc.load(recipe))
+    proc = k26ops("engine", "pin", str(REPO / "playbooks/recipes/lab-registry.yml"), "--ref", "x")
+    assert proc.returncode == 2 and "registry release" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_the_lab_lock_is_what_the_lab_commit_resolves_to(cache):
+    """The committed lab.lock is the lock command's own output for the lab fixture's commit."""
+    from k26ops.lab import engine_source_fixture
+
+    url, commit = engine_source_fixture.ensure()
+    r = rc.load("lab")
+    assert commit == r.git.commit
+    proc = k26ops("--json", "engine", "lock", "lab", "--source-url", url, "--check",
+                  env={"K26OPS_ENGINE_CACHE": str(cache)}, timeout=300)
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0 and not data["changed"], data["diff"]
+    assert data["engine_wheel"]["name"] == "sglang-0.5.23+lab-py3-none-any.whl"
