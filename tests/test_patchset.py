@@ -63,7 +63,7 @@ def test_every_series_names_its_base_and_every_patch_names_it_too():
             p = ps.parse_patch((series.parent / e.path).read_text(), e.path, e.strip)
             assert (pkg, spec) in [(b[0], b[1]) for b in p.bases], f"{series}: {e.path} is not for {declared[1]}"
     # the DDTree verify-graph fix is in PR 29907 itself: its series must not carry one
-    pr = (REPO / "patches/sglang-pr29907-93e9850e4305/series").read_text()
+    pr = (REPO / "patches/sglang-pr29907-93e9850e4300/series").read_text()
     assert not [e for e in ps.parse_series(pr) if "verify-graph" in e.path]
 
 

@@ -36,7 +36,7 @@ def test_default_is_production_pinned_to_one_commit():
     assert r.base == f"sglang@{PR29907}" and r.requirements() == []
     assert r.lock_path == PROD.with_suffix(".lock") and r.python == "3.12"
     assert r.toolkit.method == "apt" and r.toolkit.apt_package == "cuda-toolkit-13-0"
-    assert r.series == rc.resources.root() / "patches/sglang-pr29907-93e9850e4305/series"
+    assert r.series == rc.resources.root() / "patches/sglang-pr29907-93e9850e4300/series"
     assert r.drafter.path == "/models/Kimi-K2.6-DFlash" and r.drafter.block_size == 8
     p = r.profile
     assert (p["tp_size"], p["speculative_algorithm"], p["speculative_ddtree_budget"],
@@ -105,7 +105,7 @@ def _line_of(text: str, needle: str) -> int:
     ("tp_size: 8", "tp_size: eight", "engine_profile.tp_size"),
     ("tp_size: 8", "tp_sise: 8", "engine_profile.tp_sise"),
     ("page_size: 1 ", "page_size: 16 ", "engine_profile.page_size"),
-    ("series: patches/sglang-pr29907-93e9850e4305/series", "series: patches/nope", "patches.series"),
+    ("series: patches/sglang-pr29907-93e9850e4300/series", "series: patches/nope", "patches.series"),
     ("  block_size: 8\n", "  block_size: eight\n", "drafter.block_size"),
 ])
 def test_validation_names_file_line_key(old, new, key):
@@ -117,7 +117,7 @@ def test_validation_names_file_line_key(old, new, key):
 
 
 def test_series_of_another_base_is_refused_at_load():
-    text = PROD.read_text().replace("patches/sglang-pr29907-93e9850e4305/series", "patches/sglang-0.5.23/series")
+    text = PROD.read_text().replace("patches/sglang-pr29907-93e9850e4300/series", "patches/sglang-0.5.23/series")
     msg = _err(text)
     assert "patches.series" in msg and "written for sglang==0.5.23" in msg and f"sglang@{PR29907}" in msg
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 # the block-size/budget mismatch, and its fix must not be suggested.
 VERIFY_AT_BUDGET_PLUS_1 = {
     "sglang@93e9850e430035f8a363fd881a6a0c5436b95108":
-        "sglang PR #29907 @ 93e9850e4305 (model_executor/runner/decode_cuda_graph_runner.py)",
+        "sglang PR #29907 @ 93e9850e4300 (model_executor/runner/decode_cuda_graph_runner.py)",
 }
 PROBE_TAG = "K26OPS-PROBE cuda-graph-none-field"
 UNCLASSIFIED = "unclassified"
