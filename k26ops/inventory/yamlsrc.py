@@ -78,8 +78,41 @@ def line_of(container, key) -> int | None:
     return None
 
 
+# Bounded input: a hostile or broken file must fail fast, not eat the control node.
+MAX_BYTES = 10 * 1024 * 1024  # a 10,000-host inventory is about 1 MB
+MAX_EXPANDED_NODES = 2_000_000  # nodes after expanding every *alias (a 10,000-host file: ~100k)
+
+
+def expanded_size(root) -> int:
+    """Nodes the document has once every alias is expanded (memoised per node, so
+    an alias bomb is measured in time linear in its size, without expanding it)."""
+    memo: dict[int, int] = {}
+
+    def size(node) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        memo[key] = 1  # a recursive alias counts once
+        if isinstance(node, yaml.MappingNode):
+            n = 1 + sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            n = 1 + sum(size(v) for v in node.value)
+        else:
+            n = 1
+        memo[key] = n
+        return n
+
+    return size(root)
+
+
 class _Loader(yaml.SafeLoader):
-    pass
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None and expanded_size(node) > MAX_EXPANDED_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {MAX_EXPANDED_NODES:,} values once its aliases (*name) are expanded: "
+                "refused (an alias bomb?)", node.start_mark)
+        return node
 
 
 def _construct_map(loader: _Loader, node: yaml.MappingNode):
@@ -136,9 +169,15 @@ _Loader.add_constructor("!unsafe", _construct_unsafe)
 def read(path: Path):
     """Load one inventory file; every failure is a one-line UserError."""
     try:
-        raw = path.read_bytes()
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise UserError(oneline(f"{path}: inventory is {size:,} bytes, over the {MAX_BYTES:,}-byte limit: refused"))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise UserError(oneline(f"{path}: cannot read inventory: {exc.strerror or exc}")) from None
+    if len(raw) > MAX_BYTES:  # a pipe or a file that grew
+        raise UserError(oneline(f"{path}: inventory is over the {MAX_BYTES:,}-byte limit: refused"))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
