@@ -13,12 +13,12 @@ from pathlib import Path
 import yaml
 
 from k26ops import facts as facts_mod
-from k26ops import preflight, resources
+from k26ops import ownership, preflight, resources
 from k26ops.errors import UserError
 from k26ops.facts.disk import disk_free_fact
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
-from k26ops.steps import REGISTRY, HostContext, Step
+from k26ops.steps import REGISTRY, HostContext, Step, StepFailed
 
 PLAYBOOKS_DIR = resources.path("playbooks")
 
@@ -70,7 +70,14 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
                 progress=lambda m: None, purpose: str = "deploy") -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
     host = session.host
-    lock = None if check else HostLock(session, f"{host.vars.get('k26ops_root', '/opt/k26ops')}/state", purpose)
+    root = str(host.vars.get("k26ops_root", "/opt/k26ops"))
+    st = ownership.state(session, root, "root")  # before the lock writes <root>/state
+    why = ownership.refusal(root, "root", st)
+    if why:
+        raise StepFailed(why)
+    if st["state"] != "owned" and not check:
+        ownership.claim(session, root)
+    lock = None if check else HostLock(session, f"{root}/state", purpose)
     if lock:
         lock.acquire()
     try:

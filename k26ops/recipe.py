@@ -321,8 +321,12 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
     drafter = None
     if top.get("drafter") is not None:
         dr = c.mapping(top["drafter"], ("drafter",), {"path", "block_size", "repo", "revision"})
-        if dr.get("path") is not None and not isinstance(dr["path"], str):
-            raise c.err(("drafter", "path"), "must be a path")
+        if dr.get("path") is not None:
+            from k26ops.inventory import path_problem
+
+            why = path_problem(dr["path"])
+            if why:
+                raise c.err(("drafter", "path"), why)
         bs = dr.get("block_size")
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs < 1):
             raise c.err(("drafter", "block_size"), f"must be an integer >= 1, got {bs!r}")

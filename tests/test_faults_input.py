@@ -128,17 +128,42 @@ def test_hostile_vars_and_engine_flags_never_run_and_are_refused_before_any_chan
     assert ssh(host, "readlink /opt/k26ops/releases/current") == current
 
 
+PATH_VARS = ("k26ops_root", "releases_root", "model_path", "draft_model_path", "env_file", "engine_env_file")
+
+
+def test_hostile_values_in_every_path_variable_are_refused_at_load(host, base_inv):
+    """Paths are data: `$(...)`, backticks, `;`, newlines, quotes, relative and
+    unnormalised paths in any path variable are one line naming the host, the
+    variable and the file line; nothing runs anywhere (before this change,
+    k26ops_root "/opt/k26ops$(touch ...)" created the marker on the host)."""
+    pb = playbook(base_inv)
+    ps = payloads("path")
+    values = [f"/opt/k26ops{p}" for p in ps] + ["opt/k26ops", "/opt//k26ops", "/opt/k26ops/", "/opt/./x",
+                                                "/opt/x/../y", "/", "/opt/a b"]
+    for i, var in enumerate(PATH_VARS):
+        for value in values[i::2]:  # every value in some variable, each variable with several
+            inv = write_inv(base_inv, f"p{i}", host_vars={var: value})
+            for args in (["inventory", "list"], ["deploy", "--check", "--playbook", str(pb)],
+                         ["deploy", "--playbook", str(pb)]):
+                proc = k26ops("-i", str(inv), *args)
+                assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (var, value, proc.stderr)
+                line = next(n for n, l in enumerate(inv.read_text().splitlines(), 1) if l.strip().startswith(var + ":"))
+                assert f"{inv}:{line}: host 'lab1': {var} " in proc.stderr, proc.stderr
+    no_markers(host)
+
+
 def test_shell_and_systemd_specials_reach_the_engine_literally(host, base_inv):
-    """$, %, backticks and quotes in a model path and an engine flag value: the
-    engine's real argv holds them verbatim (no shell, no systemd expansion)."""
-    weird = f"/models/a b/$HOME/%h/${{PATH}}/`id`/$(touch /tmp/{MARK}_lit)/'q'\"d\""
-    inv = write_inv(base_inv, "literal", host_vars={"model_path": weird,
-                                                    "served_model_name": "m;$(touch /tmp/K26INJ_name)%n"})
+    """$, %, backticks and quotes in engine flag values (not paths: those are
+    refused at load): the engine's real argv holds them verbatim (no shell, no
+    systemd expansion)."""
+    weird = f"a b/$HOME/%h/${{PATH}}/`id`/$(touch /tmp/{MARK}_lit)/'q'\"d\""
+    inv = write_inv(base_inv, "literal", host_vars={"served_model_name": "m;$(touch /tmp/K26INJ_name)%n",
+                                                    "extra_flags": {"chat-template": weird}})
     proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(playbook(base_inv)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pid = ssh(host, f"systemctl show -p MainPID --value {UNIT}").strip()
     argv = ssh(host, f"cat /proc/{pid}/cmdline").split("\0")
-    assert argv[argv.index("--model-path") + 1] == weird
+    assert argv[argv.index("--chat-template") + 1] == weird
     assert argv[argv.index("--served-model-name") + 1] == "m;$(touch /tmp/K26INJ_name)%n"
     no_markers(host)
     k26ops("-i", str(write_inv(base_inv, "good")), "deploy", "--playbook", str(playbook(base_inv)))

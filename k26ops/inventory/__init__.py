@@ -13,6 +13,8 @@ UserError naming file and line; nothing here ever connects anywhere.
 from __future__ import annotations
 
 import os
+import posixpath
+import re
 from pathlib import Path
 
 from k26ops.inventory import ansible, native
@@ -53,8 +55,44 @@ def _origin_text(o: Origin) -> str:
     return ", ".join(parts)
 
 
+# Variables that name a path on the host. They reach shell lines, unit files and
+# scripts k26ops writes, so they are data with a shape: absolute, normalised,
+# from a safe character set; anything else is refused at load.
+PATH_VARS = ("k26ops_root", "releases_root", "model_path", "draft_model_path", "env_file", "engine_env_file")
+_SAFE_PATH = re.compile(r"/[A-Za-z0-9._+@=,/-]*")
+
+
+def path_problem(value) -> str | None:
+    """Why `value` is not a usable host path, or None."""
+    if isinstance(value, Vault) or is_jinja(value):
+        return "must be a plain path (not a !vault value or a Jinja expression)"
+    if not isinstance(value, str):
+        return f"must be a path string, got {show(value)}"
+    if not value.startswith("/"):
+        return f"must be an absolute path, got {show(value)}"
+    if not _SAFE_PATH.fullmatch(value):
+        bad = sorted({c for c in value if not re.fullmatch(r"[A-Za-z0-9._+@=,/-]", c)})
+        return (f"may only hold letters, digits and . _ + @ = , - /, got {show(value)} "
+                f"(refused: {' '.join(repr(c) for c in bad)})")
+    if posixpath.normpath(value) != value or value.startswith("//"):
+        return f"must be normalised (no //, /./, /../ or trailing /), got {show(value)}"
+    if value == "/":
+        return "must not be / itself"
+    return None
+
+
+def _check_paths(graph: Graph, name: str, values: dict, origins: dict) -> None:
+    for var in PATH_VARS:
+        if var in values and values[var] is not None:
+            why = path_problem(values[var])
+            if why:
+                o = origins.get(var)
+                graph.fail(o.line if o else None, f"host {show(name)}: {var} {why}")
+
+
 def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[str]) -> Host:
     values, origins = graph.merged_vars(name)
+    _check_paths(graph, name, values, origins)
     r = resolve(graph, name, values, origins, shape, ssh)
     conn = r.values.get("connection", "ssh")
     if shape == "native" and conn not in ("ssh", "local"):

@@ -27,7 +27,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import enginelock, engine_flags, engine_source, launch_rules, patchset, prepcache, units, wheelhouse
+from k26ops import (enginelock, engine_flags, engine_source, launch_rules, ownership, patchset, prepcache, units,
+                    wheelhouse)
 from k26ops import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
@@ -272,6 +273,11 @@ class Release(Step):
         rid = prep.release_id
         ctx.shared["release_id"] = rid
         rel = ctx.releases_root
+        st = ownership.state(ctx.session, rel, "releases")
+        why = ownership.refusal(rel, "releases", st)
+        if why:
+            raise StepFailed(why)
+        ctx.shared["claim_releases_root"] = st["state"] != "owned"
         res = ctx.run(f"cd {q(rel)} 2>/dev/null && {{ readlink current; echo ===; "
                       f"test -f {q(rid)}/manifest.json && echo complete; }}; true")
         current, _, rest = res.stdout.partition("===")
@@ -286,24 +292,34 @@ class Release(Step):
             changes.append(Change(f"build release {rid} in {rel}/{rid} ({prep.recipe.base_short}, "
                                   f"wheel {prep.engine_wheel.sha256[:12]}{lock}, {len(prep.patches)} patch(es))"))
         changes.append(Change(f"switch current: {current or '(none)'} -> {rid}"))
+        keep = int(self.params.get("keep", 3))
+        pins = set(ctx.run(f"cat {q(ctx.pins_file)} 2>/dev/null; true").stdout.split())
+        prune = ownership.prune_plan(ownership.releases(ctx.session, rel), rid, keep, pins)
+        ctx.shared["prune"] = prune
+        if prune:
+            changes.append(Change(f"prune {len(prune)} old release(s) (keep {keep}, k26ops releases only): "
+                                  + ", ".join(prune)))
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         prep: Prepared = ctx.shared["prepared"]
         rid, rel = prep.release_id, ctx.releases_root
+        if ctx.shared.get("claim_releases_root"):
+            ownership.claim(ctx.session, rel)
         if changes[0].what.startswith("build "):
             self._build(ctx, prep)
         ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
                 f"mv -T .current.tmp current", check=True)
         ctx.shared["release_changed"] = True
-        self._prune(ctx, int(self.params.get("keep", 3)))
+        ownership.delete(ctx.session, rel, ctx.shared.get("prune") or [])
 
     def _build(self, ctx: HostContext, prep: Prepared) -> None:
         rid, rel = prep.release_id, ctx.releases_root
         d = f"{rel}/{rid}"
         wh = f"{ctx.root}/wheelhouse"
         ctx.progress(f"pushing wheels for {rid}")
-        ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches", check=True)
+        ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches && "
+                f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
         try:
             wheelhouse.push(ctx.session, prep.wheels, wh)
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
@@ -345,15 +361,6 @@ class Release(Step):
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
-
-    def _prune(self, ctx: HostContext, keep: int) -> None:
-        """Keep the newest `keep` releases, never `current` nor one a baseline pins."""
-        rel = ctx.releases_root
-        pins = ctx.pins_file
-        ctx.run(f"cd {q(rel)} && cur=$(readlink current); "
-                f"ls -1t --ignore=current --ignore='.*' | tail -n +{keep + 1} | while read -r r; do "
-                f"[ \"$r\" = \"$cur\" ] && continue; grep -qxF \"$r\" {q(pins)} 2>/dev/null && continue; "
-                "rm -rf -- \"$r\"; done; true")
 
 
 def _tied_to_channel(script: str) -> str:
