@@ -97,7 +97,16 @@ def systemd_exec(argv: Iterable[str]) -> str:
     exe = _check_text(argv[0], "ExecStart executable")
     if not exe.startswith("/") or "$" in exe:
         raise UserError(f"ExecStart executable must be an absolute path without '$': {exe!r}")
-    return " ".join(systemd_quote(a) for a in argv)
+    return " ".join(_exec_word(a) for a in argv)
+
+
+def _exec_word(word: str) -> str:
+    """A word quoted for ExecStart=; a whole ${K26OPS_SECRET_*} reference (from
+    split_secret_flags), alone or as --flag=${...}, is left for systemd to expand."""
+    flag, eq, val = word.partition("=")
+    if SECRET_REF.fullmatch(word) or (eq and SECRET_REF.fullmatch(val) and re.fullmatch(r"--[A-Za-z0-9-]+", flag)):
+        return word
+    return systemd_quote(word)
 
 
 def unit_value(value) -> str:
@@ -235,7 +244,14 @@ def engine_argv(profile: Mapping) -> list[str]:
     argv += _extra_args(profile.get("extra_args"))
     for word in argv:
         _check_text(word, "engine argument")
-    return argv
+    return split_secret_flags(argv)[0]
+
+
+def engine_flag_secrets(profile: Mapping) -> dict[str, str]:
+    """The env variables that carry the values of the profile's secret flags
+    (engine_argv references them as ${K26OPS_SECRET_<FLAG>})."""
+    extra = _extra_args(profile.get("extra_args"))
+    return split_secret_flags(extra)[1]
 
 
 # ---------------------------------------------------------------- rendering
@@ -279,16 +295,103 @@ def render_env(ctx: Mapping, templates_dir: Path | None = None) -> str:
 
 # ---------------------------------------------------------------- secrets
 
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS")
+# Extra names the inventory marks secret (`secret_vars`, `secret_patterns`), set per run.
+EXTRA_SECRET_NAMES: set[str] = set()
+EXTRA_SECRET_PATTERNS: list[str] = []
+
+
 def is_secret_key(name: str) -> bool:
-    """HF_TOKEN, *_TOKEN, *_KEY, *SECRET*, *PASSWORD* (any case)."""
-    up = name.upper()
-    return (up.endswith("TOKEN") or up.endswith("_KEY") or up == "KEY"
-            or "SECRET" in up or "PASSWORD" in up or "PASSWD" in up)
+    """A name that holds a secret, by its words (split at - _ . and case):
+    HF_TOKEN, OPENAI_APIKEY, --api-key, AWS_SECRET_ACCESS_KEY, DB_PASSWORD,
+    GCP_CREDENTIALS, K26OPS_SECRET_*; not --max-total-tokens (TOKENS counts
+    things) nor --tokenizer-path. Plus the inventory's secret_vars / secret_patterns."""
+    import fnmatch
+
+    up = str(name).upper()
+    if up.lstrip("-") in EXTRA_SECRET_NAMES or any(fnmatch.fnmatchcase(up.lstrip("-"), p.upper())
+                                                   for p in EXTRA_SECRET_PATTERNS):
+        return True
+    for word in re.split(r"[^A-Z0-9]+", up):
+        if word in _SECRET_WORDS or word.endswith(("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")) \
+                or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL")):
+            return True
+    return False
+
+
+def set_secret_policy(names=(), patterns=()) -> None:
+    """The inventory's own secret names and glob patterns (see is_secret_key)."""
+    EXTRA_SECRET_NAMES.clear()
+    EXTRA_SECRET_NAMES.update(str(n).upper().lstrip("-") for n in names)
+    EXTRA_SECRET_PATTERNS[:] = [str(p) for p in patterns]
 
 
 def secrets_of(env: Mapping) -> list[str]:
     """The values of an env mapping's secret keys (for redact)."""
     return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")]
+
+
+def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
+    """Every secret value inside inventory vars: values of secret-named keys at any
+    depth (engine_env, extra_flags mappings), values after secret flags in flag
+    lists (`[--api-key, X]`, `--api-key=X`), and every !vault value's text."""
+    out: list[str] = []
+    if depth > 20:
+        return out
+    if type(value).__name__ == "Vault":
+        return [str(getattr(value, "ciphertext", ""))]
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if is_secret_key(str(k)) and isinstance(v, (str, int)) and not isinstance(v, bool):
+                out.append(str(v))
+            out += secret_values(v, str(k), depth + 1)
+    elif isinstance(value, (list, tuple)):
+        words = [str(w) for w in value]
+        for i, w in enumerate(words):
+            flag, eq, val = w.partition("=")
+            if flag.startswith("--") and is_secret_key(flag):
+                if eq:
+                    out.append(val)
+                elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                    out.append(words[i + 1])
+            out += secret_values(value[i], name, depth + 1) if isinstance(value[i], (Mapping, list)) else []
+    return [v for v in out if v]
+
+
+SECRET_REF = re.compile(r"\$\{(K26OPS_SECRET_[A-Z0-9_]+)\}")
+
+
+def secret_ref_name(flag: str) -> str:
+    return "K26OPS_SECRET_" + re.sub(r"[^A-Z0-9]+", "_", flag.lstrip("-").upper()).strip("_")
+
+
+def split_secret_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Engine flags whose name is secret (`--api-key X`) keep their value out of
+    the unit file and the manifest: the value goes to the 0600 env file as
+    K26OPS_SECRET_<FLAG> and the argv holds `${K26OPS_SECRET_<FLAG>}`, which
+    systemd expands at start (the engine's argv, visible to root in `ps`, has it)."""
+    out, env = [], {}
+    i = 0
+    while i < len(argv):
+        w = argv[i]
+        if "K26OPS_SECRET_" in w:
+            raise UserError(f"engine argument {w[:40]!r}: K26OPS_SECRET_ is reserved for k26ops' own secret references")
+        flag, eq, val = w.partition("=")
+        if flag.startswith("--") and is_secret_key(flag):
+            ref = secret_ref_name(flag)
+            if eq:
+                env[ref] = val
+                out.append(f"{flag}=${{{ref}}}")
+                i += 1
+                continue
+            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                env[ref] = argv[i + 1]
+                out += [flag, f"${{{ref}}}"]
+                i += 2
+                continue
+        out.append(w)
+        i += 1
+    return out, env
 
 
 def redact(text: str, secrets: Iterable[str] | Mapping) -> str:

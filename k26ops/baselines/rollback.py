@@ -104,7 +104,7 @@ class BaselineService(svc_mod.ServiceStep):
         if env_text is None:
             ctx.shared["baseline_env"] = None
             return
-        want = svc_mod.engine_env(ctx, {})
+        want = {**svc_mod.engine_env(ctx, {}), **units.engine_flag_secrets(svc_mod.engine_profile(ctx))}
         for key, value, start, end in reversed(units.parse_env(env_text)):
             if units.is_secret_key(key) and value == b["record"]["env"].get("marker", units.REDACTED):
                 if want.get(key) in (None, ""):

@@ -143,9 +143,7 @@ def _secrets(ctx: HostContext, env: dict, old_env_text: str | None = None) -> li
     out = units.secrets_of(env)
     if old_env_text:
         out += [v for k, v, _s, _e in units.parse_env(old_env_text) if units.is_secret_key(k) and v]
-    for k, v in ctx.vars.items():
-        if isinstance(v, str) and v and units.is_secret_key(k):
-            out.append(v)
+    out += units.secret_values(ctx.vars)  # secret-named vars at any depth, secret flags' values, !vault
     for name in PASS_ENV:
         if os.environ.get(name):
             out.append(os.environ[name])
@@ -183,7 +181,7 @@ class ServiceStep(Step):
         upath = f"{UNIT_DIR}/{unit}"
         epath = env_path(p, ctx.vars)
         profile = engine_profile(ctx)
-        env = engine_env(ctx, p)
+        env = {**engine_env(ctx, p), **units.engine_flag_secrets(profile)}
         units.engine_argv(profile)  # profile errors before any host access
         lab_path = f"{LAB_MODULE_DIR}/{LAB_MODULE}.py" if is_lab(ctx) else None
         cur = agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
