@@ -76,9 +76,14 @@ def harmless_patch(note: str) -> str:
 
 
 def write_series(path: Path, lines: list[str]) -> Path:
-    """A series file for the lab base (its `# Base:` line first)."""
+    """A series file for the lab base: its `# Base:` line, the lab series' own
+    active patch (by absolute path, as line 2), then `lines`."""
+    from k26ops import recipe
+
+    shipped = recipe.load("lab").series
+    marker = shipped.parent / "lab-series-marker.patch"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# Base: {lab_base()}\n" + "".join(line + "\n" for line in lines))
+    path.write_text(f"# Base: {lab_base()}\n{marker}\n" + "".join(line + "\n" for line in lines))
     return path
 
 

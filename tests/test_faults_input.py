@@ -185,13 +185,13 @@ def test_hostile_patch_file_names_and_tags_stay_inside_the_release(host, base_in
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rid = json.loads(proc.stdout)["hosts"]["lab1"]["release"]
     shipped = ssh(host, f"ls /opt/k26ops/releases/{rid}/k26ops/patches/")
-    assert f"01-{name}" in shipped.splitlines()
+    assert f"02-{name}" in shipped.splitlines()
     no_markers(host)
     # a series line with a space in its file name: refused before the host changes
     write_series(sub / "series", [f"../{name} ; touch {MARK}_pn3"])
     listing = ssh(host, "ls -a /opt/k26ops/releases")
     proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(pb))
-    assert proc.returncode == 1 and "series:2" in json.loads(proc.stdout)["hosts"]["lab1"]["error"]
+    assert proc.returncode == 1 and "series:3" in json.loads(proc.stdout)["hosts"]["lab1"]["error"]
     assert ssh(host, "ls -a /opt/k26ops/releases") == listing
     no_markers(host)
     for tags in ([f"$(touch /tmp/{MARK}_tag1)"], ["../../etc"], ["a\nb"], [f"x; touch /tmp/{MARK}_tag2"]):
