@@ -11,6 +11,7 @@ other lab tests tolerate them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -107,11 +108,19 @@ def test_snapshot_records_the_running_engine(lab, env):
     env_file = git(repo, "show", f"{TAG}:hosts/{HOST}/env/sglang.env")
     assert "HF_TOKEN=<redacted>" in env_file
     manifest = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/manifest.json"))
-    assert manifest["release_id"] == before["release"] and manifest["packages"]["sglang"] == "0.5.23"
+    assert manifest["release_id"] == before["release"] and manifest["packages"]["sglang"] == "0.5.23+lab"
+    # provenance: the engine's source commit, wheel and lock, and the lock itself to rebuild from
+    from k26ops import recipe as rc
+    lab_recipe = rc.load("lab")
+    eng = manifest["engine"]
+    assert eng["base"] == lab_recipe.base and eng["source"]["commit"] == lab_recipe.git.commit
+    assert eng["lock"]["sha256"] == hashlib.sha256(lab_recipe.lock_path.read_bytes()).hexdigest()
+    assert len(eng["wheel"]["sha256"]) == 64 and eng["wheel"]["name"].startswith("sglang-0.5.23+lab-")
+    assert git(repo, "show", f"{TAG}:hosts/{HOST}/engine.lock") == lab_recipe.lock_path.read_text()
+    assert f"lock   lab.lock  sha256 {eng['lock']['sha256']}" in shown
     for path, sha in before["hashes"].items():  # the patched sources themselves
         blob = subprocess.run(["git", "-C", str(repo), "show", f"{TAG}:hosts/{HOST}/files/{path}"],
                               capture_output=True, check=True).stdout
-        import hashlib
         assert hashlib.sha256(blob).hexdigest() == sha
     facts = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/facts.json"))
     assert facts["gpu_count"] == 8 and facts["driver"]
