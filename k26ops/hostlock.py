@@ -9,6 +9,11 @@ reported as stale (and overwritten) by the next run. A clean release says
 removed. A second concurrent run
 is refused with the owner: who, which control node, pid, since when.
 
+The owner file is written (temp file, then rename) by the lock process before
+it says LOCKED; when it cannot be (disk full: `df` says so before the write, or
+the write fails), the temp file is removed and the lock process exits, so the
+lock is never held without its owner record and never blocks the next run.
+
 Only root may take it: every run that takes the lock changes system files, so
 a login as a normal user without `become` is refused here, before anything
 changed, with a line saying to set `become: true`. With become the lock
@@ -28,6 +33,7 @@ from k26ops.ssh import BECOME_HINT, SSHSession, Session, q
 
 LOCK_BUSY = 75
 NOT_ROOT = 77
+NO_ROOM = 28  # ENOSPC: the owner file could not be written
 RELEASED = "released"
 
 
@@ -39,6 +45,10 @@ class NotRoot(HostLocked):
     """Logged in as a normal user without become: the run could change nothing."""
 
 
+class OwnerNotWritten(HostLocked):
+    """The owner file could not be written (disk full): the lock was let go at once."""
+
+
 class HostLock:
     def __init__(self, session: Session, state_dir: str, purpose: str):
         self.session = session
@@ -46,6 +56,7 @@ class HostLock:
         self.purpose = purpose
         self.chan = None
         self.stale: dict | None = None
+        self.need = 0  # bytes of the owner record, set by acquire
 
     @property
     def owner_file(self) -> str:
@@ -59,13 +70,22 @@ class HostLock:
     def acquire(self) -> None:
         lock = f"{self.state_dir}/lock"
         me = json.dumps(self.owner())
+        self.need = len(me.encode()) + 1
+        tmp = q(self.owner_file + ".tmp")
         # Holds the flock while our channel's stdin is open; prints LOCKED once
         # held (and the previous owner record, to tell a stale one), or exits 75.
+        # No room for the owner record (df, or the write fails): NOSPACE/NOWRITE,
+        # the temp file removed, and the lock let go by exiting.
         script = (f"[ \"$(id -u)\" = 0 ] || {{ echo \"NOTROOT $(id -un)\"; exit {NOT_ROOT}; }}; "
                   f"mkdir -p {q(self.state_dir)} && exec flock -n -E {LOCK_BUSY} {q(lock)} sh -c "
                   + q(f"prev=$(cat {q(self.owner_file)} 2>/dev/null); "
-                      f"printf '%s\\n' {q(me)} > {q(self.owner_file)}.tmp && "
-                      f"mv {q(self.owner_file)}.tmp {q(self.owner_file)}; "
+                      f"avail=$(df -Pk {q(self.state_dir)} 2>/dev/null | awk 'NR==2 {{print $4}}'); "
+                      "case \"$avail\" in ''|*[!0-9]*) ;; *) "
+                      f"if [ $((avail * 1024)) -lt {self.need} ]; then echo \"NOSPACE $((avail * 1024))\"; "
+                      f"exit {NO_ROOM}; fi;; esac; "
+                      f"if ! err=$( {{ printf '%s\\n' {q(me)} | cat > {tmp} && "
+                      f"mv -f {tmp} {q(self.owner_file)}; }} 2>&1 ); then rm -f {tmp}; "
+                      f"echo \"NOWRITE $(printf '%s' \"$err\" | tail -n 1)\"; exit {NO_ROOM}; fi; "
                       "echo \"LOCKED $prev\"; IFS= read -r bye; cat >/dev/null; "
                       # Only a clean release says goodbye: a run that died (EOF
                       # without it) leaves its owner record, reported as stale.
@@ -93,13 +113,19 @@ class HostLock:
             self.stale = json.loads(prev) if prev.startswith("{") else None
             return
         rc = chan.recv_exit_status()
+        err = b""
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(4096)
         chan.close()
         if rc == NOT_ROOT and buf.startswith(b"NOTROOT"):
             raise NotRoot(self._not_root(buf))
+        if rc == NO_ROOM and buf.startswith((b"NOSPACE", b"NOWRITE")):
+            raise OwnerNotWritten(self._not_written(buf))
         if rc == LOCK_BUSY:
             raise HostLocked(self._describe_holder())
+        said = (buf or err).decode(errors="replace").strip().splitlines()
         raise HostLocked(f"could not take the host lock {lock} (exit {rc}): "
-                         + (buf.decode(errors='replace').strip() or "flock missing?"))
+                         + (said[-1] if said else "flock missing?"))
 
     def _acquire_local(self, script: str) -> None:
         import subprocess
@@ -110,6 +136,8 @@ class HostLock:
             proc.wait()
             if proc.returncode == NOT_ROOT and line.startswith(b"NOTROOT"):
                 raise NotRoot(self._not_root(line))
+            if proc.returncode == NO_ROOM and line.startswith((b"NOSPACE", b"NOWRITE")):
+                raise OwnerNotWritten(self._not_written(line))
             raise HostLocked(self._describe_holder() if proc.returncode == LOCK_BUSY
                              else f"could not take the host lock (exit {proc.returncode})")
         self.chan = proc
@@ -118,6 +146,16 @@ class HostLock:
     def _not_root(line: bytes) -> str:
         user = line.decode(errors="replace").split(" ", 1)[1].strip() if b" " in line else "?"
         return f"logged in as {user}, not root: k26ops changes system files as root; {BECOME_HINT}"
+
+    def _not_written(self, line: bytes) -> str:
+        """One line: the owner file's directory and, on a full disk, the bytes needed."""
+        kind, _, said = line.decode(errors="replace").strip().partition(" ")
+        where = f"cannot write the host lock's owner file in {self.state_dir}"
+        if kind == "NOSPACE":
+            return f"{where}: disk full (needs {self.need} bytes, {said} bytes free)"
+        if "No space left" in said:
+            return f"{where}: disk full (needs {self.need} bytes)"
+        return f"{where}: {said or 'write failed'}"
 
     def _describe_holder(self) -> str:
         res = self.session.run(f"cat {q(self.owner_file)} 2>/dev/null")

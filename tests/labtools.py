@@ -32,10 +32,11 @@ def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
 
 
 def lab_ssh(lab_dir: Path, port: int, command: str, timeout: float = 60,
-            user: str = "root") -> subprocess.CompletedProcess:
-    """OpenSSH with the lab's key and known_hosts, strict host key checking."""
+            user: str = "root", known_hosts: Path | None = None) -> subprocess.CompletedProcess:
+    """OpenSSH with the lab's key and known_hosts (or `known_hosts`), strict host key checking."""
     return subprocess.run(
-        ["ssh", "-i", str(lab_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={lab_dir / 'known_hosts'}",
+        ["ssh", "-i", str(lab_dir / "id_ed25519"),
+         "-o", f"UserKnownHostsFile={known_hosts or lab_dir / 'known_hosts'}",
          "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
          "-p", str(port), f"{user}@127.0.0.1", command],
         capture_output=True, text=True, timeout=timeout)

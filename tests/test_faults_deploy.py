@@ -1,6 +1,7 @@
 """Faults during a deploy, against real lab hosts (nspawn, systemd, sshd):
 a host killed mid-build, a full disk under the releases root, two runs at
-once and a run killed with SIGKILL, Ctrl-C (SIGINT) mid-build.
+once and a run killed with SIGKILL, Ctrl-C (SIGINT) mid-build, a full disk
+under the host lock's state directory.
 
 The invariant checked on every host after every fault: `current` is absent
 or points at a release whose manifest.json exists (complete), and no
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +30,9 @@ RELEASES = "/opt/k26ops/releases"
 TOKEN = "hf_FAULTSECRET_5a4b3c2d1e0f"
 RELEASE_ONLY = "name: release-only\nsteps:\n  - release: {keep: 3}\n"
 FULL = "name: full\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n  - smoke: {}\n"
+# Takes the host lock and changes nothing: on node rank 1 health is rank 0's to check.
+LOCK_ONLY = "name: lock-only\nsteps:\n  - health: {}\n"
+STATE = "/opt/k26ops/state"
 
 
 # ------------------------------------------------------------------ helpers
@@ -299,3 +304,42 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
     finally:
         lab_ssh(solo.dir, solo.port("lab1"),
                 f"systemctl stop k26-engine.service; umount -l {RELEASES}; true")
+
+
+# ------------------------------------------------------------------ 8: disk full under the lock's state dir
+
+def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scratch_lab, tmp_path):
+    lab = scratch_lab
+    pb = playbook(tmp_path, LOCK_ONLY, "lock-only")
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["hosts"]["lab1"]["vars"]["node_rank"] = 1
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(inv))
+    run = ("-i", str(tmp_path / "inv.yml"), "deploy", "--playbook", str(pb))
+    where = f"cannot write the host lock's owner file in {STATE}: disk full"
+    # the state dir becomes a small filesystem with no room left
+    ssh(lab, "lab1", f"set -e; mkdir -p {STATE}; mount -t tmpfs -o size=64k tmpfs {STATE}; "
+                     f"dd if=/dev/zero of={STATE}/fill bs=4k 2>/dev/null || true; "
+                     f"[ \"$(df -Pk {STATE} | awk 'NR==2 {{print $4}}')\" = 0 ]")
+    try:
+        rc, data = k26ops_json(*run)
+        r = data["hosts"]["lab1"]
+        assert rc == 1 and r["status"] == "failed", data
+        assert re.fullmatch(rf"{where} \(needs \d+ bytes, 0 bytes free\)", r["error"]), r["error"]
+        assert ssh(lab, "lab1", f"ls -A {STATE}").split() == ["fill", "lock"]  # no lock.owner(.tmp)
+        ssh(lab, "lab1", f"flock -n {STATE}/lock true")  # not held: nothing blocks the next run
+        # df saw room but the write fails (the disk filled in between): the same
+        # line, and the 0-byte temp file the failed write made is removed
+        ssh(lab, "lab1", "printf '#!/bin/sh\\necho Filesystem 1024-blocks Used Available Capacity Mounted on\\n"
+                         f"echo tmpfs 64 0 64 0%% {STATE}\\n' > /usr/local/bin/df; chmod 755 /usr/local/bin/df")
+        rc, data = k26ops_json(*run)
+        r = data["hosts"]["lab1"]
+        assert rc == 1 and re.fullmatch(rf"{where} \(needs \d+ bytes\)", r["error"]), data
+        assert ssh(lab, "lab1", f"ls -A {STATE}").split() == ["fill", "lock"]
+        ssh(lab, "lab1", f"rm /usr/local/bin/df {STATE}/fill")
+        # room again: the next run takes the lock, runs, and releases it
+        rc, data = k26ops_json(*run)
+        assert rc == 0 and data["hosts"]["lab1"]["status"] in ("ok", "changed"), data
+        assert "stale_lock" not in data["hosts"]["lab1"]
+        assert ssh(lab, "lab1", f"ls -A {STATE}").split() == ["lock"]
+    finally:
+        lab_ssh(lab.dir, lab.port("lab1"), f"rm -f /usr/local/bin/df; umount -l {STATE}; true")

@@ -74,9 +74,16 @@ def test_stopped_sshd_is_unreachable_within_connect_timeout_others_finish(scratc
     assert elapsed < 30
 
 
-def test_regenerated_host_key_is_refused_with_fingerprint(scratch_lab):
+def test_regenerated_host_key_is_refused_with_fingerprint(scratch_lab, tmp_path, monkeypatch):
+    """A changed key is refused before anything runs: the host is up (it answers
+    with its new key) and the same work with the new key known does run, so
+    0 commands and no marker mean refused, not unreachable."""
+    from k26ops import inventory
+    from k26ops.fleet import Fleet, FleetOptions, Outcome
+
+    port = scratch_lab.base_port
     key = scratch_lab.dir / "hosts" / "lab1" / "ssh" / "ssh_host_ed25519_key"
-    proc = lab_ssh(scratch_lab.dir, scratch_lab.base_port,
+    proc = lab_ssh(scratch_lab.dir, port,
                    "rm -f /etc/ssh/k26ops/ssh_host_ed25519_key* && "
                    "ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/k26ops/ssh_host_ed25519_key && "
                    "(systemctl restart ssh &) ")
@@ -84,16 +91,47 @@ def test_regenerated_host_key_is_refused_with_fingerprint(scratch_lab):
     new_pub = key.with_suffix(".pub").read_text().split()[1]
     import base64, hashlib
     fp = "SHA256:" + base64.b64encode(hashlib.sha256(base64.b64decode(new_pub)).digest()).decode().rstrip("=")
+    new_known = tmp_path / "new_known_hosts"  # the host's real new key
+    new_known.write_text(f"[127.0.0.1]:{port} ssh-ed25519 {new_pub}\n")
     time.sleep(1.0)
+    monkeypatch.setenv("HOME", str(tmp_path))  # only the known_hosts files named here count
     marker = "/root/ran-after-key-change"
+
+    def touch(session):
+        session.run(f"touch {marker}", check=True)
+        return Outcome(changed=True)
+
+    def run_touch(inv_path: Path):
+        fleet = Fleet(inventory.load(inv_path).select(None), FleetOptions(connect_timeout=5))
+        try:
+            return fleet.run(touch)[0]
+        finally:
+            fleet.close()
+
+    def marker_on_host() -> bool:
+        res = lab_ssh(scratch_lab.dir, port, f"test -e {marker} && echo yes || echo no", known_hosts=new_known)
+        assert res.returncode == 0, res.stderr  # reachable: it answers with its new key
+        return res.stdout.strip() == "yes"
+
     rc, data = k26ops_json("facts", env=scratch_lab.env())
     r = data["hosts"]["lab1"]
     assert rc == 1 and r["status"] == "unreachable"
-    assert "CHANGED" in r["error"] and fp in r["error"]
-    assert r["commands"] == 0
+    assert "CHANGED" in r["error"] and fp in r["error"] and r["commands"] == 0
+    refused = run_touch(scratch_lab.inventory)
+    assert refused.status == "unreachable" and "CHANGED" in refused.error and fp in refused.error
+    assert refused.commands == 0
+    written = scratch_lab.dir / "hosts/lab1/root/upper" / marker.lstrip("/")  # the host's own writes
+    assert not marker_on_host() and not written.exists()
     # --accept-new-host-keys never accepts a changed key.
     rc, data = k26ops_json("--accept-new-host-keys", "facts", env=scratch_lab.env())
     assert rc == 1 and "CHANGED" in data["hosts"]["lab1"]["error"]
+    # The same work, with the host's new key known, runs its one command.
+    inv = yaml.safe_load(scratch_lab.inventory.read_text())
+    inv["hosts"]["lab1"]["known_hosts"] = str(new_known)
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(inv))
+    accepted = run_touch(tmp_path / "inv.yml")
+    assert accepted.status == "changed" and accepted.commands == 1, accepted
+    assert marker_on_host() and written.exists()
 
 
 def test_unknown_host_key_refused_unless_trust_on_first_use(lab, tmp_path):
