@@ -59,21 +59,38 @@ def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
     rc, data = k26ops_json("--limit", "lab1,lab2", "deploy", "--playbook", str(engine_playbook), env=env)
     assert rc == 0, data
     rid = data["hosts"]["lab1"]["release"]
-    assert rid.startswith("sglang0.5.23-") and data["hosts"]["lab2"]["release"] == rid
+    from k26ops import recipe as rc
+    lab_recipe = rc.load("lab")
+    assert rid.startswith(f"sglang-{lab_recipe.git.commit[:12]}-") and data["hosts"]["lab2"]["release"] == rid
     for host in ("lab1", "lab2"):
         r = data["hosts"][host]
         assert r["status"] in ("changed", "ok")
         assert _remote(lab, host, "readlink /opt/k26ops/releases/current") == rid
         manifest = json.loads(_remote(lab, host, "cat /opt/k26ops/releases/current/manifest.json"))
         assert manifest["release_id"] == rid
-        assert manifest["overlay"]["ref"] == "refs/pull/29907/head"
+        # built from the pinned commit, its own wheel, the lock: no overlay of one code base onto another
+        eng = manifest["engine"]
+        assert eng["base"] == lab_recipe.base and eng["source"]["commit"] == lab_recipe.git.commit
+        assert eng["source"]["built"] == "pip wheel on the control node" and "overlay" not in manifest
+        assert eng["lock"]["file"] == "lab.lock" and eng["lock"]["wheels"] == 6
+        wheel = eng["wheel"]["name"]
+        assert _remote(lab, host, f"sha256sum /opt/k26ops/wheelhouse/{wheel}").split()[0] == eng["wheel"]["sha256"]
+        # the venv holds exactly the engine wheel and the locked wheels, installed with hashes
+        pkgs = _remote(lab, host, "/opt/k26ops/releases/current/venv/bin/python -m pip list --format=freeze "
+                                  "--exclude pip --exclude setuptools")
+        locked = {n.lower().replace("_", "-"): v for n, v, _ in __import__("k26ops.enginelock", fromlist=["x"])
+                  .load(lab_recipe.lock_path).entries}
+        got = dict(line.lower().replace("_", "-").split("==") for line in pkgs.splitlines() if "==" in line)
+        assert got == {**locked, "sglang": "0.5.23+lab"}, got
+        reqs = _remote(lab, host, "cat /opt/k26ops/releases/current/k26ops/requirements.txt").splitlines()
+        assert len(reqs) == 7 and all("===" in r and "--hash=sha256:" in r for r in reqs), reqs
         # the host's patched files are exactly what the manifest records
         for rel, sha in manifest["patched_files"].items():
             got = _remote(lab, host, f"sha256sum {manifest['site_packages']}/{rel}").split()[0]
             assert got == sha
-        patched = _remote(lab, host, f"grep -c speculative_ddtree_budget {manifest['site_packages']}/"
-                                     "sglang/srt/model_executor/model_runner.py")
-        assert int(patched) >= 1
+        patched = _remote(lab, host, f"grep -c PATCHED_BY_LAB_SERIES {manifest['site_packages']}/"
+                                     "sglang/srt/speculative/ddtree_lab_fixture.py")
+        assert int(patched) == 1 and len(manifest["patched_files"]) == 1
         # the real nvcc 13.0 toolchain, verified for sm_120
         out = _remote(lab, host, "/opt/k26ops/toolchain/cuda-13.0/bin/nvcc --version; "
                                  "cat /opt/k26ops/toolchain/cuda-13.0/k26ops-verified")
@@ -143,9 +160,38 @@ def test_wheels_are_downloaded_once_for_all_hosts(lab, engine_playbook, tmp_path
     assert all(any(s["step"] == "release" and s["changed"] for s in data["hosts"][h]["steps"]) for h in hosts)
     downloads = [json.loads(line) for line in (wh / "downloads.log").read_text().splitlines()]
     sets = [tuple(d["requirements"]) for d in downloads]
-    # one download per distinct wheel set, however many hosts needed it
-    assert sets.count(("sglang==0.5.23",)) == 1
+    # one download per distinct wheel set (the lock's wheels once), however many hosts needed it
+    from k26ops import enginelock, recipe as rc
+    lock = enginelock.load(rc.load("lab").lock_path)
+    assert sets.count(tuple(enginelock.requirement_lines(lock.entries))) == 1
     assert len(sets) == len(set(sets))
-    # and every host installed from the pushed wheel, without an index
+    # and every host installed from the pushed wheels (the engine's, built once), without an index
     for h in hosts:
-        assert "sglang-0.5.23-" in _remote(lab, h, "ls /opt/k26ops/wheelhouse")
+        listing = _remote(lab, h, "ls /opt/k26ops/wheelhouse")
+        assert "sglang-0.5.23+lab-py3-none-any.whl" in listing and "requests-" in listing
+
+
+def test_registry_source_still_deploys_and_a_patch_for_another_base_is_refused(lab, engine_playbook, tmp_path):
+    """The registry path (sglang 0.5.23 from the index, --no-deps) on the same hosts;
+    then a lab-base series holding a patch written for 0.5.23: refused, nothing changed."""
+    inv = _inventory(lab, tmp_path, recipe="lab-registry")
+    rc, data = k26ops_json("-i", str(inv), "--limit", "lab1", "deploy", "--playbook", str(engine_playbook))
+    assert rc == 0, data
+    rid = data["hosts"]["lab1"]["release"]
+    assert rid.startswith("sglang0.5.23-")
+    manifest = json.loads(_remote(lab, "lab1", f"cat /opt/k26ops/releases/{rid}/manifest.json"))
+    assert manifest["engine"]["base"] == "sglang==0.5.23" and manifest["engine"]["lock"] is None
+    assert manifest["engine"]["source"] == {"registry": "sglang==0.5.23", "install": "no-deps"}
+    k26ops_json("--limit", "lab1", "deploy", "--playbook", str(engine_playbook), env=lab.env())  # back to the lab
+    current = _remote(lab, "lab1", "readlink /opt/k26ops/releases/current")
+    listing = _remote(lab, "lab1", "ls -a /opt/k26ops/releases")
+    wrong = harmless_patch("wrong base").replace(f"Base: {lab_base()}", "Base: sglang==0.5.23")
+    recipe = _recipe(tmp_path, [("wrong.patch", wrong)])
+    proc = k26ops("-i", str(_inventory(lab, tmp_path, recipe=str(recipe))), "--limit", "lab1", "--json",
+                  "deploy", "--playbook", str(engine_playbook))
+    assert proc.returncode == 1
+    err = json.loads(proc.stdout)["hosts"]["lab1"]["error"]
+    assert "patch wrong.patch is written for sglang==0.5.23, the deployed base is " + lab_base() in err
+    assert "nothing was applied" in err and "\n" not in err
+    assert _remote(lab, "lab1", "readlink /opt/k26ops/releases/current") == current
+    assert _remote(lab, "lab1", "ls -a /opt/k26ops/releases") == listing
