@@ -34,10 +34,11 @@ def host_drift(session, releases_root: str, unit_path: str, env_path: str, index
     r = p["release"]
     m = r.get("manifest") or {}
     changed = sorted(k for k, h in (m.get("patched_files") or {}).items() if r["hashes"].get(k) != h)
+    changed = sorted(set(changed) | set(r.get("probe_files") or []))  # a probe left applied is drift too
     unit_sha = sha256(p.get("unit"))
     env_sha = sha256(units.env_for_baseline(p["env"])) if p.get("env") is not None else None
     out = {"release": r["current"], "canonical": bool(m) and not changed,
-           "drifted_files": changed, "baseline": None, "differs_from": None, "engine": m.get("engine")}
+           "drifted_files": changed, "probe_left": bool(r.get("probe_files")), "baseline": None, "differs_from": None, "engine": m.get("engine")}
     name = session.host.name
     for tag, recs in index:
         rec = recs.get(name)
@@ -64,7 +65,8 @@ def describe(d: dict) -> str:
     if d.get("error"):
         return f"? {d['error']}"
     if d["drifted_files"]:
-        return (f"DRIFT: {len(d['drifted_files'])} file(s) differ from the release manifest: "
+        why = "a diagnose probe is still applied; " if d.get("probe_left") else ""
+        return (f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from the release manifest: "
                 + ", ".join(d["drifted_files"][:3]))
     if d["baseline"]:
         return f"= {d['baseline']}"

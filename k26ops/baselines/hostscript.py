@@ -50,6 +50,15 @@ def release(root, rid=None, content=False):
         b = rd(os.path.join(site, rel))
         out["hashes"][rel] = sha(b)
         if content and b is not None: files[rel] = base64.b64encode(b).decode()
+    # a diagnose probe left applied (its state dir is in the release): the files it
+    # patched differ from what the release shipped, even those the manifest does not list
+    out["probe_files"] = []
+    try: pst = json.loads(txt(os.path.join(d, "probe-state", "state.json")) or "null")
+    except ValueError: pst = None
+    for p in (pst or {}).get("patches", []) if isinstance(pst, dict) else []:
+        for rel, h in (p.get("files") or {}).items():
+            if sha(rd(os.path.join(site, rel))) != h.get("before") and rel not in out["probe_files"]:
+                out["probe_files"].append(rel)
     if content:
         out["files"] = files
         pdir = os.path.join(d, "k26ops", "patches")
