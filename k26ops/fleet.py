@@ -5,8 +5,14 @@ timeout, so one hung host blocks the whole run. Here a fixed number of daemon
 workers (`forks`) take hosts from a queue; each host has its own deadline,
 counted from when its work started; a host past its deadline is reported
 `failed` (deadline exceeded) and its connection is closed so its worker
-unblocks, while the other hosts go on. Ctrl-C closes every connection and
-reports which hosts did not finish.
+unblocks, while the other hosts go on.
+
+Ctrl-C (and SIGTERM/SIGHUP, which the CLI turns into it) sets `INTERRUPTED`:
+no new host starts, and each running host's work sees it at its next remote
+command and handles it like a failure of its step (the deploy rolls the host
+back to its previous unit, env file and release). The run waits up to
+`interrupt_grace` seconds for that; a second Ctrl-C, or the grace running
+out, closes every connection. The hosts that did not finish are named.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from k26ops.ssh import BecomeFailed, HostKeyRefused, Session, Unreachable, conne
 OK, CHANGED, FAILED, UNREACHABLE, INTERRUPTED = "ok", "changed", "failed", "unreachable", "interrupted"
 DEFAULT_FORKS = 16
 DEFAULT_DEADLINE = 3600.0
+DEFAULT_INTERRUPT_GRACE = 180.0
+# Set on Ctrl-C/SIGTERM/SIGHUP: work in progress stops at its next remote command and restores the host.
+INTERRUPTED = threading.Event()
 
 
 @dataclass
@@ -56,6 +65,7 @@ class FleetOptions:
     deadline: float = DEFAULT_DEADLINE
     connect_timeout: float = 10.0
     accept_new_host_keys: bool = False
+    interrupt_grace: float = DEFAULT_INTERRUPT_GRACE
 
 
 class Fleet:
@@ -89,6 +99,8 @@ class Fleet:
 
         def worker():
             while True:
+                if INTERRUPTED.is_set():
+                    return  # no new host starts once interrupted
                 try:
                     host = todo.get_nowait()
                 except queue.Empty:
@@ -118,10 +130,22 @@ class Fleet:
                             self._close(name)
                     cond.wait(timeout=0.2)
         except KeyboardInterrupt:
-            for name, r in results.items():
-                if name not in done:
-                    r.status = INTERRUPTED
-                    r.error = "interrupted before this host finished"
+            INTERRUPTED.set()
+            self.on_event("*", "interrupted: restoring the hosts that were changing (Ctrl-C again to stop now)")
+            try:  # running hosts restore what they changed; then they report as failed (interrupted)
+                end = time.monotonic() + self.opt.interrupt_grace
+                with cond:
+                    while any(n in started and n not in done for n in results) and time.monotonic() < end:
+                        cond.wait(timeout=0.2)
+            except KeyboardInterrupt:
+                pass
+            with cond:
+                for name, r in results.items():
+                    if name not in done:
+                        done.add(name)
+                        r.status = INTERRUPTED
+                        r.error = ("interrupted before this host started" if name not in started else
+                                   "interrupted; its restore did not finish in time (run again to converge)")
             self.close()
             raise FleetInterrupted([results[h.name] for h in self.hosts]) from None
         return [results[h.name] for h in self.hosts]

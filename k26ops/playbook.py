@@ -18,7 +18,8 @@ from k26ops.errors import UserError
 from k26ops.facts.disk import disk_free_fact
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
-from k26ops.steps import REGISTRY, HostContext, Step, StepFailed
+from k26ops.ssh import q
+from k26ops.steps import REGISTRY, HostContext, Interrupted, Step, StepFailed
 
 PLAYBOOKS_DIR = resources.path("playbooks")
 
@@ -66,6 +67,23 @@ def load(name_or_path: str) -> list[Step]:
     return steps
 
 
+def _restore(ctx: HostContext) -> str:
+    """After an interrupted step: the previous unit, env file and release, when this run changed them."""
+    from k26ops.steps import service
+
+    svc = ctx.shared.get("service")
+    if svc is None and not ctx.shared.get("release_changed"):
+        return "nothing was changed yet"
+    if svc is None:  # only `current` moved: point it back
+        prev = ctx.shared.get("previous_release")
+        if not prev:
+            return "the new release stays current (there was no previous one)"
+        ctx.session.run(f"cd {q(ctx.releases_root)} && ln -sfn {q(prev)} .current.tmp && mv -T .current.tmp current",
+                        check=True)
+        return f"current points at {prev} again"
+    return service.rollback(ctx, svc)
+
+
 def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None = None,
                 progress=lambda m: None, purpose: str = "deploy") -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
@@ -94,7 +112,10 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
             changes = step.plan(ctx)
             if changes and not check:
                 progress(f"{step.name}: applying {len(changes)} change(s)")
-                step.apply(ctx, changes)
+                try:
+                    step.apply(ctx, changes)
+                except Interrupted as exc:  # like a failure of this step: put the host back
+                    raise StepFailed(f"{exc}; {_restore(ctx)}") from None
             changed = changed or bool(changes)
             report.append({"step": step.name, "changed": bool(changes),
                            "changes": [c.what for c in changes],

@@ -358,6 +358,32 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
     return [v for v in out if v]
 
 
+def redact_vars(value, depth: int = 0):
+    """Inventory vars for display: values of secret-named keys and of secret
+    flags in flag lists become <redacted>; !vault values stay <vault>."""
+    if depth > 20:
+        return value
+    if isinstance(value, Mapping):
+        return {k: (REDACTED if is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple))
+                    and type(v).__name__ != "Vault" and v not in (None, "") else redact_vars(v, depth + 1))
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        words = [str(w) for w in value]
+        out = []
+        for i, v in enumerate(value):
+            prev = words[i - 1].partition("=")[0] if i else ""
+            w = words[i]
+            if isinstance(v, str) and "=" in w and w.startswith("--") and is_secret_key(w.partition("=")[0]):
+                out.append(w.partition("=")[0] + "=" + REDACTED)
+            elif isinstance(v, str) and prev.startswith("--") and is_secret_key(prev) and "=" not in words[i - 1] \
+                    and not w.startswith("--"):
+                out.append(REDACTED)
+            else:
+                out.append(redact_vars(v, depth + 1))
+        return out
+    return value
+
+
 SECRET_REF = re.compile(r"\$\{(K26OPS_SECRET_[A-Z0-9_]+)\}")
 
 

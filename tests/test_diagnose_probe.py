@@ -9,6 +9,7 @@ One private 1-host lab for the module (the host is changed and restored).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -104,7 +105,10 @@ def test_probe_names_the_none_field_and_restores_everything(host):
     assert_restored(host, before)
 
 
-def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host, sig):
+    """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all revert the probe and
+    remove its drop-in (before SIGTERM/SIGHUP were handled, both left them)."""
     inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "slow")
     before = engine_state(host)
     p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "--host",
@@ -119,13 +123,40 @@ def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host):
     # the probe is applied on the host right now
     rel = remote(host, "readlink -f /opt/k26ops/releases/current")
     assert remote(host, f"test -f {rel}/probe-state/state.json && echo yes") == "yes"
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, (out, err)
     err = "".join(seen) + err
-    assert "interrupted" in err and "Traceback" not in err
+    if sig != signal.SIGHUP:  # after a hang-up there is no terminal to say it on
+        assert "interrupted" in err
+    assert "Traceback" not in err + out
     assert remote(host, f"test -e {rel}/probe-state && echo left || echo gone") == "gone"
     assert_restored(host, before)
+
+
+def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
+    """SIGKILL cannot be handled: the probe stays applied, and `status` must say
+    the release is modified, never canonical; the next diagnose reverts it."""
+    inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "killed")
+    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "--host",
+                          host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    t0 = time.monotonic()
+    for line in p.stderr:
+        if "waiting for ready" in line:
+            break
+        assert time.monotonic() - t0 < 120
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate(timeout=30)
+    rc, data = k26ops_json("-i", inv, "status")
+    d = data["hosts"][host["name"]]["drift"]
+    assert d["canonical"] is False and d["probe_left"] is True, d
+    assert "a diagnose probe is still applied" in data["hosts"][host["name"]]["baseline"]
+    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "--host", host["name"], timeout=300)
+    assert "reverted a probe left by an earlier run" in proc.stdout + proc.stderr
+    deploy(host, BASE_ENV, "after-kill")
+    rc, data = k26ops_json("-i", inv, "status")
+    assert data["hosts"][host["name"]]["drift"]["canonical"] is True
 
 
 def test_not_canonical_is_refused_and_nothing_changes(host):

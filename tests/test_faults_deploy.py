@@ -27,6 +27,8 @@ from labtools import (REPO, free_port_block, harmless_patch, k26ops, k26ops_json
                       write_series)
 
 RELEASES = "/opt/k26ops/releases"
+UNIT = "k26-engine.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 TOKEN = "hf_FAULTSECRET_5a4b3c2d1e0f"
 RELEASE_ONLY = "name: release-only\nsteps:\n  - release: {keep: 3}\n"
 FULL = "name: full\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n  - smoke: {}\n"
@@ -343,3 +345,42 @@ def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scra
         assert ssh(lab, "lab1", f"ls -A {STATE}").split() == ["lock"]
     finally:
         lab_ssh(lab.dir, lab.port("lab1"), f"rm -f /usr/local/bin/df; umount -l {STATE}; true")
+
+
+# ------------------------------------------------------------------ 4: interrupted during the health wait
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(solo, solo_inv, tmp_path, sig):
+    """Before: the new env file stayed and the unit kept restarting, and the next
+    run said `nothing to roll back`. Now the interrupted step is handled like its
+    failure: the previous unit, env file and release are back, the old engine healthy."""
+    pb = playbook(tmp_path, FULL, "full")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    before = {"env": ssh(solo, "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, f"sha256sum {UNIT_PATH}"),
+              "current": ssh(solo, f"readlink {RELEASES}/current")}
+    doc = yaml.safe_load(solo_inv.read_text())
+    doc["vars"]["engine_env"] = {"K26OPS_STANDIN_LOAD_SECONDS": "600"}  # the new engine never gets ready
+    slow = tmp_path / "slow.yml"
+    slow.write_text(yaml.safe_dump(doc))
+    proc = start("-i", str(slow), "--json", "deploy", "--playbook", str(pb))
+    try:
+        deadline = time.monotonic() + 180
+        while "K26OPS_STANDIN_LOAD_SECONDS" not in ssh(solo, "cat /etc/k26ops/sglang.env"):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.3)
+        time.sleep(3)  # well inside the health wait now
+        os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in out + err
+    host = json.loads(out)["hosts"]["lab1"]
+    assert "interrupted" in host["error"] and "rolled back the unit, env file" in host["error"], host
+    assert "healthy again" in host["error"]
+    assert ssh(solo, "sha256sum /etc/k26ops/sglang.env") == before["env"]
+    assert ssh(solo, f"sha256sum {UNIT_PATH}") == before["unit"]
+    assert ssh(solo, f"readlink {RELEASES}/current") == before["current"]
+    assert ssh(solo, f"systemctl is-active {UNIT}").strip() == "active"

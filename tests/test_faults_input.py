@@ -334,3 +334,58 @@ def test_non_finite_seconds_are_refused(opt, value, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"k26ops: error: Invalid value for '{opt}': {value} is not a finite "
                                    "number of seconds (see `k26ops --help`)")
+
+
+def test_secrets_under_ten_names_never_leave_the_env_file(host, base_inv, tmp_path):
+    """Ten secrets, named the ways real services name them (plus one the inventory
+    marks itself, by name and by pattern), in the engine env and as engine flags:
+    none appears in any command's text or JSON output, `inventory list/show`,
+    the unit file, the release manifest, `logs`, or the baselines repository.
+    (Before: every one but HF_TOKEN leaked, e.g. --api-key into the unit and `ps`.)"""
+    secrets = {f"S{i}": f"sek{i}-{'x' * 6}{i}-Q7v{i}" for i in range(10)}
+    env_vars = {"OPENAI_APIKEY": secrets["S0"], "AWS_SECRET_ACCESS_KEY": secrets["S1"], "DB_PASSWORD": secrets["S2"],
+                "GCP_CREDENTIALS": secrets["S3"], "WANDB_API_KEY": secrets["S4"], "MY_SERVICE_TOKEN": secrets["S5"],
+                "CORP_PIN": secrets["S6"], "LICENSE_SIGNATURE": secrets["S7"]}
+    inv = write_inv(base_inv, "tensecrets", host_vars={
+        "engine_env": env_vars, "secret_vars": ["CORP_PIN"], "secret_patterns": ["*_SIGNATURE"],
+        "extra_flags": {"api-key": secrets["S8"], "admin-api-key": secrets["S9"]}})
+    pb = playbook(base_inv)
+    repo = tmp_path / "baselines"
+    env = {"K26OPS_INVENTORY": str(inv), "K26OPS_BASELINES": str(repo), "COLUMNS": "200"}
+    texts = []
+
+    def run(*args, ok=(0,)):
+        proc = k26ops(*args, env=env)
+        texts.append((args, proc.stdout + proc.stderr))
+        assert proc.returncode in ok, (args, proc.stdout, proc.stderr)
+
+    run("inventory", "list", "-v")
+    run("--json", "inventory", "list")
+    run("inventory", "show", "lab1")
+    run("-vvv", "deploy", "--diff", "--playbook", str(pb))
+    run("--json", "deploy", "--check", "--diff", "--playbook", str(pb))
+    run("--json", "status")
+    run("logs", "-n", "200")
+    run("--json", "snapshot", "--tag", "secrets-test")
+    run("baselines", "show", "secrets-test")
+    for args, text in texts:
+        for name, value in secrets.items():
+            assert value not in text, (name, args)
+    unit = ssh(host, f"cat /etc/systemd/system/{UNIT}")
+    manifest = ssh(host, "cat /opt/k26ops/releases/current/manifest.json")
+    assert "${K26OPS_SECRET_API_KEY}" in unit and "${K26OPS_SECRET_ADMIN_API_KEY}" in unit
+    found = subprocess.run(["git", "-C", str(repo), "grep", "-F", "-e", secrets["S0"]] +
+                           [a for v in list(secrets.values())[1:] for a in ("-e", v)] + ["secrets-test"],
+                           capture_output=True, text=True).stdout
+    assert found == "", found
+    for value in secrets.values():
+        assert value not in unit and value not in manifest
+    # the engine really got the flags' values (systemd expanded them from the 0600 env file)
+    pid = ssh(host, f"systemctl show -p MainPID --value {UNIT}").strip()
+    argv = ssh(host, f"cat /proc/{pid}/cmdline").split("\0")
+    assert argv[argv.index("--api-key") + 1] == secrets["S8"]
+    assert argv[argv.index("--admin-api-key") + 1] == secrets["S9"]
+    env_text = ssh(host, f"cat {ENV_FILE}")
+    assert all(v in env_text for v in secrets.values())
+    assert ssh(host, f"stat -c '%a' {ENV_FILE}").strip() == "600"
+    k26ops("-i", str(write_inv(base_inv, "good")), "deploy", "--playbook", str(pb))

@@ -6,6 +6,8 @@ Each command group lives in its own module here and is registered below.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import sys
 
 import click
@@ -102,8 +104,21 @@ def hoist_global_flags(args: list[str]) -> list[str]:
     return flags + rest + tail
 
 
+def _signal_as_interrupt(signum, _frame) -> None:
+    """SIGTERM and SIGHUP are handled like Ctrl-C: the work in progress restores
+    the hosts it was changing. After SIGHUP the terminal is gone, so output goes
+    to /dev/null instead of failing the restore with EIO."""
+    if signum == signal.SIGHUP:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Entry point: click's own usage errors become one line too (exit 2)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _signal_as_interrupt)
     try:
         rc = cli.main(args=hoist_global_flags(sys.argv[1:]), prog_name="k26ops", standalone_mode=False)
     except click.UsageError as exc:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from k26ops import units
 from k26ops.cli.context import Settings
 from k26ops.inventory import Host, Inventory, Vault, load
 from k26ops.inventory.yamlsrc import oneline
@@ -47,7 +48,7 @@ def jsonable(value, _path: tuple = ()):
 def host_json(host: Host, origins: bool = False) -> dict:
     out = {f: getattr(host, f) for f in FIELDS}
     out["groups"] = list(host.groups)
-    out["vars"] = jsonable(host.vars)
+    out["vars"] = jsonable(units.redact_vars(host.vars))  # secrets never printed
     out["notes"] = list(host.notes)
     if origins:
         out["origins"] = dict(host.origins)
@@ -73,7 +74,7 @@ def _user_text(h: Host) -> Text:
 
 
 def _vars_text(values: dict) -> Text:
-    shown = jsonable(values)
+    shown = jsonable(units.redact_vars(values))  # secrets never printed
     return Text("\n".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in shown.items()))
 
 
@@ -175,7 +176,7 @@ def show_cmd(settings: Settings, inventory, as_json, host):
     for f in FIELDS:
         table.add_row(f, _text(getattr(h, f)), _text(h.origins.get(f, "default")))
     table.add_row("groups", Text(", ".join(h.groups)), Text(""))
-    for k, v in jsonable(h.vars).items():
+    for k, v in jsonable(units.redact_vars(h.vars)).items():
         table.add_row(Text(f"vars.{k}"), Text(json.dumps(v, ensure_ascii=False)), Text(""))
     console.print(table)
     _print_notes(console, [h])

@@ -60,6 +60,7 @@ class HostContext:
         return f"{self.state_dir}/pinned-releases"
 
     def run(self, command: str, **kw):
+        check_interrupted()
         return self.session.run(command, **kw)
 
 
@@ -88,6 +89,17 @@ class Step:
 
 class StepFailed(Exception):
     """A step could not reach its desired state; the message says why, in one line."""
+
+
+class Interrupted(StepFailed):
+    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP): handled like a failure of the step."""
+
+
+def check_interrupted(what: str = "") -> None:
+    from k26ops.fleet import INTERRUPTED
+
+    if INTERRUPTED.is_set():
+        raise Interrupted("interrupted (Ctrl-C, SIGTERM or SIGHUP)" + (f" during {what}" if what else ""))
 
 
 def text_diff(path: str, old: str | None, new: str) -> str:

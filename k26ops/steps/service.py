@@ -32,6 +32,7 @@ from k26ops import units
 from k26ops.errors import UserError
 from k26ops.multinode import serves_http
 from k26ops.ssh import q
+from k26ops.fleet import INTERRUPTED
 from k26ops.steps import Change, HostContext, Step, StepFailed, register, text_diff
 
 DEFAULT_UNIT = "k26-engine.service"
@@ -336,6 +337,8 @@ class HealthStep(Step):
         last = ""
         while True:
             el = time.monotonic() - t0
+            if INTERRUPTED.is_set():
+                _fail(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
             window = max(0.5, min(float(self.params.get("window", 2.0)), timeout - el))
             r = agent(ctx.session, "poll", timeout=window + 90, unit=svc["unit"], port=svc["port"],
                       host=svc["host"], base=base, window=window)
