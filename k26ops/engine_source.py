@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
+from k26ops.wheelhouse import file_sha256
 
 SHA = re.compile(r"[0-9a-f]{40}")
 
@@ -153,19 +154,11 @@ def missing_tools(project: Path) -> list[str]:
     return missing
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def wheel_info(path: Path, sha256: str | None = None) -> BuiltWheel:
     parts = path.name[:-len(".whl")].split("-")
     if not path.name.endswith(".whl") or len(parts) < 5:
         raise UserError(f"engine wheel {path}: not a wheel file name (name-version-python-abi-platform.whl)")
-    return BuiltWheel(path.name, sha256 or _sha256(path), path.stat().st_size, path,
+    return BuiltWheel(path.name, sha256 or file_sha256(path), path.stat().st_size, path,
                       re.sub(r"[-_.]+", "-", parts[0]).lower(), parts[1])
 
 
@@ -254,7 +247,7 @@ def prebuilt(path: str | None, url: str | None, sha256: str, recipe_dir: Path,
         p = Path(path) if Path(path).is_absolute() else recipe_dir / path
     if not p.is_file():
         raise UserError(f"engine source: prebuilt wheel {p} does not exist")
-    got = _sha256(p)
+    got = file_sha256(p)
     if got != sha256:
         raise UserError(f"engine source: prebuilt wheel {p} has sha256 {got}, the recipe says {sha256}")
     return wheel_info(p, got)
@@ -272,3 +265,15 @@ def describe(engine: dict | None) -> list[str]:
             f"wheel  {wheel.get('name')}  sha256 {wheel.get('sha256')}",
             f"lock   {lock['file']}  sha256 {lock['sha256']}  ({lock.get('wheels')} wheels)" if lock
             else "lock   none (registry release: pip resolved its pins at download)"]
+
+
+def wheel_for(recipe, progress=lambda msg: None) -> BuiltWheel:
+    """A git-source recipe's engine wheel: its prebuilt one (checked by sha256), else
+    built from the pinned commit; either way for the hosts' python."""
+    g = recipe.git
+    if g.wheel_sha256:
+        w = prebuilt(g.wheel_path, g.wheel_url, g.wheel_sha256, Path(recipe.source).parent, progress)
+    else:
+        w = build(g.url, g.commit, g.subdir, g.ref, progress)
+    check_python(w, recipe.python)
+    return w

@@ -16,7 +16,6 @@ from typing import Callable
 # Where the rules were read: sglang PR #29907 (DDTree) at this commit.
 PR29907 = "93e9850e430035f8a363fd881a6a0c5436b95108"
 HOOK = f"python/sglang/srt/arg_groups/speculative_hook.py @ {PR29907[:12]} (sglang PR #29907)"
-BACKENDS = f"python/sglang/srt/arg_groups/model_override_base.py:attention_backends_of @ sglang 0.5.23"
 
 
 class LaunchRuleError(ValueError):

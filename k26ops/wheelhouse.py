@@ -37,7 +37,8 @@ class Wheel:
     path: Path
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in 1 MB chunks (wheels are hundreds of MB)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -64,7 +65,7 @@ def ensure(requirements: list[str], *, no_deps: bool, python: str = "3.11", hash
         manifest = d / "manifest.json"
         if not manifest.exists():
             _download(d, requirements, no_deps, python, hashes)
-            wheels = [{"name": p.name, "sha256": _sha256(p), "size": p.stat().st_size}
+            wheels = [{"name": p.name, "sha256": file_sha256(p), "size": p.stat().st_size}
                       for p in sorted(d.glob("*.whl"))]
             manifest.write_text(json.dumps({"request": key_doc, "wheels": wheels}, indent=1))
             with open(root / "downloads.log", "a") as log:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import (REPO, harmless_patch, k26ops, k26ops_json, lab_base, lab_recipe_copy, lab_ssh,
+from labtools import (harmless_patch, k26ops, k26ops_json, lab_base, lab_recipe_copy, lab_ssh,
                       write_series)
 
 ENGINE_STEPS = "name: engine\nsteps:\n  - cuda_toolkit: {}\n  - release: {keep: 3}\n"

@@ -92,11 +92,7 @@ def lock_cmd(settings, recipe, source_url, check):
     r = _recipe(recipe, source_url)
     g = r.git
     say = (lambda m: None) if settings.as_json else (lambda m: click.echo(f"  {m}", err=True))
-    if g.wheel_sha256:
-        built = engine_source.prebuilt(g.wheel_path, g.wheel_url, g.wheel_sha256, Path(r.source).parent, say)
-    else:
-        built = engine_source.build(g.url, g.commit, g.subdir, g.ref, say)
-    engine_source.check_python(built, r.python)
+    built = engine_source.wheel_for(r, say)
     say(f"resolving the dependencies of {built.name} for python {r.python}, manylinux x86_64")
     entries = enginelock.resolve(built.path, r.python, r.index_urls)
     declared = recipe_mod.load(recipe).git.url  # a mirror of the same commit gives the same lock

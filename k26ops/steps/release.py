@@ -193,12 +193,7 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
         work = prepcache.VARIANTS / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         if r.git:
             g = r.git
-            if g.wheel_sha256:
-                built = engine_source.prebuilt(g.wheel_path, g.wheel_url, g.wheel_sha256, Path(r.source).parent,
-                                               ctx.progress)
-            else:
-                built = engine_source.build(g.url, g.commit, g.subdir, g.ref, ctx.progress)
-            engine_source.check_python(built, r.python)
+            built = engine_source.wheel_for(r, ctx.progress)
             engine = wheelhouse.Wheel(built.name, built.sha256, built.size, built.path)
             ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
             deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
