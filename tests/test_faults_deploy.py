@@ -357,8 +357,8 @@ def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(sol
     pb = playbook(tmp_path, FULL, "full")
     rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
     assert rc == 0, data
-    before = {"env": ssh(solo, "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, f"sha256sum {UNIT_PATH}"),
-              "current": ssh(solo, f"readlink {RELEASES}/current")}
+    before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"),
+              "current": ssh(solo, "lab1", f"readlink {RELEASES}/current")}
     doc = yaml.safe_load(solo_inv.read_text())
     doc["vars"]["engine_env"] = {"K26OPS_STANDIN_LOAD_SECONDS": "600"}  # the new engine never gets ready
     slow = tmp_path / "slow.yml"
@@ -366,7 +366,7 @@ def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(sol
     proc = start("-i", str(slow), "--json", "deploy", "--playbook", str(pb))
     try:
         deadline = time.monotonic() + 180
-        while "K26OPS_STANDIN_LOAD_SECONDS" not in ssh(solo, "cat /etc/k26ops/sglang.env"):
+        while "K26OPS_STANDIN_LOAD_SECONDS" not in ssh(solo, "lab1", "cat /etc/k26ops/sglang.env"):
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.3)
         time.sleep(3)  # well inside the health wait now
@@ -380,7 +380,7 @@ def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(sol
     host = json.loads(out)["hosts"]["lab1"]
     assert "interrupted" in host["error"] and "rolled back the unit, env file" in host["error"], host
     assert "healthy again" in host["error"]
-    assert ssh(solo, "sha256sum /etc/k26ops/sglang.env") == before["env"]
-    assert ssh(solo, f"sha256sum {UNIT_PATH}") == before["unit"]
-    assert ssh(solo, f"readlink {RELEASES}/current") == before["current"]
-    assert ssh(solo, f"systemctl is-active {UNIT}").strip() == "active"
+    assert ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env") == before["env"]
+    assert ssh(solo, "lab1", f"sha256sum {UNIT_PATH}") == before["unit"]
+    assert ssh(solo, "lab1", f"readlink {RELEASES}/current") == before["current"]
+    assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
