@@ -89,15 +89,15 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
     """Run the steps on one host; raise StepFailed (or others) on failure."""
     host = session.host
     root = str(host.vars.get("k26ops_root", "/opt/k26ops"))
-    st = ownership.state(session, root, "root")  # before the lock writes <root>/state
+    st = ownership.state(session, root, "root")  # read before the lock writes <root>/state
     why = ownership.refusal(root, "root", st)
     if why:
         raise StepFailed(why)
-    if st["state"] != "owned" and not check:
-        ownership.claim(session, root)
     lock = None if check else HostLock(session, f"{root}/state", purpose)
     if lock:
-        lock.acquire()
+        lock.acquire()  # refuses a login that is not root first
+        if st["state"] != "owned":
+            ownership.claim(session, root)
     try:
         progress("gathering facts")
         extra = [disk_free_fact(preflight.paths(host.vars))]

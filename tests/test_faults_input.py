@@ -147,7 +147,7 @@ def test_hostile_values_in_every_path_variable_are_refused_at_load(host, base_in
                          ["deploy", "--playbook", str(pb)]):
                 proc = k26ops("-i", str(inv), *args)
                 assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (var, value, proc.stderr)
-                line = next(n for n, l in enumerate(inv.read_text().splitlines(), 1) if l.strip().startswith(var + ":"))
+                line = [n for n, l in enumerate(inv.read_text().splitlines(), 1) if l.strip().startswith(var + ":")][-1]
                 assert f"{inv}:{line}: host 'lab1': {var} " in proc.stderr, proc.stderr
     no_markers(host)
 

@@ -56,13 +56,7 @@ class Settings:
         for w in getattr(inv, "warnings", []):
             click.echo(f"k26ops: warning: {w}", err=True)
         hosts = inv.select(self.limit)
-        from k26ops import multinode, units
-
-        names, patterns = set(), set()
-        for h in inv.hosts.values():  # the inventory's own secret names hold for every output of this run
-            names |= {str(n) for n in (h.vars.get("secret_vars") or []) if isinstance(n, str)}
-            patterns |= {str(p) for p in (h.vars.get("secret_patterns") or []) if isinstance(p, str)}
-        units.set_secret_policy(names, patterns)
+        from k26ops import multinode
 
         multinode.assign(inv, hosts)
         if not hosts:

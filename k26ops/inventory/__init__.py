@@ -17,6 +17,7 @@ import posixpath
 import re
 from pathlib import Path
 
+from k26ops.errors import UserError
 from k26ops.inventory import ansible, native
 from k26ops.inventory.fields import ANSIBLE_SSH_CONNECTIONS, resolve
 from k26ops.inventory.graph import Graph, Origin
@@ -40,10 +41,28 @@ def load(path: Path | str, ssh_config: Path | str | None | bool = True) -> Inven
     ssh = SSHConfig(default_path() if ssh_config is True
                     else Path(ssh_config) if ssh_config else None)
     hosts = {name: _host(graph, name, shape, ssh, warnings) for name in graph.hosts}
+    _secret_policy(hosts)
     groups = {g: graph.group_hosts(g) for g in graph.groups}
     children = {g: list(node.children) for g, node in graph.groups.items()}
     return Inventory(path=path, hosts=hosts, groups=groups, warnings=warnings, shape=shape,
                      children=children)
+
+
+def _secret_policy(hosts: dict) -> None:
+    """The inventory's own secret names (`secret_vars`) and glob patterns
+    (`secret_patterns`), at any level: they hold for every output of this run."""
+    from k26ops import units
+
+    names, patterns = set(), set()
+    for h in hosts.values():
+        for var, into in (("secret_vars", names), ("secret_patterns", patterns)):
+            v = h.vars.get(var)
+            if v is None:
+                continue
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise UserError(f"host {show(h.name)}: {var} must be a list of names, got {show(v)}")
+            into.update(v)
+    units.set_secret_policy(names, patterns)
 
 
 def _origin_text(o: Origin) -> str:
