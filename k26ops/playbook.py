@@ -116,6 +116,13 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
                     step.apply(ctx, changes)
                 except Interrupted as exc:  # like a failure of this step: put the host back
                     raise StepFailed(f"{exc}; {_restore(ctx)}") from None
+                except StepFailed as exc:  # a failed step after `current` or the unit moved: put them back
+                    if (ctx.shared.get("outcome") or {}).get("rollback") or not (
+                            ctx.shared.get("release_changed") or (ctx.shared.get("service") or {}).get("changed")):
+                        raise
+                    back = _restore(ctx)
+                    ctx.shared.setdefault("outcome", {})["rollback"] = back
+                    raise StepFailed(f"{exc}; {back}") from None
             changed = changed or bool(changes)
             report.append({"step": step.name, "changed": bool(changes),
                            "changes": [c.what for c in changes],

@@ -122,9 +122,24 @@ def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:
         parts = line.split()
         if len(parts) == 2:
             have[parts[1]] = parts[0]
+    todo = [w for w in wheels if have.get(w.name) != w.sha256]
+    need_free(session, remote_dir, sum(w.size for w in todo), "the wheels to upload")
     sent = []
-    for w in wheels:
-        if have.get(w.name) != w.sha256:
-            session.put_file(w.path, f"{remote_dir}/{w.name}")
-            sent.append(w.name)
+    for w in todo:
+        session.put_file(w.path, f"{remote_dir}/{w.name}")
+        sent.append(w.name)
     return sent
+
+
+def need_free(session: Session, directory: str, need: int, what: str) -> None:
+    """Refuse, in one line naming the directory and the bytes, before writing
+    `need` bytes where there is not room (a half-written upload helps nobody)."""
+    from k26ops.steps import StepFailed
+
+    if need <= 0:
+        return
+    res = session.run(f"df -P -B1 -- {q(directory)} 2>/dev/null | awk 'NR==2 {{print $4}}'")
+    free = res.stdout.strip()
+    if free.isdigit() and int(free) < need:
+        raise StepFailed(f"not enough disk space for {what} in {directory}: needs {need:,} bytes, "
+                         f"{int(free):,} bytes free")

@@ -308,6 +308,40 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
                 f"systemctl stop k26-engine.service; umount -l {RELEASES}; true")
 
 
+
+def test_full_etc_after_the_switch_puts_release_unit_and_env_back(solo, solo_inv, tmp_path):
+    """A full /etc/k26ops when the service step writes the new env file, after
+    `current` moved to the new release: the host must end on the old release,
+    unit and env file together (before: current stayed on the new release while
+    the old engine, unit and env file ran; the table said `release -`)."""
+    pb = playbook(tmp_path, FULL, "full")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"),
+              "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"), "current": ssh(solo, "lab1", f"readlink {RELEASES}/current")}
+    # /etc/k26ops becomes a full 16k filesystem holding the current env file
+    ssh(solo, "lab1", "set -e; cp -a /etc/k26ops /var/tmp/k26etc; mount -t tmpfs -o size=16k tmpfs /etc/k26ops; "
+                      "cp -a /var/tmp/k26etc/. /etc/k26ops/; rm -rf /var/tmp/k26etc; "
+                      "dd if=/dev/zero of=/etc/k26ops/fill bs=1k 2>/dev/null || true")
+    try:
+        doc = yaml.safe_load(solo_inv.read_text())
+        doc["vars"]["recipe"] = str(recipe_with_patch(tmp_path, "fulletc"))
+        doc["vars"]["engine_env"] = {"K26OPS_FULL_ETC_TEST": "x" * 4000}
+        inv = tmp_path / "fulletc.yml"
+        inv.write_text(yaml.safe_dump(doc))
+        rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
+        r = data["hosts"]["lab1"]
+        assert rc == 1 and r["status"] == "failed", data
+        assert "\n" not in r["error"] and "rolled back" in r["error"], r["error"]
+        assert ssh(solo, "lab1", f"readlink {RELEASES}/current") == before["current"]
+        assert ssh(solo, "lab1", f"sha256sum {UNIT_PATH}") == before["unit"]
+        assert ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env") == before["env"]
+        assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
+        assert_consistent(solo, "lab1")
+    finally:
+        lab_ssh(solo.dir, solo.port("lab1"), "cp -a /etc/k26ops/sglang.env /var/tmp/k26env; umount -l /etc/k26ops; "
+                                             "cp -a /var/tmp/k26env /etc/k26ops/sglang.env; true")
+
 # ------------------------------------------------------------------ 8: disk full under the lock's state dir
 
 def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scratch_lab, tmp_path):

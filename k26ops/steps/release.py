@@ -313,6 +313,9 @@ class Release(Step):
         d = f"{rel}/{rid}"
         wh = f"{ctx.root}/wheelhouse"
         ctx.progress(f"pushing wheels for {rid}")
+        # the venv unpacks the wheels: about three times their size (a rough floor, said as such)
+        wheelhouse.need_free(ctx.session, rel, 3 * sum(w.size for w in prep.wheels),
+                             f"release {rid} (about 3x its {len(prep.wheels)} wheels)")
         ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches && "
                 f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
         try:
