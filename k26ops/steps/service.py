@@ -231,9 +231,13 @@ class ServiceStep(Step):
         svc = ctx.shared["service"]
         todo = svc["todo"]
         ctx.progress(f"service: installing {svc['unit']}")
-        res = agent(ctx.session, "apply", timeout=700, unit=svc["unit"], unit_path=svc["unit_path"],
-                    env_path=svc["env_path"], state_dir=ctx.state_dir,
-                    lab_module=f"{LAB_MODULE_DIR}/{LAB_MODULE}.py", **todo)
+        try:
+            res = agent(ctx.session, "apply", timeout=700, unit=svc["unit"], unit_path=svc["unit_path"],
+                        env_path=svc["env_path"], state_dir=ctx.state_dir,
+                        lab_module=f"{LAB_MODULE_DIR}/{LAB_MODULE}.py", **todo)
+        except StepFailed:
+            svc["changed"] = True  # it may have replaced files before it failed (a full disk): roll back
+            raise
         if not res.get("ok"):
             out = units.redact(res.get("output") or "", svc["secrets"])
             if res.get("error") == "verify":

@@ -29,16 +29,24 @@ def mode(path):
     except FileNotFoundError: return None
 
 def write(path, text, perm):
+    """Temp file + rename; the same text already there is left alone (a rollback
+    onto a full disk must not need room), and a failed write leaves no temp file."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
+    if read(path) == text and mode(path) == perm:
+        return
     tmp = os.path.join(d, "." + os.path.basename(path) + ".k26ops-tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, perm)
     try:
-        os.fchmod(fd, perm)
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.fchmod(fd, perm)
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        os.unlink(tmp)
+        raise
     os.replace(tmp, path)
 
 def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
