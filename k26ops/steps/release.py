@@ -32,7 +32,7 @@ from k26ops import (enginelock, engine_flags, engine_source, launch_rules, owner
 from k26ops import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
-from k26ops.steps import Change, HostContext, Step, StepFailed, register
+from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel
 from k26ops.steps.toolchain import host_recipe
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
@@ -335,7 +335,7 @@ class Release(Step):
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
                 "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
                 "echo \"SITE=$SP\"")
-            res = ctx.run(_tied_to_channel(script), timeout=3600)
+            res = ctx.run(tied_to_channel(script), timeout=3600)
             if not res.ok:
                 lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
                 raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
@@ -359,21 +359,6 @@ class Release(Step):
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
-
-
-def _tied_to_channel(script: str) -> str:
-    """`script` in its own process group, killed when our SSH channel goes away.
-
-    sshd sends no signal to a non-tty command when the client dies (killed
-    control node, Ctrl-C, lost network): the build would go on, unowned, and
-    race the next run's rebuild of the same directory. A watchdog writes one
-    NUL byte to the channel's stderr every second; once the channel is gone the
-    write fails (EPIPE) and it kills the build's process group.
-    """
-    return ("setsid sh -c " + q(script) + " & b=$!; trap '' PIPE; "
-            "while kill -0 $b 2>/dev/null; do sleep 1; "
-            "printf '\\0' >&2 || { kill -TERM -$b 2>/dev/null; sleep 2; kill -KILL -$b 2>/dev/null; exit 143; }; "
-            "done; wait $b")
 
 
 def _assemble(work: Path, r, patches, engine_wheel: wheelhouse.Wheel, patch_files: dict | None = None) -> None:

@@ -18,7 +18,7 @@ from k26ops import recipe as recipe_mod
 from k26ops import wheelhouse
 from k26ops.preflight import driver_version
 from k26ops.ssh import q
-from k26ops.steps import Change, HostContext, Step, StepFailed, register
+from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel
 
 KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 MARKER = "k26ops-verified"
@@ -119,10 +119,10 @@ class CudaToolkit(Step):
             "exec \"$(dirname \"$0\")/../%s\" \"$@\"\\n' \"$rel\" > " + q(part) + "/bin/nvcc; "
             f"chmod 755 {q(part)}/bin/nvcc"
         )
-        res = ctx.run(script, timeout=1800)
+        res = ctx.run(tied_to_channel(script), timeout=1800)  # pip dies with the run
         if not res.ok:
             ctx.run(f"rm -rf {q(part)}")
-            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            tail = (res.stderr.replace("\0", "").strip() or res.stdout).strip().splitlines()[-1:] or ["no output"]
             raise StepFailed(f"installing the CUDA {version} toolkit failed: {tail[0]}")
         try:
             self._verify(ctx, f"{part}/bin/nvcc", version)
@@ -155,5 +155,5 @@ class CudaToolkit(Step):
             f"printf %s {q(KERNEL)} > \"$t/k.cu\"; {q(nvcc)} {arch_flags} -c -o \"$t/k.o\" \"$t/k.cu\"",
             timeout=600)
         if res.exited != 0 or f"release {version}" not in res.stdout:
-            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            tail = (res.stderr.replace("\0", "").strip() or res.stdout).strip().splitlines()[-1:] or ["no output"]
             raise StepFailed(f"CUDA {version} toolkit did not verify: {tail[0]}")
