@@ -107,6 +107,8 @@ class CudaToolkit(Step):
         wheelhouse.push(ctx.session, wheels, wh)
         d = self.toolchain_dir(ctx, version)
         part = f"{d}.partial"
+        wheelhouse.need_free(ctx.session, ctx.root, 3 * sum(w.size for w in wheels),
+                             f"the CUDA {version} toolkit (about 3x its wheels)")
         ctx.progress(f"installing CUDA {version} (pip) into {d}")
         script = (
             f"set -e; rm -rf {q(part)}; python3 -m venv {q(part)}; "
