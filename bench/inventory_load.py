@@ -45,8 +45,9 @@ def main() -> None:
         bomb = d / "bomb.yml"
         bomb.write_text(BOMB)
         big = d / "big.yml"
-        with open(big, "wb") as fh:
-            fh.truncate(50 * 1024 * 1024)
+        with open(big, "w") as fh:  # 50 MB of valid YAML
+            fh.write("hosts: {x: {address: 127.0.0.1}}\nvars:\n  pad:\n")
+            fh.write(f"    - {'a' * 44}\n" * (50 * 1024 * 1024 // 51))
 
         def refused(p):
             try:
