@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from k26ops.inventory import Host
-from k26ops.ssh import Session
+from k26ops.ssh import Session, q
 
 # Host layout (all under configurable roots; see `paths`).
 DEFAULT_ROOT = "/opt/k26ops"
