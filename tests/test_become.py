@@ -233,14 +233,17 @@ def test_hostile_values_survive_quoting_under_sudo(scratch_lab, tmp_path):
     through sudo; and commands, stdin and uploads of a become session."""
     lab = scratch_lab
     add_user(lab, NOPASSWD)
-    for i, value in enumerate(HOSTILE):
+    for i, value in enumerate(HOSTILE):  # path variables: refused at load, nothing reaches the host
         inv = k26_inventory(lab, tmp_path, f"h{i}", True, model_path=value, releases_root=value)
-        rc, doc = k26ops_json("-i", str(inv), "facts")
-        assert rc == 0, doc
-        facts = doc["hosts"]["lab1"]["facts"]
-        assert facts["user"] == {"uid": 0, "name": "root", "error": None}
-        if "\n" not in value:
-            assert value in facts["disk_free"]  # measured as the literal path
+        proc = k26ops("-i", str(inv), "facts")
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "host 'lab1'" in proc.stderr
+    odd = "/srv/m=1,x+y@z/K2.6_b-c"  # every character a path may hold, measured as the literal path
+    rc, doc = k26ops_json("-i", str(k26_inventory(lab, tmp_path, "odd", True, model_path=odd, releases_root=odd)),
+                          "facts")
+    assert rc == 0, doc
+    facts = doc["hosts"]["lab1"]["facts"]
+    assert facts["user"] == {"uid": 0, "name": "root", "error": None}
+    assert odd in facts["disk_free"]
 
     host = load(k26_inventory(lab, tmp_path, "session", True)).hosts["lab1"]
     session = connect(host)
