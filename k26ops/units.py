@@ -312,7 +312,10 @@ def is_secret_key(name: str) -> bool:
     if up.lstrip("-") in EXTRA_SECRET_NAMES or any(fnmatch.fnmatchcase(up.lstrip("-"), p.upper())
                                                    for p in EXTRA_SECRET_PATTERNS):
         return True
-    for word in re.split(r"[^A-Z0-9]+", up):
+    words = [w for w in re.split(r"[^A-Z0-9]+", up) if w]
+    if words and words[-1] in ("FILE", "PATH", "DIR", "FILENAME", "FILES"):
+        return False  # where a secret is (ansible_ssh_private_key_file), not the secret
+    for word in words:
         if word in _SECRET_WORDS or word.endswith(("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")) \
                 or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL")):
             return True
@@ -358,29 +361,37 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
     return [v for v in out if v]
 
 
-def redact_vars(value, depth: int = 0):
+def redact_vars(value, _active: set | None = None):
     """Inventory vars for display: values of secret-named keys and of secret
-    flags in flag lists become <redacted>; !vault values stay <vault>."""
-    if depth > 20:
+    flags in flag lists become <redacted>; !vault values stay <vault>. What has
+    nothing to redact is returned as it is (the same objects: recursive vars
+    stay recursive for the printer)."""
+    active = set() if _active is None else _active
+    if id(value) in active:
         return value
     if isinstance(value, Mapping):
-        return {k: (REDACTED if is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple))
-                    and type(v).__name__ != "Vault" and v not in (None, "") else redact_vars(v, depth + 1))
-                for k, v in value.items()}
+        active.add(id(value))
+        new = {k: (REDACTED if is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple))
+                   and type(v).__name__ != "Vault" and v not in (None, "") else redact_vars(v, active))
+               for k, v in value.items()}
+        active.discard(id(value))
+        return value if all(new[k] is value[k] for k in value) else new
     if isinstance(value, (list, tuple)):
+        active.add(id(value))
         words = [str(w) for w in value]
         out = []
         for i, v in enumerate(value):
-            prev = words[i - 1].partition("=")[0] if i else ""
+            prev = words[i - 1] if i else ""
             w = words[i]
             if isinstance(v, str) and "=" in w and w.startswith("--") and is_secret_key(w.partition("=")[0]):
                 out.append(w.partition("=")[0] + "=" + REDACTED)
-            elif isinstance(v, str) and prev.startswith("--") and is_secret_key(prev) and "=" not in words[i - 1] \
+            elif isinstance(v, str) and prev.startswith("--") and "=" not in prev and is_secret_key(prev) \
                     and not w.startswith("--"):
                 out.append(REDACTED)
             else:
-                out.append(redact_vars(v, depth + 1))
-        return out
+                out.append(redact_vars(v, active))
+        active.discard(id(value))
+        return value if all(a is b for a, b in zip(out, value)) else out
     return value
 
 

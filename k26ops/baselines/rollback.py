@@ -216,8 +216,10 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
             if lock is None:
                 raise UserError(f"baseline {tag!r}: {h}: the engine's lock (hosts/{h}/engine.lock) was not "
                                 "recorded; this baseline cannot rebuild its engine")
-            (d / "engine.lock").write_bytes(lock)
-            doc["engine"]["lock"] = str(d / "engine.lock")
+            name = (((rec.get("engine") or {}).get("lock") or {}).get("file")) or "engine.lock"
+            name = name if "/" not in name and not name.startswith(".") else "engine.lock"
+            (d / name).write_bytes(lock)  # its own name: the rebuilt release's provenance is the same
+            doc["engine"]["lock"] = str(d / name)
         (d / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
         src = ((rec.get("engine") or {}).get("source") or {})
         override = {"recipe": str(d / "recipe.yml"), "source_url": src.get("git"),
