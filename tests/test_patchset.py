@@ -21,7 +21,7 @@ from k26ops.errors import UserError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES = REPO / "patches" / "sglang-0.5.23" / "series"
-LAB_BASE = "sglang@b7018131aa5bd5b8058c265595b91715be4c0c75"
+LAB_BASE = "sglang@a7e4c020c4b67bbd3912a320d1515139016ea5a6"
 
 
 def tree_hash(root: Path) -> dict[str, str]:

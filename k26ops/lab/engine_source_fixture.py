@@ -6,8 +6,8 @@ hashes) without the network.
 The repository holds the real sglang 0.5.23 Python sources (from the PyPI
 wheel, without its compiled Rust extensions) under python/, a build
 configuration written here (python/pyproject.toml: setuptools; dependencies cut
-to two small real packages so the lab's lock resolves in seconds, not the GBs
-of CUDA wheels), and a clearly marked LAB edit that registers the DDTREE
+to two small real packages, pinned with theirs, so the lab's lock resolves in
+seconds, not the GBs of CUDA wheels, and stays the same), and a clearly marked LAB edit that registers the DDTREE
 algorithm and `--speculative-ddtree-budget` (what the engine-flag check and the
 launch rules look for). It has no DDTree implementation: the lab's engine is
 the stand-in. Commits are made with fixed names and dates, so the commit sha is
@@ -44,7 +44,8 @@ build-backend = "setuptools.build_meta"
 name = "sglang"
 version = "{SGLANG}+lab"
 requires-python = ">=3.10"
-dependencies = ["requests", "tqdm"]
+dependencies = ["requests==2.34.2", "tqdm==4.70.1", "urllib3==2.8.0", "idna==3.20",
+                "certifi==2026.10.19.post1", "charset-normalizer==3.5.3"]
 
 [tool.setuptools.packages.find]
 include = ["sglang*"]
