@@ -225,7 +225,9 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
         override = {"recipe": str(d / "recipe.yml"), "source_url": src.get("git"),
                     "patches": [(n, str(pdir / s)) for n, s in zip(names, series)],
                     "engine_argv": rec.get("engine_argv")}
-        argv = rec.get("engine_argv") or []
+        # the port the recorded engine really ran with (its command line), not the one of
+        # whichever run first built this release (the manifest's engine_argv)
+        argv = rec.get("cmdline") or rec.get("engine_argv") or []
         port = int(argv[argv.index("--port") + 1]) if "--port" in argv[:-1] else None
         out[h] = {"record": rec, "port": port, "unit_text": unit.decode() if unit is not None else None,
                   "env_text": env.decode() if env is not None else None, "override": override}
