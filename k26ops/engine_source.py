@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
-from k26ops.wheelhouse import file_sha256
+from k26ops.wheelhouse import file_sha256, wheel_name_version
 
 SHA = re.compile(r"[0-9a-f]{40}")
 
@@ -155,11 +155,12 @@ def missing_tools(project: Path) -> list[str]:
 
 
 def wheel_info(path: Path, sha256: str | None = None) -> BuiltWheel:
-    parts = path.name[:-len(".whl")].split("-")
-    if not path.name.endswith(".whl") or len(parts) < 5:
-        raise UserError(f"engine wheel {path}: not a wheel file name (name-version-python-abi-platform.whl)")
+    try:
+        dist, version = wheel_name_version(path.name)
+    except UserError as exc:
+        raise UserError(f"engine wheel {path.parent}/{exc}") from None
     return BuiltWheel(path.name, sha256 or file_sha256(path), path.stat().st_size, path,
-                      re.sub(r"[-_.]+", "-", parts[0]).lower(), parts[1])
+                      re.sub(r"[-_.]+", "-", dist).lower(), version)
 
 
 def check_python(wheel: BuiltWheel, python: str) -> None:

@@ -9,6 +9,7 @@ pure: no host access.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -306,8 +307,6 @@ def is_secret_key(name: str) -> bool:
     HF_TOKEN, OPENAI_APIKEY, --api-key, AWS_SECRET_ACCESS_KEY, DB_PASSWORD,
     GCP_CREDENTIALS, K26OPS_SECRET_*; not --max-total-tokens (TOKENS counts
     things) nor --tokenizer-path. Plus the inventory's secret_vars / secret_patterns."""
-    import fnmatch
-
     up = str(name).upper()
     if up.lstrip("-") in EXTRA_SECRET_NAMES or any(fnmatch.fnmatchcase(up.lstrip("-"), p.upper())
                                                    for p in EXTRA_SECRET_PATTERNS):
@@ -334,6 +333,21 @@ def secrets_of(env: Mapping) -> list[str]:
     return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")]
 
 
+def secret_flag_values(words: list[str]) -> dict[int, tuple[str, str, bool]]:
+    """Where the secret flags' values are in a flag list: {index of the word that
+    holds the value: (flag, value, inline)} for `--api-key=X` (inline, its own
+    word) and `--api-key X` (the next word, when it is not a flag)."""
+    hits: dict[int, tuple[str, str, bool]] = {}
+    for i, w in enumerate(words):
+        flag, eq, val = w.partition("=")
+        if flag.startswith("--") and is_secret_key(flag):
+            if eq:
+                hits[i] = (flag, val, True)
+            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                hits[i + 1] = (flag, words[i + 1], False)
+    return hits
+
+
 def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
     """Every secret value inside inventory vars: values of secret-named keys at any
     depth (engine_env, extra_flags mappings), values after secret flags in flag
@@ -349,15 +363,9 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
                 out.append(str(v))
             out += secret_values(v, str(k), depth + 1)
     elif isinstance(value, (list, tuple)):
-        words = [str(w) for w in value]
-        for i, w in enumerate(words):
-            flag, eq, val = w.partition("=")
-            if flag.startswith("--") and is_secret_key(flag):
-                if eq:
-                    out.append(val)
-                elif i + 1 < len(words) and not words[i + 1].startswith("--"):
-                    out.append(words[i + 1])
-            out += secret_values(value[i], name, depth + 1) if isinstance(value[i], (Mapping, list)) else []
+        out += [v for _flag, v, _inline in secret_flag_values([str(w) for w in value]).values()]
+        for item in value:
+            out += secret_values(item, name, depth + 1) if isinstance(item, (Mapping, list)) else []
     return [v for v in out if v]
 
 
@@ -378,16 +386,12 @@ def redact_vars(value, _active: set | None = None):
         return value if all(new[k] is value[k] for k in value) else new
     if isinstance(value, (list, tuple)):
         active.add(id(value))
-        words = [str(w) for w in value]
+        hits = secret_flag_values([str(w) for w in value])
         out = []
         for i, v in enumerate(value):
-            prev = words[i - 1] if i else ""
-            w = words[i]
-            if isinstance(v, str) and "=" in w and w.startswith("--") and is_secret_key(w.partition("=")[0]):
-                out.append(w.partition("=")[0] + "=" + REDACTED)
-            elif isinstance(v, str) and prev.startswith("--") and "=" not in prev and is_secret_key(prev) \
-                    and not w.startswith("--"):
-                out.append(REDACTED)
+            if isinstance(v, str) and i in hits:
+                flag, _val, inline = hits[i]
+                out.append(f"{flag}={REDACTED}" if inline else REDACTED)
             else:
                 out.append(redact_vars(v, active))
         active.discard(id(value))
@@ -408,26 +412,19 @@ def split_secret_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     K26OPS_SECRET_<FLAG> and the argv holds `${K26OPS_SECRET_<FLAG>}`, which
     systemd expands at start (the engine's argv, visible to root in `ps`, has it)."""
     out, env = [], {}
-    i = 0
-    while i < len(argv):
-        w = argv[i]
+    for w in argv:
         if "K26OPS_SECRET_" in w:
             raise UserError(f"engine argument {w[:40]!r}: K26OPS_SECRET_ is reserved for k26ops' own secret references")
-        flag, eq, val = w.partition("=")
-        if flag.startswith("--") and is_secret_key(flag):
+    hits = secret_flag_values(argv)
+    for i, w in enumerate(argv):
+        hit = hits.get(i)
+        if hit:
+            flag, val, inline = hit
             ref = secret_ref_name(flag)
-            if eq:
-                env[ref] = val
-                out.append(f"{flag}=${{{ref}}}")
-                i += 1
-                continue
-            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                env[ref] = argv[i + 1]
-                out += [flag, f"${{{ref}}}"]
-                i += 2
-                continue
-        out.append(w)
-        i += 1
+            env[ref] = val
+            out.append(f"{flag}=${{{ref}}}" if inline else f"${{{ref}}}")
+        else:
+            out.append(w)
     return out, env
 
 

@@ -106,10 +106,18 @@ def requirements_file(wheels: list[Wheel]) -> str:
     `pip install --require-hashes --no-index` can only take these bytes."""
     lines = []
     for w in sorted(wheels, key=lambda w: w.name):
-        parts = w.name[:-len(".whl")].split("-")
+        name, version = wheel_name_version(w.name)
         # `===`: exactly this version string (`==0.5.23` would also take 0.5.23+lab)
-        lines.append(f"{parts[0]}==={parts[1]} --hash=sha256:{w.sha256}\n")
+        lines.append(f"{name}==={version} --hash=sha256:{w.sha256}\n")
     return "".join(lines)
+
+
+def wheel_name_version(filename: str) -> tuple[str, str]:
+    """(distribution, version) from `name-version-python-abi-platform.whl` (PEP 427)."""
+    parts = filename[:-len(".whl")].split("-")
+    if not filename.endswith(".whl") or len(parts) < 5:
+        raise UserError(f"{filename}: not a wheel file name (name-version-python-abi-platform.whl)")
+    return parts[0], parts[1]
 
 
 def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:
