@@ -28,6 +28,7 @@ from rich.table import Table
 
 from k26ops.errors import EXIT_INTERRUPTED
 from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
+from k26ops.steps.service import smoke_summary
 
 SKIPPED = "skipped"
 Progress = Callable[[str], None]
@@ -161,7 +162,7 @@ def print_rollout(settings, results: list[HostResult], title: str, columns=(), c
         if isinstance(h, dict):
             r.data["_health"] = f"{h.get('state')} {h.get('wait_s', 0):.1f}s"
         if isinstance(s, dict) and s.get("ok"):
-            r.data["_smoke"] = f"{s['latency_s'] * 1000:.0f} ms, accept {s.get('spec_accept_length')}"
+            r.data["_smoke"] = smoke_summary(s)
         if "engine_restarted" in r.data:
             r.data["_engine"] = "restarted" if r.data["engine_restarted"] else "kept"
         if "steps" in r.data:

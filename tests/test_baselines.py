@@ -97,13 +97,18 @@ def test_snapshot_records_the_running_engine(lab, env):
     h = data["hosts"][HOST]
     assert h["release"] == before["release"] and h["health"] == "healthy" and h["pinned"]
     assert h["accept"] is not None and h["files"] == len(before["hashes"]) >= 1
-    assert h["commands"] <= 3, h["commands"]  # one gather + one pin (+ the lock-free connect)
+    assert h["commands"] <= 4, h["commands"]  # gather + smoke (the deploy's agent) + pin (+ the lock-free connect)
     repo = env["repo"]
     shown = git(repo, "show", TAG)
     assert f"tag {TAG}" in shown and "stand-in healthy" in shown and "all healthy" in shown
     assert before["release"] in shown and "accept" in shown
     rec = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/baseline.json"))
     assert rec["patched_files"] == before["hashes"] and rec["rebuildable"], rec["rebuild_check"]
+    # the smoke result of both requests, greedy and sampled, is part of the baseline
+    assert rec["smoke"]["greedy"]["sampling"] == {"temperature": 0} and rec["smoke"]["greedy"]["ok"]
+    assert rec["smoke"]["sampled"]["sampling"]["temperature"] == 0.7 and rec["smoke"]["sampled"]["ok"]
+    assert rec["smoke"]["sampled"]["spec_accept_length"] > 1
+    assert "T=0.7: " in shown  # the commit message's per-host line
     assert git(repo, "show", f"{TAG}:hosts/{HOST}/unit/k26-engine.service") == before["unit"]
     env_file = git(repo, "show", f"{TAG}:hosts/{HOST}/env/sglang.env")
     assert "HF_TOKEN=<redacted>" in env_file

@@ -2,7 +2,7 @@
 real systemd and journald, real sshd, the engine stand-in as the engine.
 
 The tests use a releases root of their own on each host (`releases_root`
-inventory var: /opt/k26ops/test-service-releases) holding two fake releases
+inventory var: /opt/k26ops-test-service/releases) holding two fake releases
 (`test-fake-a`, `test-fake-b`: a venv/bin/python symlink to the host's
 python3; the stand-in is stdlib-only), and a test-only step
 `test_fake_release` that switches `current` the way the release step does
@@ -28,7 +28,7 @@ from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
 ENV_FILE = "/etc/k26ops/sglang.env"
-RELEASES = "/opt/k26ops/test-service-releases"
+RELEASES = "/opt/k26ops-test-service/releases"
 TOKEN = "hf_TESTSECRET_9f8e7d6c5b4a"
 
 
@@ -82,7 +82,7 @@ def engine(lab, tmp_path_factory):
     for n in names:
         lab_ssh(lab.dir, lab.port(n),
                 f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} {ENV_FILE}; "
-                f"rmdir /etc/k26ops 2>/dev/null; rm -rf /opt/k26ops/lab /opt/k26ops/state/service {RELEASES}; "
+                f"rmdir /etc/k26ops 2>/dev/null; rm -rf /opt/k26ops/lab /opt/k26ops/state/service /opt/k26ops-test-service; "
                 f"systemctl daemon-reload; systemctl reset-failed {UNIT} 2>/dev/null; true")
 
 
@@ -118,6 +118,11 @@ def test_deploy_healthy_smoke_then_converged(lab, engine, capsys):
         assert r.data["smoke"]["ok"] and r.data["smoke"]["text"].strip()
         assert r.data["smoke"]["spec_accept_length"] == pytest.approx(3.2)
         assert r.data["smoke"]["latency_s"] > 0
+        # greedy and sampled: DDTree's sampled verify is a path of its own
+        assert r.data["smoke"]["greedy"]["sampling"] == {"temperature": 0}
+        sampled = r.data["smoke"]["sampled"]
+        assert sampled["sampling"]["temperature"] == 0.7 and sampled["sampling"]["top_p"] == 0.9
+        assert sampled["ok"] and sampled["latency_s"] > 0 and sampled["spec_accept_length"] == pytest.approx(3.2)
         assert r.data["engine_restarted"] is True
     assert time.monotonic() - t0 < 60
     assert TOKEN not in out and TOKEN not in json.dumps([r.to_json() for r in res.values()])
@@ -235,6 +240,51 @@ def test_crash_during_load_fails_fast_and_rolls_back(lab, engine, capsys):
     env = {**lab.env(), "K26OPS_INVENTORY": str(inventory(engine, "base"))}
     rc, st = k26ops_json("--limit", bad, "status", env=env)
     assert rc == 0 and st["hosts"][bad]["health"] == "healthy"
+
+
+@pytest.mark.parametrize("mode,which,temperature", [("first-request", "greedy", 0),
+                                                     ("request:2", "sampled", 0.7)])
+def test_a_crash_on_a_smoke_request_is_named(lab, engine, capsys, mode, which, temperature):
+    """The seeds' case: the engine starts fine and dies on its first speculative
+    verify (or on a later request). The deploy names the crash itself."""
+    names = engine["names"]
+    bad = names[0]
+    res, _ = deploy(inventory(engine, "base"))
+    env_before = ssh(lab, bad, f"cat {ENV_FILE}")
+    crash = {"engine_env": {"K26OPS_STANDIN_CRASH": mode, "K26OPS_STANDIN_CRASH_LOG": "none-field"}}
+    res, out = deploy(inventory(engine, "reqcrash", **{bad: crash}), capsys=capsys)
+    r = res[bad]
+    assert r.status == "failed"
+    assert f"crashed on the {which} smoke request (temperature {temperature})" in r.error, r.error
+    assert "cuda-graph-none-field" in r.error and "'NoneType' object has no attribute 'dtype'" in r.error
+    assert "previous engine is healthy again" in r.error
+    j = r.to_json()
+    assert j["diagnosis"]["signature"] == "cuda-graph-none-field"
+    assert j["diagnosis"]["evidence"] == "AttributeError: 'NoneType' object has no attribute 'dtype'"
+    assert "_grouped_foreach_copy_" in j["journal_tail"] and "Main process exited" in j["journal_tail"]
+    assert j["smoke"] == {"ok": False, "failed": which, "status": 0, "crashed": True,
+                          "signature": "cuda-graph-none-field"}
+    assert "journal tail" in out and "cuda-graph-none-field" in out and TOKEN not in out
+    assert r.elapsed < 20
+    assert ssh(lab, bad, f"cat {ENV_FILE}") == env_before
+    assert ssh(lab, bad, f"systemctl is-active {UNIT}").strip() == "active"
+    for n in names[1:]:
+        assert res[n].status == "ok", (n, res[n].error)
+
+
+def test_a_failed_request_from_a_living_engine_says_so(lab, engine):
+    bad = engine["names"][0]
+    deploy(inventory(engine, "base"))
+    pid = main_pid(lab, bad)
+    res, _ = deploy(inventory(engine, "http500", **{bad: {"engine_env": {"K26OPS_STANDIN_REQUEST_ERROR": 500}}}))
+    r = res[bad]
+    assert r.status == "failed"
+    assert "the greedy smoke request (temperature 0) to /generate failed (HTTP 500" in r.error, r.error
+    assert "the engine did not die" in r.error and "crashed" not in r.error
+    assert r.data["smoke"] == {"ok": False, "failed": "greedy", "status": 500, "crashed": False}
+    assert "answering /generate with HTTP 500" in r.data["journal_tail"]
+    assert main_pid(lab, bad) != pid  # the env change restarted it, the rollback restarted the old one
+    assert ssh(lab, bad, f"systemctl is-active {UNIT}").strip() == "active"
 
 
 def test_canary_failure_stops_the_rollout(lab, engine):

@@ -43,6 +43,18 @@ def host_target(session) -> tuple[HostContext, dict]:
                  "host": host, "port": port, "releases_root": ctx.releases_root}
 
 
+def run_smoke(session, t: dict) -> dict:
+    """The deploy's smoke requests (greedy, then sampled), as the deploy records them."""
+    from k26ops.steps import service as svc
+
+    r = svc.agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"],
+                  prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=svc.smoke_requests({}))
+    if r["failed"]:
+        last = r["results"][-1]
+        return {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": bool(r.get("crash"))}
+    return svc.smoke_outcome(r["results"])
+
+
 def known_secrets(ctx: HostContext, env_text: str | None) -> list[str]:
     from k26ops.steps import service as svc
 
@@ -82,6 +94,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     name = session.host.name
     req = dict(t, facts=facts_mod.command_list(list(FACT_NAMES)), prompt=SMOKE_PROMPT, max_new_tokens=16)
     raw = hostscript.call(session, "snapshot", timeout=240, **req)
+    raw["smoke"] = run_smoke(session, t) if raw["health"]["state"] == "healthy" else None
     rel = raw["release"]
     m = rel.get("manifest")
     if not rel.get("current"):
@@ -174,10 +187,10 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
 
 
 def _summary_line(host: str, rec: dict) -> str:
-    sm = rec.get("smoke") or {}
-    lat = f"{sm['latency_s'] * 1000:.0f} ms" if sm.get("latency_s") is not None else "-"
-    return (f"{host}: {rec['release_id']}  {rec['health']}  accept {sm.get('spec_accept_length', '-')}"
-            f"  latency {lat}  {len(rec['patched_files'])} patched file(s)"
+    from k26ops.steps.service import smoke_summary
+
+    return (f"{host}: {rec['release_id']}  {rec['health']}  smoke {smoke_summary(rec.get('smoke') or {})}"
+            f"  {len(rec['patched_files'])} patched file(s)"
             + ("" if rec["rebuildable"] else "  (not rebuildable: " + rec["rebuild_check"] + ")"))
 
 

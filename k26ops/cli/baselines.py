@@ -12,6 +12,7 @@ from k26ops import engine_source
 from rich.console import Console
 
 from k26ops.cli.report import wide_console
+from k26ops.steps.service import smoke_summary
 from rich.table import Table
 
 BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
@@ -132,9 +133,8 @@ def show_cmd(settings, tag, baselines_dir):
             continue
         out.rule(h)
         sm = rec.get("smoke") or {}
-        out.print(f"release {rec['release_id']}  health {rec['health']}  accept {sm.get('spec_accept_length')}  "
-                  f"latency {sm.get('latency_s')} s  rebuildable {'yes' if rec.get('rebuildable') else 'no'}",
-                  markup=False)
+        out.print(f"release {rec['release_id']}  health {rec['health']}  smoke {smoke_summary(sm)}  "
+                  f"rebuildable {'yes' if rec.get('rebuildable') else 'no'}", markup=False)
         for line in engine_source.describe(rec.get("engine")):
             out.print(line, markup=False)
         for p in rec.get("patches") or []:

@@ -323,6 +323,7 @@ class ProbeReport:
     ready_s: float | None = None
     crashed: bool | None = None
     crash_when: str | None = None   # "startup" / "request"
+    request_error: str | None = None  # a request failed but the engine lived
     diagnosis: dict | None = None
     restored: list = field(default_factory=list)
     restore_errors: list = field(default_factory=list)
@@ -447,17 +448,20 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
         if crashed is None:
             for n in range(1, requests + 1):
                 progress(f"request {n}/{requests}: /generate (speculative verify path)")
-                svc.agent(session, "smoke", timeout=200, port=port, host=ehost,
-                          prompt="Write a short poem about CUDA graphs.", max_new_tokens=32, timeout_s=120.0)
-                p = svc.agent(session, "poll", timeout=100, unit=uname, port=port, host=ehost, base=base,
-                              window=1.5, journal_lines=50)
-                if p["state"] == "crashed":
-                    crashed, rep.crash_when = p.get("why"), "request"
+                r = svc.agent(session, "smoke", timeout=200, port=port, host=ehost, unit=uname, base=base,
+                              prompt="Write a short poem about CUDA graphs.", max_new_tokens=32, timeout_s=120.0)
+                if r.get("crash"):  # the agent waited for the unit to show the death
+                    crashed, rep.crash_when = r["crash"]["why"], "request"
                     progress(f"engine crashed on request {n} ({crashed})")
+                    break
+                if r.get("failed"):
+                    last = r["results"][-1]
+                    why = f"HTTP {last['status']}" if last["status"] else f"no answer: {str(last['body'])[:160]}"
+                    rep.request_error = f"request {n} failed ({why}); the engine did not die"
+                    progress(rep.request_error)
                     break
         rep.crashed = crashed is not None
         progress("collecting the journal since the restart")
-        time.sleep(0.3)
         j = agent(session, "journal", unit=uname, cursor=cursor)
         text = units.redact(j.get("text") or "", secrets)
         d = classify(text, st.get("base"))
@@ -526,6 +530,8 @@ def summary(rep: ProbeReport) -> str:
     """One line: what the probe found."""
     d = rep.diagnosis
     if not d:
+        if rep.request_error:
+            return f"no crash signature found; {rep.request_error}"
         if rep.crashed is False:
             return "no crash: the engine served the verify path with CUDA graphs on and the probe applied"
         return "no crash signature found"

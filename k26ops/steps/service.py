@@ -49,9 +49,11 @@ class EngineFailed(StepFailed):
     """The engine did not become healthy: one-line message plus the journal tail
     (redacted) and the classifier's diagnosis for the report."""
 
-    def __init__(self, message: str, journal_tail: str = "", diagnosis: dict | None = None):
+    def __init__(self, message: str, journal_tail: str = "", diagnosis: dict | None = None,
+                 outcome: dict | None = None):
         super().__init__(message)
-        self.details = {"journal_tail": journal_tail, "diagnosis": diagnosis or {}}
+        # what the steps had learned (health, smoke, rollback) stays in the report
+        self.details = {**(outcome or {}), "journal_tail": journal_tail, "diagnosis": diagnosis or {}}
 
 
 # ---------------------------------------------------------------- host agent
@@ -311,13 +313,50 @@ def rollback(ctx: HostContext, svc: dict) -> str:
     return "rolled back, but the previous engine is not healthy yet"
 
 
+# ---------------------------------------------------------------- naming a crash
+
+def _classify(ctx: HostContext, text: str):
+    from k26ops.diagnose.classify import classify
+
+    prep = ctx.shared.get("prepared")
+    return classify(text, prep.recipe.base if prep else None)
+
+
+def name_crash(ctx: HostContext, svc: dict, crash: dict, when: str):
+    """A dead engine, named: (diagnosis, one-line message, journal tail), from
+    the agent's crash report (why, unit state, the dead run's journal)."""
+    text = units.redact(crash.get("journal") or "", svc["secrets"])
+    d = _classify(ctx, text)
+    status = (crash.get("show") or {}).get("ExecMainStatus")
+    msg = (f"{svc['unit']} crashed {when} ({crash['why']}" + (f", exit status {status}" if status else "")
+           + f"): {d.signature}" + (f": {d.evidence[:240]}" if d.evidence else ""))
+    tail = "\n".join(text.splitlines()[-40:])
+    if crash.get("exit_line"):
+        tail += "\n" + units.redact(crash["exit_line"], svc["secrets"])
+    return d, msg, tail
+
+
+def journal_diagnosis(ctx: HostContext, svc: dict, base: dict | None):
+    """An engine that is alive but failing: its recent journal, and the crash it
+    names if any (None when nothing known is in it)."""
+    try:
+        r = agent(ctx.session, "tail", unit=svc["unit"], lines=400,
+                  invocation=(base or {}).get("InvocationID"))
+    except StepFailed:
+        return None, ""
+    text = units.redact(r.get("journal") or "", svc["secrets"])
+    d = _classify(ctx, text)
+    tail = "\n".join(text.splitlines()[-40:])
+    return (None if d.signature == "unclassified" else d), tail
+
+
 # ---------------------------------------------------------------- health
 
 def _fail(ctx: HostContext, svc: dict, message: str, journal: str = "", diag=None) -> None:
     ctx.progress(f"failed: {message}")
     back = rollback(ctx, svc)
     outcome(ctx)["rollback"] = back
-    raise EngineFailed(f"{message}; {back}", journal, diag)
+    raise EngineFailed(f"{message}; {back}", journal, diag, outcome(ctx))
 
 
 @register
@@ -332,8 +371,6 @@ class HealthStep(Step):
         if not serves_http(ctx.vars):
             outcome(ctx)["health"] = {"state": f"node rank {ctx.vars['node_rank']}: checked on rank 0", "wait_s": 0}
             return []
-        from k26ops.diagnose.classify import classify
-
         svc = _svc(ctx, self.params)
         timeout = float(self.params.get("timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
         base = svc.get("base")
@@ -349,28 +386,25 @@ class HealthStep(Step):
             base = r.get("base") or base
             el = time.monotonic() - t0
             if r["state"] == "healthy":
+                svc["base"] = base  # the smoke step tells a crash from this run's MainPID
                 ctx.progress(f"health: healthy after {el:.0f}s")
                 outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
                 return []
             if r["state"] == "crashed":
-                text = units.redact(r.get("journal") or "", svc["secrets"])
-                prep = ctx.shared.get("prepared")
-                d = classify(text, prep.recipe.base if prep else None)
-                show = r.get("show") or {}
-                status = show.get("ExecMainStatus")
-                msg = (f"{svc['unit']} crashed {el:.1f}s into the health wait ({r['why']}"
-                       + (f", exit status {status}" if status else "") + f"): {d.signature}"
-                       + (f": {d.evidence[:240]}" if d.evidence else ""))
+                d, msg, tail = name_crash(ctx, svc, r, f"{el:.1f}s into the health wait")
                 outcome(ctx)["health"] = {"state": "crashed", "wait_s": round(el, 2), "signature": d.signature}
-                tail = "\n".join(text.splitlines()[-40:])
                 _fail(ctx, svc, msg, tail, d.to_json())
             if r.get("last_line"):
                 last = units.redact(r["last_line"], svc["secrets"])
             ctx.progress(f"health: {r['state']} {el:.0f}s" + (f": {last}" if last else ""))
             if el >= timeout:
                 outcome(ctx)["health"] = {"state": "timeout", "wait_s": round(el, 2)}
+                d, tail = journal_diagnosis(ctx, svc, base)
                 _fail(ctx, svc, f"{svc['unit']} not healthy after {timeout:.0f}s ({r['state']}, "
-                                f"/health {r.get('health')})" + (f"; last log line: {last}" if last else ""))
+                                f"/health {r.get('health')}; the engine is still running)"
+                      + (f"; last log line: {last}" if last else "")
+                      + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
+                      tail, d.to_json() if d else None)
 
     def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes
         pass
@@ -378,9 +412,52 @@ class HealthStep(Step):
 
 # ---------------------------------------------------------------- smoke
 
+SAMPLED = {"temperature": 0.7, "top_p": 0.9}
+
+
+def smoke_requests(params: dict) -> list[dict]:
+    """Greedy first, then sampled (temperature > 0 takes DDTree's other verify
+    path); `sampled: false` in the step's params leaves the second out."""
+    reqs = [{"name": "greedy", "sampling": {"temperature": 0}}]
+    if params.get("sampled", True) is not False:
+        sampled = {**SAMPLED, **_mapping(params.get("sampled") if isinstance(params.get("sampled"), dict) else None,
+                                         "smoke sampled")}
+        reqs.append({"name": "sampled", "sampling": sampled})
+    return reqs
+
+
+def smoke_record(res: dict) -> dict:
+    """One answered smoke request as the report and the baseline keep it."""
+    body = res["body"]
+    meta = body.get("meta_info") or {}
+    return {"ok": True, "sampling": res["sampling"], "latency_s": res["latency_s"],
+            "spec_accept_length": meta.get("spec_accept_length"),
+            "completion_tokens": meta.get("completion_tokens"), "text": body["text"][:80]}
+
+
+def smoke_outcome(results: list[dict]) -> dict:
+    """The greedy request's figures at the top (as before), each request under its name."""
+    recs = {r["name"]: smoke_record(r) for r in results}
+    first = recs[results[0]["name"]]
+    return {**first, **recs}
+
+
+def smoke_summary(s: dict) -> str:
+    """`120 ms, accept 3.2` for the greedy request, then the sampled one's if it ran."""
+    if s.get("latency_s") is None:
+        return "-"
+    out = f"{s['latency_s'] * 1000:.0f} ms, accept {s.get('spec_accept_length')}"
+    t = s.get("sampled")
+    if isinstance(t, dict) and t.get("latency_s") is not None:
+        out += f"; T={t['sampling'].get('temperature')}: {t['latency_s'] * 1000:.0f} ms, accept {t.get('spec_accept_length')}"
+    return out
+
+
 @register
 class SmokeStep(Step):
-    """One short /generate must return text; record latency and spec_accept_length."""
+    """Greedy and sampled /generate must return text; record latency and spec_accept_length.
+    A failed request is named: the engine died of it (its crash, classified) or
+    it is alive and answered wrong (the HTTP status or the exception)."""
 
     name = "smoke"
 
@@ -390,23 +467,40 @@ class SmokeStep(Step):
         svc = _svc(ctx, self.params)
         prompt = str(self.params.get("prompt") or "Say hello in one short sentence.")
         n = int(self.params.get("max_new_tokens") or 16)
-        r = agent(ctx.session, "smoke", timeout=float(self.params.get("timeout") or 120) + 30, port=svc["port"],
-                  host=svc["host"], prompt=prompt, max_new_tokens=n, timeout_s=float(self.params.get("timeout") or 120))
-        body = r.get("body")
-        text = body.get("text") if isinstance(body, dict) else None
-        if r["status"] != 200 or not isinstance(text, str) or not text.strip():
-            why = f"HTTP {r['status']}" if r["status"] else "no answer"
-            detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc["secrets"])
-            outcome(ctx)["smoke"] = {"ok": False, "status": r["status"]}
-            _fail(ctx, svc, f"smoke request to /generate failed ({why}): {detail}")
-        meta = body.get("meta_info") or {}
-        acc = meta.get("spec_accept_length")
-        rec = {"ok": True, "latency_s": r["latency_s"], "spec_accept_length": acc,
-               "completion_tokens": meta.get("completion_tokens"), "text": text[:80]}
+        reqs = smoke_requests(self.params)
+        per = float(self.params.get("timeout") or 120)
+        r = agent(ctx.session, "smoke", timeout=per * len(reqs) + 30, port=svc["port"], host=svc["host"],
+                  unit=svc["unit"], base=svc.get("base"), prompt=prompt, max_new_tokens=n, timeout_s=per,
+                  requests=reqs)
+        if r["failed"]:
+            self._failed(ctx, svc, r)
+        rec = smoke_outcome(r["results"])
         ctx.shared["smoke"] = rec
         outcome(ctx)["smoke"] = rec
-        ctx.progress(f"smoke: answered in {r['latency_s'] * 1000:.0f} ms, spec_accept_length {acc}")
+        ctx.progress("smoke: " + ", ".join(f"{k} {v['latency_s'] * 1000:.0f} ms accept {v['spec_accept_length']}"
+                                           for k, v in rec.items() if isinstance(v, dict) and "latency_s" in v))
         return []
+
+    def _failed(self, ctx: HostContext, svc: dict, r: dict) -> None:
+        last = r["results"][-1]
+        what = f"the {r['failed']} smoke request (temperature {last['sampling'].get('temperature')})"
+        if r.get("crash"):
+            d, msg, tail = name_crash(ctx, svc, r["crash"], f"on {what}")
+            outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"],
+                                     "crashed": True, "signature": d.signature}
+            _fail(ctx, svc, msg, tail, d.to_json())
+        body = last["body"]
+        why = f"HTTP {last['status']}" if last["status"] else "no answer"
+        detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc["secrets"])
+        alive = r.get("alive") or {}
+        text = units.redact(r.get("journal") or "", svc["secrets"])
+        d = _classify(ctx, text) if text else None
+        d = d if d and d.signature != "unclassified" else None
+        outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}
+        _fail(ctx, svc, f"{what} to /generate failed ({why}: {detail}); the engine did not die "
+                        f"(pid {alive.get('MainPID')}, {alive.get('state')})"
+              + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
+              "\n".join(text.splitlines()[-40:]), d.to_json() if d else None)
 
     def apply(self, ctx, changes):  # pragma: no cover
         pass

@@ -85,6 +85,40 @@ def crashed(s, base):
         return "systemd restarted the engine"
     return None
 
+EXIT_LINES = ("Main process exited", "Failed with result", "Deactivated successfully", "Succeeded.")
+
+def exit_line(invocation, wait):
+    """Wait (at most `wait` s) for systemd's own line about this run's end: it
+    carries INVOCATION_ID, and once it is in the journal the engine's last words
+    are too (they come on the stdout stream that closed before it). Returns the line."""
+    end = time.monotonic() + wait
+    while invocation:
+        _, out, _ = sh(["journalctl", "--no-pager", "-o", "cat", "INVOCATION_ID=" + invocation])
+        hit = [l for l in out.splitlines() if any(m in l for m in EXIT_LINES)]
+        if hit or time.monotonic() >= end:
+            return hit[0].strip() if hit else None
+        time.sleep(0.05)
+    time.sleep(min(wait, 0.4))
+    return None
+
+def crash_report(unit, base, why, lines, wait=3.0):
+    """The crash as the control node reports it: why, the unit's state and the
+    journal of the run that died (its own invocation only)."""
+    inv = base.get("InvocationID")
+    line = exit_line(inv, wait)
+    return {"why": why, "exit_line": line, "show": show(unit), "journal": journal(unit, lines, inv)}
+
+def died(unit, base, wait):
+    """After a failed request: did the engine die of it? Polls the unit (a dying
+    engine takes a moment to exit) until it shows the death or `wait` runs out."""
+    end = time.monotonic() + wait
+    while True:
+        s = show(unit)
+        why = crashed(s, base)
+        if why or time.monotonic() >= end:
+            return why, s
+        time.sleep(0.1)
+
 def op_read(r):
     cur = None
     try: cur = os.readlink(r["current"])
@@ -176,9 +210,7 @@ def op_poll(r):
         first = False
         why = crashed(s, base)
         if why:
-            time.sleep(0.4)  # let journald take the last lines
-            return {"state": "crashed", "why": why, "show": show(unit), "base": base,
-                    "journal": journal(unit, r.get("journal_lines", 150), base.get("InvocationID"))}
+            return dict(crash_report(unit, base, why, r.get("journal_lines", 400)), state="crashed", base=base)
         code, _ = http(port, "/health", timeout=2.0, host=host)
         if code == 200:
             code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host)
@@ -190,14 +222,45 @@ def op_poll(r):
                     "last_line": last_meaningful(j), "show": s, "base": base}
         time.sleep(r.get("interval", 0.25))
 
-def op_smoke(r):
-    body = {"text": r["prompt"], "sampling_params": {"max_new_tokens": r["max_new_tokens"], "temperature": 0}}
+def generate(r, name, sampling):
+    body = {"text": r["prompt"], "sampling_params": dict(sampling, max_new_tokens=r["max_new_tokens"])}
     t0 = time.monotonic()
     code, text = http(r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"))
     latency = time.monotonic() - t0
     try: data = json.loads(text)
     except ValueError: data = None
-    return {"status": code, "latency_s": round(latency, 4), "body": data if isinstance(data, dict) else text[:300]}
+    return {"name": name, "sampling": sampling, "status": code, "latency_s": round(latency, 4),
+            "body": data if isinstance(data, dict) else text[:300]}
+
+def answered(res):
+    body = res["body"]
+    return res["status"] == 200 and isinstance(body, dict) and isinstance(body.get("text"), str) and bool(body["text"].strip())
+
+def op_smoke(r):
+    """The smoke requests in order (default: one greedy); the first that fails
+    ends it, and then: did the engine die of it (its journal), or is it alive?"""
+    unit = r.get("unit")
+    s0 = show(unit) if unit else {}
+    base = r.get("base") or {k: s0.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+    results = []
+    for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
+        res = generate(r, req["name"], req["sampling"])
+        results.append(res)
+        if answered(res):
+            continue
+        out = {"results": results, "failed": req["name"], "crash": None}
+        if unit:
+            # an engine that answered (an HTTP error) rarely dies of it; no answer often means it is dying
+            why, s = died(unit, base, r.get("crash_wait", 3.0) if res["status"] == 0 else 1.0)
+            if why:
+                out["crash"] = crash_report(unit, base, why, r.get("journal_lines", 400))
+            else:
+                out["alive"] = {"MainPID": s.get("MainPID"), "state": s.get("ActiveState")}
+                out["journal"] = journal(unit, 40, base.get("InvocationID"))
+        return out
+    return {"results": results, "failed": None, "crash": None}
+def op_tail(r):
+    return {"journal": journal(r["unit"], r.get("lines", 400), r.get("invocation"))}
 
 def op_status(r):
     unit = r["unit"]
