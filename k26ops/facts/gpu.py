@@ -108,10 +108,13 @@ def _from_query(text: str, fields, source: str) -> list[dict]:
     return gpus
 
 
-def _from_table(table: dict) -> list[dict]:
-    return [{"index": t["index"], "name": t["name"], "memory_mib": t["memory_mib"], "driver_version": None,
+def _from_table(table: dict, text: str) -> list[dict]:
+    m = re.search(_HEADER_RES["driver_version"], text)
+    driver = m.group(1) if m else None
+    return [{"index": t["index"], "name": t["name"], "memory_mib": t["memory_mib"], "driver_version": driver,
              "compute_cap": None, "uuid": None, "bus_id": t["bus_id"],
-             "sources": {k: "table" for k in ("index", "name", "memory_mib", "bus_id") if t[k] is not None},
+             "sources": {k: "table" for k in ("index", "name", "memory_mib", "bus_id") if t[k] is not None}
+             | ({"driver_version": "table"} if driver else {}),
              "error": None} for t in table["gpus"]]
 
 
@@ -156,7 +159,7 @@ def parse_gpus(stdout: str, rc: int) -> dict:
     if refused and fallback and not refused_field(fallback) and not nvidia_smi_error(fallback, 0):
         gpus, source = _from_query(fallback, FALLBACK_FIELDS, "query_no_cc"), "query_no_cc"
     if not gpus and table and table["gpus"]:
-        gpus, source = _from_table(table), "table"
+        gpus, source = _from_table(table, secs[TABLE_SECTION]), "table"
     if table:
         _merge_table(gpus, table)
     for g in gpus:
@@ -166,7 +169,8 @@ def parse_gpus(stdout: str, rc: int) -> dict:
                 g["sources"]["compute_cap"] = "name"
     error = None
     if refused and not gpus:
-        error = f'nvidia-smi refused the field "{refused}" and no fallback listed GPUs'
+        error = (f"nvidia-smi exited {rc}: " if rc else "nvidia-smi: ") + \
+            f'Field "{refused}" is not a valid field to query, and no fallback listed GPUs'
     return {"count": len(gpus), "gpus": gpus, "source": source, "query_refused": refused,
             "gpu_errors": gpu_errors(gpus), "error": error}
 

@@ -56,7 +56,7 @@ def parse_table(text: str) -> dict:
         if opened:
             section, cur = opened, None
             continue
-        if section == "gpus":
+        if section in ("gpus", None):  # a pasted excerpt may start below the header
             m = _GPU_ROW.match(line)
             if m:
                 cur = {"index": int(m.group(1)), "name": m.group(2).strip(), "bus_id": m.group(4),
@@ -68,7 +68,7 @@ def parse_table(text: str) -> dict:
                     cur["memory_used_mib"], cur["memory_mib"] = int(mem.group(1)), int(mem.group(2))
                 cur["errors"] += [e for e in _markers(line) if e not in cur["errors"]]
             elif not line.startswith(("|", "+")):
-                section, cur = None, None  # the block ended (blank line, prompt)
+                section, cur = None, None  # the block ended (blank line, prompt, "[...]")
         elif section == "mig":
             m = _MIG_ROW.match(line)
             if m:
