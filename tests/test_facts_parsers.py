@@ -333,3 +333,10 @@ def test_query_used_memory_recorded():
                      "memory.used": "6671", "memory.total": "143771"}]
     apps = gpu.parse_query_csv(out("h200x1-smi-query-apps.txt")[0], ("pid", "process_name", "used_gpu_memory"))
     assert apps == [{"pid": "441", "process_name": "python3", "used_gpu_memory": "6662"}]
+
+
+def test_bus_id_the_query_lacks_comes_from_the_table():
+    q, rc = out("h200x2-smi-query-noheader-nounits.txt")  # recorded before bus ids were asked for
+    v = gpu.parse_gpus(q + "== k26ops: table\n" + out("h200x2-smi-table.txt")[0], rc)
+    assert [(g["bus_id"], g["sources"]["bus_id"], g["sources"]["name"]) for g in v["gpus"]] == \
+           [("00000000:00:06.0", "table", "query"), ("00000000:00:07.0", "table", "query")]
