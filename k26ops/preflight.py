@@ -71,6 +71,22 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
         return driver, None
 
 
+def gpu_health_check(facts: dict) -> Check:
+    """Fails on any GPU in an error state (ERR!, GPU requires reset, Unknown Error)
+    in the GPU query or nvidia-smi's table, naming its index and bus id."""
+    gpus = facts.get("gpus") or {}
+    bad = list(gpus.get("gpu_errors") or [])
+    seen = {g.get("index") for g in gpus.get("gpus") or [] if g.get("error")}
+    table = facts.get("nvidia_smi") or {}
+    bad += [line for g, line in zip([g for g in table.get("gpus") or [] if g.get("errors")],
+                                    table.get("gpu_errors") or []) if g["index"] not in seen]
+    if bad:
+        return Check("gpu_health", False, "; ".join(bad))
+    src = gpus.get("source")
+    how = f" (GPU values from {src})" if src and src != "query" else ""
+    return Check("gpu_health", True, f"no GPU reports an error{how}")
+
+
 def root_check(user: dict) -> Check:
     """Deploying writes /opt, /etc/systemd: commands must run as root."""
     if user.get("error") or "uid" not in user:
@@ -95,6 +111,7 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
         wanted = wanted if isinstance(wanted, str) else " or ".join(map(str, wanted))
         checks.append(Check("compute_capability", ok,
                             f"{', '.join(ccs) or 'none'}, expected {wanted}"))
+    checks.append(gpu_health_check(facts))
     driver, major = driver_version(facts)
     checks.append(Check("driver", major is not None and major >= int(e["min_driver"]),
                         f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"))

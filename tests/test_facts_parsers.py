@@ -21,6 +21,11 @@ def out(name):
 
 
 H200_UUIDS = ["GPU-c39fec64-dfe7-3a69-075c-0ab0f6a9f891", "GPU-2f1fd670-bf22-9227-5fb6-dcb37f0950d8"]
+BASE_KEYS = ("index", "name", "memory_mib", "driver_version", "compute_cap", "uuid")
+
+
+def base(g):
+    return {k: g[k] for k in BASE_KEYS}
 
 
 def test_manifest_lists_every_file_and_says_where_it_came_from():
@@ -37,8 +42,9 @@ def test_gpus_real_h200_every_csv_variant(name):
     assert v["error"] is None and v["count"] == 2
     assert [g["index"] for g in v["gpus"]] == [0, 1]
     for g, uuid in zip(v["gpus"], H200_UUIDS):
-        assert g == {"index": g["index"], "name": "NVIDIA H200", "memory_mib": 143771,
-                     "driver_version": "580.159.04", "compute_cap": "9.0", "uuid": uuid}
+        assert base(g) == {"index": g["index"], "name": "NVIDIA H200", "memory_mib": 143771,
+                           "driver_version": "580.159.04", "compute_cap": "9.0", "uuid": uuid}
+        assert g["error"] is None and set(g["sources"].values()) == {"query"}
 
 
 def test_gpus_real_single_gpu_selection():
@@ -78,7 +84,7 @@ def test_gpus_constructed_rtxpro6000():
 def test_gpus_constructed_na_and_spaces():
     v = gpu.parse_gpus(*out("constructed-query-na-spaces.txt"))
     assert v["count"] == 2
-    assert v["gpus"][0] == {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    assert base(v["gpus"][0]) == {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
                             "memory_mib": 97887, "driver_version": "580.95.05", "compute_cap": None, "uuid": None}
     assert v["gpus"][1]["memory_mib"] is None and v["gpus"][1]["compute_cap"] == "12.0"
 
@@ -187,3 +193,150 @@ def test_parsers_never_raise_on_garbage():
     for fact in FACTS.values():
         for text, rc in (("", 0), ("\x00\xff garbage\n,,,\n== \n", 1), ("a, b\n" * 3, 0)):
             fact.parse(text, rc)  # must return a value, not raise
+
+
+# --- every nvidia-smi layout (issue 17): tables with processes, MIG, failed GPUs, old drivers ---
+
+def table(name):
+    return gpu.parse_smi_header(*out(name))
+
+
+def test_table_with_a_processes_block_counts_only_gpus():
+    v = table("h200x1-smi-table-procs.txt")  # recorded with a torch process holding 6 GiB
+    assert [(g["index"], g["name"], g["bus_id"], g["memory_used_mib"], g["memory_mib"]) for g in v["gpus"]] == \
+           [(0, "NVIDIA H200", "00000000:00:06.0", 6671, 143771)]
+    assert v["processes"] == [{"gpu": 0, "gi": None, "ci": None, "pid": 441, "type": "C",
+                               "name": "python3", "memory_mib": 6662}]
+    assert v["gpu_names"] == ["NVIDIA H200"] and v["gpu_errors"] == []
+    old = table("pub-cfsworks-nvml-fix11-smi-table-396.txt")  # pre-MIG process columns
+    assert len(old["gpus"]) == 1 and old["gpus"][0]["memory_mib"] == 8114
+    assert [(p["pid"], p["type"], p["name"], p["memory_mib"]) for p in old["processes"]] == \
+           [(489, "G", "/usr/bin/X", 1025), (662, "G", "kwin_x11", 313), (668, "G", "/usr/bin/krunner", 3)]
+    v = table("pub-gpu-t121-smi-table-340.txt")  # driver 340: "Compute processes", short bus id
+    assert [(g["name"], g["bus_id"], g["memory_mib"]) for g in v["gpus"]] == [("GeForce 8400M GS", "0000:01:00.0", 127)]
+    assert v["processes"] == [] and v["driver_version"] == "340.108"
+
+
+def test_mig_devices_and_their_processes_are_not_gpus():
+    v = table("pub-go-nvml57-smi-table-mig-enabled.txt")
+    assert [(g["index"], g["name"], g["bus_id"]) for g in v["gpus"]] == \
+           [(0, "NVIDIA A100 80G...", "00000000:31:00.0"), (1, "NVIDIA A100 80G...", "00000000:B1:00.0")]
+    mig = gpu.parse_table(out("pub-nvitop8-smi-mig-devices.txt")[0])
+    assert mig["gpus"] == [] and [(m["gpu"], m["gi"], m["ci"], m["device"], m["memory_used_mib"], m["memory_mib"], m["sm"])
+                                  for m in mig["mig_devices"]] == [(1, 3, 0, 0, 14366, 19968, 28), (1, 5, 0, 1, 9826, 19968, 28),
+                                                                   (1, 6, 0, 2, 13, 19968, 28)]
+    procs = gpu.parse_table(out("pub-nvitop8-smi-processes-mig.txt")[0])
+    assert procs["gpus"] == [] and len(procs["processes"]) == 7
+    assert procs["processes"][2] == {"gpu": 1, "gi": "3", "ci": "0", "pid": 34965, "type": "C",
+                                     "name": "python", "memory_mib": 14195}
+    both = gpu.parse_smi_header(out("pub-go-nvml57-smi-table-mig-enabled.txt")[0] + "\n"
+                                + out("pub-nvitop8-smi-mig-devices.txt")[0] + "\n"
+                                + out("pub-nvitop8-smi-processes-mig.txt")[0], 0)
+    assert len(both["gpus"]) == 2 and len(both["mig_devices"]) == 3 and len(both["processes"]) == 7
+
+
+def test_err_gpu_is_an_error_naming_index_and_bus_id():
+    v = table("pub-gpu-operator559-smi-table-err.txt")
+    assert [(g["index"], g["name"], g["errors"]) for g in v["gpus"]] == [(0, "ERR!", ["ERR!"]), (1, "NVIDIA A40", [])]
+    assert v["gpu_errors"] == ["GPU 0 (00000000:19:00.0): ERR! in nvidia-smi's table"]
+    fan = table("pub-nvidia-gpu-exporter393-smi-table-err-fan.txt")  # excerpt below the header
+    assert [g["index"] for g in fan["gpus"]] == [13, 14]
+    assert fan["gpu_errors"] == ["GPU 14 (00000000:CC:00.0): ERR! in nvidia-smi's table"]
+    from k26ops import preflight
+    c = preflight.gpu_health_check({"gpus": {"gpus": [], "gpu_errors": []}, "nvidia_smi": v})
+    assert not c.ok and c.detail == "GPU 0 (00000000:19:00.0): ERR! in nvidia-smi's table"
+
+
+def test_gpus_fact_merges_the_table_errors():
+    refused_free = "0, [Unknown Error], 46068, 525.125.06, [Unknown Error], GPU-x, 00000000:19:00.0\n"  # CONSTRUCTED row
+    v = gpu.parse_gpus(refused_free + "== k26ops: table\n" + out("pub-gpu-operator559-smi-table-err.txt")[0], 0)
+    assert v["count"] == 1 and v["gpu_errors"] == \
+           ["GPU 0 (00000000:19:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table"]
+
+
+def test_refused_compute_cap_falls_back_to_the_table_with_sources():
+    refused, rc = out("pub-inference-snaps128-query-compute-cap-refused.txt")
+    for code in (rc, 0):  # rc 0 must not make a phantom GPU either
+        v = gpu.parse_gpus(refused, code)
+        assert v["count"] == 0 and v["gpus"] == [] and v["query_refused"] == "compute_cap" and v["error"]
+    v = gpu.parse_gpus(refused + "== k26ops: table\n" + out("pub-cfsworks-nvml-fix11-smi-table-396.txt")[0], rc)
+    assert v["error"] is None and v["count"] == 1 and v["source"] == "table"
+    g = v["gpus"][0]
+    assert (g["name"], g["memory_mib"], g["driver_version"], g["bus_id"]) == \
+           ("GeForce GTX 1070", 8114, "396.24", "00000000:24:00.0")
+    assert g["compute_cap"] is None and "compute_cap" not in g["sources"]  # not in the name table: unknown
+    assert g["sources"] == {"index": "table", "name": "table", "memory_mib": "table", "bus_id": "table",
+                            "driver_version": "table"}
+    v = gpu.parse_gpus(refused + "== k26ops: table\n" + out("pub-go-nvml57-smi-table-mig-enabled.txt")[0], rc)
+    assert v["count"] == 2 and {(g["compute_cap"], g["sources"]["compute_cap"]) for g in v["gpus"]} == {("8.0", "name")}
+
+
+def test_refused_query_uses_the_query_without_compute_cap():
+    refused, rc = out("pub-inference-snaps128-query-compute-cap-refused.txt")
+    fallback = out("h200x2-smi-query-noheader-nounits.txt")[0].replace(", 9.0,", ",")  # recorded rows minus compute_cap
+    v = gpu.parse_gpus(refused + "== k26ops: query without compute_cap\n" + fallback, rc)
+    assert v["count"] == 2 and v["source"] == "query_no_cc"
+    assert [(g["name"], g["memory_mib"], g["uuid"], g["compute_cap"]) for g in v["gpus"]] == \
+           [("NVIDIA H200", 143771, u, "9.0") for u in H200_UUIDS]
+    assert v["gpus"][0]["sources"]["name"] == "query_no_cc" and v["gpus"][0]["sources"]["compute_cap"] == "name"
+
+
+@pytest.mark.parametrize("name,cc", [("NVIDIA H200", "9.0"), ("NVIDIA A100-SXM...", "8.0"), ("NVIDIA A100 80G...", "8.0"),
+                                     ("NVIDIA RTX PRO 6000 Blackw...", "12.0"), ("NVIDIA H20", "9.0"),
+                                     ("NVIDIA H20...", None), ("NVIDIA RTX 4000 Ada Gene...", None), ("ERR!", None),
+                                     ("NVIDIA A10G", None), ("GeForce GTX 1070", None), (None, None)])
+def test_compute_cap_from_name_only_where_unambiguous(name, cc):
+    from k26ops.facts import compute_cap
+    assert compute_cap.from_name(name) == cc
+
+
+@pytest.mark.parametrize("name,gpus,migs", [("pub-datadog33120-smi-L-mig.txt", 1, 7), ("pub-telegraf5812-smi-L-mig.txt", 4, 4),
+                                            ("pub-gpu-burn36-smi-L-8gpu.txt", 8, 0), ("h200x1-smi-L.txt", 1, 0),
+                                            ("h200x2-smi-L.txt", 2, 0)])
+def test_list_real(name, gpus, migs):
+    v = gpu.parse_gpu_list(*out(name))
+    assert v["error"] is None and (v["count"], v["mig_count"]) == (gpus, migs)
+    assert all(g["uuid"].startswith("GPU-") and all(m["uuid"].startswith("MIG-") for m in g["mig"]) for g in v["gpus"])
+
+
+def test_list_mig_lines_belong_to_their_gpu():
+    v = gpu.parse_gpu_list(*out("pub-telegraf5812-smi-L-mig.txt"))
+    assert v["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB" and v["gpus"][0]["mig"][3] == \
+           {"profile": "1g.20gb", "device": 3, "uuid": "MIG-930574a9-d43a-5d2b-95da-3e68384c8d6b"}
+    assert [len(g["mig"]) for g in v["gpus"]] == [4, 0, 0, 0]
+    assert gpu.parse_gpu_list(*out("constructed-nvml-mismatch.txt"))["error"].startswith("Failed to initialize NVML")
+
+
+def test_topology_space_separated_real():
+    v = gpu.parse_topology(*out("pub-k8s53497-topo-m-spaces.txt"))
+    assert v["interconnect"] == "pcie" and v["gpus"] == [f"GPU{i}" for i in range(5)]
+    assert v["links"]["GPU0-GPU1"] == "PIX" and v["links"]["GPU3-GPU4"] == "SYS"
+    assert v["matrix"]["GPU4"]["mlx4_0"] == "SYS" and v["matrix"]["GPU4"]["CPU Affinity"] == "10-19,30-39"
+    v = gpu.parse_topology(*out("pub-deepep128-topo-m-spaces.txt"))
+    assert v["interconnect"] == "pcie" and len(v["gpus"]) == 6
+    assert v["matrix"]["GPU4"]["NIC4"] == "PIX" and v["matrix"]["GPU4"]["NUMA Affinity"] == "1"
+    assert v["matrix"]["GPU5"]["CPU Affinity"] == "56-111,168-223" and v["matrix"]["GPU5"]["GPU NUMA ID"] == "N/A"
+    v = gpu.parse_topology(*out("pub-nccl-tests78-topo-m-spaces.txt"))
+    assert v["interconnect"] == "nvlink" and len(v["links"]) == 6 and set(v["links"].values()) == {"NV6"}
+    assert v["matrix"]["GPU3"]["mlx5_1"] == "PIX"
+
+
+def test_topology_single_gpu_recorded():
+    v = gpu.parse_topology(*out("h200x1-smi-topo-m.txt"))
+    assert v["interconnect"] is None and v["gpus"] == ["GPU0"] and v["matrix"]["GPU0"]["CPU Affinity"] == "0-15"
+
+
+def test_query_used_memory_recorded():
+    rows = gpu.parse_query_csv(out("h200x1-smi-query-used.txt")[0],
+                               ("index", "name", "pci.bus_id", "memory.used", "memory.total"))
+    assert rows == [{"index": "0", "name": "NVIDIA H200", "pci.bus_id": "00000000:00:06.0",
+                     "memory.used": "6671", "memory.total": "143771"}]
+    apps = gpu.parse_query_csv(out("h200x1-smi-query-apps.txt")[0], ("pid", "process_name", "used_gpu_memory"))
+    assert apps == [{"pid": "441", "process_name": "python3", "used_gpu_memory": "6662"}]
+
+
+def test_bus_id_the_query_lacks_comes_from_the_table():
+    q, rc = out("h200x2-smi-query-noheader-nounits.txt")  # recorded before bus ids were asked for
+    v = gpu.parse_gpus(q + "== k26ops: table\n" + out("h200x2-smi-table.txt")[0], rc)
+    assert [(g["bus_id"], g["sources"]["bus_id"], g["sources"]["name"]) for g in v["gpus"]] == \
+           [("00000000:00:06.0", "table", "query"), ("00000000:00:07.0", "table", "query")]

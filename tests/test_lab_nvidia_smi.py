@@ -110,3 +110,47 @@ def test_h200_profile_reproduces_the_recorded_formats():
     power = re.compile(r"\d+W /")  # the recorded table's power draw differs by GPU
     mine, real = smi(**env)[0].splitlines()[1:], recorded("smi-table").splitlines()[1:]
     assert [power.sub("W /", l) for l in mine] == [power.sub("W /", l) for l in real]
+
+
+def gpus_fact(**env):
+    """The gpus fact's real command run with /bin/sh, this fixture as nvidia-smi."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_LAB_")}
+    e.update(env, PATH=f"{FIXTURE.parent}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run(["/bin/sh", "-c", gpu.GPU_COMMAND], capture_output=True, text=True, env=e, timeout=60)
+    return gpu.parse_gpus(p.stdout, p.returncode), p.stdout
+
+
+def test_err_gpu_mode_fails_one_gpu_in_query_and_table():
+    v, raw = gpus_fact(K26OPS_LAB_NVIDIA_SMI="err-gpu", K26OPS_LAB_ERR_GPU="5")
+    assert "== k26ops: table" in raw and v["count"] == 8 and v["source"] == "query"
+    assert v["gpu_errors"] == ["GPU 5 (00000000:AB:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table"]
+    t = gpu.parse_smi_header(*smi(K26OPS_LAB_NVIDIA_SMI="err-gpu", K26OPS_LAB_ERR_GPU="5"))
+    assert [g["name"] for g in t["gpus"]].count("ERR!") == 1 and t["gpus"][5]["name"] == "ERR!"
+    ok, raw = gpus_fact()
+    assert "== k26ops:" not in raw and ok["gpu_errors"] == [] and ok["count"] == 8  # a clean query runs nothing more
+
+
+def test_old_driver_mode_falls_back_and_says_so():
+    text, rc = smi(f"--query-gpu={Q}", "--format=csv", K26OPS_LAB_NVIDIA_SMI="old-driver")
+    assert (text, rc) == ('Field "compute_cap" is not a valid field to query.\n\n', 2)
+    v, raw = gpus_fact(K26OPS_LAB_NVIDIA_SMI="old-driver")
+    assert v["error"] is None and v["count"] == 8 and v["source"] == "query_no_cc" and v["query_refused"] == "compute_cap"
+    g = v["gpus"][0]
+    assert (g["name"], g["memory_mib"], g["compute_cap"]) == ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0")
+    assert g["sources"]["memory_mib"] == "query_no_cc" and g["sources"]["compute_cap"] == "name"
+
+
+def test_check_on_a_lab_host_with_a_failed_gpu_names_it(scratch_lab):
+    from labtools import k26ops, k26ops_json, lab_ssh
+
+    port = scratch_lab.base_port
+    res = lab_ssh(scratch_lab.dir, port, "mkdir -p /etc/k26ops-lab && printf 'K26OPS_LAB_NVIDIA_SMI=err-gpu\\n"
+                                         "K26OPS_LAB_ERR_GPU=2\\n' > /etc/k26ops-lab/nvidia-smi.env")
+    assert res.returncode == 0, res.stderr
+    rc, data = k26ops_json("check", env=scratch_lab.env())
+    assert rc == 1, data
+    err = data["hosts"]["lab1"]["error"]
+    assert "gpu_health: GPU 2 (00000000:3A:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table" in err
+    assert "gpus: " not in err  # still 8 GPUs: the failed one is named, not lost
+    proc = k26ops("check", env=scratch_lab.env())
+    assert proc.returncode == 1 and "GPU 2 (00000000:3A:00.0)" in proc.stdout + proc.stderr

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 
+from k26ops.facts import compute_cap
 from k26ops.facts.base import Fact, command_missing, first_line, safe, strip_ansi
+from k26ops.facts.smi_table import parse_list, parse_table
 
 GPU_FIELDS = ("index", "name", "memory.total", "driver_version", "compute_cap", "uuid")
 NA_VALUES = {"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", ""}
@@ -39,9 +41,8 @@ def _value(raw: str):
     return m.group(1) if m else v
 
 
-def parse_query_csv(stdout: str, fields=GPU_FIELDS) -> list[dict]:
-    """Rows of `--query-gpu=... --format=csv[,noheader][,nounits]` as dicts keyed by field."""
-    rows = []
+def _query_rows(stdout: str, fields):
+    """(row dict, raw cells) per data line of a --query-gpu CSV."""
     for line in stdout.splitlines():
         if not line.strip():
             continue
@@ -52,8 +53,12 @@ def parse_query_csv(stdout: str, fields=GPU_FIELDS) -> list[dict]:
             extra = len(cells) - len(fields)
             i = fields.index("name") if "name" in fields else 0
             cells[i:i + extra + 1] = [", ".join(cells[i:i + extra + 1])]
-        rows.append({f: _value(c) for f, c in zip(fields, cells)})
-    return rows
+        yield {f: _value(c) for f, c in zip(fields, cells)}, cells
+
+
+def parse_query_csv(stdout: str, fields=GPU_FIELDS) -> list[dict]:
+    """Rows of `--query-gpu=... --format=csv[,noheader][,nounits]` as dicts keyed by field."""
+    return [row for row, _ in _query_rows(stdout, fields)]
 
 
 def _num(v, kind=int):
@@ -63,19 +68,130 @@ def _num(v, kind=int):
         return None
 
 
+QUERY_FIELDS = GPU_FIELDS + ("pci.bus_id",)  # bus id last: older recordings parse positionally
+FALLBACK_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
+SECTION = "== k26ops: "
+FALLBACK_SECTION, TABLE_SECTION = "query without compute_cap", "table"
+_REFUSED = re.compile(r'Field "([^"]+)" is not a valid field to query')
+_QUERY_ERRORS = ("[Unknown Error]", "[GPU requires reset]", "ERR!")
+
+
+def refused_field(stdout: str) -> str | None:
+    """The field an older nvidia-smi refused (whatever its exit code), else None."""
+    m = _REFUSED.search(stdout)
+    return m.group(1) if m else None
+
+
+def split_sections(stdout: str) -> dict[str, str]:
+    """The gpus command's output by section: "query" first, then "== k26ops: <title>" ones."""
+    out, name, buf = {}, "query", []
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith(SECTION):
+            out[name] = "".join(buf)
+            name, buf = line[len(SECTION):].strip(), []
+        else:
+            buf.append(line)
+    out[name] = "".join(buf)
+    return out
+
+
+def _from_query(text: str, fields, source: str) -> list[dict]:
+    gpus = []
+    for row, raw in _query_rows(text, fields):
+        g = {"index": _num(row.get("index")), "name": row.get("name"),
+             "memory_mib": _num(row.get("memory.total")), "driver_version": row.get("driver_version"),
+             "compute_cap": row.get("compute_cap"), "uuid": row.get("uuid"), "bus_id": row.get("pci.bus_id")}
+        g["sources"] = {k: source for k, v in g.items() if v is not None}
+        bad = sorted({e for e in _QUERY_ERRORS for c in raw if c == e})
+        g["error"] = f"{', '.join(bad)} in the GPU query" if bad else None
+        gpus.append(g)
+    return gpus
+
+
+def _from_table(table: dict, text: str) -> list[dict]:
+    m = re.search(_HEADER_RES["driver_version"], text)
+    driver = m.group(1) if m else None
+    return [{"index": t["index"], "name": t["name"], "memory_mib": t["memory_mib"], "driver_version": driver,
+             "compute_cap": None, "uuid": None, "bus_id": t["bus_id"],
+             "sources": {k: "table" for k in ("index", "name", "memory_mib", "bus_id") if t[k] is not None}
+             | ({"driver_version": "table"} if driver else {}),
+             "error": None} for t in table["gpus"]]
+
+
+def _merge_table(gpus: list[dict], table: dict) -> None:
+    """Bus ids the query lacked, and the table's error markers, onto the GPUs by index."""
+    by_index = {t["index"]: t for t in table["gpus"]}
+    for g in gpus:
+        t = by_index.get(g["index"])
+        if not t:
+            continue
+        if g.get("bus_id") is None and t["bus_id"]:
+            g["bus_id"], g["sources"]["bus_id"] = t["bus_id"], "table"
+        if t["errors"]:
+            why = f"{', '.join(t['errors'])} in nvidia-smi's table"
+            g["error"] = f"{g['error']}; {why}" if g["error"] else why
+
+
+def gpu_errors(gpus: list[dict]) -> list[str]:
+    """One line per failed GPU, naming its index and bus id."""
+    return [f"GPU {g.get('index')} ({g.get('bus_id') or 'bus id unknown'}): {g['error']}"
+            for g in gpus if g.get("error")]
+
+
 @safe
 def parse_gpus(stdout: str, rc: int) -> dict:
-    """{"count", "gpus": [{index, name, memory_mib, driver_version, compute_cap, uuid}], "error"}."""
-    err = nvidia_smi_error(stdout, rc)
+    """{"count", "gpus": [{index, name, memory_mib, driver_version, compute_cap, uuid, bus_id,
+    error, sources}], "source", "query_refused", "gpu_errors", "error"}.
+
+    `stdout` is the gpus command's: the query, and where it was refused or
+    showed an error, a query without compute_cap and the plain table
+    (sections). `sources` says which of "query", "query_no_cc", "table" or
+    "name" (compute capability from a known GPU name) gave each value.
+    """
+    secs = split_sections(stdout)
+    refused = refused_field(secs["query"])
+    err = None if refused else nvidia_smi_error(secs["query"], rc)
     if err:
         return {"count": 0, "gpus": [], "error": err}
-    gpus = []
-    for r in parse_query_csv(stdout):
-        gpus.append({"index": _num(r.get("index")), "name": r.get("name"),
-                     "memory_mib": _num(r.get("memory.total")),
-                     "driver_version": r.get("driver_version"),
-                     "compute_cap": r.get("compute_cap"), "uuid": r.get("uuid")})
-    return {"count": len(gpus), "gpus": gpus, "error": None}
+    table = parse_table(secs[TABLE_SECTION]) if TABLE_SECTION in secs else None
+    gpus, source = ([], None) if refused else (_from_query(secs["query"], QUERY_FIELDS, "query"), "query")
+    fallback = secs.get(FALLBACK_SECTION, "")
+    if refused and fallback and not refused_field(fallback) and not nvidia_smi_error(fallback, 0):
+        gpus, source = _from_query(fallback, FALLBACK_FIELDS, "query_no_cc"), "query_no_cc"
+    if not gpus and table and table["gpus"]:
+        gpus, source = _from_table(table, secs[TABLE_SECTION]), "table"
+    if table:
+        _merge_table(gpus, table)
+    for g in gpus:
+        if g["compute_cap"] is None and source != "query":
+            g["compute_cap"] = compute_cap.from_name(g["name"])
+            if g["compute_cap"]:
+                g["sources"]["compute_cap"] = "name"
+    error = None
+    if refused and not gpus:
+        error = (f"nvidia-smi exited {rc}: " if rc else "nvidia-smi: ") + \
+            f'Field "{refused}" is not a valid field to query, and no fallback listed GPUs'
+    return {"count": len(gpus), "gpus": gpus, "source": source, "query_refused": refused,
+            "gpu_errors": gpu_errors(gpus), "error": error}
+
+
+_MULTIWORD = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+def _topo_cells(line: str, is_header: bool) -> list[str]:
+    """A matrix line's cells: split on tabs, or where tabs became spaces (logs,
+    pasted reports) on runs of whitespace, keeping the header's multi-word
+    column names whole. Rows then lose the empty cell before "GPU NUMA ID"
+    just as the header has none, so header and row cells stay aligned."""
+    if "\t" in line:
+        return [c.strip() for c in line.split("\t")]
+    words = line.split()
+    if not is_header:
+        return words
+    text = " ".join(words)
+    for name in _MULTIWORD:
+        text = text.replace(name, name.replace(" ", "\x00"))
+    return [""] + [w.replace("\x00", " ") for w in text.split()]
 
 
 @safe
@@ -96,7 +212,7 @@ def parse_topology(stdout: str, rc: int) -> dict:
             if header and matrix:
                 break  # the legend follows a blank line
             continue
-        cells = [c.strip() for c in line.split("\t")]
+        cells = _topo_cells(line, header is None)
         if header is None:
             if any(re.fullmatch(r"GPU\d+", c) for c in cells):
                 header = cells
@@ -126,7 +242,8 @@ def parse_smi_header(stdout: str, rc: int) -> dict:
     """Driver and CUDA version from the plain `nvidia-smi` table header.
 
     Before driver 610: `Driver Version:` / `CUDA Version:`; from 610:
-    `KMD Version:` / `CUDA UMD Version:`. Also the GPU names the table shows.
+    `KMD Version:` / `CUDA UMD Version:`. Also the table's GPUs (with error
+    markers), MIG devices and processes (smi_table.parse_table).
     """
     err = nvidia_smi_error(stdout, rc)
     if err:
@@ -136,15 +253,43 @@ def parse_smi_header(stdout: str, rc: int) -> dict:
         m = re.search(pat, stdout)
         out[key] = m.group(1) if m and m.group(1) not in ("N/A",) else None
     out["header_style"] = "kmd" if "KMD Version" in stdout else "driver"
-    out["gpu_names"] = re.findall(r"^\|\s+\d+\s+(.+?)\s{2,}\S+\s*\|", stdout, re.M)
+    table = parse_table(stdout)
+    out["gpu_names"] = [g["name"] for g in table["gpus"]]
+    out.update(table)
+    out["gpu_errors"] = gpu_errors([dict(g, error=f"{', '.join(g['errors'])} in nvidia-smi's table")
+                                    for g in table["gpus"] if g["errors"]])
     if out["driver_version"] is None:
         out["error"] = "no driver version in nvidia-smi output: " + first_line(stdout)[:200]
     return out
 
 
-GPU_QUERY = "nvidia-smi --query-gpu=" + ",".join(GPU_FIELDS) + " --format=csv,noheader,nounits 2>&1"
+def _query(fields) -> str:
+    return "nvidia-smi --query-gpu=" + ",".join(fields) + " --format=csv,noheader,nounits 2>&1"
+
+
+# The query; where nvidia-smi refused a field (older than compute_cap) also the
+# query without it; where it refused or showed an error, also the plain table.
+GPU_COMMAND = (
+    f'q=$({_query(QUERY_FIELDS)}); rc=$?; printf "%s\\n" "$q"; '
+    f'case "$q" in *"not a valid field"*) echo "{SECTION}{FALLBACK_SECTION}"; {_query(FALLBACK_FIELDS)};; esac; '
+    'case "$q" in *"not a valid field"*|*"ERR!"*|*Error*|*"requires reset"*) '
+    f'echo "{SECTION}{TABLE_SECTION}"; nvidia-smi 2>&1;; esac; exit $rc'
+)
+
+
+@safe
+def parse_gpu_list(stdout: str, rc: int) -> dict:
+    """`nvidia-smi -L`: {"gpus": [{index, name, uuid, mig: [...]}], "count", "mig_count", "error"}."""
+    err = nvidia_smi_error(stdout, rc)
+    if err:
+        return {"gpus": [], "count": 0, "mig_count": 0, "error": err}
+    out = parse_list(stdout)
+    return {**out, "count": len(out["gpus"]), "error": None}
+
+
 FACTS = {
-    "gpus": Fact("gpus", GPU_QUERY, parse_gpus),
+    "gpus": Fact("gpus", GPU_COMMAND, parse_gpus),
+    "gpu_list": Fact("gpu_list", "nvidia-smi -L 2>&1", parse_gpu_list),
     "gpu_topology": Fact("gpu_topology", "nvidia-smi topo -m 2>&1", parse_topology),
     "nvidia_smi": Fact("nvidia_smi", "nvidia-smi 2>&1", parse_smi_header),
 }
