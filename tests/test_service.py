@@ -287,6 +287,20 @@ def test_a_failed_request_from_a_living_engine_says_so(lab, engine):
     assert ssh(lab, bad, f"systemctl is-active {UNIT}").strip() == "active"
 
 
+def test_a_previous_engine_that_dies_after_the_rollback_is_named_too(lab, engine):
+    bad = engine["names"][0]
+    deploy(inventory(engine, "base"))
+    # the running engine's env file changed behind k26ops' back: it would die on its next start
+    ssh(lab, bad, f"echo K26OPS_STANDIN_CRASH=load >> {ENV_FILE}")
+    crash = {"engine_env": {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "none-field"}}
+    res, _ = deploy(inventory(engine, "twice", **{bad: crash}))
+    r = res[bad]
+    assert r.status == "failed" and "cuda-graph-none-field" in r.error
+    assert "the previous engine crashed too" in r.error and "weight-file-corrupt" in r.error, r.error
+    res, _ = deploy(inventory(engine, "base"))  # the inventory's env file again: healthy
+    assert res[bad].status == "changed", res[bad].error
+
+
 def test_canary_failure_stops_the_rollout(lab, engine):
     names = engine["names"]
     res, _ = deploy(inventory(engine, "base"))

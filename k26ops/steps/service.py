@@ -309,7 +309,9 @@ def rollback(ctx: HostContext, svc: dict) -> str:
             what = "unit, env file" + (" and release" if prev else "")
             return f"rolled back the {what}; the previous engine is healthy again"
         if r["state"] == "crashed":
-            return "rolled back, but the previous engine crashed too"
+            d, _msg, _tail = name_crash(ctx, svc, r, "after the rollback")
+            return (f"rolled back, but the previous engine crashed too ({r['why']}): {d.signature}"
+                    + (f": {d.evidence[:200]}" if d.evidence else ""))
     return "rolled back, but the previous engine is not healthy yet"
 
 
