@@ -179,12 +179,18 @@ def test_runner_prefixes(raw, text, rank):
 
 
 def test_logger_error_level_makes_a_line_an_error():
-    """vLLM's ERROR prefix counts when the message itself has no error word."""
-    d = classify("INFO 11-27 13:59:30 api_server.py:100] Starting\n"
-                 "ERROR 11-27 13:59:36 api_server.py:188] RPCServer process died before responding "
-                 "to readiness probe\n")
-    assert d.signature == "unclassified" and d.error_found and d.line == 2
-    assert d.evidence.startswith("RPCServer process died")
+    """vLLM's ERROR prefix counts when the message itself has no error word; an echo
+    (real, QwenLM/Qwen3-VL#559) is shown only when nothing else is there."""
+    echo = ("ERROR 11-27 13:59:36 api_server.py:188] RPCServer process died before responding "
+            "to readiness probe")
+    # CONSTRUCTED: a message without an error word, only the logger says ERROR
+    own = "(VllmWorker rank=1 pid=7) ERROR 06-05 06:18:13 [multiproc_executor.py:470] Worker 1 is gone"
+    head = "INFO 11-27 13:59:30 api_server.py:100] Starting\n"
+    d = classify(head + echo + "\n" + own + "\n")
+    assert (d.signature, d.error_found, d.line, d.evidence) == ("unclassified", True, 3, "Worker 1 is gone")
+    assert d.rank == "rank1"
+    d = classify(head + echo + "\n")
+    assert d.error_found and d.line == 2 and d.evidence.startswith("RPCServer process died")
 
 
 def test_record_continuation_lines_inherit_rank():

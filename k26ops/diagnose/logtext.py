@@ -17,14 +17,15 @@ RANK_TOKEN = r"(?:ATTN_DP|ATTN_TP|MOE_DP|MOE_EP|DP|TP|EP|PP|CP|DCP)\d+"
 # Prefixes that carry no rank, tried repeatedly at the start of a line.
 _PLAIN_PREFIXES = [
     # journald short / short-precise: "Nov 29 10:00:00 host unit[123]: "
-    re.compile(r"^[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\S+\s+[^\s:\[]+(?:\[\d+\])?:\s?"),
-    # journald short-iso(-precise): "2026-11-30T09:14:02+0000 host unit[123]: "
+    # journald short(-precise) "Nov 29 10:00:00 host unit[123]: ", short-unix "1764494042.123456 host
+    # unit[123]: ", short-full "Sun 2026-11-30 09:14:02 UTC host unit[123]: "
+    re.compile(r"^(?:[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d(?:\.\d+)?|\d{9,11}\.\d+|"
+               r"[A-Z][a-z]{2}\s+\d{4}-\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+[A-Z]{2,5})"
+               r"\s+\S+\s+[^\s:\[]+(?:\[\d+\])?:\s?"),
+    # journald short-iso(-precise): "2026-11-30T09:14:02+0000 host unit[123]: " (the pid is
+    # required: without it a kubectl --timestamps line would look the same)
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+\S+\s+"
                r"[^\s:\[]+\[\d+\]:\s?"),
-    # journald short-unix: "1764494042.123456 host unit[123]: "; short-full: "Sun 2026-11-30 09:14:02 UTC host unit[1]: "
-    re.compile(r"^\d{9,11}\.\d+\s+\S+\s+[^\s:\[]+(?:\[\d+\])?:\s?"),
-    re.compile(r"^[A-Z][a-z]{2}\s+\d{4}-\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+[A-Z]{2,5}\s+\S+\s+"
-               r"[^\s:\[]+(?:\[\d+\])?:\s?"),
     # kubectl logs --prefix: "[pod/engine-0/sglang] "
     re.compile(r"^\[pod/[^\]/\s]+/[^\]\s]+\]\s?"),
     # CI runners (Buildkite): "[2025-12-13T19:54:35Z] "

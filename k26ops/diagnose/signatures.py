@@ -258,7 +258,7 @@ GRAPH_HINTS = re.compile(
     r"_grouped_foreach_copy_|cuda_graph|graph_runner|CudaGraph|GraphRunner|"
     r"populate_from_forward_batch|fill_from|copy_slots|init_device_graphs|"
     r"init_cuda_graphs|capture_one|can_run_graph|cuda graph|\breplay\w*|\bcapture\w*|"
-    r"graph\.replay|torch\.cuda\.graph|Piecewise\s+CUDA\s+Graph|cudagraph", re.IGNORECASE)
+    r"graph\.replay|torch\.cuda\.graph", re.IGNORECASE)
 CAPTURE_BANNER = re.compile(r"Capture\s+(?:prefill\s+)?(?:cuda|CUDA)\s+graph\s+failed:\s*",
                             re.IGNORECASE)
 
