@@ -53,14 +53,17 @@ def _finite(param, value):
               help="Seconds to wait for a host's SSH connection.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust-on-first-use: record unknown host keys (changed keys are always refused).")
+@click.option("--strict", is_flag=True,
+              help="An inventory variable k26ops does not read is an error (exit 2), not a warning.")
 @click.option("--lab-dir", metavar="DIR", envvar="K26OPS_LAB_DIR", hidden=True)
 @click.pass_context
 def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeout,
-        accept_new_host_keys, lab_dir):
+        accept_new_host_keys, strict, lab_dir):
     """Deploy, baseline, roll back and diagnose a TP8 DDTree SGLang engine over SSH."""
     ctx.obj = Settings(inventory=inventory, limit=limit, as_json=as_json, verbose=verbose,
                        lab_dir=lab_dir, forks=forks, deadline=deadline,
-                       connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+                       connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
+                       strict=strict)
 
 
 def _register() -> None:
@@ -88,7 +91,7 @@ def _register() -> None:
 _register()
 
 
-GLOBAL_FLAGS = {"--json", "-v", "-vv", "-vvv", "--verbose", "--accept-new-host-keys"}
+GLOBAL_FLAGS = {"--json", "-v", "-vv", "-vvv", "--verbose", "--accept-new-host-keys", "--strict"}
 
 
 def hoist_global_flags(args: list[str]) -> list[str]:
