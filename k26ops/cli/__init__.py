@@ -41,7 +41,7 @@ def _finite(param, value):
 @click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="k26ops")
 @click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
-              help="Inventory YAML (default: $K26OPS_INVENTORY, else the running lab's).")
+              help="Inventory YAML (default: $K26OPS_INVENTORY, else the config file's, else the running lab's).")
 @click.option("--limit", "-l", metavar="HOST[,HOST]", help="Only these hosts or groups.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
@@ -64,6 +64,33 @@ def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeou
                        lab_dir=lab_dir, forks=forks, deadline=deadline,
                        connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
                        strict=strict)
+    _apply_config(ctx, ctx.obj)
+
+
+_FLAGS = {"inventory": "--inventory", "forks": "--forks", "deadline": "--deadline",
+          "connect_timeout": "--connect-timeout"}
+
+
+def _apply_config(ctx, settings: Settings) -> None:
+    """Fill what no flag or environment variable set from the config file; record
+    where each setting came from (`k26ops config show`)."""
+    from click.core import ParameterSource
+
+    from k26ops import config
+
+    conf = config.load()
+    for name, flag in _FLAGS.items():
+        source = ctx.get_parameter_source(name)
+        if source == ParameterSource.COMMANDLINE:
+            settings.sources[name] = flag
+        elif source == ParameterSource.ENVIRONMENT:
+            settings.sources[name] = "env K26OPS_INVENTORY"
+        elif name in conf:
+            value = conf[name]
+            setattr(settings, name, str(value) if name == "inventory" else value)
+            settings.sources[name] = f"config {config.config_path()}"
+        else:
+            settings.sources[name] = "default"
 
 
 def _register() -> None:
@@ -86,6 +113,9 @@ def _register() -> None:
     from k26ops.cli import selftest
 
     cli.add_command(selftest.selftest_cmd)
+    from k26ops.cli import config
+
+    cli.add_command(config.group)
 
 
 _register()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -24,6 +24,7 @@ class Settings:
     accept_new_host_keys: bool = False
     strict: bool = False  # unknown inventory variables are an error
     warnings: tuple = ()  # the loaded inventory's warnings, for --json output
+    sources: dict = field(default_factory=dict)  # setting -> "--forks", "config PATH", "default"...
 
     @property
     def lab_path(self) -> Path:

@@ -41,7 +41,7 @@ def _ago(seconds: float | None) -> str:
 @click.command(name="status")
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
 @click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-              help="Baselines repository to compare with (default: $K26OPS_BASELINES, else ./baselines).")
+              help="Baselines repository to compare with (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
 @click.pass_obj
 def status_cmd(settings, unit, baselines_dir):
     """Per host: engine unit state, health, release, uptime, model, last restart;
