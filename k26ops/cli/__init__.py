@@ -116,6 +116,10 @@ def _register() -> None:
     from k26ops.cli import config
 
     cli.add_command(config.group)
+    from k26ops.cli import globalopts
+
+    for command in cli.commands.values():
+        globalopts.attach(command)
 
 
 _register()

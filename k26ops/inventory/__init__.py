@@ -47,8 +47,9 @@ def load(path: Path | str, ssh_config: Path | str | None | bool = True) -> Inven
     _secret_policy(hosts)
     groups = {g: graph.group_hosts(g) for g in graph.groups}
     children = {g: list(node.children) for g, node in graph.groups.items()}
+    members = {g: list(node.hosts) for g, node in graph.groups.items()}
     return Inventory(path=path, hosts=hosts, groups=groups, warnings=warnings, shape=shape,
-                     children=children, unknown_vars=unknown)
+                     children=children, members=members, unknown_vars=unknown)
 
 
 def _secret_policy(hosts: dict) -> None:

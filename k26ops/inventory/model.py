@@ -33,6 +33,7 @@ class Inventory:
     warnings: list[str] = field(default_factory=list)
     shape: str = "native"  # or "ansible"
     children: dict[str, list[str]] = field(default_factory=dict)
+    members: dict[str, list[str]] = field(default_factory=dict)  # group -> its own hosts, in order
     unknown_vars: list[str] = field(default_factory=list)  # also in warnings (k26ops.inventory.variables)
 
     def check_strict(self, strict: bool) -> None:
