@@ -154,6 +154,7 @@ def test_every_command_takes_the_global_options_in_its_own_place():
         opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
         assert {"-i", "-l", "--json", "-v", "--forks"} <= opts, (path, opts)
         assert "-f" in opts, path
+        assert ("--check" in opts) == ("-C" in opts) and ("--diff" in opts) == ("-D" in opts), path
 
 
 def test_global_options_after_the_command_take_effect(tmp_path):

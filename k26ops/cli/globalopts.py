@@ -40,6 +40,11 @@ def attach(command: click.Command) -> None:
             attach(sub)
         return
     taken = {o for p in command.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+    for p in command.params:  # -C / -D: Ansible's short forms of --check / --diff
+        for long, short in (("--check", "-C"), ("--diff", "-D")):
+            if long in getattr(p, "opts", []) and short not in taken:
+                p.opts.append(short)
+                taken.add(short)
     names = {p.name for p in command.params}
     for opts, attr, kwargs in GLOBAL:
         free = [o for o in opts if o not in taken]
