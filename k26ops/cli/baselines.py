@@ -10,10 +10,11 @@ import click
 
 from k26ops import engine_source
 from rich.console import Console
+from rich.text import Text
 
+from k26ops.cli import tables
 from k26ops.cli.report import wide_console
 from k26ops.steps.service import smoke_summary
-from rich.table import Table
 
 BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
                              help="Baselines git repository (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
@@ -100,11 +101,12 @@ def list_cmd(settings, baselines_dir):
     if not rows:
         click.echo(f"no baselines in {repo.path} (take one with `k26ops snapshot --tag TAG`)")
         return
-    table = Table("tag", "date", "hosts", "release", "health", "accept length", title=f"baselines in {repo.path}")
-    for r in rows:
-        table.add_row(r["tag"], r["date"], ", ".join(r["hosts"]), ", ".join(map(str, r["releases"])),
-                      ", ".join(map(str, r["health"])), ", ".join("-" if a is None else str(a) for a in r["accept"]))
-    wide_console().print(table)
+    cols = [tables.Col("tag", keep=True), tables.Col("release", keep=True), tables.Col("hosts"),
+            tables.Col("health"), tables.Col("date"), tables.Col("accept length")]
+    tables.show(wide_console(), Text(f"baselines in {repo.path}"), cols,
+                [[Text(r["tag"]), Text(", ".join(map(str, r["releases"]))), Text(", ".join(r["hosts"])),
+                  Text(", ".join(map(str, r["health"]))), Text(r["date"]),
+                  Text(", ".join("-" if a is None else str(a) for a in r["accept"]))] for r in rows])
 
 
 @group.command(name="show")

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from k26ops import units
+from k26ops.cli import tables
 from k26ops.cli.context import Settings
 from k26ops.inventory import Host, Inventory, Vault, load
 from k26ops.inventory.yamlsrc import oneline
@@ -140,20 +141,15 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
         }
         click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
         return
-    console = Console(file=sys.stdout)
-    table = Table(title=Text(f"{inv.path} ({inv.shape} shape, {len(hosts)} of "
-                             f"{len(inv.hosts)} hosts)"), show_lines=True)
-    wide = console.width >= 150
-    cols = ["host", "address", "port", "user", "identity file", "gateway", "groups"]
-    for col in cols + (["vars"] if wide else []):
-        table.add_column(col, overflow="fold")
-    for h in hosts:
-        row = [_text(h.name), _text(h.address), _text(h.port), _user_text(h),
-               _text(h.identity_file), _text(h.gateway), Text(", ".join(h.groups))]
-        table.add_row(*row, *([_vars_text(h.vars)] if wide else []))
-    console.print(table)
-    if not wide:
-        _print_vars(console, hosts)
+    console = tables.console()
+    title = Text(f"{inv.path} ({inv.shape} shape, {len(hosts)} of {len(inv.hosts)} hosts)")
+    cols = [tables.Col("host", keep=True), tables.Col("address", keep=True), tables.Col("port", keep=True),
+            tables.Col("user", keep=True), tables.Col("groups"), tables.Col("gateway"),
+            tables.Col("identity file")]
+    rows = [[_text(h.name), _text(h.address), _text(h.port), _user_text(h), Text(", ".join(h.groups)),
+             _text(h.gateway), _text(h.identity_file)] for h in hosts]
+    tables.show(console, title, cols, rows, show_lines=True)
+    _print_vars(console, hosts)
     _print_notes(console, hosts)
 
 

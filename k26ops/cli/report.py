@@ -6,20 +6,26 @@ import json
 import sys
 
 import click
+from rich import box
 from rich.console import Console
-from rich.table import Table
 
+from k26ops.cli import tables
 from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
 from k26ops.errors import EXIT_INTERRUPTED
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red",
          "interrupted": "magenta", "skipped": "magenta"}
 
+# Columns whose values an operator acts on: never wrapped, cut or hidden.
+KEEP = {"unit", "health", "release", "verdict", "signature", "engine"}
+
 
 def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None) -> None:
     """Run `work` over the selected hosts, print, and exit with the fleet's code.
 
-    `columns` are (header, key) pairs taken from each host's data for the table.
+    `columns` are (header, key[, keep]) taken from each host's data for the table;
+    keep (default: the header is in KEEP) marks a value never cut or hidden at
+    narrow widths (k26ops.cli.tables); the others wrap, then hide, rightmost first.
     `render(results)` may print extra human detail after the table.
     `exit_with(results)` may raise the exit code (the higher one wins).
     (Playbooks with progress and canaries go through `k26ops.rollout`.)
@@ -49,22 +55,19 @@ def print_results(settings, results: list[HostResult], title: str, columns=()) -
             doc["warnings"] = list(settings.warnings)
         click.echo(json.dumps(doc, default=str))
         return
-    table = Table("host", "status", *[c[0] for c in columns], "time", "detail", title=title)
-    for r in results:
-        cells = [_cell(r.data.get(key)) for _, key in columns]
-        table.add_row(r.host, f"[{STYLE.get(r.status, 'white')}]{r.status}[/]", *cells,
-                      f"{r.elapsed:.1f}s", r.error or "")
-    wide_console().print(table)
+    cols = [tables.Col("host", keep=True), tables.Col("status", keep=True),
+            *[tables.Col(c[0], keep=c[2] if len(c) > 2 else c[0] in KEEP) for c in columns], tables.Col("time", justify="right")]
+    rows = [[r.host, f"[{STYLE.get(r.status, 'white')}]{r.status}[/]",
+             *[_cell(r.data.get(c[1])) for c in columns], f"{r.elapsed:.1f}s"] for r in results]
+    tables.show(wide_console(), title, cols, rows, [r.error for r in results],
+                box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)  # no vertical rules: more fits at 80
     counts = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
 
 
-def wide_console(stderr: bool = False) -> Console:
-    """A terminal's own width; 160 columns when output goes to a file or pipe."""
-    con = Console(stderr=stderr)
-    return con if con.is_terminal else Console(stderr=stderr, width=160)
+wide_console = tables.console
 
 
 def _cell(value) -> str:

@@ -80,8 +80,8 @@ def status_cmd(settings, unit, baselines_dir):
 
     run_and_report(settings, work, title="engine status",
                    columns=[("unit", "state"), ("health", "health"), ("release", "release"),
-                            ("uptime", "uptime"), ("model", "model_short"), ("restarts", "restarts"),
-                            ("started", "started"), ("baseline / drift", "baseline")])
+                            ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
+                            ("restarts", "restarts"), ("started", "started")])
 
 
 @click.command(name="logs")
