@@ -70,10 +70,12 @@ class FleetOptions:
 
 class Fleet:
     def __init__(self, hosts: list[Host], options: FleetOptions | None = None,
-                 on_event: Callable[[str, str], None] | None = None):
+                 on_event: Callable[[str, str], None] | None = None,
+                 on_result: Callable[[HostResult], None] | None = None):
         self.hosts = hosts
         self.opt = options or FleetOptions()
         self.on_event = on_event or (lambda host, msg: None)
+        self.on_result = on_result or (lambda result: None)  # each host's result, as it ends
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -112,6 +114,7 @@ class Fleet:
                     if host.name not in done:  # not already timed out
                         results[host.name] = res
                         done.add(host.name)
+                        self.on_result(res)
                     cond.notify_all()
 
         threads = [threading.Thread(target=worker, daemon=True, name=f"k26ops-fork-{i}")
@@ -127,6 +130,7 @@ class Fleet:
                             done.add(name)
                             results[name] = HostResult(name, FAILED, f"deadline of {self.opt.deadline:.0f}s exceeded",
                                                        elapsed=now - t0)
+                            self.on_result(results[name])
                             self._close(name)
                     cond.wait(timeout=0.2)
         except KeyboardInterrupt:

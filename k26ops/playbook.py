@@ -18,6 +18,7 @@ from k26ops.errors import UserError
 from k26ops.facts.disk import disk_free_fact
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
+from k26ops.progress import step_message
 from k26ops.ssh import q
 from k26ops.steps import REGISTRY, HostContext, Interrupted, Step, StepFailed
 
@@ -107,11 +108,11 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
         report, changed = [], False
         for step in steps:
             step.prepare(ctx)
-        for step in steps:
-            progress(f"{step.name}: planning")
+        for i, step in enumerate(steps, 1):
+            progress(step_message(i, len(steps), step.name, "planning"))
             changes = step.plan(ctx)
             if changes and not check:
-                progress(f"{step.name}: applying {len(changes)} change(s)")
+                progress(step_message(i, len(steps), step.name, f"applying {len(changes)} change(s)"))
                 try:
                     step.apply(ctx, changes)
                 except Interrupted as exc:  # like a failure of this step: put the host back

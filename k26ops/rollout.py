@@ -3,8 +3,8 @@
 `run_rollout(settings, work, canary=N)` runs `work` on the first N selected
 hosts; only when every one of them ends ok/changed does it run the rest. A
 failed canary stops the rollout: the other hosts are reported `skipped` and
-untouched. Per-host live progress (rich, on a terminal; plain lines with -v
-otherwise), the results table or --json, a failed host's journal tail and
+untouched. Per-host progress (k26ops.progress: live on a terminal, else one
+line per host event), the results table or --json, a failed host's journal tail and
 crash diagnosis, and the exit code.
 
 `work(session, progress)` gets the host's progress callback (pass it to
@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-import time
 from typing import Callable
 
 import click
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from k26ops.errors import EXIT_INTERRUPTED
 from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
+from k26ops.progress import Board
 from k26ops.steps.service import smoke_summary
 
 SKIPPED = "skipped"
@@ -53,51 +50,14 @@ def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared
     return work
 
 
-class _Board:
-    """Last progress message per host: a live table on a terminal, else lines with -v."""
-
-    def __init__(self, hosts: list[str], console: Console, live: bool, verbose: bool):
-        self.state = {h: ("waiting", time.monotonic()) for h in hosts}
-        self.t0 = {}
-        self.console, self.verbose = console, verbose
-        self.lock = threading.Lock()
-        self.live = Live(self._table(), console=console, refresh_per_second=4, transient=True) if live else None
-
-    def _table(self) -> Table:
-        t = Table("host", "elapsed", "state", box=None, pad_edge=False)
-        now = time.monotonic()
-        for h, (msg, _) in self.state.items():
-            t0 = self.t0.get(h)
-            t.add_row(h, f"{now - t0:.0f}s" if t0 else "-", msg[:160])
-        return t
-
-    def update(self, host: str, msg: str) -> None:
-        with self.lock:
-            self.t0.setdefault(host, time.monotonic())
-            self.state[host] = (msg, time.monotonic())
-        if self.live:
-            self.live.update(self._table())
-        elif self.verbose:
-            self.console.print(f"[dim]{host}: {msg}[/dim]", highlight=False)
-
-    def __enter__(self):
-        if self.live:
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.live:
-            self.live.__exit__(*exc)
-
-
 def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy", columns=(),
                 render=None, exit: bool = True) -> list[HostResult]:
     """Run `work(session, progress)` over the selected hosts in canary batches,
     print the results and (exit=True) exit with the fleet's code."""
     hosts = settings.selected_hosts()
     err = Console(stderr=True)
-    board = _Board([h.name for h in hosts], err, live=err.is_terminal and not settings.as_json,
-                   verbose=bool(settings.verbose))
+    board = Board([h.name for h in hosts], err, live=err.is_terminal and not settings.as_json,
+                  verbose=bool(settings.verbose))
     details: dict[str, dict] = {}
 
     def wrapped_for(session):
@@ -114,7 +74,8 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
     interrupted = None
     with board:
         for i, batch in enumerate(batches):
-            fleet = Fleet(batch, settings.fleet_options())
+            fleet = Fleet(batch, settings.fleet_options(),
+                          on_result=lambda r: board.finish(r.host, r.status, r.error))
             try:
                 for r in fleet.run(wrapped_for):
                     results[r.host] = r
@@ -132,6 +93,7 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
                 for later in batches[i + 1:]:
                     for h in later:
                         results[h.name] = HostResult(h.name, SKIPPED, why)
+                        board.finish(h.name, SKIPPED, why)
                 break
     ordered = [results.get(h.name) or HostResult(h.name, SKIPPED, "not started") for h in hosts]
     for r in ordered:

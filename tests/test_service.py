@@ -13,6 +13,7 @@ teardown: the lab's hosts are left as found.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -171,6 +172,19 @@ def test_deploy_healthy_smoke_then_converged(lab, engine, capsys):
     bad = k26ops("--limit", lab1, "logs", "--since", "not a time", env=env)
     assert bad.returncode == 1 and "journalctl:" in bad.stderr
 
+
+def test_piped_deploy_prints_one_line_per_host_event(lab, engine):
+    """Through the CLI with stderr a pipe (as in CI or `| tee`): start, each step, done."""
+    inv = inventory(engine, "base")  # converged by the test above
+    book = engine["dir"] / "service-only.yml"
+    book.write_text("name: service-only\nsteps:\n  - service: {}\n  - health: {}\n  - smoke: {}\n")
+    lab1 = engine["names"][0]
+    env = {**lab.env(), "K26OPS_INVENTORY": str(inv), "HF_TOKEN": ""}
+    proc = k26ops("--limit", lab1, "deploy", "--playbook", str(book), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = [line for line in proc.stderr.splitlines() if line.startswith(f"{lab1}: ")]
+    assert events[:4] == [f"{lab1}: start", f"{lab1}: 1/3 service", f"{lab1}: 2/3 health", f"{lab1}: 3/3 smoke"], proc.stderr
+    assert re.fullmatch(rf"{lab1}: done ok \d+\.\ds", events[4]) and len(events) == 5, proc.stderr
 
 def test_check_diff_redacts_secrets(lab, engine):
     lab1 = engine["names"][0]
