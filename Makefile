@@ -28,7 +28,7 @@ demo: system-deps
 	$(K26) status
 	$(K26) snapshot --tag k26-baseline-working --force
 	$(K26) diagnose log tests/data/logs/shape_mismatch_ddtree_tp8.log
-	$(K26) diagnose cuda-graph --host lab1
+	$(K26) diagnose cuda-graph --host lab1 --yes
 	$(K26) deploy --check
 	$(K26) rollback --tag k26-baseline-working
 	@echo "demo done: the lab is still up (k26ops lab status); stop it with: k26ops lab down"

@@ -90,7 +90,7 @@ def test_probe_names_the_none_field_and_restores_everything(host):
     inv = deploy(host, BASE_ENV, "none")
     before = engine_state(host)
     assert before["active"] == "active"
-    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "--host", host["name"], timeout=300)
+    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     rep = json.loads(proc.stdout)
     d = rep["diagnosis"]
@@ -112,7 +112,7 @@ def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host, sig):
     remove its drop-in (before SIGTERM/SIGHUP were handled, both left them)."""
     inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "slow")
     before = engine_state(host)
-    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "--host",
+    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host",
                           host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     t0 = time.monotonic()
@@ -139,7 +139,7 @@ def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
     """SIGKILL cannot be handled: the probe stays applied, and `status` must say
     the release is modified, never canonical; the next diagnose reverts it."""
     inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "killed")
-    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "--host",
+    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host",
                           host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     t0 = time.monotonic()
@@ -153,12 +153,33 @@ def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
     d = data["hosts"][host["name"]]["drift"]
     assert d["canonical"] is False and d["probe_left"] is True, d
     assert "a diagnose probe is still applied" in data["hosts"][host["name"]]["baseline"]
-    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "--host", host["name"], timeout=300)
+    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert "reverted a probe left by an earlier run" in proc.stdout + proc.stderr
     deploy(host, BASE_ENV, "after-kill")
     rc, data = k26ops_json("-i", inv, "status")
     assert data["hosts"][host["name"]]["drift"]["canonical"] is True
 
+
+def test_check_shows_the_plan_and_a_serving_engine_is_not_restarted_unasked(host):
+    """--check changes nothing; with no terminal to ask on and no -y, one line and no change."""
+    inv = deploy(host, BASE_ENV, "none")
+    before = engine_state(host)
+    assert before["active"] == "active"
+    proc = k26ops("-i", inv, "diagnose", "cuda-graph", "--host", host["name"], "--check", input="", timeout=120)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"{host['name']}: would (nothing changed):", proc.stdout
+    assert any("restart k26-engine.service with CUDA graphs on (it is serving now" in ln for ln in lines)
+    assert lines[-1].strip() == "revert the probe, then restart k26-engine.service as deployed"
+    rc, doc = k26ops_json("-i", inv, "diagnose", "cuda-graph", "--host", host["name"], "-C", input="")
+    assert rc == 0 and doc["check"] is True and len(doc["plan"]) == 4, doc
+    assert engine_state(host) == before
+    proc = k26ops("-i", inv, "diagnose", "cuda-graph", "--host", host["name"], input="", timeout=120)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("k26ops: error:")]
+    assert len(errors) == 1 and proc.stderr.splitlines()[-1] == errors[0] and "Traceback" not in proc.stderr
+    assert "pass -y to go ahead" in errors[0] and "nothing changed" in errors[0]
+    assert engine_state(host) == before
 
 def test_not_canonical_is_refused_and_nothing_changes(host):
     inv = deploy(host, BASE_ENV, "none")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -206,3 +207,26 @@ def test_lab_dir_an_overlay_cannot_name_is_a_one_line_error_that_starts_nothing(
     assert proc.stderr == (f"k26ops: error: lab dir {bad}: a path with ',', ':' or '\\' cannot hold an "
                            "overlay root; choose another --dir\n")
     assert not bad.exists()
+
+
+def test_down_purge_removes_what_up_made_and_nothing_else(scratch_lab):
+    d = scratch_lab.dir
+    (h,) = scratch_lab.lab.hosts()
+    # the host writes into its overlay's upper layer: that is what purge frees
+    assert lab_ssh(d, h.port, "head -c 3000000 /dev/urandom > /var/tmp/big", timeout=30).returncode == 0
+    (d / "mine.txt").write_text("the user's own file\n")
+    (d / "hosts" / "notes").mkdir()
+    (d / "hosts" / "notes" / "sshd.conf").write_text("not a lab host\n")
+    proc = k26ops("lab", "down", "--purge", "--dir", str(d))
+    assert proc.returncode == 0, proc.stderr
+    assert "stopped 1 hosts" in proc.stdout
+    freed = float(proc.stdout.split("paths, ")[1].split(" MB")[0])
+    assert freed >= 3.0, proc.stdout
+    assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*")) == [
+        "hosts", "hosts/notes", "hosts/notes/sshd.conf", "mine.txt"]
+    (d / "mine.txt").unlink()
+    shutil.rmtree(d / "hosts")
+    proc = k26ops("--json", "lab", "down", "--purge", "--dir", str(d))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and (doc["stopped"], doc["removed"], doc["freed_bytes"]) == ([], [str(d)], 0)
+    assert not d.exists()

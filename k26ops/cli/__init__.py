@@ -13,6 +13,7 @@ import sys
 import click
 
 from k26ops import __version__
+from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.errors import EXIT_INTERRUPTED, UserError
 
@@ -42,7 +43,8 @@ def _finite(param, value):
 @click.version_option(__version__, prog_name="k26ops")
 @click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
               help="Inventory YAML (default: $K26OPS_INVENTORY, else the config file's, else the running lab's).")
-@click.option("--limit", "-l", metavar="HOST[,HOST]", help="Only these hosts or groups.")
+@click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts or groups (Ansible host pattern).",
+              shell_complete=host_patterns)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
 @click.option("--forks", "-f", type=click.IntRange(1, 512), default=16, show_default=True,

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from k26ops.cli import tables
+from k26ops.cli.complete import baseline_tags
 from k26ops.cli.report import wide_console
 from k26ops.steps.service import smoke_summary
 
@@ -57,7 +58,7 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir):
 
 
 @click.command(name="rollback")
-@click.option("--tag", required=True, metavar="TAG", help="Baseline tag to return to.")
+@click.option("--tag", required=True, metavar="TAG", help="Baseline tag to return to.", shell_complete=baseline_tags)
 @click.option("--check", is_flag=True, help="Change nothing; say what would change.")
 @BASELINES_OPT
 @click.pass_obj
@@ -110,7 +111,7 @@ def list_cmd(settings, baselines_dir):
 
 
 @group.command(name="show")
-@click.argument("tag")
+@click.argument("tag", shell_complete=baseline_tags)
 @BASELINES_OPT
 @click.pass_obj
 def show_cmd(settings, tag, baselines_dir):
@@ -182,7 +183,7 @@ def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None
 
 
 @group.command(name="delete")
-@click.argument("tags", nargs=-1, required=True, metavar="TAG [TAG...]")
+@click.argument("tags", nargs=-1, required=True, metavar="TAG [TAG...]", shell_complete=baseline_tags)
 @click.option("--check", is_flag=True, help="Change nothing; say what would change.")
 @click.option("--diff", is_flag=True, help="Show the pinned-releases diff per host.")
 @BASELINES_OPT

@@ -166,10 +166,13 @@ def service_cmd(settings, unit, lines):
               help="Seconds to wait for the probed engine to be ready.")
 @click.option("--requests", type=click.IntRange(1, 20), default=3, show_default=True,
               help="Requests sent to reach the speculative verify path.")
+@click.option("-y", "--yes", is_flag=True, help="Restart a serving engine without asking.")
+@click.option("-C", "--check", is_flag=True, help="Show what it would do; change nothing.")
 @click.pass_obj
-def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests):
+def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, yes, check):
     """Apply the None-field probe, restart with CUDA graphs on, send a request,
-    name the crash; always revert and restore the engine."""
+    name the crash; always revert and restore the engine. A serving engine is
+    restarted twice: asks first (-y: don't ask; no terminal to ask on: refused)."""
     import time
 
     from rich.console import Console
@@ -204,11 +207,21 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests):
                           connect_timeout=settings.connect_timeout)
     except (Unreachable, HostKeyRefused) as exc:
         raise UserError(f"{host.name}: {exc}", exit_code=1) from None
+    def confirm(plan: list[str], serving: bool) -> bool:
+        if yes or not serving:
+            return True
+        if not sys.stdin.isatty():
+            raise probe.Declined(f"{host.name}: the engine is serving and diagnose cuda-graph restarts it "
+                                 "twice: pass -y to go ahead (--check shows the plan); nothing changed")
+        for line in plan:
+            err.print(f"  {host.name}: {line}", markup=False)
+        return click.confirm(f"{host.name}: restart the serving engine?", err=True, default=False)
+
     rep = None
     try:
         try:
             rep = probe.run_probe(session, host, unit=unit, force=force, ready_timeout=ready_timeout,
-                                  requests=requests, progress=progress)
+                                  requests=requests, progress=progress, check=check, confirm=confirm)
         except KeyboardInterrupt as exc:
             click.echo(f"k26ops: interrupted; {host.name}: {_restore_line(exc)}", err=True)
             sys.exit(EXIT_INTERRUPTED)
@@ -220,6 +233,15 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests):
                             f" ({_restore_line(exc)})", exit_code=1) from None
     finally:
         session.close()
+    if check:
+        if settings.as_json:
+            click.echo(json.dumps({"host": rep.host, "check": True, "release": rep.release,
+                                   "canonical": rep.canonical, "plan": rep.plan}, indent=2))
+        else:
+            click.echo(f"{host.name}: would (nothing changed):")
+            for line in rep.plan:
+                click.echo(f"  {line}")
+        sys.exit(0)
     if rep.interrupted:
         _print_probe(settings, rep)
         click.echo(f"k26ops: interrupted; {host.name}: probe reverted and engine restored", err=True)

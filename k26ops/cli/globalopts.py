@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import click
 
+from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 
 # (option strings, Settings attribute, click keyword arguments)
 GLOBAL = [
     (("--inventory", "-i"), "inventory", dict(metavar="PATH", help="Inventory YAML (as the global --inventory).")),
-    (("--limit", "-l"), "limit", dict(metavar="PATTERN", help="Ansible host pattern (as the global --limit).")),
+    (("--limit", "-l"), "limit", dict(metavar="PATTERN", help="Ansible host pattern (as the global --limit).",
+                                      shell_complete=host_patterns)),
     (("--forks", "-f"), "forks", dict(type=click.IntRange(1, 512), help="Hosts worked on at once (as the global --forks).")),
     (("--json",), "as_json", dict(is_flag=True, help="Machine-readable output.")),
     (("--verbose", "-v"), "verbose", dict(count=True, help="More detail (repeat for more).")),

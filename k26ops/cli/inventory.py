@@ -16,6 +16,7 @@ from rich.text import Text
 
 from k26ops import units
 from k26ops.cli import tables
+from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.inventory import Host, Inventory, Vault, load
 from k26ops.inventory.yamlsrc import oneline
@@ -123,7 +124,7 @@ def group():
 
 @group.command("list")
 @_with_options
-@click.option("--limit", "-l", "limit", metavar="PATTERN",
+@click.option("--limit", "-l", "limit", metavar="PATTERN", shell_complete=host_patterns,
               help="Only these hosts or groups (overrides the global --limit).")
 @click.pass_obj
 def list_cmd(settings: Settings, inventory, as_json, limit):

@@ -63,12 +63,18 @@ def status(ctx, directory):
 
 @group.command()
 @click.option("--dir", "directory", metavar="DIR", help="Lab directory.")
+@click.option("--purge", is_flag=True,
+              help="Also remove what `lab up` made in the lab dir (host overlays, keys, inventory).")
 @click.pass_context
-def down(ctx, directory):
-    """Stop every host the lab started."""
+def down(ctx, directory, purge):
+    """Stop every host the lab started (--purge: and delete its files)."""
     lab = _lab(ctx, directory)
     names = lab.down()
+    removed, freed = lab.purge() if purge else ([], 0)
     if ctx.obj.as_json:
-        click.echo(json.dumps({"stopped": names}))
-    else:
-        click.echo(f"lab down: stopped {len(names)} hosts" if names else f"no lab in {lab.dir}")
+        click.echo(json.dumps({"stopped": names, **({"removed": removed, "freed_bytes": freed} if purge else {})}))
+        return
+    click.echo(f"lab down: stopped {len(names)} hosts" if names else f"no lab in {lab.dir}")
+    if purge:
+        click.echo(f"purged {lab.dir}: {len(removed)} paths, {freed / 1e6:.1f} MB freed" if removed
+                   else f"nothing to purge in {lab.dir}")

@@ -131,8 +131,11 @@ def op_prepare(r):
     release's canonical check."""
     unit, rels = r["unit"], r["releases"]
     notes = []
+    dry = r.get("dry")  # --check / before asking: change nothing, say what would be cleaned
     dp = runtime_dropin(unit, r["dropin"])
-    if os.path.exists(dp):
+    if os.path.exists(dp) and dry:
+        notes.append("would remove a probe drop-in left by an earlier run: " + dp)
+    elif os.path.exists(dp):
         os.unlink(dp); sh(["systemctl", "daemon-reload"])
         notes.append("removed a probe drop-in left by an earlier run: " + dp)
     try: rid = os.readlink(os.path.join(rels, "current"))
@@ -147,7 +150,9 @@ def op_prepare(r):
         return {"ok": False, "error": "release %s: site-packages %s is missing" % (release, site)}
     sdir = os.path.join(release, r["probe_state"])
     try:
-        left = probe_revert(release, site, sdir)
+        left = {"had_probe": False} if dry else probe_revert(release, site, sdir)
+        if dry and os.path.exists(os.path.join(sdir, "state.json")):
+            notes.append("would revert a probe left by an earlier run")
     except RuntimeError as e:
         return {"ok": False, "error": "a probe left by an earlier run: " + str(e)}
     if left["had_probe"]:
@@ -330,6 +335,7 @@ class ProbeReport:
     engine_after: dict = field(default_factory=dict)
     interrupted: bool = False
     error: str | None = None
+    plan: list = field(default_factory=list)  # --check: what would be done
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -337,10 +343,14 @@ class ProbeReport:
 
 def run_probe(session, host, *, unit: str | None = None, force: bool = False,
               ready_timeout: float = DEFAULT_READY_TIMEOUT, requests: int = DEFAULT_REQUESTS,
-              progress: Callable[[str], None] = lambda m: None) -> ProbeReport:
+              progress: Callable[[str], None] = lambda m: None, check: bool = False,
+              confirm: Callable[[list[str], bool], bool] | None = None) -> ProbeReport:
     """The whole workflow on one host (caller holds the session). Raises
     UserError for a refusal before anything changed; ProbeFailed /
-    KeyboardInterrupt after restoring; returns the report."""
+    KeyboardInterrupt after restoring; returns the report.
+    check=True: only the read-only checks and the plan (rep.plan); nothing changes.
+    confirm(plan, serving) is asked after the read-only checks, before any
+    change; False raises Declined."""
     from k26ops.cli.service import _host_ctx
     from k26ops.diagnose.classify import classify
     from k26ops.hostlock import HostLock, HostLocked
@@ -351,30 +361,24 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
     ehost, port = svc.poll_target(svc.engine_profile(ctx))
     epath = svc.env_path({}, ctx.vars)
     rep = ProbeReport(host=host.name)
+    if check or confirm:
+        st = _checked(session, host, rep, uname, ctx, epath, force, progress, dry=True)
+        serving = st["show"].get("ActiveState") in ("active", "activating", "reloading")
+        rep.plan = plan(rep, uname, serving, requests)
+        if check:
+            return rep
+        if not confirm(rep.plan, serving):
+            raise Declined(f"{host.name}: not confirmed; nothing changed")
+        rep.notes = []
     lock = HostLock(session, ctx.state_dir, "diagnose cuda-graph")
     try:
         lock.acquire()
     except HostLocked as exc:
         raise UserError(f"{host.name}: {exc}") from None
     try:
-        progress("checking the deployed engine is canonical")
-        st = agent(session, "prepare", unit=uname, releases=ctx.releases_root, env_path=epath,
-                   dropin=DROPIN_NAME, probe_state=PROBE_STATE)
-        if not st.get("ok"):
-            raise UserError(f"{host.name}: {st.get('error')}")
-        rep.release, rep.notes, rep.drift = st["release_id"], st["notes"], st["drift"]
-        probe_path = probe_patch_for(st.get("base"))
-        try:
-            patch_text = probe_path.read_text()
-        except OSError as exc:
-            raise UserError(f"{probe_path}: cannot read the probe patch: {exc.strerror}") from None
-        rep.canonical = not st["drift"]
-        if st["drift"] and not force:
-            raise UserError(f"{host.name}: the deployed engine is not canonical (release {st['release_id']}): "
-                            + describe_drift(st["drift"]) + "; redeploy, or pass --force to probe it anyway")
+        st = _checked(session, host, rep, uname, ctx, epath, force, progress)
+        patch_text = st["patch_text"]
         show = st["show"]
-        if show.get("LoadState") != "loaded" or not st.get("unit_text"):
-            raise UserError(f"{host.name}: {uname} is not installed (deploy first)")
         was_active = show.get("ActiveState") in ("active", "activating", "reloading")
         secrets = svc._secrets(ctx, svc.engine_env(ctx, {}), st.get("env"))
         exec_start = graphs_on_exec(st["unit_text"])
@@ -388,6 +392,45 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
         return rep
     finally:
         lock.release()
+
+
+class Declined(UserError):
+    """The operator said no (or could not be asked); nothing changed."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
+
+
+def _checked(session, host, rep, uname, ctx, epath, force, progress, dry: bool = False) -> dict:
+    """The host agent's prepare (dry: change nothing) and the refusals before any change."""
+    progress("checking the deployed engine is canonical")
+    st = agent(session, "prepare", unit=uname, releases=ctx.releases_root, env_path=epath,
+               dropin=DROPIN_NAME, probe_state=PROBE_STATE, dry=dry)
+    if not st.get("ok"):
+        raise UserError(f"{host.name}: {st.get('error')}")
+    rep.release, rep.notes, rep.drift = st["release_id"], st["notes"], st["drift"]
+    probe_path = probe_patch_for(st.get("base"))
+    try:
+        st["patch_text"] = probe_path.read_text()
+    except OSError as exc:
+        raise UserError(f"{probe_path}: cannot read the probe patch: {exc.strerror}") from None
+    rep.canonical = not st["drift"]
+    if st["drift"] and not force:
+        raise UserError(f"{host.name}: the deployed engine is not canonical (release {st['release_id']}): "
+                        + describe_drift(st["drift"]) + "; redeploy, or pass --force to probe it anyway")
+    if st["show"].get("LoadState") != "loaded" or not st.get("unit_text"):
+        raise UserError(f"{host.name}: {uname} is not installed (deploy first)")
+    return st
+
+
+def plan(rep, uname: str, serving: bool, requests: int) -> list[str]:
+    """What the probe will do to the host, in order (shown by --check and before asking)."""
+    return [*rep.notes,
+            f"apply the None-field probe to release {rep.release}",
+            f"restart {uname} with CUDA graphs on" + (" (it is serving now: its requests fail until restored)"
+                                                       if serving else ""),
+            f"send up to {requests} request(s) to reach the speculative verify path; name any crash",
+            "revert the probe, then " + (f"restart {uname} as deployed" if serving else f"stop {uname} again")]
 
 
 def describe_drift(drift: list) -> str:

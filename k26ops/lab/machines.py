@@ -9,6 +9,8 @@ Layout of a lab dir:
                       hostname, hosts) and its console log
   hosts/NAME/root/    the host's root: an overlay of the shared rootfs (upper
                       holds what the host wrote; see overlay_boot)
+  drafter/config.json the lab drafter's config, bound into every host
+`lab down --purge` removes exactly these (Lab.purge).
 """
 
 from __future__ import annotations
@@ -278,6 +280,44 @@ class Lab:
         self.inventory_file.unlink(missing_ok=True)
         return [h.name for h in hosts]
 
+    # Files `up` writes at the top of the lab dir; purge removes these and
+    # nothing else (the dir may be one the user chose, holding their own files).
+    MADE = ("lab.json", "lab.tmp", "inventory.yml", "known_hosts", "authorized_keys",
+            "id_ed25519", "id_ed25519.pub", "drafter/config.json")
+
+    def purge(self) -> tuple[list[str], int]:
+        """After `down`: remove what `up` made here (host dirs with their overlay
+        upper layers, keys, inventory); the dir itself only if then empty.
+        Returns (removed paths, bytes freed)."""
+        running = [h.name for h in self.hosts() if _is_ours(h)]
+        if running:
+            raise UserError(f"lab in {self.dir}: {', '.join(running)} still running; not purged")
+        removed, freed = [], 0
+        hosts_dir = self.dir / "hosts"
+        made = [self.dir / f for f in self.MADE]
+        if hosts_dir.is_dir() and not hosts_dir.is_symlink():
+            made += [d for d in sorted(hosts_dir.iterdir()) if _is_lab_host_dir(d)]
+        for path in made:
+            if not path.exists() and not path.is_symlink():
+                continue
+            if path.is_dir() and not path.is_symlink():
+                mounted = [m for m in (path / "root" / "merged", path / "root") if os.path.ismount(m)]
+                if mounted:
+                    raise UserError(f"lab host dir {path}: {mounted[0]} is still mounted; not purged")
+                freed += _size(path)
+                shutil.rmtree(path)
+            else:
+                freed += path.lstat().st_size
+                path.unlink()
+            removed.append(str(path))
+        for d in (self.dir / "drafter", hosts_dir, self.dir):  # only when nothing else is left in them
+            try:
+                d.rmdir()
+                removed.append(str(d))
+            except OSError:
+                pass
+        return removed, freed
+
     def stop_host(self, name: str) -> None:
         """Stop one host's container (as a crash would: the host disappears)."""
         self._stop([h for h in self.hosts() if h.name == name])
@@ -309,6 +349,26 @@ class Lab:
                     if not _is_ours(h):
                         break
                     time.sleep(0.1)
+
+
+def _is_lab_host_dir(d: Path) -> bool:
+    """hosts/NAME as `_boot` made it: its sshd drop-in says so."""
+    conf = d / "sshd.conf"
+    try:
+        return d.is_dir() and not d.is_symlink() and conf.read_text().startswith("# k26ops lab host ")
+    except OSError:
+        return False
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def _children(pid: int) -> list[int]:
