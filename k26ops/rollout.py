@@ -15,7 +15,6 @@ smoke latency, spec_accept_length, rollback) into each host's result.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Callable
 
@@ -99,7 +98,8 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
     for r in ordered:
         if r.host in details:
             r.data.update(details[r.host])
-    print_rollout(settings, ordered, title, columns, canary=canary)
+    print_rollout(settings, ordered, title, columns, canary=canary,
+                  code=EXIT_INTERRUPTED if interrupted else exit_code(ordered))
     if render and not settings.as_json:
         render(ordered)
     if not exit:
@@ -110,14 +110,13 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
     sys.exit(exit_code(ordered))
 
 
-def print_rollout(settings, results: list[HostResult], title: str, columns=(), canary=0) -> None:
+def print_rollout(settings, results: list[HostResult], title: str, columns=(), canary=0,
+                  code: int | None = None) -> None:
     """The results table (or JSON), then each failed host's diagnosis and journal tail."""
     from k26ops.cli.report import print_results, wide_console
 
     if settings.as_json:
-        click.echo(json.dumps({"canary": canary or 0, "hosts": {r.host: r.to_json() for r in results},
-                               **({"warnings": list(settings.warnings)} if settings.warnings else {})},
-                              default=str))
+        print_results(settings, results, title, columns, code=code, extra={"canary": canary or 0})
         return
     cols = list(columns) or [("engine", "_engine"), ("health", "_health"), ("smoke", "_smoke")]
     for r in results:

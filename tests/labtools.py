@@ -52,9 +52,14 @@ def k26ops(*args: str, env: dict | None = None, timeout: float = 600, input: str
 def k26ops_json(*args: str, **kw) -> tuple[int, dict]:
     proc = k26ops("--json", *args, **kw)
     try:
-        return proc.returncode, json.loads(proc.stdout)
+        doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
         raise AssertionError(f"not JSON (rc {proc.returncode}): {proc.stdout!r} {proc.stderr!r}")
+    from jsonshape import validate
+
+    validate(doc)  # every command's --json has one shape (docs/json)
+    assert doc["exit_code"] == proc.returncode, (doc["exit_code"], proc.returncode)
+    return proc.returncode, doc
 
 
 LAB_RECIPE = REPO / "playbooks/recipes/lab.yml"

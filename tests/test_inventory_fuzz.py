@@ -91,7 +91,12 @@ def check(tmp_path, monkeypatch, content, limit=None, command=("list",)):
         if result.exit_code == 2:  # warnings (if the file loaded) then one error line
             assert lines[-2].startswith("k26ops: error: "), result.stderr
             assert len(lines[-2].splitlines()) == 1
-            assert result.stdout == ""
+            if as_json:  # the error as JSON on stdout too (k26ops.cli.jsonout)
+                doc = json.loads(result.stdout)
+                assert (doc["ok"], doc["exit_code"]) == (False, 2)
+                assert "k26ops: error: " + doc["error"] == lines[-2], (doc, lines[-2])
+            else:
+                assert result.stdout == ""
         for line in warnings:
             assert line.startswith("k26ops: warning: ") and len(line.splitlines()) == 1
         if result.exit_code == 0:

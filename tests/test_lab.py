@@ -73,8 +73,8 @@ def test_tls_inside_a_host_trusts_what_the_control_node_trusts(lab):
 def test_status_json_and_default_inventory(lab):
     rc, data = k26ops_json("lab", "status", env={"K26OPS_LAB_DIR": str(lab.dir)})
     assert rc == 0
-    assert [h["name"] for h in data["hosts"]] == [h.name for h in lab.hosts]
-    assert all(h["running"] and h["ssh"] for h in data["hosts"])
+    assert list(data["hosts"]) == [h.name for h in lab.hosts]
+    assert all(h["running"] and h["ssh"] for h in data["hosts"].values())
     text = lab.inventory.read_text()
     assert "127.0.0.1" in text and str(lab.dir / "known_hosts") in text
 
@@ -138,7 +138,7 @@ def test_half_started_lab_is_named_and_down_cleans_up(scratch_lab):
     assert proc.returncode == 2
     assert "half-started (0 of 1 hosts running)" in proc.stderr
     rc, data = k26ops_json("lab", "status", env={"K26OPS_LAB_DIR": str(scratch_lab.dir)})
-    assert data["hosts"][0]["running"] is False
+    assert data["hosts"]["lab1"]["running"] is False
     proc = k26ops("lab", "down", "--dir", str(scratch_lab.dir))
     assert proc.returncode == 0
     assert not (scratch_lab.dir / "lab.json").exists()
@@ -229,4 +229,5 @@ def test_down_purge_removes_what_up_made_and_nothing_else(scratch_lab):
     proc = k26ops("--json", "lab", "down", "--purge", "--dir", str(d))
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0 and (doc["stopped"], doc["removed"], doc["freed_bytes"]) == ([], [str(d)], 0)
+    assert (doc["command"], doc["ok"], doc["exit_code"], doc["hosts"]) == ("lab down", True, 0, {})
     assert not d.exists()

@@ -13,7 +13,11 @@ teardown: the lab's hosts are left as found.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from k26ops.rollout import playbook_work, run_rollout
 from k26ops.ssh import q
 from k26ops.steps import REGISTRY, Change, Step, register
 from k26ops.steps import service  # noqa: F401  (registers service, health, smoke)
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
 ENV_FILE = "/etc/k26ops/sglang.env"
@@ -185,6 +189,27 @@ def test_piped_deploy_prints_one_line_per_host_event(lab, engine):
     events = [line for line in proc.stderr.splitlines() if line.startswith(f"{lab1}: ")]
     assert events[:4] == [f"{lab1}: start", f"{lab1}: 1/3 service", f"{lab1}: 2/3 health", f"{lab1}: 3/3 smoke"], proc.stderr
     assert re.fullmatch(rf"{lab1}: done ok \d+\.\ds", events[4]) and len(events) == 5, proc.stderr
+
+def test_logs_json_is_one_document_and_follow_is_ndjson_of_new_lines_only(lab, engine):
+    """docs/json.md: `logs --json` one document; `logs -f --json` a record only when a host has lines."""
+    import jsonschema
+    from jsonshape import schema
+
+    lab1 = engine["names"][0]
+    env = {**lab.env(), "K26OPS_INVENTORY": str(inventory(engine, "base")), "HF_TOKEN": ""}
+    rc, doc = k26ops_json("--limit", lab1, "logs", "-n", "3", "--all", env=env)  # validated by labtools
+    assert rc == 0 and list(doc["hosts"]) == [lab1] and len(doc["hosts"][lab1]["lines"]) == 3, doc
+    p = subprocess.Popen([sys.executable, "-m", "k26ops", "--limit", lab1, "logs", "-f", "--json", "-n", "5",
+                          "--all", "--interval", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO, env={**os.environ, **env})
+    time.sleep(5)  # ~15 polls; the engine is idle: no new lines, so no more records
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records and records[0]["host"] == lab1 and len(records[0]["lines"]) == 5, (out, err)
+    for r in records:
+        jsonschema.validate(r, schema("logs-follow"))
+    assert len(records) < 5, records
 
 def test_check_diff_redacts_secrets(lab, engine):
     lab1 = engine["names"][0]

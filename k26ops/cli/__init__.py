@@ -13,6 +13,7 @@ import sys
 import click
 
 from k26ops import __version__
+from k26ops.cli import jsonout
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.errors import EXIT_INTERRUPTED, UserError
@@ -22,9 +23,12 @@ class K26Group(click.Group):
     """Turns UserError into one line on stderr and an exit code; never a traceback."""
 
     def invoke(self, ctx):
+        # click clears these before the callback runs (protected_args: click < 8.2's name)
+        args = [*vars(ctx).get("_protected_args", vars(ctx).get("protected_args", [])), *ctx.args]
         try:
             return super().invoke(ctx)
         except UserError as exc:
+            jsonout.error(str(exc), exc.exit_code, ctx, args)
             click.echo(f"k26ops: error: {exc}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -166,9 +170,11 @@ def main() -> None:
             sys.exit(0)
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
         msg = " ".join(exc.format_message().split())
+        jsonout.error(msg + where, 2, exc.ctx)
         click.echo(f"k26ops: error: {msg}{where}", err=True)
         sys.exit(2)
     except click.ClickException as exc:
+        jsonout.error(" ".join(exc.format_message().split()), exc.exit_code)
         click.echo(f"k26ops: error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(exc.exit_code)
     except click.Abort:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import datetime, timezone
 
@@ -12,7 +11,7 @@ from k26ops import engine_source
 from rich.console import Console
 from rich.text import Text
 
-from k26ops.cli import tables
+from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import baseline_tags
 from k26ops.cli.report import wide_console
 from k26ops.steps.service import smoke_summary
@@ -43,9 +42,9 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir):
                    baselines_dir=baselines_dir,
                    log=(lambda m: err.print(f"[dim]{m}[/dim]")) if settings.verbose else (lambda m: None))
     if settings.as_json:
-        click.echo(json.dumps({"tag": res["tag"], "commit": res["commit"], "repo": res["repo"],
-                               "elapsed_s": res["elapsed_s"], "pin_errors": res["pin_errors"],
-                               "hosts": {r.host: r.to_json() for r in res["results"]}}, default=str))
+        jsonout.emit({"tag": res["tag"], "commit": res["commit"], "repo": res["repo"],
+                      "elapsed_s": res["elapsed_s"], "pin_errors": res["pin_errors"],
+                      "hosts": {r.host: r.to_json() for r in res["results"]}}, 1 if res["pin_errors"] else 0)
     else:
         print_results(settings, res["results"], f"snapshot {tag}",
                       [("release", "release"), ("health", "health"), ("accept", "accept"),
@@ -97,7 +96,7 @@ def list_cmd(settings, baselines_dir):
                      "health": sorted({h.get("health") for h in hosts.values()}),
                      "accept": [hosts[h].get("spec_accept_length") for h in sorted(hosts)]})
     if settings.as_json:
-        click.echo(json.dumps({"repo": str(repo.path), "tags": rows}))
+        jsonout.emit({"repo": str(repo.path), "tags": rows})
         return
     if not rows:
         click.echo(f"no baselines in {repo.path} (take one with `k26ops snapshot --tag TAG`)")
@@ -125,8 +124,8 @@ def show_cmd(settings, tag, baselines_dir):
     t = repo.tag(tag)
     hosts = {h: repo.host_record(t.commit, h) for h in ((t.index or {}).get("hosts") or {})}
     if settings.as_json:
-        click.echo(json.dumps({"tag": t.name, "date": _fmt_time(t.date), "commit": t.commit,
-                               "message": t.message, "hosts": hosts}, default=str))
+        jsonout.emit({"tag": t.name, "date": _fmt_time(t.date), "commit": t.commit,
+                      "message": t.message, "hosts": hosts})
         return
     out = Console(highlight=False, width=max(120, Console().width))
     out.print(f"[bold]{t.name}[/bold]  {_fmt_time(t.date)}  commit {t.commit[:12]}  ({repo.path})")
@@ -163,7 +162,8 @@ def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None
     results, check, stale = res["results"], res["check"], res["stale_pins"]
     if settings.as_json:
         doc = {k: v for k, v in res.items() if k != "results"}
-        click.echo(json.dumps({**doc, "hosts": {r.host: r.to_json() for r in results}}, default=str))
+        code = EXIT_INTERRUPTED if any(r.status == "interrupted" for r in results) else exit_code(results)
+        jsonout.emit({**doc, "hosts": {r.host: r.to_json() for r in results}}, code)
     else:
         if results:
             print_rollout(settings, results, title, PIN_COLUMNS)

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 
 import click
 
 from k26ops import config
+from k26ops.cli import jsonout
 from k26ops.cli.context import Settings
 
 
@@ -40,9 +40,7 @@ def show_cmd(settings: Settings):
     path = config.config_path()
     rows = effective(settings)
     if settings.as_json:
-        click.echo(json.dumps({"command": "config show", "ok": True, "exit_code": 0, "hosts": {},
-                               "config_file": str(path), "config_file_exists": path.exists(),
-                               "settings": rows}, indent=2))
+        jsonout.emit({"config_file": str(path), "config_file_exists": path.exists(), "settings": rows}, indent=2)
         return
     click.echo(f"config file: {path}" + ("" if path.exists() else " (none)"))
     width = max(len(n) for n in rows)

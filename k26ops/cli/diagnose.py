@@ -10,11 +10,11 @@ the log holds no error at all: "no crash found"), 1 an error (or, for
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
+from k26ops.cli import jsonout
 from k26ops.errors import UserError
 from k26ops.ssh import q
 
@@ -85,7 +85,7 @@ def log_cmd(ctx, file, base):
     diagnosis = classify(_read(file), base)
     settings = ctx.find_root().obj
     if getattr(settings, "as_json", False):
-        click.echo(json.dumps(diagnosis.to_json(), indent=2))
+        jsonout.emit(diagnosis.to_json(), exit_code(diagnosis), indent=2)
     else:
         _print_human(diagnosis)
     sys.exit(exit_code(diagnosis))
@@ -235,18 +235,19 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
         session.close()
     if check:
         if settings.as_json:
-            click.echo(json.dumps({"host": rep.host, "check": True, "release": rep.release,
-                                   "canonical": rep.canonical, "plan": rep.plan}, indent=2))
+            jsonout.emit({"host": rep.host, "check": True, "release": rep.release, "canonical": rep.canonical,
+                          "plan": rep.plan, "hosts": {rep.host: {"release": rep.release, "plan": rep.plan}}},
+                         indent=2)
         else:
             click.echo(f"{host.name}: would (nothing changed):")
             for line in rep.plan:
                 click.echo(f"  {line}")
         sys.exit(0)
     if rep.interrupted:
-        _print_probe(settings, rep)
+        _print_probe(settings, rep, EXIT_INTERRUPTED)
         click.echo(f"k26ops: interrupted; {host.name}: probe reverted and engine restored", err=True)
         sys.exit(EXIT_INTERRUPTED)
-    _print_probe(settings, rep)
+    _print_probe(settings, rep, 1 if rep.restore_errors else 0)
     sys.exit(1 if rep.restore_errors else 0)
 
 
@@ -257,7 +258,7 @@ def _restore_line(exc) -> str:
     return "the probe was reverted and the engine restored"
 
 
-def _print_probe(settings, rep) -> None:
+def _print_probe(settings, rep, code: int) -> None:
     from rich.console import Console
     from rich.markup import escape
 
@@ -265,7 +266,10 @@ def _print_probe(settings, rep) -> None:
     from k26ops.diagnose.classify import Diagnosis
 
     if getattr(settings, "as_json", False):
-        click.echo(json.dumps({**rep.to_json(), "summary": probe.summary(rep)}, indent=2))
+        one = {k: rep.to_json().get(k) for k in ("release", "canonical", "crashed", "crash_when", "restore_errors")}
+        jsonout.emit({**rep.to_json(), "summary": probe.summary(rep),
+                      "hosts": {rep.host: {**one, "signature": (rep.diagnosis or {}).get("signature")}}},
+                     code, indent=2)
         return
     con = Console(highlight=False, soft_wrap=True)
     con.print(f"[bold]{rep.host}[/]: release {rep.release}, "

@@ -9,7 +9,6 @@ the lock) and prints its diff. A deploy only reads what they wrote.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from pathlib import Path
 
@@ -44,7 +43,9 @@ def _recipe(name: str, source_url: str | None, check_series_base: bool = True) -
 
 def _emit(settings, data: dict, diff: str, summary: str) -> None:
     if settings.as_json:
-        click.echo(json.dumps({**data, "diff": diff}, indent=1, sort_keys=True))
+        from k26ops.cli import jsonout
+
+        jsonout.emit({**data, "diff": diff}, indent=1, sort_keys=True)
         return
     if diff:
         click.echo(diff.rstrip("\n"))

@@ -41,6 +41,7 @@ def attach(command: click.Command) -> None:
         for sub in command.commands.values():
             attach(sub)
         return
+    _remember_name(command)
     taken = {o for p in command.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
     for p in command.params:  # -C / -D: Ansible's short forms of --check / --diff
         for long, short in (("--check", "-C"), ("--diff", "-D")):
@@ -54,3 +55,16 @@ def attach(command: click.Command) -> None:
             continue
         command.params.append(click.Option([*free, f"global_{attr}"], expose_value=False,
                                            callback=_store(attr, opts[0]), **kwargs))
+
+
+def _remember_name(command: click.Command) -> None:
+    """Errors under --json name the command that was running (k26ops.cli.jsonout)."""
+    from k26ops.cli import jsonout
+
+    invoke = command.invoke
+
+    def remembering(ctx):
+        jsonout.CURRENT["command"] = " ".join(ctx.command_path.split()[1:])
+        return invoke(ctx)
+
+    command.invoke = remembering

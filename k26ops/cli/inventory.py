@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from k26ops import units
-from k26ops.cli import tables
+from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.inventory import Host, Inventory, Vault, load
@@ -140,7 +140,7 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
             "groups": {g: [h for h in members if h in names] for g, members in inv.groups.items()},
             "warnings": list(inv.warnings),
         }
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        jsonout.emit(doc, indent=2)
         return
     console = tables.console()
     title = Text(f"{inv.path} ({inv.shape} shape, {len(hosts)} of {len(inv.hosts)} hosts)")
@@ -163,8 +163,7 @@ def show_cmd(settings: Settings, inventory, as_json, host):
     inv = _load(settings, inventory)
     h = inv.host(host)
     if as_json or settings.as_json:
-        click.echo(json.dumps({"hosts": {h.name: host_json(h, origins=True)}}, indent=2,
-                              ensure_ascii=False))
+        jsonout.emit({"hosts": {h.name: host_json(h, origins=True)}}, indent=2)
         return
     console = Console(file=sys.stdout)
     table = Table(title=Text(f"{h.name} ({inv.path})"), show_header=True)
@@ -194,9 +193,7 @@ def vars_cmd(settings: Settings, markdown, as_json):
         click.echo(variables.markdown(), nl=False)
         return
     if as_json or settings.as_json:
-        click.echo(json.dumps({"command": "inventory vars", "ok": True, "exit_code": 0, "hosts": {},
-                               "variables": [asdict(v) for v in variables.VARIABLES + variables.ANSIBLE_READ]},
-                              indent=2))
+        jsonout.emit({"variables": [asdict(v) for v in variables.VARIABLES + variables.ANSIBLE_READ]}, indent=2)
         return
     for v in variables.VARIABLES + variables.ANSIBLE_READ:
         info = " (informational)" if v.informational else ""

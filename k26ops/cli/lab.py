@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 from rich.console import Console
 from rich.table import Table
 
+from k26ops.cli import jsonout
 from k26ops.lab.machines import DEFAULT_BASE_PORT, Lab
 
 
@@ -32,8 +31,8 @@ def up(ctx, count, directory, base_port):
     err = Console(stderr=True)
     hosts = lab.up(count, base_port, log=lambda m: err.print(f"[dim]{m}[/dim]"))
     if ctx.obj.as_json:
-        click.echo(json.dumps({"dir": str(lab.dir), "inventory": str(lab.inventory_file),
-                               "hosts": [h.__dict__ for h in hosts]}))
+        jsonout.emit({"dir": str(lab.dir), "inventory": str(lab.inventory_file),
+                      "hosts": {h.name: h.__dict__ for h in hosts}})
         return
     click.echo(f"lab up: {len(hosts)} hosts ({', '.join(h.name for h in hosts)})")
     click.echo(f"inventory: {lab.inventory_file}")
@@ -49,7 +48,7 @@ def status(ctx, directory):
     lab = _lab(ctx, directory)
     rows = lab.status()
     if ctx.obj.as_json:
-        click.echo(json.dumps({"dir": str(lab.dir), "hosts": rows}))
+        jsonout.emit({"dir": str(lab.dir), "hosts": {r["name"]: r for r in rows}})
         return
     if not rows:
         click.echo(f"no lab in {lab.dir}")
@@ -72,7 +71,8 @@ def down(ctx, directory, purge):
     names = lab.down()
     removed, freed = lab.purge() if purge else ([], 0)
     if ctx.obj.as_json:
-        click.echo(json.dumps({"stopped": names, **({"removed": removed, "freed_bytes": freed} if purge else {})}))
+        jsonout.emit({"stopped": names, "hosts": {n: {"stopped": True} for n in names},
+                      **({"removed": removed, "freed_bytes": freed} if purge else {})})
         return
     click.echo(f"lab down: stopped {len(names)} hosts" if names else f"no lab in {lab.dir}")
     if purge:

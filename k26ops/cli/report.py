@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 from rich import box
 from rich.console import Console
 
-from k26ops.cli import tables
+from k26ops.cli import jsonout, tables
 from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
 from k26ops.errors import EXIT_INTERRUPTED
 
@@ -37,23 +36,27 @@ def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_
     try:
         results = fleet.run(work)
     except FleetInterrupted as exc:
-        print_results(settings, exc.results, title, columns)
+        print_results(settings, exc.results, title, columns, code=EXIT_INTERRUPTED)
         click.echo(f"k26ops: {exc}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         fleet.close()
-    print_results(settings, results, title, columns)
+    code = max(exit_code(results), exit_with(results) if exit_with else 0)
+    print_results(settings, results, title, columns, code=code)
     if render and not settings.as_json:
         render(results)
-    sys.exit(max(exit_code(results), exit_with(results) if exit_with else 0))
+    sys.exit(code)
 
 
-def print_results(settings, results: list[HostResult], title: str, columns=()) -> None:
+def print_results(settings, results: list[HostResult], title: str, columns=(), code: int | None = None,
+                  extra: dict | None = None) -> None:
+    """The table for people, or the one JSON document (k26ops.cli.jsonout) with
+    `extra` keys; `code` is the exit code it will end with (default: the fleet's)."""
     if settings.as_json:
-        doc = {"hosts": {r.host: r.to_json() for r in results}}
+        doc = {"hosts": {r.host: r.to_json() for r in results}, **(extra or {})}
         if settings.warnings:
             doc["warnings"] = list(settings.warnings)
-        click.echo(json.dumps(doc, default=str))
+        jsonout.emit(doc, exit_code(results) if code is None else code)
         return
     cols = [tables.Col("host", keep=True), tables.Col("status", keep=True),
             *[tables.Col(c[0], keep=c[2] if len(c) > 2 else c[0] in KEEP) for c in columns], tables.Col("time", justify="right")]

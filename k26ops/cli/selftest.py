@@ -261,8 +261,9 @@ def render(results: list[HostResult], console: Console | None = None) -> None:
 
 
 def emit_json(results: list[HostResult], code: int) -> None:
-    click.echo(json.dumps({"hosts": {r.host: r.to_json() for r in results}, "exit_code": code},
-                          default=str))
+    from k26ops.cli import jsonout
+
+    jsonout.emit({"hosts": {r.host: r.to_json() for r in results}}, code)
 
 
 def from_file(settings, path: str) -> None:

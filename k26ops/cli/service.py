@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from k26ops import logview, units
+from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
 from k26ops.fleet import Fleet, FleetInterrupted, Outcome
 from k26ops.steps import HostContext
@@ -122,16 +123,22 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
 
     fleet = Fleet(hosts, settings.fleet_options())
     failed = False
+    doc: dict[str, dict] = {}  # --json without -f: one document at the end
     try:
         while True:
             results = fleet.run(work)
             for res in results:
                 if res.status not in ("ok", "changed"):
                     failed = True
+                    doc[res.host] = {"status": res.status, "error": res.error, "lines": []}
                     click.echo(f"k26ops: {res.host}: {res.status}: {res.error}", err=True)
                     continue
+                if settings.as_json and follow:  # NDJSON: a record only for new lines
+                    if res.data["lines"]:
+                        click.echo(json.dumps({"host": res.host, "lines": res.data["lines"]}, ensure_ascii=False))
+                    continue
                 if settings.as_json:
-                    click.echo(json.dumps({"host": res.host, "lines": res.data["lines"]}))
+                    doc[res.host] = {"status": "ok", "error": None, "lines": res.data["lines"]}
                     continue
                 for line in res.data["lines"]:
                     out.print(f"[bold]{res.host}[/bold] | " if prefix else "", end="", markup=True)
@@ -143,4 +150,6 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
         pass
     finally:
         fleet.close()
+    if settings.as_json and not follow:
+        jsonout.emit({"hosts": doc}, 1 if failed else 0)
     sys.exit(1 if failed else 0)
