@@ -14,8 +14,9 @@ from k26ops.diagnose.logtext import clean_lines, strip_prefixes
 
 LOGS = Path(__file__).parent / "data/logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text())
+MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
 IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
-       "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt"}
+       "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt", "engine-config-refused"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -23,6 +24,10 @@ def test_log_files(name):
     exp = EXPECTED[name]
     d = classify_file(LOGS / name)
     assert d.signature == exp["signature"], d
+    if exp.get("error_found") is False:  # a clean log: no evidence, no line
+        assert not d.error_found and d.evidence == "" and d.line is None and d.suggestion
+        return
+    assert d.error_found
     for key in ("phase", "rank", "algorithm"):
         if key in exp:
             assert getattr(d, key) == exp[key], (key, d)
@@ -42,6 +47,37 @@ def test_every_kind_has_logs():
     assert kinds == IDS | {"unclassified"}
     assert {s.id for s in SIGNATURES} == IDS
     assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
+
+
+def test_manifest_covers_every_log_with_provenance():
+    """Every log has a source (a public URL, CONSTRUCTED, or unknown for the seed's
+    own logs) and a label that agrees with expected.json."""
+    logs = {p.name for p in LOGS.glob("*.log")}
+    assert logs == set(MANIFEST) == set(EXPECTED)
+    real = [n for n, e in MANIFEST.items() if e["source"].startswith("https://")]
+    assert len(real) >= 30
+    for name, entry in MANIFEST.items():
+        assert entry["source"] in ("unknown", "CONSTRUCTED") or entry["source"].startswith("https://")
+        if entry["source"] == "CONSTRUCTED":
+            assert "CONSTRUCTED" in entry["note"]
+        label = "none" if EXPECTED[name].get("error_found") is False else EXPECTED[name]["signature"]
+        assert entry["label"] == label, name
+
+
+def test_accuracy_command_no_log_named_wrongly():
+    """bench/classify_accuracy.py over the whole set: every labelled log matches,
+    none is named wrongly, and it exits 0."""
+    import subprocess
+    import sys
+
+    root = LOGS.parents[2]
+    proc = subprocess.run([sys.executable, "bench/classify_accuracy.py", "--json"], cwd=root,
+                          capture_output=True, text=True)
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0, [r for r in data["rows"] if r["verdict"] != "ok"]
+    assert data["totals"]["WRONG"] == 0 and data["totals"]["missed"] == 0
+    assert data["totals"]["logs"] == len(MANIFEST)
+    assert {r["file"]: r["got"] for r in data["rows"]} == {n: e["label"] for n, e in MANIFEST.items()}
 
 
 def test_ddtree_shape_mismatch_fix_follows_the_deployed_base():
@@ -87,6 +123,74 @@ def test_to_json_keys_and_values():
 ])
 def test_prefixes(raw, text, rank):
     assert strip_prefixes(raw)[:2] == (text, rank)
+
+
+# Runner prefixes: real lines from the public threads named in MANIFEST.json unless
+# marked CONSTRUCTED (no public example of that exact format was found).
+@pytest.mark.parametrize("raw, text, rank", [
+    # vLLM multiprocess workers (vllm#19186, club-3090#138, qwen38#2, gpustack#815, vllm#35091)
+    ("(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] RuntimeError: "
+     "CUDA error: out of memory", "RuntimeError: CUDA error: out of memory", "rank3"),
+    ("(Worker_TP0 pid=160) ERROR 05-20 20:54:32 [multiproc_executor.py:962] Traceback (most recent "
+     "call last):", "Traceback (most recent call last):", "TP0"),
+    ("(Worker_TP1_EP1 pid=1045) ERROR 09-02 15:15:12 [multiproc_executor.py:1051]     gate = "
+     "F.linear(lora, weight)", "gate = F.linear(lora, weight)", "TP1 EP1"),
+    ("(VllmWorkerProcess pid=1907) ERROR 12-19 01:22:33 multiproc_worker_utils.py:229]     "
+     "module_load_weights(weights)", "module_load_weights(weights)", None),
+    ("(EngineCore_DP0 pid=150) ERROR 02-23 02:23:19 [core.py:948] triton.compiler.errors."
+     "CompilationError: at 22:25:", "triton.compiler.errors.CompilationError: at 22:25:", "DP0"),
+    ("(APIServer pid=223598) RuntimeError: Engine core initialization failed.",
+     "RuntimeError: Engine core initialization failed.", None),
+    # Ray (vllm#15598, verl#316)
+    ("(RayWorkerWrapper pid=1463574, ip=192.168.10.60) INFO 03-27 10:29:01 [worker.py:267] Memory "
+     "profiling takes 4.26 seconds [repeated 30x across cluster]",
+     "Memory profiling takes 4.26 seconds [repeated 30x across cluster]", None),
+    ("(WorkerDict pid=93663) WARNING 02-21 04:32:47 model_runner_base.py:143] Failed to pickle inputs "
+     "of failed execution: CUDA error: an illegal memory access was encountered",
+     "Failed to pickle inputs of failed execution: CUDA error: an illegal memory access was "
+     "encountered", None),
+    ("(raylet) A worker died or was killed while executing a task by an unexpected system error.",
+     "A worker died or was killed while executing a task by an unexpected system error.", None),
+    ("(pid=2481) RuntimeError: x", "RuntimeError: x", None),  # CONSTRUCTED: Ray's bare (pid=N)
+    # docker-compose (DB-GPT#1043, xinfer#481)
+    ("gpt_raisound-webserver-1         | ValueError: No component found with name x",
+     "ValueError: No component found with name x", None),
+    ("vllm-rs-svc0  | 2026-08-24T14:33:04.670199Z  INFO xinfer::core::runner: DFlash draft model "
+     "loaded successfully!", "INFO xinfer::core::runner: DFlash draft model loaded successfully!", None),
+    # Kubernetes: kubectl logs --prefix / --timestamps (CONSTRUCTED, kubectl's documented formats)
+    ("[pod/sglang-0/engine] [2026-05-20 08:02:44 TP2] RuntimeError: x", "RuntimeError: x", "TP2"),
+    ("[pod/sglang-0/engine] 2026-05-20T08:02:44.123456789Z RuntimeError: x", "RuntimeError: x", None),
+    # journald: short (ProxmoxVED#2047, real) / short-iso / short-iso-precise / short-unix / short-full
+    ("Aug 19 18:34:30 vllm vllm[8707]: (APIServer pid=8707)     async with build_async_engine_client(",
+     "async with build_async_engine_client(", None),
+    ("2026-11-30T09:14:02+0000 gpu-3 k26-engine[48211]: ValueError: z", "ValueError: z", None),
+    ("2026-11-30T09:14:02.123456+00:00 gpu-3 k26-engine[48211]: ValueError: z", "ValueError: z", None),
+    ("1764494042.123456 gpu-3 k26-engine[48211]: ValueError: z", "ValueError: z", None),
+    ("Sun 2026-11-30 09:14:02 UTC gpu-3 k26-engine[48211]: ValueError: z", "ValueError: z", None),
+    # CI runner timestamps (Buildkite, pytorch#170433)
+    ("[2025-12-13T19:54:35Z] (Worker_TP0 pid=9260) ERROR 12-13 11:54:35 [multiproc_executor.py:826]     "
+     "self.cuda_graph.capture_end()", "self.cuda_graph.capture_end()", "TP0"),
+    # llama.cpp common_log (llama.cpp#22105)
+    ("0.00.461.531 E llama_init_from_model: failed to initialize the context",
+     "llama_init_from_model: failed to initialize the context", None),
+])
+def test_runner_prefixes(raw, text, rank):
+    assert strip_prefixes(raw)[:2] == (text, rank)
+
+
+def test_logger_error_level_makes_a_line_an_error():
+    """vLLM's ERROR prefix counts when the message itself has no error word; an echo
+    (real, QwenLM/Qwen3-VL#559) is shown only when nothing else is there."""
+    echo = ("ERROR 11-27 13:59:36 api_server.py:188] RPCServer process died before responding "
+            "to readiness probe")
+    # CONSTRUCTED: a message without an error word, only the logger says ERROR
+    own = "(VllmWorker rank=1 pid=7) ERROR 06-05 06:18:13 [multiproc_executor.py:470] Worker 1 is gone"
+    head = "INFO 11-27 13:59:30 api_server.py:100] Starting\n"
+    d = classify(head + echo + "\n" + own + "\n")
+    assert (d.signature, d.error_found, d.line, d.evidence) == ("unclassified", True, 3, "Worker 1 is gone")
+    assert d.rank == "rank1"
+    d = classify(head + echo + "\n")
+    assert d.error_found and d.line == 2 and d.evidence.startswith("RPCServer process died")
 
 
 def test_record_continuation_lines_inherit_rank():
@@ -194,9 +298,15 @@ def test_probe_tag_alone():
     assert "`input_ids`" in d.suggestion
 
 
+@pytest.mark.parametrize("text", ["", "just some text\nwithout problems\n",
+                                  "INFO 08-19 07:51:03 model_runner.py:732] Loading model weights took 2.3463 GB\n"])
+def test_clean_log_has_no_error(text):
+    d = classify(text)
+    assert (d.signature, d.error_found, d.evidence, d.line) == ("unclassified", False, "", None)
+    assert d.title == "no error found" and "No error" in d.suggestion
+
+
 @pytest.mark.parametrize("text, evidence", [
-    ("", ""),
-    ("just some text\nwithout problems\n", "without problems"),
     ("ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): "
      "address already in use\n", "address already in use"),
     ("OSError: [Errno 98] Address already in use\n", "OSError: [Errno 98] Address already in use"),
@@ -207,7 +317,7 @@ def test_probe_tag_alone():
 def test_unclassified_edge_cases(text, evidence):
     d = classify(text)
     assert d.signature == "unclassified" and evidence in d.evidence
-    assert d.suggestion
+    assert d.suggestion and d.error_found
 
 
 def test_algorithm_detection():
@@ -252,3 +362,74 @@ def test_older_sglang_capture_banner_advice_is_not_oom():
     d = classify(text)
     assert d.signature == "unclassified" and d.phase == "capture"
     assert "operation failed due to a previous error during capture" in d.evidence
+
+
+# --- tuned kinds (constructed inputs, variations of the real logs) --------------
+
+def test_headerless_traceback_reaches_the_graph_frames():
+    """Pasted from the middle of a traceback: the frames above the error count."""
+    text = ('  File "/sp/sglang/srt/model_executor/cuda_graph_runner.py", line 513, in replay\n'
+            "    self.replay_prepare(forward_batch)\n"
+            '  File "/sp/sglang/srt/model_executor/cuda_graph_runner.py", line 480, in replay_prepare\n'
+            "    self.input_ids[:raw_num_token].copy_(forward_batch.input_ids)\n"
+            "RuntimeError: The size of tensor a (4) must match the size of tensor b (2) at "
+            "non-singleton dimension 0\n")
+    d = classify(text)
+    assert (d.signature, d.phase, d.detail["got"]) == ("cuda-graph-shape-mismatch", "replay", 4)
+    eager = text.replace("cuda_graph_runner.py", "model_runner.py").replace("replay", "forward")
+    assert classify(eager).signature == "unclassified"
+
+
+def test_triton_none_argument_in_graph_capture_is_none_field():
+    text = ('Traceback (most recent call last):\n'
+            '  File "/sp/sglang/srt/model_executor/cuda_graph_runner.py", line 436, in capture\n'
+            "    ) = self.capture_one_batch_size(bs, forward)\n"
+            '  File "/sp/triton/runtime/jit.py", line 569, in run\n'
+            "    kernel = self.compile(src, target=target, options=options.__dict__)\n"
+            "triton.compiler.errors.CompilationError: at 12:8:\n"
+            "    p = sink_ptr + off\n"
+            "        ^\n"
+            "AttributeError(\"'NoneType' object has no attribute 'type'\")\n")
+    d = classify(text)
+    assert (d.signature, d.phase) == ("cuda-graph-none-field", "capture")
+    assert d.detail.get("function") == "run"
+    outside = text.replace("cuda_graph_runner.py", "model_runner.py").replace(
+        "capture_one_batch_size", "forward").replace("in capture", "in forward")
+    assert classify(outside).signature == "unclassified"
+
+
+def test_engine_argument_check_is_config_refused_other_errors_are_not():
+    frames = ('Traceback (most recent call last):\n'
+              '  File "/sp/sglang/launch_server.py", line 11, in <module>\n'
+              "    server_args = prepare_server_args(sys.argv[1:])\n"
+              '  File "/sp/sglang/srt/server_args.py", line 812, in __post_init__\n'
+              "    raise ValueError(\n")
+    d = classify(frames + "ValueError: --tp-size 3 does not divide the number of attention heads\n")
+    assert d.signature == "engine-config-refused" and d.detail == {"exception": "ValueError"}
+    assert "Change the flag" in d.suggestion
+    other = frames.replace("server_args.py", "model_loader/loader.py")
+    assert classify(other + "ValueError: bad weight name\n").signature == "unclassified"
+
+
+@pytest.mark.parametrize("message, rule", [
+    ("Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set but they "
+     "differ. For DFLASH they must match.", "block-size-match"),
+    ("Currently DFLASH speculative decoding only supports pp_size == 1.", "pp-size-1"),
+    ("DFLASH speculative decoding requires setting --speculative-draft-model-path.", "drafter-path"),
+    ("DDTREE does not support rejection sampling", "no-rejection-sampling"),
+    ("--speculative-ddtree-budget must be >= 1, got 0", "budget-positive"),
+])
+def test_every_launch_rule_message_names_its_fix(message, rule):
+    from k26ops import launch_rules
+
+    d = classify("ValueError: " + message + "\n")
+    fix = next(r.fix for r in launch_rules.RULES if r.name == rule)
+    assert d.signature == "engine-config-refused" and d.detail["rule"] == rule
+    assert fix in d.suggestion
+
+
+def test_every_launch_rule_has_a_message():
+    from k26ops import launch_rules
+    from k26ops.diagnose.signatures import CONFIG_RULE_MESSAGES
+
+    assert {name for name, _rx in CONFIG_RULE_MESSAGES} == {r.name for r in launch_rules.RULES}

@@ -1,4 +1,5 @@
-"""`k26ops diagnose log FILE|-` through the real CLI (CliRunner and `python -m`)."""
+"""`k26ops diagnose log FILE|-` through the real CLI (CliRunner and `python -m`),
+its output and its exit codes (0 named or no error, 1 unmatched error, 2 bad input)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from k26ops.cli import cli
@@ -35,12 +37,48 @@ def test_stdin_and_human_output():
     assert "evidence" in out and "where:" in out and "rank TP0" in out and "suggestion:" in out
 
 
-def test_unclassified_exits_zero():
-    result = CliRunner().invoke(cli, ["--json", "diagnose", "log",
-                                      str(LOGS / "unrelated_import_error.log")])
-    assert result.exit_code == 0
-    data = json.loads(result.output)
+def run_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "k26ops", *args], input=stdin,
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("name, signature", [
+    ("shape_mismatch_ddtree_tp8.log", "cuda-graph-shape-mismatch"),
+    ("vllm_worker_rank3_capture_oom.log", "cuda-graph-capture-oom"),
+    ("ddtree_refused_triton_backend_journald.log", "engine-config-refused"),
+])
+def test_named_crash_exits_0(name, signature):
+    for args in ([], ["--json"]):
+        proc = run_cli(*args, "diagnose", "log", str(LOGS / name))
+        assert proc.returncode == 0, proc.stderr
+        assert signature in proc.stdout
+
+
+def test_error_that_matched_nothing_exits_1():
+    proc = run_cli("--json", "diagnose", "log", str(LOGS / "unrelated_import_error.log"))
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
     assert data["signature"] == "unclassified" and data["evidence"].startswith("ImportError:")
+    assert data["error_found"] is True
+    proc = run_cli("diagnose", "log", str(LOGS / "vllm_worker_tp0_runtime_oom.log"))
+    assert proc.returncode == 1 and "unclassified" in proc.stdout and "OutOfMemoryError" in proc.stdout
+    assert proc.stderr == ""
+
+
+def test_clean_log_exits_0_no_crash_found(tmp_path):
+    proc = run_cli("diagnose", "log", str(LOGS / "xinfer_compose_clean_startup.log"))
+    assert proc.returncode == 0 and "no crash found" in proc.stdout
+    assert "unclassified" not in proc.stdout and "evidence" not in proc.stdout
+    proc = run_cli("--json", "diagnose", "log", "-", stdin="")
+    assert proc.returncode == 0
+    data = json.loads(proc.stdout)
+    assert data["error_found"] is False and data["evidence"] == "" and data["title"] == "no error found"
+
+
+def test_bad_base_is_bad_input():
+    proc = run_cli("diagnose", "log", "--base", "nonsense", str(LOGS / "shape_mismatch_bare.log"))
+    assert proc.returncode == 2 and "--base" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
 
 
 def test_missing_and_unreadable_files_are_one_line_errors(tmp_path):

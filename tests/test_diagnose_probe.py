@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -179,6 +180,14 @@ def test_not_canonical_is_refused_and_nothing_changes(host):
         remote(host, f"cp -p /root/keep.py {path} && rm /root/keep.py")
 
 
+def first_request(h) -> None:
+    """One /generate request to the deployed engine (it crashes on it), then a moment."""
+    port = remote(h, f"systemctl cat {UNIT} | grep -o -- '--port [0-9]*' | cut -d' ' -f2")
+    remote(h, "python3 -c \"import urllib.request as u\ntry: u.urlopen(u.Request('http://127.0.0.1:"
+              f"{port}/generate', data=b'{{}}'), timeout=10)\nexcept Exception as e: print(e)\"")
+    time.sleep(1.5)
+
+
 def test_diagnose_service_names_the_shape_mismatch(host):
     env = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch",
            "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"}
@@ -188,10 +197,7 @@ def test_diagnose_service_names_the_shape_mismatch(host):
     # earlier tests (the probe's crash) may have left a crash in the journal: not this one
     earlier = data["hosts"][host["name"]].get("invocation")
     assert data["hosts"][host["name"]].get("signature") != "cuda-graph-shape-mismatch"
-    port = remote(host, f"systemctl cat {UNIT} | grep -o -- '--port [0-9]*' | cut -d' ' -f2")
-    remote(host, "python3 -c \"import urllib.request as u\ntry: u.urlopen(u.Request('http://127.0.0.1:"
-                 f"{port}/generate', data=b'{{}}'), timeout=10)\nexcept Exception as e: print(e)\"")
-    time.sleep(1.5)
+    first_request(host)
     rc, data = k26ops_json("-i", inv, "diagnose", "service")
     assert rc == 0, data
     r = data["hosts"][host["name"]]
@@ -203,4 +209,24 @@ def test_diagnose_service_names_the_shape_mismatch(host):
     proc = k26ops("-i", inv, "diagnose", "service")
     assert proc.returncode == 0 and "cuda-graph-shape-mismatch" in proc.stdout
     # put the host back to the healthy configuration
+    deploy(host, BASE_ENV, "none")
+
+
+def test_diagnose_service_exits_1_for_a_crash_of_no_known_kind(host):
+    """A real public crash log of no known kind (tests/data/logs, MANIFEST.json) printed by
+    the stand-in on its first request: named `unclassified` with its first error, exit 1."""
+    text = (REPO / "tests/data/logs/sglang_nextn_arange_power_of_2.log").read_text()
+    path = "/var/lib/k26-unknown-crash.log"
+    remote(host, f"printf %s {shlex.quote(text)} > {path} && chmod 0644 {path}")
+    env = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": path,
+           "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"}
+    inv = deploy(host, env, "unknown")
+    first_request(host)
+    rc, data = k26ops_json("-i", inv, "diagnose", "service")
+    r = data["hosts"][host["name"]]
+    assert rc == 1, r
+    assert r["status"] == "ok" and r["crashed"] is True and r["signature"] == "unclassified", r
+    assert r["error_found"] is True and "arange's range must be a power of 2" in r["evidence"]
+    proc = k26ops("-i", inv, "diagnose", "service")
+    assert proc.returncode == 1 and "unclassified" in proc.stdout and "Traceback" not in proc.stderr
     deploy(host, BASE_ENV, "none")

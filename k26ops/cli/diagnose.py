@@ -2,6 +2,10 @@
 
 `log` works on a local file or stdin (no hosts). The remote workflows
 (`service`, `cuda-graph`) build on `k26ops.diagnose.classify`.
+
+Exit codes of `log` and `service`, for scripts: 0 a known crash was named (or
+the log holds no error at all: "no crash found"), 1 an error (or, for
+`service`, a crash) that matched no known signature, 2 bad input.
 """
 
 from __future__ import annotations
@@ -35,11 +39,19 @@ def _read(path: str) -> str:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
+def exit_code(d) -> int:
+    """0: a known crash named, or no error at all; 1: an error no signature matched."""
+    return 1 if d.signature == "unclassified" and d.error_found else 0
+
+
 def _print_human(d) -> None:
     from rich.console import Console
     from rich.markup import escape
 
     console = Console(highlight=False, soft_wrap=True)
+    if not d.error_found:
+        console.print(f"[bold green]no crash found[/]  {escape(d.suggestion)}")
+        return
     colour = "yellow" if d.signature == "unclassified" else "red"
     console.print(f"[bold {colour}]{d.signature}[/]" + (f"  {escape(d.title)}" if d.title else ""))
     if d.evidence:
@@ -60,7 +72,8 @@ def _print_human(d) -> None:
               "picks the fix that fits that code base.")
 @click.pass_context
 def log_cmd(ctx, file, base):
-    """Classify a local SGLang log (a file, or - for stdin)."""
+    """Classify a local SGLang log (a file, or - for stdin). Exit 0: a known crash
+    named or no error at all; 1: an error that matched no known crash; 2: bad input."""
     from k26ops.diagnose.classify import classify
 
     if base:
@@ -75,6 +88,7 @@ def log_cmd(ctx, file, base):
         click.echo(json.dumps(diagnosis.to_json(), indent=2))
     else:
         _print_human(diagnosis)
+    sys.exit(exit_code(diagnosis))
 
 
 # ---------------------------------------------------------------- diagnose service
@@ -85,7 +99,9 @@ def log_cmd(ctx, file, base):
               help="Journal entries searched per host for the last crash.")
 @click.pass_obj
 def service_cmd(settings, unit, lines):
-    """Classify the engine's last crash on each host, from its journal."""
+    """Classify the engine's last crash on each host, from its journal. Exit 0: every
+    crash named (or none found); 1: a crash matched no known signature, or a host
+    failed; 2: bad input."""
     from datetime import datetime
 
     from k26ops import units
@@ -130,10 +146,14 @@ def service_cmd(settings, unit, lines):
             fields = {k: data.get(k) for k in Diagnosis.__dataclass_fields__}
             _print_human(Diagnosis(**fields))
 
+    def unnamed(results) -> int:
+        return 1 if any(r.data.get("crashed") and r.data.get("signature") == "unclassified"
+                        for r in results) else 0
+
     run_and_report(settings, work, title="engine: last crash",
                    columns=[("unit", "state"), ("crashed at", "crashed_at"), ("signature", "signature"),
                             ("phase", "phase"), ("rank", "rank")],
-                   render=render)
+                   render=render, exit_with=unnamed)
 
 
 # ---------------------------------------------------------------- diagnose cuda-graph

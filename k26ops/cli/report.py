@@ -16,11 +16,12 @@ STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "re
          "interrupted": "magenta", "skipped": "magenta"}
 
 
-def run_and_report(settings, work, *, title: str, columns=(), render=None) -> None:
+def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None) -> None:
     """Run `work` over the selected hosts, print, and exit with the fleet's code.
 
     `columns` are (header, key) pairs taken from each host's data for the table.
     `render(results)` may print extra human detail after the table.
+    `exit_with(results)` may raise the exit code (the higher one wins).
     (Playbooks with progress and canaries go through `k26ops.rollout`.)
     """
     hosts = settings.selected_hosts()
@@ -38,7 +39,7 @@ def run_and_report(settings, work, *, title: str, columns=(), render=None) -> No
     print_results(settings, results, title, columns)
     if render and not settings.as_json:
         render(results)
-    sys.exit(exit_code(results))
+    sys.exit(max(exit_code(results), exit_with(results) if exit_with else 0))
 
 
 def print_results(settings, results: list[HostResult], title: str, columns=()) -> None:

@@ -19,7 +19,10 @@ FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<fn>[\w<>.]+)')
 EXC_LINE = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z_]\w*)?(?:Error|Exception|Exit|Interrupt|Fault))"
     r"(?::\s*(?P<msg>.*))?$")
-ERRORISH = re.compile(r"\b(?:error|fatal|failed|failure|exception)\b", re.IGNORECASE)
+# Error-ish lines when no exception line is there: words, a traceback header, a torch
+# size message pasted without its first half.
+ERRORISH = re.compile(r"\b(?:error|fatal|failed|failure|exception)\b|^Traceback \(most recent|"
+                      r"\bnon-singleton\s+dimension\b", re.IGNORECASE)
 PROGRESS = re.compile(r"(?P<begin>Capture (?:cuda|CUDA) graph begin|Capturing batches)|"
                       r"(?P<end>Capture (?:cuda|CUDA) graph end|fired up and ready to roll|"
                       r"Uvicorn running on)", re.IGNORECASE)
@@ -69,13 +72,38 @@ def _next_chained(lines: list[Line], end: int) -> int | None:
     return None
 
 
+def _frame_part(lines: list[Line], j: int) -> bool:
+    """Line j is a frame, its code line, or the ^^^ marker under that code."""
+    at = lambda k: k >= 0 and bool(FRAME.match(lines[k].text))  # noqa: E731
+    return at(j) or at(j - 1) or (at(j - 2) and set(lines[j].text) <= set("^~ "))
+
+
+def _headerless(lines: list[Line], i: int) -> tuple[int, int] | None:
+    """A traceback pasted without its header: (first frame line, end) when frames
+    run up to line i, or when the same exception is printed again with a full
+    traceback right after it (e.g. by multiprocessing's "Process X:")."""
+    first = i
+    while first > 0 and _frame_part(lines, first - 1):
+        first -= 1
+    if first < i:
+        return first, i
+    for j in range(i + 1, min(len(lines), i + 4)):
+        if HEADER.match(lines[j].text):
+            return i, block_end(lines, j)
+    return None
+
+
 def chain(lines: list[Line], i: int) -> tuple[int, int, bool]:
     """(first, last, has_frames): the chained tracebacks containing line i;
     without a traceback, a few lines around i."""
     start = block_start(lines, i)
     if start is None:
-        return max(0, i - 3), min(len(lines) - 1, i + 3), False
-    first, end = start, block_end(lines, start)
+        found = _headerless(lines, i)
+        if found is None:
+            return max(0, i - 3), min(len(lines) - 1, i + 3), False
+        first, end = found
+    else:
+        first, end = start, block_end(lines, start)
     # Walk back over earlier chained blocks.
     while first > 0:
         prev = [j for j in range(first - 1, max(-1, first - 4), -1)

@@ -31,6 +31,7 @@ class Diagnosis:
     suggestion: str = ""
     title: str = ""
     line: int | None = None         # 1-based line of the evidence in the input
+    error_found: bool = True        # False: the log holds no error at all (a clean log)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -107,11 +108,19 @@ def _primary(log: _Log) -> int | None:
     if with_tb is not None or candidates:
         return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
-        if chains.ERRORISH.search(line.text) and not S.SECONDARY.search(line.text):
+        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text \
+                and not S.SECONDARY.search(line.text):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
     return next((k for k, line in enumerate(log.lines) if chains.is_exception(line.text)
-                 or chains.ERRORISH.search(line.text)), None)
+                 or chains.ERRORISH.search(line.text) or (line.error_level and line.text)), None)
+
+
+def _config_context(log: _Log, i: int) -> bool:
+    """Raised by the engine's own argument/config checks (the innermost frame)."""
+    first, _last, _ = chains.chain(log.lines, i)
+    found = chains.frames(log.lines, first, i)
+    return bool(found) and bool(S.CONFIG_FRAMES.search(found[-1][0]))
 
 
 def _accept(log: _Log, sig: S.Signature, i: int, primary: int | None) -> bool:
@@ -119,6 +128,8 @@ def _accept(log: _Log, sig: S.Signature, i: int, primary: int | None) -> bool:
         return _graph_context(log, i, sig)
     if sig.context == "capture":
         return _capture_context(log, i)
+    if sig.context == "config":
+        return _config_context(log, i)
     if sig.context == "primary":
         if primary is None or i <= primary:
             return True
@@ -183,11 +194,8 @@ def classify(text: str, base: str | None = None) -> Diagnosis:
                              suggestion=suggestion, title=sig.title,
                              line=log.lines[first].raw_index + 1)
     if primary is None:
-        last = next((k for k in range(len(log.lines) - 1, -1, -1) if log.lines[k].text), None)
-        if last is None:
-            return Diagnosis(S.UNCLASSIFIED, "", suggestion=S.UNCLASSIFIED_SUGGESTION,
-                             title="no error found", algorithm=algorithm)
-        primary = last
+        return Diagnosis(S.UNCLASSIFIED, "", suggestion=S.NO_ERROR_SUGGESTION,
+                         title="no error found", algorithm=algorithm, error_found=False)
     line = log.lines[primary]
     exc = chains.EXC_LINE.match(line.text)
     return Diagnosis(signature=S.UNCLASSIFIED, evidence=line.text, phase=phase_at(log, primary),

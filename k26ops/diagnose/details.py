@@ -77,6 +77,19 @@ def _oom(lines: list[Line], i: int, evidence: str) -> dict:
     return detail
 
 
+def _config(evidence: str, sig: S.Signature) -> tuple[dict, str]:
+    """The launch rule the refusal names, and that rule's fix."""
+    from k26ops import launch_rules
+
+    for name, rx in S.CONFIG_RULE_MESSAGES:
+        if re.search(rx, evidence, re.IGNORECASE):
+            rule = next(r for r in launch_rules.RULES if r.name == name)
+            return ({"rule": name, "flag": rule.flag},
+                    S.CONFIG_RULE_SUGGESTION.format(rule=name, where=rule.where, fix=rule.fix))
+    exc = chains.EXC_LINE.match(evidence)
+    return ({"exception": exc.group("type")} if exc else {}), sig.suggestion
+
+
 def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
                algorithm: str | None, base: str | None = None) -> tuple[dict, str]:
     """(detail, suggestion) for a hit of `sig` at line i."""
@@ -114,4 +127,6 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         return detail, sig.suggestion
     if sig is S.WEIGHT_FILE_CORRUPT:
         return {"reason": m.group("reason").strip()}, sig.suggestion
+    if sig is S.CONFIG_REFUSED:
+        return _config(evidence, sig)
     return {}, sig.suggestion

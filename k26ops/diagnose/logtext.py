@@ -1,5 +1,6 @@
 """Turn a raw log (journald, docker-compose, Kubernetes, SGLang, torchrun,
-pasted) into clean lines that remember the rank/process that printed them.
+vLLM workers, Ray, CI runners, pasted) into clean lines that remember the
+rank/process that printed them.
 
 Why: the same traceback reaches us behind many prefixes and is often pasted
 without indentation; matchers should see only the message text.
@@ -15,10 +16,24 @@ RANK_TOKEN = r"(?:ATTN_DP|ATTN_TP|MOE_DP|MOE_EP|DP|TP|EP|PP|CP|DCP)\d+"
 
 # Prefixes that carry no rank, tried repeatedly at the start of a line.
 _PLAIN_PREFIXES = [
-    # journald short / short-iso / short-precise: "Nov 29 10:00:00 host unit[123]: "
-    re.compile(r"^[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\S+\s+[^\s:\[]+(?:\[\d+\])?:\s?"),
+    # journald short / short-precise: "Nov 29 10:00:00 host unit[123]: "
+    # journald short(-precise) "Nov 29 10:00:00 host unit[123]: ", short-unix "1764494042.123456 host
+    # unit[123]: ", short-full "Sun 2026-11-30 09:14:02 UTC host unit[123]: "
+    re.compile(r"^(?:[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d(?:\.\d+)?|\d{9,11}\.\d+|"
+               r"[A-Z][a-z]{2}\s+\d{4}-\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+[A-Z]{2,5})"
+               r"\s+\S+\s+[^\s:\[]+(?:\[\d+\])?:\s?"),
+    # journald short-iso(-precise): "2026-11-30T09:14:02+0000 host unit[123]: " (the pid is
+    # required: without it a kubectl --timestamps line would look the same)
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+\S+\s+"
                r"[^\s:\[]+\[\d+\]:\s?"),
+    # kubectl logs --prefix: "[pod/engine-0/sglang] "
+    re.compile(r"^\[pod/[^\]/\s]+/[^\]\s]+\]\s?"),
+    # CI runners (Buildkite): "[2025-12-13T19:54:35Z] "
+    re.compile(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?Z\]\s?"),
+    # llama.cpp common_log: "0.00.461.531 E "
+    re.compile(r"^\d+\.\d\d\.\d{3}\.\d{3}\s+[EWIDN]\s+"),
+    # Ray components without a pid: "(raylet) ", "(gcs_server) "
+    re.compile(r"^\((?:raylet|gcs_server|autoscaler|monitor)(?:,\s*ip=[\d.]+)?\)\s?"),
     # Kubernetes CRI: "<ts> stdout F " / kubectl --timestamps / docker --timestamps
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+"
                r"(?:(?:stdout|stderr)\s+[FP]\s)?"),
@@ -36,6 +51,14 @@ _SGLANG = re.compile(r"^\[(?:\d{4}-\d\d-\d\d[ T][\d:.,]+|\.\.\.|[^\]]{0,40}?)\s*
 _SGLANG_DATE = re.compile(r"^\[\d{4}-\d\d-\d\d[ T][\d:.,]+\s*\]\s?")
 # torchrun "[rank3]: ", "[default0]:"
 _TORCHRUN = re.compile(r"^\[(?P<rank>rank\d+|default\d+)\]:\s?")
+# vLLM / Ray process prefixes: "(VllmWorker rank=3 pid=1090) ", "(Worker_TP1_EP1 pid=1045) ",
+# "(EngineCore_DP0 pid=150) ", "(RayWorkerWrapper pid=206994, ip=192.168.10.25) ", "(pid=123) "
+_PROCESS = re.compile(r"^\((?:(?P<name>[A-Za-z_][\w.:-]*)\s+)?(?:rank=(?P<rank>\d+)\s+)?pid=\d+"
+                      r"(?:,\s*ip=[\d.]+)?\)\s?")
+_NAME_RANKS = re.compile(r"_(?P<kind>TP|EP|DP|PP)(?P<n>\d+)")
+# vLLM log records: "ERROR 06-05 06:18:13 [multiproc_executor.py:470] ", "INFO 08-19 07:51:03 model_runner.py:732] "
+_VLLM_RECORD = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+"
+                          r"\d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[[\w./-]+:\d+\]|[\w./-]+\.py:\d+\])\s?")
 _NCCL_RANK = re.compile(r"\[(?:PG[^\]]*?\s)?Rank\s+(?P<n>\d+)\]")
 # "Scheduler hit an exception: Traceback ..." / "... hit an exception: ValueError: x"
 _SPLIT_AT = re.compile(r"(?<=\S)\s*(?=Traceback \(most recent call last\):)|"
@@ -48,19 +71,37 @@ class Line:
     rank: str | None   # "TP3", "DP2 TP2 EP2", "rank3", or None
     raw_index: int     # index of the source line in the input
     new_record: bool = False  # began with an SGLang "[time RANK]" prefix
+    error_level: bool = False  # its logger prefix said ERROR/CRITICAL
 
 
-def strip_prefixes(line: str) -> tuple[str, str | None, bool]:
+def _process_rank(m: re.Match) -> str | None:
+    if m.group("rank"):
+        return f"rank{m.group('rank')}"
+    found = _NAME_RANKS.findall(m.group("name") or "")
+    return " ".join(kind + n for kind, n in found) or None
+
+
+def strip_prefixes(line: str) -> tuple[str, str | None, bool, bool]:
     """Remove known prefixes; return (text, rank found in them, whether an
-    SGLang record prefix was among them)."""
-    rank, record = None, False
+    SGLang record prefix was among them, whether a logger prefix said ERROR)."""
+    rank, record, error = None, False, False
     text = ANSI.sub("", line).replace("\r", "").rstrip()
-    for _ in range(6):
+    for _ in range(8):
         before = text
         stripped = text.lstrip()
         m = _TORCHRUN.match(stripped)
         if m:
             rank = rank or m.group("rank")
+            text = stripped[m.end():]
+            continue
+        m = _PROCESS.match(stripped)
+        if m:
+            rank = rank or _process_rank(m)
+            text = stripped[m.end():]
+            continue
+        m = _VLLM_RECORD.match(stripped)
+        if m:
+            error = error or m.group("level") in ("ERROR", "CRITICAL")
             text = stripped[m.end():]
             continue
         m = _SGLANG.match(stripped)
@@ -76,7 +117,7 @@ def strip_prefixes(line: str) -> tuple[str, str | None, bool]:
                 break
         if text == before:
             break
-    return text.strip(), rank, record
+    return text.strip(), rank, record, error
 
 
 def clean_lines(text: str) -> list[Line]:
@@ -85,7 +126,7 @@ def clean_lines(text: str) -> list[Line]:
     out: list[Line] = []
     current = None
     for i, raw in enumerate(text.splitlines()):
-        body, rank, record = strip_prefixes(raw)
+        body, rank, record, error = strip_prefixes(raw)
         if rank is None:
             m = _NCCL_RANK.search(body)
             if m:
@@ -96,5 +137,5 @@ def clean_lines(text: str) -> list[Line]:
             continue
         parts = _SPLIT_AT.split(body) if "Traceback" in body or "hit an" in body else [body]
         for n, part in enumerate(parts):
-            out.append(Line(part.strip(), current, i, record and n == 0))
+            out.append(Line(part.strip(), current, i, record and n == 0, error))
     return out

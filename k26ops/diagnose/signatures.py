@@ -40,7 +40,7 @@ class Signature:
     title: str
     patterns: tuple[re.Pattern, ...]
     suggestion: str
-    context: str | None = None
+    context: str | None = None  # also "config": raised in the engine's argument checks
     # Patterns that are enough without context (e.g. the probe's own tag).
     strong: tuple[re.Pattern, ...] = field(default=())
     # Cheap prefilter: lowercase words one of which any hit contains.
@@ -62,6 +62,10 @@ NONE_FIELD = Signature(
         r"argument" + _ + r"'(?P<arg_name>src|self|input|other)'" + _ + r"\(position" + _
         + r"\d+\)" + _ + r"must" + _ + r"be" + _ + r"Tensor," + _ + r"not" + _ + r"NoneType",
         r"'NoneType'" + _ + r"object" + _ + r"is" + _ + r"not" + _ + r"subscriptable",
+        # Triton: a None kernel argument fails the compile ("CompilationError: at L:C: ... ^
+        # AttributeError(\"'NoneType' object has no attribute 'type'\")").
+        r"AttributeError\(\"'NoneType'" + _ + r"object" + _ + r"has" + _ + r"no" + _ + r"attribute" + _
+        + r"'(?P<triton_attr>\w+)'\"\)",
     ),
     context="graph",
     suggestion=("A ForwardBatch field was None when the CUDA-graph input buffers were "
@@ -74,7 +78,7 @@ NONE_FIELD_NAMED = ("Populate `{field}` for that forward mode before replay, or 
                     "when it is None; or disable CUDA graphs for that mode meanwhile.")
 
 SHAPE_MISMATCH = Signature(
-    keywords=("tensor",),
+    keywords=("tensor", "size mismatch", "check_eq"),
     id="cuda-graph-shape-mismatch",
     title="a batch did not fit the shape its CUDA graph was captured with",
     patterns=_rx(
@@ -88,6 +92,12 @@ SHAPE_MISMATCH = Signature(
         r"shape" + _ + r"mismatch:" + _ + r"value" + _ + r"tensor" + _ + r"of" + _ + r"shape"
         + _ + r"\[(?P<b>[\d, ]+)\]" + _ + r"cannot" + _ + r"be" + _ + r"broadcast" + _ + r"to"
         + _ + r"indexing" + _ + r"result" + _ + r"of" + _ + r"shape" + _ + r"\[(?P<a>[\d, ]+)\]",
+        # A kernel's own checks: SGLang JIT kernels ("Tensor match failed ... Root cause: Size
+        # mismatch for shape#0('num_tokens'): expected 6 but got 8") and CHECK_EQ on sizes.
+        r"Size" + _ + r"mismatch" + _ + r"for" + _ + r"shape#(?P<dim>\d+)\('(?P<name>\w+)'\):" + _
+        + r"expected" + _ + r"(?P<b>\d+)" + _ + r"but" + _ + r"got" + _ + r"(?P<a>\d+)",
+        r"CHECK_EQ\((?P<name>[\w.]+\.size\((?P<dim>\d+)\)),\s*[\w.]+\.size\(\d+\)\)" + _ + r"failed\.?"
+        + _ + r"(?P<a>\d+)" + _ + r"vs\.?" + _ + r"(?P<b>\d+)",
     ),
     context="graph",
     suggestion=("The batch fed at replay has a different number of tokens per request "
@@ -191,10 +201,55 @@ WEIGHT_FILE_CORRUPT = Signature(
                 "space first if the model disk is full."),
 )
 
+# The engine's start-up checks (k26ops/launch_rules.py, read from the engine's argument
+# hooks): each message, as the engine words it or as k26ops words the same rule, names
+# its rule; a rule's `fix` is the suggestion. Real DFLASH texts: speculative_hook.py
+# _handle_dflash (sglang @ 004c82e07d87).
+CONFIG_RULE_MESSAGES = (
+    ("full-tree-triton", r"needs" + _ + r"the" + _ + r"triton" + _ + r"attention" + _ + r"backend"),
+    ("no-dp-attention", r"(?:DFLASH|DDTREE)(?:" + _ + r"speculative" + _ + r"decoding)?" + _
+     + r"does" + _ + r"not" + _ + r"support" + _ + r"dp" + _ + r"attention"),
+    ("pp-size-1", r"(?:DFLASH|DDTREE)(?:" + _ + r"speculative" + _ + r"decoding)?" + _
+     + r"(?:only" + _ + r"supports" + _ + r"pp_size" + _ + r"==" + _ + r"1|needs" + _ + r"--pp-size" + _ + r"1)"),
+    ("drafter-path", r"(?:DFLASH|DDTREE)[\w/ ]*?(?:requires" + _ + r"setting" + _
+     + r"--speculative-draft-model-path|needs" + _ + r"a" + _ + r"drafter" + _ + r"path)"),
+    ("block-size-match", r"--speculative-num-draft-tokens" + _ + r"(?:and" + _
+     + r"--speculative-dflash-block-size" + _ + r"are" + _ + r"set" + _ + r"but" + _ + r"they" + _
+     + r"differ|\d+" + _ + r"differs" + _ + r"from" + _ + r"--speculative-dflash-block-size)"),
+    ("budget-positive", r"--speculative-ddtree-budget" + _ + r"must" + _ + r"be" + _ + r">=" + _ + r"1"),
+    ("no-rejection-sampling", r"DDTREE" + _ + r"does" + _ + r"not" + _ + r"support" + _ + r"rejection"
+     + _ + r"sampling"),
+    ("page-size-1", r"DDTREE" + _ + r"supports" + _ + r"only" + _ + r"page" + _ + r"size" + _ + r"1"),
+)
+CONFIG_REFUSED = Signature(
+    keywords=("valueerror", "assertionerror", "notimplementederror", "support", "need", "must",
+              "differ"),
+    id="engine-config-refused",
+    title="the engine refused its configuration at start-up",
+    strong=tuple(re.compile(rx, re.IGNORECASE) for _name, rx in CONFIG_RULE_MESSAGES),
+    # Any other refusal raised by the engine's own argument checks.
+    patterns=(re.compile(r"^(?P<exc>ValueError|AssertionError|NotImplementedError|TypeError):"
+                         r"\s*(?P<msg>\S.*)$", re.MULTILINE),),
+    context="config",
+    suggestion=("The engine checked its flags before loading anything and refused them; "
+                "under systemd it restarts into the same refusal. Change the flag or value "
+                "the message names, then restart."),
+)
+CONFIG_RULE_SUGGESTION = ("The engine refused its flags at start-up (rule `{rule}`, {where}); under "
+                          "systemd it restarts into the same refusal. Fix: {fix}. `k26ops deploy` "
+                          "checks this rule before it changes any host.")
+# Frames of the engines' argument/config checks.
+CONFIG_FRAMES = re.compile(r"server_args\.py|/arg_groups/|speculative_hook\.py|vllm/config/|"
+                           r"vllm/engine/arg_utils\.py")
+
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
-                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, NCCL_FAILURE]
+                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, CONFIG_REFUSED,
+                               NCCL_FAILURE]
 
+NO_ERROR_SUGGESTION = ("No error in this log: no exception, no error line. If the engine "
+                       "still died, read the lines before it stopped (or the kernel log: "
+                       "an OOM kill leaves no Python error).")
 UNCLASSIFIED_SUGGESTION = ("No known crash signature; the evidence line is the first "
                            "error in the log (chained exceptions: the cause).")
 
@@ -215,7 +270,8 @@ SECONDARY = re.compile(
     r"^(?:KeyboardInterrupt|SystemExit|(?:asyncio\.(?:exceptions\.)?)?CancelledError|"
     r"BrokenPipeError|ConnectionResetError|ConnectionRefusedError|EOFError)\b|"
     r"DistStoreError|TCPStore|Exception\s+in\s+thread|child\s+process|"
-    r"server\s+process\s+(?:exited|died)|Killed\b",
+    r"server\s+process\s+(?:exited|died)|Killed\b|To\s+work\s+around\s+this\s+error|"
+    r"Please\s+report\s+this\s+issue",
     re.IGNORECASE)
 
 ALGORITHMS = ("DDTREE", "DFLASH", "EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "NGRAM")
