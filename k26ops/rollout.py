@@ -153,7 +153,8 @@ def print_rollout(settings, results: list[HostResult], title: str, columns=(), c
     from k26ops.cli.report import print_results, wide_console
 
     if settings.as_json:
-        click.echo(json.dumps({"canary": canary or 0, "hosts": {r.host: r.to_json() for r in results}},
+        click.echo(json.dumps({"canary": canary or 0, "hosts": {r.host: r.to_json() for r in results},
+                               **({"warnings": list(settings.warnings)} if settings.warnings else {})},
                               default=str))
         return
     cols = list(columns) or [("engine", "_engine"), ("health", "_health"), ("smoke", "_smoke")]

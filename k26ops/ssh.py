@@ -348,8 +348,51 @@ def _gateway(spec: str | None, timeout: float):
         user, _, rest = hop.rpartition("@")
         hostname, _, port = rest.partition(":")
         gw = Connection(hostname, user=user or None, port=int(port) if port else None,
-                        gateway=gw, connect_timeout=timeout)
+                        gateway=gw, connect_timeout=timeout,
+                        connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout})
     return gw
+
+
+def _hops(conn: Connection) -> list[Connection]:
+    """The connection's ProxyJump chain, outermost bastion first, then conn itself."""
+    chain = [conn]
+    while isinstance(chain[0].gateway, Connection):
+        chain.insert(0, chain[0].gateway)
+    return chain
+
+
+def _hop_name(c: Connection) -> str:
+    return f"{c.user + '@' if c.user else ''}{c.host}:{c.port}"
+
+
+def failure(exc: BaseException, hop: Connection, timeout: float, via_bastion: bool = False) -> str | None:
+    """What failed on one hop, in an operator's words: DNS, refused, timeout,
+    authentication, handshake; None for what is not a connection failure."""
+    if isinstance(exc, socket.gaierror):
+        return f"DNS: cannot resolve {hop.host!r} ({exc.strerror or exc})"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        causes = list(exc.errors.values())
+        if causes and all(isinstance(c, ConnectionRefusedError) for c in causes):
+            return f"connection refused on port {hop.port} (no sshd listening?)"
+        return f"cannot connect to port {hop.port}: {'; '.join(str(c) for c in causes) or exc}"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused on port {hop.port} (no sshd listening?)"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"timeout: no answer within {timeout:.0f}s"
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"authentication failed as {hop.user}: {exc}"
+    if isinstance(exc, paramiko.ChannelException):
+        return (f"the bastion could not open a connection to port {hop.port} "
+                f"(refused, unreachable or name unknown from the bastion: {exc})")
+    if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
+        msg = str(exc) or exc.__class__.__name__
+        if "banner" in msg.lower():
+            return f"timeout: no SSH banner within {timeout:.0f}s ({msg})"
+        if "no existing session" in msg.lower():
+            # paramiko's words when the transport died before authentication
+            return f"timeout: SSH handshake did not complete within {timeout:.0f}s (connection closed)"
+        return msg
+    return None
 
 
 def connect(host: Host, *, accept_new: bool = False,
@@ -368,33 +411,25 @@ def connect(host: Host, *, accept_new: bool = False,
                       gateway=_gateway(host.gateway, connect_timeout),
                       config=Config(overrides={"load_ssh_configs": True}))
     _strict(conn, host, accept_new)
-    try:
-        conn.open()
-    except HostKeyRefused:
-        conn.close()
-        raise
-    except paramiko.BadHostKeyException as exc:
-        conn.close()
-        raise HostKeyRefused(
-            f"host key for {exc.hostname} CHANGED: offered {exc.key.get_name()} "
-            f"{fingerprint(exc.key)}, known_hosts has {fingerprint(exc.expected_key)}; refusing "
-            "(if the host was reinstalled, remove the old key from known_hosts)") from None
-    except (socket.timeout, TimeoutError):
-        conn.close()
-        raise Unreachable(f"connect timed out after {connect_timeout:.0f}s") from None
-    except paramiko.AuthenticationException as exc:
-        conn.close()
-        raise Unreachable(f"authentication failed as {conn.user}: {exc}") from None
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        conn.close()
-        msg = str(exc) or exc.__class__.__name__
-        if isinstance(exc, paramiko.SSHException) and "banner" in msg.lower():
-            msg = f"no SSH banner within {connect_timeout:.0f}s ({msg})"
-        elif isinstance(exc, paramiko.SSHException) and "no existing session" in msg.lower():
-            # paramiko's words when the transport died before authentication:
-            # the peer never completed the SSH handshake.
-            msg = f"SSH handshake did not complete within {connect_timeout:.0f}s (connection closed)"
-        raise Unreachable(msg) from None
+    hops = _hops(conn)
+    for i, hop in enumerate(hops):  # bastions first, so a failure names its hop
+        what = (f"bastion {_hop_name(hop)}" if hop is not conn
+                else f"host {_hop_name(hop)}" + (f" (via bastion {_hop_name(hops[i - 1])})" if i else ""))
+        try:
+            hop.open()
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, HostKeyRefused):
+                raise HostKeyRefused(f"{what}: {exc}") from None
+            if isinstance(exc, paramiko.BadHostKeyException):
+                raise HostKeyRefused(
+                    f"{what}: host key for {exc.hostname} CHANGED: offered {exc.key.get_name()} "
+                    f"{fingerprint(exc.key)}, known_hosts has {fingerprint(exc.expected_key)}; refusing "
+                    "(if the host was reinstalled, remove the old key from known_hosts)") from None
+            why = failure(exc, hop, connect_timeout, via_bastion=bool(i))
+            if why is None:
+                raise
+            raise Unreachable(f"{what}: {why}") from None
     conn.transport.set_keepalive(KEEPALIVE_SECONDS)
     return _checked(SSHSession(host, conn), conn.user)
 

@@ -16,6 +16,9 @@ import pytest
 from labtools import free_port_block
 
 LAB_HOSTS = int(os.environ.get("K26OPS_TEST_LAB_HOSTS", "3"))
+# Tests never read the operator's own ~/.config/k26ops/config.toml (k26ops.config);
+# tests of the config file point K26OPS_CONFIG at their own.
+os.environ["K26OPS_CONFIG"] = os.devnull
 
 
 class RunningLab:

@@ -159,6 +159,17 @@ def test_deploy_healthy_smoke_then_converged(lab, engine, capsys):
     assert logs.returncode == 0, logs.stderr
     assert "Load weight" in logs.stdout or "/generate" in logs.stdout
     assert TOKEN not in logs.stdout + logs.stderr
+    # k26ops' own health/smoke requests are hidden unless --all; the journal's hostname column is dropped
+    every = k26ops("--limit", lab1, "logs", "--all", "--since", "1 hour ago", env=env)
+    assert every.returncode == 0 and "from=k26ops" in every.stdout and "/generate?from=k26ops" in every.stdout
+    mine = k26ops("--limit", lab1, "logs", "--since", "1 hour ago", env=env)
+    assert mine.returncode == 0 and "from=k26ops" not in mine.stdout and "Load weight" in mine.stdout
+    assert all(len(line.split()) < 2 or not line.split()[1].startswith(("lab", "k26")) for line in mine.stdout.splitlines())
+    grep = k26ops("--limit", lab1, "logs", "--since", "1 hour ago", "--grep", "Load weight (begin|end)", env=env)
+    assert grep.returncode == 0 and len(grep.stdout.splitlines()) >= 2
+    assert all("Load weight" in line for line in grep.stdout.splitlines())
+    bad = k26ops("--limit", lab1, "logs", "--since", "not a time", env=env)
+    assert bad.returncode == 1 and "journalctl:" in bad.stderr
 
 
 def test_check_diff_redacts_secrets(lab, engine):

@@ -10,7 +10,8 @@ tagged snapshots of what ran on the hosts, and rollback to them.
 
 See repo.py for the repository layout, snapshot.py and rollback.py for what
 is recorded and restored. Repository: --baselines DIR, else $K26OPS_BASELINES,
-else ./baselines; created by the first snapshot.
+else the config file's `baselines`, else ~/.local/share/k26ops/baselines
+(k26ops.config); created by the first snapshot.
 """
 
 from k26ops.baselines.repo import Baselines, TagInfo, check_tag_name, default_dir  # noqa: F401

@@ -40,7 +40,11 @@ _TAG_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*")
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("K26OPS_BASELINES") or "baselines")
+    """$K26OPS_BASELINES, else the config file's `baselines`, else
+    ~/.local/share/k26ops/baselines: never the current directory (k26ops.config)."""
+    from k26ops import config
+
+    return config.baselines_dir()[0]
 
 
 def check_tag_name(tag: str) -> str:

@@ -41,7 +41,7 @@ def _finite(param, value):
 @click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="k26ops")
 @click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
-              help="Inventory YAML (default: $K26OPS_INVENTORY, else the running lab's).")
+              help="Inventory YAML (default: $K26OPS_INVENTORY, else the config file's, else the running lab's).")
 @click.option("--limit", "-l", metavar="HOST[,HOST]", help="Only these hosts or groups.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
@@ -53,14 +53,44 @@ def _finite(param, value):
               help="Seconds to wait for a host's SSH connection.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust-on-first-use: record unknown host keys (changed keys are always refused).")
+@click.option("--strict", is_flag=True,
+              help="An inventory variable k26ops does not read is an error (exit 2), not a warning.")
 @click.option("--lab-dir", metavar="DIR", envvar="K26OPS_LAB_DIR", hidden=True)
 @click.pass_context
 def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeout,
-        accept_new_host_keys, lab_dir):
+        accept_new_host_keys, strict, lab_dir):
     """Deploy, baseline, roll back and diagnose a TP8 DDTree SGLang engine over SSH."""
     ctx.obj = Settings(inventory=inventory, limit=limit, as_json=as_json, verbose=verbose,
                        lab_dir=lab_dir, forks=forks, deadline=deadline,
-                       connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+                       connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
+                       strict=strict)
+    _apply_config(ctx, ctx.obj)
+
+
+_FLAGS = {"inventory": "--inventory", "forks": "--forks", "deadline": "--deadline",
+          "connect_timeout": "--connect-timeout"}
+
+
+def _apply_config(ctx, settings: Settings) -> None:
+    """Fill what no flag or environment variable set from the config file; record
+    where each setting came from (`k26ops config show`)."""
+    from click.core import ParameterSource
+
+    from k26ops import config
+
+    conf = config.load()
+    for name, flag in _FLAGS.items():
+        source = ctx.get_parameter_source(name)
+        if source == ParameterSource.COMMANDLINE:
+            settings.sources[name] = flag
+        elif source == ParameterSource.ENVIRONMENT:
+            settings.sources[name] = "env K26OPS_INVENTORY"
+        elif name in conf:
+            value = conf[name]
+            setattr(settings, name, str(value) if name == "inventory" else value)
+            settings.sources[name] = f"config {config.config_path()}"
+        else:
+            settings.sources[name] = "default"
 
 
 def _register() -> None:
@@ -83,12 +113,19 @@ def _register() -> None:
     from k26ops.cli import selftest
 
     cli.add_command(selftest.selftest_cmd)
+    from k26ops.cli import config
+
+    cli.add_command(config.group)
+    from k26ops.cli import globalopts
+
+    for command in cli.commands.values():
+        globalopts.attach(command)
 
 
 _register()
 
 
-GLOBAL_FLAGS = {"--json", "-v", "-vv", "-vvv", "--verbose", "--accept-new-host-keys"}
+GLOBAL_FLAGS = {"--json", "-v", "-vv", "-vvv", "--verbose", "--accept-new-host-keys", "--strict"}
 
 
 def hoist_global_flags(args: list[str]) -> list[str]:

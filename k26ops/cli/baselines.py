@@ -16,7 +16,7 @@ from k26ops.steps.service import smoke_summary
 from rich.table import Table
 
 BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-                             help="Baselines git repository (default: $K26OPS_BASELINES, else ./baselines).")
+                             help="Baselines git repository (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
 
 
 def _fmt_time(ts: float) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -22,6 +22,9 @@ class Settings:
     deadline: float = 3600.0
     connect_timeout: float = 10.0
     accept_new_host_keys: bool = False
+    strict: bool = False  # unknown inventory variables are an error
+    warnings: tuple = ()  # the loaded inventory's warnings, for --json output
+    sources: dict = field(default_factory=dict)  # setting -> "--forks", "config PATH", "default"...
 
     @property
     def lab_path(self) -> Path:
@@ -55,6 +58,8 @@ class Settings:
 
         for w in getattr(inv, "warnings", []):
             click.echo(f"k26ops: warning: {w}", err=True)
+        inv.check_strict(self.strict)
+        self.warnings = tuple(inv.warnings)
         hosts = inv.select(self.limit)
         from k26ops import multinode
 

@@ -61,6 +61,7 @@ def _load(settings: Settings, inventory: str | None) -> Inventory:
     inv = load(settings.inventory_path())
     for warning in inv.warnings:
         click.echo(oneline(f"k26ops: warning: {warning}"), err=True)
+    inv.check_strict(settings.strict)
     return inv
 
 
@@ -180,3 +181,26 @@ def show_cmd(settings: Settings, inventory, as_json, host):
         table.add_row(Text(f"vars.{k}"), Text(json.dumps(v, ensure_ascii=False)), Text(""))
     console.print(table)
     _print_notes(console, [h])
+
+
+@group.command("vars")
+@click.option("--markdown", is_flag=True, help="As docs/inventory.md (generated from this table).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def vars_cmd(settings: Settings, markdown, as_json):
+    """Every inventory variable k26ops reads: type, default, where, meaning."""
+    from dataclasses import asdict
+
+    from k26ops.inventory import variables
+
+    if markdown:
+        click.echo(variables.markdown(), nl=False)
+        return
+    if as_json or settings.as_json:
+        click.echo(json.dumps({"command": "inventory vars", "ok": True, "exit_code": 0, "hosts": {},
+                               "variables": [asdict(v) for v in variables.VARIABLES + variables.ANSIBLE_READ]},
+                              indent=2))
+        return
+    for v in variables.VARIABLES + variables.ANSIBLE_READ:
+        info = " (informational)" if v.informational else ""
+        click.echo(f"{v.name} ({v.type}, default {v.default}){info}: {v.meaning} [read by {v.used}]")

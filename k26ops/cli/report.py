@@ -44,7 +44,10 @@ def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_
 
 def print_results(settings, results: list[HostResult], title: str, columns=()) -> None:
     if settings.as_json:
-        click.echo(json.dumps({"hosts": {r.host: r.to_json() for r in results}}, default=str))
+        doc = {"hosts": {r.host: r.to_json() for r in results}}
+        if settings.warnings:
+            doc["warnings"] = list(settings.warnings)
+        click.echo(json.dumps(doc, default=str))
         return
     table = Table("host", "status", *[c[0] for c in columns], "time", "detail", title=title)
     for r in results:

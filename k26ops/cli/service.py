@@ -9,7 +9,7 @@ import time
 import click
 from rich.console import Console
 
-from k26ops import units
+from k26ops import logview, units
 from k26ops.cli.report import run_and_report
 from k26ops.fleet import Fleet, FleetInterrupted, Outcome
 from k26ops.steps import HostContext
@@ -41,7 +41,7 @@ def _ago(seconds: float | None) -> str:
 @click.command(name="status")
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
 @click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-              help="Baselines repository to compare with (default: $K26OPS_BASELINES, else ./baselines).")
+              help="Baselines repository to compare with (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
 @click.pass_obj
 def status_cmd(settings, unit, baselines_dir):
     """Per host: engine unit state, health, release, uptime, model, last restart;
@@ -89,10 +89,14 @@ def status_cmd(settings, unit, baselines_dir):
               help="Journal lines per host.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C stops).")
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
+@click.option("--since", metavar="TIME", help="From this time on (journalctl's: '1h ago', '2026-12-01 10:00', 'today').")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression.")
+@click.option("--all", "show_all", is_flag=True, help="Also k26ops' own health and smoke requests (hidden by default).")
 @click.option("--interval", type=click.FloatRange(0.2), default=1.0, hidden=True)
 @click.pass_obj
-def logs_cmd(settings, lines, follow, unit, interval):
-    """The engine's journal on each host (secrets redacted)."""
+def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
+    """The engine's journal on each host (secrets redacted; k26ops' own requests hidden)."""
+    matches = logview.grep(pattern)
     hosts = settings.selected_hosts()
     prefix = len(hosts) > 1
     cursors: dict[str, str | None] = {}
@@ -104,13 +108,17 @@ def logs_cmd(settings, lines, follow, unit, interval):
         ctx = _host_ctx(session)
         svc, uname, _host, _port = _target(ctx, unit)
         first = name not in secrets
-        r = svc.agent(session, "logs", unit=uname, lines=lines, cursor=cursors.get(name),
+        r = svc.agent(session, "logs", unit=uname, lines=lines, cursor=cursors.get(name), since=since,
                       env_path=svc.env_path({}, ctx.vars), with_env=first)
+        if r.get("error"):
+            raise RuntimeError(r["error"])
         if first:
             known = svc._secrets(ctx, svc.engine_env(ctx, {}), r.get("env"))
             secrets[name] = known
         cursors[name] = r.get("cursor") or cursors.get(name)
-        return Outcome(lines=[units.redact(line, secrets[name]) for line in r["lines"]])
+        shown = (units.redact(logview.drop_hostname(line), secrets[name])
+                 for line in r["lines"] if show_all or not logview.own_request(line))
+        return Outcome(lines=[line for line in shown if matches(line)])  # grep after redaction
 
     fleet = Fleet(hosts, settings.fleet_options())
     failed = False

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from k26ops.errors import UserError
-from k26ops.inventory import ansible, native
+from k26ops.inventory import ansible, native, variables
 from k26ops.inventory.fields import ANSIBLE_SSH_CONNECTIONS, resolve
 from k26ops.inventory.graph import Graph, Origin
 from k26ops.inventory.model import Host, Inventory
@@ -38,14 +38,18 @@ def load(path: Path | str, ssh_config: Path | str | None | bool = True) -> Inven
     shape = "native" if native.looks_native(data) else "ansible"
     (native if shape == "native" else ansible).parse(data, graph, warnings)
     graph.finish()
+    unknown = [f"{path}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"
+               for line, where, msg in variables.unknown_keys(graph, shape)]
+    warnings.extend(unknown)
     ssh = SSHConfig(default_path() if ssh_config is True
                     else Path(ssh_config) if ssh_config else None)
     hosts = {name: _host(graph, name, shape, ssh, warnings) for name in graph.hosts}
     _secret_policy(hosts)
     groups = {g: graph.group_hosts(g) for g in graph.groups}
     children = {g: list(node.children) for g, node in graph.groups.items()}
+    members = {g: list(node.hosts) for g, node in graph.groups.items()}
     return Inventory(path=path, hosts=hosts, groups=groups, warnings=warnings, shape=shape,
-                     children=children)
+                     children=children, members=members, unknown_vars=unknown)
 
 
 def _secret_policy(hosts: dict) -> None:

@@ -33,6 +33,16 @@ class Inventory:
     warnings: list[str] = field(default_factory=list)
     shape: str = "native"  # or "ansible"
     children: dict[str, list[str]] = field(default_factory=dict)
+    members: dict[str, list[str]] = field(default_factory=dict)  # group -> its own hosts, in order
+    unknown_vars: list[str] = field(default_factory=list)  # also in warnings (k26ops.inventory.variables)
+
+    def check_strict(self, strict: bool) -> None:
+        """--strict: a variable k26ops does not read is an error (exit 2), not a warning."""
+        if strict and self.unknown_vars:
+            from k26ops.errors import UserError
+
+            more = f" (and {len(self.unknown_vars) - 1} more)" if len(self.unknown_vars) > 1 else ""
+            raise UserError(f"{self.unknown_vars[0]}{more} (--strict)")
 
     def select(self, limit: str | None) -> list[Host]:
         """Hosts matching --limit, in inventory order (see k26ops.inventory.limit)."""

@@ -50,7 +50,8 @@ def write(path, text, perm):
     os.replace(tmp, path)
 
 def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
-    url = "http://%s:%d%s" % (host, port, path)
+    # Marked as k26ops' own (health, smoke), so `k26ops logs` can hide them; engines ignore the query.
+    url = "http://%s:%d%s%sfrom=k26ops" % (host, port, path, "&" if "?" in path else "?")
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     try:
@@ -278,8 +279,13 @@ def op_status(r):
 
 def op_logs(r):
     argv = ["journalctl", "--no-pager", "-u", r["unit"], "-o", "short-iso", "--show-cursor"]
-    argv += ["--after-cursor", r["cursor"]] if r.get("cursor") else ["-n", str(r["lines"])]
+    if r.get("cursor"):
+        argv += ["--after-cursor", r["cursor"]]
+    else:
+        argv += ["--since", r["since"]] if r.get("since") else ["-n", str(r["lines"])]
     rc, out, err = sh(argv)
+    if rc != 0 and not out.strip():
+        return {"error": "journalctl: " + (err.strip().splitlines() or ["exit %d" % rc])[-1]}
     cursor = r.get("cursor")
     lines = out.splitlines()
     if lines and lines[-1].startswith("-- cursor: "):

@@ -1,0 +1,54 @@
+"""Global options in every command's place too: `k26ops status -l gpu -f 4`
+means `k26ops -l gpu -f 4 status`. Each command gets the global options it
+does not define itself (`logs -f` stays --follow; there, --forks is long only)."""
+
+from __future__ import annotations
+
+import click
+
+from k26ops.cli.context import Settings
+
+# (option strings, Settings attribute, click keyword arguments)
+GLOBAL = [
+    (("--inventory", "-i"), "inventory", dict(metavar="PATH", help="Inventory YAML (as the global --inventory).")),
+    (("--limit", "-l"), "limit", dict(metavar="PATTERN", help="Ansible host pattern (as the global --limit).")),
+    (("--forks", "-f"), "forks", dict(type=click.IntRange(1, 512), help="Hosts worked on at once (as the global --forks).")),
+    (("--json",), "as_json", dict(is_flag=True, help="Machine-readable output.")),
+    (("--verbose", "-v"), "verbose", dict(count=True, help="More detail (repeat for more).")),
+]
+
+
+def _store(attr: str, flag: str):
+    def callback(ctx, param, value):
+        if value in (None, False, 0):  # not given (these options have no defaults)
+            return value
+        settings = ctx.find_object(Settings)
+        if settings is not None:
+            if attr == "verbose":
+                settings.verbose += value
+            else:
+                setattr(settings, attr, value)
+                settings.sources[attr] = flag
+        return value
+    return callback
+
+
+def attach(command: click.Command) -> None:
+    """Add the global options `command` (and its subcommands) lacks."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            attach(sub)
+        return
+    taken = {o for p in command.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+    for p in command.params:  # -C / -D: Ansible's short forms of --check / --diff
+        for long, short in (("--check", "-C"), ("--diff", "-D")):
+            if long in getattr(p, "opts", []) and short not in taken:
+                p.opts.append(short)
+                taken.add(short)
+    names = {p.name for p in command.params}
+    for opts, attr, kwargs in GLOBAL:
+        free = [o for o in opts if o not in taken]
+        if not free or (attr in names and len(free) < len(opts)):
+            continue
+        command.params.append(click.Option([*free, f"global_{attr}"], expose_value=False,
+                                           callback=_store(attr, opts[0]), **kwargs))

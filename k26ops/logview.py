@@ -1,0 +1,38 @@
+"""`k26ops logs` for people: k26ops' own requests hidden, the host named once.
+
+k26ops' health probes and smoke requests carry `from=k26ops` in their query
+string (k26ops/steps/service_agent.py), so the engine's access log shows them
+as `"GET /health?from=k26ops HTTP/1.1"`; those lines are hidden unless --all.
+The journal's own hostname column is dropped: the inventory name is the one
+shown (prefixed when several hosts are listed).
+"""
+
+from __future__ import annotations
+
+import re
+
+from k26ops.errors import UserError
+
+_OWN_REQUEST = re.compile(r'"[A-Z]+ /\S*[?&]from=k26ops(?:[&\s"]|$)')
+_SHORT_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\S+) \S+ (.*)$")
+
+
+def own_request(line: str) -> bool:
+    """An access-log line of a request k26ops itself made (health, smoke)."""
+    return bool(_OWN_REQUEST.search(line))
+
+
+def drop_hostname(line: str) -> str:
+    """`2026-12-01T10:00:00+0000 gpu1 python[7]: msg` -> `2026-12-01T10:00:00+0000 python[7]: msg`."""
+    m = _SHORT_ISO.match(line)
+    return f"{m.group(1)} {m.group(2)}" if m else line
+
+
+def grep(pattern: str | None):
+    """--grep's test (a regular expression; a bad one is one line, exit 2)."""
+    if pattern is None:
+        return lambda line: True
+    try:
+        return re.compile(pattern).search
+    except re.error as exc:
+        raise UserError(f"--grep {pattern!r}: bad regular expression: {exc}") from None

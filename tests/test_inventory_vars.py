@@ -1,0 +1,97 @@
+"""Every inventory setting is known: the registry (k26ops.inventory.variables)
+covers what the code reads, docs/inventory.md is generated from it, and a key
+nothing reads is a warning naming the nearest known one (an error with --strict)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from k26ops.cli import cli, hoist_global_flags
+from k26ops.inventory import load, variables
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_ssh_config(monkeypatch):
+    monkeypatch.setenv("K26OPS_SSH_CONFIG", "")
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, hoist_global_flags(list(args)))
+
+
+def test_docs_inventory_md_is_generated_from_the_registry():
+    doc = (ROOT / "docs/inventory.md").read_text()
+    assert doc == variables.markdown(), "regenerate: k26ops inventory vars --markdown > docs/inventory.md"
+    assert _run("inventory", "vars", "--markdown").stdout == doc
+
+
+def test_registry_covers_every_variable_the_code_reads():
+    """Any `vars.get("x")`, `hv.get("x")`, `host_vars["x"]`... in k26ops/ is in the registry."""
+    read = set()
+    pattern = re.compile(r"\b(?:vars|hv|hvars|host_vars|values)(?:\.get\(|\[)\"([A-Za-z_][A-Za-z0-9_]*)\"")
+    for path in (ROOT / "k26ops").rglob("*.py"):
+        read |= set(pattern.findall(path.read_text()))
+    from k26ops import preflight
+    read |= set(preflight.DEFAULTS)
+    missing = sorted(n for n in read if not variables.is_known(n))
+    assert read and not missing, missing
+
+
+@pytest.mark.parametrize("name", ["example-rtxpro6000.yml", "example-ansible.yml"])
+def test_example_inventories_have_no_unknown_keys(name):
+    inv = load(ROOT / "inventory" / name, ssh_config=None)
+    assert inv.unknown_vars == [] and not any("unknown" in w for w in inv.warnings)
+
+
+def _typo_inventory(tmp_path, shape="native"):
+    p = tmp_path / "inv.yml"
+    if shape == "native":
+        p.write_text("vars:\n  releases_dir: /srv/r\n  grafana_url: x\nhosts:\n  a:\n    address: 127.0.0.1\n"
+                     "    port: 1\n    vars:\n      engine_service: e.service\n")
+    else:
+        p.write_text("all:\n  vars:\n    releases_rot: /srv/r\n    grafana_url: x\n    ansible_python_interpreter: /usr/bin/python3\n"
+                     "  hosts:\n    a:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n")
+    return p
+
+
+def test_unknown_key_warns_with_the_nearest_name_in_text_and_json(tmp_path):
+    p = _typo_inventory(tmp_path)
+    text = _run("inventory", "list", "-i", str(p))
+    assert text.exit_code == 0, text.stderr
+    lines = text.stderr.splitlines()
+    assert f"k26ops: warning: {p}:2: vars: releases_dir: unknown; did you mean releases_root?" in lines
+    assert f"k26ops: warning: {p}:9: host a: engine_service: unknown; did you mean engine_unit?" in lines
+    assert f"k26ops: warning: {p}:3: vars: grafana_url: unknown; k26ops does not read it" in lines
+    doc = json.loads(_run("inventory", "list", "-i", str(p), "--json").stdout)
+    assert any(w.endswith("releases_dir: unknown; did you mean releases_root?") for w in doc["warnings"])
+
+
+def test_ansible_shape_warns_only_about_likely_typos(tmp_path):
+    inv = load(_typo_inventory(tmp_path, "ansible"), ssh_config=None)
+    assert [w.split(": ", 2)[-1] for w in inv.unknown_vars] == ["releases_rot: unknown; did you mean releases_root?"]
+
+
+def test_strict_makes_an_unknown_key_an_error(tmp_path):
+    p = _typo_inventory(tmp_path)
+    for args in (["--strict", "inventory", "list", "-i", str(p)], ["inventory", "list", "--strict", "-i", str(p)]):
+        res = _run(*args)
+        assert res.exit_code == 2 and res.stdout == ""
+        err = res.stderr.splitlines()[-1]
+        assert err.startswith(f"k26ops: error: {p}:2: vars: releases_dir: unknown") and "(--strict)" in err
+
+
+def test_check_warns_in_text_and_json_and_strict_stops_before_connecting(tmp_path):
+    p = _typo_inventory(tmp_path)  # host a: 127.0.0.1:1, nothing listens
+    res = _run("-i", str(p), "--connect-timeout", "2", "check", "--json")
+    doc = json.loads(res.stdout)
+    assert any("releases_dir: unknown" in w for w in doc["warnings"])
+    assert "releases_dir: unknown" in res.stderr
+    strict = _run("-i", str(p), "--strict", "check")
+    assert strict.exit_code == 2 and "(--strict)" in strict.stderr and "unreachable" not in strict.stdout
