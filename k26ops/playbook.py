@@ -15,7 +15,6 @@ import yaml
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
 from k26ops.errors import UserError
-from k26ops.facts.disk import disk_free_fact
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
 from k26ops.ssh import q
@@ -100,7 +99,7 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
             ownership.claim(session, root)
     try:
         progress("gathering facts")
-        extra = [disk_free_fact(preflight.paths(host.vars))]
+        extra = preflight.host_facts(host.vars)
         facts = facts_mod.gather(session, extra=extra)
         ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts,
                           shared=dict(shared or {}), check=check, progress=progress)

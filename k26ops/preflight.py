@@ -36,7 +36,20 @@ class Check:
 
 
 def expectations(host_vars: dict) -> dict:
-    return {k: host_vars.get(k, v) for k, v in DEFAULTS.items()}
+    e = {k: host_vars.get(k, v) for k, v in DEFAULTS.items()}
+    if "releases_root" not in host_vars and host_vars.get("k26ops_root"):
+        e["releases_root"] = f"{host_vars['k26ops_root']}/releases"  # as HostContext.releases_root
+    return e
+
+
+def host_facts(host_vars: dict) -> list:
+    """The facts that depend on this host's layout: free disk where the model and
+    the releases go, the toolchain where the toolchain step installs it."""
+    from k26ops.facts.cuda import cuda_toolkit_fact
+    from k26ops.facts.disk import disk_free_fact
+
+    root = str(host_vars.get("k26ops_root") or "/opt/k26ops")
+    return [disk_free_fact(paths(host_vars)), cuda_toolkit_fact(f"{root}/toolchain")]
 
 
 def paths(host_vars: dict) -> list[str]:

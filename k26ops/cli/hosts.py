@@ -8,13 +8,12 @@ from rich.console import Console
 from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report
-from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
 from k26ops.fleet import Outcome
 
 
 def _gather(session, drafter: dict | None = None):
-    extra = [disk_free_fact(preflight.paths(session.host.vars))]
+    extra = preflight.host_facts(session.host.vars)
     if drafter and drafter.get("path"):
         extra.append(drafter_fact(drafter["path"]))
     return facts_mod.gather(session, extra=extra)
