@@ -1,0 +1,138 @@
+"""Reboot one host and wait for it: the building block of rolling reboots.
+
+Why a boot id: a host that has not gone down yet still answers SSH, so
+"SSH answers" alone would pass before the reboot happened. The kernel's
+/proc/sys/kernel/random/boot_id changes on every boot (nspawn gives each
+container boot its own), so the host is back only when a new connection
+reads a new one. Then systemd must finish booting (`is-system-running
+--wait`): a host whose units failed is not healthy.
+
+Never reboots a host whose engine unit is active unless allowed: rebooting a
+serving engine drops every request in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from k26ops.ssh import HostKeyRefused, Session, Unreachable, connect, q
+from k26ops.steps import StepFailed, check_interrupted
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+DEFAULT_TIMEOUT = 900.0
+POLL_S = 2.0
+
+
+def engine_serving(session: Session, hvars: dict) -> str | None:
+    """The engine's unit name when it is active on the host, else None."""
+    from k26ops.steps.service import unit_name
+
+    unit = unit_name({}, hvars)
+    res = session.run(f"systemctl is-active {q(unit)}")
+    return unit if res.stdout.strip() in ("active", "activating", "reloading") else None
+
+
+def refuse_serving(unit: str | None, allow: bool) -> None:
+    if unit and not allow:
+        raise StepFailed(f"{unit} is serving: not rebooting this host without --allow-reboot")
+
+
+def reboot_and_wait(session: Session, *, accept_new: bool, connect_timeout: float,
+                    timeout: float = DEFAULT_TIMEOUT,
+                    progress: Callable[[str], None] = lambda m: None) -> tuple[Session, str, float]:
+    """Reboot, wait (deadline `timeout` s) for SSH with a new boot id and for
+    systemd to finish booting. Returns (new session, systemd state, seconds).
+    The old session is closed; the caller closes the new one."""
+    host = session.host
+    before = session.run(BOOT_ID, check=True).stdout.strip()
+    progress("rebooting")
+    session.run("systemctl --no-block reboot", check=True)
+    session.close()
+    t0 = time.monotonic()
+    last = "no answer yet"
+    while True:
+        check_interrupted("the wait for a reboot")
+        elapsed = time.monotonic() - t0
+        if elapsed > timeout:
+            raise StepFailed(f"did not come back within {timeout:.0f}s after its reboot ({last})")
+        progress(f"rebooting: waiting for SSH ({elapsed:.0f}s of {timeout:.0f}s)")
+        try:
+            new = connect(host, accept_new=accept_new,
+                          connect_timeout=max(1.0, min(connect_timeout, timeout - elapsed)))
+        except HostKeyRefused:
+            raise
+        except Unreachable as exc:
+            last = str(exc)
+            time.sleep(POLL_S)
+            continue
+        try:
+            now = new.run(BOOT_ID, timeout=30).stdout.strip()
+        except Exception as exc:  # went down under us: try again
+            new.close()
+            last = str(exc) or type(exc).__name__
+            time.sleep(POLL_S)
+            continue
+        if not now or now == before:
+            new.close()
+            last = "still up: the reboot has not begun"
+            time.sleep(POLL_S)
+            continue
+        progress(f"back after {time.monotonic() - t0:.0f}s: waiting for systemd to finish booting")
+        left = max(10.0, timeout - (time.monotonic() - t0))
+        state = new.run(f"timeout {int(left)} systemctl is-system-running --wait", timeout=left + 10)
+        return new, state.stdout.strip() or "unknown", time.monotonic() - t0
+
+
+def failed_units(session: Session) -> list[str]:
+    res = session.run("systemctl --failed --plain --no-legend --no-pager")
+    return [line.split()[0] for line in res.stdout.splitlines() if line.split()]
+
+
+def same_host(before: dict, after: dict) -> list[str]:
+    """What a plain reboot must not change: GPU count and driver version."""
+    from k26ops.preflight import driver_version
+
+    problems = []
+    gb, ga = (before.get("gpus") or {}).get("count"), (after.get("gpus") or {}).get("count")
+    if gb is not None and ga != gb:
+        problems.append(f"{ga if ga is not None else 'no'} GPUs after the reboot, {gb} before")
+    db, da = driver_version(before)[0], driver_version(after)[0]
+    if db and da != db:
+        problems.append(f"driver {da or 'none'} after the reboot, {db} before")
+    return problems
+
+
+def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_reboot: bool,
+                timeout: float = DEFAULT_TIMEOUT, verify=None):
+    """Rollout work for `k26ops reboot`: refuse a serving engine, reboot, wait,
+    re-gather facts and check the host came back as it was (or `verify`)."""
+    from k26ops import facts as facts_mod
+    from k26ops.fleet import Outcome
+
+    names = ["gpus", "nvidia_smi", "nvidia_module", "nvidia_services", "nvswitch"]
+
+    def work(session: Session, progress):
+        progress("gathering facts")
+        before = facts_mod.gather(session, names)
+        unit = engine_serving(session, session.host.vars)
+        if check:
+            would = (f"would refuse: {unit} is serving (--allow-reboot)" if unit and not allow_reboot
+                     else "would reboot")
+            return Outcome(changed=False, reboot=would)
+        refuse_serving(unit, allow_reboot)
+        new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
+                                           timeout=timeout, progress=progress)
+        try:
+            progress("re-gathering facts")
+            after = facts_mod.gather(new, names)
+            problems = (verify or same_host)(before, after)
+            if state != "running":
+                problems.append(f"systemd is {state} (failed: {', '.join(failed_units(new)) or 'none'})")
+        finally:
+            new.close()
+        if problems:
+            raise StepFailed("came back unhealthy after its reboot: " + "; ".join(problems))
+        return Outcome(changed=True, reboot=f"rebooted, back in {secs:.0f}s")
+
+    return work
