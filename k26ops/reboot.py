@@ -13,6 +13,7 @@ serving engine drops every request in flight.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -22,6 +23,10 @@ from k26ops.steps import StepFailed, check_interrupted
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 DEFAULT_TIMEOUT = 900.0
 POLL_S = 2.0
+# While a host reboots, paramiko's transport thread logs each refused or reset
+# connection with a traceback (through logging's last-resort handler, to
+# stderr). The wait reports those in its own words; the traceback is noise.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def engine_serving(session: Session, hvars: dict) -> str | None:
