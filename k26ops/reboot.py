@@ -89,6 +89,26 @@ def reboot_and_wait(session: Session, *, accept_new: bool, connect_timeout: floa
         return new, state.stdout.strip() or "unknown", time.monotonic() - t0
 
 
+def take_lock(session: Session, purpose: str):
+    """The host lock (as a deploy takes it): a host another k26ops run is
+    changing is never rebooted under it. The lock dies with the reboot; the
+    caller takes it again on the new session and releases it cleanly, so no
+    stale owner record is left behind."""
+    from k26ops import ownership
+    from k26ops.hostlock import HostLock
+
+    root = str(session.host.vars.get("k26ops_root", "/opt/k26ops"))
+    st = ownership.state(session, root, "root")
+    why = ownership.refusal(root, "root", st)
+    if why:
+        raise StepFailed(why)
+    lock = HostLock(session, f"{root}/state", purpose)
+    lock.acquire()
+    if st["state"] != "owned":
+        ownership.claim(session, root)
+    return lock
+
+
 def failed_units(session: Session) -> list[str]:
     res = session.run("systemctl --failed --plain --no-legend --no-pager")
     return [line.split()[0] for line in res.stdout.splitlines() if line.split()]
@@ -126,9 +146,12 @@ def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_
                      else "would reboot")
             return Outcome(changed=False, reboot=would)
         refuse_serving(unit, allow_reboot)
+        take_lock(session, "reboot")  # let go by the reboot itself
         new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
                                            timeout=timeout, progress=progress)
         try:
+            lock = take_lock(new, "reboot")
+            lock.release()
             progress("re-gathering facts")
             after = facts_mod.gather(new, names)
             problems = (verify or same_host)(before, after)

@@ -56,6 +56,9 @@ def test_rolling_reboot_goes_batch_by_batch_and_a_host_kept_down_stops_it(drvlab
     assert "waiting for SSH" in proc.stderr  # progress while a host is down
     for n in names:
         assert re.search(rf"{n}\s.*rebooted, back in \d+s", proc.stdout), proc.stdout
+        # the host lock, taken before the reboot, was taken again and released after it
+        res = lab_ssh(drvlab.dir, drvlab.port(n), "ls /opt/k26ops/state/", timeout=30)
+        assert res.returncode == 0 and "lock.owner" not in res.stdout, res.stdout
 
     # lab2 does not come back: the rollout stops with one line, lab3 is untouched
     from k26ops.lab.machines import Lab
@@ -102,6 +105,14 @@ def test_a_serving_engine_is_not_rebooted_without_allow_reboot(drvlab):
         err = json.loads(proc.stdout)["hosts"]["lab3"]["error"]
         assert err == "k26-engine.service is serving: not rebooting this host without --allow-reboot"
         assert boot_id(drvlab, "lab3") == before
+        # a host another k26ops run holds is not rebooted either
+        lab_ssh(drvlab.dir, drvlab.port("lab3"), "mkdir -p /opt/k26ops/state && systemd-run "
+                "--unit=k26-holdlock flock /opt/k26ops/state/lock sleep 600", timeout=30)
+        proc = k26ops("--json", "--limit", "lab3", "reboot", "--allow-reboot", env=drvlab.env(), timeout=120)
+        assert proc.returncode == 1
+        assert json.loads(proc.stdout)["hosts"]["lab3"]["error"].startswith("host is locked by another k26ops run")
+        assert boot_id(drvlab, "lab3") == before
+        lab_ssh(drvlab.dir, drvlab.port("lab3"), "systemctl stop k26-holdlock", timeout=30)
         proc = k26ops("--json", "--limit", "lab3", "reboot", "--allow-reboot", "--reboot-timeout", "120",
                       env=drvlab.env(), timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr

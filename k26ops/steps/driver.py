@@ -241,7 +241,7 @@ def provision_work(steps, *, check: bool, allow_reboot: bool, timeout: float, ac
     from k26ops import facts as facts_mod
     from k26ops import playbook
     from k26ops.fleet import Outcome
-    from k26ops.reboot import failed_units, reboot_and_wait
+    from k26ops.reboot import failed_units, reboot_and_wait, take_lock
 
     def work(session, progress):
         out = playbook.run_on_host(session, steps, check=check, progress=progress, purpose="provision",
@@ -251,9 +251,11 @@ def provision_work(steps, *, check: bool, allow_reboot: bool, timeout: float, ac
             if check and why:
                 out["reboot"] = "would reboot"
             return out
+        take_lock(session, "provision")  # let go by the reboot itself
         new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
                                            timeout=timeout, progress=progress)
         try:
+            take_lock(new, "provision").release()
             progress("re-gathering facts")
             after = facts_mod.gather(new)
             step = next((s for s in steps if s.name == "driver"), None)
