@@ -158,6 +158,19 @@ def test_provision_check_on_an_old_driver_lists_packages_services_and_the_reboot
                       "ls /etc/apt/preferences.d/ /etc/apt/sources.list.d/", timeout=30)
         assert "k26ops-nvidia-driver" not in res.stdout and "cuda" not in res.stdout
 
+        # a serving engine: --check says the reboot would be refused; applying refuses before any change
+        lab_ssh(drvlab.dir, drvlab.port("lab1"), "systemd-run --unit=k26-engine sleep 600", timeout=30)
+        try:
+            proc = k26ops("--limit", "lab1", "provision", "--check", env=drvlab.env(), timeout=300)
+            assert ("reboot (driver 550.54.15 -> branch 580 (open modules)): REFUSED while "
+                    "k26-engine.service is serving; pass --allow-reboot") in " ".join(proc.stdout.split())
+            proc = k26ops("--json", "--limit", "lab1", "provision", env=drvlab.env(), timeout=300)
+            assert json.loads(proc.stdout)["hosts"]["lab1"]["error"] == (
+                "k26-engine.service is serving and the driver change needs a reboot (driver 550.54.15 -> "
+                "branch 580 (open modules)): nothing changed; pass --allow-reboot")
+        finally:
+            lab_ssh(drvlab.dir, drvlab.port("lab1"), "systemctl stop k26-engine", timeout=30)
+
         # the distribution's own packages (Debian 12: 535, none in the lab's sources): refused, one line
         inv = yaml.safe_load(drvlab.inventory.read_text())
         inv["hosts"]["lab1"]["vars"]["nvidia_driver_source"] = "distro"
