@@ -128,10 +128,34 @@ def same_host(before: dict, after: dict) -> list[str]:
     return problems
 
 
+def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect_timeout: float,
+                    timeout: float, progress, check, names=None) -> tuple[dict, float]:
+    """Lock, reboot, wait, lock again (released cleanly), re-gather facts and
+    run `check(after) -> [problems]`; StepFailed when the host came back unhealthy.
+    Returns (the facts after, seconds it took)."""
+    from k26ops import facts as facts_mod
+
+    take_lock(session, purpose)  # let go by the reboot itself
+    new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
+                                       timeout=timeout, progress=progress)
+    try:
+        take_lock(new, purpose).release()
+        progress("re-gathering facts")
+        after = facts_mod.gather(new, names)
+        problems = check(after)
+        if state != "running":
+            problems.append(f"systemd is {state} (failed: {', '.join(failed_units(new)) or 'none'})")
+    finally:
+        new.close()
+    if problems:
+        raise StepFailed("came back unhealthy after its reboot: " + "; ".join(problems))
+    return after, secs
+
+
 def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_reboot: bool,
-                timeout: float = DEFAULT_TIMEOUT, verify=None):
+                timeout: float = DEFAULT_TIMEOUT):
     """Rollout work for `k26ops reboot`: refuse a serving engine, reboot, wait,
-    re-gather facts and check the host came back as it was (or `verify`)."""
+    re-gather facts and check the host came back as it was."""
     from k26ops import facts as facts_mod
     from k26ops.fleet import Outcome
 
@@ -146,21 +170,9 @@ def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_
                      else "would reboot")
             return Outcome(changed=False, reboot=would)
         refuse_serving(unit, allow_reboot)
-        take_lock(session, "reboot")  # let go by the reboot itself
-        new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
-                                           timeout=timeout, progress=progress)
-        try:
-            lock = take_lock(new, "reboot")
-            lock.release()
-            progress("re-gathering facts")
-            after = facts_mod.gather(new, names)
-            problems = (verify or same_host)(before, after)
-            if state != "running":
-                problems.append(f"systemd is {state} (failed: {', '.join(failed_units(new)) or 'none'})")
-        finally:
-            new.close()
-        if problems:
-            raise StepFailed("came back unhealthy after its reboot: " + "; ".join(problems))
+        _, secs = reboot_verified(session, purpose="reboot", accept_new=accept_new,
+                                  connect_timeout=connect_timeout, timeout=timeout, progress=progress,
+                                  check=lambda after: same_host(before, after), names=names)
         return Outcome(changed=True, reboot=f"rebooted, back in {secs:.0f}s")
 
     return work

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from k26ops.facts.base import Fact, command_missing, first_line, safe
+from k26ops.facts.base import Fact, command_missing, first_line, safe, split_marked
 
 SEP = "--- k26ops:"
 VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -24,15 +24,7 @@ VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 def _sections(stdout: str) -> dict[str, str]:
     """Split `--- k26ops:NAME` separated output; text before the first is "head"."""
-    out, name, buf = {}, "head", []
-    for line in stdout.splitlines():
-        if line.startswith(SEP):
-            out[name] = "\n".join(buf)
-            name, buf = line[len(SEP):].strip(), []
-        else:
-            buf.append(line)
-    out[name] = "\n".join(buf)
-    return out
+    return split_marked(stdout, SEP, "head")
 
 
 def flavour_of_license(lic: str | None) -> str | None:

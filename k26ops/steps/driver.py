@@ -238,10 +238,11 @@ def provision_work(steps, *, check: bool, allow_reboot: bool, timeout: float, ac
                    connect_timeout: float):
     """Rollout work for `k26ops provision`: the playbook's steps, then, when the
     driver step asks for it, the reboot, the wait and the verification."""
-    from k26ops import facts as facts_mod
     from k26ops import playbook
     from k26ops.fleet import Outcome
-    from k26ops.reboot import failed_units, reboot_and_wait, take_lock
+    from k26ops.reboot import reboot_verified
+
+    step = next((s for s in steps if s.name == "driver"), None)
 
     def work(session, progress):
         out = playbook.run_on_host(session, steps, check=check, progress=progress, purpose="provision",
@@ -251,24 +252,11 @@ def provision_work(steps, *, check: bool, allow_reboot: bool, timeout: float, ac
             if check and why:
                 out["reboot"] = "would reboot"
             return out
-        take_lock(session, "provision")  # let go by the reboot itself
-        new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
-                                           timeout=timeout, progress=progress)
-        try:
-            take_lock(new, "provision").release()
-            progress("re-gathering facts")
-            after = facts_mod.gather(new)
-            step = next((s for s in steps if s.name == "driver"), None)
-            problems = verify(after, want(session.host.vars, step.params if step else {}),
-                              session.host.vars.get("gpus_per_host"))
-            if state != "running":
-                problems.append(f"systemd is {state} (failed: {', '.join(failed_units(new)) or 'none'})")
-        finally:
-            new.close()
-        if problems:
-            raise StepFailed("came back unhealthy after its reboot: " + "; ".join(problems))
-        drv, _ = driver_version(after)
+        w = want(session.host.vars, step.params if step else {})
+        after, secs = reboot_verified(session, purpose="provision", accept_new=accept_new,
+                                      connect_timeout=connect_timeout, timeout=timeout, progress=progress,
+                                      check=lambda f: verify(f, w, session.host.vars.get("gpus_per_host")))
         return Outcome(changed=True, steps=out.get("steps", []), reboot=f"rebooted, back in {secs:.0f}s",
-                       driver=drv)
+                       driver=driver_version(after)[0])
 
     return work
