@@ -52,10 +52,13 @@ def reboot_and_wait(session: Session, *, accept_new: bool, connect_timeout: floa
     host = session.host
     before = session.run(BOOT_ID, check=True).stdout.strip()
     progress("rebooting")
-    session.run("systemctl --no-block reboot", check=True)
+    last = "no answer yet"
+    try:
+        session.run("systemctl --no-block reboot", check=True)
+    except Exception as exc:  # noqa: BLE001 - the connection may drop as it goes down
+        last = f"reboot command: {exc}"  # the boot id says whether it happened
     session.close()
     t0 = time.monotonic()
-    last = "no answer yet"
     while True:
         check_interrupted("the wait for a reboot")
         elapsed = time.monotonic() - t0
@@ -136,6 +139,7 @@ def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect
     from k26ops import facts as facts_mod
 
     take_lock(session, purpose)  # let go by the reboot itself
+    failed_before = set(failed_units(session))
     new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
                                        timeout=timeout, progress=progress)
     try:
@@ -144,7 +148,10 @@ def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect
         after = facts_mod.gather(new, names)
         problems = check(after)
         if state != "running":
-            problems.append(f"systemd is {state} (failed: {', '.join(failed_units(new)) or 'none'})")
+            # degraded by the same units as before the reboot: not this reboot's doing
+            newly = [u for u in failed_units(new) if u not in failed_before]
+            if state != "degraded" or newly:
+                problems.append(f"systemd is {state} (failed: {', '.join(newly) or 'none'})")
     finally:
         new.close()
     if problems:

@@ -213,3 +213,21 @@ def test_bad_driver_branch_is_one_line_exit_2(drvlab, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("k26ops: error: host lab1: nvidia_driver_branch 550: a driver branch "
                                    "number >= 580 (CUDA 13 needs 580 or newer)")
+
+
+def test_a_host_that_comes_back_with_a_newly_failed_unit_is_unhealthy(drvlab):
+    unit = "/etc/systemd/system/k26-failsatboot.service"
+    setup = (f"printf '[Service]\\nType=oneshot\\nExecStart=/bin/false\\n[Install]\\nWantedBy=multi-user.target\\n' "
+             f"> {unit} && systemctl daemon-reload && systemctl enable k26-failsatboot.service")
+    assert lab_ssh(drvlab.dir, drvlab.port("lab2"), setup, timeout=30).returncode == 0
+    try:
+        proc = k26ops("--json", "--limit", "lab2", "reboot", "--reboot-timeout", "120", env=drvlab.env(), timeout=300)
+        assert proc.returncode == 1, proc.stdout
+        assert json.loads(proc.stdout)["hosts"]["lab2"]["error"] == (
+            "came back unhealthy after its reboot: systemd is degraded (failed: k26-failsatboot.service)")
+        # failed before the reboot too: degraded by the same unit is not this reboot's doing
+        proc = k26ops("--json", "--limit", "lab2", "reboot", "--reboot-timeout", "120", env=drvlab.env(), timeout=300)
+        assert proc.returncode == 0, proc.stdout
+    finally:
+        lab_ssh(drvlab.dir, drvlab.port("lab2"), f"systemctl disable k26-failsatboot.service; rm -f {unit}; "
+                "systemctl daemon-reload; systemctl reset-failed", timeout=30)
