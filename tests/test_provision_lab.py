@@ -184,6 +184,12 @@ def test_provision_check_on_an_old_driver_lists_packages_services_and_the_reboot
             "nvidia_driver_source: nvidia (NVIDIA's CUDA repository, "
             "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64) "
             "(this host's apt sources offer nvidia-driver: none)")
+        # deploy --check refuses the old driver, as before, and points at provision
+        proc = k26ops("--json", "--limit", "lab1", "deploy", "--check", env=drvlab.env(), timeout=300)
+        assert proc.returncode == 1
+        assert json.loads(proc.stdout)["hosts"]["lab1"]["error"] == (
+            "driver 550 is older than CUDA 13.0 needs (>= 580); deploy never changes drivers: "
+            "`k26ops provision` upgrades it (with a reboot)")
         # `check` refuses the old driver and points at provision
         proc = k26ops("--limit", "lab1", "check", env=drvlab.env(), timeout=120)
         assert "`k26ops provision` installs it" in " ".join(proc.stdout.split())
