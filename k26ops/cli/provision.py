@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from k26ops import playbook
+from k26ops.cli import _finite
 from k26ops.cli.deploy import render_changes
 from k26ops.reboot import DEFAULT_TIMEOUT, reboot_work
 from k26ops.rollout import run_rollout
@@ -22,7 +23,8 @@ def rolling_options(f):
         click.option("--batch", type=click.IntRange(1), default=1, show_default=True, metavar="M",
                      help="Hosts per later batch."),
         click.option("--reboot-timeout", type=click.FloatRange(5), default=DEFAULT_TIMEOUT, show_default=True,
-                     metavar="S", help="Seconds a host may take to come back after its reboot."),
+                     metavar="S", callback=lambda c, p, v: _finite(p, v),
+                     help="Seconds a host may take to come back after its reboot."),
         click.option("--allow-reboot", is_flag=True,
                      help="Reboot hosts whose engine is serving (requests in flight are lost)."),
     ]):
