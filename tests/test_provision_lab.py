@@ -237,3 +237,25 @@ def test_a_host_that_comes_back_with_a_newly_failed_unit_is_unhealthy(drvlab):
     finally:
         lab_ssh(drvlab.dir, drvlab.port("lab2"), f"systemctl disable k26-failsatboot.service; rm -f {unit}; "
                 "systemctl daemon-reload; systemctl reset-failed", timeout=30)
+
+
+def test_nvswitch_host_plans_the_fabric_manager_of_the_same_version(drvlab):
+    """Lab stand-in for NVSwitch hardware: a /dev/nvidia-nvswitch0 node (the nvswitch fact counts them)."""
+    ssh = lab_ssh(drvlab.dir, drvlab.port("lab1"), "touch /dev/nvidia-nvswitch0", timeout=30)
+    assert ssh.returncode == 0
+    set_driver(drvlab, "lab1", "550.54.15")
+    try:
+        proc = k26ops("--limit", "lab1", "provision", "--check", env=drvlab.env(), timeout=300)
+        out = " ".join(proc.stdout.split())
+        assert "lab1: driver: would change: install nvidia-open cuda-drivers-fabricmanager-580 (branch 580" in out
+        assert "lab1: driver: would change: enable and start nvidia-fabricmanager.service (NVSwitch host" in out
+        # on the branch already: the fabric manager must match the running driver, from this host's sources
+        set_driver(drvlab, "lab1", None)
+        proc = k26ops("--json", "--limit", "lab1", "provision", "--check", env=drvlab.env(), timeout=300)
+        assert proc.returncode == 1
+        assert json.loads(proc.stdout)["hosts"]["lab1"]["error"] == (
+            "cuda-drivers-fabricmanager-580 580.95.05 (the running driver's version) is not in this host's apt "
+            "sources (offered: none); the fabric manager must match the driver")
+    finally:
+        set_driver(drvlab, "lab1", None)
+        lab_ssh(drvlab.dir, drvlab.port("lab1"), "rm -f /dev/nvidia-nvswitch0", timeout=30)

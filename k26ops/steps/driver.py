@@ -179,9 +179,16 @@ class Driver(Step):
             if not same:
                 name = (f"nvidia-fabricmanager-{branch}" if source == "distro"
                         else f"cuda-drivers-fabricmanager-{branch}")
-                info["packages"].append(f"{name}={drv}*")
+                res = ctx.run(f"apt-cache madison {q(name)} 2>&1")
+                versions = [c[1].strip() for c in (ln.split("|") for ln in res.stdout.splitlines()) if len(c) >= 2]
+                match = [v for v in versions if v.split(":", 1)[-1].startswith(f"{drv}-") or v.split(":", 1)[-1] == drv]
+                if not match:
+                    raise StepFailed(f"{name} {drv} (the running driver's version) is not in this host's apt "
+                                     f"sources (offered: {', '.join(versions[:4]) or 'none'}); the fabric manager "
+                                     "must match the driver")
+                info["packages"].append(f"{name}={match[0]}")
                 have = ", ".join(f"{n} {v}" for n, v in fm_pkgs.items()) or "none"
-                changes.append(Change(f"install {name} {drv} (the fabric manager must match the driver; "
+                changes.append(Change(f"install {name}={match[0]} (the fabric manager must match the driver; "
                                       f"installed: {have})"))
         if not running(unit_state(ctx.facts, FM_UNIT)):
             info["services"].append(FM_UNIT)
