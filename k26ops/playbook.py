@@ -25,7 +25,7 @@ PLAYBOOKS_DIR = resources.path("playbooks")
 
 def _load_steps() -> None:
     # Importing the step modules registers them.
-    from k26ops.steps import release, service, toolchain  # noqa: F401
+    from k26ops.steps import driver, release, service, toolchain  # noqa: F401
 
 
 def _shown(path: Path) -> str:

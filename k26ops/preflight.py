@@ -126,8 +126,10 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
                             f"{', '.join(ccs) or 'none'}, expected {wanted}"))
     checks.append(gpu_health_check(facts))
     driver, major = driver_version(facts)
-    checks.append(Check("driver", major is not None and major >= int(e["min_driver"]),
-                        f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"))
+    driver_ok = major is not None and major >= int(e["min_driver"])
+    checks.append(Check("driver", driver_ok,
+                        f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"
+                        + ("" if driver_ok else "; `k26ops provision` installs it")))
     disk = facts.get("disk_free") or {}
     model_need = (int(e["model_size_gb"]) + int(e["disk_margin_gb"])) * 10**9
     for label, path, need in (("disk_model", str(e["model_path"]), model_need),

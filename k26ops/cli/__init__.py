@@ -105,6 +105,10 @@ def _register() -> None:
     cli.add_command(service.status_cmd)
     cli.add_command(service.logs_cmd)
     cli.add_command(deploy.deploy_cmd)
+    from k26ops.cli import provision
+
+    cli.add_command(provision.provision_cmd)
+    cli.add_command(provision.reboot_cmd)
     from k26ops.cli import baselines
 
     cli.add_command(baselines.snapshot_cmd)

@@ -41,6 +41,8 @@ DEFAULT_BASE_PORT = 2221
 # Hosts share this machine's network: each engine listens on its own loopback
 # port, derived from the host's sshd port so that two labs never clash.
 ENGINE_PORT_OFFSET = 20000
+# Lab knob: while hosts/NAME/hold-down exists, a host that reboots stays off.
+HOLD_DOWN = "hold-down"
 
 
 @dataclass
@@ -278,6 +280,14 @@ class Lab:
         self.inventory_file.unlink(missing_ok=True)
         return [h.name for h in hosts]
 
+    def hold_down(self, name: str, hold: bool = True) -> None:
+        """Lab knob: keep host `name` off after its next reboot (hold=False lets it boot)."""
+        f = self.dir / "hosts" / name / HOLD_DOWN
+        if hold:
+            f.touch()
+        else:
+            f.unlink(missing_ok=True)
+
     def stop_host(self, name: str) -> None:
         """Stop one host's container (as a crash would: the host disappears)."""
         self._stop([h for h in self.hosts() if h.name == name])
@@ -338,13 +348,32 @@ def overlay_boot(image: Path, root: Path, nspawn: list[str]) -> list[str]:
     With `--pid --fork --kill-child`, nspawn is PID 1 of its own namespace,
     so when it or the recorded `unshare` dies, the kernel kills everything in
     it, the host included, and the overlay mount goes with the last process.
-    `unshare` ignores SIGTERM while it waits, so a clean stop signals nspawn.
+    `unshare` ignores SIGTERM while it waits, so a clean stop signals the
+    shell below it, which passes it on to nspawn.
+
+    Why a loop: `systemctl reboot` inside a host makes nspawn exit with status
+    133 (its "reboot" code; systemd-nspawn@.service restarts on it). Like a
+    machine's firmware, the loop boots the host again on the same overlay, so
+    a lab host really reboots: its systemd, sshd and units start afresh. Any
+    other exit, or SIGTERM from `lab down`, ends it. While the lab's
+    hold-down file exists (`Lab.hold_down`, a lab knob) the host stays off
+    after a reboot, as a host that does not come back would. /proc is mounted
+    afresh for the PID namespace: a second nspawn, no longer its PID 1, finds
+    its container's init by pid in /proc ("Failed to get container cgroup
+    path: No such process" with the outer namespace's /proc).
     """
-    script = ('mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
-              '&& shift 4 && exec "$@"')
+    script = ('mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4 || exit 1; '
+              'mount -t proc proc /proc || exit 1; hold="$1"; shift; stop=0; trap \'stop=1; kill -TERM $c 2>/dev/null\' TERM INT HUP; '
+              'while :; do "$@" & c=$!; rc=0; wait $c || rc=$?; '
+              'while kill -0 $c 2>/dev/null; do rc=0; wait $c || rc=$?; done; '
+              '[ "$stop" = 0 ] && [ "$rc" = 133 ] || exit "$rc"; '
+              'echo "k26ops lab: the host rebooted; booting it again" >&2; '
+              'while [ -e "$hold" ] && [ "$stop" = 0 ]; do sleep 0.5; done; '
+              '[ "$stop" = 0 ] || exit 0; done')
     return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--",
             "sh", "-c", script, "k26ops-lab-boot",
-            str(image), str(root / "upper"), str(root / "work"), str(root / "merged"), *nspawn]
+            str(image), str(root / "upper"), str(root / "work"), str(root / "merged"),
+            str(root.parent / HOLD_DOWN), *nspawn]
 
 
 def _reap(pid: int) -> None:
