@@ -75,6 +75,13 @@ VARIABLES: tuple[Var, ...] = (
     Var("nvcc", "path", "{k26ops_root}/toolchain/cuda-*/bin/nvcc", "selftest", "nvcc for the self-test"),
     # -- what the host must have (preflight: check, deploy) -------------------------
     Var("gpus_per_host", "int", "8", "preflight, selftest", "GPUs the host must have"),
+    # -- the driver layer (k26ops provision) ---------------------------------------------
+    Var("nvidia_driver_branch", "int", "580", "steps.driver",
+        "NVIDIA driver branch provision installs and holds (>= 580: CUDA 13)"),
+    Var("nvidia_driver_source", "distro|nvidia", "distro on Ubuntu; nvidia on Debian", "steps.driver",
+        "where the driver packages come from: the distribution or NVIDIA's CUDA apt repository"),
+    Var("nvidia_fabricmanager", "auto|bool", "auto (when NVSwitches are found)", "steps.driver",
+        "install and run nvidia-fabricmanager of the driver's version"),
     Var("compute_capability", "str|list", "[12.0, 10.x]", "preflight, selftest",
         "accepted GPU compute capabilities (10.x: any 10)"),
     Var("min_driver", "int", "580 (the recipe's)", "preflight, steps.toolchain, selftest",
