@@ -22,6 +22,7 @@ from test_engine_standin import Standin  # noqa: E402  (the stand-in as a subpro
 # What the stand-in is told, and how close the measured figures must be.
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16
 TOL = 0.15  # 15 % (sleep-paced on a shared 2-core machine)
+TTFT_SLACK_MS = 20  # TTFT: from the told value to 15 % + 20 ms more (request set-up under load; never less)
 
 
 def expected(c: int) -> dict:
@@ -68,7 +69,7 @@ def test_standin_serves_at_the_told_speed(tmp_path, temperature, accept):
             assert m["output_throughput"] == pytest.approx(want["tok/s"], rel=TOL)
             assert m["request_throughput"] == pytest.approx(want["req/s"], rel=TOL)
             assert m["median_itl_ms"] == pytest.approx(want["itl_ms"], rel=TOL)
-            assert m["median_ttft_ms"] == pytest.approx(want["ttft_ms"], rel=TOL, abs=5)
+            assert want["ttft_ms"] - 1 <= m["median_ttft_ms"] <= want["ttft_ms"] * (1 + TOL) + TTFT_SLACK_MS
             assert m["p99_itl_ms"] >= m["median_itl_ms"] and m["p99_ttft_ms"] >= m["median_ttft_ms"]
             assert m["accept_length"] == pytest.approx(accept)
     finally:

@@ -64,7 +64,9 @@ class BenchGate(Step):
         ctx.progress(line)
         back = playbook._restore(ctx)
         outcome(ctx)["rollback"] = back
-        raise StepFailed(f"{line}; {back}")
+        failed = StepFailed(f"{line}; {back}")
+        failed.details = {k: outcome(ctx)[k] for k in ("gate", "bench", "rollback") if k in outcome(ctx)}
+        raise failed  # the rollout puts `details` into the host's result
 
     def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes
         pass
