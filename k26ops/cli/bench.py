@@ -139,7 +139,7 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
         out = Outcome(bench=b, generator=b["generator"])
         f = figs.flatten(b)
         first = cell_key(spec.concurrency[0], spec.temperatures[0])
-        out["tok_s"] = (f.get(f"tok/s@{first}") or {}).get("median")
+        out["tok_s"] = round((f.get(f"tok/s@{first}") or {}).get("median") or 0, 1) or None
         out["accept"] = (f.get(f"accept@{first}") or {}).get("median")
         if compare_tag:
             got = baseline_for(stored, session.host.name)
