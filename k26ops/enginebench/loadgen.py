@@ -2,7 +2,8 @@
 steps/service_agent.py, never imported by k26ops at run time): one JSON
 request on stdin, one JSON answer as the last line of stdout.
 
-op "probe": can the release's venv run `python -m sglang.bench_serving`?
+op "probe": can the release's venv run SGLang's serving benchmark
+  (`python -m sglang.benchmark.serving`, before 0.5.23 `sglang.bench_serving`)?
 op "bench_serving": run it for one (concurrency, temperature) cell, read its JSONL.
 op "loadgen": k26ops' own closed-loop load generator for the same cell, for
 releases that cannot run bench_serving (the lab's has no torch). It measures
@@ -162,19 +163,23 @@ def op_loadgen(r):
 
 
 def op_probe(r):
+    """The release's own benchmark: sglang.benchmark.serving (0.5.23 and later;
+    sglang.bench_serving is its deprecated alias there), else sglang.bench_serving."""
     py = r["python"]
     if not os.path.exists(py):
         return {"available": False, "why": "no release venv python at " + py}
-    try:
-        p = subprocess.run([py, "-c", "import sglang.bench_serving"], capture_output=True, text=True,
-                           timeout=r.get("timeout_s", 300))
-    except subprocess.TimeoutExpired:
-        return {"available": False, "why": "importing sglang.bench_serving timed out"}
-    if p.returncode == 0:
-        return {"available": True, "why": "sglang.bench_serving imports in " + py}
-    lines = [l for l in (p.stderr or p.stdout).splitlines() if l.strip()]
-    return {"available": False, "why": "sglang.bench_serving does not import in the release venv: "
-            + (lines[-1].strip()[:200] if lines else "exit %d" % p.returncode)}
+    why = ""
+    for module in ("sglang.benchmark.serving", "sglang.bench_serving"):
+        try:
+            p = subprocess.run([py, "-W", "ignore", "-c", "import " + module], capture_output=True, text=True,
+                               timeout=r.get("timeout_s", 300))
+        except subprocess.TimeoutExpired:
+            return {"available": False, "why": "importing %s timed out" % module}
+        if p.returncode == 0:
+            return {"available": True, "module": module, "why": module + " imports in " + py}
+        lines = [l for l in (p.stderr or p.stdout).splitlines() if l.strip()]
+        why = why or (lines[-1].strip()[:200] if lines else "exit %d" % p.returncode)
+    return {"available": False, "why": "sglang.bench_serving does not import in the release venv: " + why}
 
 
 def op_bench_serving(r):
@@ -182,7 +187,7 @@ def op_bench_serving(r):
         out = os.path.join(d, "result.jsonl")
         extra = {"sampling_params": {"temperature": r["temperature"], "max_new_tokens": r["output_len"],
                                      "ignore_eos": True}}
-        argv = [r["python"], "-m", "sglang.bench_serving", "--backend", "sglang", "--host", r["host"],
+        argv = [r["python"], "-m", r.get("module") or "sglang.bench_serving", "--backend", "sglang", "--host", r["host"],
                 "--port", str(r["port"]), "--model", r["model"], "--tokenizer", r["tokenizer"],
                 "--dataset-name", "random-ids", "--random-input-len", str(r["input_len"]),
                 "--random-output-len", str(r["output_len"]), "--random-range-ratio", "1",

@@ -4,19 +4,17 @@ median with its min-max (noise shown, not hidden)."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
-from k26ops.ssh import q
 from k26ops.steps import StepFailed
 
 AGENT = (Path(__file__).resolve().parent / "loadgen.py").read_text()
 GENERATORS = ("auto", "sglang", "k26ops")
-SGLANG, OWN = "sglang.bench_serving", "k26ops loadgen"
+OWN = "k26ops loadgen"  # else the generator is named by SGLang's module that ran
 
 # figure metric -> (key in the agent's metrics, label, +1 higher is better / -1 lower is better)
 METRICS = {
@@ -79,15 +77,9 @@ def cell_key(c: int, t: float) -> str:
 
 
 def agent(session, op: str, timeout: float, **req) -> dict:
-    res = session.run(f"python3 -c {q(AGENT)}", stdin=json.dumps({"op": op, **req}), timeout=timeout)
-    lines = res.stdout.strip().splitlines()
-    if res.exited != 0 or not lines:
-        why = (res.stderr or res.stdout or "").strip().splitlines()
-        raise StepFailed(f"bench agent ({op}) exited {res.exited}: {why[-1][:300] if why else 'no output'}")
-    try:
-        return json.loads(lines[-1])
-    except ValueError:
-        raise StepFailed(f"bench agent ({op}) printed no JSON: {lines[-1][:200]!r}") from None
+    from k26ops.steps.service import run_agent
+
+    return run_agent(session, AGENT, "bench agent", op, timeout, req)
 
 
 def target(ctx) -> dict:
@@ -106,7 +98,8 @@ def choose_generator(session, spec: BenchSpec, t: dict) -> tuple[str, str]:
         return OWN, "asked for (--generator k26ops)"
     probe = agent(session, "probe", timeout=360, python=t["python"])
     if probe["available"]:
-        return SGLANG, probe["why"]
+        t["module"] = probe["module"]
+        return probe["module"], probe["why"]
     if spec.generator == "sglang":
         raise StepFailed(f"--generator sglang: {probe['why']}")
     return OWN, probe["why"]
@@ -118,14 +111,14 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None) -> dict:
     t0 = time.monotonic()
     progress("bench: checking for sglang.bench_serving")
     gen, why = choose_generator(ctx.session, spec, t)
-    op = "bench_serving" if gen == SGLANG else "loadgen"
+    op = "loadgen" if gen == OWN else "bench_serving"
     raw: dict[str, list[dict]] = {}
     cells = spec.cells()
     for run in range(spec.runs):
         for i, (c, temp) in enumerate(cells, 1):
             progress(f"bench ({gen}): run {run + 1}/{spec.runs}, cell {i}/{len(cells)}: "
                      f"concurrency {c}, temperature {temp:g}")
-            r = agent(ctx.session, op, timeout=3700, host=t["host"], port=t["port"], model=t["model"],
+            r = agent(ctx.session, op, timeout=3700, module=t.get("module"), host=t["host"], port=t["port"], model=t["model"],
                       tokenizer=t["tokenizer"], python=t["python"], concurrency=c, temperature=temp,
                       num_prompts=spec.prompts(c), input_len=spec.input_len, output_len=spec.output_len,
                       seed=spec.seed + run)
