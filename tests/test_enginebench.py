@@ -21,8 +21,11 @@ from test_engine_standin import Standin  # noqa: E402  (the stand-in as a subpro
 
 # What the stand-in is told, and how close the measured figures must be.
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16
-TOL = 0.15  # 15 % (sleep-paced on a shared 2-core machine)
-TTFT_SLACK_MS = 20  # TTFT: from the told value to 15 % + 20 ms more (request set-up under load; never less)
+# Stated tolerance (as in test_bench_lab.py): ITL median within 15 %; tok/s and req/s from 20 % below
+# to 10 % above what was told (load only adds time); TTFT median from the told value to 15 % + 20 ms more.
+TOL = 0.15
+SLOW, FAST = 0.20, 0.10
+TTFT_SLACK_MS = 20
 
 
 def expected(c: int) -> dict:
@@ -66,8 +69,8 @@ def test_standin_serves_at_the_told_speed(tmp_path, temperature, accept):
             assert r["ok"], r
             m, want = r["metrics"], expected(c)
             assert m["completed"] == 2 * c and m["total_output_tokens"] == 2 * c * OUT
-            assert m["output_throughput"] == pytest.approx(want["tok/s"], rel=TOL)
-            assert m["request_throughput"] == pytest.approx(want["req/s"], rel=TOL)
+            assert want["tok/s"] * (1 - SLOW) <= m["output_throughput"] <= want["tok/s"] * (1 + FAST)
+            assert want["req/s"] * (1 - SLOW) <= m["request_throughput"] <= want["req/s"] * (1 + FAST)
             assert m["median_itl_ms"] == pytest.approx(want["itl_ms"], rel=TOL)
             assert want["ttft_ms"] - 1 <= m["median_ttft_ms"] <= want["ttft_ms"] * (1 + TOL) + TTFT_SLACK_MS
             assert m["p99_itl_ms"] >= m["median_itl_ms"] and m["p99_ttft_ms"] >= m["median_ttft_ms"]

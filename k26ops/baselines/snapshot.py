@@ -25,6 +25,7 @@ from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines, check_tag_name
 from k26ops.errors import UserError
 from k26ops.fleet import Fleet, Outcome
+from k26ops.multinode import serves_http
 from k26ops.ssh import q
 from k26ops.steps import HostContext
 
@@ -204,7 +205,7 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
 
     def work(session):
         row, f, info = gather_host(session, tag, now)
-        if bench is not None and info["record"]["health"] == "healthy":
+        if bench is not None and info["record"]["health"] == "healthy" and serves_http(session.host.vars):
             from k26ops.enginebench.run import run_host
 
             ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})

@@ -25,7 +25,7 @@ def bench_options(fn):
         click.option("--temperatures", default="0,0.7", show_default=True, metavar="LIST",
                      help="Sampling temperatures, a comma list (0 = greedy)."),
         click.option("--input-len", type=click.IntRange(1, 1_000_000), default=1024, show_default=True,
-                     help="Prompt length (tokens for sglang.bench_serving; words for k26ops' loadgen)."),
+                     help="Prompt length (tokens for SGLang's benchmark; words for k26ops' loadgen)."),
         click.option("--output-len", type=click.IntRange(1, 1_000_000), default=256, show_default=True,
                      help="Output tokens per request (ignore_eos: every request makes exactly this many)."),
         click.option("--num-prompts", type=click.IntRange(0), default=0, metavar="N",
@@ -34,7 +34,7 @@ def bench_options(fn):
         click.option("--runs", type=click.IntRange(1, 100), default=3, show_default=True,
                      help="Repeats; each figure is their median, with min-max."),
         click.option("--generator", type=click.Choice(GENERATORS), default="auto", show_default=True,
-                     help="auto: sglang.bench_serving when the release can import it, else k26ops' own."),
+                     help="auto: SGLang's serving benchmark when the release venv imports it, else k26ops' own."),
     ]
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 
@@ -124,6 +124,7 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
     requests/s, TTFT and ITL (median, p99), spec accept length, per concurrency and temperature."""
     from k26ops.enginebench.run import run_host
     from k26ops.fleet import Outcome, exit_code
+    from k26ops.multinode import serves_http
     from k26ops.rollout import run_rollout
     from k26ops.steps import HostContext
 
@@ -135,6 +136,8 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
 
     def work(session, progress):
         ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+        if not serves_http(ctx.vars):
+            return Outcome(generator=f"- (node rank {ctx.vars.get('node_rank')}: benched on rank 0)")
         b = run_host(ctx, spec, progress)
         out = Outcome(bench=b, generator=b["generator"])
         f = figs.flatten(b)
