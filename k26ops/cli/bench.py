@@ -11,6 +11,7 @@ import click
 from k26ops.cli.report import wide_console
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.run import GENERATORS, METRICS, BenchSpec, cell_key, parse_list
+from k26ops.enginebench.stored import baseline_for, stored_benches
 from k26ops.errors import UserError
 
 BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
@@ -47,29 +48,6 @@ def spec_from(opts: dict) -> BenchSpec:
 
 
 BENCH_KEYS = ("concurrency", "temperatures", "input_len", "output_len", "num_prompts", "seed", "runs", "generator")
-
-
-def stored_benches(baselines_dir, tag: str) -> dict[str, dict]:
-    """{host: bench} the tag stored (`snapshot --bench`); exit 2 for an unknown tag."""
-    from k26ops.baselines import Baselines
-
-    repo = Baselines(baselines_dir)
-    if not repo.exists():
-        raise UserError(f"unknown baseline tag {tag!r}: no baselines repository at {repo.path}")
-    t = repo.tag(tag)
-    out = {}
-    for h in (t.index or {}).get("hosts") or {}:
-        b = repo.host_bench(t.commit, h)
-        if b:
-            out[h] = b
-    return out
-
-
-def baseline_for(stored: dict[str, dict], host: str) -> tuple[str, dict] | None:
-    """The host's own stored bench, else the first stored one (same hardware assumed; said in the output)."""
-    if host in stored:
-        return host, stored[host]
-    return next(iter(stored.items()), None)
 
 
 def _stat(s: dict | None) -> str:

@@ -73,7 +73,7 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
     """The deploy with the bench gate on its canary batch (enginebench/gate.py)."""
     import sys
 
-    from k26ops.cli.bench import stored_benches
+    from k26ops.enginebench.stored import stored_benches
     from k26ops.enginebench.figures import parse_figure
     from k26ops.enginebench.gate import BenchGate, plan_gate
     from k26ops.errors import UserError

@@ -7,5 +7,6 @@ gate of `deploy --gate`).
   same metric definitions.
 - `run.py`: what to run (BenchSpec), one host's bench, medians over runs.
 - `figures.py`: figure names, comparing with a baseline, the gate's verdict.
+- `stored.py`: the bench results a baseline holds.
 - `gate.py`: the deploy step that benches a canary and rolls it back on a regression.
 """

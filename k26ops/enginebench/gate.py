@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.run import BenchSpec, run_host
+from k26ops.enginebench.stored import baseline_for
 from k26ops.errors import UserError
 from k26ops.steps import Change, HostContext, Step, StepFailed
 
@@ -39,7 +40,6 @@ class BenchGate(Step):
 
     def plan(self, ctx: HostContext) -> list[Change]:
         from k26ops import playbook
-        from k26ops.cli.bench import baseline_for
         from k26ops.multinode import serves_http
         from k26ops.steps.service import outcome
 
