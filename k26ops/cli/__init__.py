@@ -109,6 +109,9 @@ def _register() -> None:
 
     cli.add_command(provision.provision_cmd)
     cli.add_command(provision.reboot_cmd)
+    from k26ops.cli import bench
+
+    cli.add_command(bench.bench_cmd)
     from k26ops.cli import baselines
 
     cli.add_command(baselines.snapshot_cmd)
