@@ -98,9 +98,11 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
                           columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
                                    ("health", "_health"), ("smoke", "_smoke")],
                           render=lambda results: render_changes(results, check=check, diff=diff), exit=False)
+    # a failed canary already stopped the rollout with one line naming the gate's figure
+    stopped = any(r.status == "skipped" for r in results)
     for r in results:
         g = r.data.get("gate")
-        if g and not g["ok"]:
+        if g and not g["ok"] and not stopped:
             click.echo(f"k26ops: {g['line']}", err=True)
         elif g and not settings.as_json:
             checked = "; ".join(f"{c['figure']} {c['current']:g} vs {c['baseline']:g}" for c in g["checked"])
