@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from k26ops.errors import UserError
-from k26ops.lab import rootfs
+from k26ops.lab import limits, rootfs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -89,8 +89,9 @@ def _banner(port: int, timeout: float = 1.0) -> bool:
 
 
 class Lab:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, proc_sys: Path = limits.PROC_SYS):
         self.dir = Path(directory)
+        self.proc_sys = Path(proc_sys)  # where the kernel limits are read and raised (tests: a copy)
 
     # -- state ---------------------------------------------------------------
     @property
@@ -107,10 +108,17 @@ class Lab:
         data = json.loads(self.state_file.read_text())
         return [LabHost(**h) for h in data.get("hosts", [])]
 
-    def _save(self, hosts: list[LabHost], image: Path) -> None:
+    def _save(self, hosts: list[LabHost], image: Path, raised: dict | None = None) -> None:
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rootfs": str(image), "hosts": [asdict(h) for h in hosts]}, indent=1))
+        tmp.write_text(json.dumps({"rootfs": str(image), "hosts": [asdict(h) for h in hosts],
+                                   "raised_limits": raised or {}}, indent=1))
         tmp.replace(self.state_file)
+
+    def raised_limits(self) -> dict:
+        """The kernel limits this lab raised: {sysctl: [old, new]}."""
+        if not self.state_file.exists():
+            return {}
+        return json.loads(self.state_file.read_text()).get("raised_limits") or {}
 
     def status(self) -> list[dict]:
         out = []
@@ -120,7 +128,8 @@ class Lab:
         return out
 
     # -- up ------------------------------------------------------------------
-    def up(self, count: int = 2, base_port: int = DEFAULT_BASE_PORT, log=print) -> list[LabHost]:
+    def up(self, count: int = 2, base_port: int = DEFAULT_BASE_PORT, log=print,
+           raise_limits: bool = True) -> list[LabHost]:
         _preflight()
         existing = self.hosts()
         if existing:
@@ -138,22 +147,26 @@ class Lab:
                             "choose another --dir")
         if count < 1 or count > 64:
             raise UserError(f"--hosts {count}: must be between 1 and 64")
+        if base_port < 1024 or base_port + count - 1 + ENGINE_PORT_OFFSET > 65535:
+            raise UserError(f"--base-port {base_port}: the hosts' ports and their engine ports (+{ENGINE_PORT_OFFSET}) "
+                            f"must lie in 1024-65535: pick a base port up to {65535 - ENGINE_PORT_OFFSET - count + 1}")
         ports = [base_port + i for i in range(count)]
         for p in ports + [p + ENGINE_PORT_OFFSET for p in ports]:
             if not _port_free(p):
                 raise UserError(f"port 127.0.0.1:{p} is in use: stop what listens there or pass --base-port")
-        image = rootfs.ensure(log=log)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._client_key()
+        raised = limits.ensure(count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log)
         started: list[LabHost] = []
         try:
+            image = rootfs.ensure(log=log)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._client_key()
             known = []
             for i, port in enumerate(ports):
                 name = f"lab{i + 1}"
                 h, key_line = self._boot(name, port, port + ENGINE_PORT_OFFSET, image)
                 started.append(h)
                 known.append(key_line)
-                self._save(started, image)
+                self._save(started, image, raised)
             (self.dir / "known_hosts").write_text("".join(known))
             self._wait_ssh(started)
             from k26ops.lab import engine_source_fixture
@@ -163,6 +176,7 @@ class Lab:
         except BaseException:
             self._stop(started)
             self.state_file.unlink(missing_ok=True)
+            limits.put_back(raised, self.proc_sys, log=log)
             raise
         return started
 
@@ -271,9 +285,11 @@ class Lab:
         self.inventory_file.write_text(header + yaml.safe_dump(inv, sort_keys=False))
 
     # -- down ----------------------------------------------------------------
-    def down(self) -> list[str]:
+    def down(self, log=print) -> list[str]:
         hosts = self.hosts()
+        raised = self.raised_limits()
         self._stop(hosts)
+        limits.put_back(raised, self.proc_sys, log=log)
         self.state_file.unlink(missing_ok=True)
         self.inventory_file.unlink(missing_ok=True)
         return [h.name for h in hosts]
