@@ -13,7 +13,7 @@ import pytest
 from labtools import free_port_block
 from k26ops.errors import UserError
 from k26ops.lab import limits
-from k26ops.lab.machines import Lab
+from k26ops.lab.machines import Lab, own_cgroups
 
 INOTIFY = "fs.inotify.max_user_instances"
 BOOTED = {INOTIFY: 0, "fs.inotify.max_user_watches": 0, "kernel.pid_max": 0, "kernel.threads-max": 0,
@@ -96,10 +96,15 @@ def test_lab_refuses_up_front_or_raises_for_its_run_and_puts_back():
         assert raised >= use + 32 + 12
         assert f"raised fs.inotify.max_user_instances from {old} to {raised}" in "\n".join(said)
         assert lab.raised_limits() == {INOTIFY: [old, raised]}
+        # each host in a cgroup of its own (hosts sharing nspawn's `payload` raced on
+        # /system.slice/X.service and came up degraded at 64 hosts), removed by down
+        cgroups = own_cgroups(lab._machine("lab1"))
+        assert cgroups and all((c / "payload").is_dir() for c in cgroups)
         said.clear()
         lab.down(log=said.append)
         assert inotify_file.read_text().strip() == str(old), said
         assert f"put fs.inotify.max_user_instances back from {raised} to {old}" in said
+        assert not any(c.exists() for c in cgroups)
     finally:
         lab.down(log=lambda m: None)
         shutil.rmtree(lab_dir, ignore_errors=True)

@@ -27,6 +27,7 @@ import yaml
 
 from k26ops.errors import UserError
 from k26ops.lab import limits, rootfs
+from k26ops.ssh import q
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -175,6 +176,8 @@ class Lab:
             self._write_inventory(started)
         except BaseException:
             self._stop(started)
+            for h in started:
+                remove_cgroups(self._machine(h.name))
             self.state_file.unlink(missing_ok=True)
             limits.put_back(raised, self.proc_sys, log=log)
             raise
@@ -226,15 +229,18 @@ class Lab:
         root = hdir / "root"
         for sub in ("upper", "work", "merged"):
             (root / sub).mkdir(parents=True)
+        machine = self._machine(name)
         nspawn = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root / "merged"),
-                  "-b", f"--machine=k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-"),
-                  "--console=read-only", *binds]
-        cmd = overlay_boot(image, root, nspawn)
+                  "-b", f"--machine={machine}", "--console=read-only", *binds]
+        cmd = overlay_boot(image, root, nspawn, own_cgroups(machine))
         with open(hdir / "console.log", "wb") as console:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         time.sleep(0.05)
         return LabHost(name, port, proc.pid, _proc_start(proc.pid) or "", engine_port), key_line
+
+    def _machine(self, name: str) -> str:
+        return f"k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-")
 
     def _wait_ssh(self, hosts: list[LabHost], timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -289,6 +295,8 @@ class Lab:
         hosts = self.hosts()
         raised = self.raised_limits()
         self._stop(hosts)
+        for h in hosts:
+            remove_cgroups(self._machine(h.name))
         limits.put_back(raised, self.proc_sys, log=log)
         self.state_file.unlink(missing_ok=True)
         self.inventory_file.unlink(missing_ok=True)
@@ -297,6 +305,7 @@ class Lab:
     def stop_host(self, name: str) -> None:
         """Stop one host's container (as a crash would: the host disappears)."""
         self._stop([h for h in self.hosts() if h.name == name])
+        remove_cgroups(self._machine(name))
 
     @staticmethod
     def _stop(hosts: list[LabHost], timeout: float = 20.0) -> None:
@@ -341,7 +350,39 @@ def _children(pid: int) -> list[int]:
         return found
 
 
-def overlay_boot(image: Path, root: Path, nspawn: list[str]) -> list[str]:
+CGROUP_ROOTS = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+
+
+def own_cgroups(machine: str) -> list[Path]:
+    """One cgroup per host, in each hierarchy systemd uses (cgroup v1's
+    name=systemd and the unified one on a hybrid machine; the one tree on v2).
+
+    Why: nspawn --keep-unit puts its container in `payload` under its own
+    cgroup. Started from the same cgroup, every host shares one `payload`,
+    so their systemds create and remove the same /system.slice/X.service
+    dirs: at 64 hosts a few units failed to start with 219/CGROUP ("Failed
+    to attach to cgroup ... No such file or directory") and hosts came up
+    degraded. In a cgroup of its own, each host's tree is its own."""
+    hier = [r for r in CGROUP_ROOTS[:2] if (r / "cgroup.procs").exists()]
+    if not hier and (CGROUP_ROOTS[2] / "cgroup.controllers").exists():
+        hier = [CGROUP_ROOTS[2]]
+    return [r / "k26ops-lab" / machine for r in hier]
+
+
+def remove_cgroups(machine: str) -> None:
+    """Remove a stopped host's cgroups, deepest first (an empty cgroup is removed by rmdir)."""
+    for top in own_cgroups(machine):
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for d in dirs + [top]:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def overlay_boot(image: Path, root: Path, nspawn: list[str], cgroups: list[Path] = ()) -> list[str]:
     """The command that boots one host on a copy-on-write view of the shared rootfs.
 
     Why not `nspawn --ephemeral`: off btrfs it copies the whole rootfs (about
@@ -355,8 +396,10 @@ def overlay_boot(image: Path, root: Path, nspawn: list[str]) -> list[str]:
     so when it or the recorded `unshare` dies, the kernel kills everything in
     it, the host included, and the overlay mount goes with the last process.
     `unshare` ignores SIGTERM while it waits, so a clean stop signals nspawn.
+    `cgroups`: nspawn starts in these (see own_cgroups).
     """
-    script = ('mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
+    join = "".join(f'mkdir -p {q(str(c))} && echo $$ > {q(str(c / "cgroup.procs"))} && ' for c in cgroups)
+    script = (join + 'mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
               '&& shift 4 && exec "$@"')
     return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--",
             "sh", "-c", script, "k26ops-lab-boot",
