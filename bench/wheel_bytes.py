@@ -43,7 +43,12 @@ def one(b: common.BenchLab, mode: str, n: int, playbook, ports: int, toolchain: 
     inv = b.write_inventory(f"inv-{mode}", **{h: {"wheel_source": mode, "wheel_peer_port": ports + i}
                                               for i, h in enumerate(b.names)})
     t0 = time.monotonic()
-    rc, data, wall = common.deploy_json(inv, "--limit", ",".join(names), "--playbook", str(playbook), timeout=3600)
+    proc, _ = common.k26ops("--json", "-i", str(inv), "--limit", ",".join(names), "deploy", "--playbook",
+                            str(playbook), timeout=3600)
+    try:
+        rc, data = proc.returncode, json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"{mode} deploy printed no JSON (rc {proc.returncode}): {proc.stderr[-800:]}") from None
     bad = {h: r["error"] for h, r in data["hosts"].items() if r["status"] not in ("ok", "changed")}
     if rc != 0 or bad:
         raise RuntimeError(f"{mode} deploy to {n} hosts failed: {bad}")
