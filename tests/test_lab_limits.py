@@ -114,3 +114,17 @@ def test_lab_refuses_up_front_or_raises_for_its_run_and_puts_back():
 def test_a_base_port_whose_engine_ports_overflow_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"--base-port 46000: .* pick a base port up to 45534"):
         Lab(tmp_path).up(2, 46000, log=lambda m: None)
+
+
+def test_cli_no_raise_limits_refuses_in_one_line_naming_the_sysctl(tmp_path):
+    from labtools import k26ops
+
+    if not limits.needed(64, limits.read(), limits.in_use()):
+        pytest.skip("this machine's limits already fit 64 more lab hosts (raised by hand?)")
+    proc = k26ops("lab", "up", "--hosts", "64", "--no-raise-limits", "--dir", str(tmp_path / "lab"),
+                  "--base-port", str(free_port_block(64)))
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and line.startswith("k26ops: error: fs.inotify.max_user_instances is ")
+    assert "a lab of 64 hosts needs" in line and "sysctl -w fs.inotify.max_user_instances=" in line
+    assert not (tmp_path / "lab" / "lab.json").exists()
