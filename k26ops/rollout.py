@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from k26ops import wheelsource
 from k26ops.errors import EXIT_INTERRUPTED
 from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
 from k26ops.steps.service import smoke_summary
@@ -122,6 +123,8 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
     with board:
         for i, batch in enumerate(batches):
             fleet = Fleet(batch, settings.fleet_options())
+            # peer wheel source: this batch's first host relays wheels to the others, until the batch ends
+            wheelsource.CURRENT = wheelsource.Batch(batch, fleet.session)
             try:
                 for r in fleet.run(wrapped_for):
                     results[r.host] = r
@@ -130,6 +133,11 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
                     results[r.host] = r
                 interrupted = exc
             finally:
+                wheelsource.CURRENT.stop()
+                wheelsource.CURRENT = None
+                for name, s in list(fleet.sessions.items()):  # the relay's pushes may come after its own work
+                    if name in results:
+                        results[name].uploaded = s.uploaded
                 fleet.close()
             if interrupted:
                 break

@@ -16,7 +16,7 @@ apt method (Ubuntu): NVIDIA's repository via its cuda-keyring package, then
 from __future__ import annotations
 
 from k26ops import recipe as recipe_mod
-from k26ops import wheelhouse
+from k26ops import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel
@@ -104,8 +104,7 @@ class CudaToolkit(Step):
         ctx.progress("downloading the CUDA toolkit wheels (once for all hosts)")
         wheels = wheelhouse.ensure([r.toolkit.pip_spec], no_deps=False, python=".".join(py.split(".")[:2]))
         wh = f"{ctx.root}/wheelhouse"
-        ctx.progress("pushing wheels")
-        wheelhouse.push(ctx.session, wheels, wh)
+        wheelsource.deliver(ctx, wheels, wh)
         d = self.toolchain_dir(ctx, version)
         part = f"{d}.partial"
         wheelhouse.need_free(ctx.session, ctx.root, 3 * sum(w.size for w in wheels),
