@@ -1,7 +1,7 @@
 """Run every benchmark, one after another (each boots and stops its own lab),
 then print one summary from their results (bench/results/*-latest.json).
 
-    python bench/run_all.py [--reps N] [--only fanout,converged,crash,wheelhouse,snapshot,lab_boot]
+    python bench/run_all.py [--reps N] [--only fanout,converged,crash,wheelhouse,snapshot,lab_boot,rolling_reboot]
     python bench/run_all.py --summary      # only print the summary of the last results
 """
 
@@ -16,7 +16,8 @@ import time
 import common
 
 SCRIPTS = {"fanout": "fanout.py", "converged": "converged.py", "crash": "crash.py",
-           "wheelhouse": "wheelhouse_bytes.py", "snapshot": "snapshot.py", "lab_boot": "lab_boot.py"}
+           "wheelhouse": "wheelhouse_bytes.py", "snapshot": "snapshot.py", "lab_boot": "lab_boot.py",
+           "rolling_reboot": "rolling_reboot.py"}
 
 
 def latest(name: str) -> dict | None:
@@ -60,6 +61,11 @@ def summary() -> dict:
         up = {n: c["up"]["median"] for n, c in b["cases"].items()}
         rows.append(("6 lab up 1/3/8 hosts", " / ".join(f"{v:.2f}s" for v in up.values()),
                      f"ratio 8/1 {b['ratio_up_8_over_1']:.2f}", "-", "-"))
+    r = latest("rolling_reboot")
+    if r:
+        walls = [c["wall"]["median"] for c in r["cases"].values()]
+        rows.append(("7 rolling reboot 3 hosts", " / ".join(f"{v:.1f}s" for v in walls),
+                     "batch 1 / batch 2", "-", "-"))
     common.table("summary (medians)", rows, ("case", "measured", "result", "target", ""))
     return {"rows": rows}
 

@@ -42,10 +42,12 @@ class HostResult:
     data: dict = field(default_factory=dict)
     elapsed: float = 0.0
     commands: int = 0
+    uploaded: int = 0  # bytes of files the control node sent to the host
 
     def to_json(self) -> dict:
         return {"host": self.host, "status": self.status, "error": self.error,
-                "elapsed": round(self.elapsed, 3), "commands": self.commands, **self.data}
+                "elapsed": round(self.elapsed, 3), "commands": self.commands, "uploaded": self.uploaded,
+                **self.data}
 
 
 class Outcome(dict):
@@ -173,6 +175,7 @@ class Fleet:
         res.elapsed = time.monotonic() - t0
         s = self.sessions.get(host.name)
         res.commands = s.commands if s else 0
+        res.uploaded = s.uploaded if s else 0
         self.on_event(host.name, res.status)
         return res
 

@@ -15,7 +15,6 @@ import yaml
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
 from k26ops.errors import UserError
-from k26ops.facts.disk import disk_free_fact
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
 from k26ops.progress import step_message
@@ -27,7 +26,7 @@ PLAYBOOKS_DIR = resources.path("playbooks")
 
 def _load_steps() -> None:
     # Importing the step modules registers them.
-    from k26ops.steps import release, service, toolchain  # noqa: F401
+    from k26ops.steps import driver, release, service, toolchain  # noqa: F401
 
 
 def _shown(path: Path) -> str:
@@ -101,7 +100,7 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
             ownership.claim(session, root)
     try:
         progress("gathering facts")
-        extra = [disk_free_fact(preflight.paths(host.vars))]
+        extra = preflight.host_facts(host.vars)
         facts = facts_mod.gather(session, extra=extra)
         ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts,
                           shared=dict(shared or {}), check=check, progress=progress)

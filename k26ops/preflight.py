@@ -36,7 +36,20 @@ class Check:
 
 
 def expectations(host_vars: dict) -> dict:
-    return {k: host_vars.get(k, v) for k, v in DEFAULTS.items()}
+    e = {k: host_vars.get(k, v) for k, v in DEFAULTS.items()}
+    if "releases_root" not in host_vars and host_vars.get("k26ops_root"):
+        e["releases_root"] = f"{host_vars['k26ops_root']}/releases"  # as HostContext.releases_root
+    return e
+
+
+def host_facts(host_vars: dict) -> list:
+    """The facts that depend on this host's layout: free disk where the model and
+    the releases go, the toolchain where the toolchain step installs it."""
+    from k26ops.facts.cuda import cuda_toolkit_fact
+    from k26ops.facts.disk import disk_free_fact
+
+    root = str(host_vars.get("k26ops_root") or "/opt/k26ops")
+    return [disk_free_fact(paths(host_vars)), cuda_toolkit_fact(f"{root}/toolchain")]
 
 
 def paths(host_vars: dict) -> list[str]:
@@ -113,8 +126,10 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
                             f"{', '.join(ccs) or 'none'}, expected {wanted}"))
     checks.append(gpu_health_check(facts))
     driver, major = driver_version(facts)
-    checks.append(Check("driver", major is not None and major >= int(e["min_driver"]),
-                        f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"))
+    driver_ok = major is not None and major >= int(e["min_driver"])
+    checks.append(Check("driver", driver_ok,
+                        f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"
+                        + ("" if driver_ok else "; `k26ops provision` installs it")))
     disk = facts.get("disk_free") or {}
     model_need = (int(e["model_size_gb"]) + int(e["disk_margin_gb"])) * 10**9
     for label, path, need in (("disk_model", str(e["model_path"]), model_need),

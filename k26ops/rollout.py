@@ -21,6 +21,7 @@ from typing import Callable
 import click
 from rich.console import Console
 
+from k26ops import wheelsource
 from k26ops.errors import EXIT_INTERRUPTED
 from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
 from k26ops.progress import Board
@@ -30,11 +31,16 @@ SKIPPED = "skipped"
 Progress = Callable[[str], None]
 
 
-def canary_batches(hosts: list, n: int | None) -> list[list]:
-    """[first n hosts, the rest] (empty batches dropped); n <= 0 or None: one batch."""
+def canary_batches(hosts: list, n: int | None, batch: int | None = None) -> list[list]:
+    """[first n hosts, then the rest] (empty batches dropped); n <= 0 or None: one
+    batch. With `batch`, the rest goes in batches of that many (rolling reboots)."""
+    hosts = list(hosts)
     if not n or n <= 0 or n >= len(hosts):
-        return [list(hosts)] if hosts else []
-    return [list(hosts[:n]), list(hosts[n:])]
+        first, rest = hosts, []
+    else:
+        first, rest = hosts[:n], hosts[n:]
+    size = batch if batch and batch > 0 else len(rest) or 1
+    return [b for b in [first] + [rest[i:i + size] for i in range(0, len(rest), size)] if b]
 
 
 def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared: dict | None = None):
@@ -50,7 +56,8 @@ def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared
 
 
 def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy", columns=(),
-                render=None, exit: bool = True) -> list[HostResult]:
+                render=None, exit: bool = True, batch: int | None = None,
+                stopped: str = "not deployed") -> list[HostResult]:
     """Run `work(session, progress)` over the selected hosts in canary batches,
     print the results and (exit=True) exit with the fleet's code."""
     hosts = settings.selected_hosts()
@@ -69,12 +76,15 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
             raise
 
     results: dict[str, HostResult] = {}
-    batches = canary_batches(hosts, canary)
+    batches = canary_batches(hosts, canary, batch)
     interrupted = None
+    stop_line = None
     with board:
         for i, batch in enumerate(batches):
             fleet = Fleet(batch, settings.fleet_options(),
                           on_result=lambda r: board.finish(r.host, r.status, r.error))
+            # peer wheel source: this batch's first host relays wheels to the others, until the batch ends
+            wheelsource.CURRENT = wheelsource.Batch(batch, fleet.session)
             try:
                 for r in fleet.run(wrapped_for):
                     results[r.host] = r
@@ -83,16 +93,25 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
                     results[r.host] = r
                 interrupted = exc
             finally:
+                wheelsource.CURRENT.stop()
+                wheelsource.CURRENT = None
+                for name, s in list(fleet.sessions.items()):  # the relay's pushes may come after its own work
+                    if name in results:
+                        results[name].uploaded = s.uploaded
                 fleet.close()
             if interrupted:
                 break
             failed = [h.name for h in batch if results[h.name].status not in ("ok", "changed")]
             if failed and i + 1 < len(batches):
-                why = f"not deployed: canary {', '.join(failed)} failed"
-                for later in batches[i + 1:]:
-                    for h in later:
-                        results[h.name] = HostResult(h.name, SKIPPED, why)
-                        board.finish(h.name, SKIPPED, why)
+                what = "canary" if i == 0 else f"batch {i + 1}"
+                why = f"{stopped}: {what} {', '.join(failed)} failed"
+                untouched = [h.name for later in batches[i + 1:] for h in later]
+                for name in untouched:
+                    results[name] = HostResult(name, SKIPPED, why)
+                    board.finish(name, SKIPPED, why)
+                first = results[failed[0]]
+                stop_line = (f"k26ops: rollout stopped: {failed[0]}: {first.error or first.status}; "
+                             f"untouched: {', '.join(untouched)}")
                 break
     ordered = [results.get(h.name) or HostResult(h.name, SKIPPED, "not started") for h in hosts]
     for r in ordered:
@@ -102,6 +121,8 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
                   code=EXIT_INTERRUPTED if interrupted else exit_code(ordered))
     if render and not settings.as_json:
         render(ordered)
+    if stop_line:
+        click.echo(stop_line, err=True)
     if not exit:
         return ordered
     if interrupted:

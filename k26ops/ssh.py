@@ -136,6 +136,7 @@ class Session:
     def __init__(self, host: Host):
         self.host = host
         self.commands = 0
+        self.uploaded = 0  # bytes of file contents sent to this host (put, put_file)
         self._lock = threading.Lock()
 
     def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None,
@@ -159,6 +160,10 @@ class Session:
         problem = sudo_problem(user, res)
         if problem:
             raise BecomeFailed(problem)
+
+    def _count_upload(self, size: int) -> None:
+        with self._lock:
+            self.uploaded += size
 
     def _raw(self, command: str, timeout: float = 60.0) -> Result:
         """A command of k26ops' own, as the login user (never through sudo)."""
@@ -215,6 +220,8 @@ class SSHSession(Session):
 
     def put(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         """Write a file atomically: SFTP to a temp name beside it, then rename."""
+        self._count_upload(len(data))
+
         def upload(sftp, tmp):
             with sftp.open(tmp, "wb") as fh:
                 fh.write(data)
@@ -222,6 +229,7 @@ class SSHSession(Session):
 
     def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
         """Stream a local file to the host atomically (temp name, then rename)."""
+        self._count_upload(os.path.getsize(local_path))
         self._put(lambda sftp, tmp: sftp.put(str(local_path), tmp), remote_path, mode)
 
     def _put(self, upload, remote_path: str, mode: int) -> None:

@@ -120,8 +120,8 @@ def wheel_name_version(filename: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:
-    """Upload the wheels the host lacks (by sha256); return the names uploaded."""
+def missing(session: Session, wheels: list[Wheel], remote_dir: str) -> list[Wheel]:
+    """The wheels the host's `remote_dir` lacks (by name and sha256)."""
     names = " ".join(q(w.name) for w in wheels)
     res = session.run(f"mkdir -p {q(remote_dir)} && cd {q(remote_dir)} && "
                       f"for f in {names}; do [ -f \"$f\" ] && sha256sum \"$f\"; done; true", check=True)
@@ -130,7 +130,12 @@ def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:
         parts = line.split()
         if len(parts) == 2:
             have[parts[1]] = parts[0]
-    todo = [w for w in wheels if have.get(w.name) != w.sha256]
+    return [w for w in wheels if have.get(w.name) != w.sha256]
+
+
+def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:
+    """Upload the wheels the host lacks (by sha256); return the names uploaded."""
+    todo = missing(session, wheels, remote_dir)
     need_free(session, remote_dir, sum(w.size for w in todo), "the wheels to upload")
     sent = []
     for w in todo:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from conftest import private_lab
-from labtools import k26ops, k26ops_json, lab_ssh
+from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
 
 from k26ops.lab import rootfs
 from k26ops.lab.machines import _port_free
@@ -97,7 +97,7 @@ def test_up_with_another_count_is_refused(lab):
 
 def test_port_in_use_is_a_one_line_error_and_starts_nothing(tmp_path):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", free_port_block(1)))  # a port whose engine port (+20000) exists too
         s.listen()
         port = s.getsockname()[1]
         proc = k26ops("lab", "up", "--hosts", "1", "--dir", str(tmp_path / "lab"),

@@ -12,6 +12,7 @@ Layout of a snapshot commit (the tree is exactly the snapshot's hosts):
     hosts/<host>/engine-cmdline.txt  the running engine's command line
     hosts/<host>/facts.json          GPUs, driver, CUDA toolkit, OS, python
     hosts/<host>/health.json         health and smoke result (latency, spec accept length)
+    hosts/<host>/bench.json          engine bench results (`snapshot --bench`): figures per cell, min-max
     hosts/<host>/files/<path>        the patched source files, as they ran
 
 Writing never touches the work tree or index beyond the paths the snapshot
@@ -163,6 +164,11 @@ class Baselines:
 
     def host_record(self, tag: str, host: str) -> dict | None:
         data = self.read(tag, f"hosts/{host}/baseline.json")
+        return json.loads(data) if data else None
+
+    def host_bench(self, tag: str, host: str) -> dict | None:
+        """The host's stored bench results (`snapshot --bench`), or None."""
+        data = self.read(tag, f"hosts/{host}/bench.json")
         return json.loads(data) if data else None
 
     def files_under(self, tag: str, prefix: str) -> dict[str, bytes]:

@@ -25,6 +25,7 @@ from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines, check_tag_name
 from k26ops.errors import UserError
 from k26ops.fleet import Fleet, Outcome
+from k26ops.multinode import serves_http
 from k26ops.ssh import q
 from k26ops.steps import HostContext
 
@@ -195,8 +196,10 @@ def _summary_line(host: str, rec: dict) -> str:
 
 
 def snapshot(settings, tag: str, message: str | None = None, *, force: bool = False,
-             allow_unhealthy: bool = False, baselines_dir=None, log=lambda m: None) -> dict:
-    """Take the snapshot; raise UserError (nothing written) on any refusal."""
+             allow_unhealthy: bool = False, baselines_dir=None, log=lambda m: None, bench=None) -> dict:
+    """Take the snapshot; raise UserError (nothing written) on any refusal.
+    `bench` (an enginebench BenchSpec): also bench each healthy host and store
+    the results as hosts/<host>/bench.json."""
     t0 = time.monotonic()
     check_tag_name(tag)
     repo = Baselines(baselines_dir)
@@ -215,6 +218,14 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
 
     def work(session):
         row, f, info = gather_host(session, tag, now)
+        if bench is not None and info["record"]["health"] == "healthy" and serves_http(session.host.vars):
+            from k26ops.enginebench.run import run_host
+
+            ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+            b = run_host(ctx, bench, lambda m: log(f"{session.host.name}: {m}"))
+            f[f"hosts/{session.host.name}/bench.json"] = (json.dumps(b, indent=1, sort_keys=True) + "\n").encode()
+            info["record"]["bench"] = b["generator"]
+            row["bench"] = b["generator"]
         files.update(f)
         records[session.host.name] = info
         return row
@@ -243,7 +254,8 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
                  "hosts": {h: {"release_id": r["release_id"], "health": r["health"],
                                "spec_accept_length": (r.get("smoke") or {}).get("spec_accept_length"),
                                "latency_s": (r.get("smoke") or {}).get("latency_s"),
-                               "patched_files": len(r["patched_files"]), "rebuildable": r["rebuildable"]}
+                               "patched_files": len(r["patched_files"]), "rebuildable": r["rebuildable"],
+                               "bench": r.get("bench")}
                            for h, r in recs.items()}}
         files["baseline.json"] = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
         releases = sorted({r["release_id"] for r in recs.values()})

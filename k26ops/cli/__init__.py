@@ -111,6 +111,13 @@ def _register() -> None:
     cli.add_command(service.status_cmd)
     cli.add_command(service.logs_cmd)
     cli.add_command(deploy.deploy_cmd)
+    from k26ops.cli import provision
+
+    cli.add_command(provision.provision_cmd)
+    cli.add_command(provision.reboot_cmd)
+    from k26ops.cli import bench
+
+    cli.add_command(bench.bench_cmd)
     from k26ops.cli import baselines
 
     cli.add_command(baselines.snapshot_cmd)

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import baseline_tags
+from k26ops.cli.bench import bench_options, render_bench, spec_from
 from k26ops.cli.report import wide_console
 from k26ops.steps.service import smoke_summary
 
@@ -30,16 +31,19 @@ def _fmt_time(ts: float) -> str:
 @click.option("--force", is_flag=True, help="Move an existing tag to this snapshot.")
 @click.option("--allow-unhealthy", is_flag=True,
               help="Record hosts that are not healthy (or whose files differ from their manifest) anyway.")
+@click.option("--bench", "with_bench", is_flag=True,
+              help="Also run `k26ops bench` on each host and store its results (the bench options below apply).")
+@bench_options
 @BASELINES_OPT
 @click.pass_obj
-def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir):
+def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, with_bench, **bench_opts):
     """Record the hosts' running engine as a tagged known-good baseline."""
     from k26ops.baselines import snapshot
     from k26ops.cli.report import print_results
 
     err = Console(stderr=True)
     res = snapshot(settings, tag, message, force=force, allow_unhealthy=allow_unhealthy,
-                   baselines_dir=baselines_dir,
+                   baselines_dir=baselines_dir, bench=spec_from(bench_opts) if with_bench else None,
                    log=(lambda m: err.print(f"[dim]{m}[/dim]")) if settings.verbose else (lambda m: None))
     if settings.as_json:
         jsonout.emit({"tag": res["tag"], "commit": res["commit"], "repo": res["repo"],
@@ -48,7 +52,8 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir):
     else:
         print_results(settings, res["results"], f"snapshot {tag}",
                       [("release", "release"), ("health", "health"), ("accept", "accept"),
-                       ("latency ms", "latency_ms"), ("files", "files"), ("pinned", "pinned")])
+                       ("latency ms", "latency_ms"), ("files", "files"), ("pinned", "pinned")]
+                      + ([("bench", "bench")] if with_bench else []))
         click.echo(f"{res['title']}\ncommit {res['commit'][:12]} tagged {tag} in {res['repo']} "
                    f"({res['elapsed_s']:.1f}s); see: git -C {res['repo']} show {tag}")
     for host, why in res["pin_errors"].items():
@@ -123,9 +128,11 @@ def show_cmd(settings, tag, baselines_dir):
         raise UserError(f"unknown baseline tag {tag!r}: no baselines repository at {repo.path}")
     t = repo.tag(tag)
     hosts = {h: repo.host_record(t.commit, h) for h in ((t.index or {}).get("hosts") or {})}
+    benches = {h: repo.host_bench(t.commit, h) for h in hosts}
     if settings.as_json:
         jsonout.emit({"tag": t.name, "date": _fmt_time(t.date), "commit": t.commit,
-                      "message": t.message, "hosts": hosts})
+                      "message": t.message, "hosts": hosts,
+                      "bench": {h: b for h, b in benches.items() if b}})
         return
     out = Console(highlight=False, width=max(120, Console().width))
     out.print(f"[bold]{t.name}[/bold]  {_fmt_time(t.date)}  commit {t.commit[:12]}  ({repo.path})")
@@ -147,6 +154,10 @@ def show_cmd(settings, tag, baselines_dir):
         out.print(f"env   {rec['env']['path']}  secrets recorded as {rec['env'].get('marker')}: "
                   f"{', '.join(rec['env'].get('secret_keys') or []) or 'none'}", markup=False)
         out.print("cmd   " + " ".join(rec.get("cmdline") or []), markup=False)
+        if benches.get(h):
+            render_bench(h, benches[h], out)
+        else:
+            out.print("bench none stored (`k26ops snapshot --tag NAME --bench` stores one)", markup=False)
 
 
 PIN_COLUMNS = [("changed", "_changed"), ("pins", "pins"), ("unpinned", "unpinned"), ("pinned", "newly_pinned")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from k26ops import playbook
+from k26ops.enginebench.figures import DEFAULT_GATE
+from k26ops.enginebench.run import METRICS
 from k26ops.cli.report import wide_console
 from k26ops.rollout import playbook_work, run_rollout
 
@@ -48,7 +50,61 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Playbook to run (playbooks/NAME.yml).")
 @click.option("--canary", type=click.IntRange(0), default=0, metavar="N",
               help="Deploy to N hosts first; go on with the rest only if they all succeed.")
+@click.option("--gate", "gate_tag", metavar="TAG",
+              help="With --canary N: bench the canaries and go on only if no gated figure is worse than "
+                   "the baseline TAG's stored bench by more than the threshold; else roll them back.")
+@click.option("--gate-threshold", type=click.FloatRange(0, 1000), default=5.0, show_default=True, metavar="PCT",
+              help="Largest allowed regression of a gated figure, percent of the baseline's value.")
+@click.option("--gate-figures", default=",".join(DEFAULT_GATE), show_default=True, metavar="LIST",
+              help="Gated figures, METRIC@cN/tT (metrics: " + ", ".join(METRICS) + ").")
+@click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
+              help="Baselines repository for --gate (default: $K26OPS_BASELINES, else ./baselines).")
 @click.pass_obj
-def deploy_cmd(settings, check, diff, name, canary):
+def deploy_cmd(settings, check, diff, name, canary, gate_tag, gate_threshold, gate_figures, baselines_dir):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
-    run_playbook(settings, name, check=check, diff=diff, canary=canary)
+    if gate_tag is None:
+        run_playbook(settings, name, check=check, diff=diff, canary=canary)
+        return
+    gated_deploy(settings, name, check=check, diff=diff, canary=canary, tag=gate_tag, threshold=gate_threshold,
+                 figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir)
+
+
+def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir):
+    """The deploy with the bench gate on its canary batch (enginebench/gate.py)."""
+    import sys
+
+    from k26ops.enginebench.stored import stored_benches
+    from k26ops.enginebench.figures import parse_figure
+    from k26ops.enginebench.gate import BenchGate, plan_gate
+    from k26ops.errors import UserError
+    from k26ops.fleet import exit_code
+    from k26ops.rollout import canary_batches
+
+    if not canary:
+        raise UserError("--gate needs --canary N (the hosts benched before the others); nothing was deployed")
+    if not figures:
+        raise UserError("--gate-figures: empty list; nothing was deployed")
+    for f in figures:
+        parse_figure(f)
+    stored = stored_benches(baselines_dir, tag)
+    spec = plan_gate(stored, tag, figures)
+    canaries = [h.name for h in canary_batches(settings.selected_hosts(), canary)[0]]
+    steps = playbook.load(name) + [BenchGate({"hosts": canaries, "stored": stored, "spec": spec, "tag": tag,
+                                              "figures": figures, "threshold": threshold})]
+    for step in steps:
+        step.before_hosts(settings.selected_hosts())
+    results = run_rollout(settings, playbook_work(steps, check=check), canary=canary,
+                          title=f"{name} (gate {tag})" + (" --check" if check else ""),
+                          columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
+                                   ("health", "_health"), ("smoke", "_smoke")],
+                          render=lambda results: render_changes(results, check=check, diff=diff), exit=False)
+    # a failed canary already stopped the rollout with one line naming the gate's figure
+    stopped = any(r.status == "skipped" for r in results)
+    for r in results:
+        g = r.data.get("gate")
+        if g and not g["ok"] and not stopped:
+            click.echo(f"k26ops: {g['line']}", err=True)
+        elif g and not settings.as_json:
+            checked = "; ".join(f"{c['figure']} {c['current']:g} vs {c['baseline']:g}" for c in g["checked"])
+            click.echo(f"gate passed on {r.host} against {tag} (median of {spec.runs} run(s)): {checked}")
+    sys.exit(exit_code(results))

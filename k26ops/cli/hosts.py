@@ -8,13 +8,12 @@ from rich.console import Console
 from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report
-from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
 from k26ops.fleet import Outcome
 
 
 def _gather(session, drafter: dict | None = None):
-    extra = [disk_free_fact(preflight.paths(session.host.vars))]
+    extra = preflight.host_facts(session.host.vars)
     if drafter and drafter.get("path"):
         extra.append(drafter_fact(drafter["path"]))
     return facts_mod.gather(session, extra=extra)
@@ -38,7 +37,7 @@ def drafter_wanted(host_vars: dict) -> dict | None:
 @click.command(name="facts")
 @click.pass_obj
 def facts_cmd(settings):
-    """Show each host's facts (GPUs, interconnect, driver, CUDA, OS, python, disk, systemd)."""
+    """Show each host's facts (GPUs, interconnect, driver and module flavour, NVSwitches, CUDA, OS, python, disk, systemd)."""
 
     def work(session):
         f = _gather(session)
@@ -48,13 +47,16 @@ def facts_cmd(settings):
                        cc=", ".join(sorted({x["compute_cap"] for x in g.get("gpus", []) if x.get("compute_cap")})),
                        link=f["gpu_topology"].get("interconnect"),
                        driver=f["nvidia_smi"].get("driver_version"),
+                       modules=(f.get("nvidia_module") or {}).get("flavour") or "-",
+                       nvswitch=len((f.get("nvswitch") or {}).get("pci_switches") or []),
                        cuda=(f["cuda_toolkit"] or {}).get("version"),
                        os=" ".join(str((f["os_release"] or {}).get(k) or "") for k in ("id", "version_id")).strip(),
                        python=(f["python3"] or {}).get("version"))
 
     run_and_report(settings, work, title="facts",
                    columns=[("GPUs", "gpus"), ("GPU", "gpu"), ("cc", "cc"), ("link", "link"),
-                            ("driver", "driver"), ("nvcc", "cuda"), ("OS", "os"), ("python", "python")])
+                            ("driver", "driver"), ("modules", "modules"), ("NVSwitch", "nvswitch"),
+                            ("nvcc", "cuda"), ("OS", "os"), ("python", "python")])
 
 
 @click.command(name="check")

@@ -24,12 +24,16 @@ def group():
 @click.option("--dir", "directory", metavar="DIR", help="Lab directory (default: ~/.local/share/k26ops/lab).")
 @click.option("--base-port", type=int, default=DEFAULT_BASE_PORT, show_default=True,
               help="sshd port of the first host; the others follow.")
+@click.option("--raise-limits/--no-raise-limits", default=True, show_default=True,
+              help="Raise this machine's kernel limits (inotify, pids, ...) that are too low for the hosts, "
+                   "for the lab's run (`lab down` puts them back); with --no-raise-limits, refuse instead.")
 @click.pass_context
-def up(ctx, count, directory, base_port):
+def up(ctx, count, directory, base_port, raise_limits):
     """Boot the lab's hosts (builds the base image once)."""
     lab = _lab(ctx, directory)
     err = Console(stderr=True)
-    hosts = lab.up(count, base_port, log=lambda m: err.print(f"[dim]{m}[/dim]"))
+    hosts = lab.up(count, base_port, log=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
+                   raise_limits=raise_limits)
     if ctx.obj.as_json:
         jsonout.emit({"dir": str(lab.dir), "inventory": str(lab.inventory_file),
                       "hosts": {h.name: h.__dict__ for h in hosts}})
@@ -68,7 +72,8 @@ def status(ctx, directory):
 def down(ctx, directory, purge):
     """Stop every host the lab started (--purge: and delete its files)."""
     lab = _lab(ctx, directory)
-    names = lab.down()
+    err = Console(stderr=True)
+    names = lab.down(log=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False))
     removed, freed = lab.purge() if purge else ([], 0)
     if ctx.obj.as_json:
         jsonout.emit({"stopped": names, "hosts": {n: {"stopped": True} for n in names},

@@ -19,12 +19,12 @@ import json
 import shlex
 from pathlib import Path
 
-from k26ops.facts import cuda, disk, gpu
+from k26ops.facts import cuda, disk, driver, gpu
 from k26ops.facts import os as os_facts
 from k26ops.facts.base import Fact
 from k26ops.facts.disk import disk_free_fact
 
-FACTS: dict[str, Fact] = {**gpu.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS}
+FACTS: dict[str, Fact] = {**gpu.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS, **driver.FACTS}
 REMOTE_SCRIPT = Path(__file__).with_name("remote_gather.py")
 SLACK_S = 15.0
 

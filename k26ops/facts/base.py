@@ -52,3 +52,17 @@ def safe(parser: Callable[[str, int], Any]) -> Callable[[str, int], Any]:
     wrapped.__name__ = getattr(parser, "__name__", "parse")
     wrapped.__doc__ = parser.__doc__
     return wrapped
+
+
+def split_marked(stdout: str, marker: str, first: str) -> dict[str, str]:
+    """Output of several commands separated by `<marker><name>` lines -> {name: text};
+    the text before the first marker is `first`."""
+    out, name, buf = {}, first, []
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith(marker):
+            out[name] = "".join(buf)
+            name, buf = line[len(marker):].strip(), []
+        else:
+            buf.append(line)
+    out[name] = "".join(buf)
+    return out

@@ -2,23 +2,30 @@
 
 Why: the engine JIT-compiles kernels (FlashInfer, SGLang) and the self-test
 builds one with nvcc; k26ops may install its own toolchain under
-/opt/k26ops/toolchain, which is not on PATH, so that place is searched too.
+<k26ops_root>/toolchain, which is not on PATH, so that place is searched too.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 
 from k26ops.facts.base import Fact, safe
 
 TOOLCHAIN_DIR = "/opt/k26ops/toolchain"
-# Each candidate prints '== <path>' then its `nvcc --version`; PATH's first.
-NVCC_COMMAND = (
-    'for n in "$(command -v nvcc 2>/dev/null)" ' + TOOLCHAIN_DIR + "/cuda-*/bin/nvcc "
-    + TOOLCHAIN_DIR + "/*/bin/nvcc /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do "
-    '[ -n "$n" ] && [ -x "$n" ] || continue; '
-    'echo "== $n"; "$n" --version 2>&1; done; true'
-)
+
+
+def nvcc_command(toolchain_dir: str = TOOLCHAIN_DIR) -> str:
+    """Each candidate prints '== <path>' then its `nvcc --version`; PATH's first.
+    `toolchain_dir` is <k26ops_root>/toolchain, where the toolchain step installs."""
+    d = shlex.quote(toolchain_dir)
+    return ('for n in "$(command -v nvcc 2>/dev/null)" ' + d + "/cuda-*/bin/nvcc "
+            + d + "/*/bin/nvcc /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do "
+            '[ -n "$n" ] && [ -x "$n" ] || continue; '
+            'echo "== $n"; "$n" --version 2>&1; done; true')
+
+
+NVCC_COMMAND = nvcc_command()
 _REL_RE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
 
 
@@ -50,4 +57,8 @@ def parse_cuda_toolkit(stdout: str, rc: int) -> dict | None:
     return {**installs[0], "installs": installs}
 
 
-FACTS = {"cuda_toolkit": Fact("cuda_toolkit", NVCC_COMMAND, parse_cuda_toolkit)}
+def cuda_toolkit_fact(toolchain_dir: str = TOOLCHAIN_DIR) -> Fact:
+    return Fact("cuda_toolkit", nvcc_command(toolchain_dir), parse_cuda_toolkit)
+
+
+FACTS = {"cuda_toolkit": cuda_toolkit_fact()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from k26ops.facts import compute_cap
-from k26ops.facts.base import Fact, command_missing, first_line, safe, strip_ansi
+from k26ops.facts.base import Fact, command_missing, first_line, safe, split_marked, strip_ansi
 from k26ops.facts.smi_table import parse_list, parse_table
 
 GPU_FIELDS = ("index", "name", "memory.total", "driver_version", "compute_cap", "uuid")
@@ -84,15 +84,7 @@ def refused_field(stdout: str) -> str | None:
 
 def split_sections(stdout: str) -> dict[str, str]:
     """The gpus command's output by section: "query" first, then "== k26ops: <title>" ones."""
-    out, name, buf = {}, "query", []
-    for line in stdout.splitlines(keepends=True):
-        if line.startswith(SECTION):
-            out[name] = "".join(buf)
-            name, buf = line[len(SECTION):].strip(), []
-        else:
-            buf.append(line)
-    out[name] = "".join(buf)
-    return out
+    return split_marked(stdout, SECTION, "query")
 
 
 def _from_query(text: str, fields, source: str) -> list[dict]:

@@ -28,7 +28,8 @@ from pathlib import Path
 import yaml
 
 from k26ops.errors import UserError
-from k26ops.lab import rootfs
+from k26ops.lab import limits, rootfs
+from k26ops.ssh import q
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -43,6 +44,8 @@ DEFAULT_BASE_PORT = 2221
 # Hosts share this machine's network: each engine listens on its own loopback
 # port, derived from the host's sshd port so that two labs never clash.
 ENGINE_PORT_OFFSET = 20000
+# Lab knob: while hosts/NAME/hold-down exists, a host that reboots stays off.
+HOLD_DOWN = "hold-down"
 
 
 @dataclass
@@ -91,8 +94,9 @@ def _banner(port: int, timeout: float = 1.0) -> bool:
 
 
 class Lab:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, proc_sys: Path = limits.PROC_SYS):
         self.dir = Path(directory)
+        self.proc_sys = Path(proc_sys)  # where the kernel limits are read and raised (tests: a copy)
 
     # -- state ---------------------------------------------------------------
     @property
@@ -109,10 +113,17 @@ class Lab:
         data = json.loads(self.state_file.read_text())
         return [LabHost(**h) for h in data.get("hosts", [])]
 
-    def _save(self, hosts: list[LabHost], image: Path) -> None:
+    def _save(self, hosts: list[LabHost], image: Path, raised: dict | None = None) -> None:
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rootfs": str(image), "hosts": [asdict(h) for h in hosts]}, indent=1))
+        tmp.write_text(json.dumps({"rootfs": str(image), "hosts": [asdict(h) for h in hosts],
+                                   "raised_limits": raised or {}}, indent=1))
         tmp.replace(self.state_file)
+
+    def raised_limits(self) -> dict:
+        """The kernel limits this lab raised: {sysctl: [old, new]}."""
+        if not self.state_file.exists():
+            return {}
+        return json.loads(self.state_file.read_text()).get("raised_limits") or {}
 
     def status(self) -> list[dict]:
         out = []
@@ -122,7 +133,8 @@ class Lab:
         return out
 
     # -- up ------------------------------------------------------------------
-    def up(self, count: int = 2, base_port: int = DEFAULT_BASE_PORT, log=print) -> list[LabHost]:
+    def up(self, count: int = 2, base_port: int = DEFAULT_BASE_PORT, log=print,
+           raise_limits: bool = True) -> list[LabHost]:
         _preflight()
         existing = self.hosts()
         if existing:
@@ -140,22 +152,26 @@ class Lab:
                             "choose another --dir")
         if count < 1 or count > 64:
             raise UserError(f"--hosts {count}: must be between 1 and 64")
+        if base_port < 1024 or base_port + count - 1 + ENGINE_PORT_OFFSET > 65535:
+            raise UserError(f"--base-port {base_port}: the hosts' ports and their engine ports (+{ENGINE_PORT_OFFSET}) "
+                            f"must lie in 1024-65535: pick a base port up to {65535 - ENGINE_PORT_OFFSET - count + 1}")
         ports = [base_port + i for i in range(count)]
         for p in ports + [p + ENGINE_PORT_OFFSET for p in ports]:
             if not _port_free(p):
                 raise UserError(f"port 127.0.0.1:{p} is in use: stop what listens there or pass --base-port")
-        image = rootfs.ensure(log=log)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._client_key()
+        raised = limits.ensure(count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log)
         started: list[LabHost] = []
         try:
+            image = rootfs.ensure(log=log)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._client_key()
             known = []
             for i, port in enumerate(ports):
                 name = f"lab{i + 1}"
                 h, key_line = self._boot(name, port, port + ENGINE_PORT_OFFSET, image)
                 started.append(h)
                 known.append(key_line)
-                self._save(started, image)
+                self._save(started, image, raised)
             (self.dir / "known_hosts").write_text("".join(known))
             self._wait_ssh(started)
             from k26ops.lab import engine_source_fixture
@@ -164,7 +180,10 @@ class Lab:
             self._write_inventory(started)
         except BaseException:
             self._stop(started)
+            for h in started:
+                remove_cgroups(self._machine(h.name))
             self.state_file.unlink(missing_ok=True)
+            limits.put_back(raised, self.proc_sys, log=log)
             raise
         return started
 
@@ -214,15 +233,18 @@ class Lab:
         root = hdir / "root"
         for sub in ("upper", "work", "merged"):
             (root / sub).mkdir(parents=True)
+        machine = self._machine(name)
         nspawn = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root / "merged"),
-                  "-b", f"--machine=k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-"),
-                  "--console=read-only", *binds]
-        cmd = overlay_boot(image, root, nspawn)
+                  "-b", f"--machine={machine}", "--console=read-only", *binds]
+        cmd = overlay_boot(image, root, nspawn, own_cgroups(machine))
         with open(hdir / "console.log", "wb") as console:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         time.sleep(0.05)
         return LabHost(name, port, proc.pid, _proc_start(proc.pid) or "", engine_port), key_line
+
+    def _machine(self, name: str) -> str:
+        return f"k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-")
 
     def _wait_ssh(self, hosts: list[LabHost], timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -273,9 +295,13 @@ class Lab:
         self.inventory_file.write_text(header + yaml.safe_dump(inv, sort_keys=False))
 
     # -- down ----------------------------------------------------------------
-    def down(self) -> list[str]:
+    def down(self, log=print) -> list[str]:
         hosts = self.hosts()
+        raised = self.raised_limits()
         self._stop(hosts)
+        for h in hosts:
+            remove_cgroups(self._machine(h.name))
+        limits.put_back(raised, self.proc_sys, log=log)
         self.state_file.unlink(missing_ok=True)
         self.inventory_file.unlink(missing_ok=True)
         return [h.name for h in hosts]
@@ -318,9 +344,18 @@ class Lab:
                 pass
         return removed, freed
 
+    def hold_down(self, name: str, hold: bool = True) -> None:
+        """Lab knob: keep host `name` off after its next reboot (hold=False lets it boot)."""
+        f = self.dir / "hosts" / name / HOLD_DOWN
+        if hold:
+            f.touch()
+        else:
+            f.unlink(missing_ok=True)
+
     def stop_host(self, name: str) -> None:
         """Stop one host's container (as a crash would: the host disappears)."""
         self._stop([h for h in self.hosts() if h.name == name])
+        remove_cgroups(self._machine(name))
 
     @staticmethod
     def _stop(hosts: list[LabHost], timeout: float = 20.0) -> None:
@@ -385,7 +420,39 @@ def _children(pid: int) -> list[int]:
         return found
 
 
-def overlay_boot(image: Path, root: Path, nspawn: list[str]) -> list[str]:
+CGROUP_ROOTS = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+
+
+def own_cgroups(machine: str) -> list[Path]:
+    """One cgroup per host, in each hierarchy systemd uses (cgroup v1's
+    name=systemd and the unified one on a hybrid machine; the one tree on v2).
+
+    Why: nspawn --keep-unit puts its container in `payload` under its own
+    cgroup. Started from the same cgroup, every host shares one `payload`,
+    so their systemds create and remove the same /system.slice/X.service
+    dirs: at 64 hosts a few units failed to start with 219/CGROUP ("Failed
+    to attach to cgroup ... No such file or directory") and hosts came up
+    degraded. In a cgroup of its own, each host's tree is its own."""
+    hier = [r for r in CGROUP_ROOTS[:2] if (r / "cgroup.procs").exists()]
+    if not hier and (CGROUP_ROOTS[2] / "cgroup.controllers").exists():
+        hier = [CGROUP_ROOTS[2]]
+    return [r / "k26ops-lab" / machine for r in hier]
+
+
+def remove_cgroups(machine: str) -> None:
+    """Remove a stopped host's cgroups, deepest first (an empty cgroup is removed by rmdir)."""
+    for top in own_cgroups(machine):
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for d in dirs + [top]:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def overlay_boot(image: Path, root: Path, nspawn: list[str], cgroups: list[Path] = ()) -> list[str]:
     """The command that boots one host on a copy-on-write view of the shared rootfs.
 
     Why not `nspawn --ephemeral`: off btrfs it copies the whole rootfs (about
@@ -398,13 +465,34 @@ def overlay_boot(image: Path, root: Path, nspawn: list[str]) -> list[str]:
     With `--pid --fork --kill-child`, nspawn is PID 1 of its own namespace,
     so when it or the recorded `unshare` dies, the kernel kills everything in
     it, the host included, and the overlay mount goes with the last process.
-    `unshare` ignores SIGTERM while it waits, so a clean stop signals nspawn.
+    `unshare` ignores SIGTERM while it waits, so a clean stop signals the
+    shell below it, which passes it on to nspawn.
+    `cgroups`: the shell (and so nspawn) starts in these (see own_cgroups).
+
+    Why a loop: `systemctl reboot` inside a host makes nspawn exit with status
+    133 (its "reboot" code; systemd-nspawn@.service restarts on it). Like a
+    machine's firmware, the loop boots the host again on the same overlay, so
+    a lab host really reboots: its systemd, sshd and units start afresh. Any
+    other exit, or SIGTERM from `lab down`, ends it. While the lab's
+    hold-down file exists (`Lab.hold_down`, a lab knob) the host stays off
+    after a reboot, as a host that does not come back would. /proc is mounted
+    afresh for the PID namespace: a second nspawn, no longer its PID 1, finds
+    its container's init by pid in /proc ("Failed to get container cgroup
+    path: No such process" with the outer namespace's /proc).
     """
-    script = ('mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
-              '&& shift 4 && exec "$@"')
+    join = "".join(f'mkdir -p {q(str(c))} && echo $$ > {q(str(c / "cgroup.procs"))} && ' for c in cgroups)
+    script = join + ('mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4 || exit 1; '
+              'mount -t proc proc /proc || exit 1; hold="$1"; shift; stop=0; trap \'stop=1; kill -TERM $c 2>/dev/null\' TERM INT HUP; '
+              'while :; do "$@" & c=$!; rc=0; wait $c || rc=$?; '
+              'while kill -0 $c 2>/dev/null; do rc=0; wait $c || rc=$?; done; '
+              '[ "$stop" = 0 ] && [ "$rc" = 133 ] || exit "$rc"; '
+              'echo "k26ops lab: the host rebooted; booting it again" >&2; '
+              'while [ -e "$hold" ] && [ "$stop" = 0 ]; do sleep 0.5; done; '
+              '[ "$stop" = 0 ] || exit 0; done')
     return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--",
             "sh", "-c", script, "k26ops-lab-boot",
-            str(image), str(root / "upper"), str(root / "work"), str(root / "merged"), *nspawn]
+            str(image), str(root / "upper"), str(root / "work"), str(root / "merged"),
+            str(root.parent / HOLD_DOWN), *nspawn]
 
 
 def _reap(pid: int) -> None:

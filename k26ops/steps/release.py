@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops import (enginelock, engine_flags, engine_source, launch_rules, ownership, patchset, prepcache, units,
-                    wheelhouse)
+                    wheelhouse, wheelsource)
 from k26ops import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
@@ -165,6 +165,7 @@ def before_hosts(hosts) -> None:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
         lock_for(r)
+        wheelsource.settings(h)
 
 
 def _host_python(ctx: HostContext) -> str:
@@ -312,14 +313,14 @@ class Release(Step):
         rid, rel = prep.release_id, ctx.releases_root
         d = f"{rel}/{rid}"
         wh = f"{ctx.root}/wheelhouse"
-        ctx.progress(f"pushing wheels for {rid}")
         # the venv unpacks the wheels: about three times their size (a rough floor, said as such)
         wheelhouse.need_free(ctx.session, rel, 3 * sum(w.size for w in prep.wheels),
                              f"release {rid} (about 3x its {len(prep.wheels)} wheels)")
         ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches && "
                 f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
         try:
-            wheelhouse.push(ctx.session, prep.wheels, wh)
+            # the engine wheel built here is on no index; the locked ones are
+            wheelsource.deliver(ctx, prep.wheels, wh, local=(prep.engine_wheel,) if prep.recipe.git else ())
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")

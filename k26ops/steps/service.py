@@ -64,16 +64,21 @@ AGENT = (Path(__file__).resolve().parent / "service_agent.py").read_text()
 
 def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
     """Run one agent operation on the host: one remote command."""
-    python = "python3"
-    res = session.run(f"{python} -c {q(AGENT)}", stdin=json.dumps({"op": op, **req}), timeout=timeout)
+    return run_agent(session, AGENT, "host agent", op, timeout, req)
+
+
+def run_agent(session, source: str, what: str, op: str, timeout: float, req: dict) -> dict:
+    """Run a stdlib agent's `source` as `python3 -c`, one JSON request on stdin,
+    its last stdout line the JSON answer (also the engine bench's agent)."""
+    res = session.run(f"python3 -c {q(source)}", stdin=json.dumps({"op": op, **req}), timeout=timeout)
     lines = res.stdout.strip().splitlines()
     if res.exited != 0 or not lines:
         why = (res.stderr or res.stdout or "").strip().splitlines()
-        raise StepFailed(f"host agent ({op}) exited {res.exited}: {why[-1][:300] if why else 'no output'}")
+        raise StepFailed(f"{what} ({op}) exited {res.exited}: {why[-1][:300] if why else 'no output'}")
     try:
         return json.loads(lines[-1])
     except ValueError:
-        raise StepFailed(f"host agent ({op}) printed no JSON: {lines[-1][:200]!r}") from None
+        raise StepFailed(f"{what} ({op}) printed no JSON: {lines[-1][:200]!r}") from None
 
 
 # ---------------------------------------------------------------- desired state

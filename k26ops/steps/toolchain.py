@@ -2,8 +2,9 @@
 
 Verified means: `nvcc --version` reports the wanted release and a tiny kernel
 compiles for sm_120 (RTX PRO 6000 Blackwell) and for the host's own GPU
-architecture when it has one. GPU drivers are never installed or changed; a
-driver older than the toolkit needs stops the step before anything changes.
+architecture when it has one. Deploy never installs or changes GPU drivers
+(`k26ops provision` does, with reboots); a driver older than the toolkit
+needs stops the step before anything changes.
 
 pip method: `cuda-toolkit[nvcc]==13.0.*` into <root>/toolchain/cuda-13.0 (a
 venv), built beside the old one and renamed into place when verified; nvcc
@@ -15,7 +16,7 @@ apt method (Ubuntu): NVIDIA's repository via its cuda-keyring package, then
 from __future__ import annotations
 
 from k26ops import recipe as recipe_mod
-from k26ops import wheelhouse
+from k26ops import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel
@@ -61,11 +62,11 @@ class CudaToolkit(Step):
         method, version, min_driver = self._spec(ctx)
         _, major = driver_version(ctx.facts)
         if major is None:
-            raise StepFailed("no NVIDIA driver found (nvidia-smi): k26ops never installs drivers; "
-                             f"install an R{min_driver}+ driver first")
+            raise StepFailed("no NVIDIA driver found (nvidia-smi): deploy never installs drivers; "
+                             f"`k26ops provision` installs an R{min_driver}+ driver first")
         if major < min_driver:
             raise StepFailed(f"driver {major} is older than CUDA {version} needs (>= {min_driver}); "
-                             "k26ops never changes drivers: upgrade it first")
+                             "deploy never changes drivers: `k26ops provision` upgrades it (with a reboot)")
         want_archs = archs(ctx.facts)
         ctx.shared["cuda_archs"] = want_archs
         if method == "pip":
@@ -103,8 +104,7 @@ class CudaToolkit(Step):
         ctx.progress("downloading the CUDA toolkit wheels (once for all hosts)")
         wheels = wheelhouse.ensure([r.toolkit.pip_spec], no_deps=False, python=".".join(py.split(".")[:2]))
         wh = f"{ctx.root}/wheelhouse"
-        ctx.progress("pushing wheels")
-        wheelhouse.push(ctx.session, wheels, wh)
+        wheelsource.deliver(ctx, wheels, wh)
         d = self.toolchain_dir(ctx, version)
         part = f"{d}.partial"
         wheelhouse.need_free(ctx.session, ctx.root, 3 * sum(w.size for w in wheels),

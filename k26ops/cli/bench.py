@@ -1,0 +1,144 @@
+"""`k26ops bench`: the engine's speed and acceptance on each host, measured
+from the host itself; `--compare TAG` sets each figure beside a baseline's."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from k26ops.cli.report import wide_console
+from k26ops.enginebench import figures as figs
+from k26ops.enginebench.run import GENERATORS, METRICS, BenchSpec, cell_key, parse_list
+from k26ops.enginebench.stored import baseline_for, stored_benches
+from k26ops.errors import UserError
+
+BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
+                             help="Baselines git repository (default: $K26OPS_BASELINES, else ./baselines).")
+
+
+def bench_options(fn):
+    """The bench's options (also on `snapshot --bench`)."""
+    opts = [
+        click.option("--concurrency", "concurrency", default="1,4,16", show_default=True, metavar="LIST",
+                     help="Concurrent requests, a comma list."),
+        click.option("--temperatures", default="0,0.7", show_default=True, metavar="LIST",
+                     help="Sampling temperatures, a comma list (0 = greedy)."),
+        click.option("--input-len", type=click.IntRange(1, 1_000_000), default=1024, show_default=True,
+                     help="Prompt length (tokens for SGLang's benchmark; words for k26ops' loadgen)."),
+        click.option("--output-len", type=click.IntRange(1, 1_000_000), default=256, show_default=True,
+                     help="Output tokens per request (ignore_eos: every request makes exactly this many)."),
+        click.option("--num-prompts", type=click.IntRange(0), default=0, metavar="N",
+                     help="Requests per cell (default: 4 x concurrency, at least 8)."),
+        click.option("--seed", type=int, default=1, show_default=True, help="Prompt seed (run i uses seed + i)."),
+        click.option("--runs", type=click.IntRange(1, 100), default=3, show_default=True,
+                     help="Repeats; each figure is their median, with min-max."),
+        click.option("--generator", type=click.Choice(GENERATORS), default="auto", show_default=True,
+                     help="auto: SGLang's serving benchmark when the release venv imports it, else k26ops' own."),
+    ]
+    return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
+
+
+def spec_from(opts: dict) -> BenchSpec:
+    return BenchSpec(concurrency=parse_list(opts["concurrency"], int, "concurrency"),
+                     temperatures=parse_list(opts["temperatures"], float, "temperatures"),
+                     input_len=opts["input_len"], output_len=opts["output_len"], seed=opts["seed"],
+                     runs=opts["runs"], num_prompts=opts["num_prompts"], generator=opts["generator"])
+
+
+BENCH_KEYS = ("concurrency", "temperatures", "input_len", "output_len", "num_prompts", "seed", "runs", "generator")
+
+
+def _stat(s: dict | None) -> str:
+    if not s:
+        return "-"
+    if s["n"] > 1 and s["min"] != s["max"]:
+        return f"{s['median']:.4g} ({s['min']:.4g}-{s['max']:.4g})"
+    return f"{s['median']:.4g}"
+
+
+def render_bench(host: str, bench: dict, con=None) -> None:
+    from rich.table import Table
+
+    con = con or wide_console()
+    spec = bench.get("spec") or {}
+    con.rule(f"{host}: {bench.get('generator')}", style="cyan")
+    con.print(f"generator {bench.get('generator')} ({bench.get('generator_why')}); input {spec.get('input_len')}, "
+              f"output {spec.get('output_len')}, seed {spec.get('seed')}, median of {spec.get('runs')} run(s) "
+              "(min-max in brackets)", highlight=False, markup=False)
+    table = Table("cell", *[METRICS[m][1] for m in METRICS], box=None)
+    for cell in bench.get("cells") or []:
+        f = cell.get("figures") or {}
+        table.add_row(cell_key(cell["concurrency"], cell["temperature"]), *[_stat(f.get(m)) for m in METRICS])
+    con.print(table)
+
+
+def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict, con=None) -> None:
+    from rich.table import Table
+
+    con = con or wide_console()
+    rows = figs.compare(bench, base)
+    title = f"{host} vs {tag}" + (f" (baseline host {base_host})" if base_host != host else "")
+    table = Table("figure", "what", f"{tag}", "now", "change", title=title, box=None)
+    for r in rows:
+        pct = "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
+        style = "red" if r["worse_pct"] > 5 else "green" if r["worse_pct"] < -5 else ""
+        table.add_row(r["figure"], r["label"], f"{r['baseline']:.4g}", f"{r['current']:.4g}",
+                      f"[{style}]{pct}[/]" if style else pct)
+    con.print(table)
+    for d in figs.spec_differences(bench, base):
+        con.print(f"note: {host}: settings differ from the baseline's ({d}): figures may not compare",
+                  highlight=False, markup=False)
+
+
+@click.command(name="bench")
+@bench_options
+@click.option("--compare", "compare_tag", metavar="TAG", help="Print each figure beside this baseline's, with % change.")
+@BASELINES_OPT
+@click.pass_obj
+def bench_cmd(settings, compare_tag, baselines_dir, **opts):
+    """Measure the engine on each host, from the host itself (loopback): output tok/s,
+    requests/s, TTFT and ITL (median, p99), spec accept length, per concurrency and temperature."""
+    from k26ops.enginebench.run import run_host
+    from k26ops.fleet import Outcome, exit_code
+    from k26ops.multinode import serves_http
+    from k26ops.rollout import run_rollout
+    from k26ops.steps import HostContext
+
+    spec = spec_from(opts)
+    stored = stored_benches(baselines_dir, compare_tag) if compare_tag else {}
+    if compare_tag and not stored:
+        raise UserError(f"baseline {compare_tag!r} has no bench results (take one with "
+                        f"`k26ops snapshot --tag NAME --bench`)")
+
+    def work(session, progress):
+        ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+        if not serves_http(ctx.vars):
+            return Outcome(generator=f"- (node rank {ctx.vars.get('node_rank')}: benched on rank 0)")
+        b = run_host(ctx, spec, progress)
+        out = Outcome(bench=b, generator=b["generator"])
+        f = figs.flatten(b)
+        first = cell_key(spec.concurrency[0], spec.temperatures[0])
+        out["tok_s"] = round((f.get(f"tok/s@{first}") or {}).get("median") or 0, 1) or None
+        out["accept"] = (f.get(f"accept@{first}") or {}).get("median")
+        if compare_tag:
+            got = baseline_for(stored, session.host.name)
+            out["compare"] = {"tag": compare_tag, "baseline_host": got[0], "rows": figs.compare(b, got[1]),
+                              "settings_differ": figs.spec_differences(b, got[1])}
+        return out
+
+    first = cell_key(spec.concurrency[0], spec.temperatures[0])
+    results = run_rollout(settings, work, canary=0, title="engine bench", exit=False,
+                          columns=[("generator", "generator"), (f"tok/s {first}", "tok_s"),
+                                   (f"accept {first}", "accept")])
+    if not settings.as_json:
+        con = wide_console()
+        for r in results:
+            if "bench" not in r.data:
+                continue
+            render_bench(r.host, r.data["bench"], con)
+            if compare_tag:
+                base_host, base = baseline_for(stored, r.host)
+                render_compare(r.host, base_host, compare_tag, r.data["bench"], base, con)
+    sys.exit(exit_code(results))

@@ -1,0 +1,108 @@
+"""Figures by name (`tok/s@c1/t0`: metric @ concurrency / temperature), the
+comparison with a baseline's stored bench, and the canary gate's verdict."""
+
+from __future__ import annotations
+
+import re
+
+from k26ops.enginebench.run import METRICS, cell_key
+from k26ops.errors import UserError
+
+DEFAULT_GATE = ("tok/s@c1/t0", "accept@c1/t0")
+_FIG = re.compile(r"(?P<metric>[a-z0-9_/]+?)@c(?P<c>\d+)/t(?P<t>\d+(\.\d+)?)")
+
+
+def parse_figure(name: str) -> tuple[str, int, float]:
+    m = _FIG.fullmatch(name.strip())
+    if not m or m["metric"] not in METRICS:
+        raise UserError(f"--gate-figures: {name!r} is not a figure; write METRIC@cN/tT with METRIC one of "
+                        f"{', '.join(METRICS)} (e.g. tok/s@c1/t0)")
+    return m["metric"], int(m["c"]), float(m["t"])
+
+
+def figure_name(metric: str, c: int, t: float) -> str:
+    return f"{metric}@{cell_key(c, t)}"
+
+
+def flatten(bench: dict) -> dict[str, dict]:
+    """{figure name: {median, min, max, n}} of one host's bench."""
+    out = {}
+    for cell in bench.get("cells") or []:
+        for metric, stat in (cell.get("figures") or {}).items():
+            out[figure_name(metric, cell["concurrency"], cell["temperature"])] = stat
+    return out
+
+
+def change_pct(base: float, cur: float) -> float | None:
+    return None if not base else (cur - base) / base * 100.0
+
+
+def regression_pct(metric: str, base: float, cur: float) -> float:
+    """How much worse `cur` is than `base`, in percent of base (<= 0: not worse)."""
+    pct = change_pct(base, cur)
+    return 0.0 if pct is None else -pct * METRICS[metric][2]
+
+
+def compare(current: dict, baseline: dict) -> list[dict]:
+    """Rows for every figure both benches have."""
+    cur, base = flatten(current), flatten(baseline)
+    rows = []
+    for name, stat in cur.items():
+        if name not in base:
+            continue
+        metric = name.split("@", 1)[0]
+        b, c = base[name]["median"], stat["median"]
+        rows.append({"figure": name, "label": METRICS[metric][1], "baseline": b, "current": c,
+                     "current_min": stat["min"], "current_max": stat["max"],
+                     "change_pct": None if change_pct(b, c) is None else round(change_pct(b, c), 2),
+                     "worse_pct": round(regression_pct(metric, b, c), 2)})
+    return rows
+
+
+def spec_differences(current: dict, baseline: dict) -> list[str]:
+    keys = ("input_len", "output_len", "num_prompts", "seed", "generator")
+    cs, bs = current.get("spec") or {}, baseline.get("spec") or {}
+    out = [f"{k} {bs.get(k)} -> {cs.get(k)}" for k in keys if cs.get(k) != bs.get(k) and k != "generator"]
+    if current.get("generator") != baseline.get("generator"):
+        out.append(f"generator {baseline.get('generator')} -> {current.get('generator')}")
+    return out
+
+
+def gate_verdict(current: dict, baseline: dict, figures: list[str], threshold: float) -> dict:
+    """{ok, failed: [...], checked: [...]} for the gated figures (the medians)."""
+    cur, base = flatten(current), flatten(baseline)
+    runs = (current.get("spec") or {}).get("runs")
+    checked, failed = [], []
+    for name in figures:
+        metric = name.split("@", 1)[0]
+        if name not in cur or name not in base:
+            failed.append({"figure": name, "why": "not measured" if name not in cur else "not in the baseline"})
+            continue
+        b, c = base[name]["median"], cur[name]["median"]
+        worse = regression_pct(metric, b, c)
+        row = {"figure": name, "label": METRICS[metric][1], "baseline": b, "current": c,
+               "min": cur[name]["min"], "max": cur[name]["max"], "worse_pct": round(worse, 2), "runs": runs}
+        checked.append(row)
+        if worse > threshold:
+            failed.append(row)
+    return {"ok": not failed, "failed": failed, "checked": checked, "threshold_pct": threshold}
+
+
+def gate_line(host: str, verdict: dict) -> str:
+    """One line naming the figure, the baseline value and the measured value."""
+    f = verdict["failed"][0]
+    if "why" in f:
+        return f"gate failed on {host}: {f['figure']} {f['why']}"
+    more = f" (and {len(verdict['failed']) - 1} more)" if len(verdict["failed"]) > 1 else ""
+    return (f"gate failed on {host}: {f['figure']} ({f['label']}) measured {f['current']:g} vs baseline "
+            f"{f['baseline']:g}: {f['worse_pct']:.1f}% worse, threshold {verdict['threshold_pct']:g}% "
+            f"(median of {f['runs']} run(s), min-max {f['min']:g}-{f['max']:g}){more}")
+
+
+def cells_for(figures: list[str]) -> tuple[list[int], list[float]]:
+    cs, ts = [], []
+    for name in figures:
+        _m, c, t = parse_figure(name)
+        cs += [c] if c not in cs else []
+        ts += [t] if t not in ts else []
+    return cs, ts

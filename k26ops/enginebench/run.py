@@ -1,0 +1,143 @@
+"""One host's engine bench: pick the generator, run every (concurrency,
+temperature) cell `runs` times from the host itself, and keep each figure's
+median with its min-max (noise shown, not hidden)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from k26ops.errors import UserError
+from k26ops.steps import StepFailed
+
+AGENT = (Path(__file__).resolve().parent / "loadgen.py").read_text()
+GENERATORS = ("auto", "sglang", "k26ops")
+OWN = "k26ops loadgen"  # else the generator is named by SGLang's module that ran
+
+# figure metric -> (key in the agent's metrics, label, +1 higher is better / -1 lower is better)
+METRICS = {
+    "tok/s": ("output_throughput", "output tok/s", 1),
+    "req/s": ("request_throughput", "requests/s", 1),
+    "ttft_p50_ms": ("median_ttft_ms", "TTFT median ms", -1),
+    "ttft_p99_ms": ("p99_ttft_ms", "TTFT p99 ms", -1),
+    "itl_p50_ms": ("median_itl_ms", "ITL median ms", -1),
+    "itl_p99_ms": ("p99_itl_ms", "ITL p99 ms", -1),
+    "accept": ("accept_length", "spec accept length", 1),
+}
+
+
+@dataclass
+class BenchSpec:
+    concurrency: list[int]
+    temperatures: list[float]
+    input_len: int = 1024
+    output_len: int = 256
+    seed: int = 1
+    runs: int = 3
+    num_prompts: int = 0  # per cell; 0: 4 x concurrency, at least 8
+    generator: str = "auto"
+
+    def prompts(self, c: int) -> int:
+        return self.num_prompts or max(8, 4 * c)
+
+    def cells(self) -> list[tuple[int, float]]:
+        return [(c, t) for t in self.temperatures for c in self.concurrency]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BenchSpec":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def parse_list(text: str, kind, what: str) -> list:
+    """'1,4,16' -> [1, 4, 16]; one clear line for anything else."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            v = kind(part)
+        except ValueError:
+            raise UserError(f"--{what}: {part!r} is not a {'number' if kind is float else 'whole number'} "
+                            f"(give a comma list, e.g. {'0,0.7' if kind is float else '1,4,16'})") from None
+        if (kind is int and v < 1) or (kind is float and not 0 <= v <= 2):
+            raise UserError(f"--{what}: {part} is out of range ({'>= 1' if kind is int else '0 to 2'})")
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise UserError(f"--{what}: empty list")
+    return out
+
+
+def cell_key(c: int, t: float) -> str:
+    return f"c{c}/t{t:g}"
+
+
+def agent(session, op: str, timeout: float, **req) -> dict:
+    from k26ops.steps.service import run_agent
+
+    return run_agent(session, AGENT, "bench agent", op, timeout, req)
+
+
+def target(ctx) -> dict:
+    """The host's engine as deploy runs it: loopback address, port, model, release venv python."""
+    from k26ops.steps import service as svc
+
+    profile = svc.engine_profile(ctx)
+    host, port = svc.poll_target(profile)
+    model = str(profile.get("served_model_name") or profile.get("model_path") or "")
+    return {"host": host, "port": port, "model": model, "tokenizer": str(profile.get("model_path") or model),
+            "python": f"{ctx.releases_root}/current/venv/bin/python"}
+
+
+def choose_generator(session, spec: BenchSpec, t: dict) -> tuple[str, str]:
+    if spec.generator == "k26ops":
+        return OWN, "asked for (--generator k26ops)"
+    probe = agent(session, "probe", timeout=360, python=t["python"])
+    if probe["available"]:
+        t["module"] = probe["module"]
+        return probe["module"], probe["why"]
+    if spec.generator == "sglang":
+        raise StepFailed(f"--generator sglang: {probe['why']}")
+    return OWN, probe["why"]
+
+
+def run_host(ctx, spec: BenchSpec, progress=lambda m: None) -> dict:
+    """Bench one host; raise StepFailed when a cell gets no answer at all."""
+    t = target(ctx)
+    t0 = time.monotonic()
+    progress("bench: checking for sglang.bench_serving")
+    gen, why = choose_generator(ctx.session, spec, t)
+    op = "loadgen" if gen == OWN else "bench_serving"
+    raw: dict[str, list[dict]] = {}
+    cells = spec.cells()
+    for run in range(spec.runs):
+        for i, (c, temp) in enumerate(cells, 1):
+            progress(f"bench ({gen}): run {run + 1}/{spec.runs}, cell {i}/{len(cells)}: "
+                     f"concurrency {c}, temperature {temp:g}")
+            r = agent(ctx.session, op, timeout=3700, module=t.get("module"), host=t["host"], port=t["port"], model=t["model"],
+                      tokenizer=t["tokenizer"], python=t["python"], concurrency=c, temperature=temp,
+                      num_prompts=spec.prompts(c), input_len=spec.input_len, output_len=spec.output_len,
+                      seed=spec.seed + run)
+            if not r.get("ok"):
+                raise StepFailed(f"bench {cell_key(c, temp)} on {t['host']}:{t['port']}: "
+                                 f"{r.get('error') or '; '.join(r.get('errors') or []) or 'no request completed'}")
+            raw.setdefault(cell_key(c, temp), []).append(r["metrics"])
+    out_cells = []
+    for c, temp in cells:
+        runs = raw[cell_key(c, temp)]
+        figs = {}
+        for name, (key, _label, _better) in METRICS.items():
+            vals = [m[key] for m in runs if m.get(key) is not None]
+            if vals:
+                figs[name] = {"median": round(statistics.median(vals), 4), "min": round(min(vals), 4),
+                              "max": round(max(vals), 4), "n": len(vals)}
+        out_cells.append({"concurrency": c, "temperature": temp, "figures": figs,
+                          "failed_requests": sum(m.get("failed") or 0 for m in runs),
+                          "accept_source": runs[-1].get("accept_source")})
+    progress(f"bench: done ({gen})")
+    return {"generator": gen, "generator_why": why, "spec": spec.to_json(), "cells": out_cells,
+            "elapsed_s": round(time.monotonic() - t0, 2)}

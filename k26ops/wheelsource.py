@@ -1,0 +1,274 @@
+"""Where a host gets a release's wheels, so that the control node's bytes do
+not grow with the host count. Every wheel is named with its sha256 (the
+release lock, or the wheelhouse manifest), so any source will do: a host
+keeps only bytes whose hash is the one the control node expects.
+
+`wheel_source` (inventory var):
+- `push` (default): the control node uploads the wheels to each host over SSH.
+- `index`: hosts that reach the package index (`wheel_index_url`, default
+  PyPI) download the wheels themselves: `pip download --require-hashes
+  --no-deps` with the release's pins and hashes. A wheel that is not on an
+  index (the engine wheel built from the pinned commit) is still pushed.
+- `peer`: the first host of each batch (the canary batch, then the rest)
+  receives the wheels from the control node once and serves its wheelhouse
+  over HTTP (`python3 -m http.server`, on `wheel_peer_address`, default the
+  host's inventory address, port `wheel_peer_port`, default 8873), for as long
+  as the batch runs. The other hosts fetch from it and check each wheel's
+  sha256 before it enters their wheelhouse: a relay cannot change a byte; a
+  changed wheel is refused and the host fails, naming the relay. A relay
+  that cannot be reached falls back to the push.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from k26ops import wheelhouse
+from k26ops.errors import UserError
+from k26ops.ssh import q
+
+MODES = ("push", "index", "peer")
+DEFAULT_INDEX = "https://pypi.org/simple"
+DEFAULT_PEER_PORT = 8873
+RELAY_LIFETIME = 4 * 3600  # the relay's server exits by itself after this, whatever happens to the run
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:_-]*")
+_URL = re.compile(r"https?://[^\s'\"\\]+")
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str
+    index_url: str
+    peer_address: str
+    peer_port: int
+
+
+def settings(host) -> Settings:
+    """The host's wheel source from its vars; bad values are one line (exit 2)."""
+    v = host.vars
+    mode = v.get("wheel_source", "push")
+    if mode not in MODES:
+        raise UserError(f"host {host.name}: wheel_source {mode!r}: must be one of {', '.join(MODES)}")
+    url = v.get("wheel_index_url", DEFAULT_INDEX)
+    if not isinstance(url, str) or not _URL.fullmatch(url):
+        raise UserError(f"host {host.name}: wheel_index_url {url!r}: must be an http(s) URL")
+    addr = v.get("wheel_peer_address", host.address)
+    if not isinstance(addr, str) or not _ADDRESS.fullmatch(addr or ""):
+        raise UserError(f"host {host.name}: wheel_peer_address {addr!r}: must be an IP address or host name")
+    port = v.get("wheel_peer_port", DEFAULT_PEER_PORT)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
+        raise UserError(f"host {host.name}: wheel_peer_port {port!r}: must be a port number 1024-65535")
+    return Settings(mode, url, addr, port)
+
+
+def deliver(ctx, wheels: list, remote_dir: str, local: tuple = ()) -> dict:
+    """Put `wheels` into the host's `remote_dir` from the host's wheel source.
+    `local`: the wheels no index has (built on the control node). Returns
+    what came from where: {"pushed": [...], "index": [...], "peer": [...]}."""
+    s = settings(ctx.host)
+    got: dict = {"pushed": [], "index": [], "peer": []}
+    if s.mode == "push" or (s.mode == "peer" and CURRENT is None):
+        got["pushed"] = _push(ctx, wheels, remote_dir)
+        return _note(ctx, got)
+    todo = wheelhouse.missing(ctx.session, wheels, remote_dir)
+    if not todo:
+        return got
+    local_names = {w.name for w in local}
+    if s.mode == "index":
+        from_index = [w for w in todo if w.name not in local_names]
+        if from_index:
+            ctx.progress(f"downloading {len(from_index)} wheel(s) from {s.index_url} on the host")
+            _download(ctx, from_index, remote_dir, s.index_url)
+            got["index"] = [w.name for w in from_index]
+        todo = [w for w in todo if w.name in local_names]
+    elif s.mode == "peer" and CURRENT is not None and CURRENT.relay.name != ctx.host.name:
+        url, why = CURRENT.serve(todo)
+        if url:
+            ctx.progress(f"fetching {len(todo)} wheel(s) from relay {CURRENT.relay.name}")
+            refused, why = _fetch(ctx, todo, remote_dir, url)
+            if refused:
+                from k26ops.steps import StepFailed
+                raise StepFailed(f"wheel {refused[0]} from relay {CURRENT.relay.name} ({url}) has sha256 "
+                                 f"{refused[1][:16]}..., the release expects {refused[2][:16]}...: refused "
+                                 "(the relay's copy is not the control node's)")
+            if not why:
+                got["peer"] = [w.name for w in todo]
+                return _note(ctx, got)
+        ctx.progress(f"relay {CURRENT.relay.name} unavailable ({why}): pushing the wheels")
+    elif s.mode == "peer" and CURRENT is not None:  # the relay itself: one push, shared with serve()
+        CURRENT.receive(todo)
+        got["pushed"] = [w.name for w in todo]
+        return _note(ctx, got)
+    if todo:
+        got["pushed"] = _push(ctx, todo, remote_dir)
+    return _note(ctx, got)
+
+
+def _push(ctx, wheels: list, remote_dir: str) -> list[str]:
+    ctx.progress("pushing wheels")
+    return wheelhouse.push(ctx.session, wheels, remote_dir)
+
+
+def _note(ctx, got: dict) -> dict:
+    """Where this host's wheels came from, in its report (`wheels` in --json)."""
+    seen = ctx.shared.setdefault("outcome", {}).setdefault("wheels", {})
+    for how, names in got.items():
+        if names:
+            seen[how] = seen.get(how, 0) + len(names)
+    return got
+
+
+def _download(ctx, wheels: list, remote_dir: str, index_url: str) -> None:
+    """`pip download --require-hashes` on the host: exactly these files, or nothing."""
+    from k26ops.steps import StepFailed, tied_to_channel
+
+    wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to download")
+    tool = f"{ctx.root}/pip-tool"  # a venv only for its pip (Debian's python3 has none)
+    reqs = f"{remote_dir}/.index-requirements.txt"
+    ctx.session.put(wheelhouse.requirements_file(wheels).encode(), reqs)
+    ca = "/etc/ssl/certs/ca-certificates.crt"  # the host's own trust store (pip's bundled one knows no private CA)
+    script = (f"set -e; [ -x {q(tool)}/bin/pip ] || python3 -m venv {q(tool)}; "
+              f"cert=; [ -f {ca} ] && cert='--cert {ca}'; "
+              f"{q(tool)}/bin/pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "
+              f"--require-hashes --index-url {q(index_url)} $cert -d {q(remote_dir)} -r {q(reqs)}")
+    res = ctx.run(tied_to_channel(script), timeout=3600)
+    if not res.ok:
+        lines = [x for x in (res.stderr.replace("\0", "") + "\n" + res.stdout).splitlines() if x.strip()]
+        err = [x for x in lines if x.startswith("ERROR")] or lines or ["no output"]
+        raise StepFailed(f"pip download from {index_url} on the host failed: {err[-1][:300]}")
+    left = wheelhouse.missing(ctx.session, wheels, remote_dir)
+    if left:
+        raise StepFailed(f"pip download from {index_url} did not give {left[0].name} with sha256 {left[0].sha256}")
+
+
+# Runs on a host (python3 -c): fetch each wheel from the relay, hash it while it
+# streams to a temp file, keep it only if the sha256 is the expected one.
+_FETCH = r"""
+import hashlib, json, os, sys, urllib.parse, urllib.request
+base, dest = sys.argv[1], sys.argv[2]
+for name, sha in json.load(sys.stdin):
+    tmp = os.path.join(dest, ".k26ops-fetch-" + name)
+    h = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(base + "/" + urllib.parse.quote(name), timeout=60) as r, open(tmp, "wb") as f:
+            for chunk in iter(lambda: r.read(1 << 20), b""):
+                h.update(chunk)
+                f.write(chunk)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        print("UNREACHABLE", str(exc).replace("\n", " ")[:200])
+        sys.exit(4)
+    if h.hexdigest() != sha:
+        os.unlink(tmp)
+        print("REFUSED", name, h.hexdigest(), sha)
+        sys.exit(3)
+    os.replace(tmp, os.path.join(dest, name))
+"""
+
+
+def _fetch(ctx, wheels: list, remote_dir: str, url: str) -> tuple[tuple | None, str]:
+    """(refused: (name, got, expected) or None, why the relay could not be used or '')."""
+    wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to fetch")
+    res = ctx.session.run(f"mkdir -p {q(remote_dir)} && python3 -c {q(_FETCH)} {q(url)} {q(remote_dir)}",
+                          stdin=json.dumps([[w.name, w.sha256] for w in wheels]), timeout=3600)
+    out = res.stdout.strip().splitlines()
+    last = out[-1].split() if out else []
+    if res.exited == 3 and last[:1] == ["REFUSED"]:
+        return (last[1], last[2], last[3]), ""
+    if not res.ok:
+        return None, (" ".join(last[1:]) if last[:1] == ["UNREACHABLE"] else
+                      (res.stderr.strip().splitlines() or ["exit %d" % res.exited])[-1])
+    return None, ""
+
+
+class Batch:
+    """One batch's relay: its first host. The control node pushes each wheel
+    set to the relay once (under a lock, so the relay's own step and the other
+    hosts never upload twice), starts its HTTP server on first need and stops
+    it when the batch ends."""
+
+    def __init__(self, hosts: list, session_for):
+        self.relay = hosts[0]
+        self._session_for = session_for
+        self._lock = threading.Lock()
+        self._received: set[str] = set()  # wheel sha256s on the relay
+        self._server: threading.Thread | None = None
+        self._server_error = ""
+        self.url = ""
+        self.dir = f"{self.relay.vars.get('k26ops_root', '/opt/k26ops')}/wheelhouse"
+
+    def receive(self, wheels: list) -> None:
+        with self._lock:
+            self._receive(wheels)
+
+    def _receive(self, wheels: list) -> None:
+        todo = [w for w in wheels if w.sha256 not in self._received]
+        if todo:
+            session = self._session_for(self.relay)
+            wheelhouse.push(session, todo, self.dir)
+            self._received.update(w.sha256 for w in todo)
+
+    def serve(self, wheels: list) -> tuple[str, str]:
+        """(url of the relay's wheelhouse, '') once it has `wheels` and answers; ('', why) if it cannot."""
+        with self._lock:
+            try:
+                self._receive(wheels)
+                if self._server is None:
+                    self._start()
+            except Exception as exc:  # the relay is down or refuses: the others fall back to the push
+                self._server_error = self._server_error or f"{type(exc).__name__}: {exc}"
+            return (self.url, "") if self.url and not self._server_error else ("", self._server_error)
+
+    def _start(self) -> None:
+        from k26ops.steps import tied_to_channel
+
+        session = self._session_for(self.relay)
+        s = settings(self.relay)
+        addr, port = s.peer_address, s.peer_port
+        pid = f"{self.dir}/.relay.pid"
+        script = (f"echo $$ > {q(pid)}; exec timeout {RELAY_LIFETIME} python3 -m http.server {port} "
+                  f"--bind {q(addr)} --directory {q(self.dir)}")
+
+        def run():
+            try:
+                res = session.run(tied_to_channel(script), timeout=RELAY_LIFETIME + 60)
+                if not res.ok and not self.url:
+                    err = [x for x in res.stderr.replace("\0", "").splitlines() if x.strip()]
+                    self._server_error = err[-1] if err else f"exit {res.exited}"
+            except Exception as exc:
+                self._server_error = self._server_error or str(exc)
+
+        self._server = threading.Thread(target=run, daemon=True, name="k26ops-wheel-relay")
+        self._server.start()
+        host = f"[{addr}]" if ":" in addr else addr
+        probe = (f"python3 -c {q('import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 2)')} "
+                 f"{q(addr)} {port}")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not self._server_error:
+            if session.run(probe).ok:
+                self.url = f"http://{host}:{port}"
+                return
+            time.sleep(0.3)
+        self._server_error = self._server_error or f"{addr}:{port} did not answer within 15s"
+
+    def stop(self) -> None:
+        """Stop the relay's server (the batch is done)."""
+        with self._lock:
+            if self._server is None:
+                return
+            try:
+                self._session_for(self.relay).run(
+                    f"p=$(cat {q(self.dir)}/.relay.pid 2>/dev/null) && kill \"$p\" 2>/dev/null; "
+                    f"rm -f {q(self.dir)}/.relay.pid", timeout=30)
+            except Exception:
+                pass  # the connection is gone: so is the server (tied to its channel)
+            self._server.join(timeout=10)
+            self._server = None
+
+
+CURRENT: Batch | None = None  # the batch being rolled out (k26ops.rollout sets it); None: no relay
