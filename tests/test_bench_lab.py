@@ -142,7 +142,8 @@ def test_gate_rolls_back_a_slower_canary(lab, env):
                   "--gate", "bench-old", env=env["env"])
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     data = json.loads(proc.stdout)
-    lines = [ln for ln in proc.stderr.splitlines() if "gate failed" in ln]
+    # the one stop line (per-host progress lines, `lab1: failed ...`, are progress, not the verdict)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("k26ops:") and "gate failed" in ln]
     assert len(lines) == 1, (proc.stderr, {h: (r["status"], r["error"]) for h, r in data["hosts"].items()})
     line = lines[0]
     g = data["hosts"]["lab1"]["gate"]

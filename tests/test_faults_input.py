@@ -120,7 +120,7 @@ def test_hostile_vars_and_engine_flags_never_run_and_are_refused_before_any_chan
     ps = payloads("vars")
     for i, shape in enumerate(shapes):  # every shape with two payloads, every payload used
         for p in (ps[i % len(ps)], ps[(i + 5) % len(ps)]):
-            inv = write_inv(base_inv, f"v{i}", host_vars=shape(p), all_vars={"group_note": p})
+            inv = write_inv(base_inv, f"v{i}", host_vars=shape(p), all_vars={"description": p})  # free text k26ops declares and never reads
             one_line_error_or_ok(k26ops("-i", str(inv), "deploy", "--check", "--diff", "--playbook", str(pb)))
     no_markers(host)
     # --check changed nothing
