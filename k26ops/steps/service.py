@@ -351,10 +351,15 @@ def journal_diagnosis(ctx: HostContext, svc: dict, base: dict | None):
                   invocation=(base or {}).get("InvocationID"))
     except StepFailed:
         return None, ""
-    text = units.redact(r.get("journal") or "", svc["secrets"])
-    d = _classify(ctx, text)
+    return known_crash(ctx, svc, r.get("journal"))
+
+
+def known_crash(ctx: HostContext, svc: dict, journal: str | None):
+    """A living engine's journal: (the known crash it names or None, its redacted tail)."""
+    text = units.redact(journal or "", svc["secrets"])
+    d = _classify(ctx, text) if text else None
     tail = "\n".join(text.splitlines()[-40:])
-    return (None if d.signature == "unclassified" else d), tail
+    return (d if d and d.signature != "unclassified" else None), tail
 
 
 # ---------------------------------------------------------------- health
@@ -500,14 +505,12 @@ class SmokeStep(Step):
         why = f"HTTP {last['status']}" if last["status"] else "no answer"
         detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc["secrets"])
         alive = r.get("alive") or {}
-        text = units.redact(r.get("journal") or "", svc["secrets"])
-        d = _classify(ctx, text) if text else None
-        d = d if d and d.signature != "unclassified" else None
+        d, tail = known_crash(ctx, svc, r.get("journal"))
         outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}
         _fail(ctx, svc, f"{what} to /generate failed ({why}: {detail}); the engine did not die "
                         f"(pid {alive.get('MainPID')}, {alive.get('state')})"
               + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
-              "\n".join(text.splitlines()[-40:]), d.to_json() if d else None)
+              tail, d.to_json() if d else None)
 
     def apply(self, ctx, changes):  # pragma: no cover
         pass
