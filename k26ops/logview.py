@@ -1,7 +1,7 @@
 """`k26ops logs` for people: k26ops' own requests hidden, the host named once.
 
 k26ops' health probes and smoke requests carry `from=k26ops` in their query
-string (k26ops/steps/service_agent.py), so the engine's access log shows them
+string (k26ops/agents/engine.py), so the engine's access log shows them
 as `"GET /health?from=k26ops HTTP/1.1"`; those lines are hidden unless --all.
 The journal's own hostname column is dropped: the inventory name is the one
 shown (prefixed when several hosts are listed).

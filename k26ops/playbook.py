@@ -26,7 +26,7 @@ PLAYBOOKS_DIR = resources.path("playbooks")
 
 def _load_steps() -> None:
     # Importing the step modules registers them.
-    from k26ops.steps import driver, release, service, toolchain  # noqa: F401
+    from k26ops.steps import driver, engine, release, toolchain  # noqa: F401
 
 
 def _shown(path: Path) -> str:
@@ -69,7 +69,7 @@ def load(name_or_path: str) -> list[Step]:
 
 def _restore(ctx: HostContext) -> str:
     """After an interrupted step: the previous unit, env file and release, when this run changed them."""
-    from k26ops.steps import service
+    from k26ops.steps import engine
 
     svc = ctx.shared.get("service")
     if svc is None and not ctx.shared.get("release_changed"):
@@ -81,7 +81,7 @@ def _restore(ctx: HostContext) -> str:
         ctx.session.run(f"cd {q(ctx.releases_root)} && ln -sfn {q(prev)} .current.tmp && mv -T .current.tmp current",
                         check=True)
         return f"current points at {prev} again"
-    return service.rollback(ctx, svc)
+    return engine.rollback(ctx, svc)
 
 
 def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None = None,

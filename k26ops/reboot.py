@@ -31,7 +31,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 def engine_serving(session: Session, hvars: dict) -> str | None:
     """The engine's unit name when it is active on the host, else None."""
-    from k26ops.steps.service import unit_name
+    from k26ops.steps.engine import unit_name
 
     unit = unit_name({}, hvars)
     res = session.run(f"systemctl is-active {q(unit)}")

@@ -21,11 +21,11 @@ from typing import Callable
 import click
 from rich.console import Console
 
-from k26ops import wheelsource
+from k26ops.release import wheelsource
 from k26ops.errors import EXIT_INTERRUPTED
 from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
 from k26ops.progress import Board
-from k26ops.steps.service import smoke_summary
+from k26ops.steps.engine import smoke_summary
 
 SKIPPED = "skipped"
 Progress = Callable[[str], None]

@@ -215,7 +215,7 @@ def engine_argv(profile: Mapping) -> list[str]:
     algo = profile.get("speculative_algorithm", "DDTREE")
     if algo:
         argv += ["--speculative-algorithm", str(algo)]
-        if profile.get("draft_model_path"):  # required by DFLASH/DDTREE: k26ops.launch_rules says so
+        if profile.get("draft_model_path"):  # required by DFLASH/DDTREE: k26ops.release.launch_rules says so
             argv += ["--speculative-draft-model-path", str(profile["draft_model_path"])]
         for key in ("speculative_ddtree_budget", "speculative_dflash_block_size"):
             if (value := _int(profile, key, 1)) is not None:

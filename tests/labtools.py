@@ -67,7 +67,7 @@ LAB_RECIPE = REPO / "playbooks/recipes/lab.yml"
 
 def lab_base() -> str:
     """The lab recipe's engine base (sglang@<the lab fixture's commit>)."""
-    from k26ops import recipe
+    from k26ops.release import recipe
     return recipe.load("lab").base
 
 
@@ -84,7 +84,7 @@ def harmless_patch(note: str) -> str:
 def write_series(path: Path, lines: list[str]) -> Path:
     """A series file for the lab base: its `# Base:` line, the lab series' own
     active patch (by absolute path, as line 2), then `lines`."""
-    from k26ops import recipe
+    from k26ops.release import recipe
 
     shipped = recipe.load("lab").series
     marker = shipped.parent / "lab-series-marker.patch"

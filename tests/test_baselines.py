@@ -115,7 +115,7 @@ def test_snapshot_records_the_running_engine(lab, env):
     manifest = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/manifest.json"))
     assert manifest["release_id"] == before["release"] and manifest["packages"]["sglang"] == "0.5.23+lab"
     # provenance: the engine's source commit, wheel and lock, and the lock itself to rebuild from
-    from k26ops import recipe as rc
+    from k26ops.release import recipe as rc
     lab_recipe = rc.load("lab")
     eng = manifest["engine"]
     assert eng["base"] == lab_recipe.base and eng["source"]["commit"] == lab_recipe.git.commit

@@ -59,7 +59,7 @@ def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
     rc, data = k26ops_json("--limit", "lab1,lab2", "deploy", "--playbook", str(engine_playbook), env=env)
     assert rc == 0, data
     rid = data["hosts"]["lab1"]["release"]
-    from k26ops import recipe as rc
+    from k26ops.release import recipe as rc
     lab_recipe = rc.load("lab")
     assert rid.startswith(f"sglang-{lab_recipe.git.commit[:12]}-") and data["hosts"]["lab2"]["release"] == rid
     for host in ("lab1", "lab2"):
@@ -78,7 +78,7 @@ def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
         # the venv holds exactly the engine wheel and the locked wheels, installed with hashes
         pkgs = _remote(lab, host, "/opt/k26ops/releases/current/venv/bin/python -m pip list --format=freeze "
                                   "--exclude pip --exclude setuptools")
-        locked = {n.lower().replace("_", "-"): v for n, v, _ in __import__("k26ops.enginelock", fromlist=["x"])
+        locked = {n.lower().replace("_", "-"): v for n, v, _ in __import__("k26ops.release.enginelock", fromlist=["x"])
                   .load(lab_recipe.lock_path).entries}
         got = dict(line.lower().replace("_", "-").split("==") for line in pkgs.splitlines() if "==" in line)
         assert got == {**locked, "sglang": "0.5.23+lab"}, got
@@ -161,7 +161,7 @@ def test_wheels_are_downloaded_once_for_all_hosts(lab, engine_playbook, tmp_path
     downloads = [json.loads(line) for line in (wh / "downloads.log").read_text().splitlines()]
     sets = [tuple(d["requirements"]) for d in downloads]
     # one download per distinct wheel set (the lock's wheels once), however many hosts needed it
-    from k26ops import enginelock, recipe as rc
+    from k26ops.release import enginelock, recipe as rc
     lock = enginelock.load(rc.load("lab").lock_path)
     assert sets.count(tuple(enginelock.requirement_lines(lock.entries))) == 1
     assert len(sets) == len(set(sets))

@@ -420,7 +420,7 @@ def test_engine_argument_check_is_config_refused_other_errors_are_not():
     ("--speculative-ddtree-budget must be >= 1, got 0", "budget-positive"),
 ])
 def test_every_launch_rule_message_names_its_fix(message, rule):
-    from k26ops import launch_rules
+    from k26ops.release import launch_rules
 
     d = classify("ValueError: " + message + "\n")
     fix = next(r.fix for r in launch_rules.RULES if r.name == rule)
@@ -429,7 +429,7 @@ def test_every_launch_rule_message_names_its_fix(message, rule):
 
 
 def test_every_launch_rule_has_a_message():
-    from k26ops import launch_rules
+    from k26ops.release import launch_rules
     from k26ops.diagnose.signatures import CONFIG_RULE_MESSAGES
 
     assert {name for name, _rx in CONFIG_RULE_MESSAGES} == {r.name for r in launch_rules.RULES}

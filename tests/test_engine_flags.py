@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_release  # noqa: E402
 
-from k26ops import engine_flags as ef  # noqa: E402
+from k26ops.release import engine_flags as ef  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 
 PROD = ["--model-path", "/models/k26", "--tp-size", "8", "--trust-remote-code",

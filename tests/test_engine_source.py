@@ -17,8 +17,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from labtools import REPO, k26ops  # noqa: E402
 
-from k26ops import enginelock, engine_source  # noqa: E402
-from k26ops import recipe as rc  # noqa: E402
+from k26ops.release import enginelock, engine_source  # noqa: E402
+from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 
 

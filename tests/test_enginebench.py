@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from k26ops.enginebench import figures as figs
-from k26ops.enginebench import loadgen
+from k26ops.agents import loadgen
 from k26ops.errors import UserError
 from labtools import k26ops
 

@@ -12,8 +12,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from labtools import REPO, k26ops  # noqa: E402
 
-from k26ops import launch_rules, units  # noqa: E402
-from k26ops import recipe as rc  # noqa: E402
+from k26ops import units  # noqa: E402
+from k26ops.release import launch_rules
+from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.steps.release import profile_for  # noqa: E402
 
 

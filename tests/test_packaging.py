@@ -19,7 +19,8 @@ CHECK = textwrap.dedent("""
     import sys
     from pathlib import Path
     import k26ops
-    from k26ops import patchset, playbook, recipe, resources, units
+    from k26ops import playbook, resources, units
+    from k26ops.release import patchset, recipe
     from k26ops.diagnose import probe
 
     target = Path(sys.argv[1]).resolve()

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_release  # noqa: E402
 
-from k26ops import patchset as ps  # noqa: E402
+from k26ops.release import patchset as ps  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch,
                          ids=lambda x: getattr(x, "name", None) or "lab")
 def test_every_lab_base_patch_applies_to_the_lab_commit(patch, base, tmp_path):
     """The lab base is a real commit (the lab fixture's): read its tree at that commit."""
-    from k26ops import engine_source
+    from k26ops.release import engine_source
     from k26ops.lab import engine_source_fixture
 
     url, commit = engine_source_fixture.ensure()
@@ -294,7 +294,7 @@ def test_missing_active_patch_names_series_line(tmp_path):
 def test_standalone_script_json(site, tmp_path):
     """The module runs on a host as a plain script: copy it alone, run with -I (no k26ops)."""
     script = tmp_path / "patchset.py"
-    shutil.copy(REPO / "k26ops/patchset.py", script)
+    shutil.copy(REPO / "k26ops/release/patchset.py", script)
     before = tree_hash(site)
     run = lambda *a: subprocess.run([sys.executable, "-I", str(script), *a], capture_output=True, text=True)
     r = run("apply", "--root", str(site), "--series", str(SERIES), "--state", str(tmp_path / "st"),

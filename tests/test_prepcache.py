@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_release  # noqa: E402
 
-from k26ops import patchset, prepcache  # noqa: E402
+from k26ops.release import patchset, prepcache  # noqa: E402
 
 SERIES = Path(__file__).resolve().parent.parent / "patches" / "sglang-0.5.23" / "series"
 WHEEL = sglang_release.wheel()

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_release  # noqa: E402
 
-from k26ops import recipe as rc  # noqa: E402
+from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 
 PROD = rc.RECIPES_DIR / "k26-tp8-ddtree.yml"

@@ -28,7 +28,7 @@ from k26ops.cli.context import Settings
 from k26ops.rollout import playbook_work, run_rollout
 from k26ops.ssh import q
 from k26ops.steps import REGISTRY, Change, Step, register
-from k26ops.steps import service  # noqa: F401  (registers service, health, smoke)
+from k26ops.steps import engine as engine_steps  # noqa: F401  (registers service, health, smoke)
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"

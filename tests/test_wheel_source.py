@@ -1,4 +1,4 @@
-"""Where hosts get a release's wheels (k26ops/wheelsource.py): from a relay
+"""Where hosts get a release's wheels (k26ops/release/wheelsource.py): from a relay
 host of the batch (peer), from the package index (index), or pushed by the
 control node (the default). A relay cannot change a byte: hashes decide."""
 

@@ -30,7 +30,7 @@ from k26ops.errors import UserError
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register
 from k26ops.steps import release as release_step
-from k26ops.steps import service as svc_mod
+from k26ops.steps import engine as svc_mod
 
 
 def _b(ctx: HostContext) -> dict:

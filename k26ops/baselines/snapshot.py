@@ -18,8 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
-from k26ops import engine_source, facts as facts_mod
-from k26ops import recipe as recipe_mod
+from k26ops import facts as facts_mod
+from k26ops.release import engine_source
+from k26ops.release import recipe as recipe_mod
 from k26ops import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines, check_tag_name
@@ -35,7 +36,7 @@ SMOKE_PROMPT = "Say hello in one short sentence."
 
 def host_target(session) -> tuple[HostContext, dict]:
     """The host's context and its engine's unit, env file, port (as a deploy sees them)."""
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
     unit = svc.unit_name({}, ctx.vars)
@@ -46,7 +47,7 @@ def host_target(session) -> tuple[HostContext, dict]:
 
 def run_smoke(session, t: dict) -> dict:
     """The deploy's smoke requests (greedy, then sampled), as the deploy records them."""
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     r = svc.agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"],
                   prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=svc.smoke_requests({}))
@@ -57,7 +58,7 @@ def run_smoke(session, t: dict) -> dict:
 
 
 def known_secrets(ctx: HostContext, env_text: str | None) -> list[str]:
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     return svc._secrets(ctx, svc.engine_env(ctx, {}), env_text)
 
@@ -188,7 +189,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
 
 
 def _summary_line(host: str, rec: dict) -> str:
-    from k26ops.steps.service import smoke_summary
+    from k26ops.steps.engine import smoke_summary
 
     return (f"{host}: {rec['release_id']}  {rec['health']}  smoke {smoke_summary(rec.get('smoke') or {})}"
             f"  {len(rec['patched_files'])} patched file(s)"

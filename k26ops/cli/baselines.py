@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import click
 
-from k26ops import engine_source
+from k26ops.release import engine_source
 from rich.console import Console
 from rich.text import Text
 
@@ -15,7 +15,7 @@ from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import baseline_tags
 from k26ops.cli.bench import bench_options, render_bench, spec_from
 from k26ops.cli.report import wide_console
-from k26ops.steps.service import smoke_summary
+from k26ops.steps.engine import smoke_summary
 
 BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
                              help="Baselines git repository (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")

@@ -77,7 +77,7 @@ def log_cmd(ctx, file, base):
     from k26ops.diagnose.classify import classify
 
     if base:
-        from k26ops import patchset
+        from k26ops.release import patchset
         try:
             patchset.parse_base(base)
         except patchset.PatchError as exc:
@@ -107,15 +107,15 @@ def service_cmd(settings, unit, lines):
     from k26ops import units
     from k26ops.cli.report import run_and_report
     from k26ops.cli.service import _host_ctx
-    from k26ops.diagnose import service as dsvc
+    from k26ops.diagnose import journal
     from k26ops.diagnose.classify import classify
     from k26ops.fleet import Outcome
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     def work(session):
         ctx = _host_ctx(session)
         name = svc.unit_name({"unit": unit}, ctx.vars)
-        r = dsvc.last_crash(session, name, lines=lines)
+        r = journal.last_crash(session, name, lines=lines)
         show = r.get("show") or {}
         out = Outcome(unit=name, state=show.get("ActiveState") or "unknown", crashes=r.get("crashes", 0))
         if not r.get("invocation"):

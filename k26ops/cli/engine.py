@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from k26ops import enginelock, engine_source
-from k26ops import recipe as recipe_mod
+from k26ops.release import enginelock, engine_source
+from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
 
 

@@ -21,7 +21,7 @@ def _host_ctx(session) -> HostContext:
 
 
 def _target(ctx: HostContext, unit: str | None):
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     name = svc.unit_name({"unit": unit}, ctx.vars)
     host, port = svc.poll_target(svc.engine_profile(ctx))

@@ -79,7 +79,7 @@ def _oom(lines: list[Line], i: int, evidence: str) -> dict:
 
 def _config(evidence: str, sig: S.Signature) -> tuple[dict, str]:
     """The launch rule the refusal names, and that rule's fix."""
-    from k26ops import launch_rules
+    from k26ops.release import launch_rules
 
     for name, rx in S.CONFIG_RULE_MESSAGES:
         if re.search(rx, evidence, re.IGNORECASE):

@@ -44,7 +44,7 @@ def probe_patch_for(base: str | None) -> Path:
 
     Each base's series (patches/<base>/series) lists its own probe: the copy
     call sites of `_grouped_foreach_copy_` differ between engine code bases."""
-    from k26ops import patchset
+    from k26ops.release import patchset
 
     if not base:
         raise UserError("the deployed release records no engine base (built before engine provenance): "
@@ -354,7 +354,7 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
     from k26ops.cli.service import _host_ctx
     from k26ops.diagnose.classify import classify
     from k26ops.hostlock import HostLock, HostLocked
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     ctx = _host_ctx(session)
     uname = svc.unit_name({"unit": unit}, ctx.vars)
@@ -449,7 +449,7 @@ def describe_drift(drift: list) -> str:
 
 def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
               ready_timeout, requests, progress, classify) -> None:
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     restarted = False
     try:
@@ -520,7 +520,7 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
 def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
              ready_timeout):
     """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this."""
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     interrupted = []
     old = None

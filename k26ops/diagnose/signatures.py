@@ -201,7 +201,7 @@ WEIGHT_FILE_CORRUPT = Signature(
                 "space first if the model disk is full."),
 )
 
-# The engine's start-up checks (k26ops/launch_rules.py, read from the engine's argument
+# The engine's start-up checks (k26ops/release/launch_rules.py, read from the engine's argument
 # hooks): each message, as the engine words it or as k26ops words the same rule, names
 # its rule; a rule's `fix` is the suggestion. Real DFLASH texts: speculative_hook.py
 # _handle_dflash (sglang @ 004c82e07d87).

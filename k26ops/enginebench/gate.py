@@ -41,7 +41,7 @@ class BenchGate(Step):
     def plan(self, ctx: HostContext) -> list[Change]:
         from k26ops import playbook
         from k26ops.multinode import serves_http
-        from k26ops.steps.service import outcome
+        from k26ops.steps.engine import outcome
 
         p = self.params
         if ctx.check or ctx.host.name not in p["hosts"] or not serves_http(ctx.vars):

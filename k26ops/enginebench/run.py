@@ -7,12 +7,10 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from k26ops.errors import UserError
 from k26ops.steps import StepFailed
 
-AGENT = (Path(__file__).resolve().parent / "loadgen.py").read_text()
 GENERATORS = ("auto", "sglang", "k26ops")
 OWN = "k26ops loadgen"  # else the generator is named by SGLang's module that ran
 
@@ -77,14 +75,14 @@ def cell_key(c: int, t: float) -> str:
 
 
 def agent(session, op: str, timeout: float, **req) -> dict:
-    from k26ops.steps.service import run_agent
+    from k26ops import agents
 
-    return run_agent(session, AGENT, "bench agent", op, timeout, req)
+    return agents.run(session, "loadgen", op, timeout, what="bench agent", **req)
 
 
 def target(ctx) -> dict:
     """The host's engine as deploy runs it: loopback address, port, model, release venv python."""
-    from k26ops.steps import service as svc
+    from k26ops.steps import engine as svc
 
     profile = svc.engine_profile(ctx)
     host, port = svc.poll_target(profile)

@@ -8,7 +8,7 @@
 `runner` is anything with `.run(command, *, stdin=None, timeout=None)`
 returning an object with `.exited`, `.stdout`, `.stderr` (a Fabric
 Connection wrapper, or a local subprocess runner). One `run` call ships
-remote_gather.py and the command list; parsing happens here. Fact values
+agents/gather.py and the command list; parsing happens here. Fact values
 carry errors ({"error": ...}, None) instead of raising; only a failure of the
 gathering itself (no python3 on the host, garbled output) raises GatherError.
 """
@@ -25,7 +25,7 @@ from k26ops.facts.base import Fact
 from k26ops.facts.disk import disk_free_fact
 
 FACTS: dict[str, Fact] = {**gpu.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS, **driver.FACTS}
-REMOTE_SCRIPT = Path(__file__).with_name("remote_gather.py")
+REMOTE_SCRIPT = Path(__file__).resolve().parent.parent / "agents" / "gather.py"
 SLACK_S = 15.0
 
 __all__ = ["FACTS", "Fact", "GatherError", "gather", "command_list", "remote_command",
@@ -51,12 +51,12 @@ def _select(names=None, extra=()) -> list[Fact]:
 
 
 def command_list(names=None, extra=()) -> list[dict]:
-    """The JSON-able list remote_gather.py reads on stdin."""
+    """The JSON-able list agents/gather.py reads on stdin."""
     return [{"name": f.name, "command": f.command, "timeout": f.timeout} for f in _select(names, extra)]
 
 
 def remote_command(python: str = "python3") -> str:
-    """`python3 -c '<remote_gather.py>'`: the one command sent to the host."""
+    """`python3 -c '<agents/gather.py>'`: the one command sent to the host."""
     return f"{shlex.quote(python)} -c {shlex.quote(REMOTE_SCRIPT.read_text())}"
 
 

@@ -24,7 +24,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from k26ops import engine_source, wheelhouse
+from k26ops.release import engine_source, wheelhouse
 
 SGLANG = "0.5.23"
 BRANCH = "refs/heads/ddtree-lab"

@@ -27,9 +27,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import (enginelock, engine_flags, engine_source, launch_rules, ownership, patchset, prepcache, units,
-                    wheelhouse, wheelsource)
-from k26ops import recipe as recipe_mod
+from k26ops import ownership, units
+from k26ops.release import (engine_flags, engine_source, enginelock, launch_rules, patchset, prepcache, wheelhouse,
+                            wheelsource)
+from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel

@@ -15,8 +15,8 @@ apt method (Ubuntu): NVIDIA's repository via its cuda-keyring package, then
 
 from __future__ import annotations
 
-from k26ops import recipe as recipe_mod
-from k26ops import wheelhouse, wheelsource
+from k26ops.release import recipe as recipe_mod
+from k26ops.release import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel

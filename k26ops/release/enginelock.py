@@ -43,7 +43,7 @@ class Lock:
 
 
 def platforms() -> list[str]:
-    from k26ops.wheelhouse import PLATFORMS
+    from k26ops.release.wheelhouse import PLATFORMS
     return PLATFORMS
 
 

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from k26ops import patchset, resources
+from k26ops import resources
+from k26ops.release import patchset
 from k26ops.errors import UserError
 
 RECIPES_DIR = resources.path("playbooks", "recipes")

@@ -28,10 +28,9 @@ import os
 import time
 from pathlib import Path
 
-from k26ops import units
+from k26ops import agents, units
 from k26ops.errors import UserError
 from k26ops.multinode import serves_http
-from k26ops.ssh import q
 from k26ops.fleet import INTERRUPTED
 from k26ops.steps import Change, HostContext, Step, StepFailed, register, text_diff
 
@@ -58,27 +57,9 @@ class EngineFailed(StepFailed):
 
 # ---------------------------------------------------------------- host agent
 
-# The agent's source, shipped as `python3 -c` (see service_agent.py).
-AGENT = (Path(__file__).resolve().parent / "service_agent.py").read_text()
-
-
 def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
-    """Run one agent operation on the host: one remote command."""
-    return run_agent(session, AGENT, "host agent", op, timeout, req)
-
-
-def run_agent(session, source: str, what: str, op: str, timeout: float, req: dict) -> dict:
-    """Run a stdlib agent's `source` as `python3 -c`, one JSON request on stdin,
-    its last stdout line the JSON answer (also the engine bench's agent)."""
-    res = session.run(f"python3 -c {q(source)}", stdin=json.dumps({"op": op, **req}), timeout=timeout)
-    lines = res.stdout.strip().splitlines()
-    if res.exited != 0 or not lines:
-        why = (res.stderr or res.stdout or "").strip().splitlines()
-        raise StepFailed(f"{what} ({op}) exited {res.exited}: {why[-1][:300] if why else 'no output'}")
-    try:
-        return json.loads(lines[-1])
-    except ValueError:
-        raise StepFailed(f"{what} ({op}) printed no JSON: {lines[-1][:200]!r}") from None
+    """Run one operation of the engine agent (agents/engine.py) on the host: one remote command."""
+    return agents.run(session, "engine", op, timeout, what="host agent", **req)
 
 
 # ---------------------------------------------------------------- desired state

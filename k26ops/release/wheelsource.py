@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from k26ops import wheelhouse
+from k26ops.release import wheelhouse
 from k26ops.errors import UserError
 from k26ops.ssh import q
 

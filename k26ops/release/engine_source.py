@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
-from k26ops.wheelhouse import file_sha256, wheel_name_version
+from k26ops.release.wheelhouse import file_sha256, wheel_name_version
 
 SHA = re.compile(r"[0-9a-f]{40}")
 
