@@ -70,19 +70,17 @@ class FleetOptions:
     interrupt_grace: float = DEFAULT_INTERRUPT_GRACE
 
 
-class Fleet:
-    def __init__(self, hosts: list[Host], options: FleetOptions | None = None,
-                 on_event: Callable[[str, str], None] | None = None,
-                 on_result: Callable[[HostResult], None] | None = None):
-        self.hosts = hosts
+class Connections:
+    """Each host's one connection (opened on first use, then reused), so that
+    several runs over the same hosts (a snapshot and its pins, `logs -f`) share
+    them; close() ends them all."""
+
+    def __init__(self, options: FleetOptions | None = None):
         self.opt = options or FleetOptions()
-        self.on_event = on_event or (lambda host, msg: None)
-        self.on_result = on_result or (lambda result: None)  # each host's result, as it ends
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
     def session(self, host: Host) -> Session:
-        """The host's one connection for this run (opened on first use, then reused)."""
         with self._lock:
             s = self.sessions.get(host.name)
         if s is None:
@@ -91,6 +89,37 @@ class Fleet:
             with self._lock:
                 self.sessions[host.name] = s
         return s
+
+    def close(self, names=None) -> None:
+        """Close the named hosts' connections (default: all)."""
+        for name, s in list(self.sessions.items()):
+            if names is None or name in names:
+                s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Fleet:
+    """One batch of hosts run in parallel (k26ops.rollout.run builds it: the one driver)."""
+
+    def __init__(self, hosts: list[Host], options: FleetOptions | None = None,
+                 on_event: Callable[[str, str], None] | None = None,
+                 on_result: Callable[[HostResult], None] | None = None,
+                 connections: Connections | None = None):
+        self.hosts = hosts
+        self.opt = options or FleetOptions()
+        self.on_event = on_event or (lambda host, msg: None)
+        self.on_result = on_result or (lambda result: None)  # each host's result, as it ends
+        self.connections = connections or Connections(self.opt)
+        self.sessions = self.connections.sessions
+
+    def session(self, host: Host) -> Session:
+        """The host's one connection for this run (opened on first use, then reused)."""
+        return self.connections.session(host)
 
     def run(self, work: Work) -> list[HostResult]:
         results = {h.name: HostResult(h.name) for h in self.hosts}
@@ -185,8 +214,7 @@ class Fleet:
             s.close()
 
     def close(self) -> None:
-        for s in list(self.sessions.values()):
-            s.close()
+        self.connections.close()
 
 
 class FleetInterrupted(Exception):

@@ -17,16 +17,15 @@ from k26ops import ownership, preflight, resources
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
-from k26ops.progress import step_message
 from k26ops.ssh import q
-from k26ops.steps import REGISTRY, HostContext, Interrupted, Step, StepFailed
+from k26ops.steps import HostContext, Interrupted, Step, StepFailed
 
 PLAYBOOKS_DIR = resources.path("playbooks")
 
 
-def _load_steps() -> None:
-    # Importing the step modules registers them.
-    from k26ops.steps import driver, engine, release, toolchain  # noqa: F401
+def step_message(i: int, n: int, name: str, what: str) -> str:
+    """`3/5 service: planning`: the form the CLI's progress board reads its step counter from."""
+    return f"{i}/{n} {name}: {what}"
 
 
 def _shown(path: Path) -> str:
@@ -36,7 +35,8 @@ def _shown(path: Path) -> str:
 
 
 def load(name_or_path: str) -> list[Step]:
-    _load_steps()
+    from k26ops.steps.registry import STEPS
+
     path = Path(name_or_path)
     if not path.suffix:
         path = PLAYBOOKS_DIR / f"{name_or_path}.yml"
@@ -59,11 +59,11 @@ def load(name_or_path: str) -> list[Step]:
         if not isinstance(item, dict) or len(item) != 1:
             raise UserError(f"{_shown(path)}: step {i}: write each step as `- NAME: {{params}}`")
         (name, params), = item.items()
-        if name not in REGISTRY:
-            raise UserError(f"{_shown(path)}: step {i}: unknown step {name!r} (known: {', '.join(sorted(REGISTRY))})")
+        if name not in STEPS:
+            raise UserError(f"{_shown(path)}: step {i}: unknown step {name!r} (known: {', '.join(sorted(STEPS))})")
         if params is not None and not isinstance(params, dict):
             raise UserError(f"{_shown(path)}: step {i} ({name}): parameters must be a mapping")
-        steps.append(REGISTRY[name](params or {}))
+        steps.append(STEPS[name](params or {}))
     return steps
 
 

@@ -1,34 +1,53 @@
-"""Roll a unit of work over the selected hosts: canary batch first, then the rest.
+"""The one fleet driver: run a unit of work over hosts, canary batch first, then the rest.
 
-`run_rollout(settings, work, canary=N)` runs `work` on the first N selected
+`run(hosts, work, options, canary=N)` runs `work(session)` on the first N
 hosts; only when every one of them ends ok/changed does it run the rest. A
-failed canary stops the rollout: the other hosts are reported `skipped` and
-untouched. Per-host progress (k26ops.progress: live on a terminal, else one
-line per host event), the results table or --json, a failed host's journal tail and
-crash diagnosis, and the exit code.
+failed batch stops the rollout: the other hosts are `skipped` and untouched
+(`Rollout.stopped` says which host failed and which were left). Ctrl-C ends
+it with `Rollout.interrupted` set. Each batch's first host relays wheels to
+the others (release.wheelsource). Nothing is printed: callbacks report
+progress (`on_event`) and each host's end (`on_result`); k26ops.cli shows
+them, prints the table and exits with `Rollout.code`.
 
-`work(session, progress)` gets the host's progress callback (pass it to
-`playbook.run_on_host(..., progress=progress)`); `playbook_work(steps, ...)`
-builds that for a playbook and carries the steps' report data (health,
-smoke latency, spec_accept_length, rollback) into each host's result.
+`playbook_work(steps, ...)` builds a `work(session, progress)` for a playbook
+and carries the steps' report data (health, smoke latency,
+spec_accept_length, rollback) into each host's result.
 """
 
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass, field
 from typing import Callable
 
-import click
-from rich.console import Console
-
-from k26ops.release import wheelsource
 from k26ops.errors import EXIT_INTERRUPTED
-from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
-from k26ops.progress import Board
-from k26ops.steps.engine import smoke_summary
+from k26ops.fleet import (CHANGED, OK, Connections, Fleet, FleetInterrupted, FleetOptions, HostResult,
+                          Work, exit_code)
+from k26ops.release import wheelsource
 
 SKIPPED = "skipped"
 Progress = Callable[[str], None]
+
+
+@dataclass
+class Stop:
+    """Why a rollout stopped before its last batch."""
+
+    host: str  # the first failed host of the batch
+    error: str
+    untouched: list[str]
+
+
+@dataclass
+class Rollout:
+    """Per-host results (in host order), why it stopped early, and whether Ctrl-C ended it."""
+
+    results: list[HostResult] = field(default_factory=list)
+    stopped: Stop | None = None
+    interrupted: FleetInterrupted | None = None
+
+    @property
+    def code(self) -> int:
+        return EXIT_INTERRUPTED if self.interrupted else exit_code(self.results)
 
 
 def canary_batches(hosts: list, n: int | None, batch: int | None = None) -> list[list]:
@@ -43,6 +62,69 @@ def canary_batches(hosts: list, n: int | None, batch: int | None = None) -> list
     return [b for b in [first] + [rest[i:i + size] for i in range(0, len(rest), size)] if b]
 
 
+def run(hosts: list, work: Work, options: FleetOptions | None = None, *, canary: int | None = 0,
+        batch: int | None = None, stopped: str = "not deployed",
+        on_event: Callable[[str, str], None] | None = None,
+        on_result: Callable[[HostResult], None] | None = None,
+        connections: Connections | None = None) -> Rollout:
+    """Run `work(session)` over `hosts` in canary batches; never raises for a host.
+    `connections` (kept open) lets several runs share each host's connection;
+    without it each batch's connections close when the batch ends."""
+    conns = connections or Connections(options)
+    details: dict[str, dict] = {}
+
+    def keep_details(session):
+        try:
+            return work(session)
+        except Exception as exc:  # a failed step's report data (journal tail, diagnosis, gate)
+            if getattr(exc, "details", None):
+                details[session.host.name] = exc.details
+            raise
+
+    out = Rollout()
+    results: dict[str, HostResult] = {}
+    batches = canary_batches(hosts, canary, batch)
+    for i, part in enumerate(batches):
+        fleet = Fleet(part, options, on_event=on_event, on_result=on_result, connections=conns)
+        # peer wheel source: this batch's first host relays wheels to the others, until the batch ends
+        wheelsource.CURRENT = wheelsource.Batch(part, fleet.session)
+        try:
+            for r in fleet.run(keep_details):
+                results[r.host] = r
+        except FleetInterrupted as exc:
+            for r in exc.results:
+                results[r.host] = r
+            out.interrupted = exc
+        finally:
+            wheelsource.CURRENT.stop()
+            wheelsource.CURRENT = None
+            for h in part:  # the relay's pushes may come after its own work
+                s = conns.sessions.get(h.name)
+                if s and h.name in results:
+                    results[h.name].uploaded = s.uploaded
+            if connections is None:
+                conns.close([h.name for h in part])
+        if out.interrupted:
+            break
+        failed = [h.name for h in part if results[h.name].status not in (OK, CHANGED)]
+        if failed and i + 1 < len(batches):
+            what = "canary" if i == 0 else f"batch {i + 1}"
+            why = f"{stopped}: {what} {', '.join(failed)} failed"
+            untouched = [h.name for later in batches[i + 1:] for h in later]
+            for name in untouched:
+                results[name] = HostResult(name, SKIPPED, why)
+                if on_result:
+                    on_result(results[name])
+            first = results[failed[0]]
+            out.stopped = Stop(failed[0], first.error or first.status, untouched)
+            break
+    out.results = [results.get(h.name) or HostResult(h.name, SKIPPED, "not started") for h in hosts]
+    for r in out.results:
+        if r.host in details:
+            r.data.update(details[r.host])
+    return out
+
+
 def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared: dict | None = None):
     """A rollout work function running `steps` via playbook.run_on_host; each
     host's result gets the steps' report data (ctx.shared["outcome"])."""
@@ -53,117 +135,3 @@ def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared
                                     shared={**(shared or {}), "outcome": {}})
 
     return work
-
-
-def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy", columns=(),
-                render=None, exit: bool = True, batch: int | None = None,
-                stopped: str = "not deployed") -> list[HostResult]:
-    """Run `work(session, progress)` over the selected hosts in canary batches,
-    print the results and (exit=True) exit with the fleet's code."""
-    hosts = settings.selected_hosts()
-    err = Console(stderr=True)
-    board = Board([h.name for h in hosts], err, live=err.is_terminal and not settings.as_json,
-                  verbose=bool(settings.verbose))
-    details: dict[str, dict] = {}
-
-    def wrapped_for(session):
-        name = session.host.name
-        try:
-            return work(session, lambda msg: board.update(name, msg))
-        except Exception as exc:
-            if getattr(exc, "details", None):
-                details[name] = exc.details
-            raise
-
-    results: dict[str, HostResult] = {}
-    batches = canary_batches(hosts, canary, batch)
-    interrupted = None
-    stop_line = None
-    with board:
-        for i, batch in enumerate(batches):
-            fleet = Fleet(batch, settings.fleet_options(),
-                          on_result=lambda r: board.finish(r.host, r.status, r.error))
-            # peer wheel source: this batch's first host relays wheels to the others, until the batch ends
-            wheelsource.CURRENT = wheelsource.Batch(batch, fleet.session)
-            try:
-                for r in fleet.run(wrapped_for):
-                    results[r.host] = r
-            except FleetInterrupted as exc:
-                for r in exc.results:
-                    results[r.host] = r
-                interrupted = exc
-            finally:
-                wheelsource.CURRENT.stop()
-                wheelsource.CURRENT = None
-                for name, s in list(fleet.sessions.items()):  # the relay's pushes may come after its own work
-                    if name in results:
-                        results[name].uploaded = s.uploaded
-                fleet.close()
-            if interrupted:
-                break
-            failed = [h.name for h in batch if results[h.name].status not in ("ok", "changed")]
-            if failed and i + 1 < len(batches):
-                what = "canary" if i == 0 else f"batch {i + 1}"
-                why = f"{stopped}: {what} {', '.join(failed)} failed"
-                untouched = [h.name for later in batches[i + 1:] for h in later]
-                for name in untouched:
-                    results[name] = HostResult(name, SKIPPED, why)
-                    board.finish(name, SKIPPED, why)
-                first = results[failed[0]]
-                stop_line = (f"k26ops: rollout stopped: {failed[0]}: {first.error or first.status}; "
-                             f"untouched: {', '.join(untouched)}")
-                break
-    ordered = [results.get(h.name) or HostResult(h.name, SKIPPED, "not started") for h in hosts]
-    for r in ordered:
-        if r.host in details:
-            r.data.update(details[r.host])
-    print_rollout(settings, ordered, title, columns, canary=canary,
-                  code=EXIT_INTERRUPTED if interrupted else exit_code(ordered))
-    if render and not settings.as_json:
-        render(ordered)
-    if stop_line:
-        click.echo(stop_line, err=True)
-    if not exit:
-        return ordered
-    if interrupted:
-        click.echo(f"k26ops: {interrupted}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(exit_code(ordered))
-
-
-def print_rollout(settings, results: list[HostResult], title: str, columns=(), canary=0,
-                  code: int | None = None) -> None:
-    """The results table (or JSON), then each failed host's diagnosis and journal tail."""
-    from k26ops.cli.report import print_results, wide_console
-
-    if settings.as_json:
-        print_results(settings, results, title, columns, code=code, extra={"canary": canary or 0})
-        return
-    cols = list(columns) or [("engine", "_engine"), ("health", "_health"), ("smoke", "_smoke")]
-    for r in results:
-        h, s = r.data.get("health"), r.data.get("smoke")
-        if isinstance(h, dict):
-            r.data["_health"] = f"{h.get('state')} {h.get('wait_s', 0):.1f}s"
-        if isinstance(s, dict) and s.get("ok"):
-            r.data["_smoke"] = smoke_summary(s)
-        if "engine_restarted" in r.data:
-            r.data["_engine"] = "restarted" if r.data["engine_restarted"] else "kept"
-        if "steps" in r.data:
-            changed = [s["step"] for s in r.data["steps"] if s["changed"]]
-            r.data["_changed"] = ", ".join(changed) if changed else "nothing"
-    print_results(settings, results, title, cols)
-    for r in results:
-        for key in ("_health", "_smoke", "_engine", "_changed"):
-            r.data.pop(key, None)
-    console = wide_console()
-    for r in results:
-        tail = r.data.get("journal_tail")
-        diag = r.data.get("diagnosis") or {}
-        if not tail and not diag:
-            continue
-        console.rule(f"{r.host}: journal tail", style="red")
-        if diag.get("signature"):
-            console.print(f"[bold]{diag['signature']}[/bold] {diag.get('title') or ''}", highlight=False)
-            if diag.get("suggestion"):
-                console.print(f"suggestion: {diag['suggestion']}", highlight=False)
-        console.print(tail, markup=False, highlight=False)

@@ -8,7 +8,8 @@ import io
 
 from rich.console import Console
 
-from k26ops.progress import Board, HostProgress, step_message
+from k26ops.cli.progress import Board, HostProgress
+from k26ops.playbook import step_message
 
 
 class Clock:

@@ -11,7 +11,7 @@ import pytest
 from k26ops.cli.context import Settings
 from k26ops.cli.report import print_results
 from k26ops.fleet import HostResult
-from k26ops.rollout import print_rollout
+from k26ops.cli.rollout import print_rollout
 from labtools import k26ops
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

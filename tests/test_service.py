@@ -25,10 +25,11 @@ import pytest
 import yaml
 
 from k26ops.cli.context import Settings
-from k26ops.rollout import playbook_work, run_rollout
+from k26ops.cli.rollout import run_rollout
+from k26ops.rollout import playbook_work
 from k26ops.ssh import q
-from k26ops.steps import REGISTRY, Change, Step, register
-from k26ops.steps import engine as engine_steps  # noqa: F401  (registers service, health, smoke)
+from k26ops.steps import Change, Step
+from k26ops.steps.registry import STEPS
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
@@ -37,7 +38,6 @@ RELEASES = "/opt/k26ops-test-service/releases"
 TOKEN = "hf_TESTSECRET_9f8e7d6c5b4a"
 
 
-@register
 class FakeRelease(Step):
     """TEST ONLY: point `current` at the host var `test_release` like the release step would."""
 
@@ -103,7 +103,7 @@ def inventory(engine, name: str, **host_vars) -> Path:
 
 def deploy(inv: Path, *, canary=0, check=False, release=True, capsys=None):
     names = (["test_fake_release"] if release else []) + ["service", "health", "smoke"]
-    steps = [REGISTRY[n]({}) for n in names]
+    steps = [{**STEPS, FakeRelease.name: FakeRelease}[n]({}) for n in names]
     settings = Settings(inventory=str(inv), as_json=False)
     results = run_rollout(settings, playbook_work(steps, check=check), canary=canary, exit=False)
     text = ""
@@ -372,7 +372,7 @@ def test_bad_unit_never_replaces_the_working_one(lab, engine):
     pid = main_pid(lab, lab1)
     # a release dir without the engine's python: ExecStart is not executable
     ssh(lab, lab1, f"mkdir -p {RELEASES}/test-fake-empty")
-    steps = [REGISTRY[n]({}) for n in ("service", "health", "smoke")]
+    steps = [STEPS[n]({}) for n in ("service", "health", "smoke")]
     inv2 = inventory(engine, "badroot", **{lab1: {"releases_root": f"{RELEASES}/test-fake-empty"}})
     results = run_rollout(Settings(inventory=str(inv2)), playbook_work(steps), exit=False)
     r = {x.host: x for x in results}[lab1]

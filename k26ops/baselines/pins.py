@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from k26ops.baselines.repo import Baselines
 from k26ops.errors import UserError
-from k26ops.fleet import Fleet, FleetInterrupted
 from k26ops.ssh import q
-from k26ops.steps import Change, HostContext, Step, register, text_diff
+from k26ops.steps import Change, HostContext, Step, text_diff
 
 
-@register
 class BaselinePins(Step):
     """Rewrite pinned-releases as exactly the releases the baselines record for this host."""
 
@@ -54,23 +52,19 @@ class BaselinePins(Step):
         ctx.session.put(data, ctx.pins_file, 0o644)  # atomic (temp + rename), as root under become
 
 
-def repin_hosts(settings, hosts, pins: dict[str, list[str]], *, check: bool, log=lambda m: None) -> list:
+def repin_hosts(hosts, options, pins: dict[str, list[str]], *, check: bool, log=lambda m: None) -> list:
     """Run `baseline_pins` on `hosts` (host lock, --check); one result per host."""
-    from k26ops.rollout import playbook_work
+    from k26ops import rollout
 
     if not hosts:
         return []
-    work = playbook_work([BaselinePins()], check=check, purpose="baselines repin", shared={"pins": pins})
-    fleet = Fleet(hosts, settings.fleet_options(), on_event=lambda h, m: log(f"{h}: {m}"))
-    try:
-        return fleet.run(lambda session: work(session, lambda m: log(f"{session.host.name}: {m}")))
-    except FleetInterrupted as exc:
-        return exc.results
-    finally:
-        fleet.close()
+    work = rollout.playbook_work([BaselinePins()], check=check, purpose="baselines repin", shared={"pins": pins})
+    return rollout.run(hosts, lambda session: work(session, lambda m: log(f"{session.host.name}: {m}")), options,
+                       on_event=lambda h, m: log(f"{h}: {m}")).results
 
 
-def _repo(baselines_dir) -> Baselines:
+def open_repo(baselines_dir) -> Baselines:
+    """The baselines repository; refused when there is none."""
     repo = Baselines(baselines_dir)
     if not repo.exists():  # never read "no repository" as "no baseline needs anything"
         raise UserError(f"no baselines repository at {repo.path} (use --baselines DIR); nothing was changed")
@@ -81,29 +75,32 @@ def _stale(results) -> dict[str, str]:
     return {r.host: f"{r.status}: {r.error}" for r in results if r.status not in ("ok", "changed")}
 
 
-def repin(settings, *, check: bool = False, baselines_dir=None, log=lambda m: None) -> dict:
-    """Rewrite the selected hosts' pins from every tag in the repository."""
-    repo = _repo(baselines_dir)
-    hosts = settings.selected_hosts()
-    results = repin_hosts(settings, hosts, repo.releases_by_host(), check=check, log=log)
+def repin(repo: Baselines, hosts, options, *, check: bool = False, log=lambda m: None) -> dict:
+    """Rewrite `hosts`' pins from every tag in the repository."""
+    results = repin_hosts(hosts, options, repo.releases_by_host(), check=check, log=log)
     return {"repo": str(repo.path), "check": check, "results": results, "stale_pins": _stale(results)}
 
 
-def delete(settings, tags: list[str], *, check: bool = False, baselines_dir=None, log=lambda m: None) -> dict:
+def recorded_hosts(repo: Baselines, tags: list[str]) -> list[str]:
+    """The hosts `tags` recorded (all must exist: an unknown tag is one line naming it, before any change)."""
+    infos = [repo.tag(t) for t in dict.fromkeys(tags)]
+    return list(dict.fromkeys(h for i in infos for h in ((i.index or {}).get("hosts") or {})))
+
+
+def delete(repo: Baselines, tags: list[str], selected, options, *, limited: bool, check: bool = False,
+           log=lambda m: None) -> dict:
     """Delete `tags` (all must exist, else nothing changes), then repin the
-    selected hosts they recorded. The deletion stands whatever the hosts do."""
-    repo = _repo(baselines_dir)
+    `selected` hosts they recorded. The deletion stands whatever the hosts do.
+    `limited`: the selection was narrowed by --limit (named in the stale hosts' reason)."""
     tags = list(dict.fromkeys(tags))
-    infos = [repo.tag(t) for t in tags]  # an unknown tag: one line naming it, before any change
-    recorded = list(dict.fromkeys(h for i in infos for h in ((i.index or {}).get("hosts") or {})))
-    selected = settings.selected_hosts()  # a bad inventory or --limit: refused before any change
+    recorded = recorded_hosts(repo, tags)
     hosts = [h for h in selected if h.name in recorded]
     pins = repo.releases_by_host(without=set(tags))
     if not check:
         repo.delete_tags(tags)
-    results = repin_hosts(settings, hosts, pins, check=check, log=log)
+    results = repin_hosts(hosts, options, pins, check=check, log=log)
     stale = _stale(results)
     names = {h.name for h in selected}
-    why = "not selected by --limit, or not in the inventory" if settings.limit else "not in the inventory"
+    why = "not selected by --limit, or not in the inventory" if limited else "not in the inventory"
     stale.update({h: why for h in recorded if h not in names})
     return {"repo": str(repo.path), "check": check, "tags": tags, "results": results, "stale_pins": stale}

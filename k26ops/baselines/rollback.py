@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -28,7 +29,7 @@ from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.errors import UserError
 from k26ops.ssh import q
-from k26ops.steps import Change, HostContext, Step, StepFailed, register
+from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as svc_mod
 
@@ -37,7 +38,6 @@ def _b(ctx: HostContext) -> dict:
     return ctx.shared["baselines"][ctx.host.name]
 
 
-@register
 class BaselineRelease(Step):
     """Switch `current` to the recorded release, rebuilding it first when it is gone or damaged."""
 
@@ -92,7 +92,6 @@ class BaselineRelease(Step):
         ctx.shared["release_changed"] = True
 
 
-@register
 class BaselineService(svc_mod.ServiceStep):
     """The tag's unit (verbatim) and env file (secrets from the inventory/environment)."""
 
@@ -141,7 +140,6 @@ class BaselineService(svc_mod.ServiceStep):
         return svc_mod.plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
 
 
-@register
 class BaselineVerify(Step):
     """What now runs must be the tag's: release id, patched file hashes, unit file."""
 
@@ -175,7 +173,9 @@ class BaselineVerify(Step):
         pass
 
 
-STEPS = ("baseline_release", "baseline_service", "health", "smoke", "baseline_verify")
+def steps() -> list[Step]:
+    """The rollback's playbook: the tag's release and unit, the deploy's health and smoke, then verify."""
+    return [BaselineRelease(), BaselineService(), svc_mod.HealthStep(), svc_mod.SmokeStep(), BaselineVerify()]
 
 
 def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -> dict:
@@ -234,27 +234,29 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
     return out
 
 
-def run(settings, tag: str, *, baselines_dir=None, check: bool = False, exit: bool = True):
-    """Roll the selected hosts back to `tag` (one per-host result each)."""
-    from k26ops import playbook
-    from k26ops.rollout import playbook_work, run_rollout
-
+def open_repo(tag: str, baselines_dir=None) -> Baselines:
+    """The repository holding `tag` (UserError naming the known tags otherwise)."""
     repo = Baselines(baselines_dir)
     if not repo.exists():
         raise UserError(f"no baselines repository at {repo.path}: no tags to roll back to; nothing was changed")
     repo.tag(tag)  # unknown tag: one line listing the known ones
-    hosts = [h.name for h in settings.selected_hosts()]
-    playbook._load_steps()
-    from k26ops.steps import REGISTRY
+    return repo
+
+
+@contextmanager
+def prepared(repo: Baselines, tag: str, hosts: list[str], *, check: bool = False):
+    """The rollback of `hosts` to `tag` as a rollout's work(session, progress);
+    the tag's files (recipe, lock, patches) lie in a temporary directory while it runs."""
+    from k26ops.rollout import playbook_work
 
     workdir = Path(tempfile.mkdtemp(prefix="k26ops-rollback-"))
     try:
         per_host = host_baselines(repo, tag, hosts, workdir)
-        steps = [REGISTRY[n]({}) for n in STEPS]
-        work = playbook_work(steps, check=check, purpose=f"rollback to {tag}", shared={"baselines": per_host})
-        return run_rollout(settings, work, canary=0, title=f"rollback --tag {tag}" + (" --check" if check else ""),
-                           columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
-                                    ("health", "_health"), ("smoke", "_smoke"), ("verified", "verified_files")],
-                           exit=exit)
+        yield playbook_work(steps(), check=check, purpose=f"rollback to {tag}", shared={"baselines": per_host})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# The rollback's table columns (k26ops.cli shows them).
+COLUMNS = [("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
+           ("health", "_health"), ("smoke", "_smoke"), ("verified", "verified_files")]

@@ -25,7 +25,8 @@ from k26ops import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines, check_tag_name
 from k26ops.errors import UserError
-from k26ops.fleet import Fleet, Outcome
+from k26ops import rollout
+from k26ops.fleet import Connections, Outcome
 from k26ops.multinode import serves_http
 from k26ops.ssh import q
 from k26ops.steps import HostContext
@@ -196,12 +197,9 @@ def _summary_line(host: str, rec: dict) -> str:
             + ("" if rec["rebuildable"] else "  (not rebuildable: " + rec["rebuild_check"] + ")"))
 
 
-def snapshot(settings, tag: str, message: str | None = None, *, force: bool = False,
-             allow_unhealthy: bool = False, baselines_dir=None, log=lambda m: None, bench=None) -> dict:
-    """Take the snapshot; raise UserError (nothing written) on any refusal.
-    `bench` (an enginebench BenchSpec): also bench each healthy host and store
-    the results as hosts/<host>/bench.json."""
-    t0 = time.monotonic()
+def open_repo(tag: str, *, force: bool = False, baselines_dir=None) -> Baselines:
+    """The repository a snapshot `tag` goes into; UserError (nothing written) when
+    the tag is bad or taken, or the files a snapshot writes have local changes."""
     check_tag_name(tag)
     repo = Baselines(baselines_dir)
     if repo.has_tag(tag) and not force:
@@ -212,7 +210,16 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
         raise UserError(f"{repo.path} has uncommitted changes in files a snapshot writes: "
                         f"{', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''} "
                         "(commit or move them first); nothing was written")
-    hosts = settings.selected_hosts()
+    return repo
+
+
+def snapshot(repo: Baselines, hosts, options, tag: str, message: str | None = None, *, force: bool = False,
+             allow_unhealthy: bool = False, log=lambda m: None, bench=None) -> dict:
+    """Take the snapshot of `hosts` into `repo` (open_repo); raise UserError
+    (nothing written) on any refusal.
+    `bench` (an enginebench BenchSpec): also bench each healthy host and store
+    the results as hosts/<host>/bench.json."""
+    t0 = time.monotonic()
     now = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     files: dict[str, bytes] = {}
     records: dict[str, dict] = {}
@@ -231,9 +238,12 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
         records[session.host.name] = info
         return row
 
-    fleet = Fleet(hosts, settings.fleet_options(), on_event=lambda h, m: log(f"{h}: {m}"))
+    conns = Connections(options)  # the pins go over the same connections
     try:
-        results = fleet.run(work)
+        run = rollout.run(hosts, work, options, on_event=lambda h, m: log(f"{h}: {m}"), connections=conns)
+        if run.interrupted:
+            raise run.interrupted
+        results = run.results
         failed = [r for r in results if r.status not in ("ok", "changed")]
         if failed:
             raise UserError("snapshot refused, nothing was written: " +
@@ -291,12 +301,15 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
                         f"{{ grep -qxF {q(rid)} {q(pins)} || echo {q(rid)} >> {q(pins)}; }}", check=True)
             return Outcome(pinned=rid)
 
-        for r in fleet.run(pin):
+        pinned = rollout.run(hosts, pin, options, on_event=lambda h, m: log(f"{h}: {m}"), connections=conns)
+        if pinned.interrupted:
+            raise pinned.interrupted
+        for r in pinned.results:
             if r.status not in ("ok", "changed"):
                 pin_err[r.host] = r.error
         for r in results:
             r.data["pinned"] = r.host not in pin_err
     finally:
-        fleet.close()
+        conns.close()
     return {"tag": tag, "commit": commit, "repo": str(repo.path), "results": results, "pin_errors": pin_err,
             "elapsed_s": round(time.monotonic() - t0, 2), "title": title, "hosts": order}

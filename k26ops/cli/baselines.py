@@ -38,13 +38,14 @@ def _fmt_time(ts: float) -> str:
 @click.pass_obj
 def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, with_bench, **bench_opts):
     """Record the hosts' running engine as a tagged known-good baseline."""
-    from k26ops.baselines import snapshot
+    from k26ops.baselines import snapshot as snap
     from k26ops.cli.report import print_results
 
     err = Console(stderr=True)
-    res = snapshot(settings, tag, message, force=force, allow_unhealthy=allow_unhealthy,
-                   baselines_dir=baselines_dir, bench=spec_from(bench_opts) if with_bench else None,
-                   log=(lambda m: err.print(f"[dim]{m}[/dim]")) if settings.verbose else (lambda m: None))
+    repo = snap.open_repo(tag, force=force, baselines_dir=baselines_dir)
+    res = snap.snapshot(repo, settings.selected_hosts(), settings.fleet_options(), tag, message, force=force,
+                        allow_unhealthy=allow_unhealthy, bench=spec_from(bench_opts) if with_bench else None,
+                        log=(lambda m: err.print(f"[dim]{m}[/dim]")) if settings.verbose else (lambda m: None))
     if settings.as_json:
         jsonout.emit({"tag": res["tag"], "commit": res["commit"], "repo": res["repo"],
                       "elapsed_s": res["elapsed_s"], "pin_errors": res["pin_errors"],
@@ -70,8 +71,13 @@ def rollback_cmd(settings, tag, check, baselines_dir):
     """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
     from k26ops.baselines import rollback
     from k26ops.cli.deploy import render_changes
+    from k26ops.cli.rollout import run_rollout
 
-    results = rollback(settings, tag, baselines_dir=baselines_dir, check=check, exit=False)
+    repo = rollback.open_repo(tag, baselines_dir)
+    hosts = [h.name for h in settings.selected_hosts()]
+    with rollback.prepared(repo, tag, hosts, check=check) as work:
+        results = run_rollout(settings, work, canary=0, title=f"rollback --tag {tag}" + (" --check" if check else ""),
+                              columns=rollback.COLUMNS, exit=False)
     if not settings.as_json:
         render_changes(results, check=check, diff=False)
     from k26ops.fleet import exit_code
@@ -168,7 +174,7 @@ def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None
     from k26ops.cli.deploy import render_changes
     from k26ops.errors import EXIT_INTERRUPTED
     from k26ops.fleet import exit_code
-    from k26ops.rollout import print_rollout
+    from k26ops.cli.rollout import print_rollout
 
     results, check, stale = res["results"], res["check"], res["stale_pins"]
     if settings.as_json:
@@ -212,7 +218,10 @@ def delete_cmd(settings, tags, check, diff, baselines_dir):
     """
     from k26ops.baselines import pins
 
-    res = pins.delete(settings, list(tags), check=check, baselines_dir=baselines_dir, log=_log(settings))
+    repo = pins.open_repo(baselines_dir)
+    pins.recorded_hosts(repo, list(tags))  # an unknown tag: refused before the inventory is read
+    res = pins.delete(repo, list(tags), settings.selected_hosts(), settings.fleet_options(),
+                      limited=bool(settings.limit), check=check, log=_log(settings))
     if not settings.as_json:
         click.echo(f"{'would delete' if check else 'deleted'} tag(s) {', '.join(res['tags'])} in {res['repo']} "
                    "(their commits stay in its history)")
@@ -234,7 +243,8 @@ def repin_cmd(settings, check, diff, baselines_dir):
     """
     from k26ops.baselines import pins
 
-    res = pins.repin(settings, check=check, baselines_dir=baselines_dir, log=_log(settings))
+    repo = pins.open_repo(baselines_dir)
+    res = pins.repin(repo, settings.selected_hosts(), settings.fleet_options(), check=check, log=_log(settings))
     _report_pins(settings, res, "baselines repin" + (" --check" if check else ""), diff, "when the hosts are back, run ")
 
 

@@ -103,7 +103,7 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
     from k26ops.enginebench.run import run_host
     from k26ops.fleet import Outcome, exit_code
     from k26ops.multinode import serves_http
-    from k26ops.rollout import run_rollout
+    from k26ops.cli.rollout import run_rollout
     from k26ops.steps import HostContext
 
     spec = spec_from(opts)

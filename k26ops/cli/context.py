@@ -51,6 +51,16 @@ class Settings:
 
     def selected_hosts(self):
         """The inventory's hosts after --limit (UserError on a bad inventory or limit)."""
+        inv, hosts = self.select(self.limit)
+        if not hosts:
+            from k26ops.errors import UserError
+
+            raise UserError(f"{inv.path}: no hosts selected")
+        return hosts
+
+    def select(self, pattern: str | None):
+        """(inventory, its hosts matching `pattern` with their multi-node vars filled);
+        the inventory's warnings go to stderr. The one place hosts are selected."""
         from k26ops import inventory
 
         inv = inventory.load(self.inventory_path())
@@ -60,12 +70,8 @@ class Settings:
             click.echo(f"k26ops: warning: {w}", err=True)
         inv.check_strict(self.strict)
         self.warnings = tuple(inv.warnings)
-        hosts = inv.select(self.limit)
+        hosts = inv.select(pattern)
         from k26ops import multinode
 
         multinode.assign(inv, hosts)
-        if not hosts:
-            from k26ops.errors import UserError
-
-            raise UserError(f"{inv.path}: no hosts selected")
-        return hosts
+        return inv, hosts

@@ -8,7 +8,8 @@ from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE
 from k26ops.enginebench.run import METRICS
 from k26ops.cli.report import wide_console
-from k26ops.rollout import playbook_work, run_rollout
+from k26ops.cli.rollout import run_rollout
+from k26ops.rollout import playbook_work
 
 
 def render_changes(results, *, check: bool, diff: bool) -> None:

@@ -106,14 +106,14 @@ def service_cmd(settings, unit, lines):
 
     from k26ops import units
     from k26ops.cli.report import run_and_report
-    from k26ops.cli.service import _host_ctx
     from k26ops.diagnose import journal
     from k26ops.diagnose.classify import classify
     from k26ops.fleet import Outcome
     from k26ops.steps import engine as svc
+    from k26ops.steps import session_context
 
     def work(session):
-        ctx = _host_ctx(session)
+        ctx = session_context(session)
         name = svc.unit_name({"unit": unit}, ctx.vars)
         r = journal.last_crash(session, name, lines=lines)
         show = r.get("show") or {}
@@ -177,13 +177,12 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
 
     from rich.console import Console
 
-    from k26ops import inventory
     from k26ops.diagnose import probe
     from k26ops.errors import EXIT_INTERRUPTED
-    from k26ops.ssh import HostKeyRefused, Unreachable, connect
+    from k26ops.fleet import Connections
+    from k26ops.ssh import HostKeyRefused, Unreachable
 
-    inv = inventory.load(settings.inventory_path())
-    hosts = inv.select(host_name)
+    inv, hosts = settings.select(host_name)
     if len(hosts) != 1:
         raise UserError(f"--host {host_name}: names {len(hosts)} hosts in {inv.path}; name exactly one host")
     host = hosts[0]
@@ -202,9 +201,10 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
 
         err.print(f"[dim]{host.name} {now - t0:5.0f}s[/dim] {escape(msg)}", markup=True)
 
+    # one host, driven here rather than by k26ops.rollout: the probe's restore keeps Ctrl-C
+    # for itself (a signal handler, main thread only) until the engine is back
     try:
-        session = connect(host, accept_new=settings.accept_new_host_keys,
-                          connect_timeout=settings.connect_timeout)
+        session = Connections(settings.fleet_options()).session(host)
     except (Unreachable, HostKeyRefused) as exc:
         raise UserError(f"{host.name}: {exc}", exit_code=1) from None
     def confirm(plan: list[str], serving: bool) -> bool:

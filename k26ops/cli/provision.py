@@ -11,7 +11,7 @@ from k26ops import playbook
 from k26ops.cli import _finite
 from k26ops.cli.deploy import render_changes
 from k26ops.reboot import DEFAULT_TIMEOUT, reboot_work
-from k26ops.rollout import run_rollout
+from k26ops.cli.rollout import run_rollout
 
 
 def rolling_options(f):

@@ -8,9 +8,9 @@ import click
 from rich import box
 from rich.console import Console
 
+from k26ops import rollout
 from k26ops.cli import jsonout, tables
-from k26ops.fleet import Fleet, FleetInterrupted, HostResult, exit_code
-from k26ops.errors import EXIT_INTERRUPTED
+from k26ops.fleet import HostResult, exit_code
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red",
          "interrupted": "magenta", "skipped": "magenta"}
@@ -20,32 +20,34 @@ KEEP = {"unit", "health", "release", "verdict", "signature", "engine"}
 
 
 def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None) -> None:
-    """Run `work` over the selected hosts, print, and exit with the fleet's code.
+    """Run `work` over the selected hosts (k26ops.rollout.run, one batch), print,
+    and exit with the fleet's code.
 
     `columns` are (header, key[, keep]) taken from each host's data for the table;
     keep (default: the header is in KEEP) marks a value never cut or hidden at
     narrow widths (k26ops.cli.tables); the others wrap, then hide, rightmost first.
     `render(results)` may print extra human detail after the table.
     `exit_with(results)` may raise the exit code (the higher one wins).
-    (Playbooks with progress and canaries go through `k26ops.rollout`.)
+    (Playbooks with progress and canaries go through `k26ops.cli.rollout`.)
     """
-    hosts = settings.selected_hosts()
-    err = Console(stderr=True)
-    fleet = Fleet(hosts, settings.fleet_options(),
-                  on_event=(lambda h, m: err.print(f"[dim]{h}: {m}[/dim]")) if settings.verbose else None)
-    try:
-        results = fleet.run(work)
-    except FleetInterrupted as exc:
-        print_results(settings, exc.results, title, columns, code=EXIT_INTERRUPTED)
-        click.echo(f"k26ops: {exc}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    finally:
-        fleet.close()
-    code = max(exit_code(results), exit_with(results) if exit_with else 0)
-    print_results(settings, results, title, columns, code=code)
+    run = rollout.run(settings.selected_hosts(), work, settings.fleet_options(), on_event=verbose_events(settings))
+    if run.interrupted:
+        print_results(settings, run.results, title, columns, code=run.code)
+        click.echo(f"k26ops: {run.interrupted}", err=True)
+        sys.exit(run.code)
+    code = max(run.code, exit_with(run.results) if exit_with else 0)
+    print_results(settings, run.results, title, columns, code=code)
     if render and not settings.as_json:
-        render(results)
+        render(run.results)
     sys.exit(code)
+
+
+def verbose_events(settings):
+    """With -v, each host's fleet events (connecting, running, its status) as dim lines on stderr."""
+    if not settings.verbose:
+        return None
+    err = Console(stderr=True)
+    return lambda h, m: err.print(f"[dim]{h}: {m}[/dim]")
 
 
 def print_results(settings, results: list[HostResult], title: str, columns=(), code: int | None = None,

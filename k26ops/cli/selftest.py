@@ -60,9 +60,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from k26ops import preflight
+from k26ops import preflight, rollout
+from k26ops.cli.report import verbose_events
 from k26ops.errors import EXIT_HOST_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, UserError
-from k26ops.fleet import FAILED, OK, Fleet, FleetInterrupted, HostResult, Outcome
+from k26ops.fleet import FAILED, OK, HostResult, Outcome
 from k26ops.selftest import payload as payload_mod
 from k26ops.selftest.report import headline, summarize, validate
 from k26ops.ssh import q
@@ -318,29 +319,19 @@ def selftest_cmd(settings, python, checks, host_timeout, timeout_scale, min_tflo
                             f"(known: {','.join(payload_mod.CHECKS)})")
     opts = {"python": python, "checks": checks, "host_timeout": host_timeout,
             "timeout_scale": timeout_scale, "min_tflops": min_tflops, "min_busbw": min_busbw}
-    hosts = settings.selected_hosts()
     err = Console(stderr=True)
-    fleet = Fleet(hosts, settings.fleet_options(),
-                  on_event=(lambda h, m: err.print(f"[dim]{h}: {m}[/dim]")) if settings.verbose else None)
     t0 = time.monotonic()
-    try:
-        results = fleet.run(make_work(opts))
-    except FleetInterrupted as exc:
-        classify(exc.results)
-        if settings.as_json:
-            emit_json(exc.results, EXIT_INTERRUPTED)
-        else:
-            render(exc.results)
-        click.echo(f"k26ops: {exc}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    finally:
-        fleet.close()
+    run = rollout.run(settings.selected_hosts(), make_work(opts), settings.fleet_options(),
+                      on_event=verbose_events(settings))
+    results = run.results
     classify(results)
-    code = exit_code(results)
+    code = EXIT_INTERRUPTED if run.interrupted else exit_code(results)
     if settings.as_json:
         emit_json(results, code)
     else:
         render(results)
-        if settings.verbose:
+        if settings.verbose and not run.interrupted:
             err.print(f"[dim]selftest took {time.monotonic() - t0:.1f}s[/dim]")
+    if run.interrupted:
+        click.echo(f"k26ops: {run.interrupted}", err=True)
     sys.exit(code)

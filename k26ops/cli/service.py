@@ -9,15 +9,11 @@ import time
 import click
 from rich.console import Console
 
-from k26ops import logview, units
+from k26ops import logview, rollout, units
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
-from k26ops.fleet import Fleet, FleetInterrupted, Outcome
-from k26ops.steps import HostContext
-
-
-def _host_ctx(session) -> HostContext:
-    return HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+from k26ops.fleet import Connections, Outcome
+from k26ops.steps import HostContext, session_context
 
 
 def _target(ctx: HostContext, unit: str | None):
@@ -52,7 +48,7 @@ def status_cmd(settings, unit, baselines_dir):
     index = drift_mod.load_index(baselines_dir)
 
     def work(session):
-        ctx = _host_ctx(session)
+        ctx = session_context(session)
         svc, name, host, port = _target(ctx, unit)
         r = svc.agent(session, "status", unit=name, port=port, host=host, current=f"{ctx.releases_root}/current")
         show = r["show"]
@@ -106,7 +102,7 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
 
     def work(session):
         name = session.host.name
-        ctx = _host_ctx(session)
+        ctx = session_context(session)
         svc, uname, _host, _port = _target(ctx, unit)
         first = name not in secrets
         r = svc.agent(session, "logs", unit=uname, lines=lines, cursor=cursors.get(name), since=since,
@@ -121,13 +117,15 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
                  for line in r["lines"] if show_all or not logview.own_request(line))
         return Outcome(lines=[line for line in shown if matches(line)])  # grep after redaction
 
-    fleet = Fleet(hosts, settings.fleet_options())
+    conns = Connections(settings.fleet_options())  # each host's one connection, kept while following
     failed = False
     doc: dict[str, dict] = {}  # --json without -f: one document at the end
     try:
         while True:
-            results = fleet.run(work)
-            for res in results:
+            run = rollout.run(hosts, work, settings.fleet_options(), connections=conns)
+            if run.interrupted:
+                break
+            for res in run.results:
                 if res.status not in ("ok", "changed"):
                     failed = True
                     doc[res.host] = {"status": res.status, "error": res.error, "lines": []}
@@ -146,10 +144,10 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
             if not follow or failed:
                 break
             time.sleep(interval)
-    except (KeyboardInterrupt, FleetInterrupted):
+    except KeyboardInterrupt:
         pass
     finally:
-        fleet.close()
+        conns.close()
     if settings.as_json and not follow:
         jsonout.emit({"hosts": doc}, 1 if failed else 0)
     sys.exit(1 if failed else 0)

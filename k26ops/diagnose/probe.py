@@ -351,12 +351,12 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
     check=True: only the read-only checks and the plan (rep.plan); nothing changes.
     confirm(plan, serving) is asked after the read-only checks, before any
     change; False raises Declined."""
-    from k26ops.cli.service import _host_ctx
     from k26ops.diagnose.classify import classify
     from k26ops.hostlock import HostLock, HostLocked
     from k26ops.steps import engine as svc
+    from k26ops.steps import session_context
 
-    ctx = _host_ctx(session)
+    ctx = session_context(session)
     uname = svc.unit_name({"unit": unit}, ctx.vars)
     ehost, port = svc.poll_target(svc.engine_profile(ctx))
     epath = svc.env_path({}, ctx.vars)

@@ -30,6 +30,7 @@ DEFAULT_ROOT = "/opt/k26ops"
 class Change:
     what: str  # one line a person reads: "switch current -> sglang0.5.23-ab12cd34ef56"
     diff: str | None = None  # unified diff for --diff, when the change is a file's text
+    action: str | None = None  # what apply does for it ("build", "switch"...): apply reads this, never `what`
 
 
 @dataclass
@@ -131,9 +132,6 @@ class Elapsed:
         return f"{time.monotonic() - self.t0:.0f}s"
 
 
-REGISTRY: dict[str, type[Step]] = {}
-
-
-def register(cls: type[Step]) -> type[Step]:
-    REGISTRY[cls.name] = cls
-    return cls
+def session_context(session: Session) -> HostContext:
+    """A context for one-off reads outside a playbook (status, logs, diagnose): the host's vars, no facts."""
+    return HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})

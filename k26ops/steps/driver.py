@@ -20,7 +20,7 @@ from k26ops import driver_plan as dp
 from k26ops.errors import UserError
 from k26ops.preflight import driver_version
 from k26ops.ssh import q
-from k26ops.steps import Change, HostContext, Step, StepFailed, register, text_diff, tied_to_channel
+from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, tied_to_channel
 
 DEFAULT_BRANCH = 580  # CUDA 13.x needs >= 580 (CUDA minor version compatibility table)
 FM_UNIT = "nvidia-fabricmanager.service"
@@ -70,7 +70,6 @@ def verify(facts: dict, w: dict, gpus_expected=None) -> list[str]:
     return problems
 
 
-@register
 class Driver(Step):
     name = "driver"
 
@@ -142,7 +141,7 @@ class Driver(Step):
                           + " /etc/apt/sources.list /etc/apt/sources.list.d")
             if not res.stdout.strip():
                 configured = False
-                changes.append(Change(f"add NVIDIA's CUDA apt repository {url}/ (its {dp.KEYRING})"))
+                changes.append(Change(f"add NVIDIA's CUDA apt repository {url}/ (its {dp.KEYRING})", action="add_repo"))
             old = ctx.run(f"cat {q(dp.PIN_FILE)} 2>/dev/null").stdout
             if old != dp.pin_text(branch):
                 changes.append(Change(f"pin the driver to branch {branch}: {dp.PIN_FILE}",
@@ -213,7 +212,7 @@ class Driver(Step):
                              "plans here (--check); nothing changed")
         info = ctx.shared["driver"]
         reboot = (ctx.shared.get("outcome") or {}).get("reboot")
-        if info["repo"] and any(c.what.startswith("add NVIDIA's CUDA apt repository") for c in changes):
+        if info["repo"] and any(c.action == "add_repo" for c in changes):
             ctx.progress("adding NVIDIA's CUDA apt repository")
             ctx.run("set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
                     f"curl -fsSL -o \"$t/k.deb\" {q(info['repo'] + '/' + dp.KEYRING)}; dpkg -i \"$t/k.deb\"",

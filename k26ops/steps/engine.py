@@ -32,7 +32,7 @@ from k26ops import agents, units
 from k26ops.errors import UserError
 from k26ops.multinode import serves_http
 from k26ops.fleet import INTERRUPTED
-from k26ops.steps import Change, HostContext, Step, StepFailed, register, text_diff
+from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
 
 DEFAULT_UNIT = "k26-engine.service"
 UNIT_DIR = "/etc/systemd/system"
@@ -158,7 +158,6 @@ def _svc(ctx: HostContext, params: dict) -> dict:
 
 # ---------------------------------------------------------------- service step
 
-@register
 class ServiceStep(Step):
     """Install the engine's unit + env file; restart only on a change."""
 
@@ -352,7 +351,6 @@ def _fail(ctx: HostContext, svc: dict, message: str, journal: str = "", diag=Non
     raise EngineFailed(f"{message}; {back}", journal, diag, outcome(ctx))
 
 
-@register
 class HealthStep(Step):
     """Wait until the engine answers /health and /health_generate; fail at once on a crash."""
 
@@ -446,7 +444,6 @@ def smoke_summary(s: dict) -> str:
     return out
 
 
-@register
 class SmokeStep(Step):
     """Greedy and sampled /generate must return text; record latency and spec_accept_length.
     A failed request is named: the engine died of it (its crash, classified) or

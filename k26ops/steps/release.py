@@ -33,7 +33,7 @@ from k26ops.release import (engine_flags, engine_source, enginelock, launch_rule
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
-from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel
+from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.steps.toolchain import host_recipe
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
@@ -252,7 +252,6 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     return argv
 
 
-@register
 class Release(Step):
     name = "release"
 
@@ -287,15 +286,16 @@ class Release(Step):
         if not complete:
             lock = f", lock {prep.lock.sha256[:12]}" if prep.lock else ""
             changes.append(Change(f"build release {rid} in {rel}/{rid} ({prep.recipe.base_short}, "
-                                  f"wheel {prep.engine_wheel.sha256[:12]}{lock}, {len(prep.patches)} patch(es))"))
-        changes.append(Change(f"switch current: {current or '(none)'} -> {rid}"))
+                                  f"wheel {prep.engine_wheel.sha256[:12]}{lock}, {len(prep.patches)} patch(es))",
+                                  action="build"))
+        changes.append(Change(f"switch current: {current or '(none)'} -> {rid}", action="switch"))
         keep = int(self.params.get("keep", 3))
         pins = set(ctx.run(f"cat {q(ctx.pins_file)} 2>/dev/null; true").stdout.split())
         prune = ownership.prune_plan(ownership.releases(ctx.session, rel), rid, keep, pins)
         ctx.shared["prune"] = prune
         if prune:
             changes.append(Change(f"prune {len(prune)} old release(s) (keep {keep}, k26ops releases only): "
-                                  + ", ".join(prune)))
+                                  + ", ".join(prune), action="prune"))
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
@@ -303,7 +303,7 @@ class Release(Step):
         rid, rel = prep.release_id, ctx.releases_root
         if ctx.shared.get("claim_releases_root"):
             ownership.claim(ctx.session, rel)
-        if changes[0].what.startswith("build "):
+        if any(c.action == "build" for c in changes):
             self._build(ctx, prep)
         ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
                 f"mv -T .current.tmp current", check=True)

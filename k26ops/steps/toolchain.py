@@ -19,7 +19,7 @@ from k26ops.release import recipe as recipe_mod
 from k26ops.release import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
 from k26ops.ssh import q
-from k26ops.steps import Change, HostContext, Step, StepFailed, register, tied_to_channel
+from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 
 KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 MARKER = "k26ops-verified"
@@ -45,7 +45,6 @@ def archs(facts: dict) -> list[str]:
     return out
 
 
-@register
 class CudaToolkit(Step):
     name = "cuda_toolkit"
 

@@ -5,7 +5,7 @@ even while a step is silent), the step counter (`3/5 service`) and the last
 message; a finished host shows its result. When stderr is not a terminal (CI
 logs, `| tee`) or --json, one line per host event -- start, each new step,
 done/failed -- so progress shows as it happens; -v adds every message.
-Steps announce themselves as `i/n name: what` (playbook.step_message).
+Steps announce themselves as `i/n name: what` (k26ops.playbook.step_message).
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-STEP = re.compile(r"^(\d+)/(\d+) (\S+): (.*)$", re.S)
+STEP = re.compile(r"^(\d+)/(\d+) (\S+): (.*)$", re.S)  # playbook.step_message's form
 RESULT_STYLE = {"ok": "green", "changed": "yellow"}
-
-
-def step_message(i: int, n: int, name: str, what: str) -> str:
-    """`3/5 service: planning`: the form HostProgress reads its counter from."""
-    return f"{i}/{n} {name}: {what}"
 
 
 @dataclass
