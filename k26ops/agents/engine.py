@@ -293,6 +293,7 @@ def op_logs(r):
     lines = [l for l in lines if l != "-- No entries --"]
     return {"lines": lines, "cursor": cursor, "env": read(r["env_path"]) if r.get("with_env") else None}
 
-req = json.loads(sys.stdin.read())
-res = globals()["op_" + req.pop("op")](req)
-sys.stdout.write("\n" + json.dumps(res) + "\n")
+if __name__ == "__main__":
+    req = json.loads(sys.stdin.read())
+    res = globals()["op_" + req.pop("op")](req)
+    sys.stdout.write("\n" + json.dumps(res) + "\n")
