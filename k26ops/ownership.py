@@ -12,8 +12,7 @@ it will remove in `--check` and in the report.
 
 from __future__ import annotations
 
-import json
-
+from k26ops import agents
 from k26ops.ssh import q
 
 MARKER = ".k26ops-owned"
@@ -21,58 +20,11 @@ RELEASE_MARKER = ".k26ops-release"
 # What k26ops itself makes under k26ops_root (a directory holding only these is ours).
 ROOT_ENTRIES = {"state", "releases", "wheelhouse", "toolchain", "lab", MARKER}
 
-# Runs on the host with its python3: argv = dir, kind (root|releases) [, names to delete].
-_SCRIPT = r'''
-import json, os, shutil, sys
-d, kind, op = sys.argv[1], sys.argv[2], sys.argv[3]
-M, R = %(marker)r, %(release)r
-ROOT = set(%(root_entries)r)
-def is_release(name):
-    p = os.path.join(d, name)
-    if os.path.islink(p) or not os.path.isdir(p):
-        return False
-    if os.path.exists(os.path.join(p, R)):
-        return True
-    try:
-        with open(os.path.join(p, "manifest.json")) as fh:
-            return json.load(fh).get("release_id") == name
-    except (OSError, ValueError, AttributeError):
-        return False
-def state():
-    if not os.path.exists(d):
-        return {"state": "absent"}
-    if not os.path.isdir(d):
-        return {"state": "notdir"}
-    names = sorted(os.listdir(d))
-    if M in names:
-        return {"state": "owned"}
-    if kind == "root":
-        foreign = [n for n in names if n not in ROOT]
-    else:
-        foreign = [n for n in names if n not in ("current", ".current.tmp") and not is_release(n)]
-    return {"state": "foreign" if foreign else ("empty" if not names else "ours"), "foreign": foreign[:5],
-            "count": len(foreign)}
-if op == "state":
-    print(json.dumps(state()))
-elif op == "releases":
-    rels = [n for n in os.listdir(d) if not n.startswith(".") and is_release(n)] if os.path.isdir(d) else []
-    rels.sort(key=lambda n: os.stat(os.path.join(d, n)).st_mtime, reverse=True)
-    print(json.dumps(rels))
-elif op == "delete":
-    gone = []
-    for name in sys.argv[4:]:
-        if "/" not in name and not name.startswith(".") and is_release(name):
-            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
-            gone.append(name)
-    print(json.dumps(gone))
-''' % {"marker": MARKER, "release": RELEASE_MARKER, "root_entries": sorted(ROOT_ENTRIES)}
 
-
-def _call(session, d: str, kind: str, op: str, *names: str, check: bool = True):
-    cmd = f"python3 -c {q(_SCRIPT)} {q(d)} {q(kind)} {q(op)}" + "".join(" " + q(n) for n in names)
-    res = session.run(cmd, check=check)
-    lines = res.stdout.strip().splitlines()
-    return json.loads(lines[-1]) if lines else None
+def _call(session, d: str, kind: str, op: str, *names: str):
+    """One operation of agents/ownership.py on the host (the markers travel with the request)."""
+    return agents.run(session, "ownership", op, what="ownership agent", dir=d, kind=kind, names=list(names),
+                      marker=MARKER, release_marker=RELEASE_MARKER, root_entries=sorted(ROOT_ENTRIES))
 
 
 def refusal(d: str, kind: str, st: dict) -> str | None:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from k26ops import facts
+from k26ops import agents, facts
 from k26ops.facts import Fact, GatherError, disk_free_fact
 
 FIXTURES = Path(__file__).resolve().parents[1] / "k26ops" / "lab" / "fixtures"
@@ -95,8 +95,8 @@ def test_unknown_fact_name():
 
 def test_remote_script_is_stdlib_only_and_standalone(tmp_path):
     # Run it as the host would, from an empty directory with no k26ops on sys.path.
-    p = subprocess.run([sys.executable, "-I", "-c", facts.REMOTE_SCRIPT.read_text()],
-                       input='[{"name": "x", "command": "echo hi; echo err >&2; exit 3"}]',
+    p = subprocess.run([sys.executable, "-I", "-c", agents.source("gather")],
+                       input='{"op": "gather", "commands": [{"name": "x", "command": "echo hi; echo err >&2; exit 3"}]}',
                        capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == '{"x": {"rc": 3, "stdout": "hi\\n", "stderr": "err\\n"}}'

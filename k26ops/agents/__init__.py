@@ -6,6 +6,16 @@ host and nothing is left behind. One protocol for all of them: one JSON
 request on stdin ({"op": NAME, ...}), one JSON answer as the last line of
 stdout. `run` is the one caller; the modules are linted and unit-tested here
 like the rest of k26ops (tests/test_agents.py), never imported at run time.
+
+Host Python: 3.10 or newer (OLDEST_PYTHON). The oldest supported host is
+Ubuntu 22.04 (python3 3.10); Debian 12, the lab's, has 3.11 and Ubuntu 24.04
+3.12. tests/test_agents.py parses every agent with that grammar and checks
+that it imports only standard-library modules.
+
+The agents: engine (the engine's unit, health, smoke, logs), gather (fact
+commands), loadgen (engine bench), ownership (what k26ops may delete),
+baseline (snapshot, rollback, drift), journal (diagnose service), probe
+(diagnose probe), wheelfetch (wheels from a relay, hash-checked).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from k26ops.ssh import q
 from k26ops.steps import StepFailed
 
 DIR = Path(__file__).resolve().parent
+OLDEST_PYTHON = (3, 10)
 
 
 class AgentFailed(StepFailed):
@@ -33,11 +44,14 @@ def command(name: str, python: str = "python3") -> str:
     return f"{q(python)} -c {q(source(name))}"
 
 
-def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None = None, **req) -> dict:
+def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None = None,
+        interpreter: str = "python3", **req) -> dict:
     """Run one operation of agent `name` on the host: one remote command, the
-    request as JSON on stdin, the answer the last JSON line of stdout."""
+    request as JSON on stdin, the answer the last JSON line of stdout.
+    `session`: anything with .run(command, stdin=, timeout=) giving .exited,
+    .stdout, .stderr (an SSH session, or a local runner in tests)."""
     what = what or f"{name} agent"
-    res = session.run(command(name), stdin=json.dumps({"op": op, **req}), timeout=timeout)
+    res = session.run(command(name, interpreter), stdin=json.dumps({"op": op, **req}), timeout=timeout)
     lines = res.stdout.strip().splitlines()
     if res.exited != 0 or not lines:
         why = (res.stderr or res.stdout or "").strip().splitlines()

@@ -1,6 +1,6 @@
-"""Host-side agent of the service steps (stdlib only; sent to the host as
-`python3 -c`, never imported by k26ops): one JSON request on stdin, one JSON
-answer as the last line of stdout. Each `op_*` is one remote round trip.
+"""Host agent of the engine steps (k26ops/steps/engine.py): the unit, its env
+file, health, smoke and logs. Run through agents.run (stdlib only); each
+`op_*` is one remote round trip.
 """
 import json, os, shutil, subprocess, sys, time, hashlib, urllib.request, urllib.error
 
@@ -293,6 +293,7 @@ def op_logs(r):
     lines = [l for l in lines if l != "-- No entries --"]
     return {"lines": lines, "cursor": cursor, "env": read(r["env_path"]) if r.get("with_env") else None}
 
-req = json.loads(sys.stdin.read())
-res = globals()["op_" + req.pop("op")](req)
-sys.stdout.write("\n" + json.dumps(res) + "\n")
+if __name__ == "__main__":
+    req = json.loads(sys.stdin.read())
+    res = globals()["op_" + req.pop("op")](req)
+    sys.stdout.write("\n" + json.dumps(res) + "\n")

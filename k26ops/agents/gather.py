@@ -1,11 +1,10 @@
-"""k26ops remote fact gatherer: runs fact commands on a host, prints raw outputs.
+"""Host agent of the facts (k26ops/facts/): runs fact commands, answers their raw outputs.
 
-Shipped to the host over SSH on each gather (`python3 -c <this source>`,
-the command list on stdin), so facts cost one round trip whatever their
-number. Stdlib only, python 3.6+; parsing stays on the control node.
+Run through agents.run like every agent, so facts cost one round trip
+whatever their number; parsing stays on the control node.
 
-stdin:  JSON list of {"name": str, "command": str, "timeout": float (optional)}
-stdout: JSON object {name: {"rc": int, "stdout": str, "stderr": str}}
+op "gather" {"commands": [{"name": str, "command": str, "timeout": float (optional)}]}
+answer: {name: {"rc": int, "stdout": str, "stderr": str}}
 A command that outlives its timeout is killed with its process group and
 reported with rc 124. Commands run in parallel, with /bin/sh, LC_ALL=C and
 stdin closed (nothing can wait for input).
@@ -43,13 +42,14 @@ def run_one(item):
     return {"rc": rc, "stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
 
 
-def main():
-    items = json.loads(sys.stdin.read())
+def op_gather(r):
+    items = r["commands"]
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(items)))) as pool:
         results = list(pool.map(run_one, items))
-    json.dump({it["name"]: res for it, res in zip(items, results)}, sys.stdout)
-    sys.stdout.write("\n")
+    return {it["name"]: res for it, res in zip(items, results)}
 
 
 if __name__ == "__main__":
-    main()
+    req = json.loads(sys.stdin.read())
+    res = globals()["op_" + req.pop("op")](req)
+    sys.stdout.write("\n" + json.dumps(res) + "\n")

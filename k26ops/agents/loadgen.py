@@ -1,6 +1,5 @@
-"""Host-side bench agent (stdlib only; sent to the host as `python3 -c` like
-steps/service_agent.py, never imported by k26ops at run time): one JSON
-request on stdin, one JSON answer as the last line of stdout.
+"""Host agent of the engine bench (k26ops/enginebench/): run through
+agents.run like every agent (stdlib only).
 
 op "probe": can the release's venv run SGLang's serving benchmark
   (`python -m sglang.benchmark.serving`, before 0.5.23 `sglang.bench_serving`)?

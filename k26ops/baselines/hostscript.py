@@ -1,145 +1,16 @@
-"""The host side of snapshot, rollback and drift: one stdlib-only script sent
-with each command (`python3 -c`), a JSON request on stdin, one JSON answer.
-
-`snapshot` reads, in one round trip, everything a baseline records about a
-host: the current release (manifest, shipped patches, patch state, package
-versions from the venv's dist-info, the patched files' bytes), the unit and
-env file, the running engine's command line, the facts' raw outputs, and the
-engine's health and one smoke request. `probe` is the cheap part (release,
-hashes of its patched files, unit and env text) for rollback and drift.
+"""The control side of snapshot, rollback and drift's host agent
+(k26ops/agents/baseline.py): `snapshot` reads, in one round trip, everything a
+baseline records about a host; `probe` is the cheap part (release, hashes of
+its patched files, unit and env text) for rollback and drift.
 """
 
 from __future__ import annotations
 
-import json
+from k26ops import agents
 
-from k26ops.ssh import q
-from k26ops.steps import StepFailed
-
-SCRIPT = r'''
-import base64, glob, hashlib, json, os, subprocess, sys, time, urllib.request, urllib.error
-
-def rd(path):
-    try:
-        with open(path, "rb") as fh: return fh.read()
-    except (OSError, IOError): return None
-
-def txt(path):
-    b = rd(path)
-    return None if b is None else b.decode("utf-8", "replace")
-
-def sha(b):
-    return None if b is None else hashlib.sha256(b).hexdigest()
-
-def release(root, rid=None, content=False):
-    cur = None
-    try: cur = os.readlink(os.path.join(root, "current"))
-    except OSError: pass
-    rid = rid or cur
-    out = {"current": cur, "release": rid, "exists": False, "manifest": None, "hashes": {}}
-    if not rid: return out
-    d = os.path.join(root, rid)
-    out["exists"] = os.path.isdir(d)
-    try: m = json.loads(txt(os.path.join(d, "manifest.json")) or "null")
-    except ValueError: m = None
-    out["manifest"] = m
-    if not isinstance(m, dict): return out
-    site = m.get("site_packages") or ""
-    files = {}
-    for rel in sorted(m.get("patched_files") or {}):
-        b = rd(os.path.join(site, rel))
-        out["hashes"][rel] = sha(b)
-        if content and b is not None: files[rel] = base64.b64encode(b).decode()
-    # a diagnose probe left applied (its state dir is in the release): the files it
-    # patched differ from what the release shipped, even those the manifest does not list
-    out["probe_files"] = []
-    try: pst = json.loads(txt(os.path.join(d, "probe-state", "state.json")) or "null")
-    except ValueError: pst = None
-    for p in (pst or {}).get("patches", []) if isinstance(pst, dict) else []:
-        for rel, h in (p.get("files") or {}).items():
-            if sha(rd(os.path.join(site, rel))) != h.get("before") and rel not in out["probe_files"]:
-                out["probe_files"].append(rel)
-    if content:
-        out["files"] = files
-        pdir = os.path.join(d, "k26ops", "patches")
-        out["patches"] = {n: txt(os.path.join(pdir, n)) for n in sorted(os.listdir(pdir))} if os.path.isdir(pdir) else {}
-        out["patch_state"] = txt(os.path.join(d, "patch-state", "state.json"))
-        pk = {}
-        for meta in glob.glob(os.path.join(site, "*.dist-info", "METADATA")):
-            name = ver = None
-            for line in (txt(meta) or "").splitlines():
-                if line.startswith("Name:") and name is None: name = line[5:].strip()
-                elif line.startswith("Version:") and ver is None: ver = line[8:].strip()
-                elif not line.strip(): break
-            if name: pk[name] = ver
-        out["packages"] = dict(sorted(pk.items(), key=lambda kv: kv[0].lower()))
-    return out
-
-def show(unit):
-    p = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState,SubState,MainPID,UnitFileState"],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
-    return dict(l.split("=", 1) for l in p.stdout.splitlines() if "=" in l)
-
-def http(host, port, path, body=None, timeout=5.0):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request("http://%s:%d%s" % (host, port, path), data=data,
-                                 headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e: return e.code, e.read().decode("utf-8", "replace")[:300]
-    except Exception as e: return 0, "%s: %s" % (e.__class__.__name__, e)
-
-def fact(item):
-    try:
-        p = subprocess.run(item["command"], shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           stdin=subprocess.DEVNULL, timeout=item.get("timeout") or 30,
-                           env=dict(os.environ, LC_ALL="C", LANG="C"))
-        return {"rc": p.returncode, "stdout": p.stdout.decode("utf-8", "replace"), "stderr": p.stderr.decode("utf-8", "replace")}
-    except subprocess.TimeoutExpired:
-        return {"rc": 124, "stdout": "", "stderr": "k26ops: timed out"}
-
-def op_snapshot(r):
-    out = {"release": release(r["releases_root"], None, True), "unit": txt(r["unit_path"]), "env": txt(r["env_path"])}
-    s = show(r["unit"])
-    out["show"] = s
-    pid = int(s.get("MainPID") or 0)
-    raw = rd("/proc/%d/cmdline" % pid) if pid else None
-    out["cmdline"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else None
-    out["facts"] = {i["name"]: fact(i) for i in r["facts"]}
-    h = {"state": "inactive", "health": None, "health_generate": None}
-    if s.get("ActiveState") == "active":
-        h["health"] = http(r["host"], r["port"], "/health", timeout=3.0)[0]
-        if h["health"] == 200:
-            h["health_generate"] = http(r["host"], r["port"], "/health_generate", timeout=30.0)[0]
-        h["state"] = "healthy" if h["health"] == 200 and h["health_generate"] == 200 else "unhealthy"
-    out["health"] = h  # the smoke requests follow as the service agent's own (one implementation)
-    return out
-
-def op_probe(r):
-    out = {"release": release(r["releases_root"], r.get("release")), "unit": txt(r["unit_path"]), "env": txt(r["env_path"])}
-    if r.get("release") and out["release"]["current"] != r.get("release"):
-        out["current"] = release(r["releases_root"])
-    return out
-
-req = json.loads(sys.stdin.read())
-res = globals()["op_" + req.pop("op")](req)
-sys.stdout.write("\n" + json.dumps(res) + "\n")
-'''
-
-
-class HostScriptFailed(StepFailed):
-    pass
+HostScriptFailed = agents.AgentFailed  # the agent could not run or answered no JSON
 
 
 def call(session, op: str, timeout: float = 300.0, **req) -> dict:
-    """One remote command: the script with `op`, the request on stdin."""
-    res = session.run(f"python3 -c {q(SCRIPT)}", stdin=json.dumps({"op": op, **req}), timeout=timeout)
-    lines = res.stdout.strip().splitlines()
-    if res.exited != 0 or not lines:
-        why = (res.stderr or res.stdout or "").strip().splitlines()
-        raise HostScriptFailed(f"baseline host script ({op}) exited {res.exited}: "
-                               f"{why[-1][:300] if why else 'no output'}")
-    try:
-        return json.loads(lines[-1])
-    except ValueError:
-        raise HostScriptFailed(f"baseline host script ({op}) printed no JSON: {lines[-1][:200]!r}") from None
+    """One remote command: agents/baseline.py with `op`, the request on stdin."""
+    return agents.run(session, "baseline", op, timeout, what="baseline host script", **req)

@@ -7,29 +7,24 @@
 
 `runner` is anything with `.run(command, *, stdin=None, timeout=None)`
 returning an object with `.exited`, `.stdout`, `.stderr` (a Fabric
-Connection wrapper, or a local subprocess runner). One `run` call ships
-agents/gather.py and the command list; parsing happens here. Fact values
+Connection wrapper, or a local subprocess runner). One `agents.run` call
+ships agents/gather.py and the command list; parsing happens here. Fact values
 carry errors ({"error": ...}, None) instead of raising; only a failure of the
 gathering itself (no python3 on the host, garbled output) raises GatherError.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-from pathlib import Path
-
+from k26ops import agents
 from k26ops.facts import cuda, disk, driver, gpu
 from k26ops.facts import os as os_facts
 from k26ops.facts.base import Fact
 from k26ops.facts.disk import disk_free_fact
 
 FACTS: dict[str, Fact] = {**gpu.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS, **driver.FACTS}
-REMOTE_SCRIPT = Path(__file__).resolve().parent.parent / "agents" / "gather.py"
 SLACK_S = 15.0
 
-__all__ = ["FACTS", "Fact", "GatherError", "gather", "command_list", "remote_command",
-           "parse_results", "disk_free_fact"]
+__all__ = ["FACTS", "Fact", "GatherError", "gather", "command_list", "parse_results", "disk_free_fact"]
 
 
 class GatherError(Exception):
@@ -51,13 +46,8 @@ def _select(names=None, extra=()) -> list[Fact]:
 
 
 def command_list(names=None, extra=()) -> list[dict]:
-    """The JSON-able list agents/gather.py reads on stdin."""
+    """The JSON-able list agents/gather.py's op "gather" runs."""
     return [{"name": f.name, "command": f.command, "timeout": f.timeout} for f in _select(names, extra)]
-
-
-def remote_command(python: str = "python3") -> str:
-    """`python3 -c '<agents/gather.py>'`: the one command sent to the host."""
-    return f"{shlex.quote(python)} -c {shlex.quote(REMOTE_SCRIPT.read_text())}"
 
 
 def parse_results(raw: dict, names=None, extra=()) -> dict:
@@ -78,12 +68,9 @@ def gather(host_runner, names=None, *, extra=(), python: str = "python3") -> dic
     """All (or the named) facts of one host in one `host_runner.run` call."""
     items = command_list(names, extra)
     timeout = max((i["timeout"] for i in items), default=0) + SLACK_S
-    res = host_runner.run(remote_command(python), stdin=json.dumps(items), timeout=timeout)
-    if res.exited != 0:
-        why = (res.stderr or res.stdout or "").strip().splitlines()
-        raise GatherError(f"fact gathering exited {res.exited}: {why[-1] if why else 'no output'}")
     try:
-        raw = json.loads(res.stdout)
-    except ValueError as e:
-        raise GatherError(f"fact gathering printed no JSON ({e}): {res.stdout[:200]!r}") from None
+        raw = agents.run(host_runner, "gather", "gather", timeout, what="fact gathering", interpreter=python,
+                         commands=items)
+    except agents.AgentFailed as exc:
+        raise GatherError(str(exc)) from None
     return parse_results(raw, names, extra)

@@ -21,12 +21,12 @@ keeps only bytes whose hash is the one the control node expects.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 from dataclasses import dataclass
 
+from k26ops import agents
 from k26ops.release import wheelhouse
 from k26ops.errors import UserError
 from k26ops.ssh import q
@@ -145,45 +145,18 @@ def _download(ctx, wheels: list, remote_dir: str, index_url: str) -> None:
         raise StepFailed(f"pip download from {index_url} did not give {left[0].name} with sha256 {left[0].sha256}")
 
 
-# Runs on a host (python3 -c): fetch each wheel from the relay, hash it while it
-# streams to a temp file, keep it only if the sha256 is the expected one.
-_FETCH = r"""
-import hashlib, json, os, sys, urllib.parse, urllib.request
-base, dest = sys.argv[1], sys.argv[2]
-for name, sha in json.load(sys.stdin):
-    tmp = os.path.join(dest, ".k26ops-fetch-" + name)
-    h = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(base + "/" + urllib.parse.quote(name), timeout=60) as r, open(tmp, "wb") as f:
-            for chunk in iter(lambda: r.read(1 << 20), b""):
-                h.update(chunk)
-                f.write(chunk)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        print("UNREACHABLE", str(exc).replace("\n", " ")[:200])
-        sys.exit(4)
-    if h.hexdigest() != sha:
-        os.unlink(tmp)
-        print("REFUSED", name, h.hexdigest(), sha)
-        sys.exit(3)
-    os.replace(tmp, os.path.join(dest, name))
-"""
-
-
 def _fetch(ctx, wheels: list, remote_dir: str, url: str) -> tuple[tuple | None, str]:
-    """(refused: (name, got, expected) or None, why the relay could not be used or '')."""
+    """(refused: (name, got, expected) or None, why the relay could not be used or '').
+    The host fetches and checks each sha256 itself (agents/wheelfetch.py)."""
     wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to fetch")
-    res = ctx.session.run(f"mkdir -p {q(remote_dir)} && python3 -c {q(_FETCH)} {q(url)} {q(remote_dir)}",
-                          stdin=json.dumps([[w.name, w.sha256] for w in wheels]), timeout=3600)
-    out = res.stdout.strip().splitlines()
-    last = out[-1].split() if out else []
-    if res.exited == 3 and last[:1] == ["REFUSED"]:
-        return (last[1], last[2], last[3]), ""
-    if not res.ok:
-        return None, (" ".join(last[1:]) if last[:1] == ["UNREACHABLE"] else
-                      (res.stderr.strip().splitlines() or ["exit %d" % res.exited])[-1])
-    return None, ""
+    try:
+        res = agents.run(ctx.session, "wheelfetch", "fetch", 3600, what="wheel fetch agent", base=url,
+                         dest=remote_dir, wheels=[[w.name, w.sha256] for w in wheels])
+    except agents.AgentFailed as exc:
+        return None, str(exc)
+    if res.get("refused"):
+        return tuple(res["refused"]), ""
+    return None, res.get("unreachable") or ""
 
 
 class Batch:
@@ -246,11 +219,9 @@ class Batch:
         self._server = threading.Thread(target=run, daemon=True, name="k26ops-wheel-relay")
         self._server.start()
         host = f"[{addr}]" if ":" in addr else addr
-        probe = (f"python3 -c {q('import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 2)')} "
-                 f"{q(addr)} {port}")
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not self._server_error:
-            if session.run(probe).ok:
+            if _answers(session, addr, port):
                 self.url = f"http://{host}:{port}"
                 return
             time.sleep(0.3)
@@ -269,6 +240,15 @@ class Batch:
                 pass  # the connection is gone: so is the server (tied to its channel)
             self._server.join(timeout=10)
             self._server = None
+
+
+def _answers(session, addr: str, port: int) -> bool:
+    """Does the relay's server accept a connection, seen from the relay itself?"""
+    try:
+        return bool(agents.run(session, "wheelfetch", "connect", 30, what="wheel fetch agent", address=addr,
+                               port=port, wait=2)["ok"])
+    except agents.AgentFailed:
+        return False
 
 
 CURRENT: Batch | None = None  # the batch being rolled out (k26ops.rollout sets it); None: no relay

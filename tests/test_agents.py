@@ -1,0 +1,432 @@
+"""The host agents (k26ops/agents/), run on this machine as a host runs them:
+the command agents.command builds, through agents.run and a real local
+session, on real local inputs (directories, an HTTP server, commands). Their
+pure parts are unit-tested by loading the files (they are not importable
+modules on a host). No lab: what needs systemd skips where it is absent.
+"""
+
+import ast
+import hashlib
+import http.server
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from k26ops import agents, ownership
+from k26ops.inventory import Host
+from k26ops.release import wheelsource
+from k26ops.ssh import LocalSession
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENTS = sorted(p for p in agents.DIR.glob("*.py") if p.name != "__init__.py")
+NAMES = [p.stem for p in AGENTS]
+
+
+def load(name):
+    """Import agents/<name>.py by path (its `__main__` part does not run)."""
+    spec = importlib.util.spec_from_file_location(f"k26ops_agent_{name}", agents.DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A local session run from an empty directory with no PYTHONPATH: the agent
+    has only the standard library, as on a host."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    return LocalSession(Host(name="local", address="127.0.0.1", connection="local"))
+
+
+def call(session, name, op, **req):
+    return agents.run(session, name, op, 60, interpreter=sys.executable, **req)
+
+
+# --- every agent: the oldest host Python's grammar, standard library only, runs standalone
+
+def imported(tree) -> set[str]:
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            names.update(a.name.split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            assert n.level == 0, "an agent is sent alone: no relative import"
+            names.add(n.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_agent_is_oldest_python_and_stdlib_only(name):
+    src = agents.source(name)
+    tree = ast.parse(src, feature_version=agents.OLDEST_PYTHON)
+    foreign = imported(tree) - set(sys.stdlib_module_names) - {"__future__"}
+    assert not foreign, f"agents/{name}.py imports {sorted(foreign)}: a host has only the standard library"
+    main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert main, f"agents/{name}.py: the request is read under `if __name__ == '__main__'` (tests import it)"
+    assert ast.get_docstring(tree), f"agents/{name}.py says what it is for"
+
+
+def test_oldest_python_is_the_documented_one():
+    doc = agents.__doc__
+    ver = "%d.%d" % agents.OLDEST_PYTHON
+    assert f"{ver} or newer" in doc and f"Python {ver} or newer" in (ROOT / "README.md").read_text()
+
+
+def test_an_agent_that_breaks_is_a_clear_error(host):
+    with pytest.raises(agents.AgentFailed, match=r"ownership agent \(nope\) exited 1: KeyError: 'op_nope'"):
+        agents.run(host, "ownership", "nope", 30, interpreter=sys.executable)
+    with pytest.raises(agents.AgentFailed, match="exited 127"):
+        agents.run(host, "ownership", "state", 30, interpreter="/nonexistent/python3")
+
+
+# --- no host-side Python left in a string literal
+
+PYTHON_C = re.compile(r"python[0-9.]*['\"]?\s+(?:-[A-Za-z]+\s+)*-c\b")
+# Known, owned elsewhere: steps/release.py asks the release venv's python for its
+# purelib path in the build's shell script (one sysconfig call, not an agent).
+KNOWN = {("k26ops/steps/release.py", "import sysconfig; print(sysconfig.get_paths()")}
+
+
+def host_python_in_strings(root: Path) -> list[str]:
+    """Module files' string constants that are host-side Python: a long one
+    that parses as Python with an import, or one that runs `python -c`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if "agents" in path.relative_to(root).parts[:1]:
+            continue  # the agents themselves (agents/__init__.py builds the one `python3 -c`)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr):
+                text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+            else:
+                continue
+            if any(rel == k and snippet in text for k, snippet in KNOWN):
+                continue
+            if any(f.startswith(f"{rel}:{node.lineno}:") for f in found):
+                continue  # an f-string's parts are visited again
+            if PYTHON_C.search(text):
+                found.append(f"{rel}:{node.lineno}: runs python -c: {text[:60]!r}")
+            elif len(text) > 200 and re.search(r"^\s*(import|from)\s", text, re.M):
+                try:
+                    code = ast.parse(text)
+                except (SyntaxError, ValueError):
+                    continue
+                if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(code)):
+                    found.append(f"{rel}:{node.lineno}: a Python program in a string ({len(text)} chars)")
+    return found
+
+
+def test_no_host_python_in_string_literals():
+    assert host_python_in_strings(ROOT / "k26ops") == []
+
+
+def test_the_scan_finds_a_script_in_a_string(tmp_path):
+    pkg = tmp_path / "k26ops"
+    pkg.mkdir()
+    script = "import json, sys\n" + "".join(f"x{i} = json.loads(sys.stdin.read())\n" for i in range(8))
+    (pkg / "a.py").write_text(f"SCRIPT = {script!r}\n")
+    (pkg / "b.py").write_text("def f(q, s):\n    return f'python3 -c {q(s)} arg'\n")
+    (pkg / "c.py").write_text("DOC = '''" + "plain words, no code here. " * 12 + "'''\n")
+    found = host_python_in_strings(pkg)
+    assert [f.split(":")[0] for f in found] == ["k26ops/a.py", "k26ops/b.py"]
+
+
+# --- ownership
+
+def release_dir(d: Path, name: str, how: str = "marker") -> Path:
+    p = d / name
+    p.mkdir(parents=True)
+    if how == "marker":
+        (p / ownership.RELEASE_MARKER).write_text("")
+    elif how == "manifest":
+        (p / "manifest.json").write_text(json.dumps({"release_id": name}))
+    elif how == "other-manifest":
+        (p / "manifest.json").write_text(json.dumps({"release_id": "someone-else"}))
+    return p
+
+
+def test_ownership_state_of_a_root(host, tmp_path):
+    root = tmp_path / "root"
+    assert ownership.state(host, str(root), "root") == {"state": "absent"}
+    root.mkdir()
+    assert ownership.state(host, str(root), "root")["state"] == "empty"
+    for n in ("state", "releases", "wheelhouse"):
+        (root / n).mkdir()
+    assert ownership.state(host, str(root), "root")["state"] == "ours"
+    for n in ("weights", "a b", "x'; touch y"):
+        (root / n).write_text("not ours")
+    st = ownership.state(host, str(root), "root")
+    assert st == {"state": "foreign", "foreign": ["a b", "weights", "x'; touch y"], "count": 3}
+    assert "k26ops_root" in ownership.refusal(str(root), "root", st)
+    ownership.claim(host, str(root))
+    assert ownership.state(host, str(root), "root") == {"state": "owned"}
+    (tmp_path / "file").write_text("")
+    assert ownership.state(host, str(tmp_path / "file"), "root") == {"state": "notdir"}
+
+
+def test_ownership_releases_are_only_what_k26ops_made(host, tmp_path):
+    d = tmp_path / "releases"
+    old, named = release_dir(d, "r-old"), release_dir(d, "r-named", "manifest")
+    os.utime(old, (1_000_000, 1_000_000))
+    release_dir(d, "r-foreign", "other-manifest")
+    (d / "current").symlink_to("r-named")
+    (d / "link").symlink_to(named)
+    assert ownership.releases(host, str(d)) == ["r-named", "r-old"]
+    st = ownership.state(host, str(d), "releases")
+    assert st == {"state": "foreign", "foreign": ["link", "r-foreign"], "count": 2}
+    assert ownership.releases(host, str(tmp_path / "none")) == []
+
+
+def test_ownership_delete_checks_again_on_the_host(host, tmp_path):
+    d = tmp_path / "releases"
+    release_dir(d, "r1")
+    release_dir(d, "r2")
+    release_dir(d, ".hidden")
+    release_dir(d, "r-foreign", "other-manifest")
+    release_dir(tmp_path, "outside")
+    gone = ownership.delete(host, str(d), ["r1", "r-foreign", ".hidden", "../outside", "absent"])
+    assert gone == ["r1"]
+    assert sorted(p.name for p in d.iterdir()) == [".hidden", "r-foreign", "r2"]
+    assert (tmp_path / "outside").is_dir()
+    assert ownership.delete(host, str(d), []) == []
+
+
+# --- baseline (snapshot, rollback, drift)
+
+def deployed_release(root: Path, rid="r1"):
+    site = root / rid / "venv" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "mod.py").write_bytes(b"patched = True\n")
+    meta = site / "demo-1.2.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: demo\nVersion: 1.2\n\nVersion: not-this\n")
+    man = {"release_id": rid, "site_packages": str(site), "patched_files": {"pkg/mod.py": "x"}}
+    (root / rid / "manifest.json").write_text(json.dumps(man))
+    (root / rid / "k26ops" / "patches").mkdir(parents=True)
+    (root / rid / "k26ops" / "patches" / "series").write_text("a.patch\n")
+    (root / "current").symlink_to(rid)
+    return site
+
+
+def test_baseline_probe_reads_release_hashes_unit_and_env(host, tmp_path):
+    from k26ops.baselines import hostscript
+
+    rels = tmp_path / "releases"
+    deployed_release(rels)
+    unit = tmp_path / "k26.service"
+    unit.write_text("[Service]\n")
+    out = hostscript.call(host, "probe", releases_root=str(rels), release=None, unit_path=str(unit),
+                          env_path=str(tmp_path / "absent.env"))
+    assert out["unit"] == "[Service]\n" and out["env"] is None
+    rel = out["release"]
+    assert rel["current"] == "r1" and rel["exists"] and rel["manifest"]["release_id"] == "r1"
+    assert rel["hashes"] == {"pkg/mod.py": hashlib.sha256(b"patched = True\n").hexdigest()}
+    assert rel["probe_files"] == []
+    out = hostscript.call(host, "probe", releases_root=str(rels), release="r0", unit_path=str(unit),
+                          env_path=str(unit))
+    assert out["release"]["exists"] is False and out["current"]["release"] == "r1"
+
+
+def test_baseline_release_content_is_packages_patches_and_bytes(tmp_path):
+    mod = load("baseline")
+    rels = tmp_path / "releases"
+    deployed_release(rels)
+    rel = mod.release(str(rels), None, content=True)
+    assert rel["packages"] == {"demo": "1.2"}
+    assert rel["patches"] == {"series": "a.patch\n"}
+    assert rel["files"] == {"pkg/mod.py": "cGF0Y2hlZCA9IFRydWUK"}  # base64 of the bytes
+    assert rel["patch_state"] is None
+
+
+# --- journal (diagnose service)
+
+def entry(inv, msg, own=True, ts=1):
+    key = "_SYSTEMD_INVOCATION_ID" if own else "INVOCATION_ID"
+    return json.dumps({key: inv, "MESSAGE": msg, "__REALTIME_TIMESTAMP": str(ts)})
+
+
+def test_journal_picks_the_newest_failed_invocation():
+    mod = load("journal")
+    # CONSTRUCTED journal entries; the systemd lines are systemd's own wording
+    # ("Main process exited, code=..., status=...", "Failed with result '...'").
+    lines = [
+        entry("a", "Loading weights"), entry("a", "Traceback: boom", ts=2),
+        entry("a", "k26.service: Main process exited, code=exited, status=1/FAILURE", own=False, ts=3),
+        entry("a", "k26.service: Failed with result 'exit-code'.", own=False, ts=4),
+        entry("b", "serving"), entry("b", "k26.service: Main process exited, code=killed, status=15/TERM", own=False),
+        entry("c", "started"), "not json",
+        json.dumps({"_SYSTEMD_INVOCATION_ID": "c", "MESSAGE": list(b"bytes \xff line")}),
+        entry("c", "k26.service: Failed with result 'timeout'.", own=False, ts=9),
+        entry("d", "running"),
+    ]
+    out = mod.last_crash("\n".join(lines), {"InvocationID": "d"}, keep=1)
+    assert out["invocations"] == 4 and out["crashes"] == 2
+    assert out["invocation"] == "c" and out["why"] == "result timeout" and out["current"] is False
+    assert out["text"] == "bytes \ufffd line" and out["ended_us"] == "9"
+    out = mod.last_crash("\n".join(lines[:4]), {"InvocationID": "a"}, keep=5)
+    assert out["why"] == "code=exited, status=1/FAILURE" and out["text"] == "Loading weights\nTraceback: boom"
+    assert out["current"] is True and out["started_us"] == "1"
+    assert mod.last_crash("\n".join(lines[4:6]), {}, 5) == {"show": {}, "invocations": 1, "crashes": 0}
+
+
+def test_journal_agent_runs_on_this_machine(host):
+    from k26ops.diagnose import journal
+
+    if not shutil.which("journalctl"):
+        pytest.skip("no journalctl here")
+    out = journal.last_crash(host, "k26ops-test-no-such-unit.service", lines=10)
+    assert out["invocations"] == 0 and out["crashes"] == 0 and "invocation" not in out
+
+
+# --- probe (diagnose probe)
+
+def test_probe_prepare_says_what_is_missing(host, tmp_path):
+    from k26ops.diagnose import probe
+
+    rels = tmp_path / "releases"
+    rels.mkdir()
+    req = dict(unit="k26ops-test-none.service", dropin="zz-test.conf", probe_state="probe-state", dry=True)
+    out = probe.agent(host, "prepare", releases=str(rels), **req)
+    assert out == {"ok": False, "error": f"no current release under {rels} (deploy first)"}
+    (rels / "r1").mkdir()
+    (rels / "current").symlink_to("r1")
+    out = probe.agent(host, "prepare", releases=str(rels), **req)
+    assert out["error"] == f"release {rels}/r1 has no readable manifest.json (not built by k26ops?)"
+    (rels / "r1" / "manifest.json").write_text(json.dumps({"site_packages": str(tmp_path / "gone")}))
+    out = probe.agent(host, "prepare", releases=str(rels), **req)
+    assert out["error"] == f"release {rels}/r1: site-packages {tmp_path}/gone is missing"
+    out = probe.agent(host, "prepare", **req)  # an op that raises answers ok: false, named
+    assert out == {"ok": False, "error": "KeyError: 'releases'"}
+    with pytest.raises(probe.ProbeFailed, match=r"host agent \(prepare\) exited 127"):
+        probe.agent(host, "prepare", interpreter="/nonexistent/python3", **req)
+
+
+def test_probe_revert_without_a_probe_and_dropin_listing(tmp_path):
+    mod = load("probe")
+    assert mod.probe_revert(str(tmp_path), str(tmp_path), str(tmp_path / "none")) == {"reverted": [],
+                                                                                    "had_probe": False}
+    sdir, site = tmp_path / "probe-state", tmp_path / "site"
+    sdir.mkdir()
+    site.mkdir()
+    (site / "f.py").write_text("x")
+    (sdir / "mtimes.json").write_text(json.dumps({"f.py": 1_000_000_000_000_000_000}))
+    assert mod.probe_revert(str(tmp_path), str(site), str(sdir))["had_probe"] is False
+    assert not sdir.exists() and (site / "f.py").stat().st_mtime_ns == 1_000_000_000_000_000_000
+    assert mod.runtime_dropin("k.service", "zz.conf") == "/run/systemd/system/k.service.d/zz.conf"
+    assert mod.sha(str(tmp_path / "absent")) is None and mod.sha(str(site / "f.py")) == hashlib.sha256(b"x").hexdigest()
+
+
+# --- wheelfetch (wheels from a relay)
+
+@pytest.fixture
+def relay(tmp_path):
+    """A real HTTP server on loopback serving a wheelhouse, as the relay's `python3 -m http.server`."""
+    served = tmp_path / "served"
+    served.mkdir()
+    handler_cls = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    handler = lambda *a, **kw: handler_cls(*a, directory=str(served), **kw)  # noqa: E731
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield SimpleNamespace(dir=served, url=f"http://127.0.0.1:{srv.server_address[1]}", port=srv.server_address[1])
+    srv.shutdown()
+    srv.server_close()
+
+
+def wheel(d: Path, name: str, data: bytes):
+    (d / name).write_bytes(data)
+    return SimpleNamespace(name=name, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_wheelfetch_keeps_only_the_expected_bytes(host, relay, tmp_path):
+    ctx = SimpleNamespace(session=host)
+    dest = tmp_path / "wheelhouse" / "new"
+    a = wheel(relay.dir, "a-1-py3-none-any.whl", b"A" * 3_000_000)
+    b = wheel(relay.dir, "b+x 1-py3-none-any.whl", b"B")  # quoted in the URL
+    assert wheelsource._fetch(ctx, [a, b], str(dest), relay.url) == (None, "")
+    assert (dest / a.name).read_bytes() == b"A" * 3_000_000 and (dest / b.name).read_bytes() == b"B"
+    c = wheel(relay.dir, "c-1-py3-none-any.whl", b"C")
+    (relay.dir / c.name).write_bytes(b"changed on the relay")
+    refused, why = wheelsource._fetch(ctx, [c], str(dest), relay.url)
+    assert refused == (c.name, hashlib.sha256(b"changed on the relay").hexdigest(), c.sha256) and why == ""
+    assert sorted(p.name for p in dest.iterdir()) == sorted([a.name, b.name])  # no temp file, no bad wheel
+
+
+def test_wheelfetch_unreachable_relay_is_a_reason_not_a_failure(host, relay, tmp_path):
+    ctx = SimpleNamespace(session=host)
+    w = SimpleNamespace(name="gone-1-py3-none-any.whl", sha256="0" * 64, size=1)
+    refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), relay.url)
+    assert refused is None and "404" in why
+    refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), f"http://127.0.0.1:{free_port()}")
+    assert refused is None and "refused" in why.lower()
+    assert list((tmp_path / "wh").iterdir()) == []
+
+
+def test_wheelfetch_connect(host, relay):
+    assert wheelsource._answers(host, "127.0.0.1", relay.port) is True
+    assert wheelsource._answers(host, "127.0.0.1", free_port()) is False
+
+
+# --- gather (facts)
+
+def test_gather_kills_a_command_past_its_timeout_with_its_children(host, tmp_path):
+    flag = tmp_path / "child-ran"
+    out = call(host, "gather", "gather", commands=[
+        {"name": "slow", "command": f"(sleep 3; touch {flag}) & sleep 30", "timeout": 0.5},
+        {"name": "env", "command": "echo $LC_ALL; cat", "timeout": 5}])
+    assert out["slow"]["rc"] == 124 and "timed out after 0.5 s" in out["slow"]["stderr"]
+    assert out["env"] == {"rc": 0, "stdout": "C\n", "stderr": ""}
+    subprocess.run(["sleep", "3.5"])
+    assert not flag.exists()  # the whole process group was killed
+
+
+def test_gather_one_command_and_none():
+    mod = load("gather")
+    assert mod.run_one({"command": "exit 5"}) == {"rc": 5, "stdout": "", "stderr": ""}
+    assert mod.op_gather({"commands": []}) == {}
+
+
+# --- engine
+
+def test_engine_write_is_atomic_and_leaves_the_same_text_alone(tmp_path):
+    mod = load("engine")
+    p = tmp_path / "etc" / "k26.env"
+    mod.write(str(p), "A=1\n", 0o600)
+    assert p.read_text() == "A=1\n" and p.stat().st_mode & 0o7777 == 0o600
+    before = p.stat().st_ino
+    mod.write(str(p), "A=1\n", 0o600)
+    assert p.stat().st_ino == before  # untouched: no room needed on a full disk
+    mod.write(str(p), "A=2\n", 0o640)
+    assert p.read_text() == "A=2\n" and p.stat().st_mode & 0o7777 == 0o640
+    assert sorted(x.name for x in p.parent.iterdir()) == ["k26.env"]
+
+
+def test_engine_names_a_crash_from_the_unit_state():
+    mod = load("engine")
+    base = {"MainPID": 10, "NRestarts": 0}
+    assert mod.crashed({"ActiveState": "active", "SubState": "running", "MainPID": 10, "NRestarts": 0}, base) is None
+    assert mod.crashed({"ActiveState": "failed", "Result": "exit-code"}, base) == "unit is failed (exit-code)"
+    assert mod.crashed({"ActiveState": "active", "SubState": "running", "MainPID": 11}, base) == \
+        "engine process 10 exited (now 11)"
+    assert mod.last_meaningful("a\nLoad weight begin\nnoise\n") == "Load weight begin"
