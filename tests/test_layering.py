@@ -19,9 +19,6 @@ EXEMPT = {
     "agents/": "host agents: run on the hosts, their stdout is the protocol",
     "selftest/payload.py": "copied to the hosts and run there; prints its JSON report",
     "lab/fixtures/": "lab stand-ins for what needs a GPU (nvidia-smi, the engine server)",
-    # moved to agents/ by the agents branch
-    "ownership.py": "host-side script string (moved to agents/ by the agents branch)",
-    "release/wheelsource.py": "host-side script string (moved to agents/ by the agents branch)",
 }
 # release/patchset.py: only its command-line main (run on the hosts from the release; `_main` and
 # its `if __name__ == "__main__"`) prints and exits.
