@@ -17,6 +17,7 @@ from k26ops.cli import jsonout
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.errors import EXIT_INTERRUPTED, UserError
+from k26ops.fleet import FleetInterrupted
 
 
 class K26Group(click.Group):
@@ -33,6 +34,9 @@ class K26Group(click.Group):
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("k26ops: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except FleetInterrupted as exc:  # a command that cannot report partial results (snapshot)
+            click.echo(f"k26ops: {exc}", err=True)
             sys.exit(EXIT_INTERRUPTED)
 
 
