@@ -26,6 +26,7 @@ import yaml
 from k26ops import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines
+from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, register
@@ -104,7 +105,8 @@ class BaselineService(svc_mod.ServiceStep):
         if env_text is None:
             ctx.shared["baseline_env"] = None
             return
-        want = {**svc_mod.engine_env(ctx, {}), **units.engine_flag_secrets(svc_mod.engine_profile(ctx))}
+        eh = EngineHost(ctx)
+        want = {**eh.env(), **units.engine_flag_secrets(eh.profile())}
         for key, value, start, end in reversed(units.parse_env(env_text)):
             if units.is_secret_key(key) and value == b["record"]["env"].get("marker", units.REDACTED):
                 if want.get(key) in (None, ""):
@@ -117,11 +119,12 @@ class BaselineService(svc_mod.ServiceStep):
         b = _b(ctx)
         rec = b["record"]
         unit, upath, epath = rec["unit"]["name"], rec["unit"]["path"], rec["env"]["path"]
+        eh = EngineHost(ctx)
         cur = svc_mod.agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
-                            current=f"{ctx.releases_root}/current", lab_module=None)
+                            current=eh.layout.current, lab_module=None)
         env_text = ctx.shared["baseline_env"]
-        secrets = svc_mod._secrets(ctx, svc_mod.engine_env(ctx, {}), cur["env"])
-        host, port = svc_mod.poll_target(svc_mod.engine_profile(ctx))
+        secrets = eh.secrets(old_env_text=cur["env"])
+        host, port = eh.target()
         port = b.get("port") or port
         show = cur["show"]
         svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,

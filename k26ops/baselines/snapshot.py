@@ -4,7 +4,7 @@ the baselines repository, commit it, tag it, and pin its releases on the hosts.
 Per host one remote call reads everything (hostscript `snapshot`); the
 control node checks it all (health, canonical files, no secret anywhere),
 and only then writes: one commit + annotated tag, then one call per host to
-add the release to /opt/k26ops/state/pinned-releases (prune keeps it).
+add the release to <k26ops_root>/state/pinned-releases (prune keeps it).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ SMOKE_PROMPT = "Say hello in one short sentence."
 
 def host_target(session) -> tuple[HostContext, dict]:
     """The host's context and its engine's unit, env file, port (as a deploy sees them)."""
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import EngineHost
 
     ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
-    unit = svc.unit_name({}, ctx.vars)
-    host, port = svc.poll_target(svc.engine_profile(ctx))
-    return ctx, {"unit": unit, "unit_path": f"{svc.UNIT_DIR}/{unit}", "env_path": svc.env_path({}, ctx.vars),
+    eh = EngineHost(ctx)
+    host, port = eh.target()
+    return ctx, {"unit": eh.unit, "unit_path": eh.unit_path, "env_path": eh.env_path,
                  "host": host, "port": port, "releases_root": ctx.releases_root}
 
 
@@ -58,9 +58,9 @@ def run_smoke(session, t: dict) -> dict:
 
 
 def known_secrets(ctx: HostContext, env_text: str | None) -> list[str]:
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import EngineHost
 
-    return svc._secrets(ctx, svc.engine_env(ctx, {}), env_text)
+    return EngineHost(ctx).secrets(old_env_text=env_text)
 
 
 def sha256(data: bytes | str | None) -> str | None:
