@@ -23,6 +23,7 @@ from k26ops.release import engine_source
 from k26ops.release import recipe as recipe_mod
 from k26ops import units
 from k26ops.baselines import hostscript
+from k26ops.baselines.pins import pin_release
 from k26ops.baselines.repo import Baselines, check_tag_name
 from k26ops.errors import UserError
 from k26ops.fleet import Fleet, Outcome
@@ -284,11 +285,8 @@ def snapshot(settings, tag: str, message: str | None = None, *, force: bool = Fa
         pin_err = {}
 
         def pin(session):
-            ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
             rid = recs[session.host.name]["release_id"]
-            pins = ctx.pins_file
-            session.run(f"mkdir -p {q(ctx.state_dir)} && touch {q(pins)} && "
-                        f"{{ grep -qxF {q(rid)} {q(pins)} || echo {q(rid)} >> {q(pins)}; }}", check=True)
+            pin_release(session, rid)  # the pins file's one writer, under the host lock
             return Outcome(pinned=rid)
 
         for r in fleet.run(pin):
