@@ -49,7 +49,7 @@ def test_a_custom_root_is_used_everywhere_and_a_second_deploy_is_converged():
         assert ssh(f"cat {ROOT}/releases/{release}/manifest.json").strip()
         assert f"{ROOT}/releases/current/venv/bin/python" in ssh("systemctl cat k26-engine.service")
         assert "cuda-13.0" in ssh(f"ls {ROOT}/toolchain")
-        assert ssh(f"ls {ROOT}/lab") == "k26ops_lab_engine.py\n"  # the lab stand-in too
+        assert ssh(f"ls {ROOT}/lab/k26ops_lab_engine.py").strip()  # the lab stand-in too
         # the host lock is taken in <root>/state (its owner file gone after a clean release)
         assert ssh(f"test -f {ROOT}/state/lock && echo lock; ls {ROOT}/state/lock.owner 2>&1 >/dev/null | wc -l"
                    ).split() == ["lock", "1"]
