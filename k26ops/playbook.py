@@ -14,6 +14,7 @@ import yaml
 
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
+from k26ops.enginehost import Layout
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
@@ -88,12 +89,13 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
                 progress=lambda m: None, purpose: str = "deploy") -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
     host = session.host
-    root = str(host.vars.get("k26ops_root", "/opt/k26ops"))
+    layout = Layout.of(host.vars)
+    root = layout.root
     st = ownership.state(session, root, "root")  # read before the lock writes <root>/state
     why = ownership.refusal(root, "root", st)
     if why:
         raise StepFailed(why)
-    lock = None if check else HostLock(session, f"{root}/state", purpose)
+    lock = None if check else HostLock(session, layout.state_dir, purpose)
     if lock:
         lock.acquire()  # refuses a login that is not root first
         if st["state"] != "owned":

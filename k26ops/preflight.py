@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k26ops.enginehost import Layout
 from k26ops.ssh import BECOME_HINT
 
 DEFAULTS = {
@@ -20,7 +21,7 @@ DEFAULTS = {
     "model_path": "/models/Kimi-K2.6",
     "model_size_gb": 590,
     "disk_margin_gb": 50,
-    "releases_root": "/opt/k26ops/releases",
+    "releases_root": Layout().releases_root,
     "release_size_gb": 20,
 }
 
@@ -37,8 +38,7 @@ class Check:
 
 def expectations(host_vars: dict) -> dict:
     e = {k: host_vars.get(k, v) for k, v in DEFAULTS.items()}
-    if "releases_root" not in host_vars and host_vars.get("k26ops_root"):
-        e["releases_root"] = f"{host_vars['k26ops_root']}/releases"  # as HostContext.releases_root
+    e["releases_root"] = Layout.of(host_vars).releases_root  # where the release step puts them
     return e
 
 
@@ -48,8 +48,7 @@ def host_facts(host_vars: dict) -> list:
     from k26ops.facts.cuda import cuda_toolkit_fact
     from k26ops.facts.disk import disk_free_fact
 
-    root = str(host_vars.get("k26ops_root") or "/opt/k26ops")
-    return [disk_free_fact(paths(host_vars)), cuda_toolkit_fact(f"{root}/toolchain")]
+    return [disk_free_fact(paths(host_vars)), cuda_toolkit_fact(Layout.of(host_vars).toolchain_dir)]
 
 
 def paths(host_vars: dict) -> list[str]:

@@ -31,9 +31,9 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 def engine_serving(session: Session, hvars: dict) -> str | None:
     """The engine's unit name when it is active on the host, else None."""
-    from k26ops.steps.engine import unit_name
+    from k26ops.enginehost import DEFAULT_UNIT, check_unit_name
 
-    unit = unit_name({}, hvars)
+    unit = check_unit_name(str(hvars.get("engine_unit") or DEFAULT_UNIT))
     res = session.run(f"systemctl is-active {q(unit)}")
     return unit if res.stdout.strip() in ("active", "activating", "reloading") else None
 
@@ -98,14 +98,16 @@ def take_lock(session: Session, purpose: str):
     caller takes it again on the new session and releases it cleanly, so no
     stale owner record is left behind."""
     from k26ops import ownership
+    from k26ops.enginehost import Layout
     from k26ops.hostlock import HostLock
 
-    root = str(session.host.vars.get("k26ops_root", "/opt/k26ops"))
+    layout = Layout.of(session.host.vars)
+    root = layout.root
     st = ownership.state(session, root, "root")
     why = ownership.refusal(root, "root", st)
     if why:
         raise StepFailed(why)
-    lock = HostLock(session, f"{root}/state", purpose)
+    lock = HostLock(session, layout.state_dir, purpose)
     lock.acquire()
     if st["state"] != "owned":
         ownership.claim(session, root)

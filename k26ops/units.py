@@ -27,7 +27,6 @@ UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 REDACTED = "<redacted>"
 
-RELEASE_DIR = "/opt/k26ops/releases/current"
 ENV_FILE = "/etc/k26ops/sglang.env"
 
 # Flags engine_argv sets itself; extra_args may not repeat them.
@@ -202,7 +201,9 @@ def engine_argv(profile: Mapping) -> list[str]:
     attention_backend / prefill_ / decode_attention_backend, disable_cuda_graph, cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill,
     host (127.0.0.1), port (30000), nnodes (1) with node_rank and
     dist_init_addr from the caller when > 1, extra_args."""
-    python = profile.get("python") or f"{profile.get('release_dir') or RELEASE_DIR}/venv/bin/python"
+    from k26ops.enginehost import Layout  # the default host's, when the profile names neither
+
+    python = profile.get("python") or f"{profile.get('release_dir') or Layout().current}/venv/bin/python"
     module = profile.get("launch_module") or "sglang.launch_server"
     if not isinstance(module, str) or not _MODULE.fullmatch(module):
         raise UserError(f"engine profile: launch_module is not a Python module name: {module!r}")

@@ -13,6 +13,8 @@ reached keeps its old pins (more than needed, never fewer) until `repin`.
 Release directories are not removed here: the next deploy's prune does that.
 The host side is one playbook step (`baseline_pins`) run through the playbook
 runner, so it takes the host lock and gets --check/--diff like a deploy.
+`snapshot` adds its release through `pin_release`, under the same lock and
+through the same writer (`write_pins`): the file has one writer.
 """
 
 from __future__ import annotations
@@ -31,10 +33,7 @@ class BaselinePins(Step):
     def plan(self, ctx: HostContext) -> list[Change]:
         want = ctx.shared["pins"].get(ctx.host.name, [])
         path = ctx.pins_file
-        res = ctx.run(f"if test -f {q(path)}; then echo exists; cat -- {q(path)}; fi", check=True)
-        mark, _, text = res.stdout.partition("\n")
-        old = text if mark == "exists" else None
-        have = list(dict.fromkeys(ln.strip() for ln in text.splitlines() if ln.strip()))
+        old, have = read_pins(ctx)
         new = [r for r in have if r in want] + [r for r in want if r not in have]
         unpin = [r for r in have if r not in want]
         pin = [r for r in want if r not in have]
@@ -47,9 +46,36 @@ class BaselinePins(Step):
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
-        ctx.run(f"mkdir -p {q(ctx.state_dir)}", check=True)
-        data = "".join(f"{r}\n" for r in ctx.shared["pins_new"]).encode()
-        ctx.session.put(data, ctx.pins_file, 0o644)  # atomic (temp + rename), as root under become
+        write_pins(ctx, ctx.shared["pins_new"])
+
+
+def read_pins(ctx: HostContext) -> tuple[str | None, list[str]]:
+    """(the file's text, None when there is none; its release ids in order)."""
+    path = ctx.pins_file
+    res = ctx.run(f"if test -f {q(path)}; then echo exists; cat -- {q(path)}; fi", check=True)
+    mark, _, text = res.stdout.partition("\n")
+    return (text if mark == "exists" else None), list(dict.fromkeys(ln.strip() for ln in text.splitlines()
+                                                                     if ln.strip()))
+
+
+def write_pins(ctx: HostContext, ids: list[str]) -> None:
+    """The only writer of the pins file. Its callers hold the host lock, which
+    lives in the same state dir (so that dir exists)."""
+    data = "".join(f"{r}\n" for r in ids).encode()
+    ctx.session.put(data, ctx.pins_file, 0o644)  # atomic (temp + rename), as root under become
+
+
+def pin_release(session, release_id: str, purpose: str = "baselines snapshot") -> bool:
+    """Add one release to the host's pins under the host lock; False when it was pinned already."""
+    from k26ops.hostlock import HostLock
+
+    ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
+    with HostLock(session, ctx.state_dir, purpose):
+        _old, have = read_pins(ctx)
+        if release_id in have:
+            return False
+        write_pins(ctx, have + [release_id])
+        return True
 
 
 def repin_hosts(hosts, options, pins: dict[str, list[str]], *, check: bool, log=lambda m: None) -> list:

@@ -27,11 +27,12 @@ import yaml
 from k26ops import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines
+from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
 from k26ops.ssh import q
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
-from k26ops.steps import engine as svc_mod
+from k26ops.steps import engine as engine_steps
 
 
 def _b(ctx: HostContext) -> dict:
@@ -92,7 +93,7 @@ class BaselineRelease(Step):
         ctx.shared["release_changed"] = True
 
 
-class BaselineService(svc_mod.ServiceStep):
+class BaselineService(engine_steps.ServiceStep):
     """The tag's unit (verbatim) and env file (secrets from the inventory/environment)."""
 
     name = "baseline_service"
@@ -103,7 +104,8 @@ class BaselineService(svc_mod.ServiceStep):
         if env_text is None:
             ctx.shared["baseline_env"] = None
             return
-        want = {**svc_mod.engine_env(ctx, {}), **units.engine_flag_secrets(svc_mod.engine_profile(ctx))}
+        eh = EngineHost(ctx)
+        want = {**eh.env(), **units.engine_flag_secrets(eh.profile())}
         for key, value, start, end in reversed(units.parse_env(env_text)):
             if units.is_secret_key(key) and value == b["record"]["env"].get("marker", units.REDACTED):
                 if want.get(key) in (None, ""):
@@ -116,11 +118,12 @@ class BaselineService(svc_mod.ServiceStep):
         b = _b(ctx)
         rec = b["record"]
         unit, upath, epath = rec["unit"]["name"], rec["unit"]["path"], rec["env"]["path"]
-        cur = svc_mod.agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
-                            current=f"{ctx.releases_root}/current", lab_module=None)
+        eh = EngineHost(ctx)
+        cur = engine_steps.agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
+                            current=eh.layout.current, lab_module=None)
         env_text = ctx.shared["baseline_env"]
-        secrets = svc_mod._secrets(ctx, svc_mod.engine_env(ctx, {}), cur["env"])
-        host, port = svc_mod.poll_target(svc_mod.engine_profile(ctx))
+        secrets = eh.secrets(old_env_text=cur["env"])
+        host, port = eh.target()
         port = b.get("port") or port
         show = cur["show"]
         svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
@@ -129,15 +132,15 @@ class BaselineService(svc_mod.ServiceStep):
         changes, todo, reasons = [], {}, []
         if b["unit_text"] is not None and cur["unit"] != b["unit_text"]:
             changes.append(Change(f"restore {upath} from the baseline",
-                                  units.redact(svc_mod.text_diff(upath, cur["unit"], b["unit_text"]), secrets)))
+                                  units.redact(engine_steps.text_diff(upath, cur["unit"], b["unit_text"]), secrets)))
             todo["unit_text"] = b["unit_text"]
             reasons.append("unit")
         if env_text is not None and cur["env"] != env_text:
             changes.append(Change(f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
-                                  units.redact(svc_mod.text_diff(epath, cur["env"], env_text), secrets)))
+                                  units.redact(engine_steps.text_diff(epath, cur["env"], env_text), secrets)))
             todo["env_text"] = env_text
             reasons.append("env file")
-        return svc_mod.plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
+        return engine_steps.plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
 
 
 class BaselineVerify(Step):
@@ -162,7 +165,7 @@ class BaselineVerify(Step):
         if b["unit_text"] is not None and p["unit"] != b["unit_text"]:
             why.append("unit file differs")
         if why:
-            svc_mod._fail(ctx, ctx.shared["service"], "after rollback the host does not match the baseline: "
+            engine_steps.fail_and_roll_back(ctx, ctx.shared["service"], "after rollback the host does not match the baseline: "
                           + "; ".join(why))
         out = ctx.shared.setdefault("outcome", {})
         out["verified_files"] = len(rec["patched_files"])
@@ -175,7 +178,7 @@ class BaselineVerify(Step):
 
 def steps() -> list[Step]:
     """The rollback's playbook: the tag's release and unit, the deploy's health and smoke, then verify."""
-    return [BaselineRelease(), BaselineService(), svc_mod.HealthStep(), svc_mod.SmokeStep(), BaselineVerify()]
+    return [BaselineRelease(), BaselineService(), engine_steps.HealthStep(), engine_steps.SmokeStep(), BaselineVerify()]
 
 
 def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -> dict:

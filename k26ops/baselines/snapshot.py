@@ -4,7 +4,7 @@ the baselines repository, commit it, tag it, and pin its releases on the hosts.
 Per host one remote call reads everything (hostscript `snapshot`); the
 control node checks it all (health, canonical files, no secret anywhere),
 and only then writes: one commit + annotated tag, then one call per host to
-add the release to /opt/k26ops/state/pinned-releases (prune keeps it).
+add the release to <k26ops_root>/state/pinned-releases (prune keeps it).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from k26ops.release import engine_source
 from k26ops.release import recipe as recipe_mod
 from k26ops import units
 from k26ops.baselines import hostscript
+from k26ops.baselines.pins import pin_release
 from k26ops.baselines.repo import Baselines, check_tag_name
 from k26ops.errors import UserError
 from k26ops import rollout
@@ -37,31 +38,32 @@ SMOKE_PROMPT = "Say hello in one short sentence."
 
 def host_target(session) -> tuple[HostContext, dict]:
     """The host's context and its engine's unit, env file, port (as a deploy sees them)."""
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import EngineHost
 
     ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
-    unit = svc.unit_name({}, ctx.vars)
-    host, port = svc.poll_target(svc.engine_profile(ctx))
-    return ctx, {"unit": unit, "unit_path": f"{svc.UNIT_DIR}/{unit}", "env_path": svc.env_path({}, ctx.vars),
+    eh = EngineHost(ctx)
+    host, port = eh.target()
+    return ctx, {"unit": eh.unit, "unit_path": eh.unit_path, "env_path": eh.env_path,
                  "host": host, "port": port, "releases_root": ctx.releases_root}
 
 
 def run_smoke(session, t: dict) -> dict:
     """The deploy's smoke requests (greedy, then sampled), as the deploy records them."""
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import agent
+    from k26ops.steps import engine as engine_steps
 
-    r = svc.agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"],
-                  prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=svc.smoke_requests({}))
+    r = agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"],
+              prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=engine_steps.smoke_requests({}))
     if r["failed"]:
         last = r["results"][-1]
         return {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": bool(r.get("crash"))}
-    return svc.smoke_outcome(r["results"])
+    return engine_steps.smoke_outcome(r["results"])
 
 
 def known_secrets(ctx: HostContext, env_text: str | None) -> list[str]:
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import EngineHost
 
-    return svc._secrets(ctx, svc.engine_env(ctx, {}), env_text)
+    return EngineHost(ctx).secrets(old_env_text=env_text)
 
 
 def sha256(data: bytes | str | None) -> str | None:
@@ -294,11 +296,8 @@ def snapshot(repo: Baselines, hosts, options, tag: str, message: str | None = No
         pin_err = {}
 
         def pin(session):
-            ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
             rid = recs[session.host.name]["release_id"]
-            pins = ctx.pins_file
-            session.run(f"mkdir -p {q(ctx.state_dir)} && touch {q(pins)} && "
-                        f"{{ grep -qxF {q(rid)} {q(pins)} || echo {q(rid)} >> {q(pins)}; }}", check=True)
+            pin_release(session, rid)  # the pins file's one writer, under the host lock
             return Outcome(pinned=rid)
 
         pinned = rollout.run(hosts, pin, options, on_event=lambda h, m: log(f"{h}: {m}"), connections=conns)

@@ -108,21 +108,22 @@ def service_cmd(settings, unit, lines):
     from k26ops.cli.report import run_and_report
     from k26ops.diagnose import journal
     from k26ops.diagnose.classify import classify
+    from k26ops.enginehost import EngineHost
     from k26ops.fleet import Outcome
-    from k26ops.steps import engine as svc
     from k26ops.steps import session_context
 
     def work(session):
         ctx = session_context(session)
-        name = svc.unit_name({"unit": unit}, ctx.vars)
+        eh = EngineHost(ctx, {"unit": unit})
+        name = eh.unit
         r = journal.last_crash(session, name, lines=lines)
         show = r.get("show") or {}
         out = Outcome(unit=name, state=show.get("ActiveState") or "unknown", crashes=r.get("crashes", 0))
         if not r.get("invocation"):
             out.update(signature=None, crashed=False, summary="no crash in the journal")
             return out
-        env = session.run(f"cat {q(svc.env_path({}, ctx.vars))} 2>/dev/null").stdout
-        secrets = svc._secrets(ctx, svc.engine_env(ctx, {}), env)
+        env = session.run(f"cat {q(eh.env_path)} 2>/dev/null").stdout
+        secrets = eh.secrets(old_env_text=env)
         d = classify(units.redact(r.get("text") or "", secrets))
         when = None
         if r.get("ended_us"):

@@ -62,6 +62,7 @@ from rich.table import Table
 
 from k26ops import preflight, rollout
 from k26ops.cli.report import verbose_events
+from k26ops.enginehost import Layout
 from k26ops.errors import EXIT_HOST_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, UserError
 from k26ops.fleet import FAILED, OK, HostResult, Outcome
 from k26ops.selftest import payload as payload_mod
@@ -110,9 +111,9 @@ def payload_args(hv: dict, nvcc: str | None, opts: dict) -> list[str]:
 def _probe(session, python: str | None) -> dict:
     """One round trip: temp dir, python to use, nvcc, timeout(1)."""
     hv = session.host.vars
-    root = str(hv.get("k26ops_root", "/opt/k26ops"))
-    releases = str(hv.get("releases_root", f"{root}/releases"))
-    rel_py = f"{releases}/current/venv/bin/python"
+    layout = Layout.of(hv)
+    root = layout.root
+    rel_py = f"{layout.current}/venv/bin/python"
     nvcc = hv.get("nvcc")
     script = (
         f"d=$(mktemp -d {q(root + '/state/selftest.XXXXXX')} 2>/dev/null "

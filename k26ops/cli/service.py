@@ -12,16 +12,17 @@ from rich.console import Console
 from k26ops import logview, rollout, units
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
+from k26ops.enginehost import agent
 from k26ops.fleet import Connections, Outcome
 from k26ops.steps import HostContext, session_context
 
 
 def _target(ctx: HostContext, unit: str | None):
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import EngineHost
 
-    name = svc.unit_name({"unit": unit}, ctx.vars)
-    host, port = svc.poll_target(svc.engine_profile(ctx))
-    return svc, name, host, port
+    eh = EngineHost(ctx, {"unit": unit})
+    host, port = eh.target()
+    return eh, eh.unit, host, port
 
 
 def _ago(seconds: float | None) -> str:
@@ -49,8 +50,8 @@ def status_cmd(settings, unit, baselines_dir):
 
     def work(session):
         ctx = session_context(session)
-        svc, name, host, port = _target(ctx, unit)
-        r = svc.agent(session, "status", unit=name, port=port, host=host, current=f"{ctx.releases_root}/current")
+        eh, name, host, port = _target(ctx, unit)
+        r = agent(session, "status", unit=name, port=port, host=host, current=eh.layout.current)
         show = r["show"]
         active = show.get("ActiveState")
         started = show.get("ExecMainStartTimestampMonotonic") or 0
@@ -59,8 +60,7 @@ def status_cmd(settings, unit, baselines_dir):
         stamp = show.get("ExecMainStartTimestamp") or ""
         parts = stamp.split()
         try:  # one more call: patched files vs the release manifest, and vs the tagged baselines
-            d = drift_mod.host_drift(session, ctx.releases_root, f"{svc.UNIT_DIR}/{name}",
-                                     svc.env_path({}, ctx.vars), index)
+            d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index)
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
@@ -103,14 +103,14 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
     def work(session):
         name = session.host.name
         ctx = session_context(session)
-        svc, uname, _host, _port = _target(ctx, unit)
+        eh, uname, _host, _port = _target(ctx, unit)
         first = name not in secrets
-        r = svc.agent(session, "logs", unit=uname, lines=lines, cursor=cursors.get(name), since=since,
-                      env_path=svc.env_path({}, ctx.vars), with_env=first)
+        r = agent(session, "logs", unit=uname, lines=lines, cursor=cursors.get(name), since=since,
+                  env_path=eh.env_path, with_env=first)
         if r.get("error"):
             raise RuntimeError(r["error"])
         if first:
-            known = svc._secrets(ctx, svc.engine_env(ctx, {}), r.get("env"))
+            known = eh.secrets(old_env_text=r.get("env"))
             secrets[name] = known
         cursors[name] = r.get("cursor") or cursors.get(name)
         shown = (units.redact(logview.drop_hostname(line), secrets[name])

@@ -25,7 +25,6 @@ service step's agent.
 from __future__ import annotations
 
 import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -138,14 +137,15 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
     confirm(plan, serving) is asked after the read-only checks, before any
     change; False raises Declined."""
     from k26ops.diagnose.classify import classify
+    from k26ops.enginehost import EngineHost
     from k26ops.hostlock import HostLock, HostLocked
-    from k26ops.steps import engine as svc
     from k26ops.steps import session_context
 
     ctx = session_context(session)
-    uname = svc.unit_name({"unit": unit}, ctx.vars)
-    ehost, port = svc.poll_target(svc.engine_profile(ctx))
-    epath = svc.env_path({}, ctx.vars)
+    eh = EngineHost(ctx, {"unit": unit})
+    uname = eh.unit
+    ehost, port = eh.target()
+    epath = eh.env_path
     rep = ProbeReport(host=host.name)
     if check or confirm:
         st = _checked(session, host, rep, uname, ctx, epath, force, progress, dry=True)
@@ -166,7 +166,7 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
         patch_text = st["patch_text"]
         show = st["show"]
         was_active = show.get("ActiveState") in ("active", "activating", "reloading")
-        secrets = svc._secrets(ctx, svc.engine_env(ctx, {}), st.get("env"))
+        secrets = eh.secrets(old_env_text=st.get("env"))
         exec_start = graphs_on_exec(st["unit_text"])
         rep.graphs_enabled_by_dropin = exec_start is not None
         try:
@@ -235,7 +235,8 @@ def describe_drift(drift: list) -> str:
 
 def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
               ready_timeout, requests, progress, classify) -> None:
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import agent as engine_agent
+    from k26ops.enginehost import wait_ready
 
     restarted = False
     try:
@@ -253,31 +254,25 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
         if not r.get("ok"):
             raise ProbeFailed(f"systemctl restart {uname} failed: {units.redact(r.get('error') or '', secrets)}")
         base = {k: r["show"].get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
-        t0 = time.monotonic()
         crashed = None
-        while True:
-            el = time.monotonic() - t0
-            window = max(0.5, min(2.0, ready_timeout - el))
-            p = svc.agent(session, "poll", timeout=window + 90, unit=uname, port=port, host=ehost,
-                          base=base, window=window, journal_lines=50)
-            el = time.monotonic() - t0
-            if p["state"] == "healthy":
-                rep.ready_s = round(el, 1)
-                progress(f"ready after {el:.0f}s")
-                break
-            if p["state"] == "crashed":
-                crashed, rep.crash_when = p.get("why"), "startup"
-                progress(f"engine crashed while starting ({crashed}) after {el:.0f}s")
-                break
-            last = units.redact(p.get("last_line") or "", secrets)
-            progress(f"waiting for ready: {p['state']} {el:.0f}s" + (f": {last}" if last else ""))
-            if el >= ready_timeout:
-                raise ProbeFailed(f"{uname} not ready after {ready_timeout:.0f}s with the probe "
-                                  f"({p['state']})" + (f"; last log line: {last}" if last else ""))
+        w = wait_ready(session, uname, ehost, port, base=base, timeout=ready_timeout, secrets=secrets,
+                       journal_lines=50,
+                       on_wait=lambda w: progress(f"waiting for ready: {w.poll['state']} {w.elapsed:.0f}s"
+                                                  + (f": {w.last_line}" if w.last_line else "")))
+        el, last = w.elapsed, w.last_line
+        if w.state == "healthy":
+            rep.ready_s = round(el, 1)
+            progress(f"ready after {el:.0f}s")
+        elif w.state == "crashed":
+            crashed, rep.crash_when = w.poll.get("why"), "startup"
+            progress(f"engine crashed while starting ({crashed}) after {el:.0f}s")
+        else:
+            raise ProbeFailed(f"{uname} not ready after {ready_timeout:.0f}s with the probe "
+                              f"({w.poll['state']})" + (f"; last log line: {last}" if last else ""))
         if crashed is None:
             for n in range(1, requests + 1):
                 progress(f"request {n}/{requests}: /generate (speculative verify path)")
-                r = svc.agent(session, "smoke", timeout=200, port=port, host=ehost, unit=uname, base=base,
+                r = engine_agent(session, "smoke", timeout=200, port=port, host=ehost, unit=uname, base=base,
                               prompt="Write a short poem about CUDA graphs.", max_new_tokens=32, timeout_s=120.0)
                 if r.get("crash"):  # the agent waited for the unit to show the death
                     crashed, rep.crash_when = r["crash"]["why"], "request"
@@ -306,7 +301,7 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
 def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
              ready_timeout):
     """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this."""
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import wait_ready
 
     interrupted = []
     old = None
@@ -331,22 +326,17 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
         show = r.get("show") or {}
         if was_active and restarted and r.get("ok"):
             base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
-            t0 = time.monotonic()
-            while True:
-                p = svc.agent(session, "poll", timeout=100, unit=uname, port=port, host=ehost, base=base,
-                              window=2.0, journal_lines=30)
-                el = time.monotonic() - t0
-                if p["state"] == "healthy":
-                    rep.restored.append(f"the engine is healthy again ({el:.0f}s)")
-                    break
-                if p["state"] == "crashed":
-                    rep.restore_errors.append(f"the restored engine crashed: {p.get('why')}")
-                    break
-                progress(f"restoring: waiting for the engine: {p['state']} {el:.0f}s")
-                if el > ready_timeout:
-                    rep.restore_errors.append(f"the restored engine is not healthy after {el:.0f}s")
-                    break
-            show = p.get("show") or show
+            w = wait_ready(session, uname, ehost, port, base=base, timeout=ready_timeout, secrets=secrets,
+                           journal_lines=30,
+                           on_wait=lambda w: progress(f"restoring: waiting for the engine: {w.poll['state']} "
+                                                      f"{w.elapsed:.0f}s"))
+            if w.state == "healthy":
+                rep.restored.append(f"the engine is healthy again ({w.elapsed:.0f}s)")
+            elif w.state == "crashed":
+                rep.restore_errors.append(f"the restored engine crashed: {w.poll.get('why')}")
+            else:
+                rep.restore_errors.append(f"the restored engine is not healthy after {w.elapsed:.0f}s")
+            show = w.poll.get("show") or show
         rep.engine_after = {"ActiveState": show.get("ActiveState"), "SubState": show.get("SubState")}
     finally:
         if old is not None:

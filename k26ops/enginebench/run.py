@@ -82,13 +82,14 @@ def agent(session, op: str, timeout: float, **req) -> dict:
 
 def target(ctx) -> dict:
     """The host's engine as deploy runs it: loopback address, port, model, release venv python."""
-    from k26ops.steps import engine as svc
+    from k26ops.enginehost import EngineHost, poll_target
 
-    profile = svc.engine_profile(ctx)
-    host, port = svc.poll_target(profile)
+    eh = EngineHost(ctx)
+    profile = eh.profile()
+    host, port = poll_target(profile)
     model = str(profile.get("served_model_name") or profile.get("model_path") or "")
     return {"host": host, "port": port, "model": model, "tokenizer": str(profile.get("model_path") or model),
-            "python": f"{ctx.releases_root}/current/venv/bin/python"}
+            "python": f"{eh.layout.current}/venv/bin/python"}
 
 
 def choose_generator(session, spec: BenchSpec, t: dict) -> tuple[str, str]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 import shlex
 
+from k26ops.enginehost import Layout
 from k26ops.facts.base import Fact, safe
 
-TOOLCHAIN_DIR = "/opt/k26ops/toolchain"
+TOOLCHAIN_DIR = Layout().toolchain_dir  # a host without k26ops_root; preflight.host_facts passes its own
 
 
 def nvcc_command(toolchain_dir: str = TOOLCHAIN_DIR) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from k26ops.enginehost import DEFAULT_ROOT
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("connection", "ssh|local", "ssh", _CONN, "local runs commands on this machine"),
     Var("become", "bool", "false", _CONN + ", k26ops.ssh", "run every command as root via `sudo -n`"),
     # -- where things live on the host ----------------------------------------------
-    Var("k26ops_root", "path", "/opt/k26ops", "steps, playbook, selftest",
+    Var("k26ops_root", "path", DEFAULT_ROOT, "steps, playbook, selftest",
         "k26ops' directory on the host (state, toolchain, locks)"),
     Var("releases_root", "path", "{k26ops_root}/releases", "steps.release, preflight, selftest",
         "where releases are built; `current` points at the live one"),

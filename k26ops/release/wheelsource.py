@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from k26ops import agents
 from k26ops.release import wheelhouse
+from k26ops.enginehost import Layout
 from k26ops.errors import UserError
 from k26ops.ssh import q
 
@@ -173,7 +174,7 @@ class Batch:
         self._server: threading.Thread | None = None
         self._server_error = ""
         self.url = ""
-        self.dir = f"{self.relay.vars.get('k26ops_root', '/opt/k26ops')}/wheelhouse"
+        self.dir = Layout.of(self.relay.vars).wheelhouse_dir
 
     def receive(self, wheels: list) -> None:
         with self._lock:

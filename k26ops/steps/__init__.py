@@ -19,11 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from k26ops.enginehost import Layout
 from k26ops.inventory import Host
 from k26ops.ssh import Session, q
-
-# Host layout (all under configurable roots; see `paths`).
-DEFAULT_ROOT = "/opt/k26ops"
 
 
 @dataclass
@@ -44,21 +42,25 @@ class HostContext:
     progress: Callable[[str], None] = lambda msg: None
 
     @property
+    def layout(self) -> Layout:
+        """This host's directories (k26ops.enginehost)."""
+        return Layout.of(self.vars)
+
+    @property
     def root(self) -> str:
-        return str(self.vars.get("k26ops_root", DEFAULT_ROOT))
+        return self.layout.root
 
     @property
     def releases_root(self) -> str:
-        return str(self.vars.get("releases_root", f"{self.root}/releases"))
+        return self.layout.releases_root
 
     @property
     def state_dir(self) -> str:
-        return f"{self.root}/state"
+        return self.layout.state_dir
 
     @property
     def pins_file(self) -> str:
-        """Releases that baselines need: prune never removes them (one id a line)."""
-        return f"{self.state_dir}/pinned-releases"
+        return self.layout.pins_file
 
     def run(self, command: str, **kw):
         check_interrupted()

@@ -15,33 +15,27 @@
 - `smoke` sends one short /generate; it must return text. Latency and
   meta_info.spec_accept_length go into the host's report.
 
-Every host-side action runs through one stdlib-only Python agent (`AGENT`)
-sent with the command; requests and answers are JSON over stdin/stdout.
-Secrets (HF_TOKEN, *_TOKEN, ...) reach only the env file (mode 0600); diffs,
-journal lines and messages are redacted before anyone sees them.
+Every host-side action runs through one stdlib-only Python agent
+(agents/engine.py); requests and answers are JSON over stdin/stdout. The
+engine's unit, port, env file, secrets and the ready-wait come from
+k26ops.enginehost. Secrets (HF_TOKEN, *_TOKEN, ...) reach only the env file
+(mode 0600); diffs, journal lines and messages are redacted before anyone sees them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
-from k26ops import agents, units
-from k26ops.errors import UserError
+from k26ops import units
+from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
 from k26ops.multinode import serves_http
-from k26ops.fleet import INTERRUPTED
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
 
-DEFAULT_UNIT = "k26-engine.service"
-UNIT_DIR = "/etc/systemd/system"
-LAB_MODULE_DIR = "/opt/k26ops/lab"
-LAB_MODULE = "k26ops_lab_engine"
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
 STANDIN = Path(__file__).resolve().parent.parent / "lab" / "fixtures" / "engine_standin.py"
 DEFAULT_HEALTH_TIMEOUT = 1800.0
-PASS_ENV = ("HF_TOKEN",)
 
 
 class EngineFailed(StepFailed):
@@ -55,90 +49,6 @@ class EngineFailed(StepFailed):
         self.details = {**(outcome or {}), "journal_tail": journal_tail, "diagnosis": diagnosis or {}}
 
 
-# ---------------------------------------------------------------- host agent
-
-def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
-    """Run one operation of the engine agent (agents/engine.py) on the host: one remote command."""
-    return agents.run(session, "engine", op, timeout, what="host agent", **req)
-
-
-# ---------------------------------------------------------------- desired state
-
-def unit_name(params: dict, hvars: dict) -> str:
-    name = str(params.get("unit") or hvars.get("engine_unit") or DEFAULT_UNIT)
-    if "/" in name or not name.endswith(".service") or len(name) < 9:
-        raise UserError(f"engine unit name must be NAME.service, got {name!r}")
-    return name
-
-
-def env_path(params: dict, hvars: dict) -> str:
-    return str(params.get("env_file") or hvars.get("engine_env_file") or units.ENV_FILE)
-
-
-def _mapping(value, what: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise UserError(f"inventory var {what} must be a mapping, got {type(value).__name__}")
-    return dict(value)
-
-
-def engine_profile(ctx: HostContext) -> dict:
-    """The release step's profile (recipe profile, then inventory `engine_profile`,
-    model_path, draft_model_path, served_model_name, engine_port, launch_module,
-    extra_flags), so the unit runs exactly the flags it validated; plus the
-    release dir under this host's releases root."""
-    from k26ops.steps.release import engine_profile as release_profile
-
-    profile = dict(release_profile(ctx))
-    if is_lab(ctx):
-        profile.setdefault("launch_module", LAB_MODULE)
-    profile["release_dir"] = f"{ctx.releases_root}/current"
-    return profile
-
-
-def is_lab(ctx: HostContext) -> bool:
-    return ctx.vars.get("lab") is True
-
-
-def engine_env(ctx: HostContext, params: dict) -> dict:
-    """The env file's variables: inventory `engine_env`, HF_TOKEN from the
-    inventory (hf_token/HF_TOKEN) or this control node's environment, CUDA_HOME
-    from the toolchain step, and PYTHONPATH for the lab stand-in."""
-    hv = ctx.vars
-    env = {str(k): v for k, v in _mapping(hv.get("engine_env"), "engine_env").items()}
-    for var in ("hf_token", "HF_TOKEN"):
-        if hv.get(var) not in (None, "") and "HF_TOKEN" not in env:
-            env["HF_TOKEN"] = hv[var]
-    for name in params.get("pass_env", PASS_ENV):
-        if name not in env and os.environ.get(name):
-            env[name] = os.environ[name]
-    cuda = ctx.shared.get("cuda_home") or hv.get("cuda_home")
-    if cuda and "CUDA_HOME" not in env:
-        env["CUDA_HOME"] = cuda
-    if is_lab(ctx):
-        env["PYTHONPATH"] = LAB_MODULE_DIR
-    return env
-
-
-def poll_target(profile: dict) -> tuple[str, int]:
-    host = str(profile.get("host") or "127.0.0.1")
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return host, int(profile.get("port") or 30000)
-
-
-def _secrets(ctx: HostContext, env: dict, old_env_text: str | None = None) -> list[str]:
-    out = units.secrets_of(env)
-    if old_env_text:
-        out += [v for k, v, _s, _e in units.parse_env(old_env_text) if units.is_secret_key(k) and v]
-    out += units.secret_values(ctx.vars)  # secret-named vars at any depth, secret flags' values, !vault
-    for name in PASS_ENV:
-        if os.environ.get(name):
-            out.append(os.environ[name])
-    return sorted(set(out), key=len, reverse=True)
-
-
 def outcome(ctx: HostContext) -> dict:
     """The host's report data (the caller passes shared={"outcome": {}} and reads it back)."""
     return ctx.shared.setdefault("outcome", {})
@@ -148,10 +58,10 @@ def _svc(ctx: HostContext, params: dict) -> dict:
     """What the service step learned (unit, port, poll base), or defaults when it did not run."""
     svc = ctx.shared.get("service")
     if svc is None:
-        profile = engine_profile(ctx)
-        host, port = poll_target(profile)
-        svc = {"unit": unit_name(params, ctx.vars), "port": port, "host": host, "changed": False,
-               "env_path": env_path(params, ctx.vars), "secrets": _secrets(ctx, engine_env(ctx, params))}
+        eh = EngineHost(ctx, params)
+        host, port = eh.target()
+        svc = {"unit": eh.unit, "port": port, "host": host, "changed": False,
+               "env_path": eh.env_path, "secrets": eh.secrets()}
         ctx.shared["service"] = svc
     return svc
 
@@ -164,25 +74,23 @@ class ServiceStep(Step):
     name = "service"
 
     def plan(self, ctx: HostContext) -> list[Change]:
-        p = self.params
-        unit = unit_name(p, ctx.vars)
-        upath = f"{UNIT_DIR}/{unit}"
-        epath = env_path(p, ctx.vars)
-        profile = engine_profile(ctx)
-        env = {**engine_env(ctx, p), **units.engine_flag_secrets(profile)}
+        eh = EngineHost(ctx, self.params)
+        unit, upath, epath = eh.unit, eh.unit_path, eh.env_path
+        profile = eh.profile()
+        env = {**eh.env(), **units.engine_flag_secrets(profile)}
         units.engine_argv(profile)  # profile errors before any host access
-        lab_path = f"{LAB_MODULE_DIR}/{LAB_MODULE}.py" if is_lab(ctx) else None
+        lab_path = eh.lab_module_path if eh.is_lab else None
         cur = agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
-                    current=f"{ctx.releases_root}/current", lab_module=lab_path)
+                    current=eh.layout.current, lab_module=lab_path)
         release_id = ctx.shared.get("release_id") or (os.path.basename(cur["current"]) if cur["current"] else None)
-        settings = {k: v for k, v in _mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
+        settings = {k: v for k, v in mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
                     if k in units.UNIT_DEFAULTS}
         unit_text = units.render_unit({**settings, "profile": profile, "release_id": release_id,
                                        "env_file": epath})
         env_text = units.render_env({"env": env})
-        secrets = _secrets(ctx, env, cur["env"])
+        secrets = eh.secrets(env, cur["env"])
         show = cur["show"]
-        host, port = poll_target(profile)
+        host, port = eh.target()
         svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
                "secrets": secrets, "changed": False, "base": None, "show": show}
         ctx.shared["service"] = svc
@@ -221,7 +129,7 @@ class ServiceStep(Step):
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc["unit"], unit_path=svc["unit_path"],
                         env_path=svc["env_path"], state_dir=ctx.state_dir,
-                        lab_module=f"{LAB_MODULE_DIR}/{LAB_MODULE}.py", **todo)
+                        lab_module=EngineHost(ctx).lab_module_path, **todo)
         except StepFailed:
             svc["changed"] = True  # it may have replaced files before it failed (a full disk): roll back
             raise
@@ -275,7 +183,7 @@ def rollback(ctx: HostContext, svc: dict) -> str:
         res = agent(ctx.session, "rollback", timeout=700, unit=svc["unit"],
                     unit_path=svc.get("unit_path") or f"{UNIT_DIR}/{svc['unit']}",
                     env_path=svc["env_path"], state_dir=ctx.state_dir,
-                    current=f"{ctx.releases_root}/current", previous_release=prev)
+                    current=ctx.layout.current, previous_release=prev)
     except StepFailed as exc:
         return f"rollback failed: {exc}"
     if not res.get("ok"):
@@ -286,17 +194,16 @@ def rollback(ctx: HostContext, svc: dict) -> str:
     show = res["show"]
     base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
     timeout = float(ctx.vars.get("rollback_health_timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        r = agent(ctx.session, "poll", timeout=120, unit=svc["unit"], port=svc["port"], host=svc["host"],
-                  base=base, window=5.0)
-        if r["state"] == "healthy":
-            what = "unit, env file" + (" and release" if prev else "")
-            return f"rolled back the {what}; the previous engine is healthy again"
-        if r["state"] == "crashed":
-            d, _msg, _tail = name_crash(ctx, svc, r, "after the rollback")
-            return (f"rolled back, but the previous engine crashed too ({r['why']}): {d.signature}"
-                    + (f": {d.evidence[:200]}" if d.evidence else ""))
+    w = wait_ready(ctx.session, svc["unit"], svc["host"], svc["port"], base=base, timeout=timeout,
+                   secrets=svc["secrets"], window=5.0)
+    if w.state == "healthy":
+        what = "unit, env file" + (" and release" if prev else "")
+        return f"rolled back the {what}; the previous engine is healthy again"
+    if w.state == "crashed":
+        r = w.poll
+        d, _msg, _tail = name_crash(ctx, svc, r, "after the rollback")
+        return (f"rolled back, but the previous engine crashed too ({r['why']}): {d.signature}"
+                + (f": {d.evidence[:200]}" if d.evidence else ""))
     return "rolled back, but the previous engine is not healthy yet"
 
 
@@ -344,7 +251,7 @@ def known_crash(ctx: HostContext, svc: dict, journal: str | None):
 
 # ---------------------------------------------------------------- health
 
-def _fail(ctx: HostContext, svc: dict, message: str, journal: str = "", diag=None) -> None:
+def fail_and_roll_back(ctx: HostContext, svc: dict, message: str, journal: str = "", diag=None) -> None:
     ctx.progress(f"failed: {message}")
     back = rollback(ctx, svc)
     outcome(ctx)["rollback"] = back
@@ -364,38 +271,31 @@ class HealthStep(Step):
             return []
         svc = _svc(ctx, self.params)
         timeout = float(self.params.get("timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
-        base = svc.get("base")
-        t0 = time.monotonic()
-        last = ""
-        while True:
-            el = time.monotonic() - t0
-            if INTERRUPTED.is_set():
-                _fail(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
-            window = max(0.5, min(float(self.params.get("window", 2.0)), timeout - el))
-            r = agent(ctx.session, "poll", timeout=window + 90, unit=svc["unit"], port=svc["port"],
-                      host=svc["host"], base=base, window=window)
-            base = r.get("base") or base
-            el = time.monotonic() - t0
-            if r["state"] == "healthy":
-                svc["base"] = base  # the smoke step tells a crash from this run's MainPID
-                ctx.progress(f"health: healthy after {el:.0f}s")
-                outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
-                return []
-            if r["state"] == "crashed":
-                d, msg, tail = name_crash(ctx, svc, r, f"{el:.1f}s into the health wait")
-                outcome(ctx)["health"] = {"state": "crashed", "wait_s": round(el, 2), "signature": d.signature}
-                _fail(ctx, svc, msg, tail, d.to_json())
-            if r.get("last_line"):
-                last = units.redact(r["last_line"], svc["secrets"])
-            ctx.progress(f"health: {r['state']} {el:.0f}s" + (f": {last}" if last else ""))
-            if el >= timeout:
-                outcome(ctx)["health"] = {"state": "timeout", "wait_s": round(el, 2)}
-                d, tail = journal_diagnosis(ctx, svc, base)
-                _fail(ctx, svc, f"{svc['unit']} not healthy after {timeout:.0f}s ({r['state']}, "
-                                f"/health {r.get('health')}; the engine is still running)"
-                      + (f"; last log line: {last}" if last else "")
-                      + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
-                      tail, d.to_json() if d else None)
+        w = wait_ready(ctx.session, svc["unit"], svc["host"], svc["port"], base=svc.get("base"),
+                       timeout=timeout, secrets=svc["secrets"], window=float(self.params.get("window", 2.0)),
+                       interruptible=True,
+                       on_wait=lambda w: ctx.progress(f"health: {w.poll['state']} {w.elapsed:.0f}s"
+                                                      + (f": {w.last_line}" if w.last_line else "")))
+        el, r, last = w.elapsed, w.poll, w.last_line
+        if w.state == "interrupted":
+            fail_and_roll_back(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
+        if w.state == "healthy":
+            svc["base"] = w.base  # the smoke step tells a crash from this run's MainPID
+            ctx.progress(f"health: healthy after {el:.0f}s")
+            outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
+            return []
+        if w.state == "crashed":
+            d, msg, tail = name_crash(ctx, svc, r, f"{el:.1f}s into the health wait")
+            outcome(ctx)["health"] = {"state": "crashed", "wait_s": round(el, 2), "signature": d.signature}
+            fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
+        outcome(ctx)["health"] = {"state": "timeout", "wait_s": round(el, 2)}
+        d, tail = journal_diagnosis(ctx, svc, w.base)
+        fail_and_roll_back(ctx, svc, f"{svc['unit']} not healthy after {timeout:.0f}s ({r['state']}, "
+                        f"/health {r.get('health')}; the engine is still running)"
+              + (f"; last log line: {last}" if last else "")
+              + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
+              tail, d.to_json() if d else None)
+        return []  # pragma: no cover - fail_and_roll_back raises
 
     def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes
         pass
@@ -411,7 +311,7 @@ def smoke_requests(params: dict) -> list[dict]:
     path); `sampled: false` in the step's params leaves the second out."""
     reqs = [{"name": "greedy", "sampling": {"temperature": 0}}]
     if params.get("sampled", True) is not False:
-        sampled = {**SAMPLED, **_mapping(params.get("sampled") if isinstance(params.get("sampled"), dict) else None,
+        sampled = {**SAMPLED, **mapping(params.get("sampled") if isinstance(params.get("sampled"), dict) else None,
                                          "smoke sampled")}
         reqs.append({"name": "sampled", "sampling": sampled})
     return reqs
@@ -478,14 +378,14 @@ class SmokeStep(Step):
             d, msg, tail = name_crash(ctx, svc, r["crash"], f"on {what}")
             outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"],
                                      "crashed": True, "signature": d.signature}
-            _fail(ctx, svc, msg, tail, d.to_json())
+            fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
         body = last["body"]
         why = f"HTTP {last['status']}" if last["status"] else "no answer"
         detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc["secrets"])
         alive = r.get("alive") or {}
         d, tail = known_crash(ctx, svc, r.get("journal"))
         outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}
-        _fail(ctx, svc, f"{what} to /generate failed ({why}: {detail}); the engine did not die "
+        fail_and_roll_back(ctx, svc, f"{what} to /generate failed ({why}: {detail}); the engine did not die "
                         f"(pid {alive.get('MainPID')}, {alive.get('state')})"
               + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
               tail, d.to_json() if d else None)

@@ -1,0 +1,222 @@
+"""The engine on one host: where k26ops keeps its files there, which unit runs
+the engine and where it listens, its env file, its secrets, and the one wait
+for it to become ready.
+
+Why one module: these were worked out in several places (the engine steps,
+status/logs, diagnose, the probe, baselines, reboot, preflight, facts), and
+two of them ignored a custom `k26ops_root`. Everyone asks this module now.
+
+`Layout` needs only a host's vars (it is what preflight, the fact gatherer,
+the lock and the release build need); `EngineHost` adds the engine itself,
+from a host context (vars, and what the run's steps shared) and the step's
+params.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from k26ops import units
+from k26ops.errors import UserError
+
+DEFAULT_ROOT = "/opt/k26ops"
+DEFAULT_UNIT = "k26-engine.service"
+DEFAULT_PORT = 30000
+UNIT_DIR = "/etc/systemd/system"
+LAB_MODULE = "k26ops_lab_engine"
+PASS_ENV = ("HF_TOKEN",)  # taken from the control node's environment when the inventory lacks it
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What k26ops keeps on a host, all under `k26ops_root` (releases under `releases_root`)."""
+
+    root: str = DEFAULT_ROOT
+    releases_root: str = f"{DEFAULT_ROOT}/releases"
+
+    @classmethod
+    def of(cls, hvars: dict) -> "Layout":
+        root = str(hvars.get("k26ops_root") or DEFAULT_ROOT)
+        return cls(root, str(hvars.get("releases_root") or f"{root}/releases"))
+
+    @property
+    def current(self) -> str:
+        return f"{self.releases_root}/current"
+
+    @property
+    def state_dir(self) -> str:
+        """The host lock, its owner file, the previous unit/env file, the pins."""
+        return f"{self.root}/state"
+
+    @property
+    def pins_file(self) -> str:
+        """Releases that baselines need: prune never removes them (one id a line)."""
+        return f"{self.state_dir}/pinned-releases"
+
+    @property
+    def toolchain_dir(self) -> str:
+        return f"{self.root}/toolchain"
+
+    @property
+    def wheelhouse_dir(self) -> str:
+        return f"{self.root}/wheelhouse"
+
+    @property
+    def lab_module_dir(self) -> str:
+        """Where a `lab: true` host gets the engine stand-in (on its PYTHONPATH)."""
+        return f"{self.root}/lab"
+
+
+def check_unit_name(name: str) -> str:
+    if "/" in name or not name.endswith(".service") or len(name) < 9:
+        raise UserError(f"engine unit name must be NAME.service, got {name!r}")
+    return name
+
+
+def poll_target(profile: dict) -> tuple[str, int]:
+    """Where the engine answers, from the host itself: a wildcard bind is asked on loopback."""
+    host = str(profile.get("host") or "127.0.0.1")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return host, int(profile.get("port") or DEFAULT_PORT)
+
+
+def mapping(value, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"inventory var {what} must be a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+class EngineHost:
+    """The engine as a deploy runs it on one host. `ctx` is a HostContext (vars,
+    shared); `params` are the step's (unit, env_file, pass_env)."""
+
+    def __init__(self, ctx, params: dict | None = None):
+        self.ctx = ctx
+        self.vars = ctx.vars
+        self.params = dict(params or {})
+        self.layout = Layout.of(ctx.vars)
+
+    @property
+    def unit(self) -> str:
+        return check_unit_name(str(self.params.get("unit") or self.vars.get("engine_unit") or DEFAULT_UNIT))
+
+    @property
+    def unit_path(self) -> str:
+        return f"{UNIT_DIR}/{self.unit}"
+
+    @property
+    def env_path(self) -> str:
+        return str(self.params.get("env_file") or self.vars.get("engine_env_file") or units.ENV_FILE)
+
+    @property
+    def is_lab(self) -> bool:
+        return self.vars.get("lab") is True
+
+    @property
+    def lab_module_path(self) -> str:
+        return f"{self.layout.lab_module_dir}/{LAB_MODULE}.py"
+
+    def profile(self) -> dict:
+        """The release step's profile (recipe profile, then inventory `engine_profile`,
+        model_path, draft_model_path, served_model_name, engine_port, launch_module,
+        extra_flags), so the unit runs exactly the flags it validated; plus the
+        release dir under this host's releases root."""
+        from k26ops.steps.release import engine_profile as release_profile
+
+        profile = dict(release_profile(self.ctx))
+        if self.is_lab:
+            profile.setdefault("launch_module", LAB_MODULE)
+        profile["release_dir"] = self.layout.current
+        return profile
+
+    def target(self) -> tuple[str, int]:
+        """(address, port) to poll the engine at, from the host itself."""
+        return poll_target(self.profile())
+
+    def env(self) -> dict:
+        """The env file's variables: inventory `engine_env`, HF_TOKEN from the
+        inventory (hf_token/HF_TOKEN) or this control node's environment, CUDA_HOME
+        from the toolchain step, and PYTHONPATH for the lab stand-in."""
+        hv = self.vars
+        env = {str(k): v for k, v in mapping(hv.get("engine_env"), "engine_env").items()}
+        for var in ("hf_token", "HF_TOKEN"):
+            if hv.get(var) not in (None, "") and "HF_TOKEN" not in env:
+                env["HF_TOKEN"] = hv[var]
+        for name in self.params.get("pass_env", PASS_ENV):
+            if name not in env and os.environ.get(name):
+                env[name] = os.environ[name]
+        cuda = self.ctx.shared.get("cuda_home") or hv.get("cuda_home")
+        if cuda and "CUDA_HOME" not in env:
+            env["CUDA_HOME"] = cuda
+        if self.is_lab:
+            env["PYTHONPATH"] = self.layout.lab_module_dir
+        return env
+
+    def secrets(self, env: dict | None = None, old_env_text: str | None = None) -> list[str]:
+        """Every value to redact, longest first: the env's secrets (default: `env()`),
+        those in the host's current env file, secret-named vars at any depth,
+        secret flags' values, !vault values, and the passed-through environment."""
+        out = units.secrets_of(self.env() if env is None else env)
+        if old_env_text:
+            out += [v for k, v, _s, _e in units.parse_env(old_env_text) if units.is_secret_key(k) and v]
+        out += units.secret_values(self.vars)
+        for name in PASS_ENV:
+            if os.environ.get(name):
+                out.append(os.environ[name])
+        return sorted(set(out), key=len, reverse=True)
+
+
+def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
+    """Run one operation of the engine agent (agents/engine.py) on the host: one remote command."""
+    from k26ops import agents
+
+    return agents.run(session, "engine", op, timeout, what="host agent", **req)
+
+
+@dataclass
+class Ready:
+    """Where a ready-wait stands: `state` is healthy, crashed (then `poll` is the
+    agent's crash report), timeout, interrupted, or waiting (passed to on_wait)."""
+
+    state: str
+    elapsed: float
+    poll: dict  # the agent's last answer ({} before the first)
+    base: dict | None  # MainPID, NRestarts, InvocationID of the run being waited for
+    last_line: str = ""  # the last meaningful journal line seen, redacted
+
+
+def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, timeout: float,
+               secrets: list[str], window: float = 2.0, journal_lines: int | None = None,
+               on_wait: Callable[[Ready], None] = lambda r: None, interruptible: bool = False) -> Ready:
+    """Wait for the engine to answer /health and /health_generate, polling from
+    the host in long-poll windows (one remote command each). A crash (unit
+    failed, process exited or restarted since `base`) ends the wait at once;
+    `on_wait` hears each window that ended without an answer; interruptible:
+    Ctrl-C/SIGTERM/SIGHUP end it between windows."""
+    from k26ops.fleet import INTERRUPTED
+
+    t0 = time.monotonic()
+    p: dict = {}
+    last = ""
+    while True:
+        el = time.monotonic() - t0
+        if interruptible and INTERRUPTED.is_set():
+            return Ready("interrupted", el, p, base, last)
+        w = max(0.5, min(window, timeout - el))
+        req = {"journal_lines": journal_lines} if journal_lines is not None else {}
+        p = agent(session, "poll", timeout=w + 90, unit=unit, port=port, host=host, base=base, window=w, **req)
+        base = p.get("base") or base
+        el = time.monotonic() - t0
+        if p["state"] in ("healthy", "crashed"):
+            return Ready(p["state"], el, p, base, last)
+        if p.get("last_line"):
+            last = units.redact(p["last_line"], secrets)
+        on_wait(Ready("waiting", el, p, base, last))
+        if el >= timeout:
+            return Ready("timeout", el, p, base, last)
