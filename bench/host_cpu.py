@@ -1,0 +1,114 @@
+"""Case 9, what a converged deploy costs the host: CPU seconds and python3 starts.
+
+Boots a HOSTS-host lab (default 2), deploys it once, then runs REPS converged
+`k26ops --json deploy` (nothing to change). For each run and each host it reads:
+
+- host CPU: the host's own cgroup (`cpu.stat` usage_usec of the lab's
+  per-host cgroup, k26ops/lab/machines.own_cgroups): everything the host ran
+  for the deploy (sshd, shells, python3 agents, systemctl, the engine's
+  answers to health and smoke). The same host's CPU over an idle stretch of
+  the same length (no k26ops) is measured right after and reported too, and
+  subtracted in the "net" column: the host's own background (journald,
+  the engine stand-in's idle loop) is not the deploy's cost.
+- python3 starts: this bench's own lab puts a counting wrapper first on PATH
+  (/usr/local/bin/python3 logs one line, then execs /usr/bin/python3); the
+  wrapper exists only in this bench's lab, after the first deploy.
+- remote commands (SSH exec channels) from the report.
+
+    python bench/host_cpu.py [--reps 5] [--hosts 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from pathlib import Path
+
+import common
+
+COUNT_LOG = "/var/tmp/k26ops-bench-python3.log"
+WRAPPER = f"""#!/bin/sh
+printf '%s %.60s\\n' "${{1:-}}" "$(printf %s "${{2:-}}" | tr '\\n' ' ')" >> {COUNT_LOG}
+exec /usr/bin/python3 "$@"
+"""
+
+
+def cpu_stat_path(b, name: str) -> Path:
+    from k26ops.lab.machines import own_cgroups
+
+    for cg in own_cgroups(b.lab._machine(name)):
+        if (cg / "cpu.stat").exists():
+            return cg / "cpu.stat"
+    raise SystemExit(f"no cpu.stat in the lab host's cgroups ({own_cgroups(b.lab._machine(name))}): "
+                     "this bench needs the unified cgroup hierarchy")
+
+
+def usage_s(path: Path) -> float:
+    for line in path.read_text().splitlines():
+        k, v = line.split()
+        if k == "usage_usec":
+            return int(v) / 1e6
+    raise RuntimeError(f"{path}: no usage_usec")
+
+
+def starts(b, name: str) -> list[str]:
+    """Every python3 start the wrapper logged so far: its first argument and the start of the second."""
+    return b.ssh(name, f"cat {COUNT_LOG} 2>/dev/null || true").splitlines()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--hosts", type=int, default=2)
+    args = ap.parse_args()
+    runs = []
+    with common.lab(args.hosts, "hostcpu") as b:
+        common.first_deploy(b)
+        stats = {n: cpu_stat_path(b, n) for n in b.names}
+        for n in b.names:
+            b.ssh(n, f"printf %s {shlex.quote(WRAPPER)} > /usr/local/bin/python3 && "
+                     f"chmod 755 /usr/local/bin/python3 && hash -r && : > {COUNT_LOG}")
+        common.deploy_json(b.inventory)  # warm-up (page cache, pyc), not counted
+        for i in range(args.reps):
+            c0 = {n: usage_s(p) for n, p in stats.items()}
+            s0 = {n: starts(b, n) for n in b.names}
+            t0 = time.monotonic()
+            rc, data, wall = common.deploy_json(b.inventory)
+            took = time.monotonic() - t0
+            c1 = {n: usage_s(p) for n, p in stats.items()}
+            s1 = {n: starts(b, n) for n in b.names}
+            hosts = data["hosts"]
+            bad = {h: (r["status"], r["error"]) for h, r in hosts.items() if r["status"] != "ok"}
+            changed = [h for h, r in hosts.items() if any(s["changed"] for s in r.get("steps", []))]
+            if rc != 0 or bad or changed:
+                raise RuntimeError(f"converged deploy was not ok/unchanged: {bad or changed}")
+            # the starts reads above are ssh commands too (1 python3-free shell each): not counted
+            i0 = {n: usage_s(p) for n, p in stats.items()}
+            time.sleep(took)
+            i1 = {n: usage_s(p) for n, p in stats.items()}
+            for n in b.names:
+                runs.append({"host": n, "cpu": c1[n] - c0[n], "idle": i1[n] - i0[n],
+                             "python3": len(s1[n]) - len(s0[n]), "started": s1[n][len(s0[n]):], "commands": hosts[n]["commands"], "wall": wall})
+            print(f"  rep {i + 1}: wall {wall:.2f}s; " + "; ".join(
+                f"{r['host']}: CPU {r['cpu']:.3f}s (idle {r['idle']:.3f}s), python3 x{r['python3']}, "
+                f"{r['commands']} commands" for r in runs[-len(b.names):]))
+    print("python3 starts of the last run on " + runs[-1]["host"] + ":")
+    for line in runs[-1]["started"]:
+        print("   ", line)
+    cpu = common.stats([r["cpu"] for r in runs])
+    idle = common.stats([r["idle"] for r in runs])
+    net = common.stats([r["cpu"] - r["idle"] for r in runs])
+    py = sorted({r["python3"] for r in runs})
+    cmds = sorted({r["commands"] for r in runs})
+    common.table(f"host cost of a converged deploy ({args.hosts} hosts x {args.reps} reps)",
+                 [("per host", common.fmt(cpu), common.fmt(idle), common.fmt(net), ",".join(map(str, py)),
+                   ",".join(map(str, cmds)))],
+                 ("case", "host CPU", "idle, same time", "net", "python3 starts", "ssh commands"))
+    common.write_result("host_cpu", {"reps": args.reps, "hosts": args.hosts, "cpu_s": cpu, "idle_s": idle,
+                                     "net_s": net, "python3_starts": py, "commands": cmds, "runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
