@@ -21,10 +21,10 @@ RELEASE_MARKER = ".k26ops-release"
 ROOT_ENTRIES = {"state", "releases", "wheelhouse", "toolchain", "lab", MARKER}
 
 
-def _call(session, d: str, kind: str, op: str, *names: str):
+def _call(session, d: str | None, kind: str | None, op: str, *names: str, **req):
     """One operation of agents/ownership.py on the host (the markers travel with the request)."""
     return agents.run(session, "ownership", op, what="ownership agent", dir=d, kind=kind, names=list(names),
-                      marker=MARKER, release_marker=RELEASE_MARKER, root_entries=sorted(ROOT_ENTRIES))
+                      marker=MARKER, release_marker=RELEASE_MARKER, root_entries=sorted(ROOT_ENTRIES), **req)
 
 
 def refusal(d: str, kind: str, st: dict) -> str | None:
@@ -41,6 +41,11 @@ def refusal(d: str, kind: str, st: dict) -> str | None:
 
 def state(session, d: str, kind: str) -> dict:
     return _call(session, d, kind, "state")
+
+
+def states(session, dirs: list[tuple[str, str]]) -> list[dict]:
+    """`state` of each (dir, kind), in one remote call."""
+    return _call(session, None, None, "states", dirs=[list(x) for x in dirs])
 
 
 def claim(session, d: str) -> None:

@@ -91,7 +91,8 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
     host = session.host
     layout = Layout.of(host.vars)
     root = layout.root
-    st = ownership.state(session, root, "root")  # read before the lock writes <root>/state
+    # read before the lock writes <root>/state; releases_root too (the release step's check), in the same call
+    st, rel_st = ownership.states(session, [(root, "root"), (layout.releases_root, "releases")])
     why = ownership.refusal(root, "root", st)
     if why:
         raise StepFailed(why)
@@ -105,7 +106,8 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
         extra = preflight.host_facts(host.vars)
         facts = facts_mod.gather(session, extra=extra)
         ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts,
-                          shared=dict(shared or {}), check=check, progress=progress)
+                          shared={**(shared or {}), "releases_root_state": rel_st}, check=check,
+                          progress=progress, steps=list(steps))
         report, changed = [], False
         for step in steps:
             step.prepare(ctx)

@@ -280,8 +280,9 @@ def op_converge(r):
         and s.get("ActiveState") == "active")
     if not out["converged"] or not r.get("poll"):
         return out
+    t0 = time.monotonic()
     p = op_poll(dict(r["poll"], unit=r["unit"]))
-    out["poll"] = p
+    out["poll"], out["poll_s"] = p, round(time.monotonic() - t0, 3)
     if p["state"] == "healthy" and r.get("smoke"):
         out["smoke"] = op_smoke(dict(r["smoke"], unit=r["unit"], base=p["base"]))
     return out

@@ -41,6 +41,11 @@ def op_state(r):
             "count": len(foreign)}
 
 
+def op_states(r):
+    """`state` of several directories (each [dir, kind]) in one call."""
+    return [op_state(dict(r, dir=d, kind=kind)) for d, kind in r["dirs"]]
+
+
 def op_releases(r):
     d = r["dir"]
     if not os.path.isdir(d):

@@ -40,6 +40,7 @@ class HostContext:
     shared: dict = field(default_factory=dict)
     check: bool = False
     progress: Callable[[str], None] = lambda msg: None
+    steps: list = field(default_factory=list)  # this run's steps, in order (a step may look ahead)
 
     @property
     def layout(self) -> Layout:

@@ -24,6 +24,7 @@ k26ops.enginehost. Secrets (HF_TOKEN, *_TOKEN, ...) reach only the env file
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -68,6 +69,29 @@ def _svc(ctx: HostContext, params: dict) -> dict:
 
 # ---------------------------------------------------------------- service step
 
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def looked_ahead(ctx: HostContext, step: Step, host: str, port: int) -> dict | None:
+    """The requests of the health and smoke steps that come after `step` in
+    this run, for the engine agent's `converge` op: when nothing is to change,
+    the read, the health poll and the smoke requests are one start of python3
+    on the host. None when they do not both follow (or --check, or a rank
+    that serves no HTTP)."""
+    if ctx.check or not serves_http(ctx.vars) or step not in ctx.steps:
+        return None
+    later = ctx.steps[ctx.steps.index(step) + 1:]
+    health = next((s for s in later if isinstance(s, HealthStep)), None)
+    smoke = next((s for s in later if isinstance(s, SmokeStep)), None)
+    if health is None or smoke is None:
+        return None
+    poll = {"port": port, "host": host, "window": health.window()}
+    body, smoke_timeout = smoke.request()
+    return {"poll": poll, "smoke": {"port": port, "host": host, **body},
+            "timeout": poll["window"] + smoke_timeout}
+
+
 class ServiceStep(Step):
     """Install the engine's unit + env file; restart only on a change."""
 
@@ -80,17 +104,31 @@ class ServiceStep(Step):
         env = {**eh.env(), **units.engine_flag_secrets(profile)}
         units.engine_argv(profile)  # profile errors before any host access
         lab_path = eh.lab_module_path if eh.is_lab else None
-        cur = agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
-                    current=eh.layout.current, lab_module=lab_path)
-        release_id = ctx.shared.get("release_id") or (os.path.basename(cur["current"]) if cur["current"] else None)
+        lab_text = STANDIN.read_text() if lab_path else None
         settings = {k: v for k, v in mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
                     if k in units.UNIT_DEFAULTS}
-        unit_text = units.render_unit({**settings, "profile": profile, "release_id": release_id,
-                                       "env_file": epath})
-        env_text = units.render_env({"env": env})
+
+        def render(release_id):
+            return (units.render_unit({**settings, "profile": profile, "release_id": release_id, "env_file": epath}),
+                    units.render_env({"env": env}))
+
+        host, port = eh.target()
+        req = {"unit": unit, "unit_path": upath, "env_path": epath, "current": eh.layout.current,
+               "lab_module": lab_path}
+        texts = render(ctx.shared["release_id"]) if ctx.shared.get("release_id") else None
+        ahead = looked_ahead(ctx, self, host, port)
+        op, timeout = "read", 120.0
+        if texts and ahead and not ctx.shared.get("release_changed"):
+            # One agent call reads the host and, if it is already as planned, checks health and smoke too.
+            op, timeout = "converge", 120.0 + ahead.pop("timeout")
+            req.update(ahead, want={"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
+                                    "lab_module_sha": sha256(lab_text) if lab_text is not None else None})
+        cur = agent(ctx.session, op, timeout=timeout, **req)
+        if texts is None:
+            texts = render(os.path.basename(cur["current"]) if cur["current"] else None)
+        unit_text, env_text = texts
         secrets = eh.secrets(env, cur["env"])
         show = cur["show"]
-        host, port = eh.target()
         svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
                "secrets": secrets, "changed": False, "base": None, "show": show}
         ctx.shared["service"] = svc
@@ -113,14 +151,16 @@ class ServiceStep(Step):
         elif cur["env_mode"] not in (None, 0o600):
             changes.append(Change(f"chmod 0600 {epath} (was {cur['env_mode']:04o})"))
             todo["env_mode"] = True
-        if lab_path:
-            data = STANDIN.read_text()
-            import hashlib
-            if cur["lab_module_sha"] != hashlib.sha256(data.encode()).hexdigest():
-                changes.append(Change(f"install lab engine stand-in as {lab_path}"))
-                todo["lab_module_text"] = data
-                reasons.append("lab engine module")
-        return plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
+        if lab_path and cur["lab_module_sha"] != sha256(lab_text):
+            changes.append(Change(f"install lab engine stand-in as {lab_path}"))
+            todo["lab_module_text"] = lab_text
+            reasons.append("lab engine module")
+        changes = plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
+        if cur.get("converged") and not changes:
+            # what the health and smoke steps would have asked, already answered by the same call
+            ctx.shared["looked_ahead"] = {"poll": cur.get("poll"), "poll_s": cur.get("poll_s"),
+                                          "smoke": cur.get("smoke")}
+        return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         svc = ctx.shared["service"]
@@ -270,9 +310,16 @@ class HealthStep(Step):
             outcome(ctx)["health"] = {"state": f"node rank {ctx.vars['node_rank']}: checked on rank 0", "wait_s": 0}
             return []
         svc = _svc(ctx, self.params)
+        early = (ctx.shared.get("looked_ahead") or {}).get("poll") or {}
+        if early.get("state") == "healthy":  # the service step's converge call found it healthy
+            svc["base"] = early["base"]
+            el = float(ctx.shared["looked_ahead"].get("poll_s") or 0.0)
+            ctx.progress(f"health: healthy after {el:.0f}s")
+            outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
+            return []
         timeout = float(self.params.get("timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
         w = wait_ready(ctx.session, svc["unit"], svc["host"], svc["port"], base=svc.get("base"),
-                       timeout=timeout, secrets=svc["secrets"], window=float(self.params.get("window", 2.0)),
+                       timeout=timeout, secrets=svc["secrets"], window=self.window(),
                        interruptible=True,
                        on_wait=lambda w: ctx.progress(f"health: {w.poll['state']} {w.elapsed:.0f}s"
                                                       + (f": {w.last_line}" if w.last_line else "")))
@@ -299,6 +346,10 @@ class HealthStep(Step):
 
     def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes
         pass
+
+    def window(self) -> float:
+        """Seconds one poll of the host waits for /health before it answers."""
+        return float(self.params.get("window", 2.0))
 
 
 # ---------------------------------------------------------------- smoke
@@ -355,13 +406,11 @@ class SmokeStep(Step):
         if ctx.check or not serves_http(ctx.vars):
             return []
         svc = _svc(ctx, self.params)
-        prompt = str(self.params.get("prompt") or "Say hello in one short sentence.")
-        n = int(self.params.get("max_new_tokens") or 16)
-        reqs = smoke_requests(self.params)
-        per = float(self.params.get("timeout") or 120)
-        r = agent(ctx.session, "smoke", timeout=per * len(reqs) + 30, port=svc["port"], host=svc["host"],
-                  unit=svc["unit"], base=svc.get("base"), prompt=prompt, max_new_tokens=n, timeout_s=per,
-                  requests=reqs)
+        r = (ctx.shared.get("looked_ahead") or {}).get("smoke")  # answered by the service step's converge call
+        if r is None:
+            body, timeout = self.request()
+            r = agent(ctx.session, "smoke", timeout=timeout, port=svc["port"], host=svc["host"],
+                      unit=svc["unit"], base=svc.get("base"), **body)
         if r["failed"]:
             self._failed(ctx, svc, r)
         rec = smoke_outcome(r["results"])
@@ -370,6 +419,15 @@ class SmokeStep(Step):
         ctx.progress("smoke: " + ", ".join(f"{k} {v['latency_s'] * 1000:.0f} ms accept {v['spec_accept_length']}"
                                            for k, v in rec.items() if isinstance(v, dict) and "latency_s" in v))
         return []
+
+    def request(self) -> tuple[dict, float]:
+        """The engine agent's smoke request (without where and which run) and its time limit."""
+        reqs = smoke_requests(self.params)
+        per = float(self.params.get("timeout") or 120)
+        body = {"prompt": str(self.params.get("prompt") or "Say hello in one short sentence."),
+                "max_new_tokens": int(self.params.get("max_new_tokens") or 16), "timeout_s": per,
+                "requests": reqs}
+        return body, per * len(reqs) + 30
 
     def _failed(self, ctx: HostContext, svc: dict, r: dict) -> None:
         last = r["results"][-1]

@@ -269,7 +269,8 @@ class Release(Step):
         rid = prep.release_id
         ctx.shared["release_id"] = rid
         rel = ctx.releases_root
-        st = ownership.state(ctx.session, rel, "releases")
+        # read with k26ops_root's before the lock (playbook.run_on_host); only k26ops runs change it
+        st = ctx.shared.pop("releases_root_state", None) or ownership.state(ctx.session, rel, "releases")
         why = ownership.refusal(rel, "releases", st)
         if why:
             raise StepFailed(why)
