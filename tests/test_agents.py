@@ -430,3 +430,48 @@ def test_engine_names_a_crash_from_the_unit_state():
     assert mod.crashed({"ActiveState": "active", "SubState": "running", "MainPID": 11}, base) == \
         "engine process 10 exited (now 11)"
     assert mod.last_meaningful("a\nLoad weight begin\nnoise\n") == "Load weight begin"
+
+
+def test_ownership_states_answers_several_dirs_in_one_call(host, tmp_path):
+    root, rel = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    (rel / "wheelhouse").mkdir(parents=True)  # ours under k26ops_root, foreign among releases
+    calls = []
+    real = host.run
+    host.run = lambda *a, **kw: calls.append(a) or real(*a, **kw)
+    got = ownership.states(host, [(str(root), "root"), (str(rel), "releases"), (str(tmp_path / "no"), "releases")])
+    assert len(calls) == 1
+    assert got == [ownership.state(host, str(root), "root"), ownership.state(host, str(rel), "releases"),
+                   {"state": "absent"}]
+    assert got[1]["state"] == "foreign"
+
+
+def test_engine_converge_checks_health_and_smoke_only_when_nothing_differs(tmp_path):
+    """The decision of op_converge: the host's real files against the wanted
+    hashes; the unit's state, the poll and the smoke are stand-ins here (no
+    systemd on this machine; the lab tests run the real ones)."""
+    mod = load("engine")
+    unit, env = tmp_path / "k26.service", tmp_path / "k26.env"
+    unit.write_text("[Service]\n")
+    mod.write(str(env), "A=1\n", 0o600)
+    state = {"UnitFileState": "enabled", "ActiveState": "active"}
+    asked = []
+    mod.show = lambda u: dict(state)
+    mod.op_poll = lambda r: asked.append(("poll", r["window"])) or {"state": "healthy", "base": {"MainPID": 7}}
+    mod.op_smoke = lambda r: asked.append(("smoke", r["base"])) or {"results": [], "failed": None, "crash": None}
+    want = {"unit_sha": mod.sha256("[Service]\n"), "env_sha": mod.sha256("A=1\n"), "lab_module_sha": None}
+    req = {"unit": "k26.service", "unit_path": str(unit), "env_path": str(env), "current": str(tmp_path / "cur"),
+           "want": want, "poll": {"window": 2.0}, "smoke": {"prompt": "hi"}}
+    out = mod.op_converge(dict(req))
+    assert out["converged"] and out["poll"]["state"] == "healthy" and out["smoke"]["failed"] is None
+    assert asked == [("poll", 2.0), ("smoke", {"MainPID": 7})]
+    for changed in (lambda: unit.write_text("[Service]\nX=1\n"), lambda: os.chmod(env, 0o644),
+                    lambda: state.update(UnitFileState="disabled"), lambda: state.update(ActiveState="activating")):
+        unit.write_text("[Service]\n")
+        os.chmod(env, 0o600)
+        state.update(UnitFileState="enabled", ActiveState="active")
+        changed()
+        asked.clear()
+        out = mod.op_converge(dict(req))
+        assert not out["converged"] and "poll" not in out and "smoke" not in out and asked == []
+    assert mod.op_converge({k: v for k, v in req.items() if k != "want"})["converged"] is False
