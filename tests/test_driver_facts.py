@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from k26ops import driver_plan as dp
+from k26ops.steps import driver_plan as dp
 from k26ops.facts import driver
 from k26ops.rollout import canary_batches
 from k26ops.steps.driver import verify

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from k26ops import logview
+from k26ops.cli import logview
 from k26ops.errors import UserError
 
 OWN = [

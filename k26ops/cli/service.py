@@ -9,7 +9,8 @@ import time
 import click
 from rich.console import Console
 
-from k26ops import logview, rollout, units
+from k26ops import rollout, units
+from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
 from k26ops.enginehost import agent

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from k26ops import driver_plan as dp
+from k26ops.steps import driver_plan as dp
 from k26ops.errors import UserError
 from k26ops.preflight import driver_version
 from k26ops.ssh import q
