@@ -506,6 +506,7 @@ def revert(root, state) -> dict:
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="patchset.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("site", help="print this interpreter's site-packages (run it with the release venv's python)")
     for name in ("apply", "check", "revert", "verify"):
         s = sub.add_parser(name)
         s.add_argument("--root", required=True)
@@ -516,6 +517,11 @@ def _main(argv=None) -> int:
             s.add_argument("--installed", "--base", action="append", default=[], metavar="PKG==VER|PKG@COMMIT",
                            help="the deployed base; every patch must name it in a Base: line")
     a = ap.parse_args(argv)
+    if a.cmd == "site":
+        import sysconfig
+
+        print(sysconfig.get_paths()["purelib"])
+        return 0
     try:
         if a.cmd in ("apply", "check"):
             inst = dict(parse_base(x) for x in a.installed)

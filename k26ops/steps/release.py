@@ -333,7 +333,7 @@ class Release(Step):
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
                 f"venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links {q(wh)} "
                 f"--require-hashes {'--no-deps ' if no_deps else ''}-r k26ops/requirements.txt; "
-                "SP=$(venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); "
+                "SP=$(venv/bin/python k26ops/patchset.py site); "
                 f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
                 "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
