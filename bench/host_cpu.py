@@ -80,7 +80,8 @@ def main() -> int:
             s1 = {n: starts(b, n) for n in b.names}
             hosts = data["hosts"]
             bad = {h: (r["status"], r["error"]) for h, r in hosts.items() if r["status"] != "ok"}
-            changed = [h for h, r in hosts.items() if any(s["changed"] for s in r.get("steps", []))]
+            changed = {h: [c for s in r.get("steps", []) for c in s["changes"]] for h, r in hosts.items()
+                       if any(s["changed"] for s in r.get("steps", []))}
             if rc != 0 or bad or changed:
                 raise RuntimeError(f"converged deploy was not ok/unchanged: {bad or changed}")
             # the starts reads above are ssh commands too (1 python3-free shell each): not counted

@@ -269,14 +269,22 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
     out, err = io.BytesIO(), io.BytesIO()
     deadline = time.monotonic() + timeout
     pause = 0.0005
+    exited = 0.0
     while True:
         busy = False
         while chan.recv_ready():
             out.write(chan.recv(65536)); busy = True
         while chan.recv_stderr_ready():
             err.write(chan.recv_stderr(65536)); busy = True
+        # Done when the command exited AND the channel's EOF came: sshd may send the exit
+        # status before the last output it still had in the pipe (seen: a converged deploy
+        # lost the last line of a 3-line answer about 1 run in 50). EOF waits at most 2 s more.
         if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-            break
+            if chan.eof_received or chan.closed:
+                break
+            exited = exited or time.monotonic()
+            if time.monotonic() - exited > 2.0:
+                break
         if time.monotonic() > deadline:
             raise socket.timeout()
         if busy:
