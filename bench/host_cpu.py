@@ -10,7 +10,7 @@ Boots a HOSTS-host lab (default 2), deploys it once, then runs REPS converged
   the same length (no k26ops) is measured right after and reported too, and
   subtracted in the "net" column: the host's own background (journald,
   the engine stand-in's idle loop) is not the deploy's cost.
-- python3 starts: this bench's own lab puts a counting wrapper first on PATH
+- python3 starts (k26ops' agents, `python3 -c`, counted apart): this bench's own lab puts a counting wrapper first on PATH
   (/usr/local/bin/python3 logs one line, then execs /usr/bin/python3); the
   wrapper exists only in this bench's lab, after the first deploy.
 - remote commands (SSH exec channels) from the report.
@@ -89,10 +89,13 @@ def main() -> int:
             time.sleep(took)
             i1 = {n: usage_s(p) for n, p in stats.items()}
             for n in b.names:
+                started = s1[n][len(s0[n]):]
                 runs.append({"host": n, "cpu": c1[n] - c0[n], "idle": i1[n] - i0[n],
-                             "python3": len(s1[n]) - len(s0[n]), "started": s1[n][len(s0[n]):], "commands": hosts[n]["commands"], "wall": wall})
+                             "python3": len(started), "agents": sum(s.startswith("-c ") for s in started),
+                             "started": started, "commands": hosts[n]["commands"], "wall": wall})
             print(f"  rep {i + 1}: wall {wall:.2f}s; " + "; ".join(
-                f"{r['host']}: CPU {r['cpu']:.3f}s (idle {r['idle']:.3f}s), python3 x{r['python3']}, "
+                f"{r['host']}: CPU {r['cpu']:.3f}s (idle {r['idle']:.3f}s), python3 x{r['python3']} "
+                f"(k26ops agents x{r['agents']}), "
                 f"{r['commands']} commands" for r in runs[-len(b.names):]))
     print("python3 starts of the last run on " + runs[-1]["host"] + ":")
     for line in runs[-1]["started"]:
@@ -101,13 +104,17 @@ def main() -> int:
     idle = common.stats([r["idle"] for r in runs])
     net = common.stats([r["cpu"] - r["idle"] for r in runs])
     py = sorted({r["python3"] for r in runs})
+    agents = sorted({r["agents"] for r in runs})
     cmds = sorted({r["commands"] for r in runs})
     common.table(f"host cost of a converged deploy ({args.hosts} hosts x {args.reps} reps)",
-                 [("per host", common.fmt(cpu), common.fmt(idle), common.fmt(net), ",".join(map(str, py)),
-                   ",".join(map(str, cmds)))],
-                 ("case", "host CPU", "idle, same time", "net", "python3 starts", "ssh commands"))
+                 [("per host", common.fmt(cpu), common.fmt(idle), common.fmt(net), ",".join(map(str, agents)),
+                   ",".join(map(str, py)), ",".join(map(str, cmds)))],
+                 ("case", "host CPU", "idle, same time", "net", "k26ops agents (python3 -c)", "all python3 starts",
+                  "ssh commands"))
+    print("  all python3 starts = the agents + `python3 --version` (a fact) + the lab's nvidia-smi stand-in "
+          "(a Python script here; a binary on a GPU host)")
     common.write_result("host_cpu", {"reps": args.reps, "hosts": args.hosts, "cpu_s": cpu, "idle_s": idle,
-                                     "net_s": net, "python3_starts": py, "commands": cmds, "runs": runs})
+                                     "net_s": net, "agent_starts": agents, "python3_starts": py, "commands": cmds, "runs": runs})
     return 0
 
 
