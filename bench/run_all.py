@@ -1,7 +1,7 @@
 """Run every benchmark, one after another (each boots and stops its own lab),
 then print one summary from their results (bench/results/*-latest.json).
 
-    python bench/run_all.py [--reps N] [--only fanout,converged,crash,wheelhouse,snapshot,lab_boot,rolling_reboot]
+    python bench/run_all.py [--reps N] [--only fanout,converged,crash,wheelhouse,snapshot,lab_boot,rolling_reboot,host_cpu]
     python bench/run_all.py --summary      # only print the summary of the last results
 """
 
@@ -17,7 +17,7 @@ import common
 
 SCRIPTS = {"fanout": "fanout.py", "converged": "converged.py", "crash": "crash.py",
            "wheelhouse": "wheelhouse_bytes.py", "snapshot": "snapshot.py", "lab_boot": "lab_boot.py",
-           "rolling_reboot": "rolling_reboot.py"}
+           "rolling_reboot": "rolling_reboot.py", "host_cpu": "host_cpu.py"}
 
 
 def latest(name: str) -> dict | None:
