@@ -110,10 +110,10 @@ def _register() -> None:
         cli.add_command(module.group)
     cli.add_command(hosts.facts_cmd)
     cli.add_command(hosts.check_cmd)
-    from k26ops.cli import service
+    from k26ops.cli import status
 
-    cli.add_command(service.status_cmd)
-    cli.add_command(service.logs_cmd)
+    cli.add_command(status.status_cmd)
+    cli.add_command(status.logs_cmd)
     cli.add_command(deploy.deploy_cmd)
     from k26ops.cli import provision
 
