@@ -135,6 +135,11 @@ class EngineHost:
         profile["release_dir"] = self.layout.current
         return profile
 
+    def api_key(self) -> str | None:
+        """The engine's --api-key (an extra flag kept in the env file), which
+        every request but /health* must carry; None when it has none."""
+        return units.engine_flag_secrets(self.profile()).get(units.secret_ref_name("--api-key")) or None
+
     def target(self) -> tuple[str, int]:
         """(address, port) to poll the engine at, from the host itself."""
         return poll_target(self.profile())

@@ -381,3 +381,29 @@ def test_bad_unit_never_replaces_the_working_one(lab, engine):
     assert "not executable" in r.error
     assert ssh(lab, lab1, f"cat /etc/systemd/system/{UNIT}") == unit_before
     assert main_pid(lab, lab1) == pid
+
+
+def test_an_engine_with_an_api_key_is_checked_and_smoked_with_it(lab, engine, capsys):
+    """--api-key (an extra flag kept in the env file): SGLang then answers 401 on
+    every path but /health*; health, smoke (first and converged runs) and status
+    must send the key, and it is never printed nor put in the unit."""
+    lab1 = engine["names"][0]
+    key = "sk-lab-APIKEY-7f3a9c"
+    inv = inventory(engine, "apikey", **{lab1: {"extra_flags": {"api-key": key}}})
+    res, out = deploy(inv, capsys=capsys)
+    r = res[lab1]
+    assert r.status == "changed", r.error
+    assert r.data["health"]["state"] == "healthy" and r.data["smoke"]["ok"], r.data
+    port = engine["ports"][lab1]
+    script = ("import sys, urllib.request as u\ntry: u.urlopen(u.Request(sys.argv[1], data=b'{}'))\n"
+              "except Exception as e: print(getattr(e, 'code', e))")
+    probe = f"python3 -c {q(script)} http://127.0.0.1:{port}/generate"
+    assert ssh(lab, lab1, probe).strip() == "401"  # the engine really demands the key
+    assert key not in ssh(lab, lab1, f"cat /etc/systemd/system/{UNIT}")
+    res2, out2 = deploy(inv, capsys=capsys)  # converged: the one agent call carries the key too
+    assert res2[lab1].status == "ok" and res2[lab1].data["smoke"]["ok"], res2[lab1].error
+    env = {**lab.env(), "K26OPS_INVENTORY": str(inv), "HF_TOKEN": ""}
+    rc, st = k26ops_json("--limit", lab1, "status", env=env)
+    assert rc == 0 and st["hosts"][lab1]["model"] == "/models/Kimi-K2.6", st
+    assert key not in out + out2 + json.dumps(st) + json.dumps([x.to_json() for x in (r, res2[lab1])])
+    deploy(inventory(engine, "base"))  # back to the common state

@@ -49,11 +49,21 @@ def write(path, text, perm):
         raise
     os.replace(tmp, path)
 
+# The engine's --api-key, when it has one (the request's "api_key"; never in an answer).
+# SGLang asks for it on every path but /health*, /ready* and /metrics*.
+API_KEY = []
+
+def auth_headers(path):
+    if API_KEY and API_KEY[0] and not path.startswith(("/health", "/ready", "/metrics")):
+        return {"Authorization": "Bearer " + API_KEY[0]}
+    return {}
+
 def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
     # Marked as k26ops' own (health, smoke), so `k26ops logs` can hide them; engines ignore the query.
     url = "http://%s:%d%s%sfrom=k26ops" % (host, port, path, "&" if "?" in path else "?")
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    headers = dict(auth_headers(path), **({"Content-Type": "application/json"} if data else {}))
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e: return e.code, e.read().decode(errors="replace")[:300]
@@ -322,5 +332,6 @@ def op_logs(r):
 
 if __name__ == "__main__":
     req = json.loads(sys.stdin.read())
+    API_KEY.append(req.pop("api_key", None))
     res = globals()["op_" + req.pop("op")](req)
     sys.stdout.write("\n" + json.dumps(res) + "\n")

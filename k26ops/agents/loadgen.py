@@ -55,6 +55,14 @@ def prompt(rng, n):
     return " ".join(rng.choice(WORDS) for _ in range(max(1, n)))
 
 
+# The engine's --api-key, when it has one (the request's "api_key"; never in an answer).
+API_KEY = []
+
+
+def auth():
+    return {"Authorization": "Bearer " + API_KEY[0]} if API_KEY and API_KEY[0] else {}
+
+
 def one_request(host, port, text, output_len, temperature, timeout):
     """One streaming /generate; timings as bench_serving's async_request_sglang_generate takes them."""
     body = json.dumps({"text": text, "stream": True,
@@ -65,7 +73,7 @@ def one_request(host, port, text, output_len, temperature, timeout):
     last_t, last_len = st, 0
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", "/generate", body=body, headers=dict(auth(), **{"Content-Type": "application/json"}))
         resp = conn.getresponse()
         if resp.status != 200:
             out["error"] = "HTTP %d %s" % (resp.status, resp.read()[:200].decode(errors="replace"))
@@ -114,7 +122,7 @@ def server_accept(host, port):
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         for path in ("/server_info", "/get_server_info"):
-            conn.request("GET", path)
+            conn.request("GET", path, headers=auth())
             resp = conn.getresponse()
             data = resp.read()
             if resp.status == 200:
@@ -193,7 +201,8 @@ def op_bench_serving(r):
                 "--num-prompts", str(r["num_prompts"]), "--max-concurrency", str(r["concurrency"]),
                 "--seed", str(r["seed"]), "--extra-request-body", json.dumps(extra),
                 "--output-file", out, "--disable-tqdm"]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=r.get("timeout_s", 3600), cwd=d)
+        env = dict(os.environ, OPENAI_API_KEY=API_KEY[0]) if API_KEY and API_KEY[0] else None  # what SGLang's bench reads
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=r.get("timeout_s", 3600), cwd=d, env=env)
         rows = []
         if os.path.exists(out):
             with open(out) as fh:
@@ -212,5 +221,6 @@ def op_bench_serving(r):
 
 if __name__ == "__main__":
     req = json.loads(sys.stdin.read())
+    API_KEY.append(req.pop("api_key", None))
     res = globals()["op_" + req.pop("op")](req)
     sys.stdout.write("\n" + json.dumps(res) + "\n")

@@ -44,7 +44,7 @@ def host_target(session) -> tuple[HostContext, dict]:
     eh = EngineHost(ctx)
     host, port = eh.target()
     return ctx, {"unit": eh.unit, "unit_path": eh.unit_path, "env_path": eh.env_path,
-                 "host": host, "port": port, "releases_root": ctx.releases_root}
+                 "host": host, "port": port, "releases_root": ctx.releases_root, "api_key": eh.api_key()}
 
 
 def run_smoke(session, t: dict) -> dict:
@@ -52,7 +52,7 @@ def run_smoke(session, t: dict) -> dict:
     from k26ops.enginehost import agent
     from k26ops.steps import engine as engine_steps
 
-    r = agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"],
+    r = agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"], api_key=t.get("api_key"),
               prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=engine_steps.smoke_requests({}))
     if r["failed"]:
         last = r["results"][-1]
@@ -97,7 +97,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     """One remote call; returns (report row, files for the repository, the host's record)."""
     ctx, t = host_target(session)
     name = session.host.name
-    req = dict(t, facts=facts_mod.command_list(list(FACT_NAMES)), prompt=SMOKE_PROMPT, max_new_tokens=16)
+    req = dict({k: v for k, v in t.items() if k != "api_key"}, facts=facts_mod.command_list(list(FACT_NAMES)), prompt=SMOKE_PROMPT, max_new_tokens=16)
     raw = hostscript.call(session, "snapshot", timeout=240, **req)
     raw["smoke"] = run_smoke(session, t) if raw["health"]["state"] == "healthy" else None
     rel = raw["release"]

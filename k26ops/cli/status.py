@@ -52,7 +52,8 @@ def status_cmd(settings, unit, baselines_dir):
     def work(session):
         ctx = session_context(session)
         eh, name, host, port = _target(ctx, unit)
-        r = agent(session, "status", unit=name, port=port, host=host, current=eh.layout.current)
+        r = agent(session, "status", unit=name, port=port, host=host, current=eh.layout.current,
+                  api_key=eh.api_key())
         show = r["show"]
         active = show.get("ActiveState")
         started = show.get("ExecMainStartTimestampMonotonic") or 0

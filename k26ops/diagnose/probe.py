@@ -171,7 +171,7 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
         rep.graphs_enabled_by_dropin = exec_start is not None
         try:
             _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
-                      ready_timeout, requests, progress, classify)
+                      ready_timeout, requests, progress, classify, api_key=eh.api_key())
         except BaseException as exc:  # restored already; let the caller say how the restore went
             exc.probe_report = rep
             raise
@@ -234,7 +234,7 @@ def describe_drift(drift: list) -> str:
 
 
 def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
-              ready_timeout, requests, progress, classify) -> None:
+              ready_timeout, requests, progress, classify, api_key=None) -> None:
     from k26ops.enginehost import agent as engine_agent
     from k26ops.enginehost import wait_ready
 
@@ -273,6 +273,7 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
             for n in range(1, requests + 1):
                 progress(f"request {n}/{requests}: /generate (speculative verify path)")
                 r = engine_agent(session, "smoke", timeout=200, port=port, host=ehost, unit=uname, base=base,
+                                 api_key=api_key,
                               prompt="Write a short poem about CUDA graphs.", max_new_tokens=32, timeout_s=120.0)
                 if r.get("crash"):  # the agent waited for the unit to show the death
                     crashed, rep.crash_when = r["crash"]["why"], "request"

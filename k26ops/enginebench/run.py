@@ -89,7 +89,7 @@ def target(ctx) -> dict:
     host, port = poll_target(profile)
     model = str(profile.get("served_model_name") or profile.get("model_path") or "")
     return {"host": host, "port": port, "model": model, "tokenizer": str(profile.get("model_path") or model),
-            "python": f"{eh.layout.current}/venv/bin/python"}
+            "python": f"{eh.layout.current}/venv/bin/python", "api_key": eh.api_key()}
 
 
 def choose_generator(session, spec: BenchSpec, t: dict) -> tuple[str, str]:
@@ -120,7 +120,7 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None) -> dict:
             r = agent(ctx.session, op, timeout=3700, module=t.get("module"), host=t["host"], port=t["port"], model=t["model"],
                       tokenizer=t["tokenizer"], python=t["python"], concurrency=c, temperature=temp,
                       num_prompts=spec.prompts(c), input_len=spec.input_len, output_len=spec.output_len,
-                      seed=spec.seed + run)
+                      seed=spec.seed + run, api_key=t["api_key"])
             if not r.get("ok"):
                 raise StepFailed(f"bench {cell_key(c, temp)} on {t['host']}:{t['port']}: "
                                  f"{r.get('error') or '; '.join(r.get('errors') or []) or 'no request completed'}")

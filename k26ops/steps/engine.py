@@ -62,7 +62,7 @@ def _svc(ctx: HostContext, params: dict) -> dict:
         eh = EngineHost(ctx, params)
         host, port = eh.target()
         svc = {"unit": eh.unit, "port": port, "host": host, "changed": False,
-               "env_path": eh.env_path, "secrets": eh.secrets()}
+               "env_path": eh.env_path, "secrets": eh.secrets(), "api_key": eh.api_key()}
         ctx.shared["service"] = svc
     return svc
 
@@ -121,7 +121,7 @@ class ServiceStep(Step):
         if texts and ahead and not ctx.shared.get("release_changed"):
             # One agent call reads the host and, if it is already as planned, checks health and smoke too.
             op, timeout = "converge", 120.0 + ahead.pop("timeout")
-            req.update(ahead, want={"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
+            req.update(ahead, api_key=eh.api_key(), want={"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
                                     "lab_module_sha": sha256(lab_text) if lab_text is not None else None})
         cur = agent(ctx.session, op, timeout=timeout, **req)
         if texts is None:
@@ -130,7 +130,7 @@ class ServiceStep(Step):
         secrets = eh.secrets(env, cur["env"])
         show = cur["show"]
         svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
-               "secrets": secrets, "changed": False, "base": None, "show": show}
+               "secrets": secrets, "changed": False, "base": None, "show": show, "api_key": eh.api_key()}
         ctx.shared["service"] = svc
 
         changes: list[Change] = []
@@ -410,7 +410,7 @@ class SmokeStep(Step):
         if r is None:
             body, timeout = self.request()
             r = agent(ctx.session, "smoke", timeout=timeout, port=svc["port"], host=svc["host"],
-                      unit=svc["unit"], base=svc.get("base"), **body)
+                      unit=svc["unit"], base=svc.get("base"), api_key=svc.get("api_key"), **body)
         if r["failed"]:
             self._failed(ctx, svc, r)
         rec = smoke_outcome(r["results"])
