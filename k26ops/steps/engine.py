@@ -113,6 +113,7 @@ class ServiceStep(Step):
                     units.render_env({"env": env}))
 
         host, port = eh.target()
+        api_key = eh.api_key()
         req = {"unit": unit, "unit_path": upath, "env_path": epath, "current": eh.layout.current,
                "lab_module": lab_path}
         texts = render(ctx.shared["release_id"]) if ctx.shared.get("release_id") else None
@@ -121,8 +122,9 @@ class ServiceStep(Step):
         if texts and ahead and not ctx.shared.get("release_changed"):
             # One agent call reads the host and, if it is already as planned, checks health and smoke too.
             op, timeout = "converge", 120.0 + ahead.pop("timeout")
-            req.update(ahead, api_key=eh.api_key(), want={"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
-                                    "lab_module_sha": sha256(lab_text) if lab_text is not None else None})
+            want = {"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
+                    "lab_module_sha": sha256(lab_text) if lab_text is not None else None}
+            req.update(ahead, api_key=api_key, want=want)
         cur = agent(ctx.session, op, timeout=timeout, **req)
         if texts is None:
             texts = render(os.path.basename(cur["current"]) if cur["current"] else None)
@@ -130,7 +132,7 @@ class ServiceStep(Step):
         secrets = eh.secrets(env, cur["env"])
         show = cur["show"]
         svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
-               "secrets": secrets, "changed": False, "base": None, "show": show, "api_key": eh.api_key()}
+               "secrets": secrets, "changed": False, "base": None, "show": show, "api_key": api_key}
         ctx.shared["service"] = svc
 
         changes: list[Change] = []
