@@ -198,12 +198,15 @@ class Ready:
 
 def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, timeout: float,
                secrets: list[str], window: float = 2.0, journal_lines: int | None = None,
-               on_wait: Callable[[Ready], None] = lambda r: None, interruptible: bool = False) -> Ready:
+               on_wait: Callable[[Ready], None] = lambda r: None, interruptible: bool = False,
+               poll: Callable[[float, dict], dict] | None = None) -> Ready:
     """Wait for the engine to answer /health and /health_generate, polling from
     the host in long-poll windows (one remote command each). A crash (unit
     failed, process exited or restarted since `base`) ends the wait at once;
     `on_wait` hears each window that ended without an answer; interruptible:
-    Ctrl-C/SIGTERM/SIGHUP end it between windows."""
+    Ctrl-C/SIGTERM/SIGHUP end it between windows. `poll(window, request)`
+    replaces the engine agent's `poll` (a rehearsal's engine is no unit):
+    the same answers (state healthy / crashed / loading, last_line)."""
     from k26ops.fleet import INTERRUPTED
 
     t0 = time.monotonic()
@@ -215,7 +218,10 @@ def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, t
             return Ready("interrupted", el, p, base, last)
         w = max(0.5, min(window, timeout - el))
         req = {"journal_lines": journal_lines} if journal_lines is not None else {}
-        p = agent(session, "poll", timeout=w + 90, unit=unit, port=port, host=host, base=base, window=w, **req)
+        if poll is not None:
+            p = poll(w, req)
+        else:
+            p = agent(session, "poll", timeout=w + 90, unit=unit, port=port, host=host, base=base, window=w, **req)
         base = p.get("base") or base
         el = time.monotonic() - t0
         if p["state"] in ("healthy", "crashed"):

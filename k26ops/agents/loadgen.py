@@ -64,8 +64,9 @@ def auth():
 
 
 def one_request(host, port, text, output_len, temperature, timeout):
-    """One streaming /generate; timings as bench_serving's async_request_sglang_generate takes them."""
-    body = json.dumps({"text": text, "stream": True,
+    """One streaming /generate; timings as bench_serving's async_request_sglang_generate takes them.
+    `text` may be a list of token ids (an engine started with --skip-tokenizer-init)."""
+    body = json.dumps({("input_ids" if isinstance(text, list) else "text"): text, "stream": True,
                        "sampling_params": {"temperature": temperature, "max_new_tokens": output_len,
                                            "ignore_eos": True}}).encode()
     out = {"ok": False, "ttft": 0.0, "itl": [], "latency": 0.0, "output_len": 0, "accept": None, "error": ""}
@@ -93,7 +94,7 @@ def one_request(host, port, text, output_len, temperature, timeout):
             if chunk == "[DONE]":
                 break
             data = json.loads(chunk)
-            if not data.get("text"):
+            if not data.get("text") and not data.get("output_ids"):
                 continue
             meta = data.get("meta_info") or {}
             n = int(meta.get("completion_tokens") or 0)
@@ -140,7 +141,11 @@ def server_accept(host, port):
 def op_loadgen(r):
     host, port, c, n = r["host"], r["port"], r["concurrency"], r["num_prompts"]
     rng = random.Random(r["seed"])
-    prompts = [prompt(rng, r["input_len"]) for _ in range(n)]
+    if r.get("token_ids"):  # no tokenizer: random ids below the vocabulary, input_len of them
+        hi = max(2, min(int(r["token_ids"].get("vocab") or 1000), 32000))
+        prompts = [[rng.randrange(1, hi) for _ in range(max(1, r["input_len"]))] for _ in range(n)]
+    else:
+        prompts = [prompt(rng, r["input_len"]) for _ in range(n)]
     timeout = r.get("timeout_s", 600)
     warm = one_request(host, port, prompts[0], min(r["output_len"], 32), r["temperature"], timeout)
     if not warm["ok"]:

@@ -157,6 +157,11 @@ def op_apply_probe(r):
     except (ValueError, IndexError): res = {"ok": False, "error": (err or out).strip()[-300:]}
     return {"ok": bool(res.get("ok")), "error": res.get("error"), "files": res.get("files", [])}
 
+def op_revert(r):
+    """The probe out of a release, nothing else (a rehearsal's probe: no unit involved)."""
+    res = probe_revert(r["release"], r["site"], os.path.join(r["release"], r["probe_state"]))
+    return {"ok": True, "done": ["reverted the probe (%d file(s))" % len(res["reverted"])] if res["had_probe"] else []}
+
 def op_restart(r):
     """Install the runtime drop-in, remember the journal position, restart."""
     unit = r["unit"]

@@ -115,6 +115,9 @@ def _register() -> None:
     cli.add_command(status.status_cmd)
     cli.add_command(status.logs_cmd)
     cli.add_command(deploy.deploy_cmd)
+    from k26ops.cli import rehearse
+
+    cli.add_command(rehearse.rehearse_cmd)
     from k26ops.cli import provision
 
     cli.add_command(provision.provision_cmd)

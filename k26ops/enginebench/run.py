@@ -104,9 +104,12 @@ def choose_generator(session, spec: BenchSpec, t: dict) -> tuple[str, str]:
     return OWN, probe["why"]
 
 
-def run_host(ctx, spec: BenchSpec, progress=lambda m: None) -> dict:
-    """Bench one host; raise StepFailed when a cell gets no answer at all."""
-    t = target(ctx)
+def run_host(ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: dict | None = None,
+             extra: dict | None = None) -> dict:
+    """Bench one host; raise StepFailed when a cell gets no answer at all.
+    `target_override`: another engine than the unit's (a rehearsal's); `extra`:
+    more of the load generator's request (token_ids: an engine without tokenizer)."""
+    t = dict(target_override) if target_override else target(ctx)
     t0 = time.monotonic()
     progress("bench: checking for sglang.bench_serving")
     gen, why = choose_generator(ctx.session, spec, t)
@@ -120,7 +123,7 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None) -> dict:
             r = agent(ctx.session, op, timeout=3700, module=t.get("module"), host=t["host"], port=t["port"], model=t["model"],
                       tokenizer=t["tokenizer"], python=t["python"], concurrency=c, temperature=temp,
                       num_prompts=spec.prompts(c), input_len=spec.input_len, output_len=spec.output_len,
-                      seed=spec.seed + run, api_key=t["api_key"])
+                      seed=spec.seed + run, api_key=t["api_key"], **(extra or {}))
             if not r.get("ok"):
                 raise StepFailed(f"bench {cell_key(c, temp)} on {t['host']}:{t['port']}: "
                                  f"{r.get('error') or '; '.join(r.get('errors') or []) or 'no request completed'}")

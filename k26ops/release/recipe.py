@@ -32,7 +32,7 @@ _PY = re.compile(r"3\.\d+")
 _VERSION = re.compile(r"\d+(\.\d+)*([.+-]?[A-Za-z0-9]+)*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GPU_PINS = ("torch", "triton", "flashinfer-python")
-_TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile"}
+_TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile", "rehearsal"}
 # engine_profile keys understood by units.engine_argv (plus extra_args)
 PROFILE_INT = {"tp_size": 1, "speculative_ddtree_budget": 1, "speculative_dflash_block_size": 1,
                "page_size": 1, "cuda_graph_max_bs_decode": 1, "cuda_graph_max_bs_prefill": 1,
@@ -79,6 +79,22 @@ class Drafter:
 
 
 @dataclass(frozen=True)
+class Rehearsal:
+    """`rehearsal:` of a recipe (k26ops rehearse): the model and drafter configs
+    to use where the host has none (files beside the recipe, never weights),
+    the defaults for layers and memory fraction, and the real load time a
+    caught crash saves."""
+
+    model_config: Path | None = None
+    draft_config: Path | None = None
+    layers: int | None = None
+    mem_fraction: float | None = None
+    tp_size: int | None = None
+    expected_load_s: float | None = None
+    draft_dummy_flag: bool = True
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     source: Path
@@ -95,6 +111,7 @@ class Recipe:
     python: str = "3.11"  # the hosts' python (a lock is for one)
     index_urls: tuple[str, ...] = ()
     drafter: Drafter | None = None
+    rehearsal: Rehearsal | None = None
 
     @property
     def base(self) -> str:
@@ -338,7 +355,42 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
         drafter = Drafter(dr.get("path"), bs, dr.get("repo"), rev)
     return Recipe(name=name, source=path, sglang=sglang, install=install, pins=pins, extras=extras,
                   toolkit=toolkit, git=git, series=series, tags=tuple(tags), profile=profile,
-                  lock_path=lock_path, python=python, index_urls=tuple(index_urls), drafter=drafter)
+                  lock_path=lock_path, python=python, index_urls=tuple(index_urls), drafter=drafter,
+                  rehearsal=_rehearsal(c, top.get("rehearsal"), path))
+
+
+def _rehearsal(c: "_Ctx", node, path: Path) -> Rehearsal | None:
+    if node is None:
+        return None
+    rh = c.mapping(node, ("rehearsal",), {"model_config", "draft_config", "layers", "mem_fraction", "tp_size",
+                                          "expected_load_s", "draft_dummy_flag"})
+    files = {}
+    for key in ("model_config", "draft_config"):
+        rel = rh.get(key)
+        if rel is None:
+            continue
+        if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise c.err(("rehearsal", key), f"must be a path inside the recipe's directory, got {rel!r}")
+        f = path.parent / rel
+        if not f.is_file():
+            raise c.err(("rehearsal", key), f"no such file: {f}")
+        files[key] = f
+    for key, lo in (("layers", 1), ("tp_size", 1)):
+        v = rh.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise c.err(("rehearsal", key), f"must be an integer >= {lo}, got {v!r}")
+    mf = rh.get("mem_fraction")
+    if mf is not None and (isinstance(mf, bool) or not isinstance(mf, (int, float)) or not 0 < mf < 1):
+        raise c.err(("rehearsal", "mem_fraction"), f"must be a number between 0 and 1, got {mf!r}")
+    ls = rh.get("expected_load_s")
+    if ls is not None and (isinstance(ls, bool) or not isinstance(ls, (int, float)) or ls < 0):
+        raise c.err(("rehearsal", "expected_load_s"), f"must be seconds >= 0, got {ls!r}")
+    flag = rh.get("draft_dummy_flag", True)
+    if not isinstance(flag, bool):
+        raise c.err(("rehearsal", "draft_dummy_flag"), f"must be true or false, got {flag!r}")
+    return Rehearsal(files.get("model_config"), files.get("draft_config"), rh.get("layers"),
+                     float(mf) if mf is not None else None, rh.get("tp_size"),
+                     float(ls) if ls is not None else None, flag)
 
 
 def with_source_url(recipe: Recipe, url: str) -> Recipe:

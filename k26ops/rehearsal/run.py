@@ -1,0 +1,326 @@
+"""One host's rehearsal: the release's own engine, the unit's command line,
+dummy weights; then ready-wait, smoke, short bench, stop, and a report.
+
+The engine is started by the `rehearse` host agent in a private temp dir
+(transient systemd unit, or its own process group where there is no
+systemd) with a deadline on the host, and is ALWAYS stopped (finally:
+failure, timeout, Ctrl-C) with its temp dir removed; the report says what,
+if anything, was left. The serving engine is never touched unless the
+caller asked (`serving="stop"`: stopped for the rehearsal, started again and
+waited for afterwards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from k26ops import agents, units
+from k26ops.enginehost import LAB_MODULE, EngineHost, agent as engine_agent, wait_ready
+from k26ops.errors import UserError
+from k26ops.rehearsal import plan
+from k26ops.ssh import q
+from k26ops.steps import HostContext, StepFailed
+
+STANDIN_FILE = "lab/fixtures/engine_standin.py"
+PROBE_STATE = "rehearse-probe-state"
+
+
+class RehearsalFailed(StepFailed):
+    """The rehearsal ran and the engine failed it (or could not start): one line,
+    plus the report, the named crash and the log tail for the host's result."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+        self.details = {"rehearsal": report, "diagnosis": report.get("diagnosis") or {},
+                        "journal_tail": report.get("log_tail") or ""}
+
+
+def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
+    return agents.run(session, "rehearse", op, timeout, what="rehearse agent", **req)
+
+
+def options_for(ctx: HostContext, opts: plan.Options) -> tuple[plan.Options, object]:
+    """The caller's options over the recipe's `rehearsal:` defaults; (options, recipe)."""
+    from k26ops.steps.release import effective_recipe
+
+    r = effective_recipe(ctx)
+    rh = r.rehearsal
+    o = plan.Options(**opts.to_json())
+    if rh:
+        o.layers = o.layers if o.layers is not None else rh.layers
+        o.tp_size = o.tp_size or rh.tp_size
+        o.mem_fraction = rh.mem_fraction if (rh.mem_fraction and opts.mem_fraction == plan.Options.mem_fraction) \
+            else o.mem_fraction
+        o.expected_load_s = o.expected_load_s if o.expected_load_s is not None else rh.expected_load_s
+        o.draft_dummy_flag = rh.draft_dummy_flag and o.draft_dummy_flag
+    return o, r
+
+
+def _configs(ctx, eh_profile: dict, recipe, opts: plan.Options, report: dict) -> tuple[dict, dict | None]:
+    """The model and drafter specs for the agent: the host's own config.json
+    (and small files) where it has one, else the recipe's, fitted to the layers."""
+    import json
+
+    model_path = str(eh_profile.get("model_path") or "")
+    draft_path = eh_profile.get("draft_model_path")
+    have = agent(ctx.session, "configs", model_path=model_path, draft_path=draft_path)
+    rh = recipe.rehearsal
+    specs = {}
+    for key, path, host_cfg, file in (("model", model_path, have.get("model"), rh and rh.model_config),
+                                      ("draft", draft_path, have.get("draft"), rh and rh.draft_config)):
+        if key == "draft" and not path:
+            continue
+        if isinstance(host_cfg, dict):
+            specs[key] = {"config": host_cfg, "copy_from": path}
+            report["notes"].append(f"{key} config: {path}/config.json on the host")
+        elif file:
+            try:
+                specs[key] = {"config": json.loads(file.read_text())}
+            except (OSError, ValueError) as exc:
+                raise UserError(f"{file}: not a readable JSON config: {exc}") from None
+            report["notes"].append(f"{key} config: {file.name} from the recipe (the host has no {path}/config.json)")
+        else:
+            raise StepFailed(f"rehearsal: no config.json at {path} on the host and the recipe "
+                             f"{recipe.name} has no rehearsal.{key}_config: nothing to build dummy weights from")
+    specs["model"]["config"], notes = plan.fit_model(specs["model"]["config"], opts.layers)
+    report["notes"] += notes
+    n = plan.layer_count(specs["model"]["config"])
+    report["layers"] = n
+    if "draft" in specs:
+        specs["draft"]["config"], notes = plan.fit_draft(specs["draft"]["config"], n)
+        report["notes"] += notes
+    return specs["model"], specs.get("draft")
+
+
+def token_ids(config: dict, n: int = 16) -> list[int]:
+    """A fixed prompt of token ids inside the model's vocabulary (no tokenizer)."""
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 1000
+    hi = max(2, min(int(vocab), 32000))
+    return [(i * 7919 + 11) % (hi - 1) + 1 for i in range(n)]
+
+
+def _release_site(ctx, release_dir: str) -> dict:
+    r = agent(ctx.session, "release", release=release_dir)
+    if not r.get("ok"):
+        raise StepFailed(f"rehearsal --probe: {r.get('error')}")
+    return r
+
+
+def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = None,
+             env: dict | None = None, progress=lambda m: None) -> dict:
+    """Rehearse on one host; the report (dict). Raises RehearsalFailed when the
+    engine crashed or did not serve, StepFailed/UserError when it could not run."""
+    from k26ops.diagnose.classify import classify
+    from k26ops.steps.engine import smoke_requests
+
+    opts, recipe = options_for(ctx, opts)
+    eh = EngineHost(ctx)
+    profile = eh.profile()
+    layout = eh.layout
+    if opts.release:
+        release_dir = f"{layout.releases_root}/{opts.release}"
+    release_dir = release_dir or layout.current
+    profile["release_dir"] = release_dir
+    unit_argv = units.engine_argv(profile)
+    serving_port = eh.target()[1]
+    port = opts.port or serving_port + 100
+    t0 = time.monotonic()
+    report: dict = {"release": release_dir, "notes": [], "options": opts.to_json(), "state": "starting"}
+    secrets = eh.secrets()
+
+    chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0])
+    if not chk.get("python_exists"):
+        raise StepFailed(f"rehearsal: no engine python at {unit_argv[0]} (release {release_dir} not built?)")
+    if not chk.get("port_free"):
+        raise StepFailed(f"rehearsal: port {port} on the host is taken; pick another with --port")
+    serving = chk.get("serving") in ("active", "activating", "reloading")
+    report["serving_engine"] = chk.get("serving")
+    if serving and opts.serving == "refuse":
+        raise StepFailed(f"rehearsal refused: the serving engine {eh.unit} is {chk.get('serving')} and holds "
+                         "the GPUs; nothing changed. Pass --alongside to rehearse beside it in the GPUs' free "
+                         "memory, or --stop-serving to stop it for the rehearsal (it is started again after)")
+    model, draft = _configs(ctx, profile, recipe, opts, report)
+    argv, changes = plan.rehearsal_argv(unit_argv, opts, port=port, has_draft=draft is not None)
+    report["changes"] = changes
+    report["argv"] = units.redact(" ".join(argv), secrets)
+    report["cuda_graphs"] = plan.graphs_on(argv)
+    env = dict(eh.env() if env is None else env)
+    files = {}
+    if eh.is_lab:  # the lab stand-in, in the temp dir: a release being rehearsed has no unit yet
+        from pathlib import Path
+
+        files["lab/" + LAB_MODULE + ".py"] = (Path(__file__).resolve().parent.parent / STANDIN_FILE).read_text()
+        env["PYTHONPATH"] = plan.TMP + "/lab"
+    probe = None
+    if opts.probe:
+        probe = _apply_probe(ctx, release_dir, report, progress)
+    stopped_serving = False
+    handle = None
+    try:
+        if serving and opts.serving == "stop":
+            progress(f"stopping the serving engine {eh.unit} for the rehearsal")
+            ctx.run(f"systemctl stop {q(eh.unit)}", check=True, timeout=300)
+            stopped_serving = True
+        progress(f"starting the engine on dummy weights (port {port})")
+        st = agent(ctx.session, "start", argv=argv, env=env, model=model, draft=draft, files=files,
+                   deadline_s=opts.deadline_s)
+        if not st.get("ok"):
+            raise StepFailed(f"rehearsal: the engine could not be started: {units.redact(st.get('error') or '', secrets)}")
+        handle = st["handle"]
+        report["runner"] = "transient unit " + handle["unit"] if handle["kind"] == "unit" else \
+            f"process group {handle['pgid']} (no systemd)"
+        report["notes"] += st.get("notes") or []
+        _serve(ctx, opts, report, handle, port, model, secrets, progress, smoke_requests({}), t0)
+    finally:
+        if handle:
+            progress("stopping the rehearsal engine and removing its temp dir")
+            stop = agent(ctx.session, "stop", timeout=300, handle=handle, with_log=True)
+            log = units.redact(stop.get("log") or "", secrets)
+            report["cleanup"] = {"done": stop.get("done"), "left": stop.get("left")}
+            report["capture"] = plan.capture_times(log)
+            report["engine_lines"] = plan.engine_lines(log)
+            report["log_tail"] = "\n".join(log.splitlines()[-40:])
+            if report["state"] != "served":
+                d = classify(log, recipe.base)
+                report["diagnosis"] = d.to_json()
+            report["_log"] = log
+        if probe is not None:
+            _revert_probe(ctx, probe, report)
+        if stopped_serving:
+            _restart_serving(ctx, eh, secrets, report, progress)
+    report["elapsed_s"] = round(time.monotonic() - t0, 1)
+    if report["state"] != "served":
+        d = report.get("diagnosis") or {}
+        saved = (f"; caught before the real model load (the recipe expects {opts.expected_load_s:.0f} s of it)"
+                 if opts.expected_load_s and d.get("signature") not in (None, "unclassified") else "")
+        report["saved_s"] = opts.expected_load_s if saved else None
+        raise RehearsalFailed(f"rehearsal: {report['why']}" + (f": {d['signature']}: {d.get('evidence', '')[:200]}"
+                                                               if d.get("signature") else "") + saved, report)
+    left = (report.get("cleanup") or {}).get("left")
+    if left:
+        raise RehearsalFailed("rehearsal: the engine was stopped but left " + ", ".join(left), report)
+    return report
+
+
+def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, t0) -> None:
+    """Ready-wait, smoke, bench: fills the report; sets state 'served' only when all answered."""
+    def poll(window, req):
+        return agent(ctx.session, "poll", timeout=window + 200, handle=handle, port=port, window=window, **req)
+
+    w = wait_ready(ctx.session, "", "127.0.0.1", port, base=None, timeout=opts.ready_timeout, secrets=secrets,
+                   interruptible=True, poll=poll,
+                   on_wait=lambda r: progress(f"waiting for the engine: {r.poll.get('state')} {r.elapsed:.0f}s"
+                                              + (f": {r.last_line}" if r.last_line else "")))
+    report["ready_s"] = round(w.elapsed, 1)
+    if w.state != "healthy":
+        report["state"] = "crashed" if w.state == "crashed" else w.state
+        report["why"] = (f"the engine crashed while starting ({w.poll.get('why')}) after {w.elapsed:.0f}s"
+                         if w.state == "crashed" else f"the engine was not ready after {w.elapsed:.0f}s ({w.state})")
+        return
+    progress(f"ready after {w.elapsed:.0f}s; smoke requests (token ids)")
+    ids = token_ids(model["config"])
+    s = agent(ctx.session, "smoke", timeout=opts.request_timeout * len(requests) + 60, handle=handle, port=port,
+              requests=requests, input_ids=ids, max_new_tokens=32, timeout_s=opts.request_timeout)
+    report["smoke"] = {r["name"]: _smoke_record(r) for r in s["results"]}
+    if s.get("failed"):
+        last = s["results"][-1]
+        if s.get("crash"):
+            report["state"], report["why"] = "crashed", (f"the engine crashed on the {s['failed']} request "
+                                                         f"(temperature {last['sampling'].get('temperature')})")
+        else:
+            report["state"] = "failed"
+            report["why"] = (f"the {s['failed']} request failed (HTTP {last['status']}: "
+                             f"{units.redact(str(last['body'])[:200], secrets)}); the engine did not die")
+        return
+    greedy = report["smoke"].get("greedy") or {}
+    report["accept_length"] = greedy.get("spec_accept_length")
+    if opts.bench:
+        _bench(ctx, opts, report, port, model, progress)
+    m = agent(ctx.session, "metrics", port=port)
+    report["metrics"] = _metrics(m.get("text") or "")
+    report["state"] = "served"
+
+
+def _smoke_record(r: dict) -> dict:
+    body = r["body"] if isinstance(r["body"], dict) else {}
+    meta = body.get("meta_info") or {}
+    keep = ("spec_accept_length", "spec_verify_ct", "completion_tokens", "prompt_tokens", "spec_accept_rate",
+            "spec_num_correct_drafts", "spec_num_proposed_drafts", "finish_reason")
+    return {"status": r["status"], "latency_s": r["latency_s"], "sampling": r["sampling"],
+            **{k: meta.get(k) for k in keep if k in meta},
+            "output_ids": (body.get("output_ids") or [])[:16]}
+
+
+def _bench(ctx, opts, report, port, model, progress) -> None:
+    """A short bench through k26ops' own load generator (token ids: no tokenizer)."""
+    from k26ops.enginebench.run import BenchSpec, run_host
+
+    spec = BenchSpec(concurrency=opts.concurrency, temperatures=opts.temperatures, input_len=opts.input_len,
+                     output_len=opts.output_len, runs=1, num_prompts=opts.num_prompts, generator="k26ops")
+    vocab = model["config"].get("vocab_size") or (model["config"].get("text_config") or {}).get("vocab_size") or 1000
+    t = {"host": "127.0.0.1", "port": port, "model": "rehearsal", "tokenizer": "", "python": "", "api_key": None}
+    b = run_host(ctx, spec, progress, target_override=t, extra={"token_ids": {"vocab": int(vocab)}})
+    report["bench"] = b
+    first = b["cells"][0]["figures"] if b.get("cells") else {}
+    report["tok_s"] = (first.get("tok/s") or {}).get("median")
+    if report.get("accept_length") is None:
+        report["accept_length"] = (first.get("accept") or {}).get("median")
+
+
+def _metrics(text: str) -> dict:
+    """The few Prometheus lines a rehearsal reports (spec accept, graph capture time)."""
+    keep = ("spec_accept_length", "startup_cuda_graph_time_seconds", "spec_verify_calls_total", "cuda_graph_passes")
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not any(k in line for k in keep):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+# ---------------------------------------------------------------- --probe
+
+def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
+    from k26ops.diagnose.probe import probe_patch_for
+
+    info = _release_site(ctx, release_dir)
+    patch = probe_patch_for(info.get("base"))
+    progress(f"applying the None-field probe ({patch.name}) to {release_dir}")
+    before = agent(ctx.session, "hashes", root=info["site"], under="sglang")
+    res = agents.run(ctx.session, "probe", "apply_probe", 300, what="probe agent", release=info["release"],
+                     site=info["site"], patch_text=patch.read_text(), probe_state=PROBE_STATE, base=info.get("base"))
+    if not res.get("ok"):
+        raise StepFailed(f"rehearsal --probe: the probe patch does not apply to {release_dir}: {res.get('error')}")
+    report["probe"] = {"patch": patch.name, "files": res.get("files") or []}
+    return {"info": info, "before": before["hashes"]}
+
+
+def _revert_probe(ctx, probe: dict, report: dict) -> None:
+    info = probe["info"]
+    r = agents.run(ctx.session, "probe", "revert", 300, what="probe agent", release=info["release"],
+                   site=info["site"], probe_state=PROBE_STATE)
+    after = agent(ctx.session, "hashes", root=info["site"], under="sglang")["hashes"]
+    differ = sorted(k for k in set(probe["before"]) | set(after) if probe["before"].get(k) != after.get(k))
+    report["probe"].update(reverted=r.get("done"), byte_exact=not differ and not r.get("error"),
+                           differ=differ[:10], error=r.get("error"))
+
+
+def digest(hashes: dict) -> str:
+    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(hashes.items())).encode()).hexdigest()
+
+
+def _restart_serving(ctx, eh, secrets, report, progress) -> None:
+    progress(f"starting the serving engine {eh.unit} again")
+    ctx.run(f"systemctl start {q(eh.unit)}", timeout=600)
+    host, port = eh.target()
+    w = wait_ready(ctx.session, eh.unit, host, port, base=None, timeout=1800, secrets=secrets,
+                   on_wait=lambda r: progress(f"waiting for the serving engine: {r.poll['state']} {r.elapsed:.0f}s"))
+    report["serving_after"] = w.state
+    if w.state != "healthy":
+        report.setdefault("notes", []).append(f"the serving engine {eh.unit} is {w.state} after the rehearsal")
