@@ -8,6 +8,7 @@ from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE
 from k26ops.enginebench.run import METRICS
 from k26ops.cli.report import wide_console
+from k26ops.cli.rehearse import options_from, rehearsal_options
 from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import playbook_work
 
@@ -60,17 +61,24 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Gated figures, METRIC@cN/tT (metrics: " + ", ".join(METRICS) + ").")
 @click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
               help="Baselines repository for --gate (default: $K26OPS_BASELINES, else ./baselines).")
+@click.option("--rehearse", is_flag=True,
+              help="Before a host's engine is switched or restarted, rehearse the new one on dummy weights "
+                   "beside it (k26ops rehearse); a failed rehearsal leaves the serving engine untouched.")
+@rehearsal_options
 @click.pass_obj
-def deploy_cmd(settings, check, diff, name, canary, gate_tag, gate_threshold, gate_figures, baselines_dir):
+def deploy_cmd(settings, check, diff, name, canary, gate_tag, gate_threshold, gate_figures, baselines_dir,
+               rehearse, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
+    shared = {"rehearse": options_from(rkw, bench=False)} if rehearse else None
     if gate_tag is None:
-        run_playbook(settings, name, check=check, diff=diff, canary=canary)
+        run_playbook(settings, name, check=check, diff=diff, canary=canary, shared=shared)
         return
     gated_deploy(settings, name, check=check, diff=diff, canary=canary, tag=gate_tag, threshold=gate_threshold,
-                 figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir)
+                 figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir,
+                 shared=shared)
 
 
-def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir):
+def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, shared=None):
     """The deploy with the bench gate on its canary batch (enginebench/gate.py)."""
     import sys
 
@@ -94,7 +102,7 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
                                               "figures": figures, "threshold": threshold})]
     for step in steps:
         step.before_hosts(settings.selected_hosts())
-    results = run_rollout(settings, playbook_work(steps, check=check), canary=canary,
+    results = run_rollout(settings, playbook_work(steps, check=check, shared=shared), canary=canary,
                           title=f"{name} (gate {tag})" + (" --check" if check else ""),
                           columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
                                    ("health", "_health"), ("smoke", "_smoke")],

@@ -324,3 +324,32 @@ def _restart_serving(ctx, eh, secrets, report, progress) -> None:
     report["serving_after"] = w.state
     if w.state != "healthy":
         report.setdefault("notes", []).append(f"the serving engine {eh.unit} is {w.state} after the rehearsal")
+
+
+# ---------------------------------------------------------------- deploy --rehearse
+
+def before_restart(ctx: HostContext, *, release_dir: str | None = None, env: dict | None = None) -> None:
+    """`deploy --rehearse`: rehearse what the deploy is about to run (a new
+    release before `current` moves to it, or a new unit/env file before the
+    restart), once per run, beside the serving engine. A failed rehearsal
+    raises RehearsalFailed; the serving engine was not touched."""
+    opts = ctx.shared.get("rehearse")
+    if not opts or ctx.shared.get("rehearsed") or ctx.check:
+        return
+    from k26ops.steps.engine import outcome
+
+    o = plan.Options(**{**opts.to_json(), "serving": "alongside"})
+    ctx.progress("rehearsal: the new engine on dummy weights, before the serving one is touched")
+    try:
+        rep = rehearse(ctx, o, release_dir=release_dir, env=env, progress=lambda m: ctx.progress("rehearsal: " + m))
+    except RehearsalFailed as exc:
+        exc.report.pop("_log", None)
+        outcome(ctx).update(rehearsal=exc.report, engine_restarted=False)
+        exc.details.update(rehearsal=exc.report, engine_restarted=False)
+        saved = exc.report.get("saved_s")
+        raise RehearsalFailed(f"{exc}; the serving engine was not touched (no restart, `current` not moved)"
+                              + (f"; about {saved:.0f} s of model load not wasted" if saved else ""),
+                              exc.report) from None
+    rep.pop("_log", None)
+    ctx.shared["rehearsed"] = True
+    outcome(ctx)["rehearsal"] = rep

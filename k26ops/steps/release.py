@@ -306,6 +306,10 @@ class Release(Step):
             ownership.claim(ctx.session, rel)
         if any(c.action == "build" for c in changes):
             self._build(ctx, prep)
+        if ctx.shared.get("rehearse"):  # deploy --rehearse: the new release, before `current` moves to it
+            from k26ops.rehearsal.run import before_restart
+
+            before_restart(ctx, release_dir=f"{rel}/{rid}")
         ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
                 f"mv -T .current.tmp current", check=True)
         ctx.shared["release_changed"] = True

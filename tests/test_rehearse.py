@@ -1,0 +1,250 @@
+"""`k26ops rehearse` and `deploy --rehearse`.
+
+- pure: the unit's argv rewritten for a rehearsal, configs fitted to fewer
+  layers, the engine log's capture lines (recorded from the real engine on an
+  H200, tests/data/rehearsal/);
+- `connection: local` (no lab, no systemd needed): the whole command against the
+  lab's engine stand-in started by the rehearse agent in its own process group;
+- a real lab host (systemd: a transient unit): refusal while the engine serves,
+  `--alongside`, and `deploy --rehearse --canary 1` with an engine that crashes on
+  its first request: the serving engine is untouched and the crash is named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k26ops import units
+from k26ops.rehearsal import plan
+from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
+
+DATA = Path(__file__).resolve().parent / "data" / "rehearsal"
+PROFILE = {"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/Kimi-K2.6-DFlash",
+           "speculative_algorithm": "DDTREE", "speculative_ddtree_budget": 32,
+           "speculative_dflash_block_size": 8, "page_size": 1, "attention_backend": "triton",
+           "cuda_graph_max_bs_decode": 16, "port": 30000, "release_dir": "/opt/k26ops/releases/current",
+           "nnodes": 2, "node_rank": 0, "dist_init_addr": "10.0.0.1:5000",
+           "extra_args": ["--api-key", "sk-SECRET-123", "--mem-fraction-static", "0.85", "--enable-metrics"]}
+
+
+# ---------------------------------------------------------------- pure
+
+def test_argv_keeps_the_units_engine_flags_and_changes_only_what_a_rehearsal_must():
+    unit = units.engine_argv(PROFILE)
+    argv, changes = plan.rehearsal_argv(unit, plan.Options(mem_fraction=0.07), port=31234, has_draft=True)
+    kept = ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "32",
+            "--speculative-dflash-block-size", "8", "--page-size", "1", "--attention-backend", "triton",
+            "--cuda-graph-max-bs-decode", "16", "--tp-size", "8", "--enable-metrics"]
+    s = " ".join(argv)
+    for a, b in zip(kept[::2], kept[1::2]):
+        assert f"{a} {b}" in s or (b == "--enable-metrics" and b in argv)
+    assert argv[:3] == unit[:3]  # the release's python, -m, the engine module
+    assert f"--model-path {plan.TMP}/model --load-format dummy" in s
+    assert f"--speculative-draft-model-path {plan.TMP}/draft --speculative-draft-load-format dummy" in s
+    assert "--skip-tokenizer-init" in argv and "--port 31234" in s and "--host 127.0.0.1" in s
+    assert "--mem-fraction-static 0.07" in s and "0.85" not in s
+    for gone in ("--nnodes", "--node-rank", "--dist-init-addr", "--api-key", "/models/Kimi-K2.6 ", "K26OPS_SECRET"):
+        assert gone not in s + " "
+    assert argv.count("--port") == 1 and argv.count("--model-path") == 1
+    assert any("--dist-init-addr dropped" in c for c in changes) and any("--api-key dropped" in c for c in changes)
+    assert plan.graphs_on(argv)
+
+
+def test_argv_tp_override_inline_flags_and_graphs_off():
+    unit = ["/r/venv/bin/python", "-m", "sglang.launch_server", "--model-path=/m", "--tp-size=8",
+            "--port=30000", "--cuda-graph-backend-decode", "disabled"]
+    argv, changes = plan.rehearsal_argv(unit, plan.Options(tp_size=1), port=1, has_draft=False)
+    assert "--tp-size 1" in " ".join(argv) and "--tp-size=8" not in argv
+    assert "--speculative-draft-model-path" not in argv and "--port=30000" not in argv
+    assert "--tp-size 8 -> 1" in changes
+    assert not plan.graphs_on(argv)
+    with pytest.raises(Exception, match="python -m"):
+        plan.rehearsal_argv(["/bin/engine", "--model-path", "/m"], plan.Options(), port=1, has_draft=False)
+
+
+def test_fit_model_and_drafter_layers():
+    k26 = json.loads((Path(__file__).resolve().parents[1] / "playbooks/recipes/models/kimi-k2.6/config.json").read_text())
+    cfg, notes = plan.fit_model(k26, 6)
+    assert cfg["num_hidden_layers"] == 6 and k26["num_hidden_layers"] == 61  # a copy
+    assert notes == ["target layers 61 -> 6 (config override; the GPUs need not hold the full model)"]
+    _cfg, notes = plan.fit_model(k26, 1)
+    assert any("every layer is dense" in n for n in notes)  # first_k_dense_replace 1: no MoE layer rehearsed
+    mm = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}}
+    assert plan.fit_model(mm, 4)[0]["text_config"]["num_hidden_layers"] == 4
+    draft = {"dflash_config": {"block_size": 8, "target_layer_ids": [1, 12, 24, 36, 48, 59]}}
+    d, notes = plan.fit_draft(draft, 6)
+    assert d["dflash_config"]["target_layer_ids"] == [0, 1, 2, 3, 4, 5] and notes
+    assert plan.fit_draft(draft, 61) == (draft, [])
+    with pytest.raises(Exception, match="--layers 6 or more"):
+        plan.fit_draft(draft, 4)
+
+
+def test_capture_times_from_the_stand_in_and_the_real_engine_logs():
+    standin = ("[2026-12-01 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+               "[2026-12-01 10:00:01 TP0] Capture cuda graph end. Time elapsed: 1.16 s. mem usage=1.52 GB.\n")
+    assert plan.capture_times(standin)["total_s"] == 1.16
+    assert plan.capture_times("no graphs here")["total_s"] is None
+    real = sorted(DATA.glob("*.log"))
+    for log in real:  # recorded from sglang on the H200 (MANIFEST.json)
+        cap = plan.capture_times(log.read_text(errors="replace"))
+        assert cap["ended"] >= 1 and cap["total_s"] > 0, log.name
+
+
+# ---------------------------------------------------------------- connection: local, stand-in
+
+@pytest.fixture
+def local_host(tmp_path):
+    root = tmp_path / "root"
+    rel = root / "releases" / "r1" / "venv" / "bin"
+    rel.mkdir(parents=True)
+    (rel / "python").symlink_to(sys.executable)
+    (root / "releases" / "current").symlink_to("r1")
+    models = tmp_path / "models"
+    (models / "m").mkdir(parents=True)
+    (models / "m" / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"],
+                                                          "num_hidden_layers": 4, "vocab_size": 1024}))
+    (models / "m" / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 1024)  # never copied
+    (models / "d").mkdir()
+    (models / "d" / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"], "dflash_config": {
+        "block_size": 8, "target_layer_ids": [1, 30, 59]}}))
+    port = free_port_block(2, start=41000, stop=45000)
+
+    def inventory(**env) -> Path:
+        p = tmp_path / "local.yml"
+        p.write_text(yaml.safe_dump({"hosts": {"here": {"connection": "local", "vars": {
+            "lab": True, "k26ops_root": str(root), "recipe": "lab", "model_path": str(models / "m"),
+            "draft_model_path": str(models / "d"), "engine_port": port, "engine_env": env}}}}))
+        return p
+
+    return {"inventory": inventory, "port": port + 1, "tmp": tmp_path}
+
+
+def _left_rehearsal_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [l for l in out.splitlines() if "k26ops-rehearse-" in l and "ps -eo" not in l]
+
+
+def test_local_rehearsal_serves_and_leaves_nothing(local_host):
+    inv = local_host["inventory"]()
+    rc, data = k26ops_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
+                           "--concurrency", "1,2", "--temperatures", "0,0.7",
+                           "--save-log", str(local_host["tmp"] / "logs"), timeout=300)
+    assert rc == 0, data
+    rep = data["hosts"]["here"]["rehearsal"]
+    assert rep["state"] == "served" and rep["runner"].startswith("process group")
+    assert rep["cuda_graphs"] is True and rep["capture"]["total_s"] > 0
+    assert rep["layers"] == 4 and rep["accept_length"] == 3.2  # the stand-in's knob, read from meta_info
+    assert set(rep["smoke"]) == {"greedy", "sampled"}
+    assert all(s["status"] == 200 and s["completion_tokens"] == 32 for s in rep["smoke"].values())
+    assert [(c["concurrency"], c["temperature"]) for c in rep["bench"]["cells"]] == [(1, 0), (2, 0), (1, 0.7), (2, 0.7)]
+    assert rep["tok_s"] > 0
+    assert rep["cleanup"]["left"] == [] and _left_rehearsal_processes() == []
+    assert not any(p.name.startswith("k26ops-rehearse-") for p in Path("/tmp").iterdir()
+                   if p.stat().st_mtime > inv.stat().st_mtime and p.exists() and p.is_dir()
+                   and (p / "engine.log").exists())
+    log = (local_host["tmp"] / "logs" / "here.log").read_text()
+    assert "--load-format='dummy'" in log or "load_format='dummy'" in log
+    assert "safetensors" not in log  # dummy weights: no shard was read
+    saved = json.loads((local_host["tmp"] / "logs" / "here.json").read_text())
+    assert saved["state"] == "served" and "_log" not in saved
+
+
+def test_local_rehearsal_names_a_first_request_crash(local_host):
+    inv = local_host["inventory"](K26OPS_STANDIN_CRASH="first-request", K26OPS_STANDIN_CRASH_LOG="shape-mismatch")
+    rc, data = k26ops_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]), timeout=300)
+    assert rc == 1
+    h = data["hosts"]["here"]
+    assert h["status"] == "failed" and "crashed on the greedy request" in h["error"]
+    assert h["diagnosis"]["signature"] == "cuda-graph-shape-mismatch"
+    assert "(8)" in h["diagnosis"]["evidence"] and "(33)" in h["diagnosis"]["evidence"]
+    assert h["rehearsal"]["cleanup"]["left"] == [] and _left_rehearsal_processes() == []
+
+
+def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
+    inv = local_host["inventory"]()
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["here"]["vars"]["model_path"] = str(tmp_path / "nothing")
+    doc["hosts"]["here"]["vars"]["recipe"] = "lab"
+    inv.write_text(yaml.safe_dump(doc))
+    # the lab recipe ships a K2-family config: used, and said so
+    rc, data = k26ops_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
+                           "--no-bench", "--layers", "6", timeout=300)
+    assert rc == 0, data
+    notes = data["hosts"]["here"]["rehearsal"]["notes"]
+    assert any("config.json from the recipe" in n for n in notes)
+    assert data["hosts"]["here"]["rehearsal"]["layers"] == 6
+
+
+# ---------------------------------------------------------------- a real lab host
+
+@pytest.fixture(scope="module")
+def labhost(tmp_path_factory):
+    from conftest import private_lab
+
+    d = tmp_path_factory.mktemp("rehearse")
+    with private_lab(1, "rehearse") as lab:
+        yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
+               "port": free_port_block(2, start=45000, stop=49000)}
+
+
+def _inv(h, tag: str, env: dict | None = None) -> str:
+    inv = yaml.safe_load(h["lab"].inventory.read_text())
+    inv["vars"]["engine_env"] = env or {}
+    inv["hosts"][h["name"]]["vars"]["engine_port"] = h["port"]
+    path = h["dir"] / f"inv-{tag}.yml"
+    path.write_text(yaml.safe_dump(inv))
+    return str(path)
+
+
+def _remote(h, cmd: str) -> str:
+    p = lab_ssh(h["lab"].dir, h["lab"].port(h["name"]), cmd)
+    assert p.returncode == 0, (cmd, p.stdout, p.stderr)
+    return p.stdout.strip()
+
+
+def test_lab_rehearse_refuses_beside_a_serving_engine_then_runs_alongside(labhost):
+    h = labhost
+    inv = _inv(h, "ok")
+    rc, data = k26ops_json("-i", inv, "deploy", timeout=900)
+    assert rc == 0, data
+    pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
+    rport = str(h["port"] + 1)
+    proc = k26ops("-i", inv, "rehearse", "--rehearse-port", rport, timeout=300)
+    assert proc.returncode == 1 and "rehearsal refused: the serving engine" in proc.stdout + proc.stderr
+    rc, data = k26ops_json("-i", inv, "rehearse", "--alongside", "--rehearse-port", rport, "--no-bench",
+                           timeout=600)
+    assert rc == 0, data
+    rep = data["hosts"][h["name"]]["rehearsal"]
+    assert rep["state"] == "served" and rep["runner"].startswith("transient unit k26ops-rehearse-")
+    assert any("from the recipe" in n for n in rep["notes"])  # lab hosts have no target config.json
+    assert rep["cleanup"]["left"] == []
+    assert _remote(h, "systemctl list-units --all --no-legend 'k26ops-rehearse-*' | wc -l") == "0"
+    assert _remote(h, "ls /tmp | grep -c k26ops-rehearse- ; true") == "0"
+    assert _remote(h, "systemctl show -p MainPID --value k26-engine.service") == pid  # never restarted
+
+
+def test_lab_deploy_rehearse_keeps_the_old_engine_serving_and_names_the_crash(labhost):
+    h = labhost
+    pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
+    env_before = _remote(h, "sha256sum /etc/k26ops/sglang.env")
+    inv = _inv(h, "crash", {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "none-field",
+                            "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"})
+    rc, data = k26ops_json("-i", inv, "deploy", "--rehearse", "--canary", "1", "--rehearse-port",
+                           str(h["port"] + 1), timeout=900)
+    assert rc == 1
+    r = data["hosts"][h["name"]]
+    assert r["status"] == "failed"
+    assert "the serving engine was not touched" in r["error"] and "about 390 s of model load" in r["error"]
+    assert r["diagnosis"]["signature"] == "cuda-graph-none-field"
+    assert r["rehearsal"]["state"] == "crashed" and r["engine_restarted"] is False
+    assert _remote(h, "systemctl show -p MainPID --value k26-engine.service") == pid
+    assert _remote(h, "systemctl is-active k26-engine.service") == "active"
+    assert _remote(h, "sha256sum /etc/k26ops/sglang.env") == env_before  # the crashing env never went in
+    assert _remote(h, "systemctl list-units --all --no-legend 'k26ops-rehearse-*' | wc -l") == "0"
