@@ -191,7 +191,7 @@ def labhost(tmp_path_factory):
     d = tmp_path_factory.mktemp("rehearse")
     with private_lab(1, "rehearse") as lab:
         yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
-               "port": free_port_block(2, start=45000, stop=49000)}
+               "port": free_port_block(2, start=31000, stop=35000)}
 
 
 def _inv(h, tag: str, env: dict | None = None) -> str:

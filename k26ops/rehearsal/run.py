@@ -345,11 +345,12 @@ def before_restart(ctx: HostContext, *, release_dir: str | None = None, env: dic
     except RehearsalFailed as exc:
         exc.report.pop("_log", None)
         outcome(ctx).update(rehearsal=exc.report, engine_restarted=False)
-        exc.details.update(rehearsal=exc.report, engine_restarted=False)
         saved = exc.report.get("saved_s")
-        raise RehearsalFailed(f"{exc}; the serving engine was not touched (no restart, `current` not moved)"
-                              + (f"; about {saved:.0f} s of model load not wasted" if saved else ""),
-                              exc.report) from None
+        failed = RehearsalFailed(f"{exc}; the serving engine was not touched (no restart, `current` not moved)"
+                                 + (f"; about {saved:.0f} s of model load not wasted" if saved else ""),
+                                 exc.report)
+        failed.details["engine_restarted"] = False
+        raise failed from None
     rep.pop("_log", None)
     ctx.shared["rehearsed"] = True
     outcome(ctx)["rehearsal"] = rep
