@@ -175,8 +175,8 @@ def _registry_module(root: Path) -> dict:
     tree = ast.parse((root / REGISTRY).read_text(), filename=str(root / REGISTRY))
     body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sglang"))
             and not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
-    index = next(n for n in ast.parse((root / INPUT_BUFFERS).read_text()).body
-                 if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "INDEX_SEMANTIC_BUFFERS")
+    index = [n for n in ast.parse((root / INPUT_BUFFERS).read_text()).body  # 0.5.23 (0.5.17 has none)
+             if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "INDEX_SEMANTIC_BUFFERS"]
     flag = type("EnvBool", (), {"get": lambda self: False})()
     ns = {"__name__": MODULES[REGISTRY], "ForwardBatch": object, "share_input_buffer": lambda name, buf: buf,
           "get_parallel": None, "envs": type("Envs", (), {"SGLANG_OPT_CUDA_GRAPH_FILL_FAST_PATH": flag})()}
@@ -185,7 +185,7 @@ def _registry_module(root: Path) -> dict:
     saved = sys.modules.get(module.__name__)
     sys.modules[module.__name__] = module
     try:
-        exec(compile(ast.Module(body=[*body[:2], index, *body[2:]], type_ignores=[]), str(root / REGISTRY), "exec"),
+        exec(compile(ast.Module(body=[*body[:2], *index, *body[2:]], type_ignores=[]), str(root / REGISTRY), "exec"),
              module.__dict__)
     finally:
         if saved is None:
@@ -302,3 +302,35 @@ def test_decode_runner_labels_its_registry_draft_or_verify(trees, draft, mode, w
     load = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "load_batch")
     src = ast.unparse(load)
     assert src.index("k26ops_probe_graph") < src.index("self.buffer_registry.fill_from(")
+
+
+# ---------------------------------------------------------------- the 0.5.17 probe, on the real 0.5.17 wheel
+
+PATCH_17 = PATCH.parents[1] / "sglang-0.5.17/cuda-graph-none-probe.patch"
+
+
+def test_0517_probe_applies_reverts_and_names_the_none(tmp_path, capfd):
+    root = sglang_release.copy_tree(tmp_path / "t", version="0.5.17")
+    before = {p: p.read_bytes() for p in root.rglob("*.py")}
+    run = lambda *extra: subprocess.run(["patch", "-p1", "--batch", *extra, "-d", str(root)],
+                                        input=PATCH_17.read_bytes(), capture_output=True)
+    assert run("--dry-run").returncode == 0
+    res = run()
+    assert res.returncode == 0 and b"offset" not in res.stdout and b"fuzz" not in res.stdout, res.stdout
+    from k26ops.release import patchset
+    p = patchset.parse_patch(PATCH_17.read_text(), PATCH_17.name)
+    assert [(b[0], b[1]) for b in p.bases] == [("sglang", "==0.5.17")]
+    ns = _registry_module(root)
+    reg = _decode_registry(ns)
+    _label = _label_expr(root, DECODE_RUNNER)
+    runner = type("R", (), {"model_runner": type("MR", (), {"is_draft_worker": True})()})()
+    fb_mode = type("FB", (), {"forward_mode": type("M", (), {"is_target_verify": lambda self: True})()})()
+    reg.k26ops_probe_graph = eval(compile(ast.Expression(_label), "label", "eval"),
+                                  {"self": runner, "forward_batch": fb_mode})
+    _fill(reg, _batch(1))
+    with pytest.raises(RuntimeError, match=r"^K26OPS-PROBE cuda-graph-none-field: slot out_cache_loc is None in "
+                                           r"fill_from \(draft graph; "):
+        _fill(reg, _batch(2, out_cache_loc=None))
+    assert "K26OPS-PROBE watched: fill_from[draft]=1 slots_checked=6" in capfd.readouterr().err
+    assert run("-R").returncode == 0
+    assert all(p.read_bytes() == b for p, b in before.items())
