@@ -279,8 +279,9 @@ def test_probe_names_a_none_that_fill_from_drops_silently(host):
 
 def test_no_crash_is_an_all_clear_only_for_copies_the_probe_watched(host):
     inv = deploy(host, {"K26OPS_STANDIN_NONE_SILENT": "1"}, "clean")
-    rc, rep = k26ops_json("-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"])
-    assert rc == 0 and rep["crashed"] is False and rep["diagnosis"] is None, rep
+    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
+    rep = json.loads(proc.stdout)
+    assert proc.returncode == 0 and rep["crashed"] is False and rep["diagnosis"] is None, rep
     assert rep["watched"]["fill_from"] == {"draft": 3, "verify": 3}
     assert rep["summary"].startswith("no crash: with CUDA graphs on and the probe applied, no None or wrongly "
                                      "sized input reached the copies it watched (fill_from[draft] 3, "
