@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -475,3 +476,72 @@ def test_engine_converge_checks_health_and_smoke_only_when_nothing_differs(tmp_p
         out = mod.op_converge(dict(req))
         assert not out["converged"] and "poll" not in out and "smoke" not in out and asked == []
     assert mod.op_converge({k: v for k, v in req.items() if k != "want"})["converged"] is False
+
+
+def _standin(port: int, *extra: str, **env):
+    script = Path(__file__).resolve().parents[1] / "k26ops/lab/fixtures/engine_standin.py"
+    p = subprocess.Popen([sys.executable, str(script), "--model-path", "/m", "--port", str(port),
+                          "--speculative-algorithm", "DFLASH", *extra], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env={**os.environ, "K26OPS_STANDIN_LOAD_SECONDS": "0", **env})
+    import urllib.request
+    for _ in range(100):
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
+                return p
+        except OSError:
+            time.sleep(0.1)
+    p.kill()
+    raise AssertionError("stand-in did not come up")
+
+
+def test_loadgen_accept_per_cell_from_counters_not_the_lifetime_average():
+    """bench_serving stores /server_info's lifetime avg_spec_accept_length; the agent's
+    per-cell figure (cumulative counters read before and after the cell) must be each
+    cell's own: a T=0 cell at 4.0 then a T=0.7 cell at 2.0 accepted tokens per step."""
+    from k26ops.agents import loadgen
+
+    port = free_port()
+    p = _standin(port, "--enable-metrics", K26OPS_STANDIN_ACCEPT_LENGTH="4", K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED="2")
+    try:
+        def cell(temperature):
+            before = loadgen.spec_counters("127.0.0.1", port)
+            outs = [loadgen.one_request("127.0.0.1", port, "hello there", 64, temperature, 30) for _ in range(3)]
+            assert all(o["ok"] and o["output_len"] == 64 for o in outs), outs
+            after = loadgen.spec_counters("127.0.0.1", port)
+            return loadgen.cell_accept(before, after), [o["accept"] for o in outs]
+
+        greedy, greedy_meta = cell(0.0)
+        sampled, sampled_meta = cell(0.7)
+        lifetime = loadgen.server_accept("127.0.0.1", port)
+    finally:
+        p.kill()
+        p.wait()
+    assert greedy == pytest.approx(4.0) and greedy_meta == [4.0] * 3
+    assert sampled == pytest.approx(2.0) and sampled_meta == [2.0] * 3
+    # what bench_serving would have stored for the second cell: both cells mixed
+    assert lifetime == pytest.approx((3 * 64 + 3 * 64) / (3 * 16 + 3 * 32))
+    assert sampled < lifetime < greedy
+
+
+def test_loadgen_without_metrics_keeps_no_per_cell_figure():
+    """Without --enable-metrics there is no /metrics: no per-cell figure (the agent then
+    labels bench_serving's value as the lifetime one)."""
+    from k26ops.agents import loadgen
+
+    port = free_port()
+    p = _standin(port)
+    try:
+        assert loadgen.spec_counters("127.0.0.1", port) is None
+        assert loadgen.cell_accept(None, None) is None
+    finally:
+        p.kill()
+        p.wait()
+    assert loadgen.cell_accept((10.0, 5.0), (10.0, 5.0)) is None  # no verify step in the cell
+    assert loadgen.LIFETIME.startswith("/server_info lifetime")
+    text = ('# TYPE sglang:generation_tokens_total counter\n'
+            'sglang:generation_tokens_total{engine_type="unified",model_name="m",is_streaming="true"} 120.0\n'
+            'sglang:generation_tokens_total{engine_type="unified",model_name="m",is_streaming="false"} 8.0\n'
+            'sglang:spec_verify_calls_total{engine_type="unified",model_name="m"} 40.0\n'
+            'sglang:spec_verify_calls_created{engine_type="unified",model_name="m"} 1.7e9\n')
+    assert loadgen.parse_counters(text) == {"sglang:generation_tokens_total": 128.0,
+                                            "sglang:spec_verify_calls_total": 40.0}

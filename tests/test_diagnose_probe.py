@@ -251,3 +251,76 @@ def test_diagnose_service_exits_1_for_a_crash_of_no_known_kind(host):
     proc = k26ops("-i", inv, "diagnose", "service")
     assert proc.returncode == 1 and "unclassified" in proc.stdout and "Traceback" not in proc.stderr
     deploy(host, BASE_ENV, "none")
+
+
+# ---------------------------------------------------------------- 0.5.23 DFLASH: fill_from drops a None
+
+SILENT_ENV = {**BASE_ENV, "K26OPS_STANDIN_NONE_SILENT": "1"}
+
+
+def test_probe_names_a_none_that_fill_from_drops_silently(host):
+    """Without the probe the engine serves the None (0.5.23's fill_from skips it: no crash);
+    with it, the probe's fill_from error names the slot and the graph."""
+    inv = deploy(host, SILENT_ENV, "silent")
+    first_request(host)
+    assert remote(host, f"systemctl is-active {UNIT}; true") == "active"  # silently served
+    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    rep = json.loads(proc.stdout)
+    d = rep["diagnosis"]
+    assert d["signature"] == "cuda-graph-none-field", d
+    assert d["detail"]["field"] == "seq_lens" and d["detail"]["graph"] == "verify"
+    assert d["detail"]["copy"] == "fill_from" and d["phase"] == "replay"
+    assert rep["crashed"] is True and rep["crash_when"] == "request"
+    assert rep["summary"] == "cuda-graph-none-field: `seq_lens` (verify graph, fill_from) was None"
+    assert rep["watched"]["fill_from"] == {"draft": 1, "verify": 1}
+    assert rep["restore_errors"] == [] and rep["engine_after"]["ActiveState"] == "active"
+
+
+def test_no_crash_is_an_all_clear_only_for_copies_the_probe_watched(host):
+    inv = deploy(host, {"K26OPS_STANDIN_NONE_SILENT": "1"}, "clean")
+    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
+    rep = json.loads(proc.stdout)
+    assert proc.returncode == 0 and rep["crashed"] is False and rep["diagnosis"] is None, rep
+    assert rep["watched"]["fill_from"] == {"draft": 3, "verify": 3}
+    assert rep["summary"].startswith("no crash: with CUDA graphs on and the probe applied, no None or wrongly "
+                                     "sized input reached the copies it watched (fill_from[draft] 3, "
+                                     "fill_from[verify] 3, copy_slots 0)"), rep["summary"]
+    # the probed engine never reaches the instrumented copies: no all-clear
+    inv = deploy(host, {"K26OPS_STANDIN_NONE_SILENT": "1", "K26OPS_STANDIN_PROBE_WATCH": "0"}, "unwatched")
+    proc = k26ops("-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "no crash:" not in proc.stdout
+    assert "not checked: the engine served without a crash, but the probe reported no watched copy" in proc.stdout
+    assert "probe watched: nothing" in proc.stdout
+    deploy(host, BASE_ENV, "none")
+
+
+def test_graphs_on_exec_drops_every_way_of_turning_graphs_off():
+    from k26ops.diagnose.probe import graphs_on_exec
+
+    base = "ExecStart=/opt/v/bin/python -m sglang.launch_server --model-path /m --port 30000"
+    assert graphs_on_exec(base) is None
+    for off in ("--disable-cuda-graph", "--cuda-graph-backend-decode disabled",
+                "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled",
+                "--cuda-graph-backend-prefill disabled --disable-cuda-graph"):
+        assert graphs_on_exec(f"{base} {off} --tp-size 8") == base[len("ExecStart="):] + " --tp-size 8", off
+    # another backend choice stays: only `disabled` turns graphs off
+    assert graphs_on_exec(f"{base} --cuda-graph-backend-decode full") is None
+
+
+def test_summary_without_graph_path_copies_is_not_an_all_clear():
+    from k26ops.diagnose.probe import ProbeReport, summary, watched_counts
+
+    rep = ProbeReport(host="h", crashed=False)
+    assert summary(rep).startswith("not checked:")
+    rep.watched = watched_counts("x K26OPS-PROBE watched: copy_slots=4 fill_from[decode]=9 slots_checked=50 pid=1\n"
+                                 "K26OPS-PROBE watched: copy_slots=7 fill_from[decode]=12 slots_checked=80 pid=1")
+    assert rep.watched == {"fill_from": {"decode": 12}, "copy_slots": 7, "slots_checked": 80}
+    assert summary(rep) == ("not checked: the engine served without a crash, but the probe watched only "
+                            "fill_from[decode] 12, copy_slots 7, none on the draft or verify graph path; "
+                            "that path was not checked")
+    rep.watched = watched_counts("K26OPS-PROBE watched: copy_slots=0 fill_from[verify]=5 slots_checked=30 pid=2")
+    assert summary(rep) == ("no crash: with CUDA graphs on and the probe applied, no None or wrongly sized input "
+                            "reached the copies it watched (fill_from[verify] 5, copy_slots 0); the draft graph's "
+                            "fill was not seen, so it was not checked")

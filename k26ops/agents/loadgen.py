@@ -14,6 +14,19 @@ with bench_serving's definitions (backend `sglang`, streaming /generate):
   p50/p99   median and 99th percentile with linear interpolation (numpy's default)
   accept    mean meta_info.spec_accept_length over requests, else /server_info's
             internal_states[0].avg_spec_accept_length
+Accept figures of op "bench_serving" are per cell: bench_serving's own `accept_length`
+is /server_info internal_states[0].avg_spec_accept_length, counted since the engine
+started (sglang 0.5.23 managers/scheduler_components/internal_state.py
+_average_accept_length: spec_total_num_accept_tokens / spec_total_num_forward_ct,
+"# lifetime" in metrics_reporter.py), so it mixes every earlier cell in. The cell's
+own figure is the difference of the engine's cumulative Prometheus counters
+(/metrics, served with --enable-metrics; observability/metrics_collector.py
+observe_one_finished_request: sglang:generation_tokens_total and
+sglang:spec_verify_calls_total, both counted as each request finishes) read right
+before and right after the cell: accepted tokens per verify step, the same ratio as
+per-request meta_info.spec_accept_length (tokenizer_manager.py: completion_tokens /
+spec_verify_ct). Without /metrics the lifetime figure is kept and `accept_source`
+says it is one.
 """
 import json, os, random, subprocess, sys, tempfile, threading, time, http.client
 
@@ -138,6 +151,50 @@ def server_accept(host, port):
     return None
 
 
+SPEC_COUNTERS = ("sglang:generation_tokens_total", "sglang:spec_verify_calls_total")
+LIFETIME = "/server_info lifetime (since engine start, not per cell)"
+PER_CELL = "/metrics delta (sglang:generation_tokens_total / sglang:spec_verify_calls_total)"
+
+
+def parse_counters(text):
+    """{name: value summed over label sets} for SPEC_COUNTERS from Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in SPEC_COUNTERS:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
+def spec_counters(host, port):
+    """The engine's cumulative (generation tokens, verify calls) from /metrics; None without them."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", "/metrics", headers=auth())
+        resp = conn.getresponse()
+        data = resp.read().decode("utf-8", errors="replace")
+        if resp.status != 200:
+            return None
+        c = parse_counters(data)
+        return (c[SPEC_COUNTERS[0]], c.get(SPEC_COUNTERS[1], 0.0)) if SPEC_COUNTERS[0] in c else None
+    except Exception:
+        return None
+    finally:
+        conn.close()
+
+
+def cell_accept(before, after):
+    """Accepted tokens per verify step over one cell, from counters read around it; else None."""
+    if not before or not after or after[1] - before[1] <= 0:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def op_loadgen(r):
     host, port, c, n = r["host"], r["port"], r["concurrency"], r["num_prompts"]
     rng = random.Random(r["seed"])
@@ -207,7 +264,9 @@ def op_bench_serving(r):
                 "--seed", str(r["seed"]), "--extra-request-body", json.dumps(extra),
                 "--output-file", out, "--disable-tqdm"]
         env = dict(os.environ, OPENAI_API_KEY=API_KEY[0]) if API_KEY and API_KEY[0] else None  # what SGLang's bench reads
+        before = spec_counters(r["host"], r["port"])
         p = subprocess.run(argv, capture_output=True, text=True, timeout=r.get("timeout_s", 3600), cwd=d, env=env)
+        after = spec_counters(r["host"], r["port"])
         rows = []
         if os.path.exists(out):
             with open(out) as fh:
@@ -220,7 +279,12 @@ def op_bench_serving(r):
                 "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "accept_length")
         m = {k: res.get(k) for k in keys}
         m["duration_s"] = m.pop("duration")
-        m["accept_source"] = "/server_info" if m.get("accept_length") is not None else None
+        m["accept_lifetime"] = m.get("accept_length")
+        cell = cell_accept(before, after)
+        if cell is not None:
+            m["accept_length"], m["accept_source"] = cell, PER_CELL
+        else:
+            m["accept_source"] = LIFETIME if m.get("accept_length") is not None else None
         return {"ok": True, "metrics": m, "errors": []}
 
 

@@ -280,6 +280,8 @@ def _print_probe(settings, rep, code: int) -> None:
     if rep.drift:
         con.print("  " + escape(probe.describe_drift(rep.drift)))
     con.print(f"[bold]result:[/] {escape(probe.summary(rep))}")
+    if rep.crashed is not None:
+        con.print(f"[bold]probe watched:[/] {escape(probe.watched_text(rep.watched))}")
     if rep.diagnosis:
         d = rep.diagnosis
         _print_human(Diagnosis(**{k: d.get(k) for k in Diagnosis.__dataclass_fields__}))

@@ -39,7 +39,7 @@ def _innermost(lines: list[Line], i: int) -> tuple[str, str] | None:
 def _none_field(m: re.Match, lines: list[Line], i: int) -> dict:
     groups = m.groupdict()
     detail = {"field": groups.get("field"), "index": _int(groups.get("index")),
-              "side": groups.get("side")}
+              "side": groups.get("side"), "graph": groups.get("graph"), "copy": groups.get("site")}
     if groups.get("arg") is not None:  # torch._foreach_copy_(dsts, srcs)
         detail["side"] = "src" if groups["arg"] == "1" else "dst"
     if groups.get("arg_name") == "src":
@@ -60,7 +60,8 @@ def _none_field(m: re.Match, lines: list[Line], i: int) -> dict:
 
 def _shape(m: re.Match) -> dict:
     g = m.groupdict()
-    detail = {"got": _int(g.get("a")), "expected": _int(g.get("b")), "dim": _int(g.get("dim"))}
+    detail = {"got": _int(g.get("a")), "expected": _int(g.get("b")), "dim": _int(g.get("dim")),
+              "field": g.get("field"), "graph": g.get("graph"), "copy": g.get("site")}
     return {k: v for k, v in detail.items() if v is not None}
 
 
@@ -97,6 +98,8 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
     if sig is S.NONE_FIELD:
         detail = _none_field(m, lines, i)
         where = f"{detail.get('side', 'tensor')}[{detail['index']}]" if "index" in detail else ""
+        if detail.get("graph"):
+            where = f"{detail['graph']} graph, {detail.get('copy') or 'buffer copy'}"
         if "field" in detail:
             head = f"`{detail['field']}`" + (f" ({where})" if where else "") + " was None. "
             return detail, head + sig.suggestion + " " + S.NONE_FIELD_NAMED.format(**detail)

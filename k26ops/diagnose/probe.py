@@ -74,11 +74,29 @@ def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
         raise ProbeFailed(str(exc)) from None
 
 
+# The ways a command line turns CUDA graphs off: --disable-cuda-graph, and 0.5.23's
+# --cuda-graph-backend-decode/-prefill disabled (also as =disabled), which deprecate it.
 _DISABLE = ("--disable-cuda-graph",)
+_BACKEND_FLAGS = ("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill")
+
+
+def _without_graph_off(words: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(words):
+        w = words[i]
+        if w in _DISABLE or any(w == f"{f}=disabled" for f in _BACKEND_FLAGS):
+            i += 1
+        elif w in _BACKEND_FLAGS and i + 1 < len(words) and words[i + 1] == "disabled":
+            i += 2
+        else:
+            out.append(w)
+            i += 1
+    return out
 
 
 def graphs_on_exec(unit_text: str | None) -> str | None:
-    """The unit's ExecStart= without --disable-cuda-graph, or None when graphs are already on."""
+    """The unit's ExecStart= without what turns CUDA graphs off (--disable-cuda-graph,
+    --cuda-graph-backend-decode/-prefill disabled), or None when graphs are already on."""
     if not unit_text:
         return None
     lines = [ln for ln in unit_text.splitlines() if ln.strip().startswith("ExecStart=")]
@@ -86,9 +104,31 @@ def graphs_on_exec(unit_text: str | None) -> str | None:
         return None
     value = lines[-1].strip()[len("ExecStart="):]
     words = value.split(" ")
-    if not any(w in _DISABLE for w in words):
+    kept = _without_graph_off(words)
+    if kept == words:
         return None
-    return " ".join(w for w in words if w not in _DISABLE)
+    return " ".join(kept)
+
+
+def watched_counts(text: str) -> dict | None:
+    """What the probe says it checked (its `K26OPS-PROBE watched:` lines), the highest
+    count per copy site over all ranks: {"fill_from": {graph: n}, "copy_slots": n,
+    "slots_checked": n}; None when no such line (nothing instrumented was reached)."""
+    from k26ops.diagnose.signatures import PROBE_WATCHED
+
+    found = False
+    out: dict = {"fill_from": {}, "copy_slots": 0, "slots_checked": 0}
+    for m in PROBE_WATCHED.finditer(text or ""):
+        found = True
+        for item in m.group("counts").split():
+            key, _, value = item.partition("=")
+            n = int(value)
+            if key.startswith("fill_from[") and key.endswith("]"):
+                graph = key[len("fill_from["):-1]
+                out["fill_from"][graph] = max(out["fill_from"].get(graph, 0), n)
+            elif key in ("copy_slots", "slots_checked"):
+                out[key] = max(out[key], n)
+    return out if found else None
 
 
 def dropin_text(exec_start: str | None) -> str:
@@ -97,7 +137,8 @@ def dropin_text(exec_start: str | None) -> str:
             "# The probed code must not leave bytecode in the release.\n"
             "Environment=PYTHONDONTWRITEBYTECODE=1\n")
     if exec_start is not None:
-        text += "# CUDA graphs on: the unit's command line without --disable-cuda-graph.\nExecStart=\n"
+        text += ("# CUDA graphs on: the unit's command line without --disable-cuda-graph / "
+                 "--cuda-graph-backend-*=disabled.\nExecStart=\n")
         text += f"ExecStart={exec_start}\n"
     return text
 
@@ -115,6 +156,7 @@ class ProbeReport:
     crash_when: str | None = None   # "startup" / "request"
     request_error: str | None = None  # a request failed but the engine lived
     diagnosis: dict | None = None
+    watched: dict | None = None  # the probe's own count of the copies it checked
     restored: list = field(default_factory=list)
     restore_errors: list = field(default_factory=list)
     engine_after: dict = field(default_factory=dict)
@@ -290,6 +332,7 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
         j = agent(session, "journal", unit=uname, cursor=cursor)
         text = units.redact(j.get("text") or "", secrets)
         d = classify(text, st.get("base"))
+        rep.watched = watched_counts(text)
         if crashed is None and d.signature == "unclassified":
             rep.diagnosis = None
         else:
@@ -346,19 +389,48 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
             rep.interrupted = True
 
 
+GRAPH_PATHS = ("verify", "draft")  # the speculative graphs the probe is for
+
+
+def watched_text(w: dict | None) -> str:
+    """`fill_from[verify] 12, fill_from[draft] 12, copy_slots 0`: what the probe checked."""
+    if not w:
+        return "nothing"
+    parts = [f"fill_from[{g}] {n}" for g, n in sorted(w["fill_from"].items())]
+    return ", ".join(parts + [f"copy_slots {w['copy_slots']}"])
+
+
 def summary(rep: ProbeReport) -> str:
-    """One line: what the probe found."""
+    """One line: what the probe found, and for no crash what it watched (never an
+    all-clear for copies it did not see)."""
     d = rep.diagnosis
     if not d:
         if rep.request_error:
             return f"no crash signature found; {rep.request_error}"
         if rep.crashed is False:
-            return "no crash: the engine served the verify path with CUDA graphs on and the probe applied"
+            w = rep.watched
+            seen = {g: n for g, n in ((w or {}).get("fill_from") or {}).items() if n > 0}
+            graph = {g: n for g, n in seen.items() if g in GRAPH_PATHS}
+            if graph:
+                unseen = [g for g in GRAPH_PATHS if g not in graph]
+                return ("no crash: with CUDA graphs on and the probe applied, no None or wrongly sized input "
+                        f"reached the copies it watched ({watched_text(w)})"
+                        + (f"; the {' and '.join(unseen)} graph's fill was not seen, so it was not checked"
+                           if unseen else ""))
+            if w is None:
+                return ("not checked: the engine served without a crash, but the probe reported no watched copy "
+                        "(no `K26OPS-PROBE watched:` line): the requests never reached the graph-buffer fill it "
+                        "instruments (fill_from, copy_slots), so the path that served was not checked")
+            return (f"not checked: the engine served without a crash, but the probe watched only {watched_text(w)}, "
+                    "none on the draft or verify graph path; that path was not checked")
         return "no crash signature found"
     det = d.get("detail") or {}
     if d["signature"] == "cuda-graph-none-field" and det.get("field"):
         where = f" ({det.get('side', 'src')}[{det['index']}])" if "index" in det else ""
+        if det.get("graph"):
+            where = f" ({det['graph']} graph, {det.get('copy') or 'buffer copy'})"
         return f"{d['signature']}: `{det['field']}`{where} was None"
     if d["signature"] == "cuda-graph-shape-mismatch" and "got" in det:
-        return f"{d['signature']}: size {det['got']} vs {det['expected']}"
+        what = f" `{det['field']}` ({det['graph']} graph)" if det.get("field") and det.get("graph") else ""
+        return f"{d['signature']}:{what} size {det['got']} vs {det['expected']}"
     return d["signature"]

@@ -20,6 +20,8 @@ VERIFY_AT_BUDGET_PLUS_1 = {
         "sglang PR #29907 @ 93e9850e4300 (model_executor/runner/decode_cuda_graph_runner.py)",
 }
 PROBE_TAG = "K26OPS-PROBE cuda-graph-none-field"
+# The probe's count of the copies it checked (one line, repeated as counts grow).
+PROBE_WATCHED = re.compile(r"K26OPS-PROBE watched:(?P<counts>(?: [\w\[\].]+=\d+)*)")
 UNCLASSIFIED = "unclassified"
 
 # Words between parts of a message may be split over pasted lines.
@@ -52,7 +54,10 @@ NONE_FIELD = Signature(
     id="cuda-graph-none-field",
     title="a None tensor reached a CUDA-graph capture/replay buffer copy",
     strong=_rx(r"K26OPS-PROBE" + _ + r"cuda-graph-none-field:" + _
-               + r"(?P<side>src|dst)\[(?P<index>\d+)\](?:" + _ + r"\((?P<field>[\w.]+)\))?"),
+               + r"(?P<side>src|dst)\[(?P<index>\d+)\](?:" + _ + r"\((?P<field>[\w.]+)\))?",
+               # the probe's fill_from check (the DFLASH draft and verify graphs' buffer fill)
+               r"K26OPS-PROBE" + _ + r"cuda-graph-none-field:" + _ + r"slot" + _ + r"(?P<field>[\w.]+)" + _
+               + r"is" + _ + r"None.*?" + _ + r"in" + _ + r"(?P<site>\w+)" + _ + r"\((?P<graph>\w+)" + _ + r"graph"),
     patterns=_rx(
         r"'NoneType'" + _ + r"object" + _ + r"has" + _ + r"no" + _ + r"attribute" + _
         + r"'(?P<attr>dtype|shape|device|is_cuda|copy_|data_ptr|size|numel|stride|"
@@ -78,9 +83,14 @@ NONE_FIELD_NAMED = ("Populate `{field}` for that forward mode before replay, or 
                     "when it is None; or disable CUDA graphs for that mode meanwhile.")
 
 SHAPE_MISMATCH = Signature(
-    keywords=("tensor", "size mismatch", "check_eq"),
+    keywords=("tensor", "size mismatch", "check_eq", "k26ops-probe"),
     id="cuda-graph-shape-mismatch",
     title="a batch did not fit the shape its CUDA graph was captured with",
+    # the probe's fill_from check: a source whose shape differs from its buffer slice
+    strong=_rx(r"K26OPS-PROBE" + _ + r"cuda-graph-size-mismatch:" + _ + r"slot" + _ + r"(?P<field>[\w.]+)" + _
+               + r"source" + _ + r"\[(?P<a>[\d, ]*)\]" + _ + r"vs" + _ + r"buffer" + _ + r"slice" + _
+               + r"\[(?P<b>[\d, ]*)\]" + _ + r"in" + _ + r"(?P<site>\w+)" + _ + r"\((?P<graph>\w+)" + _
+               + r"graph"),
     patterns=_rx(
         r"The" + _ + r"size" + _ + r"of" + _ + r"tensor" + _ + r"a" + _ + r"\((?P<a>\d+)\)" + _
         + r"must" + _ + r"match" + _ + r"the" + _ + r"size" + _ + r"of" + _ + r"tensor" + _
