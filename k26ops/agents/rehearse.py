@@ -137,7 +137,8 @@ def op_start(r):
                 shutil.rmtree(tmp, ignore_errors=True)
                 return {"ok": False, "error": "systemd-run: " + (err or out).strip()[-300:]}
             return {"ok": True, "handle": {"kind": "unit", "unit": unit, "tmp": tmp, "log": log}, "notes": notes}
-        full = dict(os.environ, **env)
+        full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        full.update(env)  # as the unit's: the env file's variables over a clean login environment
         with open(log, "ab") as fh:
             p = subprocess.Popen(["timeout", "-s", "TERM", "-k", "30", str(deadline)] + argv, cwd=tmp, env=full,
                                  stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
