@@ -14,9 +14,11 @@ OUT=${OUT:-/tmp/k26out}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 exec > >(tee -a "$OUT/device.txt") 2>&1
 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,compute_cap --format=csv,noheader
+MODE=${MODE:-main}   # main: rehearse, then rehearse --probe; dsv3: a tiny DeepseekV3 (K2 family) pair
+REL=/opt/k26ops/releases/h200-dflash-0.5.17
+if [ -f "$REL/manifest.json" ]; then el "release already installed (warm machine)"; else
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/k26site .device/k26ops-deps/*.whl
 el "k26ops deps installed"
-REL=/opt/k26ops/releases/h200-dflash-0.5.17
 mkdir -p /tmp/wh "$REL"
 tar -C /tmp/wh -xJf .device/bundle.tar.xz
 el "bundle unpacked: $(ls /tmp/wh/wheelhouse | wc -l) wheels"
@@ -31,6 +33,7 @@ mkdir -p "$REL/k26ops"; cp k26ops/release/patchset.py "$REL/k26ops/patchset.py"
 printf '{"site_packages": "%s", "engine": {"base": "sglang==0.5.17"}, "made_by": "bench/device/h200_rehearsal.sh"}\n' "$SP" > "$REL/manifest.json"
 ln -sfn h200-dflash-0.5.17 /opt/k26ops/releases/current
 el "release installed ($(du -sh "$SP" | cut -f1)); sglang $("$REL/venv/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
+fi
 mkdir -p /tmp/cache
 cat > /tmp/h200.yml <<INV
 hosts:
@@ -44,6 +47,15 @@ hosts:
 INV
 export PYTHONPATH=/tmp/k26site:$PWD PYTHONUNBUFFERED=1
 set +e
+if [ "$MODE" = dsv3 ]; then
+  for m in tiny-dsv3 tiny-dsv3-dflash; do mkdir -p /models/$m; cp bench/device/models/$m/config.json /models/$m/; done
+  sed -i 's#model_path: /models/tiny-qwen3#model_path: /models/tiny-dsv3\n      draft_model_path: /models/tiny-dsv3-dflash#' /tmp/h200.yml
+  python3 -m k26ops -i /tmp/h200.yml --json rehearse --concurrency 1,4 --temperatures 0,0.7 \
+      --input-len 64 --output-len 64 --request-timeout 300 --ready-timeout 480 --save-log "$OUT/r3" \
+      > "$OUT/rehearse-dsv3.json" 2> /tmp/rehearse.err
+  echo "rehearse (dsv3) exit $?"; el "dsv3 rehearsal done"; tail -15 /tmp/rehearse.err
+  rm -f "$OUT"/r*/*.json; exit 0
+fi
 python3 -m k26ops -i /tmp/h200.yml --json rehearse --concurrency 1,4 --temperatures 0,0.7 \
     --input-len 64 --output-len 64 --request-timeout 300 --ready-timeout 420 --save-log "$OUT/r1" \
     > "$OUT/rehearse.json" 2> /tmp/rehearse.err
@@ -55,3 +67,4 @@ if [ $(( $(date +%s) - T0 )) -lt ${PROBE_IF_UNDER:-400} ]; then
   echo "rehearse --probe exit $?"; el "probe rehearsal done"; tail -15 /tmp/rehearse-probe.err
 fi
 ls -la /tmp | grep -c k26ops-rehearse- || true
+rm -f "$OUT"/r*/*.json

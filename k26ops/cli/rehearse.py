@@ -54,11 +54,17 @@ def options_from(kw: dict, **more) -> plan.Options:
 @click.option("--no-bench", is_flag=True, help="Skip the short bench after the smoke requests.")
 @click.option("--concurrency", default="1,4", show_default=True, metavar="LIST", help="Bench concurrencies.")
 @click.option("--temperatures", default="0", show_default=True, metavar="LIST", help="Bench temperatures.")
+@click.option("--input-len", type=click.IntRange(1, 100_000), default=plan.Options.input_len, show_default=True,
+              help="Bench prompt length, token ids.")
+@click.option("--output-len", type=click.IntRange(1, 100_000), default=plan.Options.output_len, show_default=True,
+              help="Bench output tokens per request.")
+@click.option("--num-prompts", type=click.IntRange(1, 100_000), default=plan.Options.num_prompts, show_default=True,
+              help="Bench requests per cell.")
 @click.option("--save-log", type=click.Path(file_okay=False), metavar="DIR",
               help="Write each host's engine log and report to DIR/<host>.log and DIR/<host>.json.")
 @click.pass_obj
 def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, concurrency, temperatures,
-                 save_log, **kw):
+                 input_len, output_len, num_prompts, save_log, **kw):
     """Rehearse the engine on dummy weights: the unit's flags, CUDA graphs, smoke, short bench."""
     from k26ops.rehearsal.run import rehearse
     from k26ops.steps import session_context
@@ -68,7 +74,8 @@ def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, co
     opts = options_from(kw, release=release, probe=probe, bench=not no_bench,
                         serving="alongside" if alongside else "stop" if stop_serving else "refuse",
                         concurrency=parse_list(concurrency, int, "concurrency"),
-                        temperatures=parse_list(temperatures, float, "temperatures"))
+                        temperatures=parse_list(temperatures, float, "temperatures"),
+                        input_len=input_len, output_len=output_len, num_prompts=num_prompts)
     if release is not None and (not release or "/" in release or release.startswith(".")):
         raise UserError(f"--release: not a release id: {release!r}")
     out = Path(save_log) if save_log else None
