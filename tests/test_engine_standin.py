@@ -120,7 +120,7 @@ def test_serves_sglang_api_when_ready(standins, python):
     s.stop()
     log = s.out.read_text()
     assert "server_args=ServerArgs(" in log and "speculative_algorithm='DDTREE'" in log
-    for line in ["Load weight begin", "Capture cuda graph begin", "Capture cuda graph end. Time elapsed:",
+    for line in ["Load weight begin", "Capture target verify CUDA graph begin", "Capture target verify CUDA graph end. elapsed=",
                  "The server is fired up and ready to roll!"]:
         assert line in log
     assert re.search(r"Loading safetensors checkpoint shards:\s+\d+% Completed \| \d+/64 \[", log)
@@ -139,7 +139,7 @@ def test_disable_cuda_graph_skips_capture(standins):
     s = standins(disable_cuda_graph=True)
     s.wait_ready()
     s.stop()
-    assert "Capture cuda graph" not in s.out.read_text()
+    assert "CUDA graph" not in s.out.read_text()
 
 
 def _crash(standins, env, *flags, request=False):

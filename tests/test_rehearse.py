@@ -87,14 +87,21 @@ def test_fit_model_and_drafter_layers():
 
 
 def test_capture_times_from_the_stand_in_and_the_real_engine_logs():
-    standin = ("[2026-12-01 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
-               "[2026-12-01 10:00:01 TP0] Capture cuda graph end. Time elapsed: 1.16 s. mem usage=1.52 GB.\n")
-    assert plan.capture_times(standin)["total_s"] == 1.16
+    old = ("[2026-05-01 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+           "[2026-05-01 10:00:01 TP0] Capture cuda graph end. Time elapsed: 1.16 s. mem usage=1.52 GB.\n")
+    assert plan.capture_times(old)["total_s"] == 1.16  # older sglang releases' form
     assert plan.capture_times("no graphs here")["total_s"] is None
-    real = sorted(DATA.glob("*.log"))
-    for log in real:  # recorded from sglang on the H200 (MANIFEST.json)
-        cap = plan.capture_times(log.read_text(errors="replace"))
-        assert cap["ended"] >= 1 and cap["total_s"] > 0, log.name
+    # recorded from the real sglang 0.5.17 on the H200 (tests/data/rehearsal/MANIFEST.json)
+    qwen = plan.capture_times((DATA / "h200-qwen3-dflash.log").read_text())
+    assert qwen["captures"] == [{"graph": "target prefill", "seconds": 82.66},
+                                {"graph": "target verify", "seconds": 2.97},
+                                {"graph": "draft verify", "seconds": 2.49}]
+    assert qwen["begun"] == qwen["ended"] == 3 and qwen["total_s"] == 88.12
+    dsv3 = plan.capture_times((DATA / "h200-dsv3-dflash.log").read_text())  # MLA: no prefill graph
+    assert [c["graph"] for c in dsv3["captures"]] == ["target verify", "draft verify"]
+    metrics = json.loads((DATA / "h200-qwen3-dflash.json").read_text())["hosts"]["h200"]["rehearsal"]["metrics"]
+    assert plan.capture_times("", metrics)["metrics_s"] == {"prefill": 82.662, "target_verify": 2.969,
+                                                           "draft_decode": 2.488}
 
 
 # ---------------------------------------------------------------- connection: local, stand-in
@@ -248,3 +255,60 @@ def test_lab_deploy_rehearse_keeps_the_old_engine_serving_and_names_the_crash(la
     assert _remote(h, "systemctl is-active k26-engine.service") == "active"
     assert _remote(h, "sha256sum /etc/k26ops/sglang.env") == env_before  # the crashing env never went in
     assert _remote(h, "systemctl list-units --all --no-legend 'k26ops-rehearse-*' | wc -l") == "0"
+
+
+# ---------------------------------------------------------------- recorded: the real engine on an H200
+
+def _recorded(name: str) -> dict:
+    return json.loads((DATA / name).read_text())["hosts"]["h200"]
+
+
+def test_recorded_real_rehearsal_served_dflash_with_cuda_graphs():
+    h = _recorded("h200-qwen3-dflash.json")
+    rep = h["rehearsal"]
+    assert h["status"] == "ok" and rep["state"] == "served" and rep["cuda_graphs"] is True
+    assert "--speculative-algorithm DFLASH" in rep["argv"] and "--load-format dummy" in rep["argv"]
+    for name, temp in (("greedy", 0), ("sampled", 0.7)):
+        s = rep["smoke"][name]
+        assert s["status"] == 200 and s["sampling"]["temperature"] == temp and s["completion_tokens"] == 32
+        # the engine's own figure: completion tokens / verify steps (32 / 31 on random weights)
+        assert s["spec_accept_length"] == pytest.approx(s["completion_tokens"] / s["spec_verify_ct"])
+        assert len(s["output_ids"]) == 16  # token ids out: --skip-tokenizer-init
+    assert rep["smoke"]["sampled"]["latency_s"] > 60  # the cold first T>0 request JIT-builds sampling ops
+    assert rep["cleanup"]["left"] == []
+    cells = {(c["concurrency"], c["temperature"]): c for c in rep["bench"]["cells"]}
+    assert set(cells) == {(1, 0), (4, 0), (1, 0.7), (4, 0.7)}
+    assert all(c["accept_source"] == "meta_info.spec_accept_length" for c in cells.values())
+    for key, value in rep["metrics"].items():
+        if key.startswith("sglang:spec_accept_length"):
+            assert value == 1.0  # dummy weights: the drafter's guesses are (almost) never accepted
+
+
+def test_recorded_real_engine_health_codes_are_what_the_ready_wait_expects():
+    """The real engine answers /health 503 while it captures graphs, then 200 (op_poll: 503 = loading)."""
+    import re
+
+    codes = [int(c) for c in re.findall(r'"GET /health\?from=k26ops HTTP/1.1" (\d{3})',
+                                        (DATA / "h200-qwen3-dflash.log").read_text())]
+    assert codes and set(codes) <= {200, 503}
+    assert codes[0] == 503 and codes[-1] == 200 and codes.index(200) == codes.count(503)
+
+
+def test_recorded_probe_watched_the_real_dflash_graph_copies():
+    from k26ops.diagnose.probe import watched_counts
+
+    rep = _recorded("h200-qwen3-dflash-probe.json")["rehearsal"]
+    assert rep["probe"]["byte_exact"] is True and rep["probe"]["differ"] == []
+    assert rep["probe"]["files"] == ["sglang/srt/model_executor/cuda_graph_buffer_registry.py",
+                                     "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+                                     "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"]
+    w = watched_counts((DATA / "h200-qwen3-dflash-probe.log").read_text())
+    assert w["fill_from"]["draft"] > 0 and w["fill_from"]["verify"] > 0 and w["copy_slots"] == 0
+
+
+def test_recorded_real_logs_are_healthy_for_the_classifier():
+    from k26ops.diagnose.classify import classify
+
+    for name in ("h200-qwen3-dflash.log", "h200-qwen3-dflash-probe.log", "h200-dsv3-dflash.log"):
+        d = classify((DATA / name).read_text())
+        assert d.evidence in (None, ""), (name, d.signature, d.evidence)

@@ -272,7 +272,7 @@ def test_crash_during_load_fails_fast_and_rolls_back(lab, engine, capsys):
     assert r.status == "failed"
     assert "cuda-graph-shape-mismatch" in r.error and "must match the size of tensor" in r.error
     assert "previous engine is healthy again" in r.error and "release" in r.error
-    assert "Capture cuda graph" in r.data["journal_tail"] or "Traceback" in r.data["journal_tail"]
+    assert "CUDA graph" in r.data["journal_tail"] or "Traceback" in r.data["journal_tail"]
     assert r.data["diagnosis"]["signature"] == "cuda-graph-shape-mismatch"
     assert "journal tail" in out and "cuda-graph-shape-mismatch" in out and TOKEN not in out
     for n in names[:-1]:

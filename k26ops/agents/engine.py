@@ -75,7 +75,7 @@ def journal(unit, lines, invocation=None):
     _, out, _ = sh(argv)
     return out
 
-MEANINGFUL = ("Loading safetensors", "Load weight", "Capture cuda graph", "KV Cache", "Init torch",
+MEANINGFUL = ("Loading safetensors", "Load weight", "Capture cuda graph", "CUDA graph", "KV Cache", "Init torch",
               "fired up", "Uvicorn running", "ERROR", "Error", "Traceback", "Starting", "server_args")
 
 def last_meaningful(text):

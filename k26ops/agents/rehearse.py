@@ -218,7 +218,7 @@ def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
     except Exception as e:
         return 0, "%s: %s" % (e.__class__.__name__, e)
 
-MEANINGFUL = ("Load weight", "Capture cuda graph", "capture", "KV Cache", "Init torch", "fired up",
+MEANINGFUL = ("Load weight", "Capture cuda graph", "CUDA graph", "capture", "KV Cache", "Init torch", "fired up",
               "Uvicorn running", "ERROR", "Error", "Traceback", "server_args", "Compil", "JIT")
 
 def last_meaningful(text):

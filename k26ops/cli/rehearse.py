@@ -133,7 +133,7 @@ def _render(results) -> None:
         for line in rep.get("notes") or []:
             con.print(f"  note: {line}", highlight=False)
         for c in (rep.get("capture") or {}).get("captures") or []:
-            con.print(f"  CUDA graph capture ({c['phase']}): {c['seconds']:g} s", highlight=False)
+            con.print(f"  CUDA graph capture ({c['graph']}): {c['seconds']:g} s", highlight=False)
         for name, s in (rep.get("smoke") or {}).items():
             con.print(f"  smoke {name}: HTTP {s.get('status')}, {s.get('latency_s', 0) * 1000:.0f} ms, "
                       f"{s.get('completion_tokens')} tokens, accept {s.get('spec_accept_length')}", highlight=False)
@@ -144,7 +144,8 @@ def _render(results) -> None:
                       highlight=False)
         probe = rep.get("probe")
         if probe:
-            con.print(f"  probe {probe.get('patch')}: reverted byte-exact: {probe.get('byte_exact')}", highlight=False)
+            con.print(f"  probe {probe.get('patch')}: watched {probe.get('watched') or 'nothing'}; "
+                      f"reverted byte-exact: {probe.get('byte_exact')}", highlight=False)
         cl = rep.get("cleanup") or {}
         con.print("  cleanup: " + "; ".join(cl.get("done") or []) + (
             f"; LEFT: {', '.join(cl['left'])}" if cl.get("left") else "; nothing left behind"), highlight=False)

@@ -109,11 +109,12 @@ def _primary(log: _Log) -> int | None:
         return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
         if (chains.ERRORISH.search(line.text) or line.error_level) and line.text \
-                and not S.SECONDARY.search(line.text):
+                and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
-    return next((k for k, line in enumerate(log.lines) if chains.is_exception(line.text)
-                 or chains.ERRORISH.search(line.text) or (line.error_level and line.text)), None)
+    return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text) and (
+                 chains.is_exception(line.text) or chains.ERRORISH.search(line.text)
+                 or (line.error_level and line.text))), None)
 
 
 def _config_context(log: _Log, i: int) -> bool:

@@ -172,18 +172,31 @@ def fit_draft(draft: dict, target_layers: int | None) -> tuple[dict, list[str]]:
 
 # ---------------------------------------------------------------- the engine's log
 
-_CAPTURE = re.compile(r"Capture (?:(\w+) )?cuda graph end\. Time elapsed: ([0-9.]+) ?s", re.I)
-_CAPTURE_BEGIN = re.compile(r"Capture (?:(\w+) )?cuda graph begin", re.I)
+# sglang 0.5.17 and 0.5.23 (model_runner_components/cuda_graph_setup.py, speculative/*_worker_v2.py):
+#   "Capture target verify CUDA graph end. elapsed=2.97 s, mem usage=0.03 GB, avail mem=124.78 GB."
+# and older releases: "Capture cuda graph end. Time elapsed: 1.16 s. mem usage=..."
+_CAPTURE = re.compile(r"Capture ([\w -]*?) ?(?:CUDA|cuda) graph end\. (?:elapsed=|Time elapsed: )([0-9.]+) ?s")
+_CAPTURE_BEGIN = re.compile(r"Capture [\w -]*?(?:CUDA|cuda) graph begin")
 
 
-def capture_times(log: str) -> dict:
-    """CUDA-graph captures the engine logged: each phase's seconds and the total
-    (None when none was logged: graphs off, or a crash before the end)."""
-    ends = [(m.group(1) or "decode", float(m.group(2))) for m in _CAPTURE.finditer(log)]
+def capture_times(log: str, metrics: dict | None = None) -> dict:
+    """CUDA-graph captures the engine logged: each graph's seconds and the total
+    (None when none was logged: graphs off, or a crash before the end). With
+    the engine's /metrics, `metrics_s` is its startup_cuda_graph_time_seconds
+    per phase (sglang 0.5.17+), a second source for the same figure."""
+    ends = [((m.group(1) or "").strip() or "decode", float(m.group(2))) for m in _CAPTURE.finditer(log)]
     begun = len(_CAPTURE_BEGIN.findall(log))
-    return {"captures": [{"phase": p, "seconds": s} for p, s in ends],
-            "total_s": round(sum(s for _, s in ends), 3) if ends else None,
-            "begun": begun, "ended": len(ends)}
+    out = {"captures": [{"graph": g, "seconds": s} for g, s in ends],
+           "total_s": round(sum(s for _, s in ends), 3) if ends else None,
+           "begun": begun, "ended": len(ends)}
+    phases = {}
+    for key, value in (metrics or {}).items():
+        m = re.match(r'sglang:startup_cuda_graph_time_seconds\{.*phase="(\w+)"', key)
+        if m and value:
+            phases[m.group(1)] = round(value, 3)
+    if phases:
+        out["metrics_s"] = phases
+    return out
 
 
 def engine_lines(log: str, limit: int = 60) -> list[str]:

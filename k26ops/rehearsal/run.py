@@ -179,7 +179,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
             stop = agent(ctx.session, "stop", timeout=300, handle=handle, with_log=True)
             log = units.redact(stop.get("log") or "", secrets)
             report["cleanup"] = {"done": stop.get("done"), "left": stop.get("left")}
-            report["capture"] = plan.capture_times(log)
+            report["capture"] = plan.capture_times(log, report.get("metrics"))
             report["engine_lines"] = plan.engine_lines(log)
             report["log_tail"] = "\n".join(log.splitlines()[-40:])
             if report["state"] != "served":
@@ -187,7 +187,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
                 report["diagnosis"] = d.to_json()
             report["_log"] = log
         if probe is not None:
-            _revert_probe(ctx, probe, report)
+            _revert_probe(ctx, probe, report, report.get("_log") or "")
         if stopped_serving:
             _restart_serving(ctx, eh, secrets, report, progress)
     report["elapsed_s"] = round(time.monotonic() - t0, 1)
@@ -301,7 +301,16 @@ def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
     return {"info": info, "before": before["hashes"]}
 
 
-def _revert_probe(ctx, probe: dict, report: dict) -> None:
+def _revert_probe(ctx, probe: dict, report: dict, log: str) -> None:
+    from k26ops.diagnose.probe import GRAPH_PATHS, watched_counts, watched_text
+
+    w = watched_counts(log)
+    seen = sorted(g for g in GRAPH_PATHS if (w or {}).get("fill_from", {}).get(g))
+    report["probe"].update(watched=watched_text(w), watched_counts=w,
+                           unwatched=[g for g in GRAPH_PATHS if g not in seen])
+    if report.get("state") == "served" and not seen:
+        report["notes"].append("the probe watched no draft/verify graph copy: the speculative graph path was NOT "
+                               "checked for None fields (" + watched_text(w) + ")")
     info = probe["info"]
     r = agents.run(ctx.session, "probe", "revert", 300, what="probe agent", release=info["release"],
                    site=info["site"], probe_state=PROBE_STATE)
