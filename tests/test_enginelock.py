@@ -168,3 +168,14 @@ def test_engine_lock_is_byte_identical_from_311_and_312_control_nodes(tmp_path, 
     ver = subprocess.run([str(control_node_312), "-c", "import sys; print(sys.version_info[:2])"],
                          capture_output=True, text=True).stdout.strip()
     assert ver == "(3, 12)"
+
+
+def test_a_lock_in_the_format_before_uv_still_parses():
+    """Locks made by pip's resolver (no `cuda runtime wheels:` line, `manylinux x86_64`) still load."""
+    old = ("# k26ops engine lock: made by `k26ops engine lock lab`; commit it beside the recipe\n"
+           "# source: file:///x\n# commit: " + "a" * 40 + "\n# subdir: python\n# engine: sglang 0.5.23+lab\n"
+           "# python: 3.11\n# platform: cp311 manylinux x86_64\n"
+           "tqdm==4.70.1 \\\n    --hash=sha256:" + "c" * 64 + "\n")
+    lock = enginelock.parse(old, "old.lock")
+    assert lock.commit == "a" * 40 and lock.entries == (("tqdm", "4.70.1", "c" * 64),)
+    assert "cuda runtime wheels" not in lock.meta
