@@ -102,6 +102,11 @@ def lab_recipe_copy(path: Path, series: Path | None = None) -> Path:
     if series is not None:
         doc["patches"]["series"] = str(series)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for key in ("model_config", "draft_config"):  # rehearsal configs must be beside the recipe
+        rel = (doc.get("rehearsal") or {}).get(key)
+        if rel:
+            (path.parent / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path.parent / rel).write_bytes((LAB_RECIPE.parent / rel).read_bytes())
     path.write_text(yaml.safe_dump(doc))
     return path
 

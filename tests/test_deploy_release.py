@@ -180,7 +180,12 @@ def test_registry_source_still_deploys_and_a_patch_for_another_base_is_refused(l
     rid = data["hosts"]["lab1"]["release"]
     assert rid.startswith("sglang0.5.23-")
     manifest = json.loads(_remote(lab, "lab1", f"cat /opt/k26ops/releases/{rid}/manifest.json"))
-    assert manifest["engine"]["base"] == "sglang==0.5.23" and manifest["engine"]["lock"] is None
+    assert manifest["engine"]["base"] == "sglang==0.5.23"
+    # the locked set, exactly: lab-registry.lock holds the one sglang wheel `install: no-deps` installs
+    from k26ops.release import enginelock, recipe as recipe_mod
+    lock = enginelock.load(recipe_mod.load("lab-registry").lock_path)
+    assert manifest["engine"]["lock"] == {"file": "lab-registry.lock", "sha256": lock.sha256, "wheels": 1}
+    assert [w["sha256"] for w in manifest["wheels"]] == [lock.entries[0][2]]
     assert manifest["engine"]["source"] == {"registry": "sglang==0.5.23", "install": "no-deps"}
     k26ops_json("--limit", "lab1", "deploy", "--playbook", str(engine_playbook), env=lab.env())  # back to the lab
     current = _remote(lab, "lab1", "readlink /opt/k26ops/releases/current")

@@ -1,6 +1,7 @@
 """The engine source path on the control node: a pinned commit fetched from a
 real git repository (file:// URLs made here), the wheel built from the commit's
-own pyproject with pip, the dependency lock made by pip's resolver, and the
+own pyproject with pip, the dependency lock made by uv's resolver (for the
+recipe's python, whatever runs it: tests/test_enginelock.py), and the
 `engine pin` / `engine lock` commands that write them with a diff."""
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def _recipe_for(tmp_path: Path, url: str, commit: str) -> Path:
     (d / "patches/series").write_text(f"# Base: sglang@{commit}\n")
     doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
     doc["name"] = "mine"
+    doc.pop("rehearsal", None)  # its config files live beside the shipped recipes
     doc["engine"] = {"source": {"git": url, "commit": commit, "subdir": "python", "ref": "refs/heads/main"},
                      "python": "3.11", "lock": "mine.lock"}
     doc["patches"]["series"] = str(d / "patches/series")

@@ -155,6 +155,9 @@ def test_release_id_is_content_derived():
     with pytest.raises(UserError, match="lock is not loaded"):
         rc.release_id(r, None, patches)
     reg = rc.load(REG)
-    rrid = rc.release_id(reg, None, patches)
+    rrid = rc.release_id(reg, "3" * 64, patches)
     assert rrid.startswith("sglang0.5.23-")
-    assert rrid != rc.release_id(rc.parse(REG.read_text().replace('"0.7.2"', '"0.7.3"'), REG), None, patches)
+    assert rrid != rc.release_id(rc.parse(REG.read_text().replace('"0.7.2"', '"0.7.3"'), REG), "3" * 64, patches)
+    assert rrid != rc.release_id(reg, "4" * 64, patches)  # its lock: registry releases are locked too
+    with pytest.raises(UserError, match="lock is not loaded"):
+        rc.release_id(reg, None, patches)

@@ -215,7 +215,7 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
         engine_base = f"sglang@{src.get('commit')}" if src else f"sglang=={eng.get('sglang')}"
         (pdir / "series").write_text(f"# Base: {engine_base}\n" + "".join(f"{s}\n" for s in series))
         lock = repo.read(tag, f"{base}/engine.lock")
-        if isinstance(doc.get("engine"), dict) and doc["engine"].get("source") is not None:
+        if isinstance(doc.get("engine"), dict):  # git sources and registry releases alike
             if lock is None:
                 raise UserError(f"baseline {tag!r}: {h}: the engine's lock (hosts/{h}/engine.lock) was not "
                                 "recorded; this baseline cannot rebuild its engine")

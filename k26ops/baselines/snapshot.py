@@ -79,8 +79,8 @@ def _rebuild_check(recipe_text: str, recipe_path: Path, manifest: dict,
         r = recipe_mod.parse(recipe_text, recipe_path)
     except UserError as exc:
         return False, f"recipe does not load: {exc}"
-    lock_sha = sha256(lock_text) if r.git else None
-    if r.git and lock_text is None:
+    lock_sha = sha256(lock_text)
+    if lock_text is None:
         return False, f"the recipe's lock {r.lock_path} is missing"
     pats = [SimpleNamespace(name=p["name"], sha256=p["sha256"]) for p in manifest.get("patches") or []]
     try:
@@ -133,7 +133,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     lock_text = None
     try:
         rp = recipe_mod.parse(recipe_text, Path(recipe_path))
-        if rp.git and rp.lock_path.exists():
+        if rp.lock_path.exists():
             lock_text = rp.lock_path.read_text()
     except UserError:
         pass

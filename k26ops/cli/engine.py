@@ -33,11 +33,14 @@ def _diff(path: Path, old: str, new: str) -> str:
                                         fromfile=f"a/{shown}", tofile=f"b/{shown}"))
 
 
-def _recipe(name: str, source_url: str | None, check_series_base: bool = True) -> recipe_mod.Recipe:
+def _recipe(name: str, source_url: str | None, check_series_base: bool = True,
+            registry_ok: bool = False) -> recipe_mod.Recipe:
     r = recipe_mod.load(name, check_series_base)
-    if r.git is None:
-        raise UserError(f"{r.source}: the engine is a registry release (engine.sglang); pin and lock are for "
+    if r.git is None and not registry_ok:
+        raise UserError(f"{r.source}: the engine is a registry release (engine.sglang); pin is for "
                         "git sources (engine.source)")
+    if r.git is None and source_url:
+        raise UserError(f"--source-url: {r.source} is a registry release (engine.sglang), it has no git source")
     return recipe_mod.with_source_url(r, source_url) if source_url else r
 
 
@@ -89,16 +92,22 @@ def pin_cmd(settings, recipe, ref, source_url, check):
 @click.option("--check", is_flag=True, help="Show the change; write nothing.")
 @click.pass_obj
 def lock_cmd(settings, recipe, source_url, check):
-    """Build the engine wheel from the pinned commit and lock its dependencies (with a diff)."""
-    r = _recipe(recipe, source_url)
-    g = r.git
+    """Lock the engine's wheels for the hosts' python and platform (with a diff).
+
+    A git source: build the engine wheel from the pinned commit and lock what it
+    needs. A registry release: lock sglang==VERSION and, for `install: full`, its
+    whole dependency closure with the recipe's pins and extras."""
+    r = _recipe(recipe, source_url, registry_ok=True)
     say = (lambda m: None) if settings.as_json else (lambda m: click.echo(f"  {m}", err=True))
+    if r.git is None:
+        return _lock_registry(settings, recipe, r, check, say)
+    g = r.git
     built = engine_source.wheel_for(r, say)
     say(f"resolving the dependencies of {built.name} for python {r.python}, manylinux x86_64")
     entries = enginelock.resolve(built.path, r.python, r.index_urls)
     declared = recipe_mod.load(recipe).git.url  # a mirror of the same commit gives the same lock
     meta = {"source": declared, "commit": g.commit, "subdir": g.subdir, "engine": f"{built.dist} {built.version}",
-            "python": r.python, "platform": f"cp{r.python.replace('.', '')} manylinux x86_64"}
+            "python": r.python, "platform": enginelock.platform_line(r.python)}
     text = enginelock.render(recipe, meta, entries)
     old = r.lock_path.read_text() if r.lock_path.exists() else ""
     diff = _diff(r.lock_path, old, text)
@@ -110,3 +119,25 @@ def lock_cmd(settings, recipe, source_url, check):
                      "written": bool(diff) and not check},
           diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for {g.url} @ {g.commit[:12]} "
                 f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}")
+
+
+def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say) -> None:
+    """sglang==VERSION from the index: `install: full` locks the closure of the recipe's
+    requirements (sglang, its pins with their extras); `install: no-deps` installs the
+    sglang wheel alone (`pip --no-deps`), so that one wheel is the whole lock."""
+    reqs = r.requirements()
+    say(f"resolving {' '.join(reqs)}{' (no deps)' if r.no_deps else ''} for python {r.python}, "
+        f"{enginelock.platform_line(r.python)}")
+    entries = enginelock.resolve_requirements(reqs, r.python, r.index_urls, no_deps=r.no_deps)
+    text = enginelock.render(recipe, enginelock.registry_meta(r), entries)
+    old = r.lock_path.read_text() if r.lock_path.exists() else ""
+    diff = _diff(r.lock_path, old, text)
+    if diff and not check:
+        r.lock_path.write_text(text)
+    what = "unchanged" if not diff else ("would write" if check else "written")
+    cuda = enginelock.cuda_runtime(entries)
+    _emit(settings, {"recipe": str(r.source), "lock": str(r.lock_path), "engine": f"sglang=={r.sglang}",
+                     "commit": None, "wheels": len(entries), "cuda_runtime": [{"name": n, "version": v} for n, v in cuda],
+                     "changed": bool(diff), "written": bool(diff) and not check},
+          diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for sglang=={r.sglang} (install: {r.install}, "
+                f"{len(cuda)} CUDA runtime wheel(s)): {what}")

@@ -265,7 +265,7 @@ def describe(engine: dict | None) -> list[str]:
     return [f"engine {engine.get('base')}  from {where}",
             f"wheel  {wheel.get('name')}  sha256 {wheel.get('sha256')}",
             f"lock   {lock['file']}  sha256 {lock['sha256']}  ({lock.get('wheels')} wheels)" if lock
-            else "lock   none (registry release: pip resolved its pins at download)"]
+            else "lock   none (a registry release built before registry releases were locked)"]
 
 
 def wheel_for(recipe, progress=lambda msg: None) -> BuiltWheel:

@@ -107,7 +107,7 @@ class Recipe:
     series: Path
     tags: tuple[str, ...]
     profile: dict[str, Any] = field(default_factory=dict)
-    lock_path: Path | None = None  # git sources: the dependency lock beside the recipe
+    lock_path: Path | None = None  # the engine's lock beside the recipe (engine.lock, default <stem>.lock)
     python: str = "3.11"  # the hosts' python (a lock is for one)
     index_urls: tuple[str, ...] = ()
     drafter: Drafter | None = None
@@ -290,10 +290,10 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
             if not isinstance(ws, str) or not re.fullmatch(r"[0-9a-f]{64}", ws):
                 raise c.err(("engine", "source", "wheel", "sha256"), "must be the wheel's 64-hex sha256")
         git = GitSource(url, commit, subdir, ref, wp, wu, ws)
-        lock_rel = eng.get("lock", f"{path.stem}.lock")
-        if not isinstance(lock_rel, str) or not lock_rel.strip():
-            raise c.err(("engine", "lock"), "must be a file name or path")
-        lock_path = Path(lock_rel) if Path(lock_rel).is_absolute() else path.parent / lock_rel
+    lock_rel = eng.get("lock", f"{path.stem}.lock")  # registry releases are locked too
+    if not isinstance(lock_rel, str) or not lock_rel.strip():
+        raise c.err(("engine", "lock"), "must be a file name or path")
+    lock_path = Path(lock_rel) if Path(lock_rel).is_absolute() else path.parent / lock_rel
 
     tk = c.mapping(top["cuda_toolkit"], ("cuda_toolkit",), {"method", "version", "min_driver"},
                    required=("method", "version"))
@@ -469,9 +469,9 @@ def _hash_bytes(data) -> str:
 
 def release_id(recipe: Recipe, lock_sha256: str | None, patch_contents) -> str:
     """`sglang<ver>-<12 hex>` (registry) or `sglang-<commit12>-<12 hex>` (git) from
-    what goes into the build: the engine source (registry pins and install mode, or
-    commit + subdir + lock hash + prebuilt wheel hash; never the URL, a mirror gives
-    the same release), toolkit, and each active patch's name and content in series
+    what goes into the build: the engine source (registry pins, install mode and lock
+    hash, or commit + subdir + lock hash + prebuilt wheel hash; never the URL, a mirror
+    gives the same release), toolkit, and each active patch's name and content in series
     order. Engine profile and recipe name do not change the build."""
     if isinstance(patch_contents, Mapping):
         patch_contents = list(patch_contents.items())
@@ -482,12 +482,13 @@ def release_id(recipe: Recipe, lock_sha256: str | None, patch_contents) -> str:
         else:
             name, content = item
             patches.append([str(name), _hash_bytes(content)])
-    if recipe.git is not None and not lock_sha256:
+    if not lock_sha256:
         raise UserError(f"{recipe.source}: the engine source's lock is not loaded yet")
     doc = {
         "engine": ({"commit": recipe.git.commit, "subdir": recipe.git.subdir, "lock": lock_sha256,
                     "wheel": recipe.git.wheel_sha256} if recipe.git else
-                   {"sglang": recipe.sglang, "install": recipe.install, "requirements": recipe.requirements()}),
+                   {"sglang": recipe.sglang, "install": recipe.install, "requirements": recipe.requirements(),
+                    "lock": lock_sha256}),
         "toolkit": asdict(recipe.toolkit),
         "patches": patches,
     }

@@ -46,7 +46,7 @@ class Prepared:
     recipe: recipe_mod.Recipe
     engine: dict  # provenance: base, source, wheel, lock
     engine_wheel: wheelhouse.Wheel
-    lock: enginelock.Lock | None
+    lock: enginelock.Lock
     patches: list
     patch_dir: Path  # series + patch files, as shipped
     wheels: list  # everything the host installs, the engine wheel included
@@ -137,13 +137,23 @@ def check_launch(host: str, argv: list[str]) -> None:
         raise UserError(f"{host}: engine launch rule {bad[0].rule.name}: {bad[0]}")
 
 
-def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock | None:
-    """A git source's lock, which must belong to its commit; None for a registry source."""
-    if r.git is None:
-        return None
-    how = (f"make it with `k26ops engine lock {r.source}` on a control node that reaches the repository "
-           "and the package index, then commit it beside the recipe")
+def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock:
+    """The engine's lock, which must belong to the recipe: a git source's to its commit
+    and subdir, a registry release's to its version, install mode and pins."""
+    where = "the repository and the package index" if r.git else "the package index"
+    how = (f"make it with `k26ops engine lock {r.source}` on a control node that reaches {where}, "
+           "then commit it beside the recipe")
     lock = enginelock.load(r.lock_path)
+    if r.git is None:
+        if lock is None:
+            raise UserError(f"{r.source}: no dependency lock for sglang=={r.sglang} ({r.lock_path} is missing): {how}")
+        want = enginelock.registry_meta(r)
+        bad = [k for k in ("source", "engine", "install", "requirements", "python") if lock.meta.get(k) != want[k]]
+        if bad:
+            k = bad[0]
+            raise UserError(f"{r.lock_path}: the lock's {k} is {lock.meta.get(k) or '(none)'!r}, the recipe's is "
+                            f"{want[k]!r}: remake it: {how}")
+        return lock
     if lock is None:
         raise UserError(f"{r.source}: no dependency lock for {r.git.url} @ {r.git.commit[:12]} "
                         f"({r.lock_path} is missing): {how}")
@@ -179,10 +189,10 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     ov = ctx.shared.get("release_override") or {}
     py = _host_python(ctx)
     lock = lock_for(r)
-    if lock and lock.meta["python"] != py:
+    if lock.meta["python"] != py:
         raise StepFailed(f"the engine lock {lock.path.name} is for python {lock.meta['python']}, this host has "
                          f"python {py}: set engine.python in the recipe and remake the lock")
-    key = json.dumps([str(r.source), r.base, r.git and r.git.url, lock and lock.sha256, list(tags), py,
+    key = json.dumps([str(r.source), r.base, r.git and r.git.url, lock.sha256, list(tags), py,
                       [list(x) for x in ov.get("patches") or []]])
     with _PREP_LOCK:
         if key in _PREP:
@@ -191,7 +201,7 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
         else:
             patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
-        rid = recipe_mod.release_id(r, lock and lock.sha256, patches)
+        rid = recipe_mod.release_id(r, lock.sha256, patches)
         work = prepcache.VARIANTS / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         if r.git:
             g = r.git
@@ -202,17 +212,16 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             wheels = [engine] + deps
             source = {"git": g.url, "commit": g.commit, "subdir": g.subdir,
                       "built": "prebuilt wheel" if g.wheel_sha256 else "pip wheel on the control node"}
-        else:
-            ctx.progress(f"downloading wheels for {rid} (once for all hosts)")
-            wheels = wheelhouse.ensure(r.requirements(), no_deps=r.no_deps, python=py)
-            sg = [w for w in wheels if w.name.lower().startswith("sglang-")]
+        else:  # the locked set, the sglang wheel among it: exactly those files, nothing resolved here
+            ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
+            wheels = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
+            sg = [w for w in wheels if wheelhouse.wheel_name_version(w.name)[0].lower() == "sglang"]
             if not sg:
-                raise UserError(f"{r.source}: no sglang wheel among the downloaded wheels")
+                raise UserError(f"{lock.path}: no sglang wheel among the locked wheels")
             engine = sg[0]
             source = {"registry": f"sglang=={r.sglang}", "install": r.install}
         provenance = {"base": r.base, "source": source, "wheel": {"name": engine.name, "sha256": engine.sha256},
-                      "lock": ({"file": lock.path.name, "sha256": lock.sha256, "wheels": len(lock.entries)}
-                               if lock else None)}
+                      "lock": {"file": lock.path.name, "sha256": lock.sha256, "wheels": len(lock.entries)}}
         site, pdir = work / "site-packages", work / "patches"
         if not (work / prepcache.MARK).exists():  # assembled once per release id on this node
             _assemble(work, r, patches, engine, {name: Path(f) for name, f in ov.get("patches") or []})
