@@ -47,6 +47,20 @@ hosts:
 INV
 export PYTHONPATH=/tmp/k26site:$PWD PYTHONUNBUFFERED=1
 set +e
+if [ "$MODE" = final ]; then
+  nvidia-smi -q > "$OUT/nvidia-smi-q.txt" 2>&1
+  python3 -m k26ops -i /tmp/h200.yml --json rehearse --concurrency 1,4 --temperatures 0,0.7 \
+      --input-len 64 --output-len 64 --request-timeout 300 --ready-timeout 420 --save-log "$OUT/r4" \
+      > "$OUT/rehearse-final.json" 2> /tmp/rehearse.err
+  echo "rehearse exit $?"; el "rehearse done"; tail -15 /tmp/rehearse.err
+  for m in tiny-dsv3 tiny-dsv3-dflash; do mkdir -p /models/$m; cp bench/device/models/$m/config.json /models/$m/; done
+  sed -i 's#model_path: /models/tiny-qwen3#model_path: /models/tiny-dsv3\n      draft_model_path: /models/tiny-dsv3-dflash#' /tmp/h200.yml
+  python3 -m k26ops -i /tmp/h200.yml --json rehearse --layers 2 --no-bench --request-timeout 300 \
+      --ready-timeout 300 --save-log "$OUT/r5" > "$OUT/rehearse-dsv3-layers2.json" 2> /tmp/rehearse.err
+  echo "rehearse (dsv3 --layers 2) exit $?"; el "done"; tail -15 /tmp/rehearse.err
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  rm -f "$OUT"/r*/*.json; exit 0
+fi
 if [ "$MODE" = dsv3 ]; then
   for m in tiny-dsv3 tiny-dsv3-dflash; do mkdir -p /models/$m; cp bench/device/models/$m/config.json /models/$m/; done
   sed -i 's#model_path: /models/tiny-qwen3#model_path: /models/tiny-dsv3\n      draft_model_path: /models/tiny-dsv3-dflash#' /tmp/h200.yml

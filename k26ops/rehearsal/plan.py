@@ -160,14 +160,24 @@ def fit_draft(draft: dict, target_layers: int | None) -> tuple[dict, list[str]]:
     holder, key = found
     ids = holder[key]
     if all(isinstance(i, int) and 0 <= i < target_layers for i in ids):
-        return cfg, []
+        notes = []
+        for h in (cfg, cfg.get("dflash_config")):
+            if isinstance(h, dict) and isinstance(h.get("num_target_layers"), int) and h["num_target_layers"] > target_layers:
+                notes.append(f"drafter num_target_layers {h['num_target_layers']} -> {target_layers}")
+                h["num_target_layers"] = target_layers
+        return cfg, notes
     k = len(ids)
     if k > target_layers:
         raise UserError(f"rehearsal: the drafter reads {k} target layers ({key} {ids}); "
                         f"give --layers {k} or more")
     new = sorted({round(j * (target_layers - 1) / max(1, k - 1)) for j in range(k)}) if k > 1 else [target_layers - 1]
     holder[key] = new
-    return cfg, [f"drafter {key} {ids} -> {new} (spread over the {target_layers} target layers)"]
+    notes = [f"drafter {key} {ids} -> {new} (spread over the {target_layers} target layers)"]
+    for h in (cfg, cfg.get("dflash_config")):  # sglang checks the ids against num_target_layers
+        if isinstance(h, dict) and isinstance(h.get("num_target_layers"), int) and h["num_target_layers"] != target_layers:
+            notes.append(f"drafter num_target_layers {h['num_target_layers']} -> {target_layers}")
+            h["num_target_layers"] = target_layers
+    return cfg, notes
 
 
 # ---------------------------------------------------------------- the engine's log

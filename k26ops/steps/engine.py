@@ -429,7 +429,8 @@ class SmokeStep(Step):
     def request(self) -> tuple[dict, float]:
         """The engine agent's smoke request (without where and which run) and its time limit."""
         reqs = smoke_requests(self.params)
-        per = float(self.params.get("timeout") or 120)
+        # a cold engine's first sampled request JIT-builds sampling kernels: 102 s on an H200 (tests/data/rehearsal)
+        per = float(self.params.get("timeout") or 300)
         body = {"prompt": str(self.params.get("prompt") or "Say hello in one short sentence."),
                 "max_new_tokens": int(self.params.get("max_new_tokens") or 16), "timeout_s": per,
                 "requests": reqs}
