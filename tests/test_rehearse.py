@@ -79,11 +79,19 @@ def test_fit_model_and_drafter_layers():
     mm = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}}
     assert plan.fit_model(mm, 4)[0]["text_config"]["num_hidden_layers"] == 4
     draft = {"dflash_config": {"block_size": 8, "target_layer_ids": [1, 12, 24, 36, 48, 59]}}
-    d, notes = plan.fit_draft(draft, 6)
+    d, notes = plan.fit_draft(draft, 7)
     assert d["dflash_config"]["target_layer_ids"] == [0, 1, 2, 3, 4, 5] and notes
     assert plan.fit_draft(draft, 61) == (draft, [])
-    with pytest.raises(Exception, match="--layers 6 or more"):
-        plan.fit_draft(draft, 4)
+    # the last layer's output cannot be captured (sglang captures "before layer id + 1"):
+    # ids [0, 1] on a 2-layer target died on the real engine (h200-dsv3-dflash-layers2-crash.log)
+    with pytest.raises(Exception, match="--layers 7 or more"):
+        plan.fit_draft(draft, 6)
+    tiny = {"num_target_layers": 4, "dflash_config": {"target_layer_ids": [1, 2], "num_target_layers": 4}}
+    d, notes = plan.fit_draft(tiny, 3)
+    assert d["dflash_config"]["target_layer_ids"] == [0, 1]
+    assert d["num_target_layers"] == d["dflash_config"]["num_target_layers"] == 3
+    with pytest.raises(Exception, match="--layers 3 or more"):
+        plan.fit_draft(tiny, 2)
 
 
 def test_capture_times_from_the_stand_in_and_the_real_engine_logs():
@@ -182,11 +190,11 @@ def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
     inv.write_text(yaml.safe_dump(doc))
     # the lab recipe ships a K2-family config: used, and said so
     rc, data = k26ops_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
-                           "--no-bench", "--layers", "6", timeout=300)
+                           "--no-bench", "--layers", "7", timeout=300)
     assert rc == 0, data
     notes = data["hosts"]["here"]["rehearsal"]["notes"]
     assert any("config.json from the recipe" in n for n in notes)
-    assert data["hosts"]["here"]["rehearsal"]["layers"] == 6
+    assert data["hosts"]["here"]["rehearsal"]["layers"] == 7
 
 
 # ---------------------------------------------------------------- a real lab host
@@ -312,3 +320,22 @@ def test_recorded_real_logs_are_healthy_for_the_classifier():
     for name in ("h200-qwen3-dflash.log", "h200-qwen3-dflash-probe.log", "h200-dsv3-dflash.log"):
         d = classify((DATA / name).read_text())
         assert d.evidence in (None, ""), (name, d.signature, d.evidence)
+
+
+def test_recorded_real_crash_of_an_uncapturable_drafter_layer_is_named():
+    """The real engine, dsv3 target cut to 2 layers with drafter ids [0, 1] (before the fix above)."""
+    from k26ops.diagnose.classify import classify
+
+    h = _recorded("h200-dsv3-dflash-layers2-crash.json")
+    assert h["status"] == "failed" and h["rehearsal"]["state"] == "crashed"
+    assert h["rehearsal"]["cleanup"]["left"] == []  # the crashed engine left nothing behind either
+    d = classify((DATA / "h200-dsv3-dflash-layers2-crash.log").read_text())
+    assert d.signature == "drafter-target-layers" and "captured 1 of 2 aux hidden states" in d.evidence
+
+
+def test_recorded_final_rehearsal_reports_capture_times():
+    rep = _recorded("h200-qwen3-dflash-final.json")["rehearsal"]
+    assert rep["state"] == "served"
+    graphs = [c["graph"] for c in rep["capture"]["captures"]]
+    assert graphs == ["target prefill", "target verify", "draft verify"] and rep["capture"]["total_s"] > 0
+    assert set(rep["capture"]["metrics_s"]) >= {"target_verify", "draft_decode"}

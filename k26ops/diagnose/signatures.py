@@ -211,6 +211,21 @@ WEIGHT_FILE_CORRUPT = Signature(
                 "space first if the model disk is full."),
 )
 
+# sglang layers/aux_hidden_states.py:47 (0.5.17): the target captured fewer hidden states than
+# the DFlash/EAGLE3 drafter reads; seen on a real H200 rehearsal (tests/data/rehearsal).
+AUX_HIDDEN_CAPTURE = Signature(
+    keywords=("aux hidden",),
+    id="drafter-target-layers",
+    title="the target captured fewer hidden states than the drafter reads (drafter target_layer_ids)",
+    patterns=_rx(r"captured" + _ + r"(?P<got>\d+)" + _ + r"of" + _ + r"(?P<want>\d+)" + _ + r"aux" + _
+                 + r"hidden" + _ + r"states"),
+    suggestion=("The drafter's config (dflash_config.target_layer_ids, or eagle_aux_hidden_state_layer_ids) "
+                "names target layers whose output the target does not capture: the target captures the "
+                "output of layer k before layer k + 1, so with N layers the ids must be 0..N-2. Use the "
+                "drafter trained for this target, or (a rehearsal with --layers) more layers; the ids "
+                "must match the target the drafter was trained on."),
+)
+
 # The engine's start-up checks (k26ops/release/launch_rules.py, read from the engine's argument
 # hooks): each message, as the engine words it or as k26ops words the same rule, names
 # its rule; a rule's `fix` is the suggestion. Real DFLASH texts: speculative_hook.py
@@ -254,7 +269,7 @@ CONFIG_FRAMES = re.compile(r"server_args\.py|/arg_groups/|speculative_hook\.py|v
 
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
-                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, CONFIG_REFUSED,
+                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, AUX_HIDDEN_CAPTURE, CONFIG_REFUSED,
                                NCCL_FAILURE]
 
 NO_ERROR_SUGGESTION = ("No error in this log: no exception, no error line. If the engine "

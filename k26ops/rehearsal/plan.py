@@ -151,28 +151,30 @@ def _layer_ids(draft: dict) -> tuple[dict, str] | None:
 
 
 def fit_draft(draft: dict, target_layers: int | None) -> tuple[dict, list[str]]:
-    """The DFlash drafter reads the target's hidden states at `target_layer_ids`;
-    with fewer target layers they are spread over the layers that remain."""
+    """The DFlash drafter reads the target's hidden states after the layers
+    `target_layer_ids`; the target captures them "before layer id + 1"
+    (sglang 0.5.17 models/qwen3.py:713 and deepseek_v2.py:3161
+    set_dflash_layers_to_capture), so with N target layers the ids must be in
+    0..N-2 (the last layer's output has no next layer to be captured at: a
+    real H200 run with ids [0, 1] on 2 layers died `captured 1 of 2 aux
+    hidden states`). With fewer target layers the ids are spread over 0..N-2;
+    num_target_layers follows."""
     cfg = copy.deepcopy(draft)
     found = _layer_ids(cfg)
     if not found or not target_layers:
         return cfg, []
     holder, key = found
     ids = holder[key]
-    if all(isinstance(i, int) and 0 <= i < target_layers for i in ids):
-        notes = []
-        for h in (cfg, cfg.get("dflash_config")):
-            if isinstance(h, dict) and isinstance(h.get("num_target_layers"), int) and h["num_target_layers"] > target_layers:
-                notes.append(f"drafter num_target_layers {h['num_target_layers']} -> {target_layers}")
-                h["num_target_layers"] = target_layers
-        return cfg, notes
-    k = len(ids)
-    if k > target_layers:
-        raise UserError(f"rehearsal: the drafter reads {k} target layers ({key} {ids}); "
-                        f"give --layers {k} or more")
-    new = sorted({round(j * (target_layers - 1) / max(1, k - 1)) for j in range(k)}) if k > 1 else [target_layers - 1]
-    holder[key] = new
-    notes = [f"drafter {key} {ids} -> {new} (spread over the {target_layers} target layers)"]
+    usable = target_layers - 1  # ids 0..N-2
+    notes = []
+    if not all(isinstance(i, int) and 0 <= i < usable for i in ids):
+        k = len(ids)
+        if k > usable:
+            raise UserError(f"rehearsal: the drafter reads {k} target layers ({key} {ids}), the outputs of "
+                            f"layers 0..N-2 of an N-layer target; give --layers {k + 1} or more")
+        new = sorted({round(j * (usable - 1) / max(1, k - 1)) for j in range(k)}) if k > 1 else [usable - 1]
+        holder[key] = new
+        notes.append(f"drafter {key} {ids} -> {new} (spread over the outputs of target layers 0..{usable - 1})")
     for h in (cfg, cfg.get("dflash_config")):  # sglang checks the ids against num_target_layers
         if isinstance(h, dict) and isinstance(h.get("num_target_layers"), int) and h["num_target_layers"] != target_layers:
             notes.append(f"drafter num_target_layers {h['num_target_layers']} -> {target_layers}")
