@@ -46,7 +46,7 @@ def test_log_files(name):
 
 def test_every_kind_has_logs():
     kinds = {e["signature"] for e in EXPECTED.values()}
-    assert kinds == IDS | {"unclassified", None}
+    assert kinds == IDS | {"unclassified", None, "gpu-hardware-fault", "gpu-xid-app-fault"}
     assert {s.id for s in SIGNATURES} == IDS
     assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
 
@@ -509,3 +509,39 @@ def test_argparse_refusal_names_the_flag():
     # an argparse usage error of another kind names its argument
     other = classify("launch_server.py: error: argument --attention-backend: invalid choice: 'fa5'\n")
     assert other.signature == "engine-config-refused" and other.detail["flags"] == ["--attention-backend"]
+
+
+# ---------------------------------------------------------------- hardware first
+
+XID79 = (LOGS.parent / "facts/pub-ogkm1151-journal-xid79.txt").read_text()
+
+
+def _interleave(engine: str, kernel: str, at: int) -> str:
+    """A merged journal as `journalctl -b` would show it: kernel lines inside the engine's."""
+    lines = engine.splitlines(keepends=True)
+    return "".join(lines[:at]) + kernel + "".join(lines[at:])
+
+
+def test_xid79_near_an_illegal_memory_access_names_the_gpu_not_the_symptom():
+    """Composed from two real texts (not a recorded log): vLLM's watchdog IMA
+    (vllm-project/vllm#28028) with the real Xid 79 lines of open-gpu-kernel-modules#1151 in it."""
+    engine = (LOGS / "vllm_rank1_watchdog_ima_server_log.log").read_text()
+    assert classify(engine).signature == "illegal-memory-access"
+    d = classify(_interleave(engine, XID79, 3), bus_ids={"00000000:2B:00.0": 5})
+    assert d.signature == "gpu-hardware-fault" and d.detail["xid"] == 79 and d.detail["gpu"] == 5
+    assert d.detail["symptom"] == "illegal-memory-access" and d.detail["action"] == "reboot"
+    assert d.suggestion.startswith("GPU 5 (0000:2b:00): Xid 79") and "not its cause" in d.suggestion
+    assert d.line == 5 and "79, GPU has fallen off the bus" in d.evidence
+    # without the map the GPU is named by its PCI address
+    assert classify(_interleave(engine, XID79, 3)).suggestion.startswith("the GPU at PCI 0000:2b:00")
+
+
+def test_an_application_xid_keeps_the_software_name():
+    """Xid 31 (an MMU fault: the program's bad address, pytorch/pytorch#51382) beside an illegal
+    memory access: the software signature stays, the Xid goes into its detail."""
+    engine = (LOGS / "vllm_rank1_watchdog_ima_server_log.log").read_text()
+    kernel = (LOGS.parent / "facts/pub-pytorch51382-dmesg-xid43-31.txt").read_text()
+    only31 = "".join(line for line in kernel.splitlines(keepends=True) if "): 31," in line)
+    d = classify(_interleave(engine, only31, 3))
+    assert d.signature == "illegal-memory-access" and d.detail["xid"] == 31
+

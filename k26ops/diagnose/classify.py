@@ -215,9 +215,62 @@ def algorithm_in(text: str) -> str | None:
     return None
 
 
-def classify(text: str, base: str | None = None) -> Diagnosis:
+def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | None:
+    """The kernel's Xid lines in the log, named before the software symptom they caused: a
+    hardware Xid wins over any engine error; an application Xid names the crash only when
+    the engine's own lines name nothing (its software signature keeps the Xid in `detail`)."""
+    from k26ops.facts import xid as X
+
+    if "NVRM" not in (text or ""):
+        return None
+    events = X.parse_kernel_text(text, bus_ids)
+    if not events:
+        return None
+    hardware = [e for e in events if e.kind == "hardware"]
+    pick = hardware[0] if hardware else next((e for e in events if e.kind == "application"), None)
+    if pick is None:
+        return None
+    gpus = sorted({e.gpu for e in (hardware or [pick]) if e.gpu is not None})
+    detail = {"xid": pick.xid, "pci": pick.pci, "gpu": pick.gpu, "uuid": pick.uuid,
+              "action": pick.action, "meaning": pick.meaning, "events": len(events)}
+    if pick.caused_by:
+        detail["caused_by"] = pick.caused_by
+    if len(gpus) > 1:
+        detail["gpus"] = gpus
+    engine_error = soft.error_found and soft.signature and "NVRM" not in soft.evidence
+    if engine_error:
+        detail["symptom"] = soft.signature
+        detail["symptom_evidence"] = soft.evidence[:300]
+    where = f"GPU {pick.gpu} ({pick.pci})" if pick.gpu is not None else f"the GPU at PCI {pick.pci}"
+    said = f"The engine's own error ({soft.signature}: {soft.evidence[:120]})" if engine_error else ""
+    symptom = (f"{said} is what this fault caused, not its cause. " if hardware else
+               f"{said} is this fault seen from the program. ") if engine_error else ""
+    detail = {k: v for k, v in detail.items() if v is not None}
+    if hardware:
+        return Diagnosis(signature=S.GPU_HARDWARE_FAULT, evidence=pick.text, title=S.GPU_HARDWARE_TITLE,
+                         detail=detail, line=pick.line + 1, rank=None, phase=soft.phase,
+                         algorithm=soft.algorithm,
+                         suggestion=S.GPU_FAULT_SUGGESTION.format(
+                             where=where, xid=pick.xid, meaning=pick.meaning, symptom=symptom,
+                             action=X.ACTION_TEXT[pick.action]))
+    if soft.error_found and soft.signature != S.UNCLASSIFIED:
+        soft.detail = {**soft.detail, "xid": pick.xid, "xid_pci": pick.pci}
+        return soft
+    return Diagnosis(signature=S.GPU_APP_FAULT, evidence=pick.text, title=S.GPU_APP_TITLE, detail=detail,
+                     line=pick.line + 1, phase=soft.phase, algorithm=soft.algorithm,
+                     suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.xid, meaning=pick.meaning,
+                                                            symptom=symptom))
+
+
+def classify(text: str, base: str | None = None, bus_ids: dict | None = None) -> Diagnosis:
     """Classify one log text; never raises on odd input. `base` (the deployed
-    engine's, e.g. sglang@<commit>) picks the suggestion that fits that code base."""
+    engine's, e.g. sglang@<commit>) picks the suggestion that fits that code base;
+    `bus_ids` (PCI bus id -> GPU index, from nvidia-smi) names the GPU of a kernel Xid."""
+    soft = _classify_software(text, base)
+    return _gpu_fault(text, soft, bus_ids) or soft
+
+
+def _classify_software(text: str, base: str | None = None) -> Diagnosis:
     log = _Log(text or "")
     primary = _primary(log)
     algorithm = algorithm_in(log.flat)

@@ -281,6 +281,18 @@ BACKEND_UNSUPPORTED_GPU = Signature(
                 "whose kernels support this GPU, then restart. Nothing is wrong with the GPU."),
 )
 
+# Named by the kernel's NVRM lines in the log, not by a regex over the engine's text
+# (k26ops/facts/xid.py parses them; classify puts a hardware Xid before any software symptom).
+GPU_HARDWARE_FAULT = "gpu-hardware-fault"
+GPU_APP_FAULT = "gpu-xid-app-fault"
+GPU_HARDWARE_TITLE = "the GPU failed under the engine (kernel NVRM Xid)"
+GPU_APP_TITLE = "the GPU reported a fault of the program running on it (kernel NVRM Xid)"
+GPU_FAULT_SUGGESTION = ("{where}: Xid {xid}, {meaning}. Action: {action}. {symptom}"
+                        "NVIDIA's Xid catalogue: " + "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html")
+GPU_APP_SUGGESTION = ("{where}: Xid {xid}, {meaning}. This Xid usually follows a bug in the program on the "
+                      "GPU (an out-of-bounds access, a bad kernel); if it repeats across programs, "
+                      "treat the GPU as suspect. {symptom}")
+
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
                                ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, BACKEND_UNSUPPORTED_GPU,
