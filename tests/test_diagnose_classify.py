@@ -16,7 +16,8 @@ LOGS = Path(__file__).parent / "data/logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text())
 MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
 IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
-       "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt", "engine-config-refused"}
+       "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt", "engine-config-refused",
+       "backend-unsupported-gpu"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -24,8 +25,9 @@ def test_log_files(name):
     exp = EXPECTED[name]
     d = classify_file(LOGS / name)
     assert d.signature == exp["signature"], d
-    if exp.get("error_found") is False:  # a clean log: no evidence, no line
-        assert not d.error_found and d.evidence == "" and d.line is None and d.suggestion
+    if exp.get("error_found") is False:  # a clean log: no signature, no evidence, no line
+        assert d.signature is None and not d.error_found and d.evidence == "" and d.line is None
+        assert d.suggestion and d.detail == exp.get("detail", {})
         return
     assert d.error_found
     for key in ("phase", "rank", "algorithm"):
@@ -44,7 +46,7 @@ def test_log_files(name):
 
 def test_every_kind_has_logs():
     kinds = {e["signature"] for e in EXPECTED.values()}
-    assert kinds == IDS | {"unclassified"}
+    assert kinds == IDS | {"unclassified", None, "gpu-hardware-fault", "gpu-xid-app-fault"}
     assert {s.id for s in SIGNATURES} == IDS
     assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
 
@@ -302,7 +304,7 @@ def test_probe_tag_alone():
                                   "INFO 08-19 07:51:03 model_runner.py:732] Loading model weights took 2.3463 GB\n"])
 def test_clean_log_has_no_error(text):
     d = classify(text)
-    assert (d.signature, d.error_found, d.evidence, d.line) == ("unclassified", False, "", None)
+    assert (d.signature, d.error_found, d.evidence, d.line) == (None, False, "", None)
     assert d.title == "no error found" and "No error" in d.suggestion
 
 
@@ -433,3 +435,113 @@ def test_every_launch_rule_has_a_message():
     from k26ops.diagnose.signatures import CONFIG_RULE_MESSAGES
 
     assert {name for name, _rx in CONFIG_RULE_MESSAGES} == {r.name for r in launch_rules.RULES}
+
+
+# ---------------------------------------------------------------- quiet on healthy logs
+
+def _lines(name):
+    return (LOGS / name).read_text().splitlines(keepends=True)
+
+
+def test_healthy_logs_are_quiet_and_real():
+    """Every log labelled healthy has a public source and comes out with no error: signature
+    null, distinct from `unclassified`."""
+    healthy = [n for n, e in MANIFEST.items() if e["label"] == "none"]
+    assert len(healthy) >= 7
+    for name in healthy:
+        assert MANIFEST[name]["source"].startswith("https://"), name
+        d = classify_file(LOGS / name)
+        assert (d.signature, d.error_found) == (None, False), (name, d)
+
+
+def test_request_level_handler_message_is_what_makes_it_survivable():
+    """vLLM's request handler heads the traceback ('Error in preprocessing prompt inputs'):
+    without that line the same traceback is an error of no known kind."""
+    lines = _lines("vllm_request_preprocessing_traceback.log")
+    assert classify("".join(lines)).error_found is False
+    cut = [line for line in lines if "Error in preprocessing prompt inputs" not in line]
+    d = classify("".join(cut))
+    assert (d.signature, d.error_found) == ("unclassified", True)
+    assert d.evidence.startswith("Traceback")
+
+
+def test_request_errors_counted_and_404_lines_alone_are_not_errors():
+    d = classify_file(LOGS / "vllm_request_errors_kept_serving.log")
+    assert d.detail == {"request_errors": 2} and "2 request-level error(s)" in d.suggestion
+    # the handler's message is what marks them: the same ERROR record with other words is an error
+    lines = [line.replace("Error with model object=", "Engine failed: object=") for line in
+             _lines("vllm_request_errors_kept_serving.log")]
+    assert classify("".join(lines)).error_found is True
+
+
+def test_an_error_between_served_requests_is_survived_but_not_before_a_death():
+    """A composed text (not a recorded log): the real healthy SGLang log with an exception
+    between its served requests. Served before and after, and nothing says it died: a request's
+    error. Nothing served after it, or the tokenizer manager's SIGQUIT line after it: a crash."""
+    lines = _lines("sglang_healthy_serving_after_ready.log")
+    error = "[2025-06-25 14:02:05] Traceback (most recent call last):\n" \
+            '  File "/sgl-workspace/sglang/python/sglang/srt/entrypoints/http_server.py", line 1, in x\n' \
+            "    raise ValueError(msg)\n" \
+            "ValueError: The input (61709 tokens) is longer than the model's context length (40960 tokens).\n"
+    survived = classify("".join(lines[:3]) + error + "".join(lines[3:]))
+    assert (survived.signature, survived.error_found, survived.detail) == (None, False, {"request_errors": 1})
+    last = classify("".join(lines) + error)
+    assert (last.signature, last.error_found) == ("unclassified", True)
+    assert last.evidence.startswith("ValueError: The input")
+    died = classify("".join(lines[:3]) + error + "".join(lines[3:]) +
+                    "[2025-06-25 14:02:07] Received sigquit from a child process. It usually means the child failed.\n")
+    assert died.error_found and died.signature == "unclassified"
+
+
+def test_nccl_info_plugin_lines_quiet_but_nccl_warn_is_an_error():
+    """NCCL's INFO plugin probe is benign; its WARN lines are not (gpustack/gpustack#5553)."""
+    assert classify_file(LOGS / "nccl_info_net_plugin_symbols.log").error_found is False
+    warn = ("[2026-06-10 21:49:11] gpuhost409048g1:72:72 [0] int nccl_net_ofi_create_plugin("
+            "nccl_net_ofi_plugin_t**):268 NCCL WARN NET/OFI Unable to find a protocol that worked.  "
+            "Failing initialization.\n")
+    assert classify("".join(_lines("nccl_info_net_plugin_symbols.log")) + warn).signature == "nccl-failure"
+
+
+def test_argparse_refusal_names_the_flag():
+    d = classify_file(LOGS / "sglang_refused_unrecognized_arguments.log")
+    assert d.signature == "engine-config-refused" and d.detail["flags"] == ["--reasoning_parser"]
+    assert "--reasoning-parser" in d.suggestion and d.phase is None
+    # an argparse usage error of another kind names its argument
+    other = classify("launch_server.py: error: argument --attention-backend: invalid choice: 'fa5'\n")
+    assert other.signature == "engine-config-refused" and other.detail["flags"] == ["--attention-backend"]
+
+
+# ---------------------------------------------------------------- hardware first
+
+XID79 = (LOGS.parent / "facts/pub-ogkm1151-journal-xid79.txt").read_text()
+
+
+def _interleave(engine: str, kernel: str, at: int) -> str:
+    """A merged journal as `journalctl -b` would show it: kernel lines inside the engine's."""
+    lines = engine.splitlines(keepends=True)
+    return "".join(lines[:at]) + kernel + "".join(lines[at:])
+
+
+def test_xid79_near_an_illegal_memory_access_names_the_gpu_not_the_symptom():
+    """Composed from two real texts (not a recorded log): vLLM's watchdog IMA
+    (vllm-project/vllm#28028) with the real Xid 79 lines of open-gpu-kernel-modules#1151 in it."""
+    engine = (LOGS / "vllm_rank1_watchdog_ima_server_log.log").read_text()
+    assert classify(engine).signature == "illegal-memory-access"
+    d = classify(_interleave(engine, XID79, 3), bus_ids={"00000000:2B:00.0": 5})
+    assert d.signature == "gpu-hardware-fault" and d.detail["xid"] == 79 and d.detail["gpu"] == 5
+    assert d.detail["symptom"] == "illegal-memory-access" and d.detail["action"] == "reboot"
+    assert d.suggestion.startswith("GPU 5 (0000:2b:00): Xid 79") and "not its cause" in d.suggestion
+    assert d.line == 5 and "79, GPU has fallen off the bus" in d.evidence
+    # without the map the GPU is named by its PCI address
+    assert classify(_interleave(engine, XID79, 3)).suggestion.startswith("the GPU at PCI 0000:2b:00")
+
+
+def test_an_application_xid_keeps_the_software_name():
+    """Xid 31 (an MMU fault: the program's bad address, pytorch/pytorch#51382) beside an illegal
+    memory access: the software signature stays, the Xid goes into its detail."""
+    engine = (LOGS / "vllm_rank1_watchdog_ima_server_log.log").read_text()
+    kernel = (LOGS.parent / "facts/pub-pytorch51382-dmesg-xid43-31.txt").read_text()
+    only31 = "".join(line for line in kernel.splitlines(keepends=True) if "): 31," in line)
+    d = classify(_interleave(engine, only31, 3))
+    assert d.signature == "illegal-memory-access" and d.detail["xid"] == 31
+

@@ -73,6 +73,15 @@ def test_clean_log_exits_0_no_crash_found(tmp_path):
     assert proc.returncode == 0
     data = json.loads(proc.stdout)
     assert data["error_found"] is False and data["evidence"] == "" and data["title"] == "no error found"
+    assert data["signature"] is None
+
+
+def test_healthy_log_with_request_errors_exits_0():
+    """A vLLM server that answered requests with errors and lived: exit 0, signature null."""
+    proc = run_cli("--json", "diagnose", "log", str(LOGS / "vllm_request_errors_kept_serving.log"))
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0 and data["signature"] is None and data["error_found"] is False
+    assert data["detail"] == {"request_errors": 2}
 
 
 def test_bad_base_is_bad_input():

@@ -127,3 +127,17 @@ def test_every_command_has_a_schema():
     assert missing == [], f"commands without a docs/json schema: {missing}"
     for n in leaves(cli, []):
         assert schema(n.replace(" ", "-"))["properties"]["command"] == {"const": n}
+
+
+def test_a_healthy_log_is_signature_null_and_the_schema_tells_it_from_unknown():
+    """`diagnose log --json` on a real healthy vLLM log: exit 0, signature null; the schema
+    refuses the old shape (error_found false with signature "unclassified")."""
+    rc, doc = k26ops_json("diagnose", "log", str(REPO / "tests/data/logs/vllm_request_errors_kept_serving.log"))
+    assert rc == 0 and doc["ok"] is True and doc["signature"] is None and doc["error_found"] is False
+    import jsonschema
+
+    schema = json.loads((SCHEMAS / "diagnose-log.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    assert not list(validator.iter_errors(doc))
+    assert list(validator.iter_errors({**doc, "signature": "unclassified"}))
+    assert list(validator.iter_errors({**doc, "error_found": True}))  # an error needs its signature

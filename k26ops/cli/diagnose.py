@@ -130,7 +130,8 @@ def service_cmd(settings, unit, lines):
             when = datetime.fromtimestamp(int(r["ended_us"]) / 1e6).astimezone().isoformat(timespec="seconds")
         out.update(crashed=True, crashed_at=when, exit=r.get("why"), invocation=r["invocation"],
                    current_invocation=bool(r.get("current")), **d.to_json(),
-                   summary=f"{d.signature}: {d.evidence[:120]}" if d.evidence else d.signature)
+                   summary=f"{d.signature}: {d.evidence[:120]}" if d.evidence else (
+                       d.signature or "no error in the crashed run's log"))
         return out
 
     def render(results):
@@ -148,7 +149,7 @@ def service_cmd(settings, unit, lines):
             _print_human(Diagnosis(**fields))
 
     def unnamed(results) -> int:
-        return 1 if any(r.data.get("crashed") and r.data.get("signature") == "unclassified"
+        return 1 if any(r.data.get("crashed") and r.data.get("signature") in (None, "unclassified")
                         for r in results) else 0
 
     run_and_report(settings, work, title="engine: last crash",

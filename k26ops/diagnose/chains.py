@@ -31,7 +31,22 @@ PROGRESS = re.compile(r"(?P<begin>Capture (?:[\w-]+ )*(?:cuda|CUDA) graph begin|
 # logs, tests/data/rehearsal: a model module whose optional dependency is absent is skipped;
 # the rerank endpoint's warning without a tokenizer, entrypoints/openai/serving_rerank.py:45).
 BENIGN = re.compile(r"Ignore import error when loading sglang\.srt\.models\.|"
-                    r"Failed to get yes/no token IDs dynamically")
+                    r"Failed to get yes/no token IDs dynamically|"
+                    # NCCL's plugin probe at init (INFO level): NVIDIA/nccl#1000, aws-ofi-nccl#715
+                    r"\bNCCL INFO (?:NET|ENV|TUNER|PROFILER)/Plugin ?: (?:Failed to find \w+ symbol|"
+                    r"Could not find|No plugin found|Plugin load returned)")
+# A request-level error: the server caught it, answered that request with an error status and
+# went on serving (vLLM's OpenAI handlers, entrypoints/openai/serving_*.py; uvicorn's per-request
+# handler). Seen in vllm-project/vllm#15018 and PR #21391.
+REQUEST_LEVEL = re.compile(r"Error in preprocessing prompt inputs|^Error with model object=|"
+                           r"^Exception in ASGI application$")
+# Lines that say the server served a request or ran a batch.
+SERVING = re.compile(r'"(?:POST|GET) /\S* HTTP/[\d.]+" 2\d\d\b|\b(?:Prefill|Decode) batch[.,]|'
+                     r"Avg prompt throughput: .*Running: \d+ reqs")
+# Lines that say the process died or is going down.
+FATAL = re.compile(r"Received sigquit|SIGQUIT|\bKilled\b|core dumped|\bAborted\b|Fatal Python error|"
+                   r"EngineDeadError|Main process exited|Failed with result|Shutting down|"
+                   r"terminate called|exited with|is dead|died\b", re.IGNORECASE)
 MAX_BLOCK = 250
 
 

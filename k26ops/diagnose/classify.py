@@ -22,7 +22,7 @@ from k26ops.diagnose.logtext import Line, clean_lines
 class Diagnosis:
     """What crashed, where, and what to do. `signature` is a stable id."""
 
-    signature: str
+    signature: str | None           # None: no error in the log; "unclassified": an unknown one
     evidence: str
     phase: str | None = None        # "capture" (startup) / "replay" (runtime) / None
     rank: str | None = None         # "TP3", "DP2 TP2 EP2", "rank3", None
@@ -50,6 +50,9 @@ class _Log:
         self.flat = "\n".join(line.text for line in self.lines)
         self.lower = self.flat.lower()
         self.marks = chains.progress_marks(self.lines)
+        self.serving = [k for k, line in enumerate(self.lines) if chains.SERVING.search(line.text)]
+        self.fatal = [k for k, line in enumerate(self.lines) if chains.FATAL.search(line.text)]
+        self._survived: dict[int, str | bool] = {}  # line -> "request" / "served" / False
 
     def index(self, offset: int) -> int:
         return bisect.bisect_right(self.starts, offset) - 1
@@ -98,23 +101,53 @@ def _capture_context(log: _Log, i: int) -> bool:
     return phase_at(log, i) == "capture"
 
 
+def survived(log: _Log, i: int) -> bool:
+    """The error at line i was one request's: the server caught it (a request-level handler's
+    message heads its traceback), or it served before and after it and nothing says it died."""
+    if i in log._survived:
+        return log._survived[i]
+    first, _last, has_frames = chains.chain(log.lines, i)
+    if chains.HEADER.match(log.lines[i].text):
+        first, has_frames = i, True
+    heads = [i] + (list(range(max(0, first - 2), first + 1)) if has_frames else [])
+    caught = "request" if any(chains.REQUEST_LEVEL.search(log.lines[k].text) for k in heads) else False
+    if not caught:
+        running = chains.startup_state(log.marks, i) == "running" or any(k < first for k in log.serving)
+        after = any(k > i for k in log.serving)
+        caught = "served" if running and after and not any(k > first for k in log.fatal) else False
+    log._survived[i] = caught
+    return bool(caught)
+
+
 def _primary(log: _Log) -> int | None:
     """The first real error: an exception closing a traceback, else any
-    exception line, else an error-ish line; echoes of other failures skipped."""
+    exception line, else an error-ish line; echoes of other failures and errors of
+    single requests the server survived skipped."""
     candidates = [k for k, line in enumerate(log.lines)
                   if chains.is_exception(line.text) and not S.SECONDARY.search(line.text)
-                  and not (k and chains.FRAME.match(log.lines[k - 1].text))]
+                  and not (k and chains.FRAME.match(log.lines[k - 1].text)) and not survived(log, k)]
     with_tb = next((k for k in candidates if chains.block_start(log.lines, k) is not None), None)
     if with_tb is not None or candidates:
         return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
         if (chains.ERRORISH.search(line.text) or line.error_level) and line.text \
-                and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text):
+                and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text) \
+                and not survived(log, k):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
     return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text) and (
                  chains.is_exception(line.text) or chains.ERRORISH.search(line.text)
-                 or (line.error_level and line.text))), None)
+                 or (line.error_level and line.text)) and not survived(log, k)), None)
+
+
+def _request_errors(log: _Log) -> int:
+    """How many request-level errors the server survived: each handler message, and each
+    exception the server outlived that no handler message headed."""
+    heads = sum(1 for k, line in enumerate(log.lines)
+                if chains.REQUEST_LEVEL.search(line.text) and survived(log, k))
+    served = sum(1 for k, line in enumerate(log.lines)
+                 if chains.is_exception(line.text) and log._survived.get(k) == "served")
+    return heads + served
 
 
 def _config_context(log: _Log, i: int) -> bool:
@@ -158,6 +191,8 @@ def _first_accepted(log: _Log, sig: S.Signature, primary: int | None):
             break
         if weak and not _accept(log, sig, i, primary):
             continue
+        if weak and survived(log, i):
+            continue
         if chains.is_exception(log.lines[i].text):
             return [(i, m)]
         first = first or (i, m)
@@ -180,9 +215,62 @@ def algorithm_in(text: str) -> str | None:
     return None
 
 
-def classify(text: str, base: str | None = None) -> Diagnosis:
+def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | None:
+    """The kernel's Xid lines in the log, named before the software symptom they caused: a
+    hardware Xid wins over any engine error; an application Xid names the crash only when
+    the engine's own lines name nothing (its software signature keeps the Xid in `detail`)."""
+    from k26ops.facts import xid as X
+
+    if "NVRM" not in (text or ""):
+        return None
+    events = X.parse_kernel_text(text, bus_ids)
+    if not events:
+        return None
+    hardware = [e for e in events if e.kind == "hardware"]
+    pick = hardware[0] if hardware else next((e for e in events if e.kind == "application"), None)
+    if pick is None:
+        return None
+    gpus = sorted({e.gpu for e in (hardware or [pick]) if e.gpu is not None})
+    detail = {"xid": pick.xid, "pci": pick.pci, "gpu": pick.gpu, "uuid": pick.uuid,
+              "action": pick.action, "meaning": pick.meaning, "events": len(events)}
+    if pick.caused_by:
+        detail["caused_by"] = pick.caused_by
+    if len(gpus) > 1:
+        detail["gpus"] = gpus
+    engine_error = soft.error_found and soft.signature and "NVRM" not in soft.evidence
+    if engine_error:
+        detail["symptom"] = soft.signature
+        detail["symptom_evidence"] = soft.evidence[:300]
+    where = f"GPU {pick.gpu} ({pick.pci})" if pick.gpu is not None else f"the GPU at PCI {pick.pci}"
+    said = f"The engine's own error ({soft.signature}: {soft.evidence[:120]})" if engine_error else ""
+    symptom = (f"{said} is what this fault caused, not its cause. " if hardware else
+               f"{said} is this fault seen from the program. ") if engine_error else ""
+    detail = {k: v for k, v in detail.items() if v is not None}
+    if hardware:
+        return Diagnosis(signature=S.GPU_HARDWARE_FAULT, evidence=pick.text, title=S.GPU_HARDWARE_TITLE,
+                         detail=detail, line=pick.line + 1, rank=None, phase=soft.phase,
+                         algorithm=soft.algorithm,
+                         suggestion=S.GPU_FAULT_SUGGESTION.format(
+                             where=where, xid=pick.xid, meaning=pick.meaning, symptom=symptom,
+                             action=X.ACTION_TEXT[pick.action]))
+    if soft.error_found and soft.signature != S.UNCLASSIFIED:
+        soft.detail = {**soft.detail, "xid": pick.xid, "xid_pci": pick.pci}
+        return soft
+    return Diagnosis(signature=S.GPU_APP_FAULT, evidence=pick.text, title=S.GPU_APP_TITLE, detail=detail,
+                     line=pick.line + 1, phase=soft.phase, algorithm=soft.algorithm,
+                     suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.xid, meaning=pick.meaning,
+                                                            symptom=symptom))
+
+
+def classify(text: str, base: str | None = None, bus_ids: dict | None = None) -> Diagnosis:
     """Classify one log text; never raises on odd input. `base` (the deployed
-    engine's, e.g. sglang@<commit>) picks the suggestion that fits that code base."""
+    engine's, e.g. sglang@<commit>) picks the suggestion that fits that code base;
+    `bus_ids` (PCI bus id -> GPU index, from nvidia-smi) names the GPU of a kernel Xid."""
+    soft = _classify_software(text, base)
+    return _gpu_fault(text, soft, bus_ids) or soft
+
+
+def _classify_software(text: str, base: str | None = None) -> Diagnosis:
     log = _Log(text or "")
     primary = _primary(log)
     algorithm = algorithm_in(log.flat)
@@ -195,8 +283,12 @@ def classify(text: str, base: str | None = None) -> Diagnosis:
                              suggestion=suggestion, title=sig.title,
                              line=log.lines[first].raw_index + 1)
     if primary is None:
-        return Diagnosis(S.UNCLASSIFIED, "", suggestion=S.NO_ERROR_SUGGESTION,
-                         title="no error found", algorithm=algorithm, error_found=False)
+        survived_n = _request_errors(log)
+        return Diagnosis(None, "", suggestion=S.NO_ERROR_SUGGESTION + (
+                             f" {survived_n} request-level error(s) the server survived were skipped."
+                             if survived_n else ""),
+                         title="no error found", algorithm=algorithm, error_found=False,
+                         detail={"request_errors": survived_n} if survived_n else {})
     line = log.lines[primary]
     exc = chains.EXC_LINE.match(line.text)
     return Diagnosis(signature=S.UNCLASSIFIED, evidence=line.text, phase=phase_at(log, primary),

@@ -82,6 +82,13 @@ def _config(evidence: str, sig: S.Signature) -> tuple[dict, str]:
     """The launch rule the refusal names, and that rule's fix."""
     from k26ops.release import launch_rules
 
+    if m := re.match(S.ARGPARSE_REFUSAL, evidence):
+        args = (m.group("args") or "").split()
+        flags = [a for a in args if a.startswith("-")] or ([m.group("arg")] if m.group("arg") else [])
+        detail = {"argparse": m.group("argparse").split(":")[0], "flags": flags or args}
+        what = m.group("argparse") + (f": {m.group('args')}" if m.group("args") else "")
+        return detail, S.ARGPARSE_SUGGESTION.format(what=what)
+
     for name, rx in S.CONFIG_RULE_MESSAGES:
         if re.search(rx, evidence, re.IGNORECASE):
             rule = next(r for r in launch_rules.RULES if r.name == name)
@@ -132,4 +139,10 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         return {"reason": m.group("reason").strip()}, sig.suggestion
     if sig is S.CONFIG_REFUSED:
         return _config(evidence, sig)
+    if sig is S.BACKEND_UNSUPPORTED_GPU:
+        exc = chains.EXC_LINE.match(evidence)
+        detail = {"requirement": re.sub(r"\s+", " ", m.group("requirement")).strip()}
+        if exc:
+            detail["exception"] = exc.group("type")
+        return detail, sig.suggestion
     return {}, sig.suggestion

@@ -333,7 +333,7 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
         text = units.redact(j.get("text") or "", secrets)
         d = classify(text, st.get("base"))
         rep.watched = watched_counts(text)
-        if crashed is None and d.signature == "unclassified":
+        if crashed is None and d.signature in (None, "unclassified"):
             rep.diagnosis = None
         else:
             rep.diagnosis = d.to_json()

@@ -246,12 +246,18 @@ CONFIG_RULE_MESSAGES = (
      + _ + r"sampling"),
     ("page-size-1", r"DDTREE" + _ + r"supports" + _ + r"only" + _ + r"page" + _ + r"size" + _ + r"1"),
 )
+# argparse's own refusal, as launch_server prints it before anything starts:
+# "launch_server.py: error: unrecognized arguments: --reasoning_parser kimi_k2" (sgl-project/sglang#12818).
+ARGPARSE_REFUSAL = (r"^(?P<prog>[\w.\-]+(?: [\w.\-]+)?): error: (?P<argparse>unrecognized arguments|"
+                    r"argument (?P<arg>[-\w/]+): (?:invalid|expected|ambiguous|not allowed)[^:]*|"
+                    r"the following arguments are required)(?::\s*(?P<args>.*))?$")
 CONFIG_REFUSED = Signature(
     keywords=("valueerror", "assertionerror", "notimplementederror", "support", "need", "must",
-              "differ"),
+              "differ", ": error: "),
     id="engine-config-refused",
     title="the engine refused its configuration at start-up",
-    strong=tuple(re.compile(rx, re.IGNORECASE) for _name, rx in CONFIG_RULE_MESSAGES),
+    strong=tuple(re.compile(rx, re.IGNORECASE) for _name, rx in CONFIG_RULE_MESSAGES)
+    + (re.compile(ARGPARSE_REFUSAL, re.MULTILINE),),
     # Any other refusal raised by the engine's own argument checks.
     patterns=(re.compile(r"^(?P<exc>ValueError|AssertionError|NotImplementedError|TypeError):"
                          r"\s*(?P<msg>\S.*)$", re.MULTILINE),),
@@ -260,6 +266,11 @@ CONFIG_REFUSED = Signature(
                 "under systemd it restarts into the same refusal. Change the flag or value "
                 "the message names, then restart."),
 )
+ARGPARSE_SUGGESTION = ("The engine's argument parser refused its command line ({what}) before "
+                       "loading anything; under systemd it restarts into the same refusal. This engine "
+                       "build does not know the flag (a flag of another sglang version or branch, or a "
+                       "misspelling: sglang's flags use dashes, --reasoning-parser not --reasoning_parser). "
+                       "Rename or remove it in the recipe's flags, or pin an engine that has it, then restart.")
 CONFIG_RULE_SUGGESTION = ("The engine refused its flags at start-up (rule `{rule}`, {where}); under "
                           "systemd it restarts into the same refusal. Fix: {fix}. `k26ops deploy` "
                           "checks this rule before it changes any host.")
@@ -267,10 +278,40 @@ CONFIG_RULE_SUGGESTION = ("The engine refused its flags at start-up (rule `{rule
 CONFIG_FRAMES = re.compile(r"server_args\.py|/arg_groups/|speculative_hook\.py|vllm/config/|"
                            r"vllm/engine/arg_utils\.py")
 
+# A kernel/attention backend refusing the GPU's architecture: flash-attn-4's cute kernel on a
+# B300 (sgl-project/sglang#25564: "AssertionError: Only SM 10.x and 11.x are supported") and
+# flashinfer's SM120 kernel on SM121 (flashinfer-ai/flashinfer#4600).
+BACKEND_UNSUPPORTED_GPU = Signature(
+    keywords=("sm",),
+    id="backend-unsupported-gpu",
+    title="a kernel or attention backend does not support this GPU",
+    strong=_rx(r"(?P<requirement>Only" + _ + r"SM" + _ + r"[\d.x]+(?:" + _ + r"and" + _ + r"[\d.x]+)?"
+               + _ + r"(?:is|are)" + _ + r"supported)",
+               r"(?P<requirement>(?P<kernel>\w+)" + _ + r"is" + _ + r"only" + _ + r"supported" + _ + r"on"
+               + _ + r"SM\s*\d+[^\n]*)"),
+    patterns=(),
+    suggestion=("The kernel or attention backend the engine chose does not run on this GPU's "
+                "architecture (its compute capability; `k26ops facts` shows it). Choose another "
+                "--attention-backend (or the backend flag that picked this kernel), or pin an engine "
+                "whose kernels support this GPU, then restart. Nothing is wrong with the GPU."),
+)
+
+# Named by the kernel's NVRM lines in the log, not by a regex over the engine's text
+# (k26ops/facts/xid.py parses them; classify puts a hardware Xid before any software symptom).
+GPU_HARDWARE_FAULT = "gpu-hardware-fault"
+GPU_APP_FAULT = "gpu-xid-app-fault"
+GPU_HARDWARE_TITLE = "the GPU failed under the engine (kernel NVRM Xid)"
+GPU_APP_TITLE = "the GPU reported a fault of the program running on it (kernel NVRM Xid)"
+GPU_FAULT_SUGGESTION = ("{where}: Xid {xid}, {meaning}. Action: {action}. {symptom}"
+                        "NVIDIA's Xid catalogue: " + "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html")
+GPU_APP_SUGGESTION = ("{where}: Xid {xid}, {meaning}. This Xid usually follows a bug in the program on the "
+                      "GPU (an out-of-bounds access, a bad kernel); if it repeats across programs, "
+                      "treat the GPU as suspect. {symptom}")
+
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
-                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, AUX_HIDDEN_CAPTURE, CONFIG_REFUSED,
-                               NCCL_FAILURE]
+                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, AUX_HIDDEN_CAPTURE,
+                               BACKEND_UNSUPPORTED_GPU, CONFIG_REFUSED, NCCL_FAILURE]
 
 NO_ERROR_SUGGESTION = ("No error in this log: no exception, no error line. If the engine "
                        "still died, read the lines before it stopped (or the kernel log: "

@@ -248,7 +248,7 @@ def rollback(ctx: HostContext, svc: dict) -> str:
     if w.state == "crashed":
         r = w.poll
         d, _msg, _tail = name_crash(ctx, svc, r, "after the rollback")
-        return (f"rolled back, but the previous engine crashed too ({r['why']}): {d.signature}"
+        return (f"rolled back, but the previous engine crashed too ({r['why']}): {crash_label(d)}"
                 + (f": {d.evidence[:200]}" if d.evidence else ""))
     return "rolled back, but the previous engine is not healthy yet"
 
@@ -262,6 +262,11 @@ def _classify(ctx: HostContext, text: str):
     return classify(text, prep.recipe.base if prep else None)
 
 
+def crash_label(d) -> str:
+    """The signature of a dead engine's log, or what its log lacked (signature None: no error line)."""
+    return d.signature or "no error in its log (an OOM kill or a signal leaves none: read the kernel log)"
+
+
 def name_crash(ctx: HostContext, svc: dict, crash: dict, when: str):
     """A dead engine, named: (diagnosis, one-line message, journal tail), from
     the agent's crash report (why, unit state, the dead run's journal)."""
@@ -269,7 +274,7 @@ def name_crash(ctx: HostContext, svc: dict, crash: dict, when: str):
     d = _classify(ctx, text)
     status = (crash.get("show") or {}).get("ExecMainStatus")
     msg = (f"{svc['unit']} crashed {when} ({crash['why']}" + (f", exit status {status}" if status else "")
-           + f"): {d.signature}" + (f": {d.evidence[:240]}" if d.evidence else ""))
+           + f"): {crash_label(d)}" + (f": {d.evidence[:240]}" if d.evidence else ""))
     tail = "\n".join(text.splitlines()[-40:])
     if crash.get("exit_line"):
         tail += "\n" + units.redact(crash["exit_line"], svc["secrets"])
@@ -292,7 +297,7 @@ def known_crash(ctx: HostContext, svc: dict, journal: str | None):
     text = units.redact(journal or "", svc["secrets"])
     d = _classify(ctx, text) if text else None
     tail = "\n".join(text.splitlines()[-40:])
-    return (d if d and d.signature != "unclassified" else None), tail
+    return (d if d and d.signature not in (None, "unclassified") else None), tail
 
 
 # ---------------------------------------------------------------- health

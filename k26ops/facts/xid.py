@@ -1,0 +1,206 @@
+"""Kernel NVRM Xid events: the `gpu_xid` fact (recent kernel lines, bounded) and a pure
+parser shared with `diagnose log`.
+
+Why: the commonest reason an engine dies on a fleet is the GPU under it; the driver says so
+in the kernel log ("NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."), which no
+engine log carries. The table below says what each Xid means and what to do, following
+NVIDIA's Xid catalogue (docs/gpu-facts.md names the pages and what was checked on each).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from k26ops.facts.base import Fact, command_missing, safe
+
+# Actions, mildest first (an event's action; a host's is its worst).
+ACTIONS = ("none", "restart-app", "reset-gpu", "reboot", "drain-and-rma")
+ACTION_TEXT = {
+    "none": "no action; watch for repeats",
+    "restart-app": "restart the engine (the fault was the program's, or is contained to it)",
+    "reset-gpu": "drain the host, stop GPU processes and reset the GPU (nvidia-smi -r -i N) or reboot",
+    "reboot": "drain the host and reboot it (a GPU reset cannot reach this GPU)",
+    "drain-and-rma": "drain the host, reset the GPU, run diagnostics; if it repeats, RMA the GPU",
+}
+
+# xid -> (meaning, kind, action). kind: "hardware" (the GPU, its memory, links or firmware),
+# "application" (usually the program on the GPU; hardware only if it repeats across programs),
+# "echo" (a consequence of an earlier Xid).
+XID_TABLE: dict[int, tuple[str, str, str]] = {
+    8: ("GPU stopped processing (channel idle timeout)", "application", "restart-app"),
+    13: ("graphics engine exception (an SM fault: illegal instruction/address in a kernel)",
+         "application", "restart-app"),
+    31: ("GPU memory page fault (MMU fault: a kernel touched an unmapped address)", "application",
+         "restart-app"),
+    32: ("invalid or corrupted push buffer stream", "application", "restart-app"),
+    43: ("GPU stopped processing (the channel was reset after a fault of the program)", "application",
+         "restart-app"),
+    45: ("preemptive cleanup after an earlier error", "echo", "none"),
+    46: ("GPU stopped processing", "hardware", "reset-gpu"),
+    48: ("double-bit ECC error (uncorrectable memory error)", "hardware", "drain-and-rma"),
+    61: ("internal micro-controller breakpoint/warning", "hardware", "reset-gpu"),
+    62: ("internal micro-controller halt", "hardware", "reset-gpu"),
+    63: ("ECC page retirement or row remapping recorded (takes effect at the next GPU reset)",
+         "hardware", "reset-gpu"),
+    64: ("ECC page retirement or row remapping failed to record", "hardware", "drain-and-rma"),
+    74: ("NVLink error", "hardware", "reset-gpu"),
+    79: ("GPU has fallen off the bus (no longer reachable over PCIe)", "hardware", "reboot"),
+    92: ("high single-bit ECC error rate", "hardware", "none"),
+    94: ("contained uncorrectable ECC error (only the programs using that memory were stopped)",
+         "hardware", "restart-app"),
+    95: ("uncontained uncorrectable ECC error (every program on the GPU was stopped)", "hardware",
+         "reset-gpu"),
+    109: ("context switch timeout", "application", "restart-app"),
+    119: ("GSP firmware RPC timeout", "hardware", "reset-gpu"),
+    120: ("GSP firmware error", "hardware", "reset-gpu"),
+    136: ("uncorrectable memory error in an internal SRAM/engine", "hardware", "reset-gpu"),
+    140: ("unrecovered ECC error", "hardware", "reset-gpu"),
+    144: ("NVLink error (SAW)", "hardware", "reset-gpu"),
+    145: ("NVLink error (RLW)", "hardware", "reset-gpu"),
+    146: ("NVLink error (TLW)", "hardware", "reset-gpu"),
+    147: ("NVLink error (TREX)", "hardware", "reset-gpu"),
+    148: ("NVLink error (NVLPW)", "hardware", "reset-gpu"),
+    149: ("NVLink error (NETIR)", "hardware", "reset-gpu"),
+    150: ("NVLink error (MSE)", "hardware", "reset-gpu"),
+    154: ("GPU recovery action changed (nvidia-smi -q names the action)", "hardware", "reset-gpu"),
+}
+CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+
+# "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus." / older drivers "Xid (0000:01:00): 3, ..."
+XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+                      r"(?:\.\d)?\): (?P<xid>\d+)(?:, pid=(?P<pid>'[^']*'|[^,\s]+))?"
+                      r"(?:, name=(?P<name>[^,]+))?,?\s*(?P<message>.*)$")
+# "NVRM: GPU at 0000:01:00.0 has fallen off the bus." / "NVRM: GPU 0000:2b:00.0: GPU has fallen off
+# the bus." / the multi-line "NVRM: The NVIDIA GPU 0000:b3:00.0 ... fallen off the bus"
+FALLEN = re.compile(r"NVRM: (?:GPU at |GPU |The NVIDIA GPU )(?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?"
+                    r"[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?:?(?: has)?(?: GPU has)? fallen off the bus")
+FALLEN_SPLIT = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:"
+                          r"[0-9a-fA-F]{2})(?:\.\d)?\s*$")
+GPU_AT = re.compile(r"NVRM: GPU at (?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+                    r"(?:\.\d)?: (?P<uuid>GPU-[0-9a-fA-F-]+)")
+MAX_EVENTS = 200
+
+
+@dataclass
+class XidEvent:
+    xid: int                 # 79 for a "fallen off the bus" line without an Xid number
+    pci: str                 # normalised "0000:2b:00" (domain:bus:device)
+    message: str
+    line: int                # 0-based line in the input
+    text: str                # the kernel line from "NVRM:" on
+    pid: str | None = None
+    name: str | None = None
+    meaning: str = ""
+    kind: str = "unknown"    # hardware / application / echo / unknown
+    action: str = "none"
+    uuid: str | None = None
+    gpu: int | None = None   # index, when nvidia-smi's bus ids are known
+    caused_by: int | None = None  # "... caused by previous Xid 149": the Xid this one echoes
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def norm_pci(value: str) -> str:
+    """"PCI:0000:2b:00", "00000000:2B:00.0", "2b:00" -> "0000:2b:00"."""
+    value = value.strip().lower().removeprefix("pci:")
+    value = value.split(".")[0]
+    parts = value.split(":")
+    if len(parts) == 2:
+        parts = ["0"] + parts
+    domain, bus, dev = parts[-3], parts[-2], parts[-1]
+    return f"{int(domain, 16):04x}:{bus.zfill(2)}:{dev.zfill(2)}"
+
+
+UNKNOWN_XID = ("not in k26ops' table: see NVIDIA's Xid catalogue", "unknown", "none")
+CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
+
+
+def _event(xid: int, pci: str, message: str, line: int, text: str, pid=None, name=None) -> XidEvent:
+    meaning, kind, action = XID_TABLE.get(xid, UNKNOWN_XID)
+    cause = CAUSED_BY.search(message)
+    if cause:  # an echo names its cause: the cause's kind and action are what to act on
+        cmeaning, kind, action = XID_TABLE.get(int(cause.group(1)), UNKNOWN_XID)
+        meaning = f"{meaning}, caused by Xid {cause.group(1)}: {cmeaning}"
+    unknown = ("<unknown>", "")
+    return XidEvent(xid=xid, pci=norm_pci(pci), message=message.strip().rstrip(")").strip(), line=line,
+                    text=text, pid=None if (pid or "").strip("'") in unknown else pid.strip("'"),
+                    name=None if (name or "").strip() in unknown else name.strip(),
+                    meaning=meaning, kind=kind, action=action,
+                    caused_by=int(cause.group(1)) if cause else None)
+
+
+def parse_kernel_text(text: str, bus_ids: dict | None = None, limit: int = MAX_EVENTS) -> list[XidEvent]:
+    """Xid and fallen-off-the-bus events in kernel log text (journalctl -k, dmesg, syslog, or
+    lines pasted anywhere), oldest first, the last `limit`. A fallen-off-the-bus line right
+    after that GPU's Xid 79 is the same event. `bus_ids` maps a PCI address (any spelling)
+    to the GPU index (nvidia-smi's pci.bus_id)."""
+    bus = {norm_pci(k): v for k, v in (bus_ids or {}).items()}
+    events: list[XidEvent] = []
+    uuids: dict[str, str] = {}
+    lines = (text or "").splitlines()
+    for i, raw in enumerate(lines):
+        if "NVRM" not in raw:
+            continue
+        at = raw[raw.index("NVRM"):].strip()
+        if m := GPU_AT.search(raw):
+            uuids[norm_pci(m.group("pci"))] = m.group("uuid")
+        if m := XID_LINE.search(raw):
+            events.append(_event(int(m.group("xid")), m.group("pci"), m.group("message"), i, at,
+                                 m.group("pid"), m.group("name")))
+            continue
+        m = FALLEN.search(raw)
+        if not m and (s := FALLEN_SPLIT.search(raw)):
+            window = " ".join(lines[i + 1:i + 3])
+            m = s if "fallen off the bus" in window else None
+        if m:
+            pci = norm_pci(m.group("pci"))
+            if any(e.xid == 79 and e.pci == pci and i - e.line <= 5 for e in events[-3:]):
+                continue
+            events.append(_event(79, pci, "GPU has fallen off the bus", i, at))
+    for e in events:
+        e.uuid = uuids.get(e.pci)
+        e.gpu = bus.get(e.pci)
+    return events[-limit:]
+
+
+def worst_action(events: list[XidEvent]) -> str:
+    return max((e.action for e in events), key=ACTIONS.index, default="none")
+
+
+# ---------------------------------------------------------------- the fact
+
+# Bounded by time (the last day) and count; journalctl when there is a journal, else dmesg.
+# Reading the kernel log may need root (dmesg_restrict): a refusal is reported, not hidden.
+XID_COMMAND = ("if command -v journalctl >/dev/null 2>&1; then "
+               "journalctl -k -o short-iso --since '-24h' --no-pager 2>&1 | grep -E 'NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus' | tail -n 400; "
+               "else dmesg 2>&1 | grep -E 'NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus|Operation not permitted' | tail -n 400; fi; "
+               "echo __K26OPS_RC=$?")
+
+
+@safe
+def parse_xid_fact(stdout: str, rc: int) -> dict:
+    """{"events": [...], "count", "worst_action", "error"}: Xid events of the last day (the GPU
+    index is filled in by the caller that knows nvidia-smi's bus ids: `with_gpu_index`)."""
+    if command_missing(stdout, rc):
+        return {"events": [], "count": 0, "worst_action": "none", "error": "neither journalctl nor dmesg found"}
+    text = re.sub(r"^__K26OPS_RC=\d+\s*$", "", stdout, flags=re.M)
+    if re.search(r"Operation not permitted|No journal files were (?:found|opened)|insufficient permissions",
+                 text):
+        return {"events": [], "count": 0, "worst_action": "none",
+                "error": "the kernel log could not be read (run as root or with become: true)"}
+    events = parse_kernel_text(text)
+    return {"events": [e.to_json() for e in events], "count": len(events),
+            "worst_action": worst_action(events), "error": None}
+
+
+def with_gpu_index(xid_fact: dict, gpus: list[dict]) -> dict:
+    """Fill each event's `gpu` from the GPUs' bus ids (nvidia-smi's pci.bus_id)."""
+    bus = {norm_pci(g["bus_id"]): g.get("index") for g in gpus or [] if g.get("bus_id")}
+    for e in (xid_fact or {}).get("events") or []:
+        e["gpu"] = bus.get(e["pci"])
+    return xid_fact
+
+
+FACTS = {"gpu_xid": Fact("gpu_xid", XID_COMMAND, parse_xid_fact, timeout=20.0)}
