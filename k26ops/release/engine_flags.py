@@ -9,6 +9,15 @@ Two styles are understood: `parser.add_argument("--flag", ...)` calls (older
 releases put every flag in srt/server_args.py) and 0.5.23's dataclass fields
 `name: A[T, "help"]` / `A[T, Arg(cli_name=..., aliases=..., no_cli=...)]` under
 srt/arg_groups/fields/, which become `--name-with-dashes`.
+
+The fields are turned into flags the way 0.5.23's arg_utils.add_cli_args_from_dataclass
+does (a custom action as given, with its own nargs default; Literal -> choices;
+List[X] -> nargs '+'; bool -> store_true; int/float converted), named choice
+lists are evaluated from their modules (arg_groups/choices.py, `Backend.ALL`),
+and `validate` hands the command line to a real argparse parser with those
+names, aliases, nargs and BooleanOptionalAction `--no-` forms, so it takes the
+words the engine's parser takes. Choices extended at run time (an out-of-tree
+plugin calling `add_*_choices`) or behind a `type_parser` are not checked.
 """
 
 from __future__ import annotations
