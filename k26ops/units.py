@@ -167,7 +167,9 @@ def _int(profile: Mapping, key: str, minimum: int = 0) -> int | None:
 
 def _extra_args(extra) -> list[str]:
     """extra_args: a list of words, or a mapping flag -> value (True: bare flag;
-    False/None: omitted; list: the flag repeated per item)."""
+    False/None: omitted; list: the flag once, then every item, as a `nargs='+'` flag
+    such as --cuda-graph-bs-decode takes them: repeating the flag per item would
+    leave argparse with the last item only)."""
     if extra is None:
         return []
     out: list[str] = []
@@ -176,9 +178,10 @@ def _extra_args(extra) -> list[str]:
             flag = str(flag) if str(flag).startswith("--") else f"--{flag}"
             if value is None or value is False:
                 continue
-            values = value if isinstance(value, list) else [value]
-            for v in values:
-                out += [flag] if v is True else [flag, str(v)]
+            if isinstance(value, (list, tuple)):
+                out += [flag] + [str(v) for v in value]
+            else:
+                out += [flag] if value is True else [flag, str(value)]
     elif isinstance(extra, (list, tuple)):
         out = [str(a) for a in extra]
     else:

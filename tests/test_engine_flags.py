@@ -114,3 +114,72 @@ def add_cli_args(parser):
 def test_missing_tree(tmp_path):
     with pytest.raises(UserError, match="server_args.py: not found"):
         ef.read_flags(tmp_path)
+
+
+# ---- the parser as 0.5.23 builds it (arg_groups/arg_utils.py add_cli_args_from_dataclass)
+
+def _fields_text(real) -> str:
+    return "".join(p.read_text() for p in sorted((real.root / "sglang/srt/arg_groups/fields").glob("*.py")))
+
+
+def test_boolean_optional_flags_take_no_value_and_have_their_no_forms(real):
+    bools = sorted({f.canonical for f in real.flags.values() if f.kind == "boolean_optional"})
+    # as many as the fields declare with argparse.BooleanOptionalAction (read as text here)
+    assert len(bools) == _fields_text(real).count("action=argparse.BooleanOptionalAction") == 12
+    assert "--enable-tf32-matmul" in bools and "--speculative-enable-w4a4-mxfp4-megamoe" in bools
+    for b in bools:
+        ef.validate([b, "--tp-size", "8"], real.root, real)
+        ef.validate(["--no-" + b[2:], "--tp-size", "8"], real.root, real)
+    with pytest.raises(UserError, match=r"^engine flags: unrecognized arguments: yes \(the parser of sglang 0.5.23\)$"):
+        ef.validate(["--enable-tf32-matmul", "yes"], real.root, real)
+    with pytest.raises(UserError, match="not accepted"):  # plain store_true flags have no --no- form
+        ef.validate(["--no-trust-remote-code"], real.root, real)
+
+
+def test_list_flags_take_all_their_values_and_the_mapping_form_renders_them_once(real):
+    from k26ops import units
+
+    assert real.flags["--cuda-graph-bs-decode"].nargs == "+"  # Optional[List[int]] -> nargs '+'
+    ef.validate(["--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "--tp-size", "8"], real.root, real)
+    with pytest.raises(UserError, match="argument --cuda-graph-bs-decode: expected at least one argument"):
+        ef.validate(["--cuda-graph-bs-decode", "--tp-size", "8"], real.root, real)
+    with pytest.raises(UserError, match=r"--cuda-graph-bs-decode x: not an int \(sglang 0.5.23, fields/exec_.py:\d+\)"):
+        ef.validate(["--cuda-graph-bs-decode", "1", "x"], real.root, real)
+    argv = units.engine_argv({"model_path": "/m", "speculative_algorithm": None,
+                              "extra_args": {"cuda-graph-bs-decode": [1, 2, 4, 8, 16], "enable-tf32-matmul": True}})
+    i = argv.index("--cuda-graph-bs-decode")
+    assert argv.count("--cuda-graph-bs-decode") == 1 and argv[i:i + 6] == ["--cuda-graph-bs-decode", "1", "2", "4", "8", "16"]
+    ef.validate(argv[3:], real.root, real)
+
+
+def _assigned(path: Path, name: str):
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return next(ast.literal_eval(st.value) for st in tree.body if isinstance(st, ast.Assign)
+                and any(getattr(t, "id", None) == name for t in st.targets))
+
+
+def test_named_choice_lists_and_types_are_checked(real):
+    choices_py = real.root / "sglang/srt/arg_groups/choices.py"
+    backends = _assigned(choices_py, "ATTENTION_BACKEND_CHOICES")
+    assert "triton" in backends and list(real.flags["--attention-backend"].choices) == backends
+    assert list(real.flags["--speculative-draft-load-format"].choices) == _assigned(choices_py, "LOAD_FORMAT_CHOICES")
+    assert real.flags["--cuda-graph-backend-decode"].choices is None  # a type_parser runs first: left to the engine
+    with pytest.raises(UserError) as ei:
+        ef.validate(["--attention-backend", "tritonn"], real.root, real)
+    msg = str(ei.value)
+    assert msg.startswith("engine flag --attention-backend tritonn: not one of triton, ") and "\n" not in msg
+    assert all(b in msg for b in backends) and "fields/exec_.py:" in msg
+    ef.validate(["--attention-backend", "triton", "--decode-attention-backend", "fa3"], real.root, real)
+    with pytest.raises(UserError, match="--tp-size eight: not an int"):
+        ef.validate(["--tp-size", "eight"], real.root, real)
+    with pytest.raises(UserError, match="argument --tp-size/--tensor-parallel-size: expected one argument"):
+        ef.validate(["--tp-size"], real.root, real)
+
+
+def test_aliases_are_accepted_as_their_flags(real):
+    assert real.aliases["--pipeline-parallel-size"] == "--pp-size"
+    assert real.aliases["--speculative-draft-model"] == "--speculative-draft-model-path"
+    ef.validate(["--pipeline-parallel-size", "1", "--speculative-algorithm", "DFLASH",
+                 "--speculative-draft-model", "/models/draft", "--tensor-parallel-size", "8"], real.root, real)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,112 @@ def test_the_lab_lock_is_what_the_lab_commit_resolves_to(cache):
     data = json.loads(proc.stdout)
     assert proc.returncode == 0 and not data["changed"], data["diff"]
     assert data["engine_wheel"]["name"] == "sglang-0.5.23+lab-py3-none-any.whl"
+
+
+def _setup_py_engine(tmp_path: Path, setup_py: str, pyproject: str | None = None) -> tuple[Path, str]:
+    """A tiny real project whose setup.py (no [build-system] extension) declares compiled parts."""
+    repo = tmp_path / "setup-src"
+    py = repo / "python"
+    (py / "tinyrust").mkdir(parents=True, exist_ok=True)
+    (py / "tinyrust/__init__.py").write_text("")
+    (py / "setup.py").write_text(setup_py)
+    if pyproject:
+        (py / "pyproject.toml").write_text(pyproject)
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "setup.py engine")
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+NEEDS_RUST = '''from setuptools import setup
+from setuptools_rust import Binding, RustExtension
+
+setup(name="tinyrust", version="1.0", packages=["tinyrust"],
+      rust_extensions=[RustExtension("tinyrust._core", path="Cargo.toml", binding=Binding.PyO3)])
+'''
+
+
+def test_a_failed_build_shows_its_cause_the_tail_and_the_prebuilt_way_out(tmp_path, cache):
+    """A real pip wheel of a setup.py that imports setuptools_rust (which its build
+    environment lacks): the cause is the ModuleNotFoundError, not pip's closing note."""
+    repo, c1 = _setup_py_engine(tmp_path, NEEDS_RUST, '[build-system]\nrequires = ["setuptools>=61.0"]\n'
+                                                        'build-backend = "setuptools.build_meta"\n')
+    env_path = os.environ["PATH"]
+    os.environ["PATH"] = os.path.dirname(shutil.which("cargo") or "/nonexistent") + ":" + env_path
+    try:
+        if not shutil.which("cargo"):
+            pytest.skip("no cargo on this node: the toolchain check refuses before the build (tested below)")
+        with pytest.raises(UserError) as ei:
+            engine_source.build(repo.as_uri(), c1, "python")
+    finally:
+        os.environ["PATH"] = env_path
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"engine source: building the wheel from {repo.as_uri()} @ {c1[:12]} failed: "
+                          "ModuleNotFoundError: No module named 'setuptools_rust' "
+                          "(Getting requirements to build wheel did not run successfully.)")
+    assert "This error originates from a subprocess" not in msg.split("; output tail:")[0]
+    assert "output tail: " in msg and "engine.source.wheel {path|url, sha256}" in msg and "docs/engine-source.md" in msg
+    log = Path(msg.split("the whole output: ")[1].split(";")[0])
+    assert "ModuleNotFoundError: No module named 'setuptools_rust'" in log.read_text()
+    assert "note: This error originates from a subprocess" in log.read_text()
+
+
+def test_the_cause_is_the_first_error_of_the_chain():
+    out = ("  error: subprocess-exited-with-error\n  × Building wheel for x (pyproject.toml) did not run successfully.\n"
+           "  ╰─> [9 lines of output]\n      running build_rust\n"
+           "      error[E0432]: unresolved import `pyo3::prelude`\n      error: could not compile `x`\n"
+           "      RuntimeError: cargo failed\n      [end of output]\n"
+           "  note: This error originates from a subprocess, and is likely not a problem with pip.\n"
+           "  ERROR: Failed building wheel for x\n")
+    cause, stage, tail = engine_source.build_failure(out)
+    assert cause == "RuntimeError: cargo failed" and stage.startswith("Building wheel for x")
+    cause, _, _ = engine_source.build_failure(out.replace("      RuntimeError: cargo failed\n", ""))
+    assert cause == "error[E0432]: unresolved import `pyo3::prelude`"
+
+
+UPSTREAM_SHAPE = '''import os
+from setuptools import setup
+
+try:
+    from setuptools_rust import Binding, RustExtension, build_rust
+except ModuleNotFoundError:
+    build_rust = None
+
+
+def _declared():
+    return [RustExtension(target=m, path="rust/Cargo.toml", binding=Binding.PyO3) for m in os.environ.get("M", "").split()]
+
+
+if build_rust is not None:
+    setup(rust_extensions=_declared())
+else:
+    setup()
+'''
+
+
+@pytest.mark.parametrize("text, tool", [
+    (NEEDS_RUST, "cargo"),
+    (UPSTREAM_SHAPE, "cargo"),  # sglang's shape: setuptools_rust imported guardedly, extensions from a function
+    ('from setuptools import Extension, setup\nsetup(ext_modules=[Extension("x._c", ["x/c.c"])])\n', "a C compiler"),
+], ids=["setuptools-rust", "upstream-shape", "ext-modules"])
+def test_setup_py_extensions_need_their_toolchain_though_build_system_does_not_say(tmp_path, cache, text, tool):
+    repo, c1 = _setup_py_engine(tmp_path, text, '[build-system]\nrequires = ["setuptools>=61.0"]\n'
+                                                  'build-backend = "setuptools.build_meta"\n')
+    project = repo / "python"
+    assert engine_source.build_requirements(project) == ["setuptools>=61.0"]
+    found = engine_source.setup_py_extensions(project)
+    assert found and all(w.startswith("setup.py:") for w in found)
+    only_git = tmp_path / "only-git-bin"  # neither cargo nor a C compiler on PATH
+    only_git.mkdir()
+    (only_git / "git").symlink_to(shutil.which("git"))
+    env_path = os.environ["PATH"]
+    os.environ["PATH"] = str(only_git)
+    try:
+        assert any(m.startswith(tool + " (setup.py:") for m in engine_source.missing_tools(project))
+        with pytest.raises(UserError) as ei:
+            engine_source.build(repo.as_uri(), c1, "python")
+    finally:
+        os.environ["PATH"] = env_path
+    msg = str(ei.value)
+    assert f"needs {tool} (setup.py:" in msg and "engine.source.wheel" in msg and "\n" not in msg

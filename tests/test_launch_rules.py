@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from labtools import REPO, k26ops  # noqa: E402
 
 from k26ops import units  # noqa: E402
+from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import launch_rules
 from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.steps.release import profile_for  # noqa: E402
@@ -88,3 +89,53 @@ def test_production_recipe_without_its_lock_refuses_with_the_command_that_makes_
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "no dependency lock for https://github.com/sgl-project/sglang.git @ 93e9850e4300" in proc.stderr
     assert "k26ops engine lock" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def real_flags():
+    sys.path.insert(0, str(Path(__file__).parent))
+    import sglang_release
+    from k26ops.release import engine_flags
+
+    return engine_flags.read_flags(sglang_release.site_packages())
+
+
+def test_aliases_count_as_their_flags_in_the_rules(real_flags):
+    """--pipeline-parallel-size is --pp-size; --speculative-draft-model is the drafter path
+    (sglang 0.5.23's own alias table, and the static one used before any host)."""
+    assert {a: real_flags.aliases.get(a) for a in launch_rules.ALIASES} == launch_rules.ALIASES
+    pp = argv_for("k26-tp8-dflash-0.5.23", extra_args=["--pipeline-parallel-size", "2"])
+    for table in (None, real_flags):
+        assert [b.rule.name for b in launch_rules.violations(pp, table)] == ["pp-size-1"]
+    drafter = argv_for("k26-tp8-dflash-0.5.23", draft_model_path=None,
+                       extra_args=["--speculative-draft-model", "/models/draft"])
+    assert "--speculative-draft-model-path" not in drafter
+    for table in (None, real_flags):
+        assert launch_rules.violations(drafter, table) == []
+    no_drafter = argv_for("k26-tp8-dflash-0.5.23", draft_model_path=None)
+    assert [b.rule.name for b in launch_rules.violations(no_drafter, real_flags)] == ["drafter-path"]
+
+
+def test_ddtree_without_a_block_size_is_refused_not_skipped():
+    bad = launch_rules.violations(argv_for("k26-tp8-ddtree", speculative_dflash_block_size=None))
+    assert [b.rule.name for b in bad] == ["block-size-given"]
+    assert str(bad[0]).startswith("--speculative-dflash-block-size: ") and "drafter's config.json" in str(bad[0])
+    # the block size from --speculative-num-draft-tokens (what _handle_dflash makes equal) still counts
+    ok = argv_for("k26-tp8-ddtree", speculative_dflash_block_size=None, attention_backend="triton",
+                  extra_args=["--speculative-num-draft-tokens", "8"])
+    assert launch_rules.violations(ok) == []
+
+
+@pytest.mark.parametrize("recipe", ["k26-tp8-ddtree.yml", "k26-tp8-dflash-0.5.23.yml"])
+def test_dflash_and_ddtree_recipes_must_give_the_block_size(recipe):
+    path = REPO / "playbooks/recipes" / recipe
+    text = path.read_text()
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("speculative_dflash_block_size:"))
+    with pytest.raises(UserError) as ei:
+        rc.parse(text.replace(line + "\n", ""), path)
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}:") and "engine_profile: speculative_algorithm" in msg
+    assert "needs speculative_dflash_block_size" in msg and "\n" not in msg
+    with pytest.raises(UserError) as ei:
+        rc.parse(text.replace(line, line.replace(": 8", ": 16", 1)), path)
+    assert "drafter.block_size: 8 differs from engine_profile speculative_dflash_block_size 16" in str(ei.value)

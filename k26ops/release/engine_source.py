@@ -13,6 +13,7 @@ fetch and one build. Hosts never see git: they get the wheel.
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -143,15 +144,87 @@ def build_requirements(project: Path) -> list[str]:
     return list((doc.get("build-system") or {}).get("requires") or [])
 
 
+# Extension kinds a setup.py can declare (read as text with ast, never executed), and the
+# tool each needs. sglang 0.5.23 declares its 5 compiled Rust modules there
+# (setuptools_rust RustExtension, `rust_extensions=`), not in [build-system].
+_SETUP_CALLS = {"RustExtension": "cargo", "RustBin": "cargo", "Extension": "cc", "CppExtension": "cc",
+                "Pybind11Extension": "cc", "cythonize": "cc",
+                "CUDAExtension": "a CUDA build environment (nvcc, for CUDAExtension in setup.py)"}
+_SETUP_KEYWORDS = {"rust_extensions": "cargo", "ext_modules": "cc"}
+
+
+def setup_py_extensions(project: Path) -> dict[str, str]:
+    """What the project's setup.py declares to compile: {what (file:line): tool}."""
+    path = project / "setup.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    except FileNotFoundError:
+        return {}
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise UserError(f"engine source: {path} cannot be read as Python: {exc}") from None
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(m.split(".")[0] in ("setuptools_rust", "maturin") for m in mods):
+                found.setdefault(f"setup.py:{node.lineno} imports {mods[0].split('.')[0]}", "cargo")
+        elif isinstance(node, ast.Call):
+            fn = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if fn in _SETUP_CALLS:
+                found.setdefault(f"setup.py:{node.lineno} {fn}(...)", _SETUP_CALLS[fn])
+            for kw in node.keywords:
+                if kw.arg in _SETUP_KEYWORDS and not (isinstance(kw.value, (ast.List, ast.Tuple)) and not kw.value.elts):
+                    found.setdefault(f"setup.py:{node.lineno} {kw.arg}=", _SETUP_KEYWORDS[kw.arg])
+    return found
+
+
+def _have(tool: str) -> bool:
+    if tool.startswith("a "):
+        return False
+    if tool == "cc":
+        return any(shutil.which(t) for t in ("cc", "gcc", "clang"))
+    return bool(shutil.which(tool))
+
+
 def missing_tools(project: Path) -> list[str]:
-    """Tools the commit's own build configuration needs that this control node lacks."""
+    """Tools the commit's own build configuration needs that this control node lacks:
+    from [build-system] requires and from the extensions setup.py declares."""
     missing = []
     for req in build_requirements(project):
         name = re.split(r"[\s<>=!~;\[]", req.strip(), maxsplit=1)[0].lower()
         tool = _TOOLS.get(name)
-        if tool and (tool.startswith("a ") or not shutil.which(tool)) and tool not in missing:
+        if tool and not _have(tool) and tool not in missing:
             missing.append(tool)
+    for what, tool in setup_py_extensions(project).items():
+        label = f"{'a C compiler' if tool == 'cc' else tool} ({what})"
+        if not _have(tool) and not any(m.split(" (")[0] == label.split(" (")[0] for m in missing):
+            missing.append(label)
     return missing
+
+
+# pip's own frame around a failed build: not the cause
+_PIP_FRAME = re.compile(r"^(error: (subprocess-exited-with-error|metadata-generation-failed|failed-wheel-build"
+                        r"|legacy-install-failure)|note: This error originates from a subprocess|"
+                        r"╰─> |× |│ |\[end of output\]|\[\d+ lines of output\]|hint: )")
+_EXC = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit)(?:: .*)?$")
+_TOOL_ERR = re.compile(r"(^|\s|:)(error(\[\w+\])?|fatal error|CMake Error[^:]*):", re.I)
+
+
+def build_failure(output: str) -> tuple[str, str, list[str]]:
+    """(the cause, pip's stage line, the tail) of a failed `pip wheel` output.
+
+    The cause is the first error of the chained output: the first Python exception
+    line (`ModuleNotFoundError: No module named 'setuptools_rust'`), else the first
+    compiler/cargo/cmake error line, else the first line naming an error that is not
+    pip's own frame ("note: This error originates from a subprocess")."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    inner = [ln for ln in lines if not _PIP_FRAME.match(ln) and not re.fullmatch(r"[\^~\s]+", ln)]
+    cause = (next((ln for ln in inner if _EXC.match(ln)), None)
+             or next((ln for ln in inner if _TOOL_ERR.search(ln)), None)
+             or next((ln for ln in inner if "error" in ln.lower()), None)
+             or (lines[-1] if lines else "no output"))
+    stage = next((ln[1:].strip() for ln in lines if ln.startswith("× ")), "")
+    return cause, stage, [ln for ln in inner[-4:] if ln != cause]
 
 
 def wheel_info(path: Path, sha256: str | None = None) -> BuiltWheel:
@@ -200,7 +273,7 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
             if missing:
                 raise UserError(f"engine source: building {url} @ {commit[:12]} needs {', '.join(missing)}, which "
                                 "this control node lacks: install it, or build the wheel elsewhere and set "
-                                "engine.source.wheel {path|url, sha256} in the recipe")
+                                "engine.source.wheel {path|url, sha256} in the recipe (docs/engine-source.md)")
             progress(f"building the engine wheel from {subdir}/ @ {commit[:12]} (pip wheel, once per commit)")
             dist = Path(tmp) / "dist"
             proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
@@ -208,9 +281,16 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
                                   capture_output=True, text=True)
             wheels = sorted(dist.glob("*.whl")) if dist.exists() else []
             if proc.returncode != 0 or len(wheels) != 1:
-                errs = [ln.strip() for ln in proc.stderr.splitlines() if "error" in ln.lower()]
-                raise UserError(f"engine source: building the wheel from {url} @ {commit[:12]} failed: "
-                                + (errs[-1] if errs else (proc.stderr.strip().splitlines() or ["no wheel"])[-1]))
+                text = (proc.stdout or "") + (proc.stderr or "")
+                log = root / f"{commit[:12]}-{key}.build-error.log"
+                log.write_text(text)
+                cause, stage, tail = build_failure(text) if text.strip() else ("no wheel was made", "", [])
+                raise UserError(
+                    f"engine source: building the wheel from {url} @ {commit[:12]} failed: {cause}"
+                    + (f" ({stage})" if stage else "")
+                    + (f"; output tail: {' | '.join(tail)[-400:]}" if tail else "")
+                    + f"; the whole output: {log}; or build the wheel elsewhere and set engine.source.wheel "
+                    "{path|url, sha256} in the recipe (docs/engine-source.md)")
             partial = out.with_name(out.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()

@@ -26,25 +26,53 @@ class LaunchRuleError(ValueError):
         super().__init__(f"{rule.flag}: {detail} ({rule.where}); fix: {rule.fix}")
 
 
-def parse_flags(argv: list[str]) -> dict[str, object]:
-    """`--name value` and bare `--flag` (True) from an engine argv; the last one wins,
-    as argparse does. Anything before `-m MODULE` is the interpreter."""
+# The aliases of the flags these rules read, as sglang 0.5.23 declares them
+# (python/sglang/srt/arg_groups/fields/*.py, `Arg(aliases=[...])`). Used when no
+# engine sources are at hand (the checks before any host); with the release's
+# sources, their own alias table is used instead (`violations(argv, engine)`).
+ALIASES = {
+    "--pipeline-parallel-size": "--pp-size",  # fields/parallel.py:63
+    "--tensor-parallel-size": "--tp-size",  # fields/parallel.py:49
+    "--decode-context-parallel-size": "--dcp-size",  # fields/parallel.py:56
+    "--speculative-draft-model": "--speculative-draft-model-path",  # fields/spec.py:40
+}
+
+
+def parse_flags(argv: list[str], engine=None) -> dict[str, object]:
+    """`--name value` and bare `--flag` (True) from an engine argv, under each flag's
+    canonical name (an alias counts as its flag); the last one wins, as argparse does.
+    With `engine` (engine_flags.EngineFlags): its aliases, its `--no-` forms (False)
+    and how many words each flag takes; without, the ALIASES above and a guess (a flag
+    followed by a word takes it). Anything before `-m MODULE` is the interpreter."""
     if "-m" in argv:
         argv = argv[argv.index("-m") + 2:]
     out: dict[str, object] = {}
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a.startswith("--"):
-            name, eq, val = a.partition("=")
-            if eq:
-                out[name] = val
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                out[name] = argv[i + 1]
-                i += 1
-            else:
-                out[name] = True
         i += 1
+        if not a.startswith("--"):
+            continue
+        name, eq, val = a.partition("=")
+        info = engine.flags.get(name) if engine is not None else None
+        canon = info.canonical if info is not None else ALIASES.get(name, name)
+        if info is not None and info.kind == "boolean_optional":
+            out[canon] = not name.startswith("--no-")
+        elif eq:
+            out[canon] = val
+        elif info is not None and info.kind == "store_true":
+            out[canon] = True
+        elif info is not None and info.nargs in ("+", "*"):
+            vals = []
+            while i < len(argv) and not argv[i].startswith("--"):
+                vals.append(argv[i])
+                i += 1
+            out[canon] = vals
+        elif i < len(argv) and not argv[i].startswith("--"):
+            out[canon] = argv[i]
+            i += 1
+        else:
+            out[canon] = True
     return out
 
 
@@ -76,6 +104,13 @@ class Rule:
     where: str
     fix: str
     check: Callable[[dict], str | None]  # the problem, or None
+
+
+def _block_size_given(flags):
+    if block_size(flags) is None:
+        return ("the block size is not on the command line: the engine would read it from the drafter's "
+                "config.json only after the weights load, and then check the full-tree/triton rule")
+    return None
 
 
 def _full_tree_triton(flags):
@@ -121,14 +156,19 @@ RULES: tuple[Rule, ...] = (
          "set --page-size 1 (engine_profile page_size: 1)",
          lambda f: None if _int(f, "--page-size") == 1 else
          f"DDTREE supports only page size 1, got {f.get('--page-size') or 'none given (the raw field is checked)'}"),
+    # _handle_ddtree infers a missing block size from the drafter's config after the
+    # weights load, then refuses a full tree without triton: so k26ops needs it given.
+    Rule("block-size-given", ("DDTREE",), "--speculative-dflash-block-size", f"{HOOK}:_handle_ddtree",
+         "set engine_profile speculative_dflash_block_size to the drafter's block size "
+         "(its config.json dflash_config.block_size)", _block_size_given),
     Rule("full-tree-triton", ("DDTREE",), "--attention-backend", f"{HOOK}:_handle_ddtree",
          "set --attention-backend triton (engine_profile attention_backend: triton), or a budget <= block size - 1",
          _full_tree_triton),
 )
 
 
-def violations(argv: list[str]) -> list[LaunchRuleError]:
-    flags = parse_flags(argv)
+def violations(argv: list[str], engine=None) -> list[LaunchRuleError]:
+    flags = parse_flags(argv, engine)
     algo = str(flags.get("--speculative-algorithm") or "").upper()
     out = []
     for rule in RULES:

@@ -336,6 +336,12 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
             raise c.err(("engine_profile",), "speculative_algorithm DDTREE needs speculative_ddtree_budget")
         if profile.get("page_size", 1) != 1:
             raise c.err(("engine_profile", "page_size"), "DDTREE needs page_size 1")
+    if isinstance(algo, str) and algo.upper() in ("DFLASH", "DDTREE") and profile.get("speculative_dflash_block_size") is None:
+        # Without it the engine reads the drafter's config.json after the weights load
+        # (_handle_dflash/_handle_ddtree), so DDTree's full-tree/triton rule could not be
+        # checked before a restart; given here, `k26ops check` compares it with the drafter.
+        raise c.err(("engine_profile",), f"speculative_algorithm {algo.upper()} needs speculative_dflash_block_size "
+                    "(the drafter's block size: its config.json dflash_config.block_size)")
     drafter = None
     if top.get("drafter") is not None:
         dr = c.mapping(top["drafter"], ("drafter",), {"path", "block_size", "repo", "revision"})
@@ -352,6 +358,9 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
         if dr.get("repo") is not None and not (isinstance(rev, str) and _SHA.fullmatch(rev)):
             raise c.err(("drafter", "revision"), "a drafter from a hub repo needs its full 40-hex revision "
                         "(a branch name moves)")
+        pbs = profile.get("speculative_dflash_block_size")
+        if bs is not None and pbs is not None and bs != pbs:
+            raise c.err(("drafter", "block_size"), f"{bs} differs from engine_profile speculative_dflash_block_size {pbs}")
         drafter = Drafter(dr.get("path"), bs, dr.get("repo"), rev)
     return Recipe(name=name, source=path, sglang=sglang, install=install, pins=pins, extras=extras,
                   toolkit=toolkit, git=git, series=series, tags=tuple(tags), profile=profile,

@@ -130,9 +130,10 @@ def engine_profile(ctx: HostContext, r: recipe_mod.Recipe | None = None) -> dict
     return profile_for(ctx.vars, r or effective_recipe(ctx))
 
 
-def check_launch(host: str, argv: list[str]) -> None:
-    """The engine's own start-up rules on this command line: one line naming the flag."""
-    bad = launch_rules.violations(argv)
+def check_launch(host: str, argv: list[str], engine: engine_flags.EngineFlags | None = None) -> None:
+    """The engine's own start-up rules on this command line: one line naming the flag.
+    With the release's flag table, its own aliases and `--no-` forms count."""
+    bad = launch_rules.violations(argv, engine)
     if bad:
         raise UserError(f"{host}: engine launch rule {bad[0].rule.name}: {bad[0]}")
 
@@ -255,6 +256,8 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
             return argv
         if prep.sources not in _FLAGS:
             _FLAGS[prep.sources] = engine_flags.read_flags(prep.sources)
+        if not ov.get("engine_argv"):
+            check_launch(ctx.host.name, argv, _FLAGS[prep.sources])
         engine_flags.validate(flags, prep.sources, _FLAGS[prep.sources])
         with open(seen, "a") as fh:
             fh.write(key + "\n")
