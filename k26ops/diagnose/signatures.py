@@ -245,6 +245,9 @@ CONFIG_RULE_MESSAGES = (
     ("no-rejection-sampling", r"DDTREE" + _ + r"does" + _ + r"not" + _ + r"support" + _ + r"rejection"
      + _ + r"sampling"),
     ("page-size-1", r"DDTREE" + _ + r"supports" + _ + r"only" + _ + r"page" + _ + r"size" + _ + r"1"),
+    # the engine never says it (it infers the size from the drafter); k26ops' own wording
+    ("block-size-given", r"the" + _ + r"block" + _ + r"size" + _ + r"is" + _ + r"not" + _ + r"on" + _
+     + r"the" + _ + r"command" + _ + r"line"),
 )
 # argparse's own refusal, as launch_server prints it before anything starts:
 # "launch_server.py: error: unrecognized arguments: --reasoning_parser kimi_k2" (sgl-project/sglang#12818).

@@ -78,8 +78,10 @@ def _configs(ctx, eh_profile: dict, recipe, opts: plan.Options, report: dict) ->
         elif file:
             try:
                 specs[key] = {"config": json.loads(file.read_text())}
-            except (OSError, ValueError) as exc:
-                raise UserError(f"{file}: not a readable JSON config: {exc}") from None
+            except OSError as exc:
+                raise UserError(f"{recipe.source}: rehearsal.{key}_config {file}: {exc.strerror}") from None
+            except ValueError as exc:
+                raise UserError(f"{file}: not a JSON config: {exc}") from None
             report["notes"].append(f"{key} config: {file.name} from the recipe (the host has no {path}/config.json)")
         else:
             raise StepFailed(f"rehearsal: no config.json at {path} on the host and the recipe "
