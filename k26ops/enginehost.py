@@ -27,7 +27,9 @@ DEFAULT_UNIT = "k26-engine.service"
 DEFAULT_PORT = 30000
 UNIT_DIR = "/etc/systemd/system"
 LAB_MODULE = "k26ops_lab_engine"
-PASS_ENV = ("HF_TOKEN",)  # taken from the control node's environment when the inventory lacks it
+PASS_ENV = ("HF_TOKEN",)
+# `nvlink_multicast: false`: NCCL's NVLink SHARP, torch symmetric memory's and NVSHMEM's multicast off
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # taken from the control node's environment when the inventory lacks it
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,8 @@ class EngineHost:
     def env(self) -> dict:
         """The env file's variables: inventory `engine_env`, HF_TOKEN from the
         inventory (hf_token/HF_TOKEN) or this control node's environment, CUDA_HOME
-        from the toolchain step, and PYTHONPATH for the lab stand-in."""
+        from the toolchain step, NVLS off with `nvlink_multicast: false`, and
+        PYTHONPATH for the lab stand-in."""
         hv = self.vars
         env = {str(k): v for k, v in mapping(hv.get("engine_env"), "engine_env").items()}
         for var in ("hf_token", "HF_TOKEN"):
@@ -159,6 +162,9 @@ class EngineHost:
         cuda = self.ctx.shared.get("cuda_home") or hv.get("cuda_home")
         if cuda and "CUDA_HOME" not in env:
             env["CUDA_HOME"] = cuda
+        if hv.get("nvlink_multicast") is False:  # hosts whose fabric must not use NVLS (multicast objects)
+            for key, value in NVLS_OFF.items():
+                env.setdefault(key, value)
         if self.is_lab:
             env["PYTHONPATH"] = self.layout.lab_module_dir
         return env

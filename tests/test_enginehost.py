@@ -86,3 +86,13 @@ def test_poll_target_asks_a_wildcard_bind_on_loopback():
     assert poll_target({"host": "0.0.0.0", "port": 31000}) == ("127.0.0.1", 31000)
     assert poll_target({"host": "::", "port": "31001"}) == ("127.0.0.1", 31001)
     assert poll_target({"host": "10.0.0.5"}) == ("10.0.0.5", 30000)
+
+
+def test_nvlink_multicast_off_only_when_the_inventory_says_so(monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    assert EngineHost(host({"nvlink_multicast": False})).env() == off
+    for hv in ({}, {"nvlink_multicast": True}, {"nvlink_multicast": "false"}):  # never by default
+        assert not set(off) & set(EngineHost(host(hv)).env())
+    mine = EngineHost(host({"nvlink_multicast": False, "engine_env": {"NCCL_NVLS_ENABLE": "1"}})).env()
+    assert mine["NCCL_NVLS_ENABLE"] == "1" and mine["NVSHMEM_DISABLE_NVLS"] == "1"  # engine_env wins

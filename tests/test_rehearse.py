@@ -142,7 +142,7 @@ def local_host(tmp_path):
 
 
 def _left_rehearsal_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return [l for l in out.splitlines() if "k26ops-rehearse-" in l and "ps -eo" not in l]
 
 
@@ -339,3 +339,30 @@ def test_recorded_final_rehearsal_reports_capture_times():
     graphs = [c["graph"] for c in rep["capture"]["captures"]]
     assert graphs == ["target prefill", "target verify", "draft verify"] and rep["capture"]["total_s"] > 0
     assert set(rep["capture"]["metrics_s"]) >= {"target_verify", "draft_decode"}
+
+
+def test_local_rehearsal_sigterm_stops_the_engine_group(local_host):
+    """SIGTERM to k26ops while the rehearsal engine starts: the engine's process
+    group is stopped and its temp dir removed before k26ops exits 130."""
+    import signal
+    import time
+
+    inv = local_host["inventory"](K26OPS_STANDIN_DUMMY_SECONDS="120")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", str(inv), "rehearse", "--rehearse-port",
+                             str(local_host["port"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        while not _left_rehearsal_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _left_rehearsal_processes(), "the rehearsal engine never started"
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert _left_rehearsal_processes() == [], (out, err)
+    assert "Traceback" not in err

@@ -59,6 +59,9 @@ VARIABLES: tuple[Var, ...] = (
         "engine flags over the recipe's profile (tp_size, page_size, ...)"),
     Var("engine_env", "mapping", "{}", "steps.engine",
         "extra variables for the engine's env file (e.g. CUDA_VISIBLE_DEVICES)"),
+    Var("nvlink_multicast", "bool", "true (NCCL's own default)", "k26ops.enginehost (engine env file, rehearse)",
+        "false: NVLink multicast (NVLS) off in the engine's environment: NCCL_NVLS_ENABLE=0, "
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (engine_env still wins)"),
     Var("engine_source_mirrors", "mapping", "{}", "steps.release",
         "a recipe's git URL -> mirror URL to fetch the engine source from"),
     Var("extra_flags", "list", "[]", "steps.release", "extra engine command-line flags"),
