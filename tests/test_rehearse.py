@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,7 +144,8 @@ def local_host(tmp_path):
 
 def _left_rehearsal_processes() -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if "k26ops-rehearse-" in l and "ps -eo" not in l]
+    # the engine's own command line names its temp dir's model copy (a lab's nspawn line may say "rehearse" too)
+    return [l for l in out.splitlines() if re.search(r"/k26ops-rehearse-\w+/model\b", l)]
 
 
 def test_local_rehearsal_serves_and_leaves_nothing(local_host):
