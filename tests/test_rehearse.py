@@ -247,6 +247,19 @@ def test_lab_rehearse_refuses_beside_a_serving_engine_then_runs_alongside(labhos
     assert _remote(h, "systemctl show -p MainPID --value k26-engine.service") == pid  # never restarted
 
 
+def test_lab_rehearse_stop_serving_starts_the_serving_engine_again(labhost):
+    h = labhost
+    inv = _inv(h, "ok")
+    pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
+    rc, data = k26ops_json("-i", inv, "rehearse", "--stop-serving", "--rehearse-port", str(h["port"] + 1),
+                           "--no-bench", timeout=600)
+    assert rc == 0, data
+    rep = data["hosts"][h["name"]]["rehearsal"]
+    assert rep["state"] == "served" and rep["serving_engine"] == "active" and rep["serving_after"] == "healthy"
+    assert _remote(h, "systemctl is-active k26-engine.service") == "active"
+    assert _remote(h, "systemctl show -p MainPID --value k26-engine.service") != pid  # it was stopped, then started
+
+
 def test_lab_deploy_rehearse_keeps_the_old_engine_serving_and_names_the_crash(labhost):
     h = labhost
     pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
