@@ -108,3 +108,35 @@ def scratch_lab():
     """A private 1-host lab for tests that break their host."""
     with private_lab(1, "scratch") as running:
         yield running
+
+
+# ---------------------------------------------------------------- the `lab` mark, applied by the rule
+
+LAB_FIXTURES = {"lab", "scratch_lab"}
+
+
+def _needs_lab(item) -> bool:
+    """A test needs the lab when it uses a lab fixture, or a fixture (or its own body)
+    that boots a private one (private_lab(...)), at any depth of its fixture closure."""
+    import inspect
+
+    if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        funcs += [d.func for d in defs]
+    for fn in funcs:
+        try:
+            if fn is not None and "private_lab(" in inspect.getsource(fn):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """`pytest -m "not lab"` runs every test that needs no nspawn host (the inner loop)."""
+    for item in items:
+        if _needs_lab(item):
+            item.add_marker(pytest.mark.lab)
