@@ -65,7 +65,7 @@ if [ "$MODE" = dsv3 ]; then
   for m in tiny-dsv3 tiny-dsv3-dflash; do mkdir -p /models/$m; cp bench/device/models/$m/config.json /models/$m/; done
   sed -i 's#model_path: /models/tiny-qwen3#model_path: /models/tiny-dsv3\n      draft_model_path: /models/tiny-dsv3-dflash#' /tmp/h200.yml
   python3 -m k26ops -i /tmp/h200.yml --json rehearse --concurrency 1,4 --temperatures 0,0.7 \
-      --input-len 64 --output-len 64 --request-timeout 300 --ready-timeout 480 --save-log "$OUT/r3" \
+      --input-len 64 --output-len 64 --request-timeout 300 --ready-timeout 480 --save-log "$OUT/r3" ${REHEARSE_ARGS:-} \
       > "$OUT/rehearse-dsv3.json" 2> /tmp/rehearse.err
   echo "rehearse (dsv3) exit $?"; el "dsv3 rehearsal done"; tail -15 /tmp/rehearse.err
   rm -f "$OUT"/r*/*.json; exit 0
