@@ -381,3 +381,11 @@ def test_local_rehearsal_sigterm_stops_the_engine_group(local_host):
     assert proc.returncode == 130, (out, err)
     assert _left_rehearsal_processes() == [], (out, err)
     assert "Traceback" not in err
+
+
+def test_recorded_real_rehearsal_with_fewer_layers_serves():
+    """The same cut as the crash above, with the fix: ids spread over 0..N-2 on the real engine."""
+    rep = _recorded("h200-dsv3-dflash-layers3.json")["rehearsal"]
+    assert rep["state"] == "served" and rep["layers"] == 3
+    assert "drafter target_layer_ids [1, 2] -> [0, 1] (spread over the outputs of target layers 0..1)" in rep["notes"]
+    assert [c["graph"] for c in rep["capture"]["captures"]] == ["target verify", "draft verify"]

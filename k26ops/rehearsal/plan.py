@@ -175,9 +175,9 @@ def fit_draft(draft: dict, target_layers: int | None) -> tuple[dict, list[str]]:
         new = sorted({round(j * (usable - 1) / max(1, k - 1)) for j in range(k)}) if k > 1 else [usable - 1]
         holder[key] = new
         notes.append(f"drafter {key} {ids} -> {new} (spread over the outputs of target layers 0..{usable - 1})")
-    for h in (cfg, cfg.get("dflash_config")):  # sglang checks the ids against num_target_layers
+    for where, h in (("", cfg), ("dflash_config.", cfg.get("dflash_config"))):  # sglang checks the ids against it
         if isinstance(h, dict) and isinstance(h.get("num_target_layers"), int) and h["num_target_layers"] != target_layers:
-            notes.append(f"drafter num_target_layers {h['num_target_layers']} -> {target_layers}")
+            notes.append(f"drafter {where}num_target_layers {h['num_target_layers']} -> {target_layers}")
             h["num_target_layers"] = target_layers
     return cfg, notes
 
