@@ -92,3 +92,74 @@ def test_nvidia_smi_refusals_are_values_not_gpus():
 def test_bus_id_spellings_meet():
     assert Q.norm_bus("00000000:00:06.0") == Q.norm_bus("0000:00:06.0") == "0000:00:06.0"
     assert Q.norm_bus("00000000:2B:00.0") == "0000:2b:00.0"
+
+
+# ------------------------------------------------ wired: facts, check, the facts column
+
+def _facts(health_file=None, xid_file=None, bus="00000000:00:06.0", xid_bus="00000000:2B:00.0"):
+    from k26ops import facts
+    from k26ops.facts import xid as X
+
+    raw = {"gpu_health": {"rc": 0, "stdout": read(health_file) if health_file else "", "stderr": ""},
+           "gpu_xid": {"rc": 0, "stdout": (read(xid_file) if xid_file else "") + "__K26OPS_RC=0\n", "stderr": ""}}
+    v = facts.parse_results(raw, ["gpu_health", "gpu_xid"])
+    v["gpus"] = {"gpus": [{"index": 0, "bus_id": bus}, {"index": 3, "bus_id": xid_bus}], "gpu_errors": []}
+    v["nvidia_smi"] = {}
+    assert X.FACTS["gpu_xid"].name in facts.FACTS and "gpu_health" in facts.FACTS
+    return facts.link_gpu_indexes(v)
+
+
+def test_check_passes_the_real_healthy_h200_and_says_what_it_read():
+    from k26ops import preflight
+
+    v = _facts("h200-nvidia-smi-q.txt")
+    c = preflight.gpu_health_check(v)
+    assert c.ok, c.detail
+    assert c.detail == "no GPU reports an error; no fault in nvidia-smi -q or kernel Xid log"
+    assert preflight.health_summary(v) == "ok"
+
+
+def test_check_fails_a_faulty_gpu_in_one_line_with_gpu_fault_and_action():
+    from k26ops import preflight
+
+    v = _facts("constructed-h200-q-faults.txt")
+    assert v["gpu_health"]["gpus"][0]["index"] == 0  # bus id mapped through the gpus fact
+    c = preflight.gpu_health_check(v)
+    assert not c.ok and "\n" not in c.detail
+    assert c.detail.startswith("GPU 0 (00000000:00:06.0): ecc-uncorrectable (ECC Errors, Volatile: DRAM Uncorrectable")
+    assert "row-remap-pending" in c.detail and "action: reset-gpu: drain the host" in c.detail
+    assert preflight.health_summary(v).startswith("GPU 0 reset-gpu (ecc-uncorrectable, row-remap-pending, ")
+
+
+def test_check_fails_on_a_real_xid79_with_the_gpu_index_from_its_bus_id():
+    from k26ops import preflight
+
+    v = _facts("h200-nvidia-smi-q.txt", "pub-ogkm1151-journal-xid79.txt")
+    assert v["gpu_xid"]["events"][0]["gpu"] == 3
+    c = preflight.gpu_health_check(v)
+    assert not c.ok
+    assert c.detail.startswith("GPU 3 (0000:2b:00): Xid 79 ") and "action: reboot: " in c.detail
+    assert preflight.health_summary(v) == "GPU 3 reboot (xid-79)"
+
+
+def test_an_application_xid_or_an_unreadable_kernel_log_fails_nothing():
+    from k26ops import preflight
+    from k26ops.facts import xid as X
+
+    v = _facts("h200-nvidia-smi-q.txt", "pub-pytorch51382-dmesg-xid43-31.txt")
+    assert v["gpu_xid"]["count"] == 7 and preflight.gpu_health_check(v).ok
+    v["gpu_xid"] = X.parse_xid_fact("dmesg: read kernel buffer failed: Operation not permitted\n__K26OPS_RC=0\n", 0)
+    c = preflight.gpu_health_check(v)
+    assert c.ok and "kernel log not read (the kernel log could not be read" in c.detail
+    assert preflight.health_summary(v) == "ok, kernel log unread"
+    hint = "Hint: You are currently not seeing messages from other users and the system.\n__K26OPS_RC=0\n"
+    assert X.parse_xid_fact(hint, 0)["error"]
+
+
+def test_xid_command_is_bounded_and_keeps_refusals():
+    from k26ops.facts import xid as X
+
+    cmd = X.XID_COMMAND
+    assert "journalctl -k -b" in cmd and "--since '-24h'" in cmd and cmd.count("tail -n 400") == 2
+    for refusal in ("Operation not permitted", "insufficient permissions", "not seeing messages from other users"):
+        assert refusal in cmd  # the grep lets the refusal through to the parser

@@ -260,4 +260,4 @@ def fault_lines(health: dict) -> list[str]:
     return out
 
 
-FACTS = {"gpu_health": Fact("gpu_health", "nvidia-smi -q 2>&1", parse_health_fact, timeout=45.0)}
+FACTS = {"gpu_health": Fact("gpu_health", "nvidia-smi -q 2>&1", parse_health_fact, timeout=30.0)}
