@@ -177,8 +177,9 @@ def test_check_and_facts_on_a_lab_host_replaying_recorded_q_outputs(scratch_lab)
 
     def replay(name):
         b64 = base64.b64encode((DATA / name).read_bytes()).decode()
-        res = lab_ssh(scratch_lab.dir, port, f"mkdir -p /etc/k26ops-lab && echo {b64} | base64 -d > /etc/k26ops-lab/q.txt"
-                                             " && echo K26OPS_LAB_SMI_Q=/etc/k26ops-lab/q.txt > /etc/k26ops-lab/nvidia-smi.env")
+        cmd = (f"mkdir -p /etc/k26ops-lab && echo {b64} | base64 -d > /etc/k26ops-lab/q.txt"
+               " && echo K26OPS_LAB_SMI_Q=/etc/k26ops-lab/q.txt > /etc/k26ops-lab/nvidia-smi.env")
+        res = lab_ssh(scratch_lab.dir, port, cmd)
         assert res.returncode == 0, res.stderr
 
     replay("h200-nvidia-smi-q.txt")

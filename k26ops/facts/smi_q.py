@@ -180,8 +180,8 @@ def gpu_health(gpu: dict) -> dict:
 
     recovery = t.get("GPU Recovery Action")
     if recovery and recovery.strip() not in NA and recovery.strip().lower() != "none":
-        low = recovery.lower()
-        act = "reboot" if "reboot" in low else "reset-gpu" if ("reset" in low or "drain" in low) else "reset-gpu"
+        # NVML's recovery actions: GPU reset, node reboot, drain P2P, drain and reset
+        act = "reboot" if "reboot" in recovery.lower() else "reset-gpu"
         _fault(faults, "recovery-action", f"GPU Recovery Action : {recovery.strip()}", act)
     reset = _sec(t, "GPU Reset Status")
     for k, v in reset.items():
