@@ -83,20 +83,56 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
         return driver, None
 
 
+def xid_fault_lines(xid_fact: dict) -> list[str]:
+    """One line per GPU and hardware Xid of this boot whose action is a reset or more:
+    'GPU 3 (0000:2b:00): Xid 79 GPU has fallen off the bus; action: reboot: ...'."""
+    from k26ops.facts.xid import ACTION_TEXT
+
+    out, seen = [], set()
+    for e in (xid_fact or {}).get("events") or []:
+        if e.get("kind") not in ("hardware", "echo") or e.get("action") not in ("reset-gpu", "reboot", "drain-and-rma"):
+            continue
+        key = (e.get("gpu"), e.get("pci"), e.get("xid"))
+        if key in seen:
+            continue
+        seen.add(key)
+        who = (f"GPU {e['gpu']} " if e.get("gpu") is not None else "GPU ") + f"({e.get('pci')})"
+        what = e.get("meaning") or e.get("message") or ""
+        out.append(f"{who}: Xid {e['xid']} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
+    return out
+
+
 def gpu_health_check(facts: dict) -> Check:
     """Fails on any GPU in an error state (ERR!, GPU requires reset, Unknown Error)
-    in the GPU query or nvidia-smi's table, naming its index and bus id."""
+    in the GPU query or nvidia-smi's table, naming its index and bus id; on an active fault
+    in `nvidia-smi -q` (pending row remap, remap failure, volatile uncorrectable ECC, slowdown,
+    temperature past slowdown, a recovery action asked for); and on a hardware Xid of this boot
+    in the kernel log, each naming GPU, fault and action. A health source that could not be
+    read (the kernel log without root) is said in the detail; it fails nothing."""
+    from k26ops.facts.smi_q import fault_lines
+
     gpus = facts.get("gpus") or {}
     bad = list(gpus.get("gpu_errors") or [])
     seen = {g.get("index") for g in gpus.get("gpus") or [] if g.get("error")}
     table = facts.get("nvidia_smi") or {}
     bad += [line for g, line in zip([g for g in table.get("gpus") or [] if g.get("errors")],
                                     table.get("gpu_errors") or []) if g["index"] not in seen]
+    health, xids = facts.get("gpu_health"), facts.get("gpu_xid")
+    bad += fault_lines(health) if isinstance(health, dict) else []
+    bad += xid_fault_lines(xids) if isinstance(xids, dict) else []
+    unread = []
+    if isinstance(health, dict) and health.get("error"):
+        unread.append(f"nvidia-smi -q not read ({health['error']})")
+    if isinstance(xids, dict) and xids.get("error"):
+        unread.append(f"kernel log not read ({xids['error']})")
     if bad:
-        return Check("gpu_health", False, "; ".join(bad))
+        return Check("gpu_health", False, "; ".join(bad + unread))
     src = gpus.get("source")
     how = f" (GPU values from {src})" if src and src != "query" else ""
-    return Check("gpu_health", True, f"no GPU reports an error{how}")
+    read = [w for w, f in (("nvidia-smi -q", health), ("kernel Xid log", xids))
+            if isinstance(f, dict) and not f.get("error")]
+    more = (f"; no fault in {' or '.join(read)}" if read else "") + "".join(f"; {u}" for u in unread)
+    return Check("gpu_health", True, f"no GPU reports an error{how}{more}")
 
 
 def root_check(user: dict) -> Check:
@@ -160,3 +196,30 @@ def drafter_check(fact: dict, want: dict) -> Check:
                                        f"speculative_dflash_block_size is {block}")
     src = f" ({want['repo']} @ {want['revision'][:12]})" if want.get("repo") and want.get("revision") else ""
     return Check("drafter", True, f"{path}: block size {got if got is not None else 'not in config'}{src}")
+
+
+def health_summary(facts: dict) -> str:
+    """The `facts` table's health column: 'ok', or each faulty GPU with its worst action
+    ('GPU 0 reset-gpu (row-remap-pending), GPU 3 reboot (xid-79)'); ', kernel log unread' or
+    '-q unread' when a source could not be read; '?' when neither was."""
+    from k26ops.facts.smi_q import ACTIONS
+
+    health, xids = facts.get("gpu_health"), facts.get("gpu_xid")
+    per: dict = {}
+    for g in (health or {}).get("gpus") or [] if isinstance(health, dict) else []:
+        for f in g.get("faults") or []:
+            per.setdefault(g.get("index") if g.get("index") is not None else g.get("bus_id"), []).append(
+                (f["action"], f["fault"]))
+    for e in (xids or {}).get("events") or [] if isinstance(xids, dict) else []:
+        if e.get("kind") in ("hardware", "echo") and e.get("action") in ("reset-gpu", "reboot", "drain-and-rma"):
+            per.setdefault(e.get("gpu") if e.get("gpu") is not None else e.get("pci"), []).append(
+                (e["action"], f"xid-{e['xid']}"))
+    parts = []
+    for who, items in per.items():
+        worst = max((a for a, _ in items), key=ACTIONS.index)
+        names = sorted({n for _, n in items}, key=[n for _, n in items].index)
+        parts.append(f"GPU {who} {worst} ({', '.join(names)})")
+    unread = [w for w, f in (("-q", health), ("kernel log", xids)) if not isinstance(f, dict) or f.get("error")]
+    if len(unread) == 2 and not parts:
+        return "?"
+    return (", ".join(parts) or "ok") + "".join(f", {u} unread" for u in unread)

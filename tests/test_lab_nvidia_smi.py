@@ -154,3 +154,50 @@ def test_check_on_a_lab_host_with_a_failed_gpu_names_it(scratch_lab):
     assert "gpus: " not in err  # still 8 GPUs: the failed one is named, not lost
     proc = k26ops("check", env=scratch_lab.env())
     assert proc.returncode == 1 and "GPU 2 (00000000:3A:00.0)" in proc.stdout + proc.stderr
+
+
+def test_q_replays_a_recorded_output_with_the_lab_gpus_bus_ids_or_refuses():
+    from k26ops.facts import smi_q
+
+    text, rc = smi("-q")
+    assert rc == 255 and "Option -q is not recognized" in text  # no -q output is made up
+    text, rc = smi("-q", K26OPS_LAB_SMI_Q=str(DATA / "h200-nvidia-smi-q.txt"))
+    recorded_q = (DATA / "h200-nvidia-smi-q.txt").read_text()
+    assert rc == 0 and text == recorded_q.replace("GPU 00000000:00:06.0\n", "GPU 00000000:18:00.0\n")
+    h = smi_q.parse_health_fact(text, rc)
+    assert [g["bus_id"] for g in h["gpus"]] == ["00000000:18:00.0"] and h["faults"] == 0
+
+
+def test_check_and_facts_on_a_lab_host_replaying_recorded_q_outputs(scratch_lab):
+    import base64
+
+    from labtools import k26ops, k26ops_json, lab_ssh
+
+    port = scratch_lab.base_port
+
+    def replay(name):
+        b64 = base64.b64encode((DATA / name).read_bytes()).decode()
+        cmd = (f"mkdir -p /etc/k26ops-lab && echo {b64} | base64 -d > /etc/k26ops-lab/q.txt"
+               " && echo K26OPS_LAB_SMI_Q=/etc/k26ops-lab/q.txt > /etc/k26ops-lab/nvidia-smi.env")
+        res = lab_ssh(scratch_lab.dir, port, cmd)
+        assert res.returncode == 0, res.stderr
+
+    replay("h200-nvidia-smi-q.txt")
+    rc, data = k26ops_json("facts", env=scratch_lab.env())
+    assert rc == 0, data
+    host = data["hosts"]["lab1"]
+    assert host["health"] in ("ok", "ok, kernel log unread"), host["health"]
+    assert host["facts"]["gpu_health"]["gpus"][0]["index"] == 0
+    rc, data = k26ops_json("check", env=scratch_lab.env())
+    err = data["hosts"]["lab1"].get("error") or ""
+    assert "gpu_health" not in err, err
+
+    replay("constructed-h200-q-faults.txt")
+    rc, data = k26ops_json("check", env=scratch_lab.env())
+    assert rc == 1, data
+    err = data["hosts"]["lab1"]["error"]
+    assert ("gpu_health: GPU 0 (00000000:18:00.0): ecc-uncorrectable (ECC Errors, Volatile: DRAM Uncorrectable : 2), "
+            "row-remap-pending") in err
+    assert "; action: reset-gpu: drain the host" in err
+    proc = k26ops("facts", env=scratch_lab.env())
+    assert "GPU 0 reset-gpu" in proc.stdout, proc.stdout

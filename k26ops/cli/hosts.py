@@ -37,7 +37,7 @@ def drafter_wanted(host_vars: dict) -> dict | None:
 @click.command(name="facts")
 @click.pass_obj
 def facts_cmd(settings):
-    """Show each host's facts (GPUs, interconnect, driver and module flavour, NVSwitches, CUDA, OS, python, disk, systemd)."""
+    """Show each host's facts (GPUs, GPU health, interconnect, driver and module flavour, NVSwitches, CUDA, OS, python, disk, systemd)."""
 
     def work(session):
         f = _gather(session)
@@ -47,6 +47,7 @@ def facts_cmd(settings):
                        cc=", ".join(sorted({x["compute_cap"] for x in g.get("gpus", []) if x.get("compute_cap")})),
                        link=f["gpu_topology"].get("interconnect"),
                        driver=f["nvidia_smi"].get("driver_version"),
+                       health=preflight.health_summary(f),
                        modules=(f.get("nvidia_module") or {}).get("flavour") or "-",
                        nvswitch=len((f.get("nvswitch") or {}).get("pci_switches") or []),
                        cuda=(f["cuda_toolkit"] or {}).get("version"),
@@ -54,7 +55,7 @@ def facts_cmd(settings):
                        python=(f["python3"] or {}).get("version"))
 
     run_and_report(settings, work, title="facts",
-                   columns=[("GPUs", "gpus"), ("GPU", "gpu"), ("cc", "cc"), ("link", "link"),
+                   columns=[("GPUs", "gpus"), ("GPU", "gpu"), ("cc", "cc"), ("health", "health"), ("link", "link"),
                             ("driver", "driver"), ("modules", "modules"), ("NVSwitch", "nvswitch"),
                             ("nvcc", "cuda"), ("OS", "os"), ("python", "python")])
 

@@ -16,12 +16,13 @@ gathering itself (no python3 on the host, garbled output) raises GatherError.
 from __future__ import annotations
 
 from k26ops import agents
-from k26ops.facts import cuda, disk, driver, gpu
+from k26ops.facts import cuda, disk, driver, gpu, smi_q, xid
 from k26ops.facts import os as os_facts
 from k26ops.facts.base import Fact
 from k26ops.facts.disk import disk_free_fact
 
-FACTS: dict[str, Fact] = {**gpu.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS, **driver.FACTS}
+FACTS: dict[str, Fact] = {**gpu.FACTS, **smi_q.FACTS, **xid.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS,
+                          **driver.FACTS}
 SLACK_S = 15.0
 
 __all__ = ["FACTS", "Fact", "GatherError", "gather", "command_list", "parse_results", "disk_free_fact"]
@@ -61,7 +62,19 @@ def parse_results(raw: dict, names=None, extra=()) -> dict:
             out[f.name] = {"error": f"timed out after {f.timeout:g} s: {f.command[:80]}"}
         else:
             out[f.name] = f.parse(r.get("stdout", ""), int(r.get("rc", 0)))
-    return out
+    return link_gpu_indexes(out)
+
+
+def link_gpu_indexes(values: dict) -> dict:
+    """GPU health and Xid events name GPUs by PCI bus id; the `gpus` fact (nvidia-smi's
+    pci.bus_id) gives their indexes, filled in here where both were gathered."""
+    gpus = (values.get("gpus") or {}).get("gpus") if isinstance(values.get("gpus"), dict) else None
+    if gpus:
+        if isinstance(values.get("gpu_health"), dict):
+            smi_q.with_gpu_index(values["gpu_health"], gpus)
+        if isinstance(values.get("gpu_xid"), dict):
+            xid.with_gpu_index(values["gpu_xid"], gpus)
+    return values
 
 
 def gather(host_runner, names=None, *, extra=(), python: str = "python3") -> dict:

@@ -171,11 +171,15 @@ def worst_action(events: list[XidEvent]) -> str:
 
 # ---------------------------------------------------------------- the fact
 
-# Bounded by time (the last day) and count; journalctl when there is a journal, else dmesg.
-# Reading the kernel log may need root (dmesg_restrict): a refusal is reported, not hidden.
-XID_COMMAND = ("if command -v journalctl >/dev/null 2>&1; then "
-               "journalctl -k -o short-iso --since '-24h' --no-pager 2>&1 | grep -E 'NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus' | tail -n 400; "
-               "else dmesg 2>&1 | grep -E 'NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus|Operation not permitted' | tail -n 400; fi; "
+# Bounded by time (this boot, at most the last day) and count; journalctl when there is a
+# journal, else dmesg. Reading the kernel log may need root (dmesg_restrict, the journal's
+# groups): the refusal's own line passes the filter, so it is reported, not hidden.
+_REFUSALS = "Operation not permitted|insufficient permissions|No journal files|not seeing messages from other users"
+XID_COMMAND = ("F='NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus|dmesg: not found|" + _REFUSALS + "'; "
+               "if command -v journalctl >/dev/null 2>&1 && ! journalctl -k -b -n 1 --no-pager 2>&1 "
+               "| grep -q 'No journal files were found'; then "
+               "journalctl -k -b -o short-iso --since '-24h' --no-pager 2>&1 | grep -E \"$F\" | tail -n 400; "
+               "else dmesg 2>&1 | grep -E \"$F\" | tail -n 400; fi; "
                "echo __K26OPS_RC=$?")
 
 
@@ -186,8 +190,8 @@ def parse_xid_fact(stdout: str, rc: int) -> dict:
     if command_missing(stdout, rc):
         return {"events": [], "count": 0, "worst_action": "none", "error": "neither journalctl nor dmesg found"}
     text = re.sub(r"^__K26OPS_RC=\d+\s*$", "", stdout, flags=re.M)
-    if re.search(r"Operation not permitted|No journal files were (?:found|opened)|insufficient permissions",
-                 text):
+    if re.search(r"Operation not permitted|No journal files were (?:found|opened)|insufficient permissions"
+                 r"|not seeing messages from other users", text):
         return {"events": [], "count": 0, "worst_action": "none",
                 "error": "the kernel log could not be read (run as root or with become: true)"}
     events = parse_kernel_text(text)
