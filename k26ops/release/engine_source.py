@@ -151,8 +151,11 @@ def export(url: str, commit: str, dest: Path) -> Path:
             raise UserError(f"engine source: git archive {commit[:12]} failed: "
                             f"{proc.stderr.decode(errors='replace').strip()[-200:]}")
         tf.seek(0)
-        with tarfile.open(fileobj=tf) as tar:
-            tar.extractall(dest, filter="data")
+        try:
+            with tarfile.open(fileobj=tf) as tar:
+                tar.extractall(dest, filter="data")  # nothing outside dest, no link out of it
+        except tarfile.FilterError as exc:
+            raise UserError(f"engine source: the tree at {commit[:12]} is refused: {exc}") from None
     return dest
 
 
