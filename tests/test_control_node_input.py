@@ -220,3 +220,17 @@ def test_set_commit_keeps_quotes_comments_and_flow_style(tmp_path):
     assert out.count(a) == 2 and yaml.safe_load(out)["description"] == f"commit: {a}"
     with pytest.raises(UserError, match="no engine.source.commit"):
         set_commit(head + "engine: {sglang: '0.5.23'}\n", tmp_path / "x.yml", b)
+
+
+def test_a_baselines_recorded_url_and_a_prebuilt_wheel_url_are_data(tmp_path, engine):
+    """rollback --tag rebuilds from the URL a baseline recorded; a wheel URL is fetched by urllib."""
+    from k26ops.steps.release import recipe_for
+
+    _, _, recipe = engine
+    with pytest.raises(UserError, match="baseline's recorded source URL '--upload-pack=x'"):
+        recipe_for({}, {"recipe": str(recipe), "source_url": "--upload-pack=x"})
+    for url in ("file:///etc/passwd", "ftp://x/y.whl", "--x"):
+        hostile = _write_recipe(recipe, lambda d: d["engine"]["source"].__setitem__(
+            "wheel", {"url": url, "sha256": "0" * 64}))
+        with pytest.raises(UserError, match=r"engine\.source\.wheel\.url: must be an http\(s\) URL"):
+            rc.load(hostile)
