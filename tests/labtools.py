@@ -94,11 +94,16 @@ def write_series(path: Path, lines: list[str]) -> Path:
 
 
 def lab_recipe_copy(path: Path, series: Path | None = None) -> Path:
-    """The lab recipe written elsewhere: its lock by absolute path, optionally another series."""
+    """The lab recipe written elsewhere with a copy of its lock beside it (a recipe's lock
+    path stays in its directory; same name and bytes: the same release), optionally
+    another series."""
     import yaml
 
     doc = yaml.safe_load(LAB_RECIPE.read_text())
-    doc["engine"]["lock"] = str(LAB_RECIPE.with_suffix(".lock"))
+    lock = LAB_RECIPE.with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / lock.name).write_bytes(lock.read_bytes())
+    doc["engine"]["lock"] = lock.name
     if series is not None:
         doc["patches"]["series"] = str(series)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -220,9 +220,9 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
                 raise UserError(f"baseline {tag!r}: {h}: the engine's lock (hosts/{h}/engine.lock) was not "
                                 "recorded; this baseline cannot rebuild its engine")
             name = (((rec.get("engine") or {}).get("lock") or {}).get("file")) or "engine.lock"
-            name = name if "/" not in name and not name.startswith(".") else "engine.lock"
+            name = name if "/" not in name and not name.startswith((".", "-")) else "engine.lock"
             (d / name).write_bytes(lock)  # its own name: the rebuilt release's provenance is the same
-            doc["engine"]["lock"] = str(d / name)
+            doc["engine"]["lock"] = name  # beside recipe.yml: a recipe's lock path stays in its directory
         (d / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
         src = ((rec.get("engine") or {}).get("source") or {})
         override = {"recipe": str(d / "recipe.yml"), "source_url": src.get("git"),

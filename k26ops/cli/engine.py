@@ -9,12 +9,12 @@ the lock) and prints its diff. A deploy only reads what they wrote.
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 
 import click
+import yaml
 
-from k26ops.release import enginelock, engine_source
+from k26ops.release import enginelock, engine_source, inputs
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
 
@@ -41,7 +41,36 @@ def _recipe(name: str, source_url: str | None, check_series_base: bool = True,
                         "git sources (engine.source)")
     if r.git is None and source_url:
         raise UserError(f"--source-url: {r.source} is a registry release (engine.sglang), it has no git source")
-    return recipe_mod.with_source_url(r, source_url) if source_url else r
+    return recipe_mod.with_source_url(r, source_url, "--source-url") if source_url else r
+
+
+def set_commit(text: str, path: Path, commit: str) -> str:
+    """`text` with the YAML node engine.source.commit (and nothing else) set to `commit`;
+    comments, layout and every other byte kept. A `commit:` line anywhere else (a
+    description, a comment) is text, not the node, and stays as it is."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    node = root
+    for key in ("engine", "source", "commit"):
+        if not isinstance(node, yaml.MappingNode):
+            node = None
+            break
+        node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+        if node is None:
+            break
+    if not isinstance(node, yaml.ScalarNode) or inputs.commit_problem(node.value):
+        raise UserError(f"{path}: no engine.source.commit (40 hex) to update")
+    start, end = node.start_mark.index, node.end_mark.index
+    quote = node.style if node.style in ("'", '"') else ('"' if commit.isdigit() else "")
+    new = text[:start] + quote + commit + quote + text[end:]
+    want = yaml.safe_load(text)
+    want["engine"]["source"]["commit"] = commit
+    if yaml.safe_load(new) != want:  # only that node changed
+        raise UserError(f"{path}: cannot update engine.source.commit in place (edit it by hand)")
+    recipe_mod.parse(new, path, check_series_base=False)  # still a valid recipe
+    return new
 
 
 def _emit(settings, data: dict, diff: str, summary: str) -> None:
@@ -64,15 +93,15 @@ def _emit(settings, data: dict, diff: str, summary: str) -> None:
 def pin_cmd(settings, recipe, ref, source_url, check):
     """Resolve REF to a commit now and write it into the recipe (with a diff)."""
     r = _recipe(recipe, source_url, check_series_base=False)  # pinning is how a recipe moves to a new base
-    if not re.fullmatch(r"[\w./-]+", ref) or ".." in ref:
-        raise UserError(f"--ref {ref!r}: not a plain ref name")
+    why = inputs.ref_problem(ref)
+    if why:
+        raise UserError(f"--ref {ref!r}: not a plain ref name: {why}")
     commit = engine_source.resolve_ref(r.git.url, ref)
+    if inputs.commit_problem(commit):
+        raise UserError(f"{r.git.url}: {ref} resolved to {commit!r}, not a 40-hex commit")
     path = Path(r.source)
     old = path.read_text()
-    new, n = re.subn(r"(?m)^(\s*commit:\s*)[\"']?[0-9a-fA-F]{40}[\"']?", lambda m: m.group(1) + commit, old, count=1)
-    if n != 1:
-        raise UserError(f"{path}: no `commit: <40 hex>` line under engine.source to update")
-    recipe_mod.parse(new, path, check_series_base=False)  # still a valid recipe
+    new = set_commit(old, path, commit)
     diff = _diff(path, old, new)
     if diff and not check:
         path.write_text(new)

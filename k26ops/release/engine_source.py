@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
+from k26ops.release import inputs
 from k26ops.release.wheelhouse import file_sha256, wheel_name_version
 
 SHA = re.compile(r"[0-9a-f]{40}")
@@ -53,15 +54,37 @@ class BuiltWheel:
     version: str  # as in the wheel's file name (0.5.23+lab)
 
 
+# no ext:: transport (it runs a command), whatever the user's git config allows
+_GIT_SAFE = ("-c", "protocol.ext.allow=never")
+
+
 def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check)
+    return subprocess.run(["git", *_GIT_SAFE, "-C", str(repo), *args], capture_output=True, text=True, check=check)
+
+
+def _check_url(url: str) -> None:
+    why = inputs.git_url_problem(url)
+    if why:
+        raise UserError(f"engine source: {url!r}: not a git URL k26ops fetches: {why}")
+
+
+def _check_ref(ref: str) -> None:
+    why = inputs.ref_problem(ref)
+    if why:
+        raise UserError(f"engine source: ref {ref!r}: {why}")
+
+
+def _check_commit(commit: str) -> None:
+    if inputs.commit_problem(commit):
+        raise UserError(f"engine source: {commit!r} is not a full 40-hex commit")
 
 
 def _repo(url: str) -> Path:
+    _check_url(url)
     d = git_cache(url)
     if not (d / "HEAD").exists():
         d.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["git", "init", "-q", "--bare", str(d)], check=True, capture_output=True)
+        subprocess.run(["git", "init", "-q", "--bare", "--", str(d)], check=True, capture_output=True)
         (d / "k26ops-url").write_text(url + "\n")
     return d
 
@@ -72,8 +95,9 @@ def _has_commit(d: Path, commit: str) -> bool:
 
 def _fetch(d: Path, url: str, what: str, depth: int | None) -> subprocess.CompletedProcess:
     local = "refs/k26ops/" + hashlib.sha256(what.encode()).hexdigest()[:16]
+    _check_url(url)
     args = ["fetch", "-q", "--no-tags", "--force"] + ([f"--depth={depth}"] if depth else [])
-    return _git(d, *args, url, f"+{what}:{local}", check=False)
+    return _git(d, *args, "--", url, f"+{what}:{local}", check=False)  # `--`: the URL is never an option
 
 
 def _last_line(proc: subprocess.CompletedProcess) -> str:
@@ -83,6 +107,8 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
 
 def resolve_ref(url: str, ref: str) -> str:
     """The commit a branch/PR ref points at *now* (for `engine pin` only)."""
+    _check_url(url)
+    _check_ref(ref)
     d = _repo(url)
     proc = _fetch(d, url, ref, depth=1)
     if proc.returncode != 0:
@@ -97,8 +123,10 @@ def fetch(url: str, commit: str, ref: str | None = None) -> Path:
     Fetching by sha works on GitHub and on any server for an advertised tip;
     if the server refuses, the recipe's `ref` (a hint where the commit lives)
     is fetched in full and must contain it. The commit itself is never moved."""
-    if not SHA.fullmatch(commit):
-        raise UserError(f"engine source: {commit!r} is not a full 40-hex commit")
+    _check_commit(commit)
+    _check_url(url)
+    if ref is not None:
+        _check_ref(ref)
     d = _repo(url)
     if _has_commit(d, commit):
         return d
@@ -113,17 +141,21 @@ def fetch(url: str, commit: str, ref: str | None = None) -> Path:
 
 def export(url: str, commit: str, dest: Path) -> Path:
     """The whole tree at `commit` (git archive: no .git, exact bytes) under dest."""
+    _check_commit(commit)
     d = git_cache(url)
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile() as tf:
-        proc = subprocess.run(["git", "-C", str(d), "archive", "--format=tar", commit], stdout=tf,
+        proc = subprocess.run(["git", *_GIT_SAFE, "-C", str(d), "archive", "--format=tar", commit], stdout=tf,
                               stderr=subprocess.PIPE, text=False)
         if proc.returncode != 0:
             raise UserError(f"engine source: git archive {commit[:12]} failed: "
                             f"{proc.stderr.decode(errors='replace').strip()[-200:]}")
         tf.seek(0)
-        with tarfile.open(fileobj=tf) as tar:
-            tar.extractall(dest, filter="data")
+        try:
+            with tarfile.open(fileobj=tf) as tar:
+                tar.extractall(dest, filter="data")  # nothing outside dest, no link out of it
+        except tarfile.FilterError as exc:
+            raise UserError(f"engine source: the tree at {commit[:12]} is refused: {exc}") from None
     return dest
 
 
@@ -251,6 +283,11 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
           progress=lambda msg: None) -> BuiltWheel:
     """The engine wheel built from `subdir` of `commit` with its own build
     configuration (pip wheel --no-deps), once per (commit, subdir) on this node."""
+    _check_commit(commit)  # before it names any path
+    _check_url(url)
+    why = inputs.inside_problem(subdir, "subdir")
+    if why:
+        raise UserError(f"engine source: subdir {subdir!r}: {why}")
     key = hashlib.sha256(f"{commit}:{subdir}".encode()).hexdigest()[:16]
     root = _cache_root() / "engine"
     out = root / f"{commit[:12]}-{key}"
@@ -266,6 +303,8 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
         with tempfile.TemporaryDirectory(prefix="k26ops-engine-build-") as tmp:
             tree = export(url, commit, Path(tmp) / "src")
             project = tree / subdir
+            if not inputs.is_inside(project, tree):  # a symlink in the commit pointing elsewhere
+                raise UserError(f"engine source: {url} @ {commit[:12]}: {subdir}/ leaves the commit's tree")
             if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
                 raise UserError(f"engine source: {url} @ {commit[:12]} has no {subdir}/pyproject.toml "
                                 "(set engine.source.subdir to the directory that builds the engine)")

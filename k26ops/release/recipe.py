@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 from k26ops import resources
-from k26ops.release import patchset
+from k26ops.release import inputs, patchset
 from k26ops.errors import UserError
 
 RECIPES_DIR = resources.path("playbooks", "recipes")
@@ -270,30 +270,45 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
             raise c.err(("engine", "pins" if pins else "install"), "a git source takes its dependency pins from "
                         "the commit's own pyproject (recorded in the lock), not from the recipe")
         url = src["git"]
-        if not isinstance(url, str) or not re.match(r"((https?|ssh|git|file)://|[\w.-]+@[\w.-]+:|/)\S+$", url):
-            raise c.err(("engine", "source", "git"), f"not a git URL: {url!r}")
+        why = inputs.git_url_problem(url)
+        if why:
+            raise c.err(("engine", "source", "git"), f"not a git URL: {url!r}: {why}")
         commit = src["commit"]
         if not isinstance(commit, str) or not _SHA.fullmatch(commit):
             raise c.err(("engine", "source", "commit"), f"must be a full 40-hex commit, got {commit!r} (a deploy "
                         "never follows a branch or PR; find the commit with `k26ops engine pin RECIPE --ref REF`)")
         subdir = src.get("subdir", "python")
         ref = src.get("ref")
-        for k, v in (("subdir", subdir), ("ref", ref)):
-            if v is not None and (not isinstance(v, str) or not re.fullmatch(r"[\w./-]+", v) or ".." in v.split("/")):
-                raise c.err(("engine", "source", k), f"must be a plain path or ref name, got {v!r}")
+        if not isinstance(subdir, str) or not re.fullmatch(r"[\w./-]+", subdir):
+            raise c.err(("engine", "source", "subdir"), f"must be a plain path inside the commit, got {subdir!r}")
+        why = inputs.inside_problem(subdir, "subdir")  # a directory of the archived commit, nothing else
+        if why:
+            raise c.err(("engine", "source", "subdir"), f"{subdir!r}: {why}")
+        why = inputs.ref_problem(ref) if ref is not None else None
+        if why:
+            raise c.err(("engine", "source", "ref"), f"{ref!r}: {why}")
         wp = wu = ws = None
         if src.get("wheel") is not None:
             wh = c.mapping(src["wheel"], ("engine", "source", "wheel"), {"path", "url", "sha256"}, required=("sha256",))
             wp, wu, ws = wh.get("path"), wh.get("url"), wh["sha256"]
             if (wp is None) == (wu is None):
                 raise c.err(("engine", "source", "wheel"), "give exactly one of path or url")
+            if wu is not None and not (isinstance(wu, str) and re.fullmatch(r"https?://\S+", wu)):
+                raise c.err(("engine", "source", "wheel", "url"), f"must be an http(s) URL, got {wu!r}")
             if not isinstance(ws, str) or not re.fullmatch(r"[0-9a-f]{64}", ws):
                 raise c.err(("engine", "source", "wheel", "sha256"), "must be the wheel's 64-hex sha256")
         git = GitSource(url, commit, subdir, ref, wp, wu, ws)
     lock_rel = eng.get("lock", f"{path.stem}.lock")  # registry releases are locked too
     if not isinstance(lock_rel, str) or not lock_rel.strip():
         raise c.err(("engine", "lock"), "must be a file name or path")
-    lock_path = Path(lock_rel) if Path(lock_rel).is_absolute() else path.parent / lock_rel
+    # `engine lock` writes this file: it stays beside the recipe (no absolute path, no `..`, no
+    # symlink out of the recipe's directory)
+    why = inputs.inside_problem(lock_rel, "the lock path")
+    lock_path = path.parent / lock_rel
+    if why is None and not inputs.is_inside(lock_path, path.parent):
+        why = "the lock path leaves the recipe's directory (through a symlink)"
+    if why:
+        raise c.err(("engine", "lock"), f"{lock_rel!r}: {why}")
 
     tk = c.mapping(top["cuda_toolkit"], ("cuda_toolkit",), {"method", "version", "min_driver"},
                    required=("method", "version"))
@@ -401,12 +416,15 @@ def _rehearsal(c: "_Ctx", node, path: Path) -> Rehearsal | None:
                      float(ls) if ls is not None else None, flag)
 
 
-def with_source_url(recipe: Recipe, url: str) -> Recipe:
+def with_source_url(recipe: Recipe, url: str, what: str = "source URL") -> Recipe:
     """The same commit fetched from another URL (a mirror; the lab's local repository).
 
     The commit is the engine's identity; the URL is only where it is fetched."""
     if recipe.git is None:
         raise UserError(f"{recipe.source}: a source URL was given but the engine is a registry release (engine.sglang)")
+    why = inputs.git_url_problem(url)
+    if why:
+        raise UserError(f"{what} {url!r}: not a git URL k26ops fetches: {why}")
     return replace(recipe, git=replace(recipe.git, url=url))
 
 

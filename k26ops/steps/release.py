@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops import ownership, units
-from k26ops.release import (engine_flags, engine_source, enginelock, launch_rules, patchset, prepcache, wheelhouse,
-                            wheelsource)
+from k26ops.release import (engine_flags, engine_source, enginelock, inputs, launch_rules, patchset, prepcache,
+                            wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
@@ -82,18 +82,23 @@ def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = No
         if r is None:
             r = recipe_mod.load(override["recipe"])
             if override.get("source_url") and r.git:
-                r = recipe_mod.with_source_url(r, override["source_url"])
+                r = recipe_mod.with_source_url(r, override["source_url"], "the baseline's recorded source URL")
             override["_recipe"] = r
         return r
     cache = {} if cache is None else cache
     mirrors = vars.get("engine_source_mirrors") or {}
     if not isinstance(mirrors, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mirrors.items()):
         raise UserError("inventory var engine_source_mirrors must map a recipe's git URL to a mirror URL")
+    for src_url, mirror in mirrors.items():  # git reads a value that starts with `-` as an option
+        why = inputs.git_url_problem(mirror)
+        if why:
+            raise UserError(f"inventory var engine_source_mirrors[{src_url!r}]: {mirror!r}: not a git URL "
+                            f"k26ops fetches: {why}")
     key = (str(vars.get("recipe")), json.dumps(mirrors, sort_keys=True))
     if key not in cache:
         r = recipe_mod.load(vars.get("recipe"))
         if r.git and r.git.url in mirrors:
-            r = recipe_mod.with_source_url(r, mirrors[r.git.url])
+            r = recipe_mod.with_source_url(r, mirrors[r.git.url], "inventory var engine_source_mirrors")
         cache[key] = r
     return cache[key]
 
