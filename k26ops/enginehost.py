@@ -213,14 +213,14 @@ def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, t
     Ctrl-C/SIGTERM/SIGHUP end it between windows. `poll(window, request)`
     replaces the engine agent's `poll` (a rehearsal's engine is no unit):
     the same answers (state healthy / crashed / loading, last_line)."""
-    from k26ops.fleet import INTERRUPTED
+    from k26ops.fleet import interrupt_requested
 
     t0 = time.monotonic()
     p: dict = {}
     last = ""
     while True:
         el = time.monotonic() - t0
-        if interruptible and INTERRUPTED.is_set():
+        if interruptible and interrupt_requested.is_set():
             return Ready("interrupted", el, p, base, last)
         w = max(0.5, min(window, timeout - el))
         req = {"journal_lines": journal_lines} if journal_lines is not None else {}

@@ -243,3 +243,55 @@ def test_uncommitted_work_in_the_repository_is_kept(lab, env):
     proc = k26ops("--limit", HOST, "snapshot", "--tag", "k26-third", env=env["env"])
     assert proc.returncode == 2 and f"hosts/{HOST}/health.json" in proc.stderr, proc.stderr
     assert refs(repo) == snap
+
+
+API_KEY = "sk-lab-ROLLBACKKEY-4d2e9b"
+
+
+@pytest.fixture(scope="module")
+def apikey_lab(tmp_path_factory):
+    """A private 1-host lab whose engine runs with --api-key (the stand-in then
+    answers 401 on every path but /health*, as SGLang does)."""
+    from conftest import private_lab
+
+    d = tmp_path_factory.mktemp("rbapikey")
+    with private_lab(1, "rbapikey") as lab:
+        inv = yaml.safe_load(lab.inventory.read_text())
+        name = lab.hosts[0].name
+        inv["vars"]["hf_token"] = TOKEN
+        inv["hosts"][name]["vars"]["engine_port"] = free_port_block(1, start=36000, stop=40000)
+        inv["hosts"][name]["vars"]["extra_flags"] = ["--api-key", API_KEY]
+        base = d / "inventory.yml"
+        base.write_text(yaml.safe_dump(inv))
+        inv["vars"]["engine_env"] = {"K26OPS_TEST_MARK": "after-the-snapshot"}  # another env file: a restart
+        changed = d / "changed-inventory.yml"
+        changed.write_text(yaml.safe_dump(inv))
+        yield {"lab": lab, "name": name, "port": inv["hosts"][name]["vars"]["engine_port"], "base": base,
+               "changed": changed, "env": {**lab.env(), "K26OPS_BASELINES": str(d / "baselines")}}
+
+
+def test_rollback_to_an_engine_with_an_api_key_smokes_with_the_key(apikey_lab):
+    """The rollback's smoke sends the engine's --api-key as the deploy's does
+    (before: rollback built its own service state without it, and its smoke got HTTP 401)."""
+    t = apikey_lab
+    lab, name, e = t["lab"], t["name"], t["env"]
+    rc, data = k26ops_json("-i", str(t["base"]), "deploy", env=e)
+    assert rc == 0 and data["hosts"][name]["smoke"]["ok"], data
+    rc, data = k26ops_json("-i", str(t["base"]), "snapshot", "--tag", "with-api-key", env=e)
+    assert rc == 0, data
+    rc, data = k26ops_json("-i", str(t["changed"]), "deploy", env=e)
+    assert rc == 0 and data["hosts"][name]["engine_restarted"], data
+    rc, data = k26ops_json("-i", str(t["base"]), "rollback", "--tag", "with-api-key", env=e)
+    h = data["hosts"][name]
+    assert rc == 0 and h["status"] == "changed", (h.get("error"), h.get("smoke"))
+    assert h["engine_restarted"] and h["health"]["state"] == "healthy", h
+    assert h["smoke"]["ok"] and h["smoke"]["greedy"]["ok"] and h["smoke"]["sampled"]["ok"], h["smoke"]
+    env_file = lab_ssh(lab.dir, lab.port(name), "cat /etc/k26ops/sglang.env").stdout
+    assert "K26OPS_TEST_MARK" not in env_file and API_KEY in env_file  # the baseline's, its key from the inventory
+    # the engine really demands the key: a request without it is refused
+    script = ("import sys, urllib.request as u\ntry: u.urlopen(u.Request(sys.argv[1], data=b'{}'))\n"
+              "except Exception as e: print(getattr(e, 'code', e))")
+    import shlex
+    probe = lab_ssh(lab.dir, lab.port(name), f"python3 -c {shlex.quote(script)} http://127.0.0.1:{t['port']}/generate")
+    assert probe.stdout.strip() == "401", (probe.stdout, probe.stderr)
+    assert API_KEY not in json.dumps(data)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+from jsonshape import validate
 
 UNIT = "k26-engine.service"
 PLAYBOOK = "name: engine\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n"
@@ -93,6 +94,8 @@ def test_probe_names_the_none_field_and_restores_everything(host):
     proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     rep = json.loads(proc.stdout)
+    validate(rep)  # as labtools.k26ops_json does (this test also reads the progress on stderr)
+    assert rep["exit_code"] == proc.returncode
     d = rep["diagnosis"]
     assert d["signature"] == "cuda-graph-none-field"
     assert d["detail"]["field"] == "seq_lens" and d["detail"]["index"] == 1
@@ -264,9 +267,8 @@ def test_probe_names_a_none_that_fill_from_drops_silently(host):
     inv = deploy(host, SILENT_ENV, "silent")
     first_request(host)
     assert remote(host, f"systemctl is-active {UNIT}; true") == "active"  # silently served
-    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
-    rep = json.loads(proc.stdout)
+    rc, rep = k26ops_json("-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
+    assert rc == 0, rep
     d = rep["diagnosis"]
     assert d["signature"] == "cuda-graph-none-field", d
     assert d["detail"]["field"] == "seq_lens" and d["detail"]["graph"] == "verify"
@@ -279,9 +281,8 @@ def test_probe_names_a_none_that_fill_from_drops_silently(host):
 
 def test_no_crash_is_an_all_clear_only_for_copies_the_probe_watched(host):
     inv = deploy(host, {"K26OPS_STANDIN_NONE_SILENT": "1"}, "clean")
-    proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
-    rep = json.loads(proc.stdout)
-    assert proc.returncode == 0 and rep["crashed"] is False and rep["diagnosis"] is None, rep
+    rc, rep = k26ops_json("-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
+    assert rc == 0 and rep["crashed"] is False and rep["diagnosis"] is None, rep
     assert rep["watched"]["fill_from"] == {"draft": 3, "verify": 3}
     assert rep["summary"].startswith("no crash: with CUDA graphs on and the probe applied, no None or wrongly "
                                      "sized input reached the copies it watched (fill_from[draft] 3, "
@@ -324,3 +325,23 @@ def test_summary_without_graph_path_copies_is_not_an_all_clear():
     assert summary(rep) == ("no crash: with CUDA graphs on and the probe applied, no None or wrongly sized input "
                             "reached the copies it watched (fill_from[verify] 5, copy_slots 0); the draft graph's "
                             "fill was not seen, so it was not checked")
+
+
+@pytest.mark.parametrize("interrupted", [False, True], ids=["done", "interrupted"])
+def test_probe_json_fits_the_envelope_and_its_schema(interrupted, monkeypatch, capsys):
+    """The document `diagnose cuda-graph --json` prints (k26ops.cli.diagnose._print_probe)
+    is a success document: no `error` key (the envelope's mark of an error document;
+    the report used to carry an unused `error: null`)."""
+    from k26ops.cli import jsonout
+    from k26ops.cli.context import Settings
+    from k26ops.cli.diagnose import _print_probe
+    from k26ops.diagnose.probe import ProbeReport
+
+    monkeypatch.setitem(jsonout.CURRENT, "command", "diagnose cuda-graph")
+    rep = ProbeReport(host="h", release="r1", canonical=True, crashed=False, interrupted=interrupted,
+                      watched={"fill_from": {"draft": 3, "verify": 3}, "copy_slots": 0, "slots_checked": 30})
+    code = 130 if interrupted else 0
+    _print_probe(Settings(as_json=True), rep, code)
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc)
+    assert doc["exit_code"] == code and doc["host"] == "h" and "error" not in doc

@@ -123,11 +123,10 @@ class BaselineService(engine_steps.ServiceStep):
                             current=eh.layout.current, lab_module=None)
         env_text = ctx.shared["baseline_env"]
         secrets = eh.secrets(old_env_text=cur["env"])
-        host, port = eh.target()
-        port = b.get("port") or port
         show = cur["show"]
-        svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
-               "secrets": secrets, "changed": False, "base": None, "show": show}
+        # the deploy's constructor: the same keys, the engine's api_key included (smoke needs it)
+        svc = engine_steps.service_state(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath,
+                                         port=b.get("port"), show=show)
         ctx.shared["service"] = svc
         changes, todo, reasons = [], {}, []
         if b["unit_text"] is not None and cur["unit"] != b["unit_text"]:

@@ -36,6 +36,7 @@ class K26Group(click.Group):
             click.echo("k26ops: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except FleetInterrupted as exc:  # a command that cannot report partial results (snapshot)
+            jsonout.error(str(exc), EXIT_INTERRUPTED, ctx, args)  # --json: still one document
             click.echo(f"k26ops: {exc}", err=True)
             sys.exit(EXIT_INTERRUPTED)
 

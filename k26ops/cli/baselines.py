@@ -173,13 +173,13 @@ def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None
     """Per-host table or JSON, the changes, what stays on disk, stale hosts; then exit."""
     from k26ops.cli.deploy import render_changes
     from k26ops.errors import EXIT_INTERRUPTED
-    from k26ops.fleet import exit_code
+    from k26ops.fleet import INTERRUPTED, exit_code
     from k26ops.cli.rollout import print_rollout
 
     results, check, stale = res["results"], res["check"], res["stale_pins"]
     if settings.as_json:
         doc = {k: v for k, v in res.items() if k != "results"}
-        code = EXIT_INTERRUPTED if any(r.status == "interrupted" for r in results) else exit_code(results)
+        code = EXIT_INTERRUPTED if any(r.status == INTERRUPTED for r in results) else exit_code(results)
         jsonout.emit({**doc, "hosts": {r.host: r.to_json() for r in results}}, code)
     else:
         if results:
@@ -194,7 +194,7 @@ def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None
     if stale and not check:
         click.echo(f"k26ops: {hint}`k26ops baselines repin --limit {','.join(stale)}` "
                    "(with an inventory that has them)", err=True)
-    if any(r.status == "interrupted" for r in results):
+    if any(r.status == INTERRUPTED for r in results):
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(exit_code(results))
 

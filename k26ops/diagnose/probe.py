@@ -161,7 +161,6 @@ class ProbeReport:
     restore_errors: list = field(default_factory=list)
     engine_after: dict = field(default_factory=dict)
     interrupted: bool = False
-    error: str | None = None
     plan: list = field(default_factory=list)  # --check: what would be done
 
     def to_json(self) -> dict:

@@ -100,9 +100,9 @@ class Interrupted(StepFailed):
 
 
 def check_interrupted(what: str = "") -> None:
-    from k26ops.fleet import INTERRUPTED
+    from k26ops.fleet import interrupt_requested
 
-    if INTERRUPTED.is_set():
+    if interrupt_requested.is_set():
         raise Interrupted("interrupted (Ctrl-C, SIGTERM or SIGHUP)" + (f" during {what}" if what else ""))
 
 

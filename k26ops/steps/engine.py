@@ -55,14 +55,27 @@ def outcome(ctx: HostContext) -> dict:
     return ctx.shared.setdefault("outcome", {})
 
 
+def service_state(eh: EngineHost, *, secrets: list[str] | None = None, unit: str | None = None,
+                  unit_path: str | None = None, env_path: str | None = None, port: int | None = None,
+                  show: dict | None = None) -> dict:
+    """The service step's state (ctx.shared["service"]), read by health, smoke and
+    the rollback of a failed run: the one constructor, for the deploy's service
+    step, the rollback's baseline_service and the defaults when neither ran.
+    The engine's request credentials (`api_key`) are always in it: every request
+    but /health* needs them when the engine runs with --api-key."""
+    host, default_port = eh.target()
+    unit = unit or eh.unit
+    return {"unit": unit, "unit_path": unit_path or f"{UNIT_DIR}/{unit}",
+            "env_path": env_path or eh.env_path, "port": port or default_port, "host": host,
+            "secrets": eh.secrets() if secrets is None else secrets, "changed": False, "base": None,
+            "show": show, "api_key": eh.api_key()}
+
+
 def _svc(ctx: HostContext, params: dict) -> dict:
     """What the service step learned (unit, port, poll base), or defaults when it did not run."""
     svc = ctx.shared.get("service")
     if svc is None:
-        eh = EngineHost(ctx, params)
-        host, port = eh.target()
-        svc = {"unit": eh.unit, "port": port, "host": host, "changed": False,
-               "env_path": eh.env_path, "secrets": eh.secrets(), "api_key": eh.api_key()}
+        svc = service_state(EngineHost(ctx, params))
         ctx.shared["service"] = svc
     return svc
 
@@ -131,8 +144,7 @@ class ServiceStep(Step):
         unit_text, env_text = texts
         secrets = eh.secrets(env, cur["env"])
         show = cur["show"]
-        svc = {"unit": unit, "unit_path": upath, "env_path": epath, "port": port, "host": host,
-               "secrets": secrets, "changed": False, "base": None, "show": show, "api_key": api_key}
+        svc = service_state(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port, show=show)
         ctx.shared["service"] = svc
 
         changes: list[Change] = []
