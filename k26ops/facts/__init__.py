@@ -65,16 +65,16 @@ def parse_results(raw: dict, names=None, extra=()) -> dict:
     return link_gpu_indexes(out)
 
 
-def link_gpu_indexes(values: dict) -> dict:
+def link_gpu_indexes(facts: dict) -> dict:
     """GPU health and Xid events name GPUs by PCI bus id; the `gpus` fact (nvidia-smi's
     pci.bus_id) gives their indexes, filled in here where both were gathered."""
-    gpus = (values.get("gpus") or {}).get("gpus") if isinstance(values.get("gpus"), dict) else None
+    gpus = (facts.get("gpus") or {}).get("gpus") if isinstance(facts.get("gpus"), dict) else None
     if gpus:
-        if isinstance(values.get("gpu_health"), dict):
-            smi_q.with_gpu_index(values["gpu_health"], gpus)
-        if isinstance(values.get("gpu_xid"), dict):
-            xid.with_gpu_index(values["gpu_xid"], gpus)
-    return values
+        if isinstance(facts.get("gpu_health"), dict):
+            smi_q.with_gpu_index(facts["gpu_health"], gpus)
+        if isinstance(facts.get("gpu_xid"), dict):
+            xid.with_gpu_index(facts["gpu_xid"], gpus)
+    return facts
 
 
 def gather(host_runner, names=None, *, extra=(), python: str = "python3") -> dict:
