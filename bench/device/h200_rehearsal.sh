@@ -3,7 +3,7 @@
 # no sshd): installs a release the way hosts do, then runs `k26ops rehearse`
 # with `connection: local`, and writes what the real engine answered to $OUT.
 #
-# Needs, in the checkout (ignored path .device/, made by .device/prepare.py):
+# Needs, in the checkout (ignored path .device/, made by bench/device/prepare_bundle.py):
 #   .device/bundle.tar.xz   wheelhouse/ (sglang 0.5.17's set for cp312, re-zipped
 #                           stored, some slimmed) + wheelhouse.lock (sha256 of each)
 #   .device/k26ops-deps/    k26ops' own dependencies the machine lacks (fabric, ...)
