@@ -12,7 +12,6 @@ waited for afterwards).
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 from k26ops import agents, units
@@ -96,10 +95,14 @@ def _configs(ctx, eh_profile: dict, recipe, opts: plan.Options, report: dict) ->
     return specs["model"], specs.get("draft")
 
 
+def vocab_size(config: dict) -> int:
+    """The model's vocabulary size (a multimodal model's text_config too); 1000 when unknown."""
+    return int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 1000)
+
+
 def token_ids(config: dict, n: int = 16) -> list[int]:
     """A fixed prompt of token ids inside the model's vocabulary (no tokenizer)."""
-    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 1000
-    hi = max(2, min(int(vocab), 32000))
+    hi = max(2, min(vocab_size(config), 32000))
     return [(i * 7919 + 11) % (hi - 1) + 1 for i in range(n)]
 
 
@@ -261,9 +264,8 @@ def _bench(ctx, opts, report, port, model, progress) -> None:
 
     spec = BenchSpec(concurrency=opts.concurrency, temperatures=opts.temperatures, input_len=opts.input_len,
                      output_len=opts.output_len, runs=1, num_prompts=opts.num_prompts, generator="k26ops")
-    vocab = model["config"].get("vocab_size") or (model["config"].get("text_config") or {}).get("vocab_size") or 1000
     t = {"host": "127.0.0.1", "port": port, "model": "rehearsal", "tokenizer": "", "python": "", "api_key": None}
-    b = run_host(ctx, spec, progress, target_override=t, extra={"token_ids": {"vocab": int(vocab)}})
+    b = run_host(ctx, spec, progress, target_override=t, extra={"token_ids": {"vocab": vocab_size(model["config"])}})
     report["bench"] = b
     first = b["cells"][0]["figures"] if b.get("cells") else {}
     report["tok_s"] = (first.get("tok/s") or {}).get("median")
@@ -320,10 +322,6 @@ def _revert_probe(ctx, probe: dict, report: dict, log: str) -> None:
     differ = sorted(k for k in set(probe["before"]) | set(after) if probe["before"].get(k) != after.get(k))
     report["probe"].update(reverted=r.get("done"), byte_exact=not differ and not r.get("error"),
                            differ=differ[:10], error=r.get("error"))
-
-
-def digest(hashes: dict) -> str:
-    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(hashes.items())).encode()).hexdigest()
 
 
 def _restart_serving(ctx, eh, secrets, report, progress) -> None:
