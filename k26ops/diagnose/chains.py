@@ -43,6 +43,15 @@ REQUEST_LEVEL = re.compile(r"Error in preprocessing prompt inputs|^Error with mo
 # Lines that say the server served a request or ran a batch.
 SERVING = re.compile(r'"(?:POST|GET) /\S* HTTP/[\d.]+" 2\d\d\b|\b(?:Prefill|Decode) batch[.,]|'
                      r"Avg prompt throughput: .*Running: \d+ reqs")
+# An orderly stop that someone asked for: sglang's SIGTERM handler (0.5.17, seen on a real
+# H200 run stopped by SIGTERM to its process group, as `systemctl stop/restart` stops it;
+# tests/data/serving), systemd's own "Stopping <unit>". What follows it and only echoes the
+# stop (the scheduler "crashed" with -15/-9, the SIGQUIT cleanup) is not an error.
+STOP_REQUESTED = re.compile(r"SIGTERM received\b.*(?:Draining|shutting down)|^Stopping \S+\.service\b",
+                            re.IGNORECASE)
+STOP_ECHO = re.compile(r"crashed with exit code -(?:15|9)\b|Triggering SIGQUIT for cleanup|SIGQUIT received|"
+                       r"Received sigquit|before crash diagnostics|No live scheduler processes found|"
+                       r"kill_process_tree called", re.IGNORECASE)
 # Lines that say the process died or is going down.
 FATAL = re.compile(r"Received sigquit|SIGQUIT|\bKilled\b|core dumped|\bAborted\b|Fatal Python error|"
                    r"EngineDeadError|Main process exited|Failed with result|Shutting down|"

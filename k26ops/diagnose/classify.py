@@ -51,7 +51,12 @@ class _Log:
         self.lower = self.flat.lower()
         self.marks = chains.progress_marks(self.lines)
         self.serving = [k for k, line in enumerate(self.lines) if chains.SERVING.search(line.text)]
-        self.fatal = [k for k, line in enumerate(self.lines) if chains.FATAL.search(line.text)]
+        stop = next((k for k, line in enumerate(self.lines) if chains.STOP_REQUESTED.search(line.text)), None)
+        # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths
+        self.stop_echo = {k for k in range(stop + 1, len(self.lines)) if chains.STOP_ECHO.search(
+            self.lines[k].text)} if stop is not None else set()
+        self.fatal = [k for k, line in enumerate(self.lines)
+                      if chains.FATAL.search(line.text) and k not in self.stop_echo]
         self._survived: dict[int, str | bool] = {}  # line -> "request" / "served" / False
 
     def index(self, offset: int) -> int:
@@ -132,10 +137,11 @@ def _primary(log: _Log) -> int | None:
     for k, line in enumerate(log.lines):
         if (chains.ERRORISH.search(line.text) or line.error_level) and line.text \
                 and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text) \
-                and not survived(log, k):
+                and k not in log.stop_echo and not survived(log, k):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
-    return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text) and (
+    return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text)
+                 and k not in log.stop_echo and (
                  chains.is_exception(line.text) or chains.ERRORISH.search(line.text)
                  or (line.error_level and line.text)) and not survived(log, k)), None)
 
