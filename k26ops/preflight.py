@@ -86,19 +86,14 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
 def xid_fault_lines(xid_fact: dict) -> list[str]:
     """One line per GPU and hardware Xid of this boot whose action is a reset or more:
     'GPU 3 (0000:2b:00): Xid 79 GPU has fallen off the bus; action: reboot: ...'."""
-    from k26ops.facts.xid import ACTION_TEXT
+    from k26ops.facts.xid import ACTION_TEXT, distinct, who
 
-    out, seen = [], set()
-    for e in (xid_fact or {}).get("events") or []:
+    out = []
+    for e in distinct((xid_fact or {}).get("events") or []):
         if e.get("kind") not in ("hardware", "echo") or e.get("action") not in ("reset-gpu", "reboot", "drain-and-rma"):
             continue
-        key = (e.get("gpu"), e.get("pci"), e.get("xid"))
-        if key in seen:
-            continue
-        seen.add(key)
-        who = (f"GPU {e['gpu']} " if e.get("gpu") is not None else "GPU ") + f"({e.get('pci')})"
         what = e.get("meaning") or e.get("message") or ""
-        out.append(f"{who}: Xid {e['xid']} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
+        out.append(f"{who(e)}: Xid {e['xid']} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
     return out
 
 

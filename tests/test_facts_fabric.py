@@ -108,3 +108,10 @@ def test_check_and_health_column_name_the_fault_and_action():
 
 def test_the_command_is_bounded():
     assert "-n 40" in F.COMMAND and "tail -n 20" in F.COMMAND and "-b" in F.COMMAND
+
+
+def test_recorded_h200_without_systemd_is_an_error_value_not_a_fault():
+    out = (DATA / "h200-fabric-manager-no-systemctl.txt").read_text()
+    fm = F.parse_fabric_manager(out, 0)
+    assert fm["error"] == "systemctl not found" and fm["reasons"] == []
+    assert F.verdict(fm, NO_SWITCHES) is None and preflight.fabric_manager_check({"fabric_manager": fm}) is None

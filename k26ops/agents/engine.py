@@ -5,7 +5,7 @@ file, health, smoke and logs. Run through agents.run (stdlib only); each
 import json, os, shutil, subprocess, sys, time, hashlib, urllib.request, urllib.error
 
 PROPS = ("ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
-         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic")
+         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic")
 
 def sh(argv, timeout=60):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -14,7 +14,7 @@ def sh(argv, timeout=60):
 def show(unit):
     _, out, _ = sh(["systemctl", "show", unit, "-p", PROPS])
     d = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
-    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic"):
+    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic"):
         try: d[k] = int(d.get(k) or 0)
         except ValueError: d[k] = 0
     return d
@@ -306,7 +306,16 @@ def op_status(r):
     cur = None
     try: cur = os.readlink(r["current"])
     except OSError: pass
-    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6)}
+    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6), "now": time.time()}
+    if r.get("kernel") and s.get("ActiveEnterTimestampMonotonic"):  # the kernel's Xid lines, and the GPUs' bus ids
+        try:
+            rc, o, e = sh(["sh", "-c", r["kernel"]], timeout=20)
+            out["kernel"] = {"rc": rc, "stdout": o + e}
+            if "NVRM" in o:
+                rc, o, _ = sh(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout=20)
+                out["bus_ids"] = o if rc == 0 else ""
+        except (OSError, subprocess.SubprocessError) as exc:
+            out["kernel"] = {"rc": 127, "stdout": str(exc)}
     if s.get("ActiveState") == "active":
         out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"))[0]
         code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"))
