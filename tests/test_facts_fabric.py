@@ -115,3 +115,10 @@ def test_recorded_h200_without_systemd_is_an_error_value_not_a_fault():
     fm = F.parse_fabric_manager(out, 0)
     assert fm["error"] == "systemctl not found" and fm["reasons"] == []
     assert F.verdict(fm, NO_SWITCHES) is None and preflight.fabric_manager_check({"fabric_manager": fm}) is None
+
+
+def test_the_latest_start_gives_the_reason():
+    older = read("pub-akash632-journal-fm-version-mismatch.txt")  # a start that failed, since fixed
+    newer = read("pub-gpu-operator610-journal-fm-nothing-to-do.txt")  # the latest start
+    fm = F.parse_fabric_manager(fact_output(older + newer), 0)
+    assert [r["reason"] for r in fm["reasons"]] == ["nothing-to-do"]

@@ -83,6 +83,17 @@ def reasons(text: str) -> list[dict]:
     return out
 
 
+STARTING = re.compile(r"systemd\[1\]: Starting .*fabric manager", re.I)
+
+
+def last_start(journal: str) -> str:
+    """The journal lines from systemd's last "Starting NVIDIA fabric manager service..." on: the
+    reasons of the latest start, not of an earlier one that was since fixed."""
+    lines = journal.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if STARTING.search(line)]
+    return "".join(lines[starts[-1]:] if starts else lines)
+
+
 def _show(text: str) -> dict:
     d = {}
     for line in text.splitlines():
@@ -102,7 +113,7 @@ def parse_fabric_manager(stdout: str, rc: int) -> dict:
         return {"present": False, "active_state": None, "sub_state": None, "result": None, "reasons": [],
                 "error": "systemctl not found"}
     present = show.get("LoadState") == "loaded"
-    text = s.get("journal", "") + "\n" + s.get("log", "")
+    text = last_start(s.get("journal", "")) + "\n" + s.get("log", "")
     return {"present": present, "active_state": show.get("ActiveState"), "sub_state": show.get("SubState"),
             "result": show.get("Result"), "reasons": reasons(text) if present else [], "error": None}
 

@@ -17,10 +17,11 @@ from k26ops.ssh import q
 
 KNOBS = "/etc/k26ops-lab"
 FM_UNIT = "/etc/systemd/system/nvidia-fabricmanager.service"
-# The stand-in's unit: the real package's ExecStart and type (forking: systemd's failure line then
-# reads "Control process exited" as on the recorded hosts).
+# The stand-in's unit (lab fixture): the real package's description, ExecStart and type (forking:
+# systemd's lines then read "Starting NVIDIA fabric manager service..." and "Control process
+# exited" as on the recorded hosts).
 FM_UNIT_TEXT = """[Unit]
-Description=NVIDIA fabric manager service (k26ops lab stand-in)
+Description=NVIDIA fabric manager service
 
 [Service]
 Type=forking
