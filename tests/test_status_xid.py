@@ -4,36 +4,22 @@ stand-in (run here as a program, its nvidia-smi the lab's) as `journalctl -k -o 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
+
+from labtools import lab_bus_ids
 
 from k26ops.cli.status import xid_lines
 from k26ops.facts import xid
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "k26ops" / "lab" / "fixtures"
-DATA = ROOT / "tests" / "data" / "facts"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "facts"
 
 
 def replay(tmp_path: Path, name: str, at: float) -> str:
     """The gpu_xid command's output on a lab host replaying recorded `name` (stamped `at`)."""
-    log = tmp_path / name
-    log.write_bytes((DATA / name).read_bytes())
-    os.utime(log, (at, at))
-    env = {**os.environ, "PATH": f"{FIXTURES}:{os.environ['PATH']}", "K26OPS_LAB_KERNEL_LOG": str(log)}
-    env = {k: v for k, v in env.items() if not k.startswith("K26OPS_LAB_") or k == "K26OPS_LAB_KERNEL_LOG"}
-    p = subprocess.run(["sh", "-c", xid.XID_COMMAND.replace("journalctl", str(FIXTURES / "journalctl"))],
-                       capture_output=True, text=True, env=env, timeout=30)
-    return p.stdout + p.stderr
+    from labtools import lab_kernel_log
 
-
-def bus_ids() -> str:
-    p = subprocess.run([str(FIXTURES / "nvidia-smi"), "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
-                       capture_output=True, text=True, timeout=30,
-                       env={k: v for k, v in os.environ.items() if not k.startswith("K26OPS_LAB_")})
-    return p.stdout
+    return lab_kernel_log(tmp_path, name, at, xid.XID_COMMAND)
 
 
 def answer(kernel: str, entered_ago_s: float) -> dict:
@@ -41,7 +27,7 @@ def answer(kernel: str, entered_ago_s: float) -> dict:
     now_mono = 10_000_000_000
     return {"show": {"ActiveState": "active", "ActiveEnterTimestampMonotonic": int(now_mono - entered_ago_s * 1e6)},
             "now_monotonic_us": now_mono, "now": time.time(), "kernel": {"rc": 0, "stdout": kernel},
-            "bus_ids": bus_ids()}
+            "bus_ids": lab_bus_ids()}
 
 
 def test_an_xid_after_the_engine_started_is_new_with_its_gpu_and_action(tmp_path):

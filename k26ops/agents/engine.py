@@ -112,12 +112,29 @@ def exit_line(invocation, wait):
     time.sleep(min(wait, 0.4))
     return None
 
+def kernel_nvrm(s, limit=50):
+    """The kernel's NVRM lines from shortly before this run of the unit started (an Xid there is
+    what the crash may be the symptom of), and nvidia-smi's bus ids when there are any."""
+    start = s.get("ExecMainStartTimestampMonotonic") or 0
+    since = time.time() - (time.monotonic() - start / 1e6) - 300 if start else time.time() - 3600
+    try:
+        _, o, _ = sh(["journalctl", "-k", "-b", "-o", "short-iso", "--no-pager", "--since", "@%d" % int(since)],
+                     timeout=20)
+        lines = [l for l in o.splitlines() if "NVRM" in l][-limit:]
+        if not lines:
+            return {}
+        rc, bus, _ = sh(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"kernel": "\n".join(lines), "bus_ids": bus if rc == 0 else ""}
+
 def crash_report(unit, base, why, lines, wait=3.0):
     """The crash as the control node reports it: why, the unit's state and the
     journal of the run that died (its own invocation only)."""
     inv = base.get("InvocationID")
     line = exit_line(inv, wait)
-    return {"why": why, "exit_line": line, "show": show(unit), "journal": journal(unit, lines, inv)}
+    s = show(unit)
+    return {"why": why, "exit_line": line, "show": s, "journal": journal(unit, lines, inv), **kernel_nvrm(s)}
 
 def died(unit, base, wait):
     """After a failed request: did the engine die of it? Polls the unit (a dying

@@ -221,13 +221,18 @@ def since_engine_start(status: dict) -> list[dict]:
         return []
     start = status["now"] - (status["now_monotonic_us"] - entered) / 1e6
     fact = parse_xid_fact(kernel.get("stdout", ""), int(kernel.get("rc", 0)))
+    with_gpu_index(fact, parse_bus_ids(status.get("bus_ids") or ""))
+    return since(fact, start)
+
+
+def parse_bus_ids(text: str) -> list[dict]:
+    """`nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader` -> [{"index", "bus_id"}]."""
     gpus = []
-    for line in (status.get("bus_ids") or "").splitlines():
+    for line in (text or "").splitlines():
         index, _, bus = line.partition(",")
         if index.strip().isdigit() and bus.strip():
             gpus.append({"index": int(index), "bus_id": bus.strip()})
-    with_gpu_index(fact, gpus)
-    return since(fact, start)
+    return gpus
 
 
 def worst_action(events: list[XidEvent]) -> str:
