@@ -98,3 +98,34 @@ def test_status_names_an_xid_since_the_engine_started(scratch_lab):
     assert "action: reboot" in line
     proc = k26ops("status", env=scratch_lab.env())
     assert "lab1: new since the engine started: GPU 0 (0000:18:00) Xid 79" in proc.stdout, proc.stdout
+
+
+def test_deploy_names_a_crash_after_an_xid_as_the_gpu_fault(scratch_lab, tmp_path):
+    """The engine (stand-in) dies at load printing a recorded SGLang illegal memory access while
+    the kernel log holds Xid 79: the deploy names gpu-hardware-fault on GPU 0, the IMA its symptom."""
+    import base64
+
+    import yaml
+
+    from labtools import k26ops_json, lab_ssh
+
+    ima = base64.b64encode((Path(__file__).parent / "data/logs/ima_replay_tp8.log").read_bytes()).decode()
+    cmd = (f"echo {ima} | base64 -d > /var/lib/k26-ima.log && chmod 0644 /var/lib/k26-ima.log && "
+           + gpufaults.install(kernel_log=(DATA / "pub-ogkm1151-journal-xid79.txt").read_text()))
+    res = lab_ssh(scratch_lab.dir, scratch_lab.base_port, cmd)
+    assert res.returncode == 0, res.stderr
+    inv = yaml.safe_load(scratch_lab.inventory.read_text())
+    inv["vars"]["engine_env"] = {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "/var/lib/k26-ima.log",
+                                 "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"}
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(inv))
+    (tmp_path / "engine.yml").write_text("name: engine\nsteps:\n  - release: {keep: 3}\n  - service: {}\n"
+                                         "  - health: {}\n")
+    rc, data = k26ops_json("-i", str(tmp_path / "inv.yml"), "deploy", "--playbook", str(tmp_path / "engine.yml"),
+                           timeout=600)
+    host = data["hosts"]["lab1"]
+    assert rc == 1, data
+    assert "crashed" in host["error"] and "gpu-hardware-fault on GPU 0: NVRM: Xid (PCI:0000:18:00): 79" in host["error"], \
+        host["error"]
+    d = host["diagnosis"]
+    assert d["signature"] == "gpu-hardware-fault" and d["detail"]["symptom"] == "illegal-memory-access", d
+    assert "NVRM: Xid (PCI:0000:18:00): 79" in host["journal_tail"]
