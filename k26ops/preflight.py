@@ -86,19 +86,14 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
 def xid_fault_lines(xid_fact: dict) -> list[str]:
     """One line per GPU and hardware Xid of this boot whose action is a reset or more:
     'GPU 3 (0000:2b:00): Xid 79 GPU has fallen off the bus; action: reboot: ...'."""
-    from k26ops.facts.xid import ACTION_TEXT
+    from k26ops.facts.xid import ACTION_TEXT, distinct, who
 
-    out, seen = [], set()
-    for e in (xid_fact or {}).get("events") or []:
+    out = []
+    for e in distinct((xid_fact or {}).get("events") or []):
         if e.get("kind") not in ("hardware", "echo") or e.get("action") not in ("reset-gpu", "reboot", "drain-and-rma"):
             continue
-        key = (e.get("gpu"), e.get("pci"), e.get("xid"))
-        if key in seen:
-            continue
-        seen.add(key)
-        who = (f"GPU {e['gpu']} " if e.get("gpu") is not None else "GPU ") + f"({e.get('pci')})"
         what = e.get("meaning") or e.get("message") or ""
-        out.append(f"{who}: Xid {e['xid']} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
+        out.append(f"{who(e)}: Xid {e['xid']} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
     return out
 
 
@@ -135,6 +130,16 @@ def gpu_health_check(facts: dict) -> Check:
     return Check("gpu_health", True, f"no GPU reports an error{how}{more}")
 
 
+def fabric_manager_check(facts: dict) -> Check | None:
+    """The fabric manager on a host it concerns (an NVSwitch host, or one with the unit): fails
+    when it is not running, naming the reason from its journal (version mismatch, missing NVLSM,
+    invalid config, or systemd's failure line) and the action; None where it does not concern."""
+    from k26ops.facts.fabric import verdict
+
+    v = verdict(facts.get("fabric_manager"), facts.get("nvswitch"))
+    return None if v is None else Check("fabric_manager", v["ok"], v["line"])
+
+
 def root_check(user: dict) -> Check:
     """Deploying writes /opt, /etc/systemd: commands must run as root."""
     if user.get("error") or "uid" not in user:
@@ -160,6 +165,8 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
         checks.append(Check("compute_capability", ok,
                             f"{', '.join(ccs) or 'none'}, expected {wanted}"))
     checks.append(gpu_health_check(facts))
+    if (fm := fabric_manager_check(facts)) is not None:
+        checks.append(fm)
     driver, major = driver_version(facts)
     driver_ok = major is not None and major >= int(e["min_driver"])
     checks.append(Check("driver", driver_ok,
@@ -200,7 +207,8 @@ def drafter_check(fact: dict, want: dict) -> Check:
 
 def health_summary(facts: dict) -> str:
     """The `facts` table's health column: 'ok', or each faulty GPU with its worst action
-    ('GPU 0 reset-gpu (row-remap-pending), GPU 3 reboot (xid-79)'); ', kernel log unread' or
+    ('GPU 0 reset-gpu (row-remap-pending), GPU 3 reboot (xid-79)'), and a fabric manager that
+    does not run where it should ('fabric manager install-matching (version-mismatch)'); ', kernel log unread' or
     '-q unread' when a source could not be read; '?' when neither was."""
     from k26ops.facts.smi_q import ACTIONS
 
@@ -219,6 +227,11 @@ def health_summary(facts: dict) -> str:
         worst = max((a for a, _ in items), key=ACTIONS.index)
         names = sorted({n for _, n in items}, key=[n for _, n in items].index)
         parts.append(f"GPU {who} {worst} ({', '.join(names)})")
+    from k26ops.facts.fabric import verdict
+
+    fm = verdict(facts.get("fabric_manager"), facts.get("nvswitch"))
+    if fm and not fm["ok"]:
+        parts.append(f"fabric manager {fm['action']} ({fm['reason']})")
     unread = [w for w, f in (("-q", health), ("kernel log", xids)) if not isinstance(f, dict) or f.get("error")]
     if len(unread) == 2 and not parts:
         return "?"

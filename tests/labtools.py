@@ -124,3 +124,26 @@ def recipe_with_extra_patch(d: Path, label: str) -> Path:
     (series.parent / f"{label}.patch").write_text(harmless_patch(f"{label} patch"))
     write_series(series, [f"{label}.patch"])
     return lab_recipe_copy(d / "changed.yml", series)
+
+
+def lab_kernel_log(tmp_path: Path, name: str, at: float, command: str | None = None) -> str:
+    """What `command` (default `journalctl -k -o short-iso`) prints on a lab host whose
+    journalctl stand-in replays recorded kernel log tests/data/facts/`name` stamped `at`
+    (the stand-ins run here as programs: k26ops/lab/fixtures on PATH, the lab's nvidia-smi)."""
+    fixtures = REPO / "k26ops" / "lab" / "fixtures"
+    log = tmp_path / name
+    log.write_bytes((REPO / "tests" / "data" / "facts" / name).read_bytes())
+    os.utime(log, (at, at))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_LAB_")}
+    env.update(PATH=f"{fixtures}:{env['PATH']}", K26OPS_LAB_KERNEL_LOG=str(log))
+    cmd = (command or "journalctl -k -o short-iso").replace("journalctl", str(fixtures / "journalctl"))
+    p = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=30)
+    return p.stdout + p.stderr
+
+
+def lab_bus_ids() -> str:
+    """The lab nvidia-smi's `--query-gpu=index,pci.bus_id --format=csv,noheader`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_LAB_")}
+    p = subprocess.run([str(REPO / "k26ops" / "lab" / "fixtures" / "nvidia-smi"), "--query-gpu=index,pci.bus_id",
+                        "--format=csv,noheader"], capture_output=True, text=True, timeout=30, env=env)
+    return p.stdout

@@ -5,7 +5,7 @@ file, health, smoke and logs. Run through agents.run (stdlib only); each
 import json, os, shutil, subprocess, sys, time, hashlib, urllib.request, urllib.error
 
 PROPS = ("ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
-         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic")
+         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic")
 
 def sh(argv, timeout=60):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -14,7 +14,7 @@ def sh(argv, timeout=60):
 def show(unit):
     _, out, _ = sh(["systemctl", "show", unit, "-p", PROPS])
     d = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
-    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic"):
+    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic"):
         try: d[k] = int(d.get(k) or 0)
         except ValueError: d[k] = 0
     return d
@@ -112,12 +112,29 @@ def exit_line(invocation, wait):
     time.sleep(min(wait, 0.4))
     return None
 
+def kernel_nvrm(s, limit=50):
+    """The kernel's NVRM lines from shortly before this run of the unit started (an Xid there is
+    what the crash may be the symptom of), and nvidia-smi's bus ids when there are any."""
+    start = s.get("ExecMainStartTimestampMonotonic") or 0
+    since = time.time() - (time.monotonic() - start / 1e6) - 300 if start else time.time() - 3600
+    try:
+        _, o, _ = sh(["journalctl", "-k", "-b", "-o", "short-iso", "--no-pager", "--since", "@%d" % int(since)],
+                     timeout=20)
+        lines = [l for l in o.splitlines() if "NVRM" in l][-limit:]
+        if not lines:
+            return {}
+        rc, bus, _ = sh(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"kernel": "\n".join(lines), "bus_ids": bus if rc == 0 else ""}
+
 def crash_report(unit, base, why, lines, wait=3.0):
     """The crash as the control node reports it: why, the unit's state and the
     journal of the run that died (its own invocation only)."""
     inv = base.get("InvocationID")
     line = exit_line(inv, wait)
-    return {"why": why, "exit_line": line, "show": show(unit), "journal": journal(unit, lines, inv)}
+    s = show(unit)
+    return {"why": why, "exit_line": line, "show": s, "journal": journal(unit, lines, inv), **kernel_nvrm(s)}
 
 def died(unit, base, wait):
     """After a failed request: did the engine die of it? Polls the unit (a dying
@@ -306,7 +323,16 @@ def op_status(r):
     cur = None
     try: cur = os.readlink(r["current"])
     except OSError: pass
-    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6)}
+    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6), "now": time.time()}
+    if r.get("kernel") and s.get("ActiveEnterTimestampMonotonic"):  # the kernel's Xid lines, and the GPUs' bus ids
+        try:
+            rc, o, e = sh(["sh", "-c", r["kernel"]], timeout=20)
+            out["kernel"] = {"rc": rc, "stdout": o + e}
+            if "NVRM" in o:
+                rc, o, _ = sh(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout=20)
+                out["bus_ids"] = o if rc == 0 else ""
+        except (OSError, subprocess.SubprocessError) as exc:
+            out["kernel"] = {"rc": 127, "stdout": str(exc)}
     if s.get("ActiveState") == "active":
         out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"))[0]
         code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"))

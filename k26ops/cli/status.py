@@ -14,6 +14,7 @@ from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
 from k26ops.enginehost import agent
+from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
 from k26ops.steps import HostContext, session_context
 
@@ -53,7 +54,7 @@ def status_cmd(settings, unit, baselines_dir):
         ctx = session_context(session)
         eh, name, host, port = _target(ctx, unit)
         r = agent(session, "status", unit=name, port=port, host=host, current=eh.layout.current,
-                  api_key=eh.api_key())
+                  api_key=eh.api_key(), kernel=xid.XID_COMMAND)
         show = r["show"]
         active = show.get("ActiveState")
         started = show.get("ExecMainStartTimestampMonotonic") or 0
@@ -74,13 +75,32 @@ def status_cmd(settings, unit, baselines_dir):
                        uptime_s=round(uptime, 1) if uptime is not None else None, uptime=_ago(uptime),
                        model=r.get("model"), model_short=(r.get("model") or "").rstrip("/").rsplit("/", 1)[-1] or None, port=port, pid=show.get("MainPID") or None,
                        restarts=show.get("NRestarts"),
-                       last_start=stamp or None,
+                       last_start=stamp or None, gpu_xid=xid_lines(xid.since_engine_start(r)),
                        started=" ".join(parts[1:3]) if len(parts) >= 3 else None)
+
+    def render(results):
+        for res in results:
+            for line in (res.data or {}).get("gpu_xid") or []:
+                click.echo(f"  {res.host}: {line}")
 
     run_and_report(settings, work, title="engine status",
                    columns=[("unit", "state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
-                            ("restarts", "restarts"), ("started", "started")])
+                            ("restarts", "restarts"), ("started", "started")], render=render)
+
+
+def xid_lines(events: list[dict]) -> list[str]:
+    """One line per GPU and Xid the running engine has lived through (the kernel log since the
+    unit became active): 'new since the engine started: GPU 0 (0000:18:00) Xid 79 GPU has fallen
+    off the bus ... at 03:05:37; action: reboot: ...'."""
+    from datetime import datetime, timezone
+
+    out = []
+    for e in xid.distinct(events):
+        at = datetime.fromtimestamp(e["time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        out.append(f"new since the engine started: {xid.who(e)} Xid {e['xid']} {e.get('meaning') or e.get('message')} "
+                   f"at {at}; action: {e['action']}: {xid.ACTION_TEXT[e['action']]}")
+    return out
 
 
 @click.command(name="logs")

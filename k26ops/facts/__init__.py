@@ -16,13 +16,13 @@ gathering itself (no python3 on the host, garbled output) raises GatherError.
 from __future__ import annotations
 
 from k26ops import agents
-from k26ops.facts import cuda, disk, driver, gpu, smi_q, xid
+from k26ops.facts import cuda, disk, driver, fabric, gpu, smi_q, xid
 from k26ops.facts import os as os_facts
 from k26ops.facts.base import Fact
 from k26ops.facts.disk import disk_free_fact
 
 FACTS: dict[str, Fact] = {**gpu.FACTS, **smi_q.FACTS, **xid.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS,
-                          **driver.FACTS}
+                          **driver.FACTS, **fabric.FACTS}
 SLACK_S = 15.0
 
 __all__ = ["FACTS", "Fact", "GatherError", "gather", "command_list", "parse_results", "disk_free_fact"]

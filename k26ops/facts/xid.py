@@ -80,6 +80,23 @@ FALLEN_SPLIT = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>(?:[0-9a-fA-F]{4,8}:)?[
 GPU_AT = re.compile(r"NVRM: GPU at (?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
                     r"(?:\.\d)?: (?P<uuid>GPU-[0-9a-fA-F-]+)")
 MAX_EVENTS = 200
+# journalctl -o short-iso / short-iso-precise: "2026-12-02T03:04:05+0000" / "...05.123456+00:00"
+ISO_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d:?\d\d|Z)\s")
+
+
+def line_time(line: str) -> float | None:
+    """Epoch seconds of a line stamped as journalctl's short-iso prints it, else None (dmesg's
+    seconds since boot and syslog's yearless stamps do not say when)."""
+    m = ISO_STAMP.match(line.strip())
+    if not m:
+        return None
+    from datetime import datetime
+
+    zone = "+0000" if m.group(2) == "Z" else m.group(2).replace(":", "")
+    try:
+        return datetime.strptime(m.group(1).split(".")[0] + zone, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -97,6 +114,7 @@ class XidEvent:
     uuid: str | None = None
     gpu: int | None = None   # index, when nvidia-smi's bus ids are known
     caused_by: int | None = None  # "... caused by previous Xid 149": the Xid this one echoes
+    time: float | None = None  # epoch seconds, where the line has a full time stamp (journalctl -o short-iso)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -149,6 +167,7 @@ def parse_kernel_text(text: str, bus_ids: dict | None = None, limit: int = MAX_E
         if m := XID_LINE.search(raw):
             events.append(_event(int(m.group("xid")), m.group("pci"), m.group("message"), i, at,
                                  m.group("pid"), m.group("name")))
+            events[-1].time = line_time(raw)
             continue
         m = FALLEN.search(raw)
         if not m and (s := FALLEN_SPLIT.search(raw)):
@@ -159,10 +178,61 @@ def parse_kernel_text(text: str, bus_ids: dict | None = None, limit: int = MAX_E
             if any(e.xid == 79 and e.pci == pci and i - e.line <= 5 for e in events[-3:]):
                 continue
             events.append(_event(79, pci, "GPU has fallen off the bus", i, at))
+            events[-1].time = line_time(raw)
     for e in events:
         e.uuid = uuids.get(e.pci)
         e.gpu = bus.get(e.pci)
     return events[-limit:]
+
+
+def distinct(events: list[dict]) -> list[dict]:
+    """One event per GPU and Xid (a fault repeats its line for every channel it stops)."""
+    seen, out = set(), []
+    for e in events:
+        key = (e.get("gpu"), e.get("pci"), e.get("xid"))
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def who(event: dict) -> str:
+    """'GPU 3 (0000:2b:00)', or 'GPU (0000:2b:00)' when nvidia-smi does not list that bus id."""
+    return (f"GPU {event['gpu']} " if event.get("gpu") is not None else "GPU ") + f"({event.get('pci')})"
+
+
+def since(xid_fact: dict, start: float | None) -> list[dict]:
+    """The fact's events stamped at or after `start` (epoch seconds; the engine unit's
+    ActiveEnterTimestamp): the Xids the running engine has lived through. Events without a
+    time stamp are left out (their time is unknown); so is everything when `start` is None."""
+    if start is None:
+        return []
+    return [e for e in (xid_fact or {}).get("events") or [] if e.get("time") is not None and e["time"] >= start - 1]
+
+
+def since_engine_start(status: dict) -> list[dict]:
+    """From the engine agent's `status` answer (the unit's show, the host's clocks, the kernel
+    Xid lines and nvidia-smi's bus ids): the Xid events since the unit last became active, each
+    with its GPU index. The unit's ActiveEnterTimestampMonotonic is turned into wall-clock time
+    with the host's own two clocks read in the same call."""
+    show, kernel = status.get("show") or {}, status.get("kernel")
+    entered = show.get("ActiveEnterTimestampMonotonic") or 0
+    if not kernel or not entered or status.get("now") is None:
+        return []
+    start = status["now"] - (status["now_monotonic_us"] - entered) / 1e6
+    fact = parse_xid_fact(kernel.get("stdout", ""), int(kernel.get("rc", 0)))
+    with_gpu_index(fact, parse_bus_ids(status.get("bus_ids") or ""))
+    return since(fact, start)
+
+
+def parse_bus_ids(text: str) -> list[dict]:
+    """`nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader` -> [{"index", "bus_id"}]."""
+    gpus = []
+    for line in (text or "").splitlines():
+        index, _, bus = line.partition(",")
+        if index.strip().isdigit() and bus.strip():
+            gpus.append({"index": int(index), "bus_id": bus.strip()})
+    return gpus
 
 
 def worst_action(events: list[XidEvent]) -> str:

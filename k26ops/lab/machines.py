@@ -221,8 +221,9 @@ class Lab:
             f"--bind-ro={hdir / 'hostname'}:/etc/hostname",
             f"--bind-ro={hdir / 'hosts'}:/etc/hosts",
         ]
-        if (FIXTURES / "nvidia-smi").exists():
-            binds.append(f"--bind-ro={FIXTURES / 'nvidia-smi'}:/usr/local/bin/nvidia-smi")
+        for tool in ("nvidia-smi", "journalctl", "nv-fabricmanager"):  # GPU stand-ins: fixtures/, gpufaults.py
+            if (FIXTURES / tool).exists():
+                binds.append(f"--bind-ro={FIXTURES / tool}:/usr/local/bin/{tool}")
         drafter = self.dir / "drafter"
         if not (drafter / "config.json").exists():  # lab fixture: a drafter's config, no weights
             drafter.mkdir(exist_ok=True)

@@ -267,23 +267,38 @@ def rollback(ctx: HostContext, svc: dict) -> str:
 
 # ---------------------------------------------------------------- naming a crash
 
-def _classify(ctx: HostContext, text: str):
+def _classify(ctx: HostContext, text: str, bus_ids: dict | None = None):
     from k26ops.diagnose.classify import classify
 
     prep = ctx.shared.get("prepared")
-    return classify(text, prep.recipe.base if prep else None)
+    return classify(text, prep.recipe.base if prep else None, bus_ids)
 
 
 def crash_label(d) -> str:
-    """The signature of a dead engine's log, or what its log lacked (signature None: no error line)."""
-    return d.signature or "no error in its log (an OOM kill or a signal leaves none: read the kernel log)"
+    """The signature of a dead engine's log (with the GPU for a hardware fault), or what its
+    log lacked (signature None: no error line)."""
+    gpu = (d.detail or {}).get("gpu") if d.signature == "gpu-hardware-fault" else None
+    return (d.signature + (f" on GPU {gpu}" if gpu is not None else "") if d.signature else
+            "no error in its log (an OOM kill or a signal leaves none: read the kernel log)")
+
+
+def crash_text(crash: dict, secrets) -> tuple[str, dict]:
+    """The text a dead engine is named from: its journal, then the kernel's NVRM lines of the
+    same time (the agent's crash report carries them: an Xid there is the cause, the engine's
+    error its symptom), redacted; and the GPUs' bus ids -> index."""
+    from k26ops.facts.xid import parse_bus_ids
+
+    text = units.redact(crash.get("journal") or "", secrets)
+    if crash.get("kernel"):
+        text += ("\n" if text and not text.endswith("\n") else "") + units.redact(crash["kernel"], secrets)
+    return text, {g["bus_id"]: g["index"] for g in parse_bus_ids(crash.get("bus_ids") or "")}
 
 
 def name_crash(ctx: HostContext, svc: dict, crash: dict, when: str):
     """A dead engine, named: (diagnosis, one-line message, journal tail), from
-    the agent's crash report (why, unit state, the dead run's journal)."""
-    text = units.redact(crash.get("journal") or "", svc["secrets"])
-    d = _classify(ctx, text)
+    the agent's crash report (why, unit state, the dead run's journal, the kernel's NVRM lines)."""
+    text, bus_ids = crash_text(crash, svc["secrets"])
+    d = _classify(ctx, text, bus_ids)
     status = (crash.get("show") or {}).get("ExecMainStatus")
     msg = (f"{svc['unit']} crashed {when} ({crash['why']}" + (f", exit status {status}" if status else "")
            + f"): {crash_label(d)}" + (f": {d.evidence[:240]}" if d.evidence else ""))
