@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from k26ops import resources
 from k26ops.errors import UserError
@@ -28,6 +29,11 @@ ENV_TEMPLATE = "sglang.env.j2"
 REDACTED = "<redacted>"
 
 ENV_FILE = "/etc/k26ops/sglang.env"
+# The engine's secret flags (--api-key ...): a root-only YAML that SGLang reads with
+# `--config` (ConfigArgumentMerger), so their values are in no argv (`ps`, `systemctl status`).
+SECRETS_FILE = "/etc/k26ops/sglang-secrets.yaml"
+# The first line of every unit k26ops renders: a unit without it is not k26ops' to overwrite.
+UNIT_MARKER = "# Managed by k26ops"
 
 # Flags engine_argv sets itself; extra_args may not repeat them.
 MANAGED_FLAGS = frozenset({
@@ -97,16 +103,7 @@ def systemd_exec(argv: Iterable[str]) -> str:
     exe = _check_text(argv[0], "ExecStart executable")
     if not exe.startswith("/") or "$" in exe:
         raise UserError(f"ExecStart executable must be an absolute path without '$': {exe!r}")
-    return " ".join(_exec_word(a) for a in argv)
-
-
-def _exec_word(word: str) -> str:
-    """A word quoted for ExecStart=; a whole ${K26OPS_SECRET_*} reference (from
-    split_secret_flags), alone or as --flag=${...}, is left for systemd to expand."""
-    flag, eq, val = word.partition("=")
-    if SECRET_REF.fullmatch(word) or (eq and SECRET_REF.fullmatch(val) and re.fullmatch(r"--[A-Za-z0-9-]+", flag)):
-        return word
-    return systemd_quote(word)
+    return " ".join(systemd_quote(a) for a in argv)
 
 
 def unit_value(value) -> str:
@@ -249,14 +246,79 @@ def engine_argv(profile: Mapping) -> list[str]:
     argv += _extra_args(profile.get("extra_args"))
     for word in argv:
         _check_text(word, "engine argument")
-    return split_secret_flags(argv)[0]
+    argv, secret = split_secret_flags(argv)
+    if secret:
+        if any(w.split("=", 1)[0] == "--config" for w in argv):
+            raise UserError(f"engine profile: extra_args has --config and the secret flag {next(iter(secret))}: "
+                            "k26ops passes secret flags in its own --config file and the engine reads only one; "
+                            "put that file's settings in extra_args instead")
+        argv += ["--config", secrets_file(profile)]
+    return argv
+
+
+def secrets_file(profile: Mapping) -> str:
+    """Where the profile's secret flags are kept on the host (profile `secrets_file`)."""
+    path = str(profile.get("secrets_file") or SECRETS_FILE)
+    if not path.startswith("/") or not path.endswith((".yaml", ".yml")) or any(c.isspace() for c in path):
+        raise UserError(f"engine secrets file must be an absolute .yaml path without whitespace: {path!r}")
+    return path
+
+
+def secrets_file_beside(env_path: str) -> str:
+    """The secret-flags file kept beside an env file: /etc/k26ops/sglang.env -> sglang-secrets.yaml."""
+    head, name = os.path.split(str(env_path))
+    return os.path.join(head or "/", (name.rsplit(".", 1)[0] if "." in name[1:] else name) + "-secrets.yaml")
 
 
 def engine_flag_secrets(profile: Mapping) -> dict[str, str]:
-    """The env variables that carry the values of the profile's secret flags
-    (engine_argv references them as ${K26OPS_SECRET_<FLAG>})."""
+    """The profile's secret flags and their values ({"--api-key": value}): what
+    engine_argv leaves out of the command line and render_secret_config writes."""
     extra = _extra_args(profile.get("extra_args"))
     return split_secret_flags(extra)[1]
+
+
+def _yaml_quote(text: str) -> str:
+    """A YAML double-quoted scalar that PyYAML's safe_load reads back as `text`
+    (printable ASCII as is, everything else as \\u / \\U escapes)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def render_secret_config(flags: Mapping[str, str]) -> str:
+    """The secret flags as the engine's `--config` YAML (keys: the long option
+    without dashes, as SGLang's ConfigArgumentMerger reads them; it turns each
+    back into `--key value` inside the engine process, never into an argv)."""
+    lines = ["# Managed by k26ops: the engine's secret flags, read with --config. Mode 0600, root only."]
+    for flag, value in flags.items():
+        _check_text(value, f"engine flag {flag}")
+        if value.startswith("-"):
+            raise UserError(f"engine flag {flag}: its value starts with '-', which the engine would read as an "
+                            "option (a --config file passes it as a word of its own)")
+        lines.append(f"{flag.lstrip('-')}: {_yaml_quote(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def secret_config_values(text: str | None) -> list[str]:
+    """The values in a host's secret-flags file (to redact them; [] when unreadable)."""
+    try:
+        data = yaml.safe_load(text or "") or {}
+    except yaml.YAMLError:
+        return []
+    return [str(v) for v in data.values() if v not in (None, "")] if isinstance(data, dict) else []
+
+
+def engine_launch(profile: Mapping) -> tuple[list[str], str | None]:
+    """(the unit's command line, the secret config file's text or None): what a
+    deploy puts on a host for this profile (bench/device/apikey_check.sh calls it)."""
+    secret = engine_flag_secrets(profile)
+    return engine_argv(profile), (render_secret_config(secret) if secret else None)
 
 
 # ---------------------------------------------------------------- rendering
@@ -403,33 +465,20 @@ def redact_vars(value, _active: set | None = None):
     return value
 
 
-SECRET_REF = re.compile(r"\$\{(K26OPS_SECRET_[A-Z0-9_]+)\}")
-
-
 def secret_ref_name(flag: str) -> str:
+    """The env variable an older k26ops kept a secret flag's value in (a baseline's env file may name it)."""
     return "K26OPS_SECRET_" + re.sub(r"[^A-Z0-9]+", "_", flag.lstrip("-").upper()).strip("_")
 
 
 def split_secret_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Engine flags whose name is secret (`--api-key X`) keep their value out of
-    the unit file and the manifest: the value goes to the 0600 env file as
-    K26OPS_SECRET_<FLAG> and the argv holds `${K26OPS_SECRET_<FLAG>}`, which
-    systemd expands at start (the engine's argv, visible to root in `ps`, has it)."""
-    out, env = [], {}
-    for w in argv:
-        if "K26OPS_SECRET_" in w:
-            raise UserError(f"engine argument {w[:40]!r}: K26OPS_SECRET_ is reserved for k26ops' own secret references")
+    """Engine flags whose name is secret (`--api-key X`, `--api-key=X`) taken out
+    of a command line: (the words without them, {flag: value}). Their values go
+    to the root-only --config file (render_secret_config), never into the unit,
+    the manifest or the engine's argv."""
     hits = secret_flag_values(argv)
-    for i, w in enumerate(argv):
-        hit = hits.get(i)
-        if hit:
-            flag, val, inline = hit
-            ref = secret_ref_name(flag)
-            env[ref] = val
-            out.append(f"{flag}=${{{ref}}}" if inline else f"${{{ref}}}")
-        else:
-            out.append(w)
-    return out, env
+    drop = {i - 1 for i, (_f, _v, inline) in hits.items() if not inline}
+    out = [w for i, w in enumerate(argv) if i not in hits and i not in drop]
+    return out, {flag: val for _i, (flag, val, _inline) in sorted(hits.items())}
 
 
 def redact(text: str, secrets: Iterable[str] | Mapping) -> str:
