@@ -9,6 +9,7 @@ pure: no host access.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import json
 import os
@@ -382,9 +383,49 @@ def is_secret_key(name: str) -> bool:
         return False  # where a secret is (ansible_ssh_private_key_file), not the secret
     for word in words:
         if word in _SECRET_WORDS or word.endswith(("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")) \
-                or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL")):
+                or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL")) or _near_secret_word(word):
             return True
     return False
+
+
+# Words one typo from a secret word that are not secrets (TOKENS counts things).
+_NOT_SECRET_WORDS = frozenset({"TOKENS", "TAKEN", "WOKEN"})
+
+
+def _near_secret_word(word: str) -> bool:
+    """A typo'd secret word (hf_tokn, DB_PASWORD, MY_SECRT): one letter off."""
+    return len(word) >= 4 and word not in _NOT_SECRET_WORDS and any(
+        abs(len(word) - len(w)) <= 1 and difflib.SequenceMatcher(None, word, w).ratio() >= 0.8
+        for w in ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY"))
+
+
+# scheme://user:password@host, scheme://KEY@host (a Sentry DSN); user and password end at / ? # @ or space
+_URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?P<user>[^\s/?#@:]*)(?::(?P<pw>[^\s/?#@]*))?@")
+# Tokens whose shape says what they are, whatever the key is called.
+_TOKEN_SHAPES = re.compile(r"(?:hf_|sk-|sk_live_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abpr]-)[A-Za-z0-9_-]{16,}"
+                           r"|AKIA[0-9A-Z]{16}")
+
+
+def credentials_in(value) -> list[str]:
+    """Secrets inside a value whatever its key is called: the password of a URL's
+    `user:password@`, a URL user long enough to be a key (`https://KEY@o1.ingest.sentry.io/1`;
+    not `git@`), and tokens of a known shape (hf_..., sk-..., ghp_..., AKIA...)."""
+    if not isinstance(value, str):
+        return []
+    out = []
+    for m in _URL_USERINFO.finditer(value):
+        if m.group("pw"):
+            out.append(m.group("pw"))
+        elif len(m.group("user")) >= 16:
+            out.append(m.group("user"))
+    return out + _TOKEN_SHAPES.findall(value)
+
+
+def mask_credentials(value: str) -> str:
+    """`value` with each credential inside it (credentials_in) replaced by <redacted>."""
+    for cred in sorted(set(credentials_in(value)), key=len, reverse=True):
+        value = value.replace(cred, REDACTED)
+    return value
 
 
 def set_secret_policy(names=(), patterns=()) -> None:
@@ -395,8 +436,15 @@ def set_secret_policy(names=(), patterns=()) -> None:
 
 
 def secrets_of(env: Mapping) -> list[str]:
-    """The values of an env mapping's secret keys (for redact)."""
-    return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")]
+    """The values of an env mapping's secret keys and the credentials inside any
+    of its values (a DATABASE_URL's password), for redact."""
+    return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")] + \
+        [c for v in env.values() for c in credentials_in(v)]
+
+
+def is_secret_item(key: str, value) -> bool:
+    """An env entry to keep out of baselines whole: a secret name, or a credential in its value."""
+    return is_secret_key(key) or bool(credentials_in(value))
 
 
 def secret_flag_values(words: list[str]) -> dict[int, tuple[str, str, bool]]:
@@ -423,6 +471,8 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
         return out
     if type(value).__name__ == "Vault":
         return [str(getattr(value, "ciphertext", ""))]
+    if isinstance(value, str):
+        return credentials_in(value)
     if isinstance(value, Mapping):
         for k, v in value.items():
             if is_secret_key(str(k)) and isinstance(v, (str, int)) and not isinstance(v, bool):
@@ -431,13 +481,14 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
     elif isinstance(value, (list, tuple)):
         out += [v for _flag, v, _inline in secret_flag_values([str(w) for w in value]).values()]
         for item in value:
-            out += secret_values(item, name, depth + 1) if isinstance(item, (Mapping, list)) else []
+            out += secret_values(item, name, depth + 1) if isinstance(item, (Mapping, list, str)) else []
     return [v for v in out if v]
 
 
 def redact_vars(value, _active: set | None = None):
-    """Inventory vars for display: values of secret-named keys and of secret
-    flags in flag lists become <redacted>; !vault values stay <vault>. What has
+    """Inventory vars for display: values of secret-named keys (typo'd ones too:
+    hf_tokn) and of secret flags in flag lists become <redacted>, and so do
+    credentials inside any text (credentials_in); !vault values stay <vault>. What has
     nothing to redact is returned as it is (the same objects: recursive vars
     stay recursive for the printer)."""
     active = set() if _active is None else _active
@@ -462,6 +513,8 @@ def redact_vars(value, _active: set | None = None):
                 out.append(redact_vars(v, active))
         active.discard(id(value))
         return value if all(a is b for a, b in zip(out, value)) else out
+    if isinstance(value, str) and credentials_in(value):
+        return mask_credentials(value)
     return value
 
 
@@ -475,7 +528,8 @@ def split_secret_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     of a command line: (the words without them, {flag: value}). Their values go
     to the root-only --config file (render_secret_config), never into the unit,
     the manifest or the engine's argv."""
-    hits = secret_flag_values(argv)
+    hits = {i: h for i, h in secret_flag_values(argv).items()  # a list flag (`--x-token-map A B`) holds no secret
+            if h[2] or i + 1 >= len(argv) or argv[i + 1].startswith("--")}
     drop = {i - 1 for i, (_f, _v, inline) in hits.items() if not inline}
     out = [w for i, w in enumerate(argv) if i not in hits and i not in drop]
     return out, {flag: val for _i, (flag, val, _inline) in sorted(hits.items())}
@@ -570,7 +624,7 @@ def _env_value(text: str, i: int) -> tuple[str, int]:
 def env_for_baseline(env_text: str, marker: str = REDACTED) -> str:
     """The env file text with each secret key's value replaced by `marker`
     (the baselines repository keeps the file's shape, never the secret)."""
-    for key, _value, start, end in reversed(parse_env(env_text)):
-        if is_secret_key(key):
+    for key, value, start, end in reversed(parse_env(env_text)):
+        if is_secret_item(key, value):
             env_text = env_text[:start] + marker + env_text[end:]
     return env_text

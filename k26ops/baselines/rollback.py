@@ -110,7 +110,7 @@ class BaselineService(engine_steps.ServiceStep):
         # a tag from before the secrets file kept secret flags in the env file as K26OPS_SECRET_*
         want = {**eh.env(), **{units.secret_ref_name(f): v for f, v in units.engine_flag_secrets(eh.profile()).items()}}
         for key, value, start, end in reversed(units.parse_env(env_text)):
-            if units.is_secret_key(key) and value == b["record"]["env"].get("marker", units.REDACTED):
+            if value == b["record"]["env"].get("marker", units.REDACTED):  # a secret name or a credential in it
                 if want.get(key) in (None, ""):
                     raise StepFailed(f"the baseline's env file needs {key}: set it in the inventory "
                                      f"(or the control node's environment) as for a deploy")

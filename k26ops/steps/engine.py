@@ -219,20 +219,24 @@ class ServiceStep(Step):
 
 # ---------------------------------------------------------------- rollback
 
-def refuse_foreign_unit(ctx: HostContext, unit: str, upath: str, cur: dict) -> None:
-    """k26ops overwrites only units it wrote: the file at `upath` must carry
-    UNIT_MARKER, and a unit systemd loads from another file (ssh.service from
-    /lib/systemd/system) must not be shadowed by a new one."""
-    text, show = cur.get("unit"), cur.get("show") or {}
+def foreign_unit(unit: str, upath: str, text: str | None, show: dict) -> str | None:
+    """Why the unit is not k26ops' to overwrite, or None: the file at `upath`
+    lacks UNIT_MARKER, or systemd loads the unit from another file (ssh.service
+    from /lib/systemd/system: a new file at `upath` would shadow it)."""
     frag = show.get("FragmentPath") or ""
     if text is not None and not text.startswith(units.UNIT_MARKER):
-        why = f"{upath} was not written by k26ops (no '{units.UNIT_MARKER}' first line)"
-    elif text is None and show.get("LoadState") == "loaded" and frag and frag != upath:
-        why = f"systemd already has {unit} from {frag}"
-    else:
-        return
-    raise StepFailed(f"{ctx.host.name}: refusing engine_unit {unit}: {why}; k26ops only overwrites units it "
-                     "made: name another unit (engine_unit)")
+        return f"{upath} was not written by k26ops (its first line is not '{units.UNIT_MARKER}...')"
+    if text is None and show.get("LoadState") == "loaded" and frag and frag != upath:
+        return f"systemd already has {unit} from {frag}"
+    return None
+
+
+def refuse_foreign_unit(ctx: HostContext, unit: str, upath: str, cur: dict) -> None:
+    """k26ops only overwrites units it made (foreign_unit): one line naming the host and unit."""
+    why = foreign_unit(unit, upath, cur.get("unit"), cur.get("show") or {})
+    if why:
+        raise StepFailed(f"{ctx.host.name}: refusing engine_unit {unit}: {why}; k26ops only overwrites units "
+                         "it made: name another unit (engine_unit)")
 
 
 def plan_secret_config(spath: str, cur: dict, text: str | None, changes: list[Change], todo: dict,
