@@ -353,7 +353,10 @@ def render_unit(ctx: Mapping, templates_dir: Path | None = None) -> str:
     full = {**UNIT_DEFAULTS, **ctx}
     if "argv" not in full and "profile" in full:
         full["argv"] = engine_argv(full["profile"])
-    return render(UNIT_TEMPLATE, full, templates_dir)
+    text = render(UNIT_TEMPLATE, full, templates_dir)
+    if not text.startswith(UNIT_MARKER):  # the next deploy would take the unit for someone else's
+        raise UserError(f"template {UNIT_TEMPLATE} must start with the line '{UNIT_MARKER}...'")
+    return text
 
 
 def render_env(ctx: Mapping, templates_dir: Path | None = None) -> str:

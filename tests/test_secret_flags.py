@@ -161,3 +161,9 @@ def test_a_unit_k26ops_did_not_write_is_foreign():
                         {"LoadState": "loaded", "FragmentPath": "/etc/systemd/system/k26-engine.service"}) is None
     assert foreign_unit("new.service", "/etc/systemd/system/new.service", None,
                         {"LoadState": "not-found", "FragmentPath": ""}) is None
+
+
+def test_a_unit_template_without_the_marker_is_refused(tmp_path):
+    (tmp_path / units.UNIT_TEMPLATE).write_text("[Service]\nExecStart={{ argv | systemd_exec }}\n")
+    with pytest.raises(UserError, match="must start with the line '# Managed by k26ops"):
+        units.render_unit({"argv": ["/bin/true"]}, templates_dir=tmp_path)

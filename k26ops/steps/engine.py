@@ -235,7 +235,7 @@ def refuse_foreign_unit(ctx: HostContext, unit: str, upath: str, cur: dict) -> N
     """k26ops only overwrites units it made (foreign_unit): one line naming the host and unit."""
     why = foreign_unit(unit, upath, cur.get("unit"), cur.get("show") or {})
     if why:
-        raise StepFailed(f"{ctx.host.name}: refusing engine_unit {unit}: {why}; k26ops only overwrites units "
+        raise StepFailed(f"refusing engine_unit {unit}: {why}; k26ops only overwrites units "
                          "it made: name another unit (engine_unit)")
 
 
