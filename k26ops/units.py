@@ -253,6 +253,7 @@ def engine_argv(profile: Mapping) -> list[str]:
             raise UserError(f"engine profile: extra_args has --config and the secret flag {next(iter(secret))}: "
                             "k26ops passes secret flags in its own --config file and the engine reads only one; "
                             "put that file's settings in extra_args instead")
+        render_secret_config(secret)  # a value the file cannot carry is refused here, before any host
         argv += ["--config", secrets_file(profile)]
     return argv
 

@@ -1,8 +1,8 @@
 """Secrets off the command line and out of sight (issue 35 items 2 and 8, 34.10).
 
 - The engine's secret flags (--api-key) go to a root-only YAML file that the
-  engine reads with `--config`: checked here against SGLang 0.5.23's own
-  ConfigArgumentMerger (loaded from the real release, not copied), and against
+  engine reads with `--config`: checked here against SGLang 0.5.17's and 0.5.23's
+  own ConfigArgumentMerger (loaded from the real releases, not copied), and against
   the lab stand-in, which must read it the same way.
 - Credentials inside values whose names say nothing (DATABASE_URL, SENTRY_DSN)
   and typo'd secret names (hf_tokn) are masked in output and baselines.
@@ -36,10 +36,13 @@ KEYS = ["sk-plain-123", 'qu"ote\\back', "ünï€😀", "tab\tx", "$HOME `id` %n
 PROFILE = {"model_path": "/models/m", "python": "/v/bin/python"}
 
 
-def _sglang_merger():
-    """SGLang 0.5.23's own --config reader, from the release's sources."""
-    path = sglang_release.site_packages() / "sglang/srt/utils/server_args_config_parser.py"
-    spec = importlib.util.spec_from_file_location("sglang_config_parser_0523", path)
+def _sglang_merger(version: str):
+    """SGLang's own --config reader, from the release's sources (0.5.17 keeps it
+    beside server_args.py, 0.5.23 under utils/)."""
+    root = sglang_release.site_packages(version) / "sglang/srt"
+    path = next(p for p in (root / "utils/server_args_config_parser.py", root / "server_args_config_parser.py")
+                if p.exists())
+    spec = importlib.util.spec_from_file_location(f"sglang_config_parser_{version}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.ConfigArgumentMerger
@@ -56,8 +59,9 @@ def _engine_parser() -> argparse.ArgumentParser:
     return p
 
 
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
 @pytest.mark.parametrize("key", KEYS)
-def test_the_engine_reads_the_secret_flags_from_its_config_file(tmp_path, key):
+def test_the_engine_reads_the_secret_flags_from_its_config_file(tmp_path, key, version):
     """The unit's argv plus the rendered file give SGLang's parser the exact key
     (and the stand-in too), while the argv itself holds no trace of it."""
     profile = {**PROFILE, "extra_args": {"api-key": key, "admin-api-key": "adm-" + key[:5]},
@@ -67,7 +71,7 @@ def test_the_engine_reads_the_secret_flags_from_its_config_file(tmp_path, key):
     Path(profile["secrets_file"]).write_text(text)
     flags = argv[3:]
     parser = _engine_parser()
-    ns = parser.parse_args(_sglang_merger()(parser).merge_config_with_args(flags))
+    ns = parser.parse_args(_sglang_merger(version)(parser).merge_config_with_args(flags))
     assert (ns.api_key, ns.admin_api_key, ns.model_path) == (key, "adm-" + key[:5], "/models/m")
     args, _unknown = engine_standin.parse_args(flags)
     assert args.api_key == key and args.model_path == "/models/m"
