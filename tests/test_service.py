@@ -441,3 +441,21 @@ def test_a_unit_k26ops_did_not_write_is_never_overwritten(lab, engine, capsys):
                                   f"cat /etc/systemd/system/{unit} 2>/dev/null || true") == before
     finally:
         ssh(lab, lab1, "rm -f /etc/systemd/system/mine-test.service")
+
+
+def test_a_failed_deploy_puts_the_previous_secrets_file_back(lab, engine):
+    """The secret-flags file follows the env file's rules: a deploy whose engine
+    crashes restores the previous one (its key) with the unit, mode 0600."""
+    bad = engine["names"][-1]
+    old, new = "sk-lab-OLDKEY-5b1c2d", "sk-lab-NEWKEY-8e9f0a"
+    res, _ = deploy(inventory(engine, "key-old", **{bad: {"extra_flags": {"api-key": old}}}))
+    assert res[bad].status == "changed", res[bad].error
+    before = ssh(lab, bad, f"stat -c '%a %U' {SECRETS_FILE}; cat {SECRETS_FILE}; cat /etc/systemd/system/{UNIT}")
+    crash = {"extra_flags": {"api-key": new}, "engine_env": {"K26OPS_STANDIN_CRASH": "load"}}
+    res, _ = deploy(inventory(engine, "key-new-crash", **{bad: crash}))
+    assert res[bad].status == "failed" and "previous engine is healthy again" in res[bad].error, res[bad].error
+    assert ssh(lab, bad, f"stat -c '%a %U' {SECRETS_FILE}; cat {SECRETS_FILE}; "
+                         f"cat /etc/systemd/system/{UNIT}") == before
+    assert old in before and new not in before
+    res, _ = deploy(inventory(engine, "base"))  # back to the common state
+    assert res[bad].status == "changed", res[bad].error
