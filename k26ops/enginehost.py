@@ -117,6 +117,11 @@ class EngineHost:
         return str(self.params.get("env_file") or self.vars.get("engine_env_file") or units.ENV_FILE)
 
     @property
+    def secrets_path(self) -> str:
+        """The engine's secret flags (--api-key ...), root-only, beside the env file."""
+        return units.secrets_file_beside(self.env_path)
+
+    @property
     def is_lab(self) -> bool:
         return self.vars.get("lab") is True
 
@@ -135,12 +140,13 @@ class EngineHost:
         if self.is_lab:
             profile.setdefault("launch_module", LAB_MODULE)
         profile["release_dir"] = self.layout.current
+        profile["secrets_file"] = self.secrets_path
         return profile
 
     def api_key(self) -> str | None:
-        """The engine's --api-key (an extra flag kept in the env file), which
-        every request but /health* must carry; None when it has none."""
-        return units.engine_flag_secrets(self.profile()).get(units.secret_ref_name("--api-key")) or None
+        """The engine's --api-key (an extra flag kept in the root-only secrets
+        file), which every request but /health* must carry; None when it has none."""
+        return units.engine_flag_secrets(self.profile()).get("--api-key") or None
 
     def target(self) -> tuple[str, int]:
         """(address, port) to poll the engine at, from the host itself."""
@@ -169,13 +175,15 @@ class EngineHost:
             env["PYTHONPATH"] = self.layout.lab_module_dir
         return env
 
-    def secrets(self, env: dict | None = None, old_env_text: str | None = None) -> list[str]:
+    def secrets(self, env: dict | None = None, old_env_text: str | None = None,
+                old_secret_config: str | None = None) -> list[str]:
         """Every value to redact, longest first: the env's secrets (default: `env()`),
-        those in the host's current env file, secret-named vars at any depth,
-        secret flags' values, !vault values, and the passed-through environment."""
+        those in the host's current env file and secrets file, secret-named vars at
+        any depth, secret flags' values, !vault values, and the passed-through environment."""
         out = units.secrets_of(self.env() if env is None else env)
         if old_env_text:
             out += [v for k, v, _s, _e in units.parse_env(old_env_text) if units.is_secret_key(k) and v]
+        out += units.secret_config_values(old_secret_config)
         out += units.secret_values(self.vars)
         for name in PASS_ENV:
             if os.environ.get(name):

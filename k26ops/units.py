@@ -9,6 +9,7 @@ pure: no host access.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import json
 import os
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from k26ops import resources
 from k26ops.errors import UserError
@@ -28,6 +30,11 @@ ENV_TEMPLATE = "sglang.env.j2"
 REDACTED = "<redacted>"
 
 ENV_FILE = "/etc/k26ops/sglang.env"
+# The engine's secret flags (--api-key ...): a root-only YAML that SGLang reads with
+# `--config` (ConfigArgumentMerger), so their values are in no argv (`ps`, `systemctl status`).
+SECRETS_FILE = "/etc/k26ops/sglang-secrets.yaml"
+# The first line of every unit k26ops renders: a unit without it is not k26ops' to overwrite.
+UNIT_MARKER = "# Managed by k26ops"
 
 # Flags engine_argv sets itself; extra_args may not repeat them.
 MANAGED_FLAGS = frozenset({
@@ -97,16 +104,7 @@ def systemd_exec(argv: Iterable[str]) -> str:
     exe = _check_text(argv[0], "ExecStart executable")
     if not exe.startswith("/") or "$" in exe:
         raise UserError(f"ExecStart executable must be an absolute path without '$': {exe!r}")
-    return " ".join(_exec_word(a) for a in argv)
-
-
-def _exec_word(word: str) -> str:
-    """A word quoted for ExecStart=; a whole ${K26OPS_SECRET_*} reference (from
-    split_secret_flags), alone or as --flag=${...}, is left for systemd to expand."""
-    flag, eq, val = word.partition("=")
-    if SECRET_REF.fullmatch(word) or (eq and SECRET_REF.fullmatch(val) and re.fullmatch(r"--[A-Za-z0-9-]+", flag)):
-        return word
-    return systemd_quote(word)
+    return " ".join(systemd_quote(a) for a in argv)
 
 
 def unit_value(value) -> str:
@@ -249,14 +247,80 @@ def engine_argv(profile: Mapping) -> list[str]:
     argv += _extra_args(profile.get("extra_args"))
     for word in argv:
         _check_text(word, "engine argument")
-    return split_secret_flags(argv)[0]
+    argv, secret = split_secret_flags(argv)
+    if secret:
+        if any(w.split("=", 1)[0] == "--config" for w in argv):
+            raise UserError(f"engine profile: extra_args has --config and the secret flag {next(iter(secret))}: "
+                            "k26ops passes secret flags in its own --config file and the engine reads only one; "
+                            "put that file's settings in extra_args instead")
+        render_secret_config(secret)  # a value the file cannot carry is refused here, before any host
+        argv += ["--config", secrets_file(profile)]
+    return argv
+
+
+def secrets_file(profile: Mapping) -> str:
+    """Where the profile's secret flags are kept on the host (profile `secrets_file`)."""
+    path = str(profile.get("secrets_file") or SECRETS_FILE)
+    if not path.startswith("/") or not path.endswith((".yaml", ".yml")) or any(c.isspace() for c in path):
+        raise UserError(f"engine secrets file must be an absolute .yaml path without whitespace: {path!r}")
+    return path
+
+
+def secrets_file_beside(env_path: str) -> str:
+    """The secret-flags file kept beside an env file: /etc/k26ops/sglang.env -> sglang-secrets.yaml."""
+    head, name = os.path.split(str(env_path))
+    return os.path.join(head or "/", (name.rsplit(".", 1)[0] if "." in name[1:] else name) + "-secrets.yaml")
 
 
 def engine_flag_secrets(profile: Mapping) -> dict[str, str]:
-    """The env variables that carry the values of the profile's secret flags
-    (engine_argv references them as ${K26OPS_SECRET_<FLAG>})."""
+    """The profile's secret flags and their values ({"--api-key": value}): what
+    engine_argv leaves out of the command line and render_secret_config writes."""
     extra = _extra_args(profile.get("extra_args"))
     return split_secret_flags(extra)[1]
+
+
+def _yaml_quote(text: str) -> str:
+    """A YAML double-quoted scalar that PyYAML's safe_load reads back as `text`
+    (printable ASCII as is, everything else as \\u / \\U escapes)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def render_secret_config(flags: Mapping[str, str]) -> str:
+    """The secret flags as the engine's `--config` YAML (keys: the long option
+    without dashes, as SGLang's ConfigArgumentMerger reads them; it turns each
+    back into `--key value` inside the engine process, never into an argv)."""
+    lines = ["# Managed by k26ops: the engine's secret flags, read with --config. Mode 0600, root only."]
+    for flag, value in flags.items():
+        _check_text(value, f"engine flag {flag}")
+        if value.startswith("-"):
+            raise UserError(f"engine flag {flag}: its value starts with '-', which the engine would read as an "
+                            "option (a --config file passes it as a word of its own)")
+        lines.append(f"{flag.lstrip('-')}: {_yaml_quote(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def secret_config_values(text: str | None) -> list[str]:
+    """The values in a host's secret-flags file (to redact them; [] when unreadable)."""
+    try:
+        data = yaml.safe_load(text or "") or {}
+    except yaml.YAMLError:
+        return []
+    return [str(v) for v in data.values() if v not in (None, "")] if isinstance(data, dict) else []
+
+
+def engine_launch(profile: Mapping) -> tuple[list[str], str | None]:
+    """(the unit's command line, the secret config file's text or None): what a
+    deploy puts on a host for this profile (bench/device/apikey_check.sh calls it)."""
+    secret = engine_flag_secrets(profile)
+    return engine_argv(profile), (render_secret_config(secret) if secret else None)
 
 
 # ---------------------------------------------------------------- rendering
@@ -290,7 +354,10 @@ def render_unit(ctx: Mapping, templates_dir: Path | None = None) -> str:
     full = {**UNIT_DEFAULTS, **ctx}
     if "argv" not in full and "profile" in full:
         full["argv"] = engine_argv(full["profile"])
-    return render(UNIT_TEMPLATE, full, templates_dir)
+    text = render(UNIT_TEMPLATE, full, templates_dir)
+    if not text.startswith(UNIT_MARKER):  # the next deploy would take the unit for someone else's
+        raise UserError(f"template {UNIT_TEMPLATE} must start with the line '{UNIT_MARKER}...'")
+    return text
 
 
 def render_env(ctx: Mapping, templates_dir: Path | None = None) -> str:
@@ -320,9 +387,49 @@ def is_secret_key(name: str) -> bool:
         return False  # where a secret is (ansible_ssh_private_key_file), not the secret
     for word in words:
         if word in _SECRET_WORDS or word.endswith(("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")) \
-                or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL")):
+                or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL")) or _near_secret_word(word):
             return True
     return False
+
+
+# Words one typo from a secret word that are not secrets (TOKENS counts things).
+_NOT_SECRET_WORDS = frozenset({"TOKENS", "TAKEN", "WOKEN"})
+
+
+def _near_secret_word(word: str) -> bool:
+    """A typo'd secret word (hf_tokn, DB_PASWORD, MY_SECRT): one letter off."""
+    return len(word) >= 4 and word not in _NOT_SECRET_WORDS and any(
+        abs(len(word) - len(w)) <= 1 and difflib.SequenceMatcher(None, word, w).ratio() >= 0.8
+        for w in ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY"))
+
+
+# scheme://user:password@host, scheme://KEY@host (a Sentry DSN); user and password end at / ? # @ or space
+_URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?P<user>[^\s/?#@:]*)(?::(?P<pw>[^\s/?#@]*))?@")
+# Tokens whose shape says what they are, whatever the key is called.
+_TOKEN_SHAPES = re.compile(r"(?:hf_|sk-|sk_live_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abpr]-)[A-Za-z0-9_-]{16,}"
+                           r"|AKIA[0-9A-Z]{16}")
+
+
+def credentials_in(value) -> list[str]:
+    """Secrets inside a value whatever its key is called: the password of a URL's
+    `user:password@`, a URL user long enough to be a key (`https://KEY@o1.ingest.sentry.io/1`;
+    not `git@`), and tokens of a known shape (hf_..., sk-..., ghp_..., AKIA...)."""
+    if not isinstance(value, str):
+        return []
+    out = []
+    for m in _URL_USERINFO.finditer(value):
+        if m.group("pw"):
+            out.append(m.group("pw"))
+        elif len(m.group("user")) >= 16:
+            out.append(m.group("user"))
+    return out + _TOKEN_SHAPES.findall(value)
+
+
+def mask_credentials(value: str) -> str:
+    """`value` with each credential inside it (credentials_in) replaced by <redacted>."""
+    for cred in sorted(set(credentials_in(value)), key=len, reverse=True):
+        value = value.replace(cred, REDACTED)
+    return value
 
 
 def set_secret_policy(names=(), patterns=()) -> None:
@@ -333,8 +440,15 @@ def set_secret_policy(names=(), patterns=()) -> None:
 
 
 def secrets_of(env: Mapping) -> list[str]:
-    """The values of an env mapping's secret keys (for redact)."""
-    return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")]
+    """The values of an env mapping's secret keys and the credentials inside any
+    of its values (a DATABASE_URL's password), for redact."""
+    return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")] + \
+        [c for v in env.values() for c in credentials_in(v)]
+
+
+def is_secret_item(key: str, value) -> bool:
+    """An env entry to keep out of baselines whole: a secret name, or a credential in its value."""
+    return is_secret_key(key) or bool(credentials_in(value))
 
 
 def secret_flag_values(words: list[str]) -> dict[int, tuple[str, str, bool]]:
@@ -361,6 +475,8 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
         return out
     if type(value).__name__ == "Vault":
         return [str(getattr(value, "ciphertext", ""))]
+    if isinstance(value, str):
+        return credentials_in(value)
     if isinstance(value, Mapping):
         for k, v in value.items():
             if is_secret_key(str(k)) and isinstance(v, (str, int)) and not isinstance(v, bool):
@@ -369,13 +485,14 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
     elif isinstance(value, (list, tuple)):
         out += [v for _flag, v, _inline in secret_flag_values([str(w) for w in value]).values()]
         for item in value:
-            out += secret_values(item, name, depth + 1) if isinstance(item, (Mapping, list)) else []
+            out += secret_values(item, name, depth + 1) if isinstance(item, (Mapping, list, str)) else []
     return [v for v in out if v]
 
 
 def redact_vars(value, _active: set | None = None):
-    """Inventory vars for display: values of secret-named keys and of secret
-    flags in flag lists become <redacted>; !vault values stay <vault>. What has
+    """Inventory vars for display: values of secret-named keys (typo'd ones too:
+    hf_tokn) and of secret flags in flag lists become <redacted>, and so do
+    credentials inside any text (credentials_in); !vault values stay <vault>. What has
     nothing to redact is returned as it is (the same objects: recursive vars
     stay recursive for the printer)."""
     active = set() if _active is None else _active
@@ -400,36 +517,26 @@ def redact_vars(value, _active: set | None = None):
                 out.append(redact_vars(v, active))
         active.discard(id(value))
         return value if all(a is b for a, b in zip(out, value)) else out
+    if isinstance(value, str) and credentials_in(value):
+        return mask_credentials(value)
     return value
 
 
-SECRET_REF = re.compile(r"\$\{(K26OPS_SECRET_[A-Z0-9_]+)\}")
-
-
 def secret_ref_name(flag: str) -> str:
+    """The env variable an older k26ops kept a secret flag's value in (a baseline's env file may name it)."""
     return "K26OPS_SECRET_" + re.sub(r"[^A-Z0-9]+", "_", flag.lstrip("-").upper()).strip("_")
 
 
 def split_secret_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Engine flags whose name is secret (`--api-key X`) keep their value out of
-    the unit file and the manifest: the value goes to the 0600 env file as
-    K26OPS_SECRET_<FLAG> and the argv holds `${K26OPS_SECRET_<FLAG>}`, which
-    systemd expands at start (the engine's argv, visible to root in `ps`, has it)."""
-    out, env = [], {}
-    for w in argv:
-        if "K26OPS_SECRET_" in w:
-            raise UserError(f"engine argument {w[:40]!r}: K26OPS_SECRET_ is reserved for k26ops' own secret references")
-    hits = secret_flag_values(argv)
-    for i, w in enumerate(argv):
-        hit = hits.get(i)
-        if hit:
-            flag, val, inline = hit
-            ref = secret_ref_name(flag)
-            env[ref] = val
-            out.append(f"{flag}=${{{ref}}}" if inline else f"${{{ref}}}")
-        else:
-            out.append(w)
-    return out, env
+    """Engine flags whose name is secret (`--api-key X`, `--api-key=X`) taken out
+    of a command line: (the words without them, {flag: value}). Their values go
+    to the root-only --config file (render_secret_config), never into the unit,
+    the manifest or the engine's argv."""
+    hits = {i: h for i, h in secret_flag_values(argv).items()  # a list flag (`--x-token-map A B`) holds no secret
+            if h[2] or i + 1 >= len(argv) or argv[i + 1].startswith("--")}
+    drop = {i - 1 for i, (_f, _v, inline) in hits.items() if not inline}
+    out = [w for i, w in enumerate(argv) if i not in hits and i not in drop]
+    return out, {flag: val for _i, (flag, val, _inline) in sorted(hits.items())}
 
 
 def redact(text: str, secrets: Iterable[str] | Mapping) -> str:
@@ -521,7 +628,7 @@ def _env_value(text: str, i: int) -> tuple[str, int]:
 def env_for_baseline(env_text: str, marker: str = REDACTED) -> str:
     """The env file text with each secret key's value replaced by `marker`
     (the baselines repository keeps the file's shape, never the secret)."""
-    for key, _value, start, end in reversed(parse_env(env_text)):
-        if is_secret_key(key):
+    for key, value, start, end in reversed(parse_env(env_text)):
+        if is_secret_item(key, value):
             env_text = env_text[:start] + marker + env_text[end:]
     return env_text

@@ -287,7 +287,17 @@ def test_rollback_to_an_engine_with_an_api_key_smokes_with_the_key(apikey_lab):
     assert h["engine_restarted"] and h["health"]["state"] == "healthy", h
     assert h["smoke"]["ok"] and h["smoke"]["greedy"]["ok"] and h["smoke"]["sampled"]["ok"], h["smoke"]
     env_file = lab_ssh(lab.dir, lab.port(name), "cat /etc/k26ops/sglang.env").stdout
-    assert "K26OPS_TEST_MARK" not in env_file and API_KEY in env_file  # the baseline's, its key from the inventory
+    assert "K26OPS_TEST_MARK" not in env_file and API_KEY not in env_file  # the baseline's
+    # the key, from the inventory, in the root-only file the unit passes with --config; never in the baseline
+    secrets = lab_ssh(lab.dir, lab.port(name), "stat -c '%a' /etc/k26ops/sglang-secrets.yaml; "
+                                                "cat /etc/k26ops/sglang-secrets.yaml").stdout
+    assert secrets.startswith("600\n") and f'api-key: "{API_KEY}"' in secrets, secrets
+    repo = e["K26OPS_BASELINES"]
+    found = subprocess.run(["git", "-C", repo, "grep", "-l", "-F", API_KEY, "with-api-key"],
+                           capture_output=True, text=True)
+    files = subprocess.run(["git", "-C", repo, "ls-tree", "-r", "--name-only", "with-api-key"],
+                           capture_output=True, text=True, check=True).stdout
+    assert found.stdout == "" and "secrets" not in files and "/env/" in files, (found.stdout, files)
     # the engine really demands the key: a request without it is refused
     script = ("import sys, urllib.request as u\ntry: u.urlopen(u.Request(sys.argv[1], data=b'{}'))\n"
               "except Exception as e: print(getattr(e, 'code', e))")

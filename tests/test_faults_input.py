@@ -373,19 +373,20 @@ def test_secrets_under_ten_names_never_leave_the_env_file(host, base_inv, tmp_pa
             assert value not in text, (name, args)
     unit = ssh(host, f"cat /etc/systemd/system/{UNIT}")
     manifest = ssh(host, "cat /opt/k26ops/releases/current/manifest.json")
-    assert "${K26OPS_SECRET_API_KEY}" in unit and "${K26OPS_SECRET_ADMIN_API_KEY}" in unit
+    assert "--config /etc/k26ops/sglang-secrets.yaml" in unit and "K26OPS_SECRET" not in unit
     found = subprocess.run(["git", "-C", str(repo), "grep", "-F", "-e", secrets["S0"]] +
                            [a for v in list(secrets.values())[1:] for a in ("-e", v)] + ["secrets-test"],
                            capture_output=True, text=True).stdout
     assert found == "", found
     for value in secrets.values():
         assert value not in unit and value not in manifest
-    # the engine really got the flags' values (systemd expanded them from the 0600 env file)
+    # the engine gets the flags' values from the root-only file it reads with --config, not from its argv
     pid = ssh(host, f"systemctl show -p MainPID --value {UNIT}").strip()
     argv = ssh(host, f"cat /proc/{pid}/cmdline").split("\0")
-    assert argv[argv.index("--api-key") + 1] == secrets["S8"]
-    assert argv[argv.index("--admin-api-key") + 1] == secrets["S9"]
+    assert "--config" in argv and secrets["S8"] not in argv and secrets["S9"] not in argv
+    flags = yaml.safe_load(ssh(host, "cat /etc/k26ops/sglang-secrets.yaml"))
+    assert flags == {"api-key": secrets["S8"], "admin-api-key": secrets["S9"]}
     env_text = ssh(host, f"cat {ENV_FILE}")
-    assert all(v in env_text for v in secrets.values())
-    assert ssh(host, f"stat -c '%a' {ENV_FILE}").strip() == "600"
+    assert all(v in env_text for k, v in secrets.items() if k not in ("S8", "S9"))
+    assert ssh(host, f"stat -c '%a' {ENV_FILE} /etc/k26ops/sglang-secrets.yaml").split() == ["600", "600"]
     k26ops("-i", str(write_inv(base_inv, "good")), "deploy", "--playbook", str(pb))

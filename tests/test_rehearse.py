@@ -51,7 +51,8 @@ def test_argv_keeps_the_units_engine_flags_and_changes_only_what_a_rehearsal_mus
     assert f"--speculative-draft-model-path {plan.TMP}/draft --speculative-draft-load-format dummy" in s
     assert "--skip-tokenizer-init" in argv and "--port 31234" in s and "--host 127.0.0.1" in s
     assert "--mem-fraction-static 0.07" in s and "0.85" not in s
-    for gone in ("--nnodes", "--node-rank", "--dist-init-addr", "--api-key", "/models/Kimi-K2.6 ", "K26OPS_SECRET"):
+    for gone in ("--nnodes", "--node-rank", "--dist-init-addr", "--api-key", "/models/Kimi-K2.6 ", "K26OPS_SECRET",
+                 "--config", "sk-SECRET"):
         assert gone not in s + " "
     assert argv.count("--port") == 1 and argv.count("--model-path") == 1
     assert any("--dist-init-addr dropped" in c for c in changes) and any("--api-key dropped" in c for c in changes)

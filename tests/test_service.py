@@ -34,6 +34,7 @@ from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
 ENV_FILE = "/etc/k26ops/sglang.env"
+SECRETS_FILE = "/etc/k26ops/sglang-secrets.yaml"
 RELEASES = "/opt/k26ops-test-service/releases"
 TOKEN = "hf_TESTSECRET_9f8e7d6c5b4a"
 
@@ -86,7 +87,7 @@ def engine(lab, tmp_path_factory):
     yield state
     for n in names:
         lab_ssh(lab.dir, lab.port(n),
-                f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} {ENV_FILE}; "
+                f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} {ENV_FILE} {SECRETS_FILE}; "
                 f"rmdir /etc/k26ops 2>/dev/null; rm -rf /opt/k26ops/lab /opt/k26ops/state/service /opt/k26ops-test-service; "
                 f"systemctl daemon-reload; systemctl reset-failed {UNIT} 2>/dev/null; true")
 
@@ -400,10 +401,61 @@ def test_an_engine_with_an_api_key_is_checked_and_smoked_with_it(lab, engine, ca
     probe = f"python3 -c {q(script)} http://127.0.0.1:{port}/generate"
     assert ssh(lab, lab1, probe).strip() == "401"  # the engine really demands the key
     assert key not in ssh(lab, lab1, f"cat /etc/systemd/system/{UNIT}")
+    # The key is in no argv: not in what a local user without root sees in ps, systemctl status and
+    # the journal, nor in the engine's /proc cmdline; only the root-only file it reads with --config
+    # holds it. (The engine's own server_args= log line has it, as SGLang's does: root's journal only.)
+    seen = ssh(lab, lab1, f"cd /; for c in 'ps -eo args' 'systemctl status --no-pager -n 50 {UNIT}' "
+                          f"'journalctl --no-pager -n 500'; do runuser -u nobody -- sh -c \"$c\" 2>&1; done; "
+                          f"cat /proc/$(systemctl show -p MainPID --value {UNIT})/cmdline | tr '\\0' ' '")
+    assert key not in seen and f"--config {SECRETS_FILE}" in seen, seen[-2000:]
+    assert ssh(lab, lab1, f"stat -c '%a %U' {SECRETS_FILE}").split() == ["600", "root"]
+    assert ssh(lab, lab1, f"runuser -u nobody -- cat {SECRETS_FILE} 2>&1 || true").find(key) < 0
     res2, out2 = deploy(inv, capsys=capsys)  # converged: the one agent call carries the key too
     assert res2[lab1].status == "ok" and res2[lab1].data["smoke"]["ok"], res2[lab1].error
     env = {**lab.env(), "K26OPS_INVENTORY": str(inv), "HF_TOKEN": ""}
     rc, st = k26ops_json("--limit", lab1, "status", env=env)
     assert rc == 0 and st["hosts"][lab1]["model"] == "/models/Kimi-K2.6", st
     assert key not in out + out2 + json.dumps(st) + json.dumps([x.to_json() for x in (r, res2[lab1])])
-    deploy(inventory(engine, "base"))  # back to the common state
+    res3, _ = deploy(inventory(engine, "base"))  # back to the common state: no secret flags, no secrets file
+    assert res3[lab1].status == "changed", res3[lab1].error
+    assert ssh(lab, lab1, f"test -e {SECRETS_FILE} && echo present || echo gone").strip() == "gone"
+
+
+def test_a_unit_k26ops_did_not_write_is_never_overwritten(lab, engine, capsys):
+    """`engine_unit: ssh.service` (systemd's own from /lib) and a hand-made unit in
+    /etc/systemd/system: one line naming the host and unit, nothing changed."""
+    lab1 = engine["names"][0]
+    ssh(lab, lab1, "printf '[Service]\\nExecStart=/bin/true\\n' > /etc/systemd/system/mine-test.service")
+    try:
+        for unit, why in (("ssh.service", "systemd already has ssh.service from /"),  # /lib or /usr/lib
+                          ("mine-test.service", "was not written by k26ops")):
+            before = ssh(lab, lab1, f"systemctl show -p FragmentPath,MainPID {unit}; "
+                                    f"cat /etc/systemd/system/{unit} 2>/dev/null || true")
+            res, out = deploy(inventory(engine, "foreign", **{lab1: {"engine_unit": unit}}), release=False,
+                              capsys=capsys)
+            r = res[lab1]
+            assert r.status == "failed" and r.error.startswith(f"refusing engine_unit {unit}: ") and why in r.error
+            assert "\n" not in r.error
+            assert [l for l in out.splitlines() if lab1 in l and f"refusing engine_unit {unit}" in l], out
+            assert ssh(lab, lab1, f"systemctl show -p FragmentPath,MainPID {unit}; "
+                                  f"cat /etc/systemd/system/{unit} 2>/dev/null || true") == before
+    finally:
+        ssh(lab, lab1, "rm -f /etc/systemd/system/mine-test.service")
+
+
+def test_a_failed_deploy_puts_the_previous_secrets_file_back(lab, engine):
+    """The secret-flags file follows the env file's rules: a deploy whose engine
+    crashes restores the previous one (its key) with the unit, mode 0600."""
+    bad = engine["names"][-1]
+    old, new = "sk-lab-OLDKEY-5b1c2d", "sk-lab-NEWKEY-8e9f0a"
+    res, _ = deploy(inventory(engine, "key-old", **{bad: {"extra_flags": {"api-key": old}}}))
+    assert res[bad].status == "changed", res[bad].error
+    before = ssh(lab, bad, f"stat -c '%a %U' {SECRETS_FILE}; cat {SECRETS_FILE}; cat /etc/systemd/system/{UNIT}")
+    crash = {"extra_flags": {"api-key": new}, "engine_env": {"K26OPS_STANDIN_CRASH": "load"}}
+    res, _ = deploy(inventory(engine, "key-new-crash", **{bad: crash}))
+    assert res[bad].status == "failed" and "previous engine is healthy again" in res[bad].error, res[bad].error
+    assert ssh(lab, bad, f"stat -c '%a %U' {SECRETS_FILE}; cat {SECRETS_FILE}; "
+                         f"cat /etc/systemd/system/{UNIT}") == before
+    assert old in before and new not in before
+    res, _ = deploy(inventory(engine, "base"))  # back to the common state
+    assert res[bad].status == "changed", res[bad].error

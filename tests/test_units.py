@@ -347,6 +347,22 @@ def test_secrets_never_in_unit():
     assert "HF_TOKEN=" in units.render_env({"env": env})
 
 
+@pytest.mark.parametrize("extra", [{"api-key": "sk-UNIT-Secret-91"}, ["--api-key", "sk-UNIT-Secret-91"],
+                                   ["--api-key=sk-UNIT-Secret-91"], {"admin-api-key": "sk-UNIT-Secret-91"}])
+def test_secret_flag_kept_out_of_the_unit_and_the_engines_argv(extra):
+    """The secret flag's value is neither in the unit file nor in any word of the
+    engine's command line, not even as a ${VAR} systemd would expand from the env
+    file (that put it in the process's argv: `ps`, `systemctl status`)."""
+    profile = {**PROFILE, "extra_args": extra}
+    argv = units.engine_argv(profile)
+    unit = units.render_unit({"profile": profile})
+    assert "sk-UNIT-Secret-91" not in unit and "sk-UNIT-Secret-91" not in " ".join(argv)
+    assert not [w for w in argv if "$" in w], argv  # nothing for systemd to expand into the argv
+    assert "--api-key" not in argv and "--admin-api-key" not in argv
+    exec_line = next(l for l in unit.splitlines() if l.startswith("ExecStart="))
+    assert "$" not in exec_line, exec_line
+
+
 @needs_verify
 @pytest.mark.parametrize("extra", [{}, {"disable_cuda_graph": True},
                                    {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"},

@@ -1,11 +1,12 @@
 """Host agent of the engine steps (k26ops/steps/engine.py): the unit, its env
-file, health, smoke and logs. Run through agents.run (stdlib only); each
+file and secret-flags file (both 0600), health, smoke and logs. Run through agents.run (stdlib only); each
 `op_*` is one remote round trip.
 """
 import json, os, shutil, subprocess, sys, time, hashlib, urllib.request, urllib.error
 
 PROPS = ("ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
-         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic")
+         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic,"
+         "FragmentPath")
 
 def sh(argv, timeout=60):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -155,7 +156,9 @@ def op_read(r):
     sha = None
     if lab and os.path.exists(lab):
         with open(lab, "rb") as fh: sha = hashlib.sha256(fh.read()).hexdigest()
+    spath = r.get("secrets_path")
     return {"unit": read(r["unit_path"]), "env": read(r["env_path"]), "env_mode": mode(r["env_path"]),
+            "secrets": read(spath) if spath else None, "secrets_mode": mode(spath) if spath else None,
             "current": cur, "lab_module_sha": sha, "show": show(r["unit"])}
 
 def op_apply(r):
@@ -171,20 +174,26 @@ def op_apply(r):
             if rc != 0:
                 return {"ok": False, "error": "verify", "output": (err + out).strip()[-3000:]}
     # Keep the files in place now, for a rollback (manifest says which existed).
+    spath = r.get("secrets_path")
     manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
                 "was_enabled": show(unit).get("UnitFileState") == "enabled", "time": time.time()}
-    for src, name in ((upath, "unit"), (epath, "env")):
+    if spath:
+        manifest["secrets_existed"] = os.path.exists(spath)
+    for src, name in ((upath, "unit"), (epath, "env"), (spath, "secrets")):
         dst = os.path.join(prev, name)
-        if os.path.exists(src): shutil.copy2(src, dst)
+        if src and os.path.exists(src): shutil.copy2(src, dst)
         elif os.path.exists(dst): os.unlink(dst)
     write(os.path.join(prev, "manifest.json"), json.dumps(manifest), 0o600)
     if r.get("env_text") is not None: write(epath, r["env_text"], 0o600)
     elif os.path.exists(epath) and mode(epath) != 0o600: os.chmod(epath, 0o600)
+    if r.get("secrets_text") is not None: write(spath, r["secrets_text"], 0o600)
+    elif spath and os.path.exists(spath) and mode(spath) != 0o600: os.chmod(spath, 0o600)
     if r.get("lab_module_text") is not None: write(r["lab_module"], r["lab_module_text"], 0o644)
     if r.get("unit_text") is not None:
         write(upath, r["unit_text"], 0o644)
         rc, out, err = sh(["systemctl", "daemon-reload"])
         if rc: return {"ok": False, "error": "daemon-reload", "output": err.strip()[-500:]}
+    if r.get("secrets_remove") and os.path.exists(spath): os.unlink(spath)  # after the unit stopped naming it
     if r.get("enable"):
         rc, out, err = sh(["systemctl", "enable", unit])
         if rc: return {"ok": False, "error": "enable", "output": err.strip()[-500:]}
@@ -202,7 +211,10 @@ def op_rollback(r):
     except (OSError, ValueError):
         return {"ok": False, "error": "no backup of the previous unit and env file"}
     done = []
-    for name, path, existed, perm in (("unit", upath, m["unit_existed"], 0o644), ("env", epath, m["env_existed"], 0o600)):
+    files = [("unit", upath, m["unit_existed"], 0o644), ("env", epath, m["env_existed"], 0o600)]
+    if r.get("secrets_path") and "secrets_existed" in m:
+        files.append(("secrets", r["secrets_path"], m["secrets_existed"], 0o600))
+    for name, path, existed, perm in files:
         if existed:
             with open(os.path.join(prev, name), encoding="utf-8") as fh: write(path, fh.read(), perm)
             done.append("restored " + path)
@@ -302,7 +314,8 @@ def op_converge(r):
     s = out["show"]
     out["converged"] = bool(want) and (
         sha256(out["unit"]) == want.get("unit_sha") and sha256(out["env"]) == want.get("env_sha")
-        and out["env_mode"] == 0o600 and out["lab_module_sha"] == want.get("lab_module_sha")
+        and out["env_mode"] == 0o600 and sha256(out["secrets"]) == want.get("secrets_sha")
+        and out["secrets_mode"] in (None, 0o600) and out["lab_module_sha"] == want.get("lab_module_sha")
         and s.get("UnitFileState") == "enabled"
         and s.get("ActiveState") == "active")
     if not out["converged"] or not r.get("poll"):

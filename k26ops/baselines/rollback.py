@@ -8,7 +8,9 @@ Per host (under the host lock, through the playbook runner):
                     the same commit and release id), then switch.
   baseline_service  the tag's unit file as recorded; its env file with the
                     secrets filled in from the inventory / environment (as a
-                    deploy does); restart when anything changed.
+                    deploy does), and the secret-flags file its unit reads
+                    (--config) from the inventory's flags: a baseline never
+                    holds a secret; restart when anything changed.
   health, smoke     the deploy's own steps; a failure rolls the host back to
                     the unit, env file and release it ran before.
   baseline_verify   the running release's patched files, unit and release id
@@ -105,9 +107,10 @@ class BaselineService(engine_steps.ServiceStep):
             ctx.shared["baseline_env"] = None
             return
         eh = EngineHost(ctx)
-        want = {**eh.env(), **units.engine_flag_secrets(eh.profile())}
+        # a tag from before the secrets file kept secret flags in the env file as K26OPS_SECRET_*
+        want = {**eh.env(), **{units.secret_ref_name(f): v for f, v in units.engine_flag_secrets(eh.profile()).items()}}
         for key, value, start, end in reversed(units.parse_env(env_text)):
-            if units.is_secret_key(key) and value == b["record"]["env"].get("marker", units.REDACTED):
+            if value == b["record"]["env"].get("marker", units.REDACTED):  # a secret name or a credential in it
                 if want.get(key) in (None, ""):
                     raise StepFailed(f"the baseline's env file needs {key}: set it in the inventory "
                                      f"(or the control node's environment) as for a deploy")
@@ -118,17 +121,25 @@ class BaselineService(engine_steps.ServiceStep):
         b = _b(ctx)
         rec = b["record"]
         unit, upath, epath = rec["unit"]["name"], rec["unit"]["path"], rec["env"]["path"]
+        spath = units.secrets_file_beside(epath)
         eh = EngineHost(ctx)
         cur = engine_steps.agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
-                            current=eh.layout.current, lab_module=None)
+                            current=eh.layout.current, lab_module=None, secrets_path=spath)
         env_text = ctx.shared["baseline_env"]
-        secrets = eh.secrets(old_env_text=cur["env"])
+        secrets = eh.secrets(old_env_text=cur["env"], old_secret_config=cur.get("secrets"))
         show = cur["show"]
         # the deploy's constructor: the same keys, the engine's api_key included (smoke needs it)
         svc = engine_steps.service_state(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath,
-                                         port=b.get("port"), show=show)
+                                         port=b.get("port"), show=show, secrets_path=spath)
         ctx.shared["service"] = svc
         changes, todo, reasons = [], {}, []
+        secret_text = None
+        if b["unit_text"] is not None and f"--config {spath}" in b["unit_text"]:
+            secret_text = units.engine_launch(eh.profile())[1]
+            if secret_text is None:
+                raise StepFailed(f"the baseline's unit reads secret engine flags from {spath}: set them "
+                                 "(extra_flags: api-key ...) in the inventory as for a deploy")
+        engine_steps.plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
         if b["unit_text"] is not None and cur["unit"] != b["unit_text"]:
             changes.append(Change(f"restore {upath} from the baseline",
                                   units.redact(engine_steps.text_diff(upath, cur["unit"], b["unit_text"]), secrets)))

@@ -143,7 +143,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
               if ln.strip() and not ln.lstrip().startswith("#")]
     env_text = raw.get("env")
     env_base = units.env_for_baseline(env_text) if env_text is not None else None
-    secret_keys = sorted({k for k, _v, _s, _e in units.parse_env(env_text or "") if units.is_secret_key(k)})
+    secret_keys = sorted({k for k, v, _s, _e in units.parse_env(env_text or "") if units.is_secret_item(k, v)})
     unit_text = raw.get("unit")
     health, smoke = raw["health"], raw.get("smoke")
     health_state = health["state"]

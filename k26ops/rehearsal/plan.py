@@ -10,7 +10,8 @@ changed, and each change is listed in the report:
   - `--load-format dummy` (and the drafter's) so no weight is read;
   - `--skip-tokenizer-init`: requests are token ids;
   - a private loopback port, the memory fraction, multi-node flags dropped
-    (one host rehearses alone) and `--api-key` dropped (loopback only).
+    (one host rehearses alone) and the secret flags dropped (loopback only):
+    `--api-key` and k26ops' own `--config ...-secrets.yaml` that carries them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ DROP_WITH_VALUE = ("--nnodes", "--node-rank", "--dist-init-addr", "--api-key", "
                    "--speculative-draft-load-format", "--tokenizer-path", "--port", "--host",
                    "--mem-fraction-static", "--model-path", "--speculative-draft-model-path")
 DROP_BARE = ("--skip-tokenizer-init",)
+SECRETS_SUFFIX = "-secrets.yaml"  # units.secrets_file_beside
 
 
 @dataclass
@@ -70,7 +72,11 @@ def rehearsal_argv(argv: list[str], opts: Options, *, port: int, has_draft: bool
     seen: dict[str, str | None] = {}
     while i < len(words):
         flag, inline = _split(words[i])
-        if flag in DROP_WITH_VALUE:
+        nxt = inline if inline is not None else (words[i + 1] if i + 1 < len(words) else "")
+        if flag == "--config" and nxt.endswith(SECRETS_SUFFIX):
+            seen["--api-key"] = None  # k26ops' secrets file (units.engine_argv): the secret flags, dropped
+            i += 1 if inline is None else 0
+        elif flag in DROP_WITH_VALUE:
             val = inline
             if inline is None and i + 1 < len(words) and not words[i + 1].startswith("--"):
                 val, i = words[i + 1], i + 1
@@ -104,7 +110,7 @@ def rehearsal_argv(argv: list[str], opts: Options, *, port: int, has_draft: bool
         if flag in seen:
             changes.append(f"{flag} dropped (one host rehearses alone)")
     if "--api-key" in seen:
-        changes.append("--api-key dropped (the rehearsal listens on loopback only)")
+        changes.append("--api-key dropped, with the other secret flags in k26ops' --config file (the rehearsal listens on loopback only)")
     return head + new + out, changes
 
 

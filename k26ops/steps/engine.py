@@ -19,7 +19,11 @@ Every host-side action runs through one stdlib-only Python agent
 (agents/engine.py); requests and answers are JSON over stdin/stdout. The
 engine's unit, port, env file, secrets and the ready-wait come from
 k26ops.enginehost. Secrets (HF_TOKEN, *_TOKEN, ...) reach only the env file
-(mode 0600); diffs, journal lines and messages are redacted before anyone sees them.
+(mode 0600), secret engine flags (--api-key) only the secrets file the engine
+reads with --config (mode 0600: never in an argv that `ps` shows); diffs,
+journal lines and messages are redacted before anyone sees them. A unit file
+k26ops did not write (no UNIT_MARKER line, or a unit systemd loads from
+elsewhere, e.g. `engine_unit: ssh.service`) is never overwritten.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def outcome(ctx: HostContext) -> dict:
 
 def service_state(eh: EngineHost, *, secrets: list[str] | None = None, unit: str | None = None,
                   unit_path: str | None = None, env_path: str | None = None, port: int | None = None,
-                  show: dict | None = None) -> dict:
+                  show: dict | None = None, secrets_path: str | None = None) -> dict:
     """The service step's state (ctx.shared["service"]), read by health, smoke and
     the rollback of a failed run: the one constructor, for the deploy's service
     step, the rollback's baseline_service and the defaults when neither ran.
@@ -67,6 +71,7 @@ def service_state(eh: EngineHost, *, secrets: list[str] | None = None, unit: str
     unit = unit or eh.unit
     return {"unit": unit, "unit_path": unit_path or f"{UNIT_DIR}/{unit}",
             "env_path": env_path or eh.env_path, "port": port or default_port, "host": host,
+            "secrets_path": secrets_path or units.secrets_file_beside(env_path or eh.env_path),
             "secrets": eh.secrets() if secrets is None else secrets, "changed": False, "base": None,
             "show": show, "api_key": eh.api_key()}
 
@@ -112,10 +117,10 @@ class ServiceStep(Step):
 
     def plan(self, ctx: HostContext) -> list[Change]:
         eh = EngineHost(ctx, self.params)
-        unit, upath, epath = eh.unit, eh.unit_path, eh.env_path
+        unit, upath, epath, spath = eh.unit, eh.unit_path, eh.env_path, eh.secrets_path
         profile = eh.profile()
-        env = {**eh.env(), **units.engine_flag_secrets(profile)}
-        units.engine_argv(profile)  # profile errors before any host access
+        env = eh.env()
+        secret_text = units.engine_launch(profile)[1]  # profile errors before any host access
         lab_path = eh.lab_module_path if eh.is_lab else None
         lab_text = STANDIN.read_text() if lab_path else None
         settings = {k: v for k, v in mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
@@ -128,7 +133,7 @@ class ServiceStep(Step):
         host, port = eh.target()
         api_key = eh.api_key()
         req = {"unit": unit, "unit_path": upath, "env_path": epath, "current": eh.layout.current,
-               "lab_module": lab_path}
+               "lab_module": lab_path, "secrets_path": spath}
         texts = render(ctx.shared["release_id"]) if ctx.shared.get("release_id") else None
         ahead = looked_ahead(ctx, self, host, port)
         op, timeout = "read", 120.0
@@ -136,20 +141,24 @@ class ServiceStep(Step):
             # One agent call reads the host and, if it is already as planned, checks health and smoke too.
             op, timeout = "converge", 120.0 + ahead.pop("timeout")
             want = {"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
+                    "secrets_sha": sha256(secret_text) if secret_text is not None else None,
                     "lab_module_sha": sha256(lab_text) if lab_text is not None else None}
             req.update(ahead, api_key=api_key, want=want)
         cur = agent(ctx.session, op, timeout=timeout, **req)
         if texts is None:
             texts = render(os.path.basename(cur["current"]) if cur["current"] else None)
         unit_text, env_text = texts
-        secrets = eh.secrets(env, cur["env"])
+        refuse_foreign_unit(ctx, unit, upath, cur)
+        secrets = eh.secrets(env, cur["env"], cur.get("secrets"))
         show = cur["show"]
-        svc = service_state(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port, show=show)
+        svc = service_state(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port, show=show,
+                            secrets_path=spath)
         ctx.shared["service"] = svc
 
         changes: list[Change] = []
         todo: dict = {}
         reasons = []
+        plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
         if cur["unit"] != unit_text:
             verb = "install" if cur["unit"] is None else "update"
             changes.append(Change(f"{verb} {upath} (checked with systemd-analyze verify first)",
@@ -186,7 +195,7 @@ class ServiceStep(Step):
         ctx.progress(f"service: installing {svc['unit']}")
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc["unit"], unit_path=svc["unit_path"],
-                        env_path=svc["env_path"], state_dir=ctx.state_dir,
+                        env_path=svc["env_path"], secrets_path=svc["secrets_path"], state_dir=ctx.state_dir,
                         lab_module=EngineHost(ctx).lab_module_path, **todo)
         except StepFailed:
             svc["changed"] = True  # it may have replaced files before it failed (a full disk): roll back
@@ -209,6 +218,43 @@ class ServiceStep(Step):
 
 
 # ---------------------------------------------------------------- rollback
+
+def foreign_unit(unit: str, upath: str, text: str | None, show: dict) -> str | None:
+    """Why the unit is not k26ops' to overwrite, or None: the file at `upath`
+    lacks UNIT_MARKER, or systemd loads the unit from another file (ssh.service
+    from /lib/systemd/system: a new file at `upath` would shadow it)."""
+    frag = show.get("FragmentPath") or ""
+    if text is not None and not text.startswith(units.UNIT_MARKER):
+        return f"{upath} was not written by k26ops (its first line is not '{units.UNIT_MARKER}...')"
+    if text is None and show.get("LoadState") == "loaded" and frag and frag != upath:
+        return f"systemd already has {unit} from {frag}"
+    return None
+
+
+def refuse_foreign_unit(ctx: HostContext, unit: str, upath: str, cur: dict) -> None:
+    """k26ops only overwrites units it made (foreign_unit): one line naming the host and unit."""
+    why = foreign_unit(unit, upath, cur.get("unit"), cur.get("show") or {})
+    if why:
+        raise StepFailed(f"refusing engine_unit {unit}: {why}; k26ops only overwrites units "
+                         "it made: name another unit (engine_unit)")
+
+
+def plan_secret_config(spath: str, cur: dict, text: str | None, changes: list[Change], todo: dict,
+                       reasons: list[str]) -> None:
+    """The engine's secret-flags file (0600): installed, updated, chmod-ed or
+    removed as the profile's secret flags say; its diff shows only which keys."""
+    keys = ", ".join(line.split(":", 1)[0] for line in (text or "").splitlines()[1:])
+    if text is not None and cur.get("secrets") != text:
+        verb = "install" if cur.get("secrets") is None else "update"
+        changes.append(Change(f"{verb} {spath} (mode 0600, root only: the engine reads {keys} with --config)"))
+        todo["secrets_text"] = text
+        reasons.append("secret flags")
+    elif text is not None and cur.get("secrets_mode") not in (None, 0o600):
+        changes.append(Change(f"chmod 0600 {spath} (was {cur['secrets_mode']:04o})"))
+    elif text is None and cur.get("secrets") is not None:
+        changes.append(Change(f"remove {spath} (no secret engine flags any more)"))
+        todo["secrets_remove"] = True
+        reasons.append("secret flags")
 
 
 def plan_enable_and_restart(ctx: HostContext, svc: dict, show: dict, unit: str,
@@ -240,7 +286,7 @@ def rollback(ctx: HostContext, svc: dict) -> str:
     try:
         res = agent(ctx.session, "rollback", timeout=700, unit=svc["unit"],
                     unit_path=svc.get("unit_path") or f"{UNIT_DIR}/{svc['unit']}",
-                    env_path=svc["env_path"], state_dir=ctx.state_dir,
+                    env_path=svc["env_path"], secrets_path=svc.get("secrets_path"), state_dir=ctx.state_dir,
                     current=ctx.layout.current, previous_release=prev)
     except StepFailed as exc:
         return f"rollback failed: {exc}"

@@ -128,6 +128,8 @@ def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
         prof["port"] = vars["engine_port"]
     if vars.get("extra_flags"):
         prof["extra_args"] = vars["extra_flags"]
+    if vars.get("engine_env_file"):  # the secret flags' --config file lives beside it (EngineHost.secrets_path)
+        prof["secrets_file"] = units.secrets_file_beside(vars["engine_env_file"])
     return prof
 
 
@@ -246,10 +248,13 @@ _FLAGS: dict[Path, engine_flags.EngineFlags] = {}
 def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     """The engine's command line, its flags checked against the release's own sources."""
     ov = ctx.shared.get("release_override") or {}
-    argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(engine_profile(ctx, prep.recipe))
+    profile = engine_profile(ctx, prep.recipe)
+    argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(profile)
     if not ov.get("engine_argv"):
         check_launch(ctx.host.name, argv)
     flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
+    # the secret flags reach the engine through its --config file: checked by name, never by value
+    flags += [w for flag in units.engine_flag_secrets(profile) for w in (flag, "secret")]
     # A release's sources never change (its id is their content), so a command
     # line validated once against them is remembered beside them on this node.
     seen = prep.sources.parent / "validated-argv"
