@@ -244,3 +244,27 @@ def test_lab_unit_with_standin_module_verifies(tmp_path):
     res = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("patched", [False, True])
+def test_startup_log_shows_the_key_unless_the_release_carries_the_redaction_patch(standins, tmp_path, patched):
+    """As the real engine (tests/data/serving): the released sglang logs api_key in clear;
+    with patches/*/redact-api-key-in-startup-log.patch applied to the release it does not."""
+    site = tmp_path / f"site-{patched}"
+    engine_py = site / "sglang/srt/entrypoints/engine.py"
+    engine_py.parent.mkdir(parents=True)
+    (site / "sglang/__init__.py").write_text("")
+    patch = (Path(__file__).resolve().parents[1] / "patches/sglang-0.5.23/redact-api-key-in-startup-log.patch")
+    added = "\n".join(l[1:] for l in patch.read_text().splitlines() if l.startswith("+") and not l.startswith("+++"))
+    engine_py.write_text("def _server_args_for_logging(server_args):\n" + (added if patched else "    pass\n"))
+    secrets = tmp_path / f"secrets-{patched}.yaml"  # the key travels as a deploy sends it
+    profile = {"model_path": "/m", "port": 1, "extra_args": ["--api-key", "sk-standin-0123456789"],
+               "secrets_file": str(secrets)}
+    secrets.write_text(units.engine_launch(profile)[1])
+    s = standins("--api-key", "sk-standin-0123456789", env={"PYTHONPATH": str(site)}, secrets_file=str(secrets))
+    s.wait_ready()
+    s.stop()
+    log = s.out.read_text()
+    assert "server_args=ServerArgs(" in log
+    assert ("sk-standin-0123456789" in log) is (not patched)
+    assert ("api_key='<redacted>'" in log) is patched
