@@ -97,6 +97,7 @@ class BaselineService(engine_steps.ServiceStep):
     """The tag's unit (verbatim) and env file (secrets from the inventory/environment)."""
 
     name = "baseline_service"
+    preflight = False  # the tag's unit names its own model and drafter
 
     def prepare(self, ctx: HostContext) -> None:
         b = _b(ctx)

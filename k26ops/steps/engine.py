@@ -109,6 +109,24 @@ class ServiceStep(Step):
     """Install the engine's unit + env file; restart only on a change."""
 
     name = "service"
+    preflight = True  # the rollback's baseline_service starts what its tag recorded: not checked here
+
+    def facts(self, host_vars: dict) -> list:
+        from k26ops import preflight
+
+        return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
+
+    def check_host(self, ctx: HostContext) -> None:
+        """Before any step prepares or changes anything: refuse the host when what the engine would start
+        is not there (model, drafter of the profile's block size, disk) or a GPU needs a reset."""
+        from k26ops import preflight
+
+        if not self.preflight:
+            return
+        bad = preflight.deploy_refusals(ctx.facts, ctx.vars, preflight.engine_wanted(ctx.vars))
+        if bad:
+            raise StepFailed("preflight: " + "; ".join(f"{c.name}: {c.detail}" for c in bad)
+                             + "; nothing was changed")
 
     def plan(self, ctx: HostContext) -> list[Change]:
         eh = EngineHost(ctx, self.params)
