@@ -76,6 +76,31 @@ def drafter_wanted(host_vars: dict) -> dict | None:
             "repo": d.repo if d else None, "revision": d.revision if d else None}
 
 
+def recipe_lock(host_vars: dict) -> dict:
+    """Which recipe this host gets and whether its dependency lock is there and its own:
+    {"recipe", "source", "lock", "ok", "problem"} (a deploy without the lock refuses)."""
+    from k26ops.errors import UserError
+    from k26ops.steps.release import lock_for, recipe_for
+
+    try:
+        r = recipe_for(host_vars)
+    except UserError as exc:
+        return {"recipe": str(host_vars.get("recipe") or ""), "source": None, "lock": None, "ok": False,
+                "problem": str(exc)}
+    out = {"recipe": r.name, "source": str(r.source), "lock": str(r.lock_path) if r.lock_path else None}
+    try:
+        lock_for(r)
+    except UserError as exc:
+        return {**out, "ok": False, "problem": str(exc)}
+    return {**out, "ok": True, "problem": None}
+
+
+def recipe_check(info: dict) -> Check:
+    if not info["ok"]:
+        return Check("recipe", False, info["problem"])
+    return Check("recipe", True, f"{info['recipe']} ({info['source']}), lock {info['lock']}")
+
+
 def engine_facts(want: dict) -> list:
     """The facts `engine_wanted` asks for (model, drafter), gathered in the same call as the others."""
     from k26ops.facts.drafter import drafter_fact

@@ -49,11 +49,13 @@ def check_cmd(settings):
     """Preflight: compare each host with what the inventory expects for the TP8 profile."""
 
     wanted = {h.name: preflight.engine_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2
+    recipes = {h.name: preflight.recipe_lock(h.vars) for h in settings.selected_hosts()}
 
     def work(session):
         want = wanted[session.host.name]
-        checks = preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want["drafter"],
-                                                             "_model_path": want["model_path"]})
+        checks = [preflight.recipe_check(recipes[session.host.name])]
+        checks += preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want["drafter"],
+                                                              "_model_path": want["model_path"]})
         failed = [c for c in checks if not c.ok]
         if failed:
             raise PreflightFailed("; ".join(f"{c.name}: {c.detail}" for c in failed))

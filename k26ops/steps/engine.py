@@ -243,7 +243,10 @@ def plan_enable_and_restart(ctx: HostContext, svc: dict, show: dict, unit: str,
         changes.append(Change(f"restart {unit} ({', '.join(reasons)} changed)"))
         todo["restart"] = True
     elif not active:
-        changes.append(Change(f"start {unit} (was {show.get('ActiveState') or 'not installed'})"))
+        was = show.get("ActiveState") or "not installed"
+        if show.get("Result") == "start-limit-hit":  # the agent resets it before every start
+            was += ": it hit systemd's start limit; systemctl reset-failed first"
+        changes.append(Change(f"start {unit} (was {was})"))
         todo["start"] = True
     svc["todo"] = todo
     svc["restart_reasons"] = reasons
