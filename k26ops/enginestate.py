@@ -31,13 +31,27 @@ class EngineState:
         return self.state + (f" ({self.detail})" if self.detail and self.state != "serving" else "")
 
 
+def start_limit_hit(show: dict) -> bool:
+    """systemd gave up restarting the unit: its start limit was hit. Newer systemd says so in
+    Result; 252 (Debian 12, measured on a lab host) keeps the last failure's Result
+    (exit-code) and logs only "Start request repeated too quickly": there, a failed unit with
+    as many automatic restarts as StartLimitBurst is one systemd refused to restart again."""
+    if show.get("Result") == START_LIMIT:
+        return True
+    try:
+        burst, restarts = int(show.get("StartLimitBurst") or 0), int(show.get("NRestarts") or 0)
+    except ValueError:
+        return False
+    return show.get("ActiveState") == "failed" and burst > 0 and restarts >= burst
+
+
 def reset_hint(unit: str) -> str:
     return f"`systemctl reset-failed {unit}` is needed before it can start again (a `k26ops deploy` does it)"
 
 
 def engine_state(show: dict, health: int | None, uptime_s: float | None, unit: str) -> EngineState:
     """`show`: the unit's systemctl show properties (ActiveState, SubState, Result,
-    UnitFileState, LoadState, NRestarts, ExecMainStatus); `health`: /health's HTTP status
+    UnitFileState, LoadState, NRestarts, StartLimitBurst, ExecMainStatus); `health`: /health's HTTP status
     (0 no answer, None not asked); `uptime_s`: since the main process started."""
     active, sub = show.get("ActiveState") or "", show.get("SubState") or ""
     result = show.get("Result") or ""
@@ -46,7 +60,7 @@ def engine_state(show: dict, health: int | None, uptime_s: float | None, unit: s
     if show.get("LoadState") == "not-found":
         return EngineState("not-installed", False, f"no {unit} on this host")
     if active == "failed":
-        if result == START_LIMIT:
+        if start_limit_hit(show):
             return EngineState("failed", should, f"start-limit-hit after {restarts} restart(s): {reset_hint(unit)}")
         status = show.get("ExecMainStatus")
         return EngineState("failed", should, f"result {result or 'unknown'}" + (f", exit status {status}" if status else "")

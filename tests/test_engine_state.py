@@ -40,8 +40,12 @@ def test_states_from_systemd_properties():
                      None, None, UNIT)
     assert (s.state, s.ok) == ("failed", False)
     assert "start-limit-hit after 3 restart(s): `systemctl reset-failed k26-engine.service` is needed" in s.label()
-    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainStatus=1),
-                     None, None, UNIT)
+    # systemd 252 (Debian 12, as recorded on a lab host): the start limit keeps Result=exit-code
+    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", NRestarts=3,
+                           StartLimitBurst=3), None, None, UNIT)
+    assert s.state == "failed" and s.detail.startswith("start-limit-hit after 3 restart(s)")
+    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainStatus=1,
+                           NRestarts=1, StartLimitBurst=3), None, None, UNIT)
     assert s.label() == ("failed (result exit-code, exit status 1; `k26ops diagnose service` names the crash)")
     s = engine_state(_show(ActiveState="activating", SubState="auto-restart", Result="exit-code", NRestarts=2),
                      None, None, UNIT)
@@ -73,6 +77,18 @@ def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(scratch_la
     h = st["hosts"]["lab1"]
     assert rc == 0 and (h["engine_state"], h["serving_ok"]) == ("serving", True), h
 
+    # two tags of the same content: status names the newest, until a rollback records its own on the host
+    bl = {"K26OPS_BASELINES": str(tmp_path / "baselines")}
+    for tag in ("t1", "t2"):
+        rc, data = k26ops_json("-i", inv, "snapshot", "--tag", tag, env=bl, timeout=600)
+        assert rc == 0, data
+    rc, st = k26ops_json("-i", inv, "status", env=bl)
+    assert st["hosts"]["lab1"]["baseline"] == "= t2", st
+    rc, data = k26ops_json("-i", inv, "rollback", "--tag", "t1", env=bl, timeout=600)
+    assert rc == 0, data
+    rc, st = k26ops_json("-i", inv, "status", env=bl)
+    assert st["hosts"]["lab1"]["baseline"] == "= t1", st
+
     ssh(f"systemctl stop {UNIT}")
     proc = k26ops("-i", inv, "status")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -85,17 +101,23 @@ def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(scratch_la
     ssh("echo 'K26OPS_STANDIN_CRASH=\"load\"' >> /etc/k26ops/sglang.env && systemctl start "
         f"{UNIT}; true")
     deadline = time.monotonic() + 90
-    while ssh(f"systemctl show -p Result --value {UNIT}") != "start-limit-hit":
-        assert time.monotonic() < deadline, ssh(f"systemctl show {UNIT} -p ActiveState,SubState,Result")
+    while set(ssh(f"systemctl show -p ActiveState,NRestarts {UNIT}").split()) != {"NRestarts=3", "ActiveState=failed"}:
+        assert time.monotonic() < deadline, ssh(f"systemctl show {UNIT} -p ActiveState,SubState,Result,NRestarts")
         time.sleep(1)
+    assert "Start request repeated too quickly" in ssh(f"journalctl -u {UNIT} -n 5 --no-pager")
     rc, st = k26ops_json("-i", inv, "status")
     h = st["hosts"]["lab1"]
-    assert rc == 1 and h["engine_state"] == "failed" and h["result"] == "start-limit-hit", h
+    assert rc == 1 and h["engine_state"] == "failed" and h["engine_detail"].startswith("start-limit-hit"), h
     proc = k26ops("-i", inv, "diagnose", "service")
-    assert f"lab1: {UNIT} hit systemd's start limit (Result=start-limit-hit): `systemctl reset-failed {UNIT}` " \
-           "is needed" in " ".join(proc.stdout.split()), proc.stdout
+    assert f"lab1: {UNIT} hit systemd's start limit (3 restarts, Result=" in proc.stdout, proc.stdout
+    assert f"`systemctl reset-failed {UNIT}` is needed" in " ".join(proc.stdout.split()), proc.stdout
     rc, dg = k26ops_json("-i", inv, "diagnose", "service")
     assert dg["hosts"]["lab1"]["start_limit_hit"] is True, dg
+
+    proc = k26ops("-i", inv, "rollback", "--tag", "t1", "-C", "-D", env=bl, timeout=600)  # a diff, no change
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '-K26OPS_STANDIN_CRASH="load"' in proc.stdout.splitlines(), proc.stdout
+    assert ssh(f"systemctl show -p ActiveState --value {UNIT}") == "failed"
 
     proc = k26ops("-i", inv, "deploy", timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr

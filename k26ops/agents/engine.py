@@ -5,7 +5,7 @@ file, health, smoke and logs. Run through agents.run (stdlib only); each
 import json, os, shutil, subprocess, sys, time, hashlib, urllib.request, urllib.error
 
 PROPS = ("ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
-         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic")
+         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,StartLimitBurst")
 
 def sh(argv, timeout=60):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -14,7 +14,7 @@ def sh(argv, timeout=60):
 def show(unit):
     _, out, _ = sh(["systemctl", "show", unit, "-p", PROPS])
     d = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
-    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic"):
+    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic", "StartLimitBurst"):
         try: d[k] = int(d.get(k) or 0)
         except ValueError: d[k] = 0
     return d

@@ -73,7 +73,7 @@ def op_last_crash(r):
     unit = r["unit"]
     p = subprocess.run(["journalctl", "--no-pager", "-u", unit, "-o", "json", "-n", str(r["lines"]),
                         "--output-fields=" + FIELDS], capture_output=True, text=True)
-    s = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState,SubState,InvocationID,NRestarts,LoadState,Result"],
+    s = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState,SubState,InvocationID,NRestarts,LoadState,Result,StartLimitBurst"],
                        capture_output=True, text=True).stdout
     show = dict(l.split("=", 1) for l in s.splitlines() if "=" in l)
     return last_crash(p.stdout, show, r["keep"])

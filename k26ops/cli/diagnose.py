@@ -109,7 +109,7 @@ def service_cmd(settings, unit, lines):
     from k26ops.diagnose import journal
     from k26ops.diagnose.classify import classify
     from k26ops.enginehost import EngineHost
-    from k26ops.enginestate import START_LIMIT, reset_hint
+    from k26ops.enginestate import START_LIMIT, reset_hint, start_limit_hit
     from k26ops.fleet import Outcome
     from k26ops.steps import session_context
 
@@ -120,10 +120,11 @@ def service_cmd(settings, unit, lines):
         r = journal.last_crash(session, name, lines=lines)
         show = r.get("show") or {}
         out = Outcome(unit=name, state=show.get("ActiveState") or "unknown", crashes=r.get("crashes", 0),
-                      start_limit_hit=show.get("Result") == START_LIMIT)
+                      start_limit_hit=start_limit_hit(show))
         if out["start_limit_hit"]:  # systemd gave up restarting it: nothing starts it until reset-failed
             out["state"] = f"failed ({START_LIMIT})"
-            out["start_limit"] = f"{name} hit systemd's start limit (Result={START_LIMIT}): {reset_hint(name)}"
+            out["start_limit"] = (f"{name} hit systemd's start limit ({show.get('NRestarts')} restarts, "
+                                  f"Result={show.get('Result')}): {reset_hint(name)}")
         if not r.get("invocation"):
             out.update(signature=None, crashed=False, summary="no crash in the journal")
             return out

@@ -65,7 +65,8 @@ def status_cmd(settings, unit, baselines_dir):
         stamp = show.get("ExecMainStartTimestamp") or ""
         parts = stamp.split() if active in ("active", "activating", "reloading") else []  # a dead run's is stale
         try:  # one more call: patched files vs the release manifest, and vs the tagged baselines
-            d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index)
+            d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index,
+                                     state_dir=eh.layout.state_dir)
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from k26ops import units
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
+from k26ops.enginestate import start_limit_hit
 from k26ops.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
 
@@ -244,7 +245,7 @@ def plan_enable_and_restart(ctx: HostContext, svc: dict, show: dict, unit: str,
         todo["restart"] = True
     elif not active:
         was = show.get("ActiveState") or "not installed"
-        if show.get("Result") == "start-limit-hit":  # the agent resets it before every start
+        if start_limit_hit(show):  # the agent resets it before every start
             was += ": it hit systemd's start limit; systemctl reset-failed first"
         changes.append(Change(f"start {unit} (was {was})"))
         todo["start"] = True
