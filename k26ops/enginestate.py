@@ -33,16 +33,10 @@ class EngineState:
 
 def start_limit_hit(show: dict) -> bool:
     """systemd gave up restarting the unit: its start limit was hit. Newer systemd says so in
-    Result; 252 (Debian 12, measured on a lab host) keeps the last failure's Result
-    (exit-code) and logs only "Start request repeated too quickly": there, a failed unit with
-    as many automatic restarts as StartLimitBurst is one systemd refused to restart again."""
-    if show.get("Result") == START_LIMIT:
-        return True
-    try:
-        burst, restarts = int(show.get("StartLimitBurst") or 0), int(show.get("NRestarts") or 0)
-    except ValueError:
-        return False
-    return show.get("ActiveState") == "failed" and burst > 0 and restarts >= burst
+    Result; 252 (Debian 12, measured on a lab host) keeps the last failure's Result (exit-code)
+    and only logs "Start request repeated too quickly", which the host agents read into
+    StartLimitHit (the restart count cannot tell: manual starts count toward the limit too)."""
+    return show.get("Result") == START_LIMIT or show.get("StartLimitHit") is True
 
 
 def reset_hint(unit: str) -> str:
@@ -51,7 +45,7 @@ def reset_hint(unit: str) -> str:
 
 def engine_state(show: dict, health: int | None, uptime_s: float | None, unit: str) -> EngineState:
     """`show`: the unit's systemctl show properties (ActiveState, SubState, Result,
-    UnitFileState, LoadState, NRestarts, StartLimitBurst, ExecMainStatus); `health`: /health's HTTP status
+    UnitFileState, LoadState, NRestarts, ExecMainStatus; StartLimitHit from the agents); `health`: /health's HTTP status
     (0 no answer, None not asked); `uptime_s`: since the main process started."""
     active, sub = show.get("ActiveState") or "", show.get("SubState") or ""
     result = show.get("Result") or ""

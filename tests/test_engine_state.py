@@ -40,12 +40,13 @@ def test_states_from_systemd_properties():
                      None, None, UNIT)
     assert (s.state, s.ok) == ("failed", False)
     assert "start-limit-hit after 3 restart(s): `systemctl reset-failed k26-engine.service` is needed" in s.label()
-    # systemd 252 (Debian 12, as recorded on a lab host): the start limit keeps Result=exit-code
-    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", NRestarts=3,
-                           StartLimitBurst=3), None, None, UNIT)
-    assert s.state == "failed" and s.detail.startswith("start-limit-hit after 3 restart(s)")
+    # systemd 252 (Debian 12, as seen on a lab host): the start limit keeps Result=exit-code; the
+    # agents read its "Start request repeated too quickly" line into StartLimitHit
+    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", NRestarts=2,
+                           StartLimitHit=True), None, None, UNIT)
+    assert s.state == "failed" and s.detail.startswith("start-limit-hit after 2 restart(s)")
     s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainStatus=1,
-                           NRestarts=1, StartLimitBurst=3), None, None, UNIT)
+                           NRestarts=1, StartLimitHit=False), None, None, UNIT)
     assert s.label() == ("failed (result exit-code, exit status 1; `k26ops diagnose service` names the crash)")
     s = engine_state(_show(ActiveState="activating", SubState="auto-restart", Result="exit-code", NRestarts=2),
                      None, None, UNIT)
@@ -101,15 +102,15 @@ def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(scratch_la
     ssh("echo 'K26OPS_STANDIN_CRASH=\"load\"' >> /etc/k26ops/sglang.env && systemctl start "
         f"{UNIT}; true")
     deadline = time.monotonic() + 90
-    while set(ssh(f"systemctl show -p ActiveState,NRestarts {UNIT}").split()) != {"NRestarts=3", "ActiveState=failed"}:
+    while "Start request repeated too quickly" not in ssh(f"journalctl -u {UNIT} -n 5 -o cat --no-pager"):
         assert time.monotonic() < deadline, ssh(f"systemctl show {UNIT} -p ActiveState,SubState,Result,NRestarts")
         time.sleep(1)
-    assert "Start request repeated too quickly" in ssh(f"journalctl -u {UNIT} -n 5 --no-pager")
+    assert ssh(f"systemctl is-failed {UNIT}; true") == "failed"
     rc, st = k26ops_json("-i", inv, "status")
     h = st["hosts"]["lab1"]
     assert rc == 1 and h["engine_state"] == "failed" and h["engine_detail"].startswith("start-limit-hit"), h
     proc = k26ops("-i", inv, "diagnose", "service")
-    assert f"lab1: {UNIT} hit systemd's start limit (3 restarts, Result=" in proc.stdout, proc.stdout
+    assert f"lab1: {UNIT} hit systemd's start limit (" in proc.stdout, proc.stdout
     assert f"`systemctl reset-failed {UNIT}` is needed" in " ".join(proc.stdout.split()), proc.stdout
     rc, dg = k26ops_json("-i", inv, "diagnose", "service")
     assert dg["hosts"]["lab1"]["start_limit_hit"] is True, dg
