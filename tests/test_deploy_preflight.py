@@ -147,3 +147,28 @@ def test_deploy_refuses_a_missing_model_a_drafter_mismatch_and_a_gpu_to_reset_be
                           "(Uncorrectable Error : 4); drain the host") and err.endswith("; nothing was changed") \
         and "\n" not in err, err
     assert _state(lab) == before
+
+
+def test_inventory_list_says_each_hosts_recipe_and_whether_its_lock_exists(tmp_path):
+    from labtools import k26ops
+
+    from k26ops import resources
+
+    mine = tmp_path / "mine.yml"  # a recipe not locked yet (as the default one ships)
+    mine.write_text(resources.path("playbooks", "recipes", "lab-registry.yml").read_text())
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"vars": {"recipe": str(mine)},
+                                   "hosts": {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"},
+                                             "c": {"address": "10.0.0.3", "vars": {"recipe": "lab"}}}}))
+    rc, doc = k26ops_json("-i", str(inv), "inventory", "list")
+    assert rc == 0, doc
+    by = {tuple(r["hosts"]): r for r in doc["recipes"]}
+    unlocked, lab = by[("a", "b")], by[("c",)]
+    assert unlocked["source"] == str(mine) and not unlocked["ok"]
+    assert unlocked["problem"].startswith(f"{mine}: no dependency lock for sglang==")
+    assert f"`k26ops engine lock {mine}`" in unlocked["problem"]
+    assert lab["ok"] and lab["lock"].endswith("playbooks/recipes/lab.lock") and lab["problem"] is None
+    out = " ".join(k26ops("-i", str(inv), "inventory", "list", env={"COLUMNS": "200"}).stdout.split())
+    assert "recipe lab-registry (a, b): " in out and "no dependency lock" in out
+    assert "recipe lab (c): lock " in out
+    assert preflight.recipe_check(unlocked).ok is False and preflight.recipe_check(lab).ok
