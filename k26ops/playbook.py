@@ -104,11 +104,15 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
     try:
         progress("gathering facts")
         extra = preflight.host_facts(host.vars)
+        for step in steps:  # the steps' own facts (the engine's model and drafter), in the same call
+            extra += [f for f in step.facts(host.vars) if f.name not in {e.name for e in extra}]
         facts = facts_mod.gather(session, extra=extra)
         ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts,
                           shared={**(shared or {}), "releases_root_state": rel_st}, check=check,
                           progress=progress, steps=list(steps))
         report, changed = [], False
+        for step in steps:
+            step.check_host(ctx)
         for step in steps:
             step.prepare(ctx)
         for i, step in enumerate(steps, 1):

@@ -51,6 +51,67 @@ def host_facts(host_vars: dict) -> list:
     return [disk_free_fact(paths(host_vars)), cuda_toolkit_fact(Layout.of(host_vars).toolchain_dir)]
 
 
+def engine_wanted(host_vars: dict) -> dict:
+    """What this host's engine will start from: the model path (the engine profile's,
+    as the unit gets it) and the drafter (`drafter_wanted`). A bad recipe raises UserError."""
+    from k26ops.steps.release import profile_for, recipe_for
+
+    prof = profile_for(host_vars, recipe_for(host_vars))
+    return {"model_path": str(prof.get("model_path") or expectations(host_vars)["model_path"]),
+            "drafter": drafter_wanted(host_vars)}
+
+
+def drafter_wanted(host_vars: dict) -> dict | None:
+    """The drafter this host's engine will use: path (inventory draft_model_path, else
+    the recipe's drafter.path), the profile's block size, and where it came from."""
+    from k26ops.steps.release import profile_for, recipe_for
+
+    r = recipe_for(host_vars)
+    prof = profile_for(host_vars, r)
+    if not prof.get("speculative_algorithm") or not prof.get("draft_model_path"):
+        return None
+    d = r.drafter
+    block = prof.get("speculative_dflash_block_size") or (d.block_size if d else None)
+    return {"path": str(prof["draft_model_path"]), "block_size": block,
+            "repo": d.repo if d else None, "revision": d.revision if d else None}
+
+
+def recipe_lock(host_vars: dict) -> dict:
+    """Which recipe this host gets and whether its dependency lock is there and its own:
+    {"recipe", "source", "lock", "ok", "problem"} (a deploy without the lock refuses)."""
+    from k26ops.errors import UserError
+    from k26ops.steps.release import lock_for, recipe_for
+
+    try:
+        r = recipe_for(host_vars)
+    except UserError as exc:
+        return {"recipe": str(host_vars.get("recipe") or ""), "source": None, "lock": None, "ok": False,
+                "problem": str(exc)}
+    out = {"recipe": r.name, "source": str(r.source), "lock": str(r.lock_path) if r.lock_path else None}
+    try:
+        lock_for(r)
+    except UserError as exc:
+        return {**out, "ok": False, "problem": str(exc)}
+    return {**out, "ok": True, "problem": None}
+
+
+def recipe_check(info: dict) -> Check:
+    if not info["ok"]:
+        return Check("recipe", False, info["problem"])
+    return Check("recipe", True, f"{info['recipe']} ({info['source']}), lock {info['lock']}")
+
+
+def engine_facts(want: dict) -> list:
+    """The facts `engine_wanted` asks for (model, drafter), gathered in the same call as the others."""
+    from k26ops.facts.drafter import drafter_fact
+    from k26ops.facts.model import model_fact
+
+    out = [model_fact(want["model_path"])]
+    if (want.get("drafter") or {}).get("path"):
+        out.append(drafter_fact(want["drafter"]["path"]))
+    return out
+
+
 def paths(host_vars: dict) -> list[str]:
     e = expectations(host_vars)
     return [str(e["model_path"]), str(e["releases_root"])]
@@ -172,8 +233,12 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
     checks.append(Check("driver", driver_ok,
                         f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"
                         + ("" if driver_ok else "; `k26ops provision` installs it")))
+    if isinstance(facts.get("model"), dict):
+        checks.append(model_check(facts["model"], host_vars.get("_model_path") or str(e["model_path"])))
     disk = facts.get("disk_free") or {}
     model_need = (int(e["model_size_gb"]) + int(e["disk_margin_gb"])) * 10**9
+    if model_present(facts.get("model")):  # downloaded: only the margin must stay free beside it
+        model_need = int(e["disk_margin_gb"]) * 10**9
     for label, path, need in (("disk_model", str(e["model_path"]), model_need),
                               ("disk_releases", str(e["releases_root"]), int(e["release_size_gb"]) * 10**9)):
         row = disk.get(path) or {}
@@ -190,6 +255,52 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
     checks.append(Check("systemd", bool(sd.get("version")),
                         f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd")))
     return checks
+
+
+def model_present(fact) -> bool:
+    return isinstance(fact, dict) and fact.get("state") == "dir" and not fact.get("error")
+
+
+def model_check(fact: dict, path: str) -> Check:
+    """The model directory exists with a readable config.json and all its weight shards."""
+    if fact.get("error"):
+        return Check("model", False, f"{path}: {fact['error']}")
+    arch = ", ".join(fact.get("architectures") or []) or fact.get("model_type") or "no architectures in config"
+    return Check("model", True, f"{path}: config.json ({arch}), {fact.get('shards')} safetensors file(s)"
+                 + (", index" if fact.get("index") else ""))
+
+
+# What a deploy refuses before it changes a host: the checks about what it will start.
+# The driver is the cuda_toolkit step's (it plans before anything changes).
+DEPLOY_CHECKS = ("model", "drafter", "disk_model", "disk_releases", "gpu_reset")
+
+
+def gpu_reset_check(facts: dict) -> Check:
+    """A GPU the driver says needs a reset (or worse): reset status, recovery action, a
+    pending remap or retirement (nvidia-smi -q), or an error state in the GPU query or table.
+    Slowdowns and this boot's Xid history are `check`'s; they do not stop a deploy."""
+    from k26ops.facts.smi_q import ACTION_TEXT, ACTIONS
+
+    gpus = facts.get("gpus") or {}
+    bad = list(gpus.get("gpu_errors") or []) if isinstance(gpus, dict) else []
+    health = facts.get("gpu_health")
+    for g in (health.get("gpus") or []) if isinstance(health, dict) else []:
+        worst = g.get("action") or "none"
+        if ACTIONS.index(worst) >= ACTIONS.index("reset-gpu"):
+            who = (f"GPU {g['index']}" if g.get("index") is not None else "GPU") + \
+                  (f" ({g['bus_id']})" if g.get("bus_id") else "")
+            why = ", ".join(f["evidence"] for f in g.get("faults") or [] if f["action"] != "check-cooling")
+            bad.append(f"{who} needs {worst}: {why}; {ACTION_TEXT[worst]}")
+    if bad:
+        return Check("gpu_reset", False, "; ".join(bad))
+    return Check("gpu_reset", True, "no GPU needs a reset")
+
+
+def deploy_refusals(facts: dict, host_vars: dict, want: dict) -> list[Check]:
+    """The failed checks a deploy refuses a host on, before any change (DEPLOY_CHECKS)."""
+    checks = evaluate(facts, {**host_vars, "_drafter": want.get("drafter"), "_model_path": want["model_path"]})
+    checks.append(gpu_reset_check(facts))
+    return [c for c in checks if c.name in DEPLOY_CHECKS and not c.ok]
 
 
 def drafter_check(fact: dict, want: dict) -> Check:

@@ -286,7 +286,14 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
                       f"rm -rf /var/tmp/k26copy; findmnt -n {RELEASES}")
     assert_consistent(solo, "lab1")
     try:
-        inv = inventory(solo, tmp_path / "diskfull-inv.yml", {}, recipe=str(recipe_with_patch(tmp_path, "diskfull")))
+        recipe = str(recipe_with_patch(tmp_path, "diskfull"))
+        # the deploy's preflight sees 40 MB free where a release needs release_size_gb (1 GB in the lab)
+        inv = inventory(solo, tmp_path / "diskfull-inv.yml", {}, recipe=recipe)
+        rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
+        assert rc == 1 and data["hosts"]["lab1"]["error"].startswith(
+            f"preflight: disk_releases: {RELEASES}: 0 GB free, needs 1 GB"), data
+        # told a release needs no room, the build starts and runs out of space
+        inv = inventory(solo, tmp_path / "diskfull-inv.yml", {}, recipe=recipe, release_size_gb=0)
         rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
         r = data["hosts"]["lab1"]
         assert rc == 1 and r["status"] == "failed", data

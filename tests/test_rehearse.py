@@ -241,7 +241,8 @@ def test_lab_rehearse_refuses_beside_a_serving_engine_then_runs_alongside(labhos
     assert rc == 0, data
     rep = data["hosts"][h["name"]]["rehearsal"]
     assert rep["state"] == "served" and rep["runner"].startswith("transient unit k26ops-rehearse-")
-    assert any("from the recipe" in n for n in rep["notes"])  # lab hosts have no target config.json
+    # the lab model fixture's config.json (k26ops/lab/machines.py LAB_MODEL), copied without its weights
+    assert any("model config: /models/Kimi-K2.6/config.json on the host" in n for n in rep["notes"]), rep["notes"]
     assert rep["cleanup"]["left"] == []
     assert _remote(h, "systemctl list-units --all --no-legend 'k26ops-rehearse-*' | wc -l") == "0"
     assert _remote(h, "ls /tmp | grep -c k26ops-rehearse- ; true") == "0"

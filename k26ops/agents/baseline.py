@@ -107,6 +107,13 @@ def op_snapshot(r):
 
 def op_probe(r):
     out = {"release": release(r["releases_root"], r.get("release")), "unit": txt(r["unit_path"]), "env": txt(r["env_path"])}
+    if r.get("tag_file"):  # the tag a rollback brought the host to (written by it, read by status)
+        if r.get("record_tag") is not None:
+            os.makedirs(os.path.dirname(r["tag_file"]), exist_ok=True)
+            with open(r["tag_file"] + ".tmp", "w") as fh:
+                fh.write(r["record_tag"] + "\n")
+            os.replace(r["tag_file"] + ".tmp", r["tag_file"])
+        out["recorded_tag"] = ((txt(r["tag_file"]) or "").strip() or None)
     if r.get("release") and out["release"]["current"] != r.get("release"):
         out["current"] = release(r["releases_root"])
     return out

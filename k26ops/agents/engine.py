@@ -12,12 +12,17 @@ def sh(argv, timeout=60):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
+LIMIT_LINE = "Start request repeated too quickly"
+
 def show(unit):
     _, out, _ = sh(["systemctl", "show", unit, "-p", PROPS])
     d = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
     for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic"):
         try: d[k] = int(d.get(k) or 0)
         except ValueError: d[k] = 0
+    if d.get("ActiveState") == "failed":  # systemd 252 keeps Result=exit-code at its start limit: its last lines say
+        _, tail, _ = sh(["journalctl", "-u", unit, "-n", "8", "-o", "cat", "--no-pager"])
+        d["StartLimitHit"] = LIMIT_LINE in tail
     return d
 
 def read(path):

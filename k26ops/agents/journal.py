@@ -73,9 +73,13 @@ def op_last_crash(r):
     unit = r["unit"]
     p = subprocess.run(["journalctl", "--no-pager", "-u", unit, "-o", "json", "-n", str(r["lines"]),
                         "--output-fields=" + FIELDS], capture_output=True, text=True)
-    s = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState,SubState,InvocationID,NRestarts,LoadState"],
+    s = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState,SubState,InvocationID,NRestarts,LoadState,Result"],
                        capture_output=True, text=True).stdout
     show = dict(l.split("=", 1) for l in s.splitlines() if "=" in l)
+    if show.get("ActiveState") == "failed":  # as agents/engine.py's show(): systemd's own last lines
+        tail = subprocess.run(["journalctl", "-u", unit, "-n", "8", "-o", "cat", "--no-pager"],
+                              capture_output=True, text=True).stdout
+        show["StartLimitHit"] = "Start request repeated too quickly" in tail
     return last_crash(p.stdout, show, r["keep"])
 
 

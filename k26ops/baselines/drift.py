@@ -28,9 +28,19 @@ def load_index(baselines_dir=None) -> list[tuple[str, dict]]:
     return out
 
 
-def host_drift(session, releases_root: str, unit_path: str, env_path: str, index: list) -> dict:
+def tag_file(state_dir: str) -> str:
+    """Where a rollback records the tag it brought the host to."""
+    return f"{state_dir}/baseline-tag"
+
+
+def host_drift(session, releases_root: str, unit_path: str, env_path: str, index: list,
+               state_dir: str | None = None) -> dict:
+    """The first (newest) tag whose record matches what runs; the tag a rollback
+    recorded on the host first, when it matches too (several tags may hold the same content)."""
     p = hostscript.call(session, "probe", releases_root=releases_root, release=None,
-                        unit_path=unit_path, env_path=env_path)
+                        unit_path=unit_path, env_path=env_path, tag_file=tag_file(state_dir) if state_dir else None)
+    recorded = p.get("recorded_tag")
+    index = sorted(index, key=lambda item: item[0] != recorded)  # stable: newest first otherwise
     r = p["release"]
     m = r.get("manifest") or {}
     changed = sorted(k for k, h in (m.get("patched_files") or {}).items() if r["hashes"].get(k) != h)

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from k26ops import units
-from k26ops.baselines import hostscript
+from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
@@ -99,6 +99,7 @@ class BaselineService(engine_steps.ServiceStep):
     """The tag's unit (verbatim) and env file (secrets from the inventory/environment)."""
 
     name = "baseline_service"
+    preflight = False  # the tag's unit names its own model and drafter
 
     def prepare(self, ctx: HostContext) -> None:
         b = _b(ctx)
@@ -163,8 +164,10 @@ class BaselineVerify(Step):
             return []
         b = _b(ctx)
         rec = b["record"]
+        # the same call records the tag on the host: `status` names it among tags of the same content
         p = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=None,
-                            unit_path=rec["unit"]["path"], env_path=rec["env"]["path"])
+                            unit_path=rec["unit"]["path"], env_path=rec["env"]["path"],
+                            tag_file=drift.tag_file(ctx.state_dir), record_tag=rec.get("tag"))
         r = p["release"]
         why = []
         if r["current"] != rec["release_id"]:

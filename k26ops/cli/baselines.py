@@ -65,9 +65,10 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, 
 @click.command(name="rollback")
 @click.option("--tag", required=True, metavar="TAG", help="Baseline tag to return to.", shell_complete=baseline_tags)
 @click.option("--check", is_flag=True, help="Change nothing; say what would change.")
+@click.option("--diff", is_flag=True, help="Show text diffs of the unit and env file it restores (secrets redacted).")
 @BASELINES_OPT
 @click.pass_obj
-def rollback_cmd(settings, tag, check, baselines_dir):
+def rollback_cmd(settings, tag, check, diff, baselines_dir):
     """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
     from k26ops.baselines import rollback
     from k26ops.cli.deploy import render_changes
@@ -79,7 +80,7 @@ def rollback_cmd(settings, tag, check, baselines_dir):
         results = run_rollout(settings, work, canary=0, title=f"rollback --tag {tag}" + (" --check" if check else ""),
                               columns=rollback.COLUMNS, exit=False)
     if not settings.as_json:
-        render_changes(results, check=check, diff=False)
+        render_changes(results, check=check, diff=diff)
     from k26ops.fleet import exit_code
 
     sys.exit(exit_code(results))

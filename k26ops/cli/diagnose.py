@@ -109,6 +109,7 @@ def service_cmd(settings, unit, lines):
     from k26ops.diagnose import journal
     from k26ops.diagnose.classify import classify
     from k26ops.enginehost import EngineHost
+    from k26ops.enginestate import START_LIMIT, reset_hint, start_limit_hit
     from k26ops.fleet import Outcome
     from k26ops.steps import session_context
 
@@ -118,7 +119,12 @@ def service_cmd(settings, unit, lines):
         name = eh.unit
         r = journal.last_crash(session, name, lines=lines)
         show = r.get("show") or {}
-        out = Outcome(unit=name, state=show.get("ActiveState") or "unknown", crashes=r.get("crashes", 0))
+        out = Outcome(unit=name, state=show.get("ActiveState") or "unknown", crashes=r.get("crashes", 0),
+                      start_limit_hit=start_limit_hit(show))
+        if out["start_limit_hit"]:  # systemd gave up restarting it: nothing starts it until reset-failed
+            out["state"] = f"failed ({START_LIMIT})"
+            out["start_limit"] = (f"{name} hit systemd's start limit ({show.get('NRestarts')} restarts, "
+                                  f"Result={show.get('Result')}): {reset_hint(name)}")
         if not r.get("invocation"):
             out.update(signature=None, crashed=False, summary="no crash in the journal")
             return out
@@ -141,6 +147,8 @@ def service_cmd(settings, unit, lines):
         con = Console(highlight=False, soft_wrap=True)
         for res in results:
             data = res.data
+            if data.get("start_limit"):
+                con.print(f"[bold]{res.host}[/]: {escape(data['start_limit'])}")
             if not data.get("crashed"):
                 continue
             con.print(f"[bold]{res.host}[/]: last crash {data.get('crashed_at') or ''} ({escape(str(data.get('exit')))})")

@@ -8,30 +8,13 @@ from rich.console import Console
 from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report
-from k26ops.facts.drafter import drafter_fact
 from k26ops.fleet import Outcome
 
 
-def _gather(session, drafter: dict | None = None):
-    extra = preflight.host_facts(session.host.vars)
-    if drafter and drafter.get("path"):
-        extra.append(drafter_fact(drafter["path"]))
+def _gather(session, want: dict | None = None):
+    """Every fact in one call; with `want` (preflight.engine_wanted) the model and drafter too."""
+    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) if want else [])
     return facts_mod.gather(session, extra=extra)
-
-
-def drafter_wanted(host_vars: dict) -> dict | None:
-    """The drafter this host's engine will use: path (inventory draft_model_path, else
-    the recipe's drafter.path), the profile's block size, and where it came from."""
-    from k26ops.steps.release import profile_for, recipe_for
-
-    r = recipe_for(host_vars)
-    prof = profile_for(host_vars, r)
-    if not prof.get("speculative_algorithm") or not prof.get("draft_model_path"):
-        return None
-    d = r.drafter
-    block = prof.get("speculative_dflash_block_size") or (d.block_size if d else None)
-    return {"path": str(prof["draft_model_path"]), "block_size": block,
-            "repo": d.repo if d else None, "revision": d.revision if d else None}
 
 
 @click.command(name="facts")
@@ -65,11 +48,14 @@ def facts_cmd(settings):
 def check_cmd(settings):
     """Preflight: compare each host with what the inventory expects for the TP8 profile."""
 
-    wanted = {h.name: drafter_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2 here
+    wanted = {h.name: preflight.engine_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2
+    recipes = {h.name: preflight.recipe_lock(h.vars) for h in settings.selected_hosts()}
 
     def work(session):
-        want = wanted.get(session.host.name)
-        checks = preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want})
+        want = wanted[session.host.name]
+        checks = [preflight.recipe_check(recipes[session.host.name])]
+        checks += preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want["drafter"],
+                                                              "_model_path": want["model_path"]})
         failed = [c for c in checks if not c.ok]
         if failed:
             raise PreflightFailed("; ".join(f"{c.name}: {c.detail}" for c in failed))

@@ -139,6 +139,7 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
             "hosts": {h.name: host_json(h) for h in hosts},
             "groups": {g: [h for h in members if h in names] for g, members in inv.groups.items()},
             "warnings": list(inv.warnings),
+            "recipes": _recipes(hosts),
         }
         jsonout.emit(doc, indent=2)
         return
@@ -152,6 +153,21 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
     tables.show(console, title, cols, rows, show_lines=True)
     _print_vars(console, hosts)
     _print_notes(console, hosts)
+    for r in _recipes(hosts):
+        what = f"lock {r['lock']}" if r["ok"] else r["problem"]
+        console.print(Text(f"recipe {r['recipe'] or '?'} ({_who(r['hosts'])}): {what}"))
+
+
+def _recipes(hosts) -> list[dict]:
+    """Which recipe each host gets (a deploy builds it) and whether its dependency lock exists:
+    one entry per recipe, with its hosts (preflight.recipe_lock)."""
+    from k26ops.preflight import recipe_lock
+
+    out: dict[tuple, dict] = {}
+    for h in hosts:
+        info = recipe_lock(h.vars)
+        out.setdefault((info["recipe"], info["source"], info["problem"]), {**info, "hosts": []})["hosts"].append(h.name)
+    return list(out.values())
 
 
 @group.command("show")

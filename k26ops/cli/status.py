@@ -14,6 +14,7 @@ from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
 from k26ops.enginehost import agent
+from k26ops.enginestate import engine_state
 from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
 from k26ops.steps import HostContext, session_context
@@ -44,8 +45,9 @@ def _ago(seconds: float | None) -> str:
               help="Baselines repository to compare with (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
 @click.pass_obj
 def status_cmd(settings, unit, baselines_dir):
-    """Per host: engine unit state, health, release, uptime, model, last restart;
-    and drift: which tagged baseline runs, or which files differ from the release manifest."""
+    """Per host: what the engine is (serving, starting, stopped, failed, crash-looping), health,
+    release, uptime, model, last restart; and drift: which tagged baseline runs, or which files
+    differ from the release manifest. Exit 1 when an enabled engine does not serve."""
     from k26ops.baselines import drift as drift_mod
 
     index = drift_mod.load_index(baselines_dir)
@@ -60,14 +62,18 @@ def status_cmd(settings, unit, baselines_dir):
         started = show.get("ExecMainStartTimestampMonotonic") or 0
         uptime = (r["now_monotonic_us"] - started) / 1e6 if active == "active" and started else None
         health = r.get("health")
+        es = engine_state(show, health, uptime, name)
         stamp = show.get("ExecMainStartTimestamp") or ""
-        parts = stamp.split()
+        parts = stamp.split() if active in ("active", "activating", "reloading") else []  # a dead run's is stale
         try:  # one more call: patched files vs the release manifest, and vs the tagged baselines
-            d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index)
+            d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index,
+                                     state_dir=eh.layout.state_dir)
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
                        unit=name, state=active or "unknown", substate=show.get("SubState"),
+                       engine_state=es.state, engine_detail=es.detail, engine_label=es.label(),
+                       should_serve=es.should_serve, serving_ok=es.ok, result=show.get("Result") or None,
                        enabled=show.get("UnitFileState") or None,
                        health=("healthy" if health == 200 else f"HTTP {health}" if health else
                                "no answer" if health == 0 else "-"),
@@ -78,15 +84,23 @@ def status_cmd(settings, unit, baselines_dir):
                        last_start=stamp or None, gpu_xid=xid_lines(xid.since_engine_start(r)),
                        started=" ".join(parts[1:3]) if len(parts) >= 3 else None)
 
+    def not_serving(results) -> list:
+        return [r for r in results if r.data and r.data.get("serving_ok") is False]
+
     def render(results):
+        """A new Xid since the engine started, per host; then one line per engine that
+        should serve and does not (after the table)."""
         for res in results:
             for line in (res.data or {}).get("gpu_xid") or []:
                 click.echo(f"  {res.host}: {line}")
+        for r in not_serving(results):
+            click.echo(f"k26ops: {r.host}: {r.data['unit']} should serve but is {r.data['engine_label']}", err=True)
 
-    run_and_report(settings, work, title="engine status",
-                   columns=[("unit", "state"), ("health", "health"), ("release", "release"),
+    run_and_report(settings, work, title="engine status", render=render,
+                   exit_with=lambda results: 1 if not_serving(results) else 0,
+                   columns=[("engine", "engine_state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
-                            ("restarts", "restarts"), ("started", "started")], render=render)
+                            ("restarts", "restarts"), ("started", "started")])
 
 
 def xid_lines(events: list[dict]) -> list[str]:

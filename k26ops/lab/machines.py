@@ -10,6 +10,7 @@ Layout of a lab dir:
   hosts/NAME/root/    the host's root: an overlay of the shared rootfs (upper
                       holds what the host wrote; see overlay_boot)
   drafter/config.json the lab drafter's config, bound into every host
+  model/              the lab model: its config.json, weight index and empty shards
 `lab down --purge` removes exactly these (Lab.purge).
 """
 
@@ -40,6 +41,12 @@ LAB_SOURCE_URL = "file:///var/lib/k26ops-lab/sglang-0.5.23-ddtree-lab"  # the la
 DRAFTER_CONFIG = ('{"k26ops_lab_fixture": "a DFlash drafter config for the lab; no weights",\n'
                   ' "architectures": ["DFlashDraftModel"], "num_hidden_layers": 6,\n'
                   ' "dflash_config": {"block_size": 8}}\n')
+# Lab fixture: the lab model at the lab inventory's model_path: the recipe's K2.6 config.json,
+# a weight index and two EMPTY shard files (the engine stand-in reads no weights); what a
+# deploy's preflight looks for (k26ops/facts/model.py), so that a lab deploy passes it.
+LAB_MODEL = "/models/Kimi-K2.6"
+LAB_MODEL_FILES = ("config.json", "model.safetensors.index.json",
+                   "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 DEFAULT_BASE_PORT = 2221
 # Hosts share this machine's network: each engine listens on its own loopback
 # port, derived from the host's sshd port so that two labs never clash.
@@ -229,6 +236,7 @@ class Lab:
             drafter.mkdir(exist_ok=True)
             (drafter / "config.json").write_text(DRAFTER_CONFIG)
         binds.append(f"--bind-ro={drafter}:{LAB_DRAFTER}")
+        binds.append(f"--bind-ro={self._model_fixture()}:{LAB_MODEL}")
         if CA_BUNDLE.exists():
             binds.append(f"--bind-ro={CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt")
         root = hdir / "root"
@@ -243,6 +251,22 @@ class Lab:
                                     stderr=subprocess.STDOUT, start_new_session=True)
         time.sleep(0.05)
         return LabHost(name, port, proc.pid, _proc_start(proc.pid) or "", engine_port), key_line
+
+    def _model_fixture(self) -> Path:
+        """The lab model dir (LAB_MODEL_FILES), written once per lab dir."""
+        from k26ops import resources
+
+        model = self.dir / "model"
+        if not (model / "config.json").exists():
+            model.mkdir(exist_ok=True)
+            for name in LAB_MODEL_FILES[2:]:
+                (model / name).write_bytes(b"")
+            index = {"k26ops_lab_fixture": "no weights: the shards are empty files",
+                     "metadata": {"total_size": 0}, "weight_map": {}}
+            (model / LAB_MODEL_FILES[1]).write_text(json.dumps(index) + "\n")
+            shutil.copyfile(resources.path("playbooks", "recipes", "models", "kimi-k2.6", "config.json"),
+                            model / "config.json")
+        return model
 
     def _machine(self, name: str) -> str:
         return f"k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-")
@@ -270,7 +294,7 @@ class Lab:
                 "compute_capability": "12.0",
                 "recipe": "lab",
                 # The lab has no model weights; the engine stand-in needs none.
-                "model_path": "/models/Kimi-K2.6",
+                "model_path": LAB_MODEL,
                 "model_size_gb": 1,
                 "disk_margin_gb": 1,
                 "release_size_gb": 1,
@@ -310,7 +334,8 @@ class Lab:
     # Files `up` writes at the top of the lab dir; purge removes these and
     # nothing else (the dir may be one the user chose, holding their own files).
     MADE = ("lab.json", "lab.tmp", "inventory.yml", "known_hosts", "authorized_keys",
-            "id_ed25519", "id_ed25519.pub", "drafter/config.json")
+            "id_ed25519", "id_ed25519.pub", "drafter/config.json",
+            *(f"model/{name}" for name in LAB_MODEL_FILES))
 
     def purge(self) -> tuple[list[str], int]:
         """After `down`: remove what `up` made here (host dirs with their overlay
@@ -337,7 +362,7 @@ class Lab:
                 freed += path.lstat().st_size
                 path.unlink()
             removed.append(str(path))
-        for d in (self.dir / "drafter", hosts_dir, self.dir):  # only when nothing else is left in them
+        for d in (self.dir / "drafter", self.dir / "model", hosts_dir, self.dir):  # only when left empty
             try:
                 d.rmdir()
                 removed.append(str(d))

@@ -80,6 +80,15 @@ class Step:
         """Checks on the control node before any host is contacted (bad input:
         raise UserError, exit 2, nothing runs). Default: nothing."""
 
+    def facts(self, host_vars: dict) -> list:
+        """Facts this step needs beyond the standard ones, gathered in the playbook's
+        one fact-gathering call (no extra round trip). Default: none."""
+        return []
+
+    def check_host(self, ctx: HostContext) -> None:
+        """Refuse the host from its gathered facts (raise StepFailed), before any step
+        prepares (control-node builds) or changes anything. Default: nothing."""
+
     def prepare(self, ctx: HostContext) -> None:
         """Control-node work and checks that must pass before ANY step changes
         the host (called for every step first). Default: nothing."""

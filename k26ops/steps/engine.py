@@ -35,6 +35,7 @@ from pathlib import Path
 
 from k26ops import units
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
+from k26ops.enginestate import start_limit_hit
 from k26ops.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
 
@@ -114,6 +115,24 @@ class ServiceStep(Step):
     """Install the engine's unit + env file; restart only on a change."""
 
     name = "service"
+    preflight = True  # the rollback's baseline_service starts what its tag recorded: not checked here
+
+    def facts(self, host_vars: dict) -> list:
+        from k26ops import preflight
+
+        return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
+
+    def check_host(self, ctx: HostContext) -> None:
+        """Before any step prepares or changes anything: refuse the host when what the engine would start
+        is not there (model, drafter of the profile's block size, disk) or a GPU needs a reset."""
+        from k26ops import preflight
+
+        if not self.preflight:
+            return
+        bad = preflight.deploy_refusals(ctx.facts, ctx.vars, preflight.engine_wanted(ctx.vars))
+        if bad:
+            raise StepFailed("preflight: " + "; ".join(f"{c.name}: {c.detail}" for c in bad)
+                             + "; nothing was changed")
 
     def plan(self, ctx: HostContext) -> list[Change]:
         eh = EngineHost(ctx, self.params)
@@ -271,7 +290,10 @@ def plan_enable_and_restart(ctx: HostContext, svc: dict, show: dict, unit: str,
         changes.append(Change(f"restart {unit} ({', '.join(reasons)} changed)"))
         todo["restart"] = True
     elif not active:
-        changes.append(Change(f"start {unit} (was {show.get('ActiveState') or 'not installed'})"))
+        was = show.get("ActiveState") or "not installed"
+        if start_limit_hit(show):  # the agent resets it before every start
+            was += ": it hit systemd's start limit; systemctl reset-failed first"
+        changes.append(Change(f"start {unit} (was {was})"))
         todo["start"] = True
     svc["todo"] = todo
     svc["restart_reasons"] = reasons
