@@ -209,7 +209,7 @@ def algorithm_in(text: str) -> str | None:
     """The speculative algorithm named in server args or frames, if any."""
     m = re.search(r"speculative[_-]algorithm['\"]?\s*[=:]?\s*['\"]?(?:SpeculativeAlgorithm\.)?"
                   r"([A-Za-z0-9_]+)", text)
-    algo = m.group(1).upper() if m and m.group(1).lower() != "none" else None
+    algo = m.group(1).upper() if m and m.group(1).upper() in S.ALGORITHMS else None  # not a code name
     budget = re.search(r"speculative[_-]ddtree[_-]budget['\"]?\s*[=:]?\s*['\"]?\d", text)
     if algo in (None, "DFLASH") and (budget or re.search(r"ddtree", text, re.I)):
         return "DDTREE"

@@ -226,6 +226,21 @@ AUX_HIDDEN_CAPTURE = Signature(
                 "must match the target the drafter was trained on."),
 )
 
+# A model or drafter path that does not exist on the host: transformers then takes the path for a
+# Hugging Face repo id and refuses it (huggingface_hub HFValidationError, re-raised as OSError).
+# Seen on the real engine (sglang 0.5.17, H200): tests/data/logs/h200_model_path_missing.log.
+MODEL_PATH_MISSING = Signature(
+    keywords=("repo id",),
+    id="model-path-missing",
+    title="the model or drafter path does not exist on the host (taken for a Hugging Face repo id)",
+    patterns=_rx(r"Repo" + _ + r"id" + _ + r"must" + _ + r"be" + _ + r"in" + _ + r"the" + _ + r"form"
+                 + r"[^\n]*?:" + _ + r"'(?P<path>/[^'\n]*)'"),
+    suggestion=("The engine was given a local path that is not there (or not readable by the "
+                "unit's user): check model_path / draft_model_path on this host (the weights "
+                "downloaded, the disk mounted). `k26ops check` shows the model directory, and "
+                "`k26ops deploy` refuses a missing one before it touches the unit."),
+)
+
 # The engine's start-up checks (k26ops/release/launch_rules.py, read from the engine's argument
 # hooks): each message, as the engine words it or as k26ops words the same rule, names
 # its rule; a rule's `fix` is the suggestion. Real DFLASH texts: speculative_hook.py
@@ -313,7 +328,7 @@ GPU_APP_SUGGESTION = ("{where}: Xid {xid}, {meaning}. This Xid usually follows a
 
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
-                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, AUX_HIDDEN_CAPTURE,
+                               ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, MODEL_PATH_MISSING, AUX_HIDDEN_CAPTURE,
                                BACKEND_UNSUPPORTED_GPU, CONFIG_REFUSED, NCCL_FAILURE]
 
 NO_ERROR_SUGGESTION = ("No error in this log: no exception, no error line. If the engine "
