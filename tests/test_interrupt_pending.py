@@ -173,3 +173,36 @@ def test_baselines_repin_json_exits_130_when_a_host_was_queued(tmp_path, monkeyp
     validate(doc)
     assert res.exit_code == EXIT_INTERRUPTED and doc["exit_code"] == EXIT_INTERRUPTED, (res.exit_code, doc)
     assert doc["hosts"]["queued"]["status"] == "interrupted"
+
+
+class InterruptingPins(Step):
+    name = "baseline_pins"
+
+    def plan(self, ctx: HostContext) -> list[Change]:
+        return [Change("interrupt the run")]
+
+    def apply(self, ctx: HostContext, changes: list[Change]) -> None:
+        _interrupt_and_wait(lambda cmd: ctx.run(cmd, check=True))
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_repin_interrupted_with_no_host_queued_exits_130(tmp_path, monkeypatch, as_json):
+    """Ctrl-C while the only host repins: no host is left queued, so no result says
+    `interrupted`; the rollout does, and `baselines repin` exits 130, not 1."""
+    from k26ops.baselines import pins
+    from k26ops.baselines import snapshot as snap
+
+    inv = tmp_path / "one.yml"
+    inv.write_text(yaml.safe_dump({"hosts": {"first": {"connection": "local", "vars": {
+        "k26ops_root": str(tmp_path / "first/k26ops")}}}}))
+    import git
+
+    git.Repo.init(tmp_path / "baselines", initial_branch="main")  # a repository, no tag yet
+    monkeypatch.setattr(pins, "BaselinePins", InterruptingPins)
+    res = _cli(["-i", str(inv), *(["--json"] if as_json else []), "baselines", "repin",
+                "--baselines", str(tmp_path / "baselines")])
+    assert res.exit_code == EXIT_INTERRUPTED, (res.exit_code, res.stdout, res.stderr)
+    if as_json:
+        doc = json.loads(res.stdout)
+        validate(doc)
+        assert doc["exit_code"] == EXIT_INTERRUPTED and doc["hosts"]["first"]["status"] == "failed"

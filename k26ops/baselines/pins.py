@@ -78,15 +78,16 @@ def pin_release(session, release_id: str, purpose: str = "baselines snapshot") -
         return True
 
 
-def repin_hosts(hosts, options, pins: dict[str, list[str]], *, check: bool, log=lambda m: None) -> list:
-    """Run `baseline_pins` on `hosts` (host lock, --check); one result per host."""
+def repin_hosts(hosts, options, pins: dict[str, list[str]], *, check: bool, log=lambda m: None):
+    """Run `baseline_pins` on `hosts` (host lock, --check): the rollout (one result per
+    host, and whether Ctrl-C ended it, also when no host was still queued)."""
     from k26ops import rollout
 
     if not hosts:
-        return []
+        return rollout.Rollout()
     work = rollout.playbook_work([BaselinePins()], check=check, purpose="baselines repin", shared={"pins": pins})
     return rollout.run(hosts, lambda session: work(session, lambda m: log(f"{session.host.name}: {m}")), options,
-                       on_event=lambda h, m: log(f"{h}: {m}")).results
+                       on_event=lambda h, m: log(f"{h}: {m}"))
 
 
 def open_repo(baselines_dir) -> Baselines:
@@ -103,8 +104,9 @@ def _stale(results) -> dict[str, str]:
 
 def repin(repo: Baselines, hosts, options, *, check: bool = False, log=lambda m: None) -> dict:
     """Rewrite `hosts`' pins from every tag in the repository."""
-    results = repin_hosts(hosts, options, repo.releases_by_host(), check=check, log=log)
-    return {"repo": str(repo.path), "check": check, "results": results, "stale_pins": _stale(results)}
+    run = repin_hosts(hosts, options, repo.releases_by_host(), check=check, log=log)
+    return {"repo": str(repo.path), "check": check, "results": run.results, "stale_pins": _stale(run.results),
+            "interrupted": bool(run.interrupted)}
 
 
 def recorded_hosts(repo: Baselines, tags: list[str]) -> list[str]:
@@ -124,9 +126,11 @@ def delete(repo: Baselines, tags: list[str], selected, options, *, limited: bool
     pins = repo.releases_by_host(without=set(tags))
     if not check:
         repo.delete_tags(tags)
-    results = repin_hosts(hosts, options, pins, check=check, log=log)
+    run = repin_hosts(hosts, options, pins, check=check, log=log)
+    results = run.results
     stale = _stale(results)
     names = {h.name for h in selected}
     why = "not selected by --limit, or not in the inventory" if limited else "not in the inventory"
     stale.update({h: why for h in recorded if h not in names})
-    return {"repo": str(repo.path), "check": check, "tags": tags, "results": results, "stale_pins": stale}
+    return {"repo": str(repo.path), "check": check, "tags": tags, "results": results, "stale_pins": stale,
+            "interrupted": bool(run.interrupted)}

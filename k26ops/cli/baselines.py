@@ -178,9 +178,11 @@ def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None
     from k26ops.cli.rollout import print_rollout
 
     results, check, stale = res["results"], res["check"], res["stale_pins"]
+    # Ctrl-C: a host still queued says so, and so does the rollout when every host had started
+    interrupted = res.get("interrupted") or any(r.status == INTERRUPTED for r in results)
     if settings.as_json:
-        doc = {k: v for k, v in res.items() if k != "results"}
-        code = EXIT_INTERRUPTED if any(r.status == INTERRUPTED for r in results) else exit_code(results)
+        doc = {k: v for k, v in res.items() if k not in ("results", "interrupted")}
+        code = EXIT_INTERRUPTED if interrupted else exit_code(results)
         jsonout.emit({**doc, "hosts": {r.host: r.to_json() for r in results}}, code)
     else:
         if results:
@@ -195,7 +197,7 @@ def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None
     if stale and not check:
         click.echo(f"k26ops: {hint}`k26ops baselines repin --limit {','.join(stale)}` "
                    "(with an inventory that has them)", err=True)
-    if any(r.status == INTERRUPTED for r in results):
+    if interrupted:
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(exit_code(results))
 
