@@ -173,3 +173,12 @@ def test_baselines_repin_json_exits_130_when_a_host_was_queued(tmp_path, monkeyp
     validate(doc)
     assert res.exit_code == EXIT_INTERRUPTED and doc["exit_code"] == EXIT_INTERRUPTED, (res.exit_code, doc)
     assert doc["hosts"]["queued"]["status"] == "interrupted"
+
+
+def test_the_interrupt_line_names_the_failed_hosts_when_none_is_unfinished():
+    # both hosts were running at Ctrl-C: each restored itself and failed (interrupted); none was queued
+    both = [fleet.HostResult("a", fleet.FAILED, "interrupted"), fleet.HostResult("b", fleet.FAILED, "interrupted")]
+    assert str(fleet.FleetInterrupted(both)) == "interrupted; failed: a, b"
+    one = [fleet.HostResult("a", fleet.CHANGED), fleet.HostResult("b", fleet.INTERRUPTED)]
+    assert str(fleet.FleetInterrupted(one)) == "interrupted; not finished: b"
+    assert str(fleet.FleetInterrupted([fleet.HostResult("a", fleet.OK)])) == "interrupted; every host had finished"
