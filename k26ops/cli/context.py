@@ -25,6 +25,7 @@ class Settings:
     strict: bool = False  # unknown inventory variables are an error
     warnings: tuple = ()  # the loaded inventory's warnings, for --json output
     sources: dict = field(default_factory=dict)  # setting -> "--forks", "config PATH", "default"...
+    said: set = field(default_factory=set, repr=False)  # warnings already printed (a command selects often)
 
     @property
     def lab_path(self) -> Path:
@@ -60,14 +61,17 @@ class Settings:
 
     def select(self, pattern: str | None):
         """(inventory, its hosts matching `pattern` with their multi-node vars filled);
-        the inventory's warnings go to stderr. The one place hosts are selected."""
+        the inventory's warnings go to stderr, each once per command. The one place
+        hosts are selected."""
         from k26ops import inventory
 
         inv = inventory.load(self.inventory_path())
         import click
 
         for w in getattr(inv, "warnings", []):
-            click.echo(f"k26ops: warning: {w}", err=True)
+            if w not in self.said:
+                self.said.add(w)
+                click.echo(f"k26ops: warning: {w}", err=True)
         inv.check_strict(self.strict)
         self.warnings = tuple(inv.warnings)
         hosts = inv.select(pattern)

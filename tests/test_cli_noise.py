@@ -1,0 +1,16 @@
+"""Noise and stale help (issue 34.10): each inventory warning once per command,
+options listed only where they mean something, the help's defaults as the code
+has them, and a lab started with --dir found by later commands. Real CLI in a
+subprocess; a `connection: local` host (no SSH, no GPU)."""
+
+from __future__ import annotations
+
+from labtools import k26ops
+
+
+def test_deploy_check_prints_each_unknown_key_warning_once(tmp_path):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("hosts:\n  here:\n    connection: local\n    vars:\n      modle_path: /models/x\n")
+    proc = k26ops("-i", str(inv), "deploy", "-C")
+    warned = [ln for ln in proc.stderr.splitlines() if "modle_path" in ln]
+    assert len(warned) == 1 and warned[0].startswith("k26ops: warning: "), proc.stderr
