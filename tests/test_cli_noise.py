@@ -14,3 +14,21 @@ def test_deploy_check_prints_each_unknown_key_warning_once(tmp_path):
     proc = k26ops("-i", str(inv), "deploy", "-C")
     warned = [ln for ln in proc.stderr.splitlines() if "modle_path" in ln]
     assert len(warned) == 1 and warned[0].startswith("k26ops: warning: "), proc.stderr
+
+
+def _host_options(*cmd: str) -> set[str]:
+    proc = k26ops(*cmd, "--help")
+    assert proc.returncode == 0, proc.stderr
+    return {o for o in ("--inventory", "--limit", "--forks") if f" {o} " in proc.stdout}
+
+
+def test_inventory_limit_forks_only_where_they_mean_something():
+    for cmd in (["lab", "up"], ["diagnose", "log"], ["engine", "lock"], ["baselines", "show"],
+                ["baselines", "list"], ["inventory", "vars"]):
+        assert _host_options(*cmd) == set(), cmd
+    assert _host_options("inventory", "list") == {"--inventory", "--limit"}
+    assert _host_options("inventory", "show") == {"--inventory"}
+    for cmd in (["deploy"], ["status"], ["logs"], ["bench"], ["baselines", "delete"], ["diagnose", "service"]):
+        assert _host_options(*cmd) == {"--inventory", "--limit", "--forks"}, cmd
+    proc = k26ops("diagnose", "log", "-f", "4", "x.log")
+    assert proc.returncode == 2 and "No such option '-f'" in proc.stderr, proc.stderr
