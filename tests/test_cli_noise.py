@@ -32,3 +32,14 @@ def test_inventory_limit_forks_only_where_they_mean_something():
         assert _host_options(*cmd) == {"--inventory", "--limit", "--forks"}, cmd
     proc = k26ops("diagnose", "log", "-f", "4", "x.log")
     assert proc.returncode == 2 and "No such option '-f'" in proc.stderr, proc.stderr
+
+
+def test_help_gives_the_baselines_default_the_code_uses():
+    from k26ops.baselines.repo import default_dir
+
+    assert str(default_dir()).endswith(".local/share/k26ops/baselines")  # as the help says (no env, no config)
+    for cmd in ("deploy", "bench", "snapshot", "rollback"):
+        text = " ".join(k26ops(cmd, "--help", env={"K26OPS_BASELINES": ""}).stdout.split())
+        assert "./baselines" not in text, cmd
+        assert ("$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines"
+                in text), (cmd, text)

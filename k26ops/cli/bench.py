@@ -14,8 +14,16 @@ from k26ops.enginebench.run import GENERATORS, METRICS, BenchSpec, cell_key, par
 from k26ops.enginebench.stored import baseline_for, stored_benches
 from k26ops.errors import UserError
 
-BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-                             help="Baselines git repository (default: $K26OPS_BASELINES, else ./baselines).")
+BASELINES_DEFAULT = "$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines"
+
+
+def baselines_option(what: str = "Baselines git repository"):
+    """--baselines with the default the library uses (k26ops.baselines.repo.default_dir)."""
+    return click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
+                        help=f"{what} (default: {BASELINES_DEFAULT}).")
+
+
+BASELINES_OPT = baselines_option()
 
 
 def bench_options(fn):

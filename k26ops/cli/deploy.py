@@ -8,6 +8,7 @@ from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE
 from k26ops.enginebench.run import METRICS
 from k26ops.cli.batchopts import batch_option, max_fail_option
+from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
 from k26ops.cli.rollout import run_rollout
@@ -64,8 +65,7 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Largest allowed regression of a gated figure, percent of the baseline's value.")
 @click.option("--gate-figures", default=",".join(DEFAULT_GATE), show_default=True, metavar="LIST",
               help="Gated figures, METRIC@cN/tT (metrics: " + ", ".join(METRICS) + ").")
-@click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-              help="Baselines repository for --gate (default: $K26OPS_BASELINES, else ./baselines).")
+@baselines_option("Baselines repository for --gate")
 @click.option("--rehearse", is_flag=True,
               help="Before a host's engine is switched or restarted, rehearse the new one on dummy weights "
                    "beside it (k26ops rehearse); a failed rehearsal leaves the serving engine untouched.")
