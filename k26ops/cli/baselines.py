@@ -139,7 +139,7 @@ def show_cmd(settings, tag, baselines_dir):
                       "message": t.message, "hosts": hosts,
                       "bench": {h: b for h, b in benches.items() if b}})
         return
-    out = Console(highlight=False, width=max(120, Console().width))
+    out = tables.console(highlight=False)  # piped: long lines (sha256, cmd) never wrapped
     out.print(f"[bold]{t.name}[/bold]  {_fmt_time(t.date)}  commit {t.commit[:12]}  ({repo.path})")
     out.print(t.message, markup=False)
     for h, rec in hosts.items():

@@ -15,6 +15,20 @@ from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import playbook_work
 
 
+DIFF_STYLE = (("+++", {"bold": True}), ("---", {"bold": True}), ("@@", {"fg": "cyan"}),
+              ("+", {"fg": "green"}), ("-", {"fg": "red"}))
+
+
+def colour_diff(text: str) -> str:
+    """A unified diff with git's colours; click.echo drops them when stdout is not
+    a terminal, so a pipe or a file gets the diff verbatim."""
+    out = []
+    for line in text.split("\n"):
+        style = next((st for mark, st in DIFF_STYLE if line.startswith(mark)), None)
+        out.append(click.style(line, **style) if style else line)
+    return "\n".join(out)
+
+
 def render_changes(results, *, check: bool, diff: bool) -> None:
     """What changed (or would), the diffs, and any stale lock that was cleared."""
     con = wide_console()
@@ -25,7 +39,7 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
                 con.print(f"  {r.host}: {s['step']}: {mark}: {c}")
             if diff:
                 for d in s.get("diffs", []):
-                    click.echo(d.rstrip("\n"))  # diffs verbatim, never wrapped
+                    click.echo(colour_diff(d.rstrip("\n")))  # never wrapped; colour on a terminal only
         if r.data.get("stale_lock"):
             o = r.data["stale_lock"]
             con.print(f"  {r.host}: note: a run that died held this host "
