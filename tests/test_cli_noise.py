@@ -43,3 +43,24 @@ def test_help_gives_the_baselines_default_the_code_uses():
         assert "./baselines" not in text, cmd
         assert ("$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines"
                 in text), (cmd, text)
+
+
+def test_a_lab_started_with_dir_is_found_by_later_commands(lab, tmp_path):
+    import json
+
+    # no K26OPS_LAB_DIR, no inventory: only what `lab up --dir` remembered can lead to this lab
+    env = {"K26OPS_LAB_DIR": "", "K26OPS_INVENTORY": "", "XDG_STATE_HOME": str(tmp_path / "state")}
+    before = k26ops("--json", "inventory", "list", env=env)
+    assert before.returncode == 2 and "no inventory" in before.stderr, before.stderr
+    up = k26ops("lab", "up", "--hosts", str(len(lab.hosts)), "--dir", str(lab.dir), "--base-port",
+                str(lab.base_port), env=env)  # already up: nothing booted, the directory remembered
+    assert up.returncode == 0, up.stderr
+    listed = k26ops("--json", "inventory", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout)
+    assert doc["inventory"] == str(lab.inventory) and set(doc["hosts"]) == {h.name for h in lab.hosts}
+    status = json.loads(k26ops("--json", "lab", "status", env=env).stdout)
+    assert status["dir"] == str(lab.dir.resolve())
+    # K26OPS_LAB_DIR still wins
+    other = k26ops("--json", "lab", "status", env={**env, "K26OPS_LAB_DIR": str(tmp_path / "none")})
+    assert json.loads(other.stdout)["dir"] == str(tmp_path / "none")
