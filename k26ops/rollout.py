@@ -3,8 +3,8 @@
 `run(hosts, work, options, canary=N)` runs `work(session)` on the first N
 hosts; only when every one of them ends ok/changed does it run the rest, at
 once or in batches (`batch`: sizes as Ansible's `serial`, with `max_fail`
-failures allowed per later batch). A failed batch stops the rollout: the other hosts are `skipped` and untouched
-(`Rollout.stopped` says which host failed and which were left). Ctrl-C ends
+failures allowed per later batch). A failed batch stops the rollout: the
+other hosts are `skipped` and untouched (`Rollout.stopped` says which host failed and which were left). Ctrl-C ends
 it with `Rollout.interrupted` set. Each batch's first host relays wheels to
 the others (release.wheelsource). Nothing is printed: callbacks report
 progress (`on_event`) and each host's end (`on_result`); k26ops.cli shows
@@ -72,7 +72,7 @@ class Size:
 
 
 def parse_size(text: str, *, zero: bool = False) -> Size:
-    """`N` or `P%` (P in 0-100]); raises ValueError naming the bad value."""
+    """`N` or `P%` (0 < P <= 100; 0 only with `zero`, for --max-fail); raises ValueError naming the value."""
     t = str(text).strip()
     m = re.fullmatch(r"(\d{1,6})(?:\.(\d{1,3}))?(%?)", t)
     if not m or (m.group(2) and not m.group(3)):

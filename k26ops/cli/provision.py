@@ -40,7 +40,8 @@ def reboot_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_r
     """Rolling reboot: canary batch first, wait for SSH, re-gather facts, go on only if healthy."""
     work = reboot_work(accept_new=settings.accept_new_host_keys, connect_timeout=settings.connect_timeout,
                        check=check, allow_reboot=allow_reboot, timeout=reboot_timeout)
-    run_rollout(settings, work, canary=canary, batch=batch, max_fail=max_fail, title="reboot --check" if check else "reboot",
+    run_rollout(settings, work, canary=canary, batch=batch, max_fail=max_fail,
+                title="reboot --check" if check else "reboot",
                 columns=[("reboot", "reboot")], stopped="not rebooted")
 
 

@@ -31,7 +31,8 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
 
     with board:
         run = rollout.run(hosts, with_progress, settings.fleet_options(), canary=canary, batch=batch,
-                          max_fail=max_fail, stopped=stopped, on_result=lambda r: board.finish(r.host, r.status, r.error))
+                          max_fail=max_fail, stopped=stopped,
+                          on_result=lambda r: board.finish(r.host, r.status, r.error))
     print_rollout(settings, run.results, title, columns, canary=canary, code=run.code)
     if render and not settings.as_json:
         render(run.results)
