@@ -5,8 +5,8 @@ hosts; only when every one of them ends ok/changed does it run the rest, at
 once or in batches (`batch`: sizes as Ansible's `serial`, with `max_fail`
 failures allowed per later batch). A failed batch stops the rollout: the
 other hosts are `skipped` and untouched (`Rollout.stopped` says which host
-failed and which were left). Ctrl-C ends it with `Rollout.interrupted` set. Each batch's first host relays wheels to
-the others (release.wheelsource). Nothing is printed: callbacks report
+failed and which were left). Ctrl-C ends it with `Rollout.interrupted` set.
+Each batch's first host relays wheels to the others (release.wheelsource). Nothing is printed: callbacks report
 progress (`on_event`) and each host's end (`on_result`); k26ops.cli shows
 them, prints the table and exits with `Rollout.code`.
 
