@@ -6,9 +6,10 @@ once or in batches (`batch`: sizes as Ansible's `serial`, with `max_fail`
 failures allowed per later batch). A failed batch stops the rollout: the
 other hosts are `skipped` and untouched (`Rollout.stopped` says which host
 failed and which were left). Ctrl-C ends it with `Rollout.interrupted` set.
-Each batch's first host relays wheels to the others (release.wheelsource). Nothing is printed: callbacks report
-progress (`on_event`) and each host's end (`on_result`); k26ops.cli shows
-them, prints the table and exits with `Rollout.code`.
+Each batch's first host relays wheels to the others (release.wheelsource).
+Nothing is printed: callbacks report progress (`on_event`) and each host's
+end (`on_result`); k26ops.cli shows them, prints the table and exits with
+`Rollout.code`.
 
 `playbook_work(steps, ...)` builds a `work(session, progress)` for a playbook
 and carries the steps' report data (health, smoke latency,
