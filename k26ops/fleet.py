@@ -222,7 +222,12 @@ class FleetInterrupted(Exception):
     def __init__(self, results: list[HostResult]):
         self.results = results
         unfinished = [r.host for r in results if r.status == INTERRUPTED]
-        super().__init__("interrupted; not finished: " + (", ".join(unfinished) or "none"))
+        failed = [r.host for r in results if r.status not in (OK, CHANGED, INTERRUPTED, "pending")]
+        if unfinished:  # never "not finished: none" when the interrupt made every host fail
+            why = "not finished: " + ", ".join(unfinished)
+        else:
+            why = "failed: " + ", ".join(failed) if failed else "every host had finished"
+        super().__init__("interrupted; " + why)
 
 
 def _describe(exc: Exception) -> str:

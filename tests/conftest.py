@@ -19,6 +19,9 @@ LAB_HOSTS = int(os.environ.get("K26OPS_TEST_LAB_HOSTS", "3"))
 # Tests never read the operator's own ~/.config/k26ops/config.toml (k26ops.config);
 # tests of the config file point K26OPS_CONFIG at their own.
 os.environ["K26OPS_CONFIG"] = os.devnull
+# ... nor the lab directory the operator's last `lab up` remembered (k26ops.cli.context.default_lab_dir).
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="k26ops-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 
 
 class RunningLab:

@@ -190,7 +190,6 @@ def test_repin_interrupted_with_no_host_queued_exits_130(tmp_path, monkeypatch, 
     """Ctrl-C while the only host repins: no host is left queued, so no result says
     `interrupted`; the rollout does, and `baselines repin` exits 130, not 1."""
     from k26ops.baselines import pins
-    from k26ops.baselines import snapshot as snap
 
     inv = tmp_path / "one.yml"
     inv.write_text(yaml.safe_dump({"hosts": {"first": {"connection": "local", "vars": {
@@ -206,3 +205,12 @@ def test_repin_interrupted_with_no_host_queued_exits_130(tmp_path, monkeypatch, 
         doc = json.loads(res.stdout)
         validate(doc)
         assert doc["exit_code"] == EXIT_INTERRUPTED and doc["hosts"]["first"]["status"] == "failed"
+
+
+def test_the_interrupt_line_names_the_failed_hosts_when_none_is_unfinished():
+    # both hosts were running at Ctrl-C: each restored itself and failed (interrupted); none was queued
+    both = [fleet.HostResult("a", fleet.FAILED, "interrupted"), fleet.HostResult("b", fleet.FAILED, "interrupted")]
+    assert str(fleet.FleetInterrupted(both)) == "interrupted; failed: a, b"
+    one = [fleet.HostResult("a", fleet.CHANGED), fleet.HostResult("b", fleet.INTERRUPTED)]
+    assert str(fleet.FleetInterrupted(one)) == "interrupted; not finished: b"
+    assert str(fleet.FleetInterrupted([fleet.HostResult("a", fleet.OK)])) == "interrupted; every host had finished"

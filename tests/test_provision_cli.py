@@ -13,7 +13,7 @@ from labtools import k26ops
     (["--reboot-timeout", "inf"], "inf is not a finite number of seconds"),
     (["--reboot-timeout", "2"], "2.0 is not in the range x>=5"),
     (["--canary", "0"], "0 is not in the range x>=1"),  # never all hosts at once
-    (["--batch", "0"], "0 is not in the range x>=1"),
+    (["--batch", "0"], "'0': a batch has at least one host"),
 ])
 def test_bad_rolling_options_are_one_line_exit_2(cmd, args, why):
     proc = k26ops("-i", "/nonexistent.yml", cmd, *args, timeout=60)

@@ -13,12 +13,11 @@ from rich.text import Text
 
 from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import baseline_tags
-from k26ops.cli.bench import bench_options, render_bench, spec_from
+from k26ops.cli.bench import baselines_option, bench_options, render_bench, spec_from
 from k26ops.cli.report import wide_console
 from k26ops.steps.engine import smoke_summary
 
-BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-                             help="Baselines git repository (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
+BASELINES_OPT = baselines_option()
 
 
 def _fmt_time(ts: float) -> str:
@@ -141,7 +140,7 @@ def show_cmd(settings, tag, baselines_dir):
                       "message": t.message, "hosts": hosts,
                       "bench": {h: b for h, b in benches.items() if b}})
         return
-    out = Console(highlight=False, width=max(120, Console().width))
+    out = tables.console(highlight=False)  # piped: long lines (sha256, cmd) never wrapped
     out.print(f"[bold]{t.name}[/bold]  {_fmt_time(t.date)}  commit {t.commit[:12]}  ({repo.path})")
     out.print(t.message, markup=False)
     for h, rec in hosts.items():

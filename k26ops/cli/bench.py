@@ -8,14 +8,23 @@ import sys
 
 import click
 
+from k26ops.cli import tables
 from k26ops.cli.report import wide_console
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.run import GENERATORS, METRICS, BenchSpec, cell_key, parse_list
 from k26ops.enginebench.stored import baseline_for, stored_benches
 from k26ops.errors import UserError
 
-BASELINES_OPT = click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-                             help="Baselines git repository (default: $K26OPS_BASELINES, else ./baselines).")
+BASELINES_DEFAULT = "$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines"
+
+
+def baselines_option(what: str = "Baselines git repository"):
+    """--baselines with the default the library uses (k26ops.baselines.repo.default_dir)."""
+    return click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
+                        help=f"{what} (default: {BASELINES_DEFAULT}).")
+
+
+BASELINES_OPT = baselines_option()
 
 
 def bench_options(fn):
@@ -53,9 +62,10 @@ BENCH_KEYS = ("concurrency", "temperatures", "input_len", "output_len", "num_pro
 def _stat(s: dict | None) -> str:
     if not s:
         return "-"
+    n = figs.plain_number
     if s["n"] > 1 and s["min"] != s["max"]:
-        return f"{s['median']:.4g} ({s['min']:.4g}-{s['max']:.4g})"
-    return f"{s['median']:.4g}"
+        return f"{n(s['median'])} ({n(s['min'])}-{n(s['max'])})"
+    return n(s["median"])
 
 
 def render_bench(host: str, bench: dict, con=None) -> None:
@@ -71,7 +81,7 @@ def render_bench(host: str, bench: dict, con=None) -> None:
     for cell in bench.get("cells") or []:
         f = cell.get("figures") or {}
         table.add_row(cell_key(cell["concurrency"], cell["temperature"]), *[_stat(f.get(m)) for m in METRICS])
-    con.print(table)
+    tables.print_table(con, table)
 
 
 def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict, con=None) -> None:
@@ -80,13 +90,14 @@ def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict,
     con = con or wide_console()
     rows = figs.compare(bench, base)
     title = f"{host} vs {tag}" + (f" (baseline host {base_host})" if base_host != host else "")
-    table = Table("figure", "what", f"{tag}", "now", "change", title=title, box=None)
+    table = Table("figure", "what", f"{tag}", "now", "change", "verdict", title=title, box=None)
     for r in rows:
         pct = "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
-        style = "red" if r["worse_pct"] > 5 else "green" if r["worse_pct"] < -5 else ""
-        table.add_row(r["figure"], r["label"], f"{r['baseline']:.4g}", f"{r['current']:.4g}",
-                      f"[{style}]{pct}[/]" if style else pct)
-    con.print(table)
+        word = r["verdict"] if r["verdict"] == "same" else f"{r['verdict']} ({r['better']} is better)"
+        style = {"worse": "red", "better": "green"}.get(r["verdict"], "")
+        table.add_row(r["figure"], r["label"], figs.plain_number(r["baseline"]), figs.plain_number(r["current"]),
+                      pct, f"[{style}]{word}[/]" if style else word)
+    tables.print_table(con, table)
     for d in figs.spec_differences(bench, base):
         con.print(f"note: {host}: settings differ from the baseline's ({d}): figures may not compare",
                   highlight=False, markup=False)

@@ -7,8 +7,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def lab_dir_record() -> Path:
+    """Where `lab up` writes the directory of the lab it started ($XDG_STATE_HOME/k26ops/lab-dir)."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local/state")
+    return Path(state) / "k26ops" / "lab-dir"
+
+
+def remember_lab_dir(directory: Path | None) -> None:
+    """After `lab up --dir D`, later commands find D without K26OPS_LAB_DIR;
+    None forgets it (`lab down --purge` of that lab)."""
+    rec = lab_dir_record()
+    if directory is None:
+        rec.unlink(missing_ok=True)
+        return
+    rec.parent.mkdir(parents=True, exist_ok=True)
+    tmp = rec.with_suffix(".tmp")
+    tmp.write_text(str(Path(directory).resolve()) + "\n")
+    tmp.replace(rec)
+
+
 def default_lab_dir() -> Path:
-    return Path(os.environ.get("K26OPS_LAB_DIR") or Path.home() / ".local/share/k26ops/lab")
+    """$K26OPS_LAB_DIR, else the directory the last `lab up` used (while it
+    exists), else ~/.local/share/k26ops/lab."""
+    if os.environ.get("K26OPS_LAB_DIR"):
+        return Path(os.environ["K26OPS_LAB_DIR"])
+    try:
+        remembered = Path(lab_dir_record().read_text().strip())
+    except (OSError, ValueError):
+        remembered = None
+    if remembered and remembered.is_absolute() and remembered.is_dir():
+        return remembered
+    return Path.home() / ".local/share/k26ops/lab"
 
 
 @dataclass
@@ -25,6 +54,7 @@ class Settings:
     strict: bool = False  # unknown inventory variables are an error
     warnings: tuple = ()  # the loaded inventory's warnings, for --json output
     sources: dict = field(default_factory=dict)  # setting -> "--forks", "config PATH", "default"...
+    said: set = field(default_factory=set, repr=False)  # warnings already printed (a command selects often)
 
     @property
     def lab_path(self) -> Path:
@@ -60,14 +90,17 @@ class Settings:
 
     def select(self, pattern: str | None):
         """(inventory, its hosts matching `pattern` with their multi-node vars filled);
-        the inventory's warnings go to stderr. The one place hosts are selected."""
+        the inventory's warnings go to stderr, each once per command. The one place
+        hosts are selected."""
         from k26ops import inventory
 
         inv = inventory.load(self.inventory_path())
         import click
 
         for w in getattr(inv, "warnings", []):
-            click.echo(f"k26ops: warning: {w}", err=True)
+            if w not in self.said:
+                self.said.add(w)
+                click.echo(f"k26ops: warning: {w}", err=True)
         inv.check_strict(self.strict)
         self.warnings = tuple(inv.warnings)
         hosts = inv.select(pattern)

@@ -7,10 +7,26 @@ import click
 from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE
 from k26ops.enginebench.run import METRICS
+from k26ops.cli.batchopts import batch_option, max_fail_option
+from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
 from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import playbook_work
+
+
+DIFF_STYLE = (("+++", {"bold": True}), ("---", {"bold": True}), ("@@", {"fg": "cyan"}),
+              ("+", {"fg": "green"}), ("-", {"fg": "red"}))
+
+
+def colour_diff(text: str) -> str:
+    """A unified diff with git's colours; click.echo drops them when stdout is not
+    a terminal, so a pipe or a file gets the diff verbatim."""
+    out = []
+    for line in text.split("\n"):
+        style = next((st for mark, st in DIFF_STYLE if line.startswith(mark)), None)
+        out.append(click.style(line, **style) if style else line)
+    return "\n".join(out)
 
 
 def render_changes(results, *, check: bool, diff: bool) -> None:
@@ -23,7 +39,7 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
                 con.print(f"  {r.host}: {s['step']}: {mark}: {c}")
             if diff:
                 for d in s.get("diffs", []):
-                    click.echo(d.rstrip("\n"))  # diffs verbatim, never wrapped
+                    click.echo(colour_diff(d.rstrip("\n")))  # never wrapped; colour on a terminal only
         if r.data.get("stale_lock"):
             o = r.data["stale_lock"]
             con.print(f"  {r.host}: note: a run that died held this host "
@@ -32,13 +48,14 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
 
 def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 0,
                  shared: dict | None = None, title: str | None = None, purpose: str = "deploy",
-                 exit: bool = True):
+                 exit: bool = True, batch=None, max_fail=None):
     """Run playbook `name` over the selected hosts; print; exit with the fleet's code."""
     steps = playbook.load(name)
     for step in steps:
         step.before_hosts(settings.selected_hosts())
     return run_rollout(settings, playbook_work(steps, check=check, purpose=purpose, shared=shared),
-                       canary=canary, title=title or (f"{name} --check" if check else name),
+                       canary=canary, batch=batch, max_fail=max_fail,
+                       title=title or (f"{name} --check" if check else name),
                        columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
                                 ("health", "_health"), ("smoke", "_smoke")],
                        render=lambda results: render_changes(results, check=check, diff=diff),
@@ -52,34 +69,40 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Playbook to run (playbooks/NAME.yml).")
 @click.option("--canary", type=click.IntRange(0), default=0, metavar="N",
               help="Deploy to N hosts first; go on with the rest only if they all succeed.")
+@batch_option(help_more=" Default: the rest at once.")
+@max_fail_option()
 @click.option("--gate", "gate_tag", metavar="TAG",
-              help="With --canary N: bench the canaries and go on only if no gated figure is worse than "
-                   "the baseline TAG's stored bench by more than the threshold; else roll them back.")
+              help="With --canary N: bench the canaries (with --batch: every host, batch by batch) and go on "
+                   "only if no gated figure is worse than the baseline TAG's stored bench by more than the "
+                   "threshold; else roll the host back.")
 @click.option("--gate-threshold", type=click.FloatRange(0, 1000), default=5.0, show_default=True, metavar="PCT",
               help="Largest allowed regression of a gated figure, percent of the baseline's value.")
 @click.option("--gate-figures", default=",".join(DEFAULT_GATE), show_default=True, metavar="LIST",
               help="Gated figures, METRIC@cN/tT (metrics: " + ", ".join(METRICS) + ").")
-@click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
-              help="Baselines repository for --gate (default: $K26OPS_BASELINES, else ./baselines).")
+@baselines_option("Baselines repository for --gate")
 @click.option("--rehearse", is_flag=True,
               help="Before a host's engine is switched or restarted, rehearse the new one on dummy weights "
                    "beside it (k26ops rehearse); a failed rehearsal leaves the serving engine untouched.")
 @rehearsal_options
 @click.pass_obj
-def deploy_cmd(settings, check, diff, name, canary, gate_tag, gate_threshold, gate_figures, baselines_dir,
-               rehearse, **rkw):
+def deploy_cmd(settings, check, diff, name, canary, batch, max_fail, gate_tag, gate_threshold, gate_figures,
+               baselines_dir, rehearse, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
     shared = {"rehearse": options_from(rkw, bench=False)} if rehearse else None
     if gate_tag is None:
-        run_playbook(settings, name, check=check, diff=diff, canary=canary, shared=shared)
+        run_playbook(settings, name, check=check, diff=diff, canary=canary, shared=shared, batch=batch,
+                     max_fail=max_fail)
         return
-    gated_deploy(settings, name, check=check, diff=diff, canary=canary, tag=gate_tag, threshold=gate_threshold,
+    gated_deploy(settings, name, check=check, diff=diff, canary=canary, batch=batch, max_fail=max_fail,
+                 tag=gate_tag, threshold=gate_threshold,
                  figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir,
                  shared=shared)
 
 
-def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, shared=None):
-    """The deploy with the bench gate on its canary batch (enginebench/gate.py)."""
+def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, shared=None,
+                 batch=None, max_fail=None):
+    """The deploy with the bench gate on its canary batch, and with --batch on
+    every later batch too (enginebench/gate.py)."""
     import sys
 
     from k26ops.enginebench.stored import stored_benches
@@ -89,31 +112,37 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
     from k26ops.fleet import exit_code
     from k26ops.rollout import canary_batches
 
-    if not canary:
-        raise UserError("--gate needs --canary N (the hosts benched before the others); nothing was deployed")
+    if not canary and not batch:
+        raise UserError("--gate needs --canary N or --batch (the hosts benched before the others go on); "
+                        "nothing was deployed")
     if not figures:
         raise UserError("--gate-figures: empty list; nothing was deployed")
     for f in figures:
         parse_figure(f)
     stored = stored_benches(baselines_dir, tag)
     spec = plan_gate(stored, tag, figures)
-    canaries = [h.name for h in canary_batches(settings.selected_hosts(), canary)[0]]
-    steps = playbook.load(name) + [BenchGate({"hosts": canaries, "stored": stored, "spec": spec, "tag": tag,
+    batches = canary_batches(settings.selected_hosts(), canary, batch)
+    gated = [h.name for b in (batches if batch else batches[:1]) for h in b]
+    steps = playbook.load(name) + [BenchGate({"hosts": gated, "stored": stored, "spec": spec, "tag": tag,
                                               "figures": figures, "threshold": threshold})]
     for step in steps:
         step.before_hosts(settings.selected_hosts())
     results = run_rollout(settings, playbook_work(steps, check=check, shared=shared), canary=canary,
+                          batch=batch, max_fail=max_fail,
                           title=f"{name} (gate {tag})" + (" --check" if check else ""),
                           columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
                                    ("health", "_health"), ("smoke", "_smoke")],
                           render=lambda results: render_changes(results, check=check, diff=diff), exit=False)
-    # a failed canary already stopped the rollout with one line naming the gate's figure
+    # a failed batch already stopped the rollout with one line naming the gate's figure
     stopped = any(r.status == "skipped" for r in results)
     for r in results:
         g = r.data.get("gate")
-        if g and not g["ok"] and not stopped:
-            click.echo(f"k26ops: {g['line']}", err=True)
-        elif g and not settings.as_json:
+        if not g:
+            continue
+        if not g["ok"]:
+            if not stopped:
+                click.echo(f"k26ops: {g['line']}", err=True)
+        elif not settings.as_json:
             checked = "; ".join(f"{c['figure']} {c['current']:g} vs {c['baseline']:g}" for c in g["checked"])
             click.echo(f"gate passed on {r.host} against {tag} (median of {spec.runs} run(s)): {checked}")
     sys.exit(exit_code(results))

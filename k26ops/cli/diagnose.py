@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from k26ops.cli import jsonout
+from k26ops.cli import jsonout, tables
 from k26ops.errors import UserError
 from k26ops.ssh import q
 
@@ -185,8 +185,6 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
     restarted twice: asks first (-y: don't ask; no terminal to ask on: refused)."""
     import time
 
-    from rich.console import Console
-
     from k26ops.diagnose import probe
     from k26ops.errors import EXIT_INTERRUPTED
     from k26ops.fleet import Connections
@@ -196,7 +194,7 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
     if len(hosts) != 1:
         raise UserError(f"--host {host_name}: names {len(hosts)} hosts in {inv.path}; name exactly one host")
     host = hosts[0]
-    err = Console(stderr=True, highlight=False)
+    err = tables.console(stderr=True, highlight=False)  # piped: progress lines never wrapped
     t0 = time.monotonic()
     last = {"msg": None, "t": 0.0}
 

@@ -1,6 +1,8 @@
 """Global options in every command's place too: `k26ops status -l gpu -f 4`
 means `k26ops -l gpu -f 4 status`. Each command gets the global options it
-does not define itself (`logs -f` stays --follow; there, --forks is long only)."""
+does not define itself (`logs -f` stays --follow; there, --forks is long only),
+and only those that mean something there: a command that never reads the
+inventory gets no -i/-l/-f (USES)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,26 @@ GLOBAL = [
     (("--verbose", "-v"), "verbose", dict(count=True, help="More detail (repeat for more).")),
 ]
 
+# Commands (or groups) that use only some of -i/-l/-f: the ones they use. Every other command uses all.
+HOST_OPTIONS = {"inventory", "limit", "forks"}
+USES = {
+    "lab": set(),  # its own --dir; never an inventory
+    "diagnose log": set(),  # a file
+    "engine": set(),  # recipes and locks on this machine
+    "baselines list": set(), "baselines show": set(),  # the baselines repository
+    "inventory list": {"inventory", "limit"}, "inventory show": {"inventory"}, "inventory vars": set(),
+    "config show": {"inventory", "forks"},  # shows where they come from
+}
+
+
+def uses(path: str) -> set[str]:
+    """The host options `path` (e.g. "baselines show") means something with."""
+    words = path.split()
+    for n in range(len(words), 0, -1):
+        if " ".join(words[:n]) in USES:
+            return USES[" ".join(words[:n])]
+    return HOST_OPTIONS
+
 
 def _store(attr: str, flag: str):
     def callback(ctx, param, value):
@@ -35,11 +57,12 @@ def _store(attr: str, flag: str):
     return callback
 
 
-def attach(command: click.Command) -> None:
-    """Add the global options `command` (and its subcommands) lacks."""
+def attach(command: click.Command, path: str = "") -> None:
+    """Add the global options `command` (and its subcommands) lacks and uses."""
+    path = f"{path} {command.name}".strip()
     if isinstance(command, click.Group):
         for sub in command.commands.values():
-            attach(sub)
+            attach(sub, path)
         return
     _remember_name(command)
     taken = {o for p in command.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
@@ -49,7 +72,10 @@ def attach(command: click.Command) -> None:
                 p.opts.append(short)
                 taken.add(short)
     names = {p.name for p in command.params}
+    used = uses(path)
     for opts, attr, kwargs in GLOBAL:
+        if attr in HOST_OPTIONS and attr not in used:
+            continue
         free = [o for o in opts if o not in taken]
         if not free or (attr in names and len(free) < len(opts)):
             continue

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import sys
 
 import click
 from rich.console import Console
@@ -181,7 +180,7 @@ def show_cmd(settings: Settings, inventory, as_json, host):
     if as_json or settings.as_json:
         jsonout.emit({"hosts": {h.name: host_json(h, origins=True)}}, indent=2)
         return
-    console = Console(file=sys.stdout)
+    console = tables.console()
     table = Table(title=Text(f"{h.name} ({inv.path})"), show_header=True)
     table.add_column("setting")
     table.add_column("value", overflow="fold")
@@ -191,7 +190,7 @@ def show_cmd(settings: Settings, inventory, as_json, host):
     table.add_row("groups", Text(", ".join(h.groups)), Text(""))
     for k, v in jsonable(units.redact_vars(h.vars)).items():
         table.add_row(Text(f"vars.{k}"), Text(json.dumps(v, ensure_ascii=False)), Text(""))
-    console.print(table)
+    tables.print_table(console, table)  # piped: whole values, never folded at 80
     _print_notes(console, [h])
 
 

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from k26ops.cli import jsonout
+from k26ops.cli.context import default_lab_dir, remember_lab_dir
 from k26ops.lab.machines import DEFAULT_BASE_PORT, Lab
 
 
@@ -21,7 +22,9 @@ def group():
 
 @group.command()
 @click.option("--hosts", "count", type=int, default=2, show_default=True, help="How many hosts.")
-@click.option("--dir", "directory", metavar="DIR", help="Lab directory (default: ~/.local/share/k26ops/lab).")
+@click.option("--dir", "directory", metavar="DIR",
+              help="Lab directory (default: $K26OPS_LAB_DIR, else the last `lab up`'s, else "
+                   "~/.local/share/k26ops/lab); remembered: later commands use this lab's inventory.")
 @click.option("--base-port", type=int, default=DEFAULT_BASE_PORT, show_default=True,
               help="sshd port of the first host; the others follow.")
 @click.option("--raise-limits/--no-raise-limits", default=True, show_default=True,
@@ -34,6 +37,7 @@ def up(ctx, count, directory, base_port, raise_limits):
     err = Console(stderr=True)
     hosts = lab.up(count, base_port, log=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
                    raise_limits=raise_limits)
+    remember_lab_dir(lab.dir)  # later commands use this lab without --lab-dir / K26OPS_LAB_DIR
     if ctx.obj.as_json:
         jsonout.emit({"dir": str(lab.dir), "inventory": str(lab.inventory_file),
                       "hosts": {h.name: h.__dict__ for h in hosts}})
@@ -75,6 +79,8 @@ def down(ctx, directory, purge):
     err = Console(stderr=True)
     names = lab.down(log=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False))
     removed, freed = lab.purge() if purge else ([], 0)
+    if purge and lab.dir.resolve() == default_lab_dir().resolve():
+        remember_lab_dir(None)
     if ctx.obj.as_json:
         jsonout.emit({"stopped": names, "hosts": {n: {"stopped": True} for n in names},
                       **({"removed": removed, "freed_bytes": freed} if purge else {})})

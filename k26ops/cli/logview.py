@@ -13,6 +13,8 @@ import re
 
 from k26ops.errors import UserError
 
+# `logs -n N` asks the journal again for up to this many lines when hidden lines left fewer than N.
+MAX_LINES_ASKED = 200000
 _OWN_REQUEST = re.compile(r'"[A-Z]+ /\S*[?&]from=k26ops(?:[&\s"]|$)')
 _SHORT_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\S+) \S+ (.*)$")
 
@@ -36,3 +38,14 @@ def grep(pattern: str | None):
         return re.compile(pattern).search
     except re.error as exc:
         raise UserError(f"--grep {pattern!r}: bad regular expression: {exc}") from None
+
+
+def check_since(since: str | None, results) -> None:
+    """--since that journalctl cannot read as a time is the user's typo, not a
+    host failure: one line, exit 2 (the hosts' journals say so, not a guess here)."""
+    if not since:
+        return
+    bad = [r for r in results if r.error and "Failed to parse timestamp" in r.error]
+    if bad and len(bad) == len([r for r in results if r.error]):
+        raise UserError(f"--since {since!r}: not a time journalctl understands (on {bad[0].host}); "
+                        "e.g. '1h ago', 'today', 'yesterday', '2026-12-01 10:00'")

@@ -9,19 +9,20 @@ import click
 
 from k26ops import playbook
 from k26ops.cli import _finite
+from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.deploy import render_changes
 from k26ops.reboot import DEFAULT_TIMEOUT, reboot_work
 from k26ops.cli.rollout import run_rollout
 
 
 def rolling_options(f):
-    """--canary/--batch/--reboot-timeout/--allow-reboot/--check, shared by both commands."""
+    """--canary/--batch/--max-fail/--reboot-timeout/--allow-reboot/--check, shared by both commands."""
     for opt in reversed([
         click.option("--check", is_flag=True, help="Change nothing; say what would change and which hosts would reboot."),
         click.option("--canary", type=click.IntRange(1), default=1, show_default=True, metavar="N",
                      help="Hosts in the first batch; the rest go on only if they all come back healthy."),
-        click.option("--batch", type=click.IntRange(1), default=1, show_default=True, metavar="M",
-                     help="Hosts per later batch."),
+        batch_option(default="1"),
+        max_fail_option(),
         click.option("--reboot-timeout", type=click.FloatRange(5), default=DEFAULT_TIMEOUT, show_default=True,
                      metavar="S", callback=lambda c, p, v: _finite(p, v),
                      help="Seconds a host may take to come back after its reboot."),
@@ -35,11 +36,12 @@ def rolling_options(f):
 @click.command(name="reboot")
 @rolling_options
 @click.pass_obj
-def reboot_cmd(settings, check, canary, batch, reboot_timeout, allow_reboot):
+def reboot_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_reboot):
     """Rolling reboot: canary batch first, wait for SSH, re-gather facts, go on only if healthy."""
     work = reboot_work(accept_new=settings.accept_new_host_keys, connect_timeout=settings.connect_timeout,
                        check=check, allow_reboot=allow_reboot, timeout=reboot_timeout)
-    run_rollout(settings, work, canary=canary, batch=batch, title="reboot --check" if check else "reboot",
+    run_rollout(settings, work, canary=canary, batch=batch, max_fail=max_fail,
+                title="reboot --check" if check else "reboot",
                 columns=[("reboot", "reboot")], stopped="not rebooted")
 
 
@@ -49,7 +51,7 @@ def reboot_cmd(settings, check, canary, batch, reboot_timeout, allow_reboot):
 @click.option("--playbook", "name", default="provision", show_default=True, metavar="NAME|PATH",
               help="Playbook to run (playbooks/NAME.yml).")
 @click.pass_obj
-def provision_cmd(settings, check, canary, batch, reboot_timeout, allow_reboot, diff, name):
+def provision_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_reboot, diff, name):
     """Host layer: pinned NVIDIA driver (open modules), nvidia-persistenced, fabric manager on
     NVSwitch hosts; reboots the hosts that need it in canary batches and verifies them."""
     from k26ops.steps import driver
@@ -60,7 +62,7 @@ def provision_cmd(settings, check, canary, batch, reboot_timeout, allow_reboot, 
     work = driver.provision_work(steps, check=check, allow_reboot=allow_reboot, timeout=reboot_timeout,
                                  accept_new=settings.accept_new_host_keys,
                                  connect_timeout=settings.connect_timeout)
-    run_rollout(settings, work, canary=canary, batch=batch,
+    run_rollout(settings, work, canary=canary, batch=batch, max_fail=max_fail,
                 title=f"{name} --check" if check else name,
                 columns=[("changed", "_changed"), ("reboot", "reboot"), ("driver", "driver")],
                 render=lambda results: render_changes(results, check=check, diff=diff),

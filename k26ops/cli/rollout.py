@@ -16,7 +16,7 @@ from k26ops.steps.engine import smoke_summary
 
 
 def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy", columns=(),
-                render=None, exit: bool = True, batch: int | None = None,
+                render=None, exit: bool = True, batch=None, max_fail=None,
                 stopped: str = "not deployed") -> list[HostResult]:
     """Run `work(session, progress)` over the selected hosts in canary batches,
     print the results and (exit=True) exit with the fleet's code."""
@@ -31,7 +31,8 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
 
     with board:
         run = rollout.run(hosts, with_progress, settings.fleet_options(), canary=canary, batch=batch,
-                          stopped=stopped, on_result=lambda r: board.finish(r.host, r.status, r.error))
+                          max_fail=max_fail, stopped=stopped,
+                          on_result=lambda r: board.finish(r.host, r.status, r.error))
     print_rollout(settings, run.results, title, columns, canary=canary, code=run.code)
     if render and not settings.as_json:
         render(run.results)

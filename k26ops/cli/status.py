@@ -140,18 +140,24 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
         name = session.host.name
         ctx = session_context(session)
         eh, uname, _host, _port = _target(ctx, unit)
-        first = name not in secrets
-        r = agent(session, "logs", unit=uname, lines=lines, cursor=cursors.get(name), since=since,
-                  env_path=eh.env_path, with_env=first)
-        if r.get("error"):
-            raise RuntimeError(r["error"])
-        if first:
-            known = eh.secrets(old_env_text=r.get("env"))
-            secrets[name] = known
+        cut = not cursors.get(name) and not since  # -n: the last N lines *shown*, after hiding and --grep
+        ask = lines
+        while True:
+            first = name not in secrets
+            r = agent(session, "logs", unit=uname, lines=ask, cursor=cursors.get(name), since=since,
+                      env_path=eh.env_path, with_env=first)
+            if r.get("error"):
+                raise RuntimeError(r["error"])
+            if first:
+                secrets[name] = eh.secrets(old_env_text=r.get("env"))
+            shown = [line for line in (units.redact(logview.drop_hostname(line), secrets[name])
+                                       for line in r["lines"] if show_all or not logview.own_request(line))
+                     if matches(line)]  # grep after redaction
+            if not cut or len(shown) >= lines or len(r["lines"]) < ask or ask >= logview.MAX_LINES_ASKED:
+                break
+            ask = min(ask * 8, logview.MAX_LINES_ASKED)  # hidden lines took the place of shown ones
         cursors[name] = r.get("cursor") or cursors.get(name)
-        shown = (units.redact(logview.drop_hostname(line), secrets[name])
-                 for line in r["lines"] if show_all or not logview.own_request(line))
-        return Outcome(lines=[line for line in shown if matches(line)])  # grep after redaction
+        return Outcome(lines=shown[-lines:] if cut else shown)
 
     conns = Connections(settings.fleet_options())  # each host's one connection, kept while following
     failed = False
@@ -161,6 +167,7 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
             run = rollout.run(hosts, work, settings.fleet_options(), connections=conns)
             if run.interrupted:
                 break
+            logview.check_since(since, run.results)
             for res in run.results:
                 if res.status not in ("ok", "changed"):
                     failed = True

@@ -100,10 +100,20 @@ def _records(console: Console, title, cols: list[Col], rows: list[list]) -> None
             console.print(Text(f"  {c.header}: ") + (cell if isinstance(cell, Text) else Text.from_markup(str(cell))))
 
 
-def console(stderr: bool = False) -> Console:
+def print_table(console: Console, table: Table) -> None:
+    """A rich Table as it is on a terminal; piped, as wide as its content (never
+    wrapped at 80, whatever COLUMNS says), plain text."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    width = max(_measure(console, table).maximum, 20)
+    Console(file=console.file, width=width, color_system=None, highlight=False).print(table)
+
+
+def console(stderr: bool = False, **kw) -> Console:
     """A terminal's own width; piped, lines are never wrapped (rules are 160 wide)."""
-    con = Console(stderr=stderr)
-    return con if con.is_terminal else Console(stderr=stderr, width=160, soft_wrap=True)
+    con = Console(stderr=stderr, **kw)
+    return con if con.is_terminal else Console(stderr=stderr, width=160, soft_wrap=True, **kw)
 
 
 def _below(console: Console, rows, details, inline: bool) -> None:

@@ -37,6 +37,25 @@ def change_pct(base: float, cur: float) -> float | None:
     return None if not base else (cur - base) / base * 100.0
 
 
+def plain_number(x: float, digits: int = 4) -> str:
+    """`digits` significant figures, never in e-notation (20833.3 -> 20830, 0.0123 -> 0.0123):
+    figures are read by people and pasted into reports."""
+    if x is None:
+        return "-"
+    text = f"{float(f'{x:.{digits}g}'):f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def direction(metric: str) -> str:
+    """Which way is better for `metric`: "higher" (tok/s, accept) or "lower" (TTFT, ITL)."""
+    return "higher" if METRICS[metric][2] > 0 else "lower"
+
+
+def verdict_word(worse_pct: float, same_within: float = 0.5) -> str:
+    """better / worse / same (a change under `same_within` percent is noise)."""
+    return "same" if abs(worse_pct) < same_within else ("worse" if worse_pct > 0 else "better")
+
+
 def regression_pct(metric: str, base: float, cur: float) -> float:
     """How much worse `cur` is than `base`, in percent of base (<= 0: not worse)."""
     pct = change_pct(base, cur)
@@ -52,10 +71,11 @@ def compare(current: dict, baseline: dict) -> list[dict]:
             continue
         metric = name.split("@", 1)[0]
         b, c = base[name]["median"], stat["median"]
+        worse = round(regression_pct(metric, b, c), 2)
         rows.append({"figure": name, "label": METRICS[metric][1], "baseline": b, "current": c,
                      "current_min": stat["min"], "current_max": stat["max"],
                      "change_pct": None if change_pct(b, c) is None else round(change_pct(b, c), 2),
-                     "worse_pct": round(regression_pct(metric, b, c), 2)})
+                     "worse_pct": worse, "better": direction(metric), "verdict": verdict_word(worse)})
     return rows
 
 
