@@ -1,4 +1,4 @@
-"""The plans of the cuda_toolkit, release and service steps without a host: each
+"""The plans of the cuda_toolkit, release, service and driver steps without a host: each
 case gives the host's recorded answers (tests/data/steps/<step>.json, taken
 from a real lab host by tests/record_step_answers.py) and the plan the step
 must make from them; the step must ask exactly the recorded calls, in order.
@@ -17,7 +17,7 @@ from k26ops.steps import HostContext, StepFailed
 from k26ops.steps.registry import STEPS
 from replay import Replay, load
 
-STEP_FILES = ["cuda_toolkit", "release", "service"]
+STEP_FILES = ["cuda_toolkit", "release", "service", "driver"]
 
 
 def _cases():
