@@ -5,8 +5,6 @@ hosts are checked the same way by labtools.k26ops_json in their own tests.)"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -106,8 +104,7 @@ def test_logs_follow_records_schema():
 
 
 def test_without_json_an_error_prints_nothing_on_stdout(inv):
-    proc = subprocess.run([sys.executable, "-m", "k26ops", "-i", "/nonexistent.yml", "status"],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = cli("-i", "/nonexistent.yml", "status")
     assert proc.returncode == 2 and proc.stdout == ""
 
 
