@@ -1,8 +1,9 @@
-"""The plans of the cuda_toolkit, release, service and driver steps without a host: each
-case gives the host's recorded answers (tests/data/steps/<step>.json, taken
-from a real lab host by tests/record_step_answers.py) and the plan the step
-must make from them; the step must ask exactly the recorded calls, in order.
-What only a real host shows (systemd, signals, disks, sudo) stays in the lab tests."""
+"""The plans of the cuda_toolkit, release, service, driver and baseline_pins steps
+without a host: each case gives the host's recorded answers
+(tests/data/steps/<step>.json, taken from a real lab host by
+tests/record_step_answers.py) and the plan the step must make from them; the
+step must ask exactly the recorded calls, in order. What only a real host
+shows (systemd, signals, disks, sudo) stays in the lab tests."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import pytest
 
 from k26ops import facts as facts_mod
 from k26ops import preflight
+from k26ops.baselines.pins import BaselinePins
 from k26ops.inventory import Host
 from k26ops.steps import HostContext, StepFailed
 from k26ops.steps.registry import STEPS
 from replay import Replay, load
 
-STEP_FILES = ["cuda_toolkit", "release", "service", "driver"]
+STEP_FILES = ["cuda_toolkit", "release", "service", "driver", "baseline_pins"]
+STEP_CLASSES = {**STEPS, BaselinePins.name: BaselinePins}  # the baselines' steps are not in the registry
 
 
 def _cases():
@@ -40,7 +43,7 @@ def plan(step_name: str, case: dict):
     host = Host(name=h["name"], address="127.0.0.1", vars={**h["vars"], **case.get("vars", {})})
     session = Replay(host, case["answers"])
     facts = facts_mod.gather(session, extra=preflight.host_facts(host.vars))
-    step = STEPS[step_name](spec.get("params") or {})
+    step = STEP_CLASSES[step_name](spec.get("params") or {})
     shared = dict(case.get("shared") or {})
     if "prepared" in spec:
         shared["prepared"] = _prepared(spec["prepared"])
