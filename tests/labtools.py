@@ -54,7 +54,8 @@ def cli(*args: str, env: dict | None = None, timeout: float | None = None, input
     """Run the CLI in this process (no interpreter start: ~0.8 s saved a call), for
     tests that never reach a host. Same result as `k26ops()`: returncode, stdout,
     stderr. Keep `k26ops()` where the test needs a real process: signals, real
-    pipes or a TTY, a host (threads and sessions that may outlive the call)."""
+    pipes or a TTY, a host (threads and sessions that may outlive the call).
+    `timeout` is accepted for `k26ops()`'s signature and not enforced here."""
     import signal
     import traceback
 
