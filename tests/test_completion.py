@@ -5,14 +5,12 @@ real completion protocol (the env vars a shell sets) and the functions."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import git
 
 from k26ops.cli import cli
 from k26ops.cli.complete import host_patterns
-from labtools import REPO
+from labtools import cli as k26ops_cli
 
 INVENTORY = """\
 all:
@@ -27,10 +25,9 @@ all:
 
 def complete(words: list[str], env: dict | None = None) -> list[str]:
     """What bash gets for the last word (click's bash_complete protocol)."""
-    full = {**{k: v for k, v in os.environ.items() if not k.startswith("K26OPS_")}, "COMP_WORDS": " ".join(["k26ops", *words]), "COMP_CWORD": str(len(words)),
-            "_K26OPS_COMPLETE": "bash_complete", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "k26ops"], capture_output=True, text=True, env=full,
-                          cwd=REPO, timeout=60)
+    full = {**{k: None for k in os.environ if k.startswith("K26OPS_")}, "COMP_WORDS": " ".join(["k26ops", *words]),
+            "COMP_CWORD": str(len(words)), "_K26OPS_COMPLETE": "bash_complete", **(env or {})}
+    proc = k26ops_cli(env=full)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     return [line.split(",", 1)[1] for line in proc.stdout.splitlines() if line]
 

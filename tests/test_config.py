@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import git
@@ -15,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from k26ops.cli import cli, hoist_global_flags
+from labtools import cli as k26ops_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _show(*args, env=None) -> dict:
@@ -101,11 +99,9 @@ def test_baselines_are_found_from_any_working_directory(tmp_path):
     repo.create_tag("k26-good", message="good")
     conf = tmp_path / "config.toml"
     conf.write_text(f'baselines = "{repo_dir}"\n')
-    env = {k: v for k, v in os.environ.items() if k != "K26OPS_BASELINES"}
-    env.update(K26OPS_CONFIG=str(conf), PYTHONPATH=str(ROOT))
+    env = {"K26OPS_BASELINES": None, "K26OPS_CONFIG": str(conf)}
     for cwd in (tmp_path, Path("/")):
-        proc = subprocess.run([sys.executable, "-m", "k26ops", "baselines", "list", "--json"], cwd=cwd,
-                              env=env, capture_output=True, text=True, timeout=60)
+        proc = k26ops_cli("baselines", "list", "--json", cwd=cwd, env=env)
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)
         assert doc["repo"] == str(repo_dir) and [t["tag"] for t in doc["tags"]] == ["k26-good"]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, k26ops  # noqa: E402
+from labtools import REPO, cli  # noqa: E402
 from test_engine_source import _recipe_for, cache, tiny_engine  # noqa: E402,F401
 
 from k26ops.errors import UserError  # noqa: E402
@@ -58,7 +58,7 @@ def test_source_url_is_never_an_option_to_git(tmp_path, engine, cmd):
     env = {"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")}
     for url in hostile_urls(tmp_path):
         extra = ["--ref", "refs/heads/main"] if cmd == "pin" else []
-        proc = k26ops("engine", cmd, str(recipe), *extra, "--source-url", url, env=env)
+        proc = cli("engine", cmd, str(recipe), *extra, "--source-url", url, env=env)
         no_marker(tmp_path)  # main: MARK0 was there (git ran --upload-pack)
         one_line_exit_2(proc, url)
     assert not recipe.with_name("mine.lock").exists()
@@ -68,7 +68,7 @@ def test_ref_is_never_an_option_to_git(tmp_path, engine):
     _, _, recipe = engine
     before = recipe.read_text()
     for ref in ("-uMARK", "--upload-pack=touchMARK", "--upload-pack=touch MARK", "refs/../x", "-"):
-        proc = k26ops("engine", "pin", str(recipe), "--ref", ref, env={"K26OPS_ENGINE_CACHE": str(tmp_path / "c")})
+        proc = cli("engine", "pin", str(recipe), "--ref", ref, env={"K26OPS_ENGINE_CACHE": str(tmp_path / "c")})
         one_line_exit_2(proc, ref)
     assert recipe.read_text() == before
     no_marker(tmp_path)
@@ -118,7 +118,7 @@ def test_engine_lock_path_stays_beside_the_recipe(tmp_path, engine, lock):
     with pytest.raises(UserError) as ei:
         rc.load(hostile)
     assert "engine.lock" in str(ei.value) and repr(lock) in str(ei.value) and "\n" not in str(ei.value)
-    proc = k26ops("engine", "lock", str(hostile), env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")})
+    proc = cli("engine", "lock", str(hostile), env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")})
     one_line_exit_2(proc, lock)
     assert not Path("/tmp/k26ops-MARK-abs.lock").exists()
     no_marker(tmp_path)
@@ -131,7 +131,7 @@ def test_subdir_stays_inside_the_commit(tmp_path, engine, subdir):
     with pytest.raises(UserError) as ei:
         rc.load(hostile)
     assert "engine.source.subdir" in str(ei.value) and repr(subdir) in str(ei.value)
-    proc = k26ops("engine", "lock", str(hostile), env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")})
+    proc = cli("engine", "lock", str(hostile), env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")})
     one_line_exit_2(proc, subdir)
     with pytest.raises(UserError, match="subdir"):  # the builder itself, called directly
         engine_source.build(repo.as_uri(), c1, subdir)
@@ -170,7 +170,7 @@ def test_inventory_mirror_is_refused_before_any_host(tmp_path, engine):
             "vars": {"recipe": str(recipe), "engine_source_mirrors": {url: mirror}, "model_path": "/models/x",
                      "engine_port": 30000},
             "hosts": {"h1": {"address": "127.0.0.1", "port": 9, "user": "root"}}}))
-        proc = k26ops("-i", str(inv), "deploy", "--check", env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")},
+        proc = cli("-i", str(inv), "deploy", "--check", env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")},
                       timeout=120)
         no_marker(tmp_path)
         one_line_exit_2(proc, mirror)  # main: exit 1, the host's connection error (the URL was taken)
@@ -191,7 +191,7 @@ def test_engine_pin_edits_the_commit_node_not_the_description(tmp_path, engine):
     recipe.write_text(desc + body)
     before = recipe.read_text()
     _, c2 = tiny_engine(tmp_path, "2.0")
-    proc = k26ops("engine", "pin", str(recipe), "--ref", "refs/heads/main",
+    proc = cli("engine", "pin", str(recipe), "--ref", "refs/heads/main",
                   env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr
     after = recipe.read_text()

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from k26ops.cli import cli
+from labtools import cli as k26ops_cli
 
 LOGS = Path(__file__).parent / "data/logs"
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +39,7 @@ def test_stdin_and_human_output():
 
 
 def run_cli(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "k26ops", *args], input=stdin,
-                          capture_output=True, text=True, cwd=ROOT)
+    return k26ops_cli(*args, input=stdin)
 
 
 @pytest.mark.parametrize("name, signature", [
@@ -92,8 +92,7 @@ def test_bad_base_is_bad_input():
 
 def test_missing_and_unreadable_files_are_one_line_errors(tmp_path):
     for target, says in ((tmp_path / "nope.log", "no such file"), (tmp_path, "directory")):
-        proc = subprocess.run([sys.executable, "-m", "k26ops", "diagnose", "log", str(target)],
-                              capture_output=True, text=True, cwd=ROOT)
+        proc = k26ops_cli("diagnose", "log", str(target))
         assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and str(target) in proc.stderr and says in proc.stderr
         assert "Traceback" not in proc.stderr

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, k26ops  # noqa: E402
+from labtools import REPO, cli  # noqa: E402
 
 from k26ops.release import enginelock, engine_source  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
@@ -133,26 +133,26 @@ def test_engine_pin_and_lock_commands_write_reviewed_files(tmp_path, cache):
     repo, c1 = tiny_engine(tmp_path, "1.0")
     recipe = _recipe_for(tmp_path, repo.as_uri(), c1)
     env = {"K26OPS_ENGINE_CACHE": str(cache)}
-    proc = k26ops("engine", "lock", str(recipe), env=env)
+    proc = cli("engine", "lock", str(recipe), env=env)
     assert proc.returncode == 0, proc.stderr
     lock = recipe.with_name("mine.lock")
     assert f"+# commit: {c1}" in proc.stdout and "+tqdm==" in proc.stdout and "written" in proc.stdout
     assert enginelock.load(lock).commit == c1
-    again = k26ops("engine", "lock", str(recipe), env=env)
+    again = cli("engine", "lock", str(recipe), env=env)
     assert again.returncode == 0 and "unchanged" in again.stdout and "+tqdm" not in again.stdout
     # the branch moves: pin finds the new commit, writes only the commit line, shows the diff
     _, c2 = tiny_engine(tmp_path, "2.0")
     before = recipe.read_text()
-    proc = k26ops("engine", "pin", str(recipe), "--ref", "refs/heads/main", "--check", env=env)
+    proc = cli("engine", "pin", str(recipe), "--ref", "refs/heads/main", "--check", env=env)
     assert proc.returncode == 0 and f"+    commit: {c2}" in proc.stdout and recipe.read_text() == before
-    proc = k26ops("--json", "engine", "pin", str(recipe), "--ref", "refs/heads/main", env=env)
+    proc = cli("--json", "engine", "pin", str(recipe), "--ref", "refs/heads/main", env=env)
     data = json.loads(proc.stdout)
     assert data["commit"] == c2 and data["written"]
     # the series was written for the old base: the recipe refuses to load until the operator
     # makes the series for the new one (the pin output says so)
     with pytest.raises(UserError, match=f"is written for sglang@{c1}"):
         rc.load(recipe)
-    text = k26ops("engine", "pin", str(recipe), "--ref", "refs/heads/main", "--check", env=env).stdout
+    text = cli("engine", "pin", str(recipe), "--ref", "refs/heads/main", "--check", env=env).stdout
     assert "unchanged" in text
     (recipe.parent / "patches/series").write_text(f"# Base: sglang@{c2}\n")
     assert rc.load(recipe).git.commit == c2
@@ -166,7 +166,7 @@ def test_engine_pin_and_lock_commands_write_reviewed_files(tmp_path, cache):
     lock.unlink()
     with pytest.raises(UserError, match="no dependency lock for .* is missing.*k26ops engine lock"):
         lock_for(rc.load(recipe))
-    proc = k26ops("engine", "pin", str(REPO / "playbooks/recipes/lab-registry.yml"), "--ref", "x")
+    proc = cli("engine", "pin", str(REPO / "playbooks/recipes/lab-registry.yml"), "--ref", "x")
     assert proc.returncode == 2 and "registry release" in proc.stderr and proc.stderr.count("\n") == 1
 
 
@@ -177,7 +177,7 @@ def test_the_lab_lock_is_what_the_lab_commit_resolves_to(cache):
     url, commit = engine_source_fixture.ensure()
     r = rc.load("lab")
     assert commit == r.git.commit
-    proc = k26ops("--json", "engine", "lock", "lab", "--source-url", url, "--check",
+    proc = cli("--json", "engine", "lock", "lab", "--source-url", url, "--check",
                   env={"K26OPS_ENGINE_CACHE": str(cache)}, timeout=300)
     data = json.loads(proc.stdout)
     assert proc.returncode == 0 and not data["changed"], data["diff"]

@@ -14,7 +14,7 @@ import pytest
 from k26ops.enginebench import figures as figs
 from k26ops.agents import loadgen
 from k26ops.errors import UserError
-from labtools import k26ops
+from labtools import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_engine_standin import Standin  # noqa: E402  (the stand-in as a subprocess)
@@ -146,7 +146,7 @@ def test_figure_names_are_checked():
 def test_bad_bench_input_exits_2_with_one_line(tmp_path, args, words):
     inv = tmp_path / "inv.yml"
     inv.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")
-    proc = k26ops("-i", str(inv), *args, env={"K26OPS_BASELINES": str(tmp_path / "none")}, timeout=60)
+    proc = cli("-i", str(inv), *args, env={"K26OPS_BASELINES": str(tmp_path / "none")}, timeout=60)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert len(err) == 1 and words in err[0] and "Traceback" not in proc.stderr, proc.stderr

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, k26ops  # noqa: E402
+from labtools import REPO, cli  # noqa: E402
 
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import enginelock  # noqa: E402
@@ -107,7 +107,7 @@ def test_registry_deploy_without_its_lock_refuses_in_one_line_before_any_host(tm
     inv = tmp_path / "inv.yml"
     inv.write_text(yaml.safe_dump(doc))
     for args in (("deploy", "--check"), ("deploy",)):
-        proc = k26ops("-i", str(inv), *args, timeout=60)
+        proc = cli("-i", str(inv), *args, timeout=60)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr
         assert f"no dependency lock for sglang==0.5.23 ({tmp_path}/r/reg.lock is missing)" in proc.stderr
         assert f"k26ops engine lock {recipe}" in proc.stderr
@@ -152,7 +152,7 @@ def test_engine_lock_is_byte_identical_from_311_and_312_control_nodes(tmp_path, 
     control node: the same file, byte for byte. pip's resolver gave 3 different versions
     (scipy, networkx, airportsdata): it evaluated markers for the interpreter running it."""
     recipe = _registry_recipe(tmp_path / "r")
-    proc = k26ops("engine", "lock", str(recipe), timeout=300)  # this interpreter: 3.11
+    proc = cli("engine", "lock", str(recipe), timeout=300)  # this interpreter: 3.11
     assert proc.returncode == 0, proc.stderr
     lock = recipe.with_suffix(".lock")
     made_by_311 = lock.read_bytes()

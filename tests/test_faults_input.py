@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import private_lab
-from labtools import REPO, free_port_block, harmless_patch, k26ops, lab_recipe_copy, lab_ssh, write_series
+from labtools import cli, free_port_block, harmless_patch, k26ops, lab_recipe_copy, lab_ssh, write_series
 
 TOKEN = "hf_INPUTSECRET_77aa88bb99cc"
 TOKEN2 = "hf_OTHERSECRET_1122334455"
@@ -292,10 +291,8 @@ def fuzz_inventory(tmp: Path) -> Path:
 
 
 def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "k26ops", "-i", str(fuzz_inventory(tmp)), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=60,
-                          env={**os.environ, "K26OPS_SSH_CONFIG": "", "COLUMNS": "120",
-                               "K26OPS_BASELINES": str(tmp / "baselines")})
+    return cli("-i", str(fuzz_inventory(tmp)), *args,  # in-process: 60 examples, no interpreter starts
+               env={"K26OPS_SSH_CONFIG": "", "COLUMNS": "120", "K26OPS_BASELINES": str(tmp / "baselines")})
 
 
 @settings(max_examples=int(os.environ.get("K26OPS_CLI_FUZZ_EXAMPLES", "60")), deadline=None,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import k26ops  # noqa: E402
+from labtools import cli  # noqa: E402
 
 from k26ops.inventory import yamlsrc  # noqa: E402
 
@@ -31,7 +31,7 @@ def test_alias_bomb_is_refused_in_under_a_second(tmp_path):
     p.write_text(BOMB)
     assert len(BOMB) < 600
     t0 = time.monotonic()
-    proc = k26ops("-i", str(p), "inventory", "list", timeout=30)
+    proc = cli("-i", str(p), "inventory", "list", timeout=30)
     took = time.monotonic() - t0
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "aliases (*name) are expanded: refused" in proc.stderr and str(p) in proc.stderr
@@ -46,7 +46,7 @@ def test_oversized_inventory_is_refused_before_it_is_read(tmp_path):
     with open(p, "w") as fh:  # 50 MB of valid YAML (before: 1.76 GB of memory, not done after 300 s)
         fh.write("hosts: {x: {address: 127.0.0.1}}\nvars:\n  pad:\n")
         fh.write(f"    - {'a' * 44}\n" * (50 * 1024 * 1024 // 51))
-    proc = k26ops("-i", str(p), "inventory", "list", timeout=30)
+    proc = cli("-i", str(p), "inventory", "list", timeout=30)
     assert proc.returncode == 2 and "over the 10,485,760-byte limit: refused" in proc.stderr
     assert proc.stderr.count("\n") == 1
 

@@ -5,13 +5,11 @@ hosts are checked the same way by labtools.k26ops_json in their own tests.)"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from jsonshape import SCHEMAS, schema, validate
-from labtools import REPO, k26ops, k26ops_json
+from labtools import REPO, cli, cli_json
 
 INVENTORY = """\
 all:
@@ -48,13 +46,13 @@ def test_commands_without_hosts(inv, tmp_path, args):
     (tmp_path / "config.toml").write_text("")
     env = {"K26OPS_INVENTORY": str(inv), "K26OPS_BASELINES": str(tmp_path / "none"),
            "K26OPS_LAB_DIR": str(tmp_path / "nolab"), "K26OPS_CONFIG": str(tmp_path / "config.toml")}
-    rc, doc = k26ops_json(*args, env=env)  # validates envelope + the command's schema, exit code
+    rc, doc = cli_json(*args, env=env)  # validates envelope + the command's schema, exit code
     assert doc["command"] == " ".join(a for a in args[:2] if not a.startswith(("/", "rtx")))
     assert doc["ok"] is (rc == 0)
 
 
 def test_inventory_list_keeps_its_keys_and_warnings(inv):
-    rc, doc = k26ops_json("inventory", "list", env={"K26OPS_INVENTORY": str(inv)})
+    rc, doc = cli_json("inventory", "list", env={"K26OPS_INVENTORY": str(inv)})
     assert rc == 0 and doc["command"] == "inventory list" and doc["ok"] is True
     assert list(doc["hosts"]) == ["rtx01"] and doc["hosts"]["rtx01"]["port"] == 1
     assert any("releases_dir: unknown" in w for w in doc["warnings"])
@@ -63,7 +61,7 @@ def test_inventory_list_keeps_its_keys_and_warnings(inv):
 def test_a_diagnosis_that_exits_1_says_so(tmp_path):
     log = tmp_path / "x.log"
     log.write_text((REPO / "tests/data/logs/sglang_nextn_arange_power_of_2.log").read_text())
-    rc, doc = k26ops_json("diagnose", "log", str(log))
+    rc, doc = cli_json("diagnose", "log", str(log))
     assert rc == 1 and doc["ok"] is False and doc["exit_code"] == 1 and doc["signature"] == "unclassified"
 
 
@@ -75,7 +73,7 @@ def test_a_diagnosis_that_exits_1_says_so(tmp_path):
     (["--forks", "0", "status"], "--forks"),
 ])
 def test_errors_are_json_on_stdout_with_the_line_on_stderr(inv, args, says):
-    proc = k26ops("--json", *args, env={"K26OPS_INVENTORY": str(inv)})
+    proc = cli("--json", *args, env={"K26OPS_INVENTORY": str(inv)})
     assert proc.returncode == 2, proc.stderr
     doc = json.loads(proc.stdout)
     validate(doc)
@@ -84,14 +82,14 @@ def test_errors_are_json_on_stdout_with_the_line_on_stderr(inv, args, says):
 
 
 def test_an_error_before_the_command_runs_still_names_it(tmp_path):
-    proc = k26ops("--json", "inventory", "list", env={"K26OPS_CONFIG": str(tmp_path / "none.toml")})
+    proc = cli("--json", "inventory", "list", env={"K26OPS_CONFIG": str(tmp_path / "none.toml")})
     doc = json.loads(proc.stdout)
     assert (proc.returncode, doc["command"], doc["ok"]) == (2, "inventory list", False)
     assert "K26OPS_CONFIG: no such file" in doc["error"]
 
 
 def test_json_after_the_command_gives_the_error_document_too(inv):
-    proc = k26ops("status", "--json", "-l", "nosuch", env={"K26OPS_INVENTORY": str(inv)})
+    proc = cli("status", "--json", "-l", "nosuch", env={"K26OPS_INVENTORY": str(inv)})
     doc = json.loads(proc.stdout)
     assert (proc.returncode, doc["command"], doc["exit_code"]) == (2, "status", 2)
 
@@ -106,8 +104,7 @@ def test_logs_follow_records_schema():
 
 
 def test_without_json_an_error_prints_nothing_on_stdout(inv):
-    proc = subprocess.run([sys.executable, "-m", "k26ops", "-i", "/nonexistent.yml", "status"],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = cli("-i", "/nonexistent.yml", "status")
     assert proc.returncode == 2 and proc.stdout == ""
 
 
@@ -132,7 +129,7 @@ def test_every_command_has_a_schema():
 def test_a_healthy_log_is_signature_null_and_the_schema_tells_it_from_unknown():
     """`diagnose log --json` on a real healthy vLLM log: exit 0, signature null; the schema
     refuses the old shape (error_found false with signature "unclassified")."""
-    rc, doc = k26ops_json("diagnose", "log", str(REPO / "tests/data/logs/vllm_request_errors_kept_serving.log"))
+    rc, doc = cli_json("diagnose", "log", str(REPO / "tests/data/logs/vllm_request_errors_kept_serving.log"))
     assert rc == 0 and doc["ok"] is True and doc["signature"] is None and doc["error_found"] is False
     import jsonschema
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from conftest import private_lab
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import cli, free_port_block, k26ops, k26ops_json, lab_ssh
 
 from k26ops.lab import rootfs
 from k26ops.lab.machines import _port_free
@@ -100,7 +100,7 @@ def test_port_in_use_is_a_one_line_error_and_starts_nothing(tmp_path):
         s.bind(("127.0.0.1", free_port_block(1)))  # a port whose engine port (+20000) exists too
         s.listen()
         port = s.getsockname()[1]
-        proc = k26ops("lab", "up", "--hosts", "1", "--dir", str(tmp_path / "lab"),
+        proc = cli("lab", "up", "--hosts", "1", "--dir", str(tmp_path / "lab"),
                       "--base-port", str(port))
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"k26ops: error: port 127.0.0.1:{port} is in use: stop what "
@@ -112,7 +112,7 @@ def test_missing_nspawn_names_the_package(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "python3").symlink_to(sys.executable)
-    proc = k26ops("lab", "up", "--dir", str(tmp_path / "lab"), env={"PATH": str(bindir)})
+    proc = cli("lab", "up", "--dir", str(tmp_path / "lab"), env={"PATH": str(bindir)})
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("k26ops: error: systemd-nspawn is missing: "
                                    "apt-get install systemd-container")
@@ -202,7 +202,7 @@ def test_not_root_is_a_one_line_error_that_starts_nothing(tmp_path):
 
 def test_lab_dir_an_overlay_cannot_name_is_a_one_line_error_that_starts_nothing(tmp_path):
     bad = tmp_path / "a:b"
-    proc = k26ops("lab", "up", "--hosts", "1", "--dir", str(bad))
+    proc = cli("lab", "up", "--hosts", "1", "--dir", str(bad))
     assert proc.returncode == 2
     assert proc.stderr == (f"k26ops: error: lab dir {bad}: a path with ',', ':' or '\\' cannot hold an "
                            "overlay root; choose another --dir\n")

@@ -117,11 +117,11 @@ def test_a_base_port_whose_engine_ports_overflow_is_one_line(tmp_path):
 
 
 def test_cli_no_raise_limits_refuses_in_one_line_naming_the_sysctl(tmp_path):
-    from labtools import k26ops
+    from labtools import cli
 
     if not limits.needed(64, limits.read(), limits.in_use()):
         pytest.skip("this machine's limits already fit 64 more lab hosts (raised by hand?)")
-    proc = k26ops("lab", "up", "--hosts", "64", "--no-raise-limits", "--dir", str(tmp_path / "lab"),
+    proc = cli("lab", "up", "--hosts", "64", "--no-raise-limits", "--dir", str(tmp_path / "lab"),
                   "--base-port", str(free_port_block(64)))
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip()

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, k26ops  # noqa: E402
+from labtools import REPO, cli  # noqa: E402
 
 from k26ops import units  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
@@ -73,19 +73,19 @@ def _inventory(tmp_path: Path, **host_vars) -> Path:
 def test_deploy_check_refuses_a_broken_rule_before_any_host(tmp_path):
     """The example inventory names unreachable addresses: exit 2 proves nothing was contacted."""
     inv = _inventory(tmp_path, engine_profile={"attention_backend": "flashinfer"})
-    proc = k26ops("-i", str(inv), "deploy", "--check", timeout=60)
+    proc = cli("-i", str(inv), "deploy", "--check", timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
     assert "engine launch rule full-tree-triton: --attention-backend:" in proc.stderr
     assert "--speculative-ddtree-budget 32 > block size 8 - 1" in proc.stderr and "triton" in proc.stderr
     inv = _inventory(tmp_path, extra_flags=["--speculative-use-rejection-sampling"])
-    proc = k26ops("-i", str(inv), "deploy", timeout=60)
+    proc = cli("-i", str(inv), "deploy", timeout=60)
     assert proc.returncode == 2 and "--speculative-use-rejection-sampling" in proc.stderr
 
 
 def test_production_recipe_without_its_lock_refuses_with_the_command_that_makes_it(tmp_path):
     assert not rc.load().lock_path.exists(), "the production lock exists now: replace this test with one that uses it"
-    proc = k26ops("-i", str(_inventory(tmp_path)), "deploy", "--check", timeout=60)
+    proc = cli("-i", str(_inventory(tmp_path)), "deploy", "--check", timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "no dependency lock for https://github.com/sgl-project/sglang.git @ 93e9850e4300" in proc.stderr
     assert "k26ops engine lock" in proc.stderr

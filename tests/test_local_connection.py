@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labtools import k26ops
+from labtools import cli
 
 from k26ops import inventory
 
@@ -32,14 +32,14 @@ def test_local_host_needs_no_address(tmp_path):
 
 
 def test_ssh_host_still_needs_an_address(tmp_path):
-    proc = k26ops("-i", str(_inv(tmp_path, "hosts:\n  there: {user: root}\n")), "facts")
+    proc = cli("-i", str(_inv(tmp_path, "hosts:\n  there: {user: root}\n")), "facts")
     assert proc.returncode == 2
     assert "no address" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_facts_json_on_the_local_machine(tmp_path):
-    proc = k26ops("-i", str(_inv(tmp_path)), "facts", "--json", timeout=120)
+    proc = cli("-i", str(_inv(tmp_path)), "facts", "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr
     host = json.loads(proc.stdout)["hosts"]["here"]
     assert host["status"] == "ok" and host["commands"] >= 1
@@ -48,7 +48,7 @@ def test_facts_json_on_the_local_machine(tmp_path):
 
 
 def test_check_runs_on_the_local_machine(tmp_path):
-    proc = k26ops("-i", str(_inv(tmp_path)), "check", "--json", timeout=120)
+    proc = cli("-i", str(_inv(tmp_path)), "check", "--json", timeout=120)
     host = json.loads(proc.stdout)["hosts"]["here"]
     # It ran here (no GPU, so the preflight fails on gpus), it did not try to connect.
     assert proc.returncode == 1 and host["status"] == "failed"

@@ -30,13 +30,26 @@ def tree_hash(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def pristine_site(tmp_path_factory) -> Path:
-    return sglang_release.copy_tree(tmp_path_factory.mktemp("pristine"))
+def pristine_trees(tmp_path_factory):
+    """site_tree(version, dest): a private copy of a release's `sglang/` (6000+
+    files) made once per version and module, handed out as hard-linked copies.
+    Safe because patchset writes every file by atomic replace (a linked file is
+    replaced, never written through); a test must not write into a site file in place."""
+    made: dict[str, Path] = {}
+
+    def site_tree(version: str, dest: Path) -> Path:
+        from k26ops.release import prepcache
+
+        if version not in made:
+            made[version] = sglang_release.copy_tree(tmp_path_factory.mktemp(f"pristine-{version}"), version)
+        prepcache.linked_copy(made[version] / "sglang", dest / "sglang")
+        return dest
+    return site_tree
 
 
 @pytest.fixture
-def site(tmp_path) -> Path:
-    return sglang_release.copy_tree(tmp_path / "site")
+def site(tmp_path, pristine_trees) -> Path:
+    return pristine_trees("0.5.23", tmp_path / "site")
 
 
 def all_series() -> list[Path]:
@@ -69,11 +82,11 @@ def test_every_series_names_its_base_and_every_patch_names_it_too():
 
 @pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1].startswith("==")],
                          ids=lambda x: getattr(x, "name", None) or "".join(x[:2]))
-def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch, base, tmp_path):
+def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch, base, tmp_path, pristine_trees):
     pkg, spec, source = base
     assert pkg == "sglang" and source.lower().startswith("pypi")
     version = spec[2:]
-    site = sglang_release.copy_tree(tmp_path / "site", version)
+    site = pristine_trees(version, tmp_path / "site")
     before = tree_hash(site)
     res = ps.apply(site, [patch], tmp_path / "state", {pkg: version})
     assert res["changed"] and not res["warnings"]
@@ -86,17 +99,28 @@ def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch,
     assert tree_hash(site) == before
 
 
-@pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1] == LAB_BASE[6:]],
-                         ids=lambda x: getattr(x, "name", None) or "lab")
-def test_every_lab_base_patch_applies_to_the_lab_commit(patch, base, tmp_path):
-    """The lab base is a real commit (the lab fixture's): read its tree at that commit."""
+@pytest.fixture(scope="module")
+def lab_commit_tree(tmp_path_factory) -> tuple[str, Path]:
+    """(commit, its python/ tree): the lab fixture's commit, exported once per module."""
     from k26ops.release import engine_source
     from k26ops.lab import engine_source_fixture
 
     url, commit = engine_source_fixture.ensure()
-    assert "sglang@" + commit == LAB_BASE
     engine_source.fetch(url, commit)
-    tree = engine_source.export(url, commit, tmp_path / "src") / "python"
+    return commit, engine_source.export(url, commit, tmp_path_factory.mktemp("lab-src") / "src") / "python"
+
+
+@pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1] == LAB_BASE[6:]],
+                         ids=lambda x: getattr(x, "name", None) or "lab")
+def test_every_lab_base_patch_applies_to_the_lab_commit(patch, base, tmp_path, lab_commit_tree):
+    """The lab base is a real commit (the lab fixture's): read its tree at that commit
+    (hard-linked from one export: patchset replaces files, never writes through them)."""
+    from k26ops.release import prepcache
+
+    commit, exported = lab_commit_tree
+    assert "sglang@" + commit == LAB_BASE
+    tree = tmp_path / "python"
+    prepcache.linked_copy(exported, tree)
     res = ps.apply(tree, [patch], tmp_path / "state", {"sglang": "@" + commit})
     assert res["changed"] and [p["status"] for p in res["patches"]] == ["apply"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labtools import k26ops
+from labtools import cli
 
 
 @pytest.mark.parametrize("cmd", ["reboot", "provision"])
@@ -16,7 +16,7 @@ from labtools import k26ops
     (["--batch", "0"], "'0': a batch has at least one host"),
 ])
 def test_bad_rolling_options_are_one_line_exit_2(cmd, args, why):
-    proc = k26ops("-i", "/nonexistent.yml", cmd, *args, timeout=60)
+    proc = cli("-i", "/nonexistent.yml", cmd, *args, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("k26ops: error: ") and why in lines[0], proc.stderr

@@ -24,7 +24,7 @@ import yaml
 
 from k26ops import units
 from k26ops.rehearsal import plan
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import cli_json, free_port_block, k26ops, k26ops_json, lab_ssh
 
 DATA = Path(__file__).resolve().parent / "data" / "rehearsal"
 PROFILE = {"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/Kimi-K2.6-DFlash",
@@ -151,7 +151,7 @@ def _left_rehearsal_processes() -> list[str]:
 
 def test_local_rehearsal_serves_and_leaves_nothing(local_host):
     inv = local_host["inventory"]()
-    rc, data = k26ops_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
+    rc, data = cli_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
                            "--concurrency", "1,2", "--temperatures", "0,0.7",
                            "--save-log", str(local_host["tmp"] / "logs"), timeout=300)
     assert rc == 0, data
@@ -176,7 +176,7 @@ def test_local_rehearsal_serves_and_leaves_nothing(local_host):
 
 def test_local_rehearsal_names_a_first_request_crash(local_host):
     inv = local_host["inventory"](K26OPS_STANDIN_CRASH="first-request", K26OPS_STANDIN_CRASH_LOG="shape-mismatch")
-    rc, data = k26ops_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]), timeout=300)
+    rc, data = cli_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]), timeout=300)
     assert rc == 1
     h = data["hosts"]["here"]
     assert h["status"] == "failed" and "crashed on the greedy request" in h["error"]
@@ -192,7 +192,7 @@ def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
     doc["hosts"]["here"]["vars"]["recipe"] = "lab"
     inv.write_text(yaml.safe_dump(doc))
     # the lab recipe ships a K2-family config: used, and said so
-    rc, data = k26ops_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
+    rc, data = cli_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
                            "--no-bench", "--layers", "7", timeout=300)
     assert rc == 0, data
     notes = data["hosts"]["here"]["rehearsal"]["notes"]

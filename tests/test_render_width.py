@@ -12,7 +12,7 @@ from k26ops.cli.context import Settings
 from k26ops.cli.report import print_results
 from k26ops.fleet import HostResult
 from k26ops.cli.rollout import print_rollout
-from labtools import k26ops
+from labtools import cli
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 HOST = "gpu-rtx01.dc1"
@@ -120,7 +120,7 @@ all:
 def test_piped_inventory_list_is_never_wrapped(tmp_path):
     path = tmp_path / "inv.yml"
     path.write_text(INVENTORY)
-    proc = k26ops("-i", str(path), "inventory", "list", env={"COLUMNS": "80", "TTY_COMPATIBLE": "0"})
+    proc = cli("-i", str(path), "inventory", "list", env={"COLUMNS": "80", "TTY_COMPATIBLE": "0"})
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if "10.40.12.11" in line]
     assert rows and "rtx01.very-long-hostname.datacenter.example.com" in rows[0], proc.stdout
@@ -131,7 +131,7 @@ def test_piped_inventory_list_is_never_wrapped(tmp_path):
 def test_inventory_list_at_80_columns(tmp_path):
     path = tmp_path / "inv.yml"
     path.write_text(INVENTORY.replace("rtx01.very-long-hostname.datacenter.example.com", "rtx01"))
-    proc = k26ops("-i", str(path), "inventory", "list", env={"COLUMNS": "80", "TTY_COMPATIBLE": "1"})
+    proc = cli("-i", str(path), "inventory", "list", env={"COLUMNS": "80", "TTY_COMPATIBLE": "1"})
     assert proc.returncode == 0, proc.stderr
     lines = ANSI.sub("", proc.stdout).splitlines()
     assert max(map(len, lines)) <= 80, proc.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from labtools import k26ops, k26ops_json, lab_ssh
+from labtools import cli, cli_json, k26ops, k26ops_json, lab_ssh
 
 from k26ops import inventory
 from k26ops.cli.selftest import checks_table, default_host_timeout, payload_args
@@ -82,11 +82,11 @@ def test_lab_selftest_limit_and_bad_checks(lab):
 
 def test_local_selftest_no_gpu(tmp_path):
     inv = _local(tmp_path)
-    proc = k26ops("-i", str(inv), "selftest", timeout=300)
+    proc = cli("-i", str(inv), "selftest", timeout=300)
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("here: no GPU — ") and lines[-1] == "1 no GPU" and len(lines) == 2
-    rc, doc = k26ops_json("-i", str(inv), "selftest", timeout=300)
+    rc, doc = cli_json("-i", str(inv), "selftest", timeout=300)
     h = doc["hosts"]["here"]
     assert rc == 3 and h["status"] == "no-gpu" and h["python_source"] == "python3"
     assert h["selftest"]["host"] == __import__("socket").gethostname()  # it ran here
@@ -94,7 +94,7 @@ def test_local_selftest_no_gpu(tmp_path):
 
 def test_local_selftest_expectations_from_host_vars(tmp_path):
     inv = _local(tmp_path, "    vars: {gpus_per_host: 1, compute_capability: ['9.0'], min_driver: 570}\n")
-    rc, doc = k26ops_json("-i", str(inv), "selftest", timeout=300)
+    rc, doc = cli_json("-i", str(inv), "selftest", timeout=300)
     assert rc == 3
     assert doc["hosts"]["here"]["selftest"]["expected"] == {"gpus": 1, "compute_cap": ["9.0"]}
 
@@ -104,7 +104,7 @@ def test_host_deadline(tmp_path):
     hung = tmp_path / "hung-python"
     hung.write_text("#!/bin/sh\nsleep 300\n")
     hung.chmod(0o755)
-    proc = k26ops("-i", str(_local(tmp_path)), "selftest", "--python", str(hung),
+    proc = cli("-i", str(_local(tmp_path)), "selftest", "--python", str(hung),
                   "--host-timeout", "10", timeout=120)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     line = proc.stdout.strip().splitlines()[0]
@@ -112,7 +112,7 @@ def test_host_deadline(tmp_path):
 
 
 def test_missing_python_is_one_line(tmp_path):
-    proc = k26ops("-i", str(_local(tmp_path)), "selftest", "--python", "/nonexistent/python")
+    proc = cli("-i", str(_local(tmp_path)), "selftest", "--python", "/nonexistent/python")
     assert proc.returncode == 1
     assert proc.stdout.startswith("here: failed — no python to run the self-test: "
                                   "/nonexistent/python not found")
@@ -121,7 +121,7 @@ def test_missing_python_is_one_line(tmp_path):
 # ------------------------------------------------ recorded real H200 results
 
 def test_recorded_h200_x2_table():
-    proc = k26ops("selftest", "--from-file", str(H200_X2))
+    proc = cli("selftest", "--from-file", str(H200_X2))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     first = out.splitlines()[0]
@@ -142,7 +142,7 @@ def test_recorded_h200_table_code_directly():
 
 
 def test_recorded_wrong_expectation_fails():
-    rc, doc = k26ops_json("selftest", "--from-file", str(DATA / "selftest-h200-x2-wrong-expect.json"))
+    rc, doc = cli_json("selftest", "--from-file", str(DATA / "selftest-h200-x2-wrong-expect.json"))
     assert rc == 1 and doc["exit_code"] == 1
     h = next(iter(doc["hosts"].values()))
     assert h["status"] == "failed" and "2 GPUs visible, expected 8" in h["error"]
@@ -151,7 +151,7 @@ def test_recorded_wrong_expectation_fails():
 def test_from_file_rejects_other_json(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"hosts": {}}')
-    proc = k26ops("selftest", "--from-file", str(bad))
+    proc = cli("selftest", "--from-file", str(bad))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith(f"k26ops: error: {bad}: not a self-test result: schema is None")
 
