@@ -20,12 +20,12 @@ import re
 from pathlib import Path
 
 from k26ops.errors import UserError
-from k26ops.inventory import ansible, native, variables
+from k26ops.inventory import ansible, native, sources, variables
 from k26ops.inventory.fields import ANSIBLE_SSH_CONNECTIONS, resolve
-from k26ops.inventory.graph import Graph, Origin
+from k26ops.inventory.graph import At, Graph, Origin, file_of
 from k26ops.inventory.model import Host, Inventory
 from k26ops.inventory.sshconfig import SSHConfig, default_path
-from k26ops.inventory.yamlsrc import Vault, is_jinja, read, show
+from k26ops.inventory.yamlsrc import Vault, is_jinja, line_of, oneline, show
 
 __all__ = ["Host", "Inventory", "load", "Vault"]
 
@@ -48,13 +48,21 @@ def load(path: Path | str, ssh_config: Path | str | None | bool = True) -> Inven
 
 def _load(path: Path | str, ssh_config) -> Inventory:
     path = Path(os.fspath(path))
-    data = read(path)
+    files = sources.inventory_files(path)
     graph = Graph(path)
     warnings: list[str] = []
-    shape = "native" if native.looks_native(data) else "ansible"
-    (native if shape == "native" else ansible).parse(data, graph, warnings)
+    shape = "ansible"
+    for f in files:
+        data = sources.read_source(f)
+        graph.path = f
+        if len(files) == 1 and native.looks_native(data):
+            shape = "native"
+        (native if shape == "native" else ansible).parse(data, graph, warnings)
+        graph.stamp(f)
+    graph.path = path
+    _vars_dirs(graph, path if path.is_dir() else path.parent)
     graph.finish()
-    unknown = [f"{path}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"
+    unknown = [f"{file_of(line, path)}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"
                for line, where, msg in variables.unknown_keys(graph, shape)]
     warnings.extend(unknown)
     ssh = SSHConfig(default_path() if ssh_config is True
@@ -67,6 +75,25 @@ def _load(path: Path | str, ssh_config) -> Inventory:
     members = {g: list(node.hosts) for g, node in graph.groups.items()}
     return Inventory(path=path, hosts=hosts, groups=groups, warnings=warnings, shape=shape,
                      children=children, members=members, unknown_vars=unknown)
+
+
+def _vars_dirs(graph: Graph, base: Path) -> None:
+    """group_vars/ and host_vars/ beside the inventory (see k26ops.inventory.sources),
+    for the groups and hosts it defines; later files win within one group or host."""
+    for kind, nodes in (("group_vars", graph.groups), ("host_vars", graph.hosts)):
+        for name, node in nodes.items():
+            for f in sources.vars_files(base, kind, name):
+                data = sources.read_vars_file(f)
+                if data is None:
+                    continue
+                if not isinstance(data, dict):
+                    raise UserError(oneline(f"{f}: must be a mapping of variables"))
+                for var, value in data.items():
+                    if not isinstance(var, str) or not var:
+                        raise UserError(oneline(f"{f}:{line_of(data, var)}: variable name {show(var)} "
+                                                f"must be a non-empty string"))
+                    node.file_vars[var] = value
+                    node.file_lines[var] = At(line_of(data, var) or 1, f)
 
 
 def _secret_policy(hosts: dict) -> None:
@@ -90,7 +117,9 @@ def _origin_text(o: Origin) -> str:
     parts = [o.level]
     if o.var:
         parts.append(f"var {o.var}")
-    if o.line:
+    if isinstance(o.line, At):
+        parts.append(f"{o.line.file}:{o.line}")
+    elif o.line:
         parts.append(f"line {o.line}")
     return ", ".join(parts)
 
