@@ -58,7 +58,8 @@ def _load(path: Path | str, ssh_config) -> Inventory:
         if len(files) == 1 and native.looks_native(data):
             shape = "native"
         (native if shape == "native" else ansible).parse(data, graph, warnings)
-        graph.stamp(f)
+        if f != path:  # a file of a directory: lines must say which file
+            graph.stamp(f)
     graph.path = path
     _vars_dirs(graph, path if path.is_dir() else path.parent)
     graph.finish()

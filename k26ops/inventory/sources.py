@@ -112,7 +112,7 @@ def read_ini(path: Path) -> Map:
         raise UserError(oneline(f"{path}: inventory is not UTF-8 text (byte {exc.start})")) from None
     top = Map()
     top.line = 1
-    declared: dict[str, int] = {}  # group -> line of its first [section]
+    declared: dict[str, int] = {"all": 0, "ungrouped": 0}  # group -> line of its first [section]
     pending: dict[str, int] = {}  # child named in [x:children] before any section of its own
     group, state = "ungrouped", "hosts"
 
@@ -139,11 +139,11 @@ def read_ini(path: Path) -> Map:
             group, state = m.group(1), m.group(2) or "hosts"
             if state not in ("hosts", "children", "vars"):
                 raise UserError(oneline(f"{path}:{n}: section [{group}:{state}] has unknown type {state!r}"))
-            if state != "vars" or group in declared or group in pending:
+            if state == "vars" and group not in declared:
+                pending.setdefault(group, n)
+            else:
                 declared.setdefault(group, n)
                 pending.pop(group, None)
-            elif group not in declared:
-                pending.setdefault(group, n)
             body(group, n)
             continue
         if s.startswith("[") and s.endswith("]"):
