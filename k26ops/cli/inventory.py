@@ -122,6 +122,16 @@ def _notes_lines(hosts: list[Host]) -> list[tuple[str, bool]]:
     return [(f"note: {_who(names)}: {note}", False) for note, names in by_note.items()]
 
 
+def _targets_lines(hosts: list[Host], targets) -> list[tuple[str, bool]]:
+    """Which listed hosts commands act on by default, and why (k26ops.inventory.targets)."""
+    inside = [h.name for h in hosts if h.name in targets.names]
+    outside = [h.name for h in hosts if h.name not in targets.names]
+    out = [(f"targets: {len(inside)} of {len(hosts)} hosts: {targets.why}", True)]
+    if outside:
+        out.append((f"  not targets (only with a config `targets` pattern naming them): {_who(outside)}", False))
+    return out
+
+
 def _print_lines(console: Console, lines: list[tuple[str, bool]], plain: bool = False) -> None:
     """`plain`: one write, no rich rendering (a rich print per line of 200,000 hosts took minutes)."""
     if plain:
@@ -172,6 +182,7 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
     """Every selected host: address, port, user, gateway, groups, merged vars."""
     inv = _load(settings, inventory)
     hosts = inv.select(limit if limit is not None else settings.limit)
+    targets = settings.targets(inv)
     if as_json or settings.as_json:
         names = {h.name for h in hosts}
         doc = {
@@ -179,6 +190,8 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
             "shape": inv.shape,
             "hosts": {h.name: host_json(h) for h in hosts},
             "groups": {g: [h for h in members if h in names] for g, members in inv.groups.items()},
+            "targets": [h.name for h in hosts if h.name in targets.names],
+            "targets_why": targets.why,
             "warnings": list(inv.warnings),
         }
         jsonout.emit(doc, indent=2)
@@ -195,7 +208,7 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
         _plain_table(title, cols, rows)
     else:
         tables.show(console, title, cols, [[Text(c) for c in r] for r in rows], show_lines=True)
-    _print_lines(console, _vars_lines(hosts) + _notes_lines(hosts), plain=big)
+    _print_lines(console, _vars_lines(hosts) + _notes_lines(hosts) + _targets_lines(hosts, targets), plain=big)
 
 
 @group.command("show")
