@@ -31,6 +31,18 @@ def _selected(limit=None) -> list[str]:
     return [h.name for h in hosts]
 
 
+@pytest.fixture(autouse=True)
+def _example_without_vault(tmp_path, monkeypatch):
+    """The example's hf_token is a !vault value, which selecting hosts refuses
+    (test_vault_value_k26ops_reads_is_refused_when_hosts_are_selected)."""
+    text = (ROOT / "inventory/example-ansible.yml").read_text()
+    start = text.index("        hf_token: !vault")
+    end = text.index("    monitoring:")
+    p = tmp_path / "example.yml"
+    p.write_text(text[:start] + text[end:])
+    monkeypatch.setattr(__import__(__name__), "EXAMPLE", p)
+
+
 def test_hosts_setting_gpus_per_host_are_the_default_targets():
     assert _selected() == GPU_HOSTS  # before: bastion and prom01 too
     assert _selected("monitoring") == ["rtx01"]  # --limit narrows the targets, as in Ansible
@@ -65,3 +77,19 @@ def test_inventory_list_shows_targets_and_why():
     assert "not targets (only with a config `targets` pattern naming them): prom01, bastion" in result.stdout
     doc = json.loads(CliRunner().invoke(cli, ["-i", str(EXAMPLE), "inventory", "list", "--json"]).stdout)
     assert doc["targets"] == GPU_HOSTS and "gpus_per_host" in doc["targets_why"]
+
+
+def test_vault_value_k26ops_reads_is_refused_when_hosts_are_selected(tmp_path):
+    """Before: hf_token: !vault went to the hosts' env file as the text `<vault>`."""
+    example = ROOT / "inventory/example-ansible.yml"
+    with pytest.raises(UserError, match=rf"^{example}:28: hf_token is a !vault value and k26ops "
+                                        r"does not decrypt ansible-vault: give host rtx01"):
+        Settings(inventory=str(example)).select(None)
+    result = CliRunner().invoke(cli, ["-i", str(example), "inventory", "list"])  # shown, not refused
+    assert result.exit_code == 0 and "vars.hf_token is a !vault value" in result.stdout
+    p = tmp_path / "other.yml"  # a vault value only another tool reads is left alone
+    p.write_text("all:\n  vars:\n    db_password: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      6162\n"
+                 "    ansible_become_password: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      6163\n"
+                 "  hosts: {a: {ansible_host: 127.0.0.1}}\n")
+    _inv, hosts = Settings(inventory=str(p)).select(None)
+    assert [h.name for h in hosts] == ["a"]

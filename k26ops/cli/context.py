@@ -93,6 +93,7 @@ class Settings:
         inv.check_strict(self.strict)
         self.warnings = tuple(inv.warnings)
         hosts = self.only_targets(inv, inv.select(pattern), pattern)
+        inv.check_vault(hosts)
         from k26ops import multinode
 
         multinode.assign(inv, hosts)

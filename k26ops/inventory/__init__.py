@@ -21,7 +21,7 @@ from pathlib import Path
 
 from k26ops.errors import UserError
 from k26ops.inventory import ansible, native, sources, variables
-from k26ops.inventory.fields import ANSIBLE_SSH_CONNECTIONS, resolve
+from k26ops.inventory.fields import ANSIBLE_SSH_CONNECTIONS, BECOME_PASSWORD_VARS, resolve
 from k26ops.inventory.graph import At, Graph, Origin, file_of
 from k26ops.inventory.model import Host, Inventory
 from k26ops.inventory.sshconfig import SSHConfig, default_path
@@ -114,6 +114,10 @@ def _secret_policy(hosts: dict) -> None:
     units.set_secret_policy(names, patterns)
 
 
+def _where(graph: Graph, o: Origin) -> str:
+    return f"{file_of(o.line, graph.path)}:{o.line}" if o.line else str(graph.path)
+
+
 def _origin_text(o: Origin) -> str:
     parts = [o.level]
     if o.var:
@@ -179,6 +183,9 @@ def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[st
                             f"is not one k26ops can use (ssh or local)")
     notes = list(r.notes)
     notes += _value_notes(values, "vars", note_cache)
+    vault_used = [f"{_where(graph, origins[k])}: {k}" for k, v in values.items()
+                  if k in variables.KNOWN and k not in BECOME_PASSWORD_VARS
+                  and any("!vault" in n for n in _value_notes({k: v}, "vars", note_cache, limit=1))]
     return Host(
         name=name,
         address=r.values["address"],
@@ -194,6 +201,7 @@ def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[st
         notes=notes,
         unresolved=r.unresolved,
         origins={f: _origin_text(o) for f, o in r.origins.items()},
+        vault_used=vault_used,
     )
 
 
