@@ -78,15 +78,16 @@ def main() -> None:
 def cli_cost(path: Path, args: list[str]) -> tuple[float, int]:
     """CPU seconds and peak RSS (KB) of one CLI run, output discarded (a shared
     machine's wall clock measures the neighbours, CPU time measures k26ops)."""
-    import resource
+    import os
     import subprocess
 
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-m", "k26ops", "-i", str(path), *args], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=True, cwd=Path(__file__).resolve().parents[1])
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime), after.ru_maxrss
-
+    proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", str(path), *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+    _pid, status, usage = os.wait4(proc.pid, 0)  # this child's own usage, not all children's
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(args)} on {path}: exit {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 
 if __name__ == "__main__":
     main()
