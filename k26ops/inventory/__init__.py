@@ -15,8 +15,8 @@ from __future__ import annotations
 import gc
 import os
 import posixpath
-from collections import deque
 import re
+from collections import deque
 from pathlib import Path
 
 from k26ops.errors import UserError

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 from pathlib import Path
 
 from k26ops.errors import UserError
-from k26ops.inventory.yamlsrc import Map, oneline, read, show
+from k26ops.inventory.yamlsrc import MAX_BYTES, Map, oneline, read, show
 
 VARS_EXTS = (".yml", ".yaml", ".json")
 YAML_EXTS = VARS_EXTS
@@ -98,8 +99,6 @@ _SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 
 def read_ini(path: Path) -> Map:
     """An INI inventory, converted to the YAML shape (lines kept) for ansible.parse."""
-    from k26ops.inventory.yamlsrc import MAX_BYTES
-
     try:
         raw = path.read_bytes()[: MAX_BYTES + 1]
     except OSError as exc:
@@ -162,8 +161,6 @@ def read_ini(path: Path) -> Map:
             if child not in declared:
                 pending.setdefault(child, n)
         else:
-            import shlex
-
             try:
                 words = shlex.split(s, comments=True)
             except ValueError as exc:
