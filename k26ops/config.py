@@ -5,6 +5,7 @@
     forks = 32                            # default --forks
     deadline = 7200                       # default --deadline, seconds
     connect_timeout = 15                  # default --connect-timeout, seconds
+    targets = "gpu"                       # host pattern commands act on (a playbook's hosts:)
 
 Precedence: command-line flag > environment variable (K26OPS_INVENTORY,
 K26OPS_BASELINES) > this file > built-in default. Paths may start with ~;
@@ -34,7 +35,7 @@ class Key:
 
 
 KEYS = {k.name: k for k in (Key("inventory", Path), Key("baselines", Path), Key("forks", int, 1, 512),
-                            Key("deadline", float, 1), Key("connect_timeout", float, 0.1))}
+                            Key("deadline", float, 1), Key("connect_timeout", float, 0.1), Key("targets", str))}
 
 
 def config_path() -> Path:
@@ -78,6 +79,10 @@ def load(path: Path | None = None) -> dict:
 
 def _value(path: Path, key: Key, value):
     where = f"{path}: {key.name}"
+    if key.kind is str:
+        if not isinstance(value, str) or not value.strip():
+            raise UserError(f"{where} must be a non-empty string (a host pattern), got {value!r}")
+        return value.strip()
     if key.kind is Path:
         if not isinstance(value, str) or not value.strip():
             raise UserError(f"{where} must be a path string, got {value!r}")

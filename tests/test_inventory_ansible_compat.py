@@ -18,7 +18,10 @@ from k26ops.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests/data/inventories"
-FILES = sorted(DATA.glob("ansible-*.yml")) + [ROOT / "inventory/example-ansible.yml"]
+# Directory inventories, INI, and a hosts.yml with group_vars/host_vars beside it (34.1).
+LAYOUTS = [DATA / "ansible-dir", DATA / "ansible-dir/hosts.yml", DATA / "ansible-ini-dir",
+           DATA / "ansible-ini-dir/hosts"]
+FILES = sorted(DATA.glob("ansible-*.yml")) + [ROOT / "inventory/example-ansible.yml"] + LAYOUTS
 
 pytestmark = pytest.mark.skipif(shutil.which("ansible-inventory") is None and not os.environ.get("CI"),
                                 reason="ansible-core (test extra) not installed")
@@ -32,7 +35,8 @@ def _no_ssh_config(monkeypatch):
 def _ansible_list(path: Path, home: Path) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"),
-               ANSIBLE_CONFIG=str(home / "none.cfg"), ANSIBLE_INVENTORY_ENABLED="yaml",
+               ANSIBLE_CONFIG=str(home / "none.cfg"),
+               ANSIBLE_INVENTORY_ENABLED="yaml,ini" if path in LAYOUTS else "yaml",
                ANSIBLE_INVENTORY_UNPARSED_FAILED="true", ANSIBLE_NOCOLOR="1")
     proc = subprocess.run(["ansible-inventory", "-i", str(path), "--list"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=home)
@@ -87,7 +91,7 @@ def _k26ops_list(path: Path) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(p.parents[1])) for p in FILES])
 def test_same_hosts_groups_address_port_user_become_as_ansible_inventory(path, ansible_out):
     listing, _ = ansible_out[path]
     expected = _expected(listing)
@@ -103,7 +107,7 @@ def test_same_hosts_groups_address_port_user_become_as_ansible_inventory(path, a
         assert got["become"] is exp["become"], name
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(p.parents[1])) for p in FILES])
 def test_same_merged_vars_as_ansible_inventory(path, ansible_out):
     """Variable precedence (all < parent < child < host, priority, name) matches."""
     listing, _ = ansible_out[path]
@@ -128,3 +132,44 @@ def test_ignored_group_keys_warned_like_ansible(ansible_out):
            f"'hosts'? ansible reads only vars, children and hosts)" in warnings
     assert any("'var'" in w and "did you mean 'vars'?" in w for w in warnings)
     assert any("'notagroup'" in w and "not a valid group definition" in w for w in warnings)
+
+
+def test_group_vars_typos_warned_once_with_file_and_line():
+    """A typo in group_vars/ is named with its own file:line, once (not once per host)."""
+    result = CliRunner().invoke(cli, ["-i", str(DATA / "ansible-dir"), "inventory", "list"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    typo = [w for w in result.stderr.splitlines() if "releases_dir" in w]
+    assert typo == [f"k26ops: warning: {DATA}/ansible-dir/group_vars/gpu/main.yml:2: group gpu: "
+                    f"releases_dir: unknown; did you mean releases_root?"], result.stderr
+    result = CliRunner().invoke(cli, ["--strict", "-i", str(DATA / "ansible-ini-dir/hosts"), "inventory",
+                                      "list"], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert f"{DATA}/ansible-ini-dir/group_vars/gpu.yml:2: group gpu: gpus_per_hots: unknown" in result.stderr
+
+
+def test_show_names_the_group_vars_file_a_value_came_from():
+    result = CliRunner().invoke(cli, ["-i", str(DATA / "ansible-dir"), "inventory", "show", "rtx02",
+                                      "--json"], catch_exceptions=False)
+    origins = json.loads(result.stdout)["hosts"]["rtx02"]["origins"]
+    assert origins["address"] == f"host_vars/rtx02, var ansible_host, {DATA}/ansible-dir/host_vars/rtx02.yml:1"
+    assert origins["become"].startswith("group_vars/all, var ansible_become, ") and \
+        origins["become"].endswith("group_vars/all/10-base.yml:1")
+
+
+def test_a_vars_file_encrypted_whole_is_refused_in_one_line(tmp_path):
+    shutil.copytree(DATA / "ansible-dir", tmp_path / "inv")
+    vault = tmp_path / "inv/group_vars/gpu/vault.yml"
+    vault.write_text("$ANSIBLE_VAULT;1.1;AES256\n6162636465666768\n")
+    result = CliRunner().invoke(cli, ["-i", str(tmp_path / "inv"), "inventory", "list"])
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"k26ops: error: {vault}: encrypted whole with ansible-vault")
+
+
+def test_ini_errors_name_file_and_line(tmp_path):
+    p = tmp_path / "hosts.ini"
+    p.write_text("[gpu:children]\nrtx\n")
+    result = CliRunner().invoke(cli, ["-i", str(p), "inventory", "list"])
+    assert result.exit_code == 2
+    assert f"{p}:2: group 'rtx' is used here but never defined" in result.stderr

@@ -3,6 +3,7 @@ line, fast; a large legitimate inventory (10,000 hosts) still loads."""
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from pathlib import Path
@@ -58,3 +59,64 @@ def test_ten_thousand_hosts_load(tmp_path):
 
     inv = load(p)
     assert len(inv.hosts) == 10_000 and inv.hosts["gpu09999"].vars["engine_port"] == 30099
+
+
+def alias_values(levels: int = 5, width: int = 11, top: int = 10) -> str:
+    """Under 450 bytes (the vault value included) that expand to 1,966,446 values, just under MAX_EXPANDED_NODES:
+    allowed, so every command must handle them without walking each copy."""
+    lines = ["vars:", f"  a0: &a0 [{','.join(['1'] * width)}]"]
+    lines += [f"  a{i}: &a{i} [{','.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    lines += [f"  z: [{','.join([f'*a{levels - 1}'] * top)}]",
+              "  token: !vault |\n    $ANSIBLE_VAULT;1.1;AES256\n    6162",
+              "hosts: {x: {address: 127.0.0.1}, y: {address: 127.0.0.2}}"]
+    return "\n".join(lines) + "\n"
+
+
+def many_hosts(limit: int = yamlsrc.MAX_BYTES) -> str:
+    """An Ansible-shape inventory of as many hosts as fit just under the size limit (~215,000)."""
+    head = "all:\n  vars: {gpus_per_host: 8}\n  children:\n    gpu:\n      hosts:\n"
+    line = "        gpu{:06d}: {{ansible_host: 10.{}.{}.{}}}\n"
+    out, size, i = [head], len(head), 0
+    while True:
+        text = line.format(i, i >> 16 & 255, i >> 8 & 255, i & 255)
+        if size + len(text) > limit - 100:
+            return "".join(out)
+        out.append(text)
+        size += len(text)
+        i += 1
+
+
+def timed_cli(*args: str, timeout: float = 600):
+    """Run the CLI; (process, CPU seconds it used). CPU time, not wall time: this
+    machine is shared, and a wall clock there measures the neighbours."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = k26ops(*args, timeout=timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return proc, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def test_aliases_just_under_the_value_limit_list_and_show_in_seconds(tmp_path):
+    """Before: a list.pop(0) walk over every aliased copy, past 300 s."""
+    text = alias_values()
+    p = tmp_path / "aliases.yml"
+    p.write_text(text)
+    assert len(text) < 450
+    assert 1_900_000 < yamlsrc.expanded_size(__import__("yaml").compose(text)) < yamlsrc.MAX_EXPANDED_NODES
+    for args in (["inventory", "list"], ["inventory", "show", "x"], ["inventory", "list", "--json"]):
+        proc, took = timed_cli("-i", str(p), *args, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert took < 30, (args, took)
+        if "--json" not in args:
+            assert "--json shows all" in proc.stdout  # the table cuts a value of megabytes
+            assert "is a !vault value" in proc.stdout  # the walk still finds what it must note
+
+
+def test_hosts_just_under_the_size_limit_list_in_seconds(tmp_path):
+    """Before: add_host's list membership made loading quadratic (past 200 s, 1.2 GB)."""
+    p = tmp_path / "fleet.yml"
+    p.write_text(many_hosts())
+    assert yamlsrc.MAX_BYTES - 1000 < p.stat().st_size <= yamlsrc.MAX_BYTES
+    proc, took = timed_cli("-i", str(p), "inventory", "list", timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert took < 30, took
+    assert "gpu214000" in proc.stdout

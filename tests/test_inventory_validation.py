@@ -137,9 +137,9 @@ def test_missing_file_and_directory(tmp_path):
     result = _run("-i", str(missing), "inventory", "list")
     assert (result.exit_code, result.stderr) == (
         2, f"k26ops: error: {missing}: cannot read inventory: No such file or directory\n")
-    result = _run("-i", str(tmp_path), "inventory", "list")
+    result = _run("-i", str(tmp_path), "inventory", "list")  # a directory is an inventory (34.1); empty, refused
     assert (result.exit_code, result.stderr) == (
-        2, f"k26ops: error: {tmp_path}: cannot read inventory: Is a directory\n")
+        2, f"k26ops: error: {tmp_path}: inventory directory holds no inventory file\n")
 
 
 def test_unreadable_file(tmp_path):

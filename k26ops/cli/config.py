@@ -30,6 +30,9 @@ def effective(settings: Settings) -> dict:
     out["baselines"] = {"value": str(path), "source": source}
     for name in ("forks", "deadline", "connect_timeout"):
         out[name] = {"value": getattr(settings, name), "source": settings.sources.get(name, "default")}
+    pattern = config.load().get("targets")
+    out["targets"] = {"value": pattern, "source": f"config {config.config_path()}" if pattern else
+                      "default (the hosts that set gpus_per_host, else every host)"}
     return out
 
 

@@ -72,6 +72,28 @@ class Settings:
         raise UserError("no inventory: pass --inventory PATH, set K26OPS_INVENTORY, "
                         "or start the lab with `k26ops lab up`")
 
+    def targets(self, inv):
+        """The hosts commands act on by default (k26ops.inventory.targets): the
+        config file's `targets` pattern, else the hosts setting gpus_per_host."""
+        from k26ops import config
+        from k26ops.inventory.targets import targets
+
+        pattern = config.load().get("targets")
+        return targets(inv, pattern, f"config {config.config_path()}")
+
+    def only_targets(self, inv, hosts: list, pattern: str | None) -> list:
+        """`hosts` (after --limit) that are targets; a --limit that selects only
+        hosts outside the targets is an error naming them, never a silent no-op."""
+        from k26ops.errors import UserError
+
+        t = self.targets(inv)
+        kept = [h for h in hosts if h.name in t.names]
+        if hosts and not kept:
+            names = ", ".join(h.name for h in hosts[:5]) + (" ..." if len(hosts) > 5 else "")
+            raise UserError(f"{inv.path}: --limit {pattern!r} selects only hosts that are not targets "
+                            f"({names}); the targets are {t.why}")
+        return kept
+
     def fleet_options(self):
         from k26ops.fleet import FleetOptions
 
@@ -103,7 +125,8 @@ class Settings:
                 click.echo(f"k26ops: warning: {w}", err=True)
         inv.check_strict(self.strict)
         self.warnings = tuple(inv.warnings)
-        hosts = inv.select(pattern)
+        hosts = self.only_targets(inv, inv.select(pattern), pattern)
+        inv.check_vault(hosts)
         from k26ops import multinode
 
         multinode.assign(inv, hosts)

@@ -70,37 +70,88 @@ def _text(value) -> Text:
     return Text("-" if value is None else str(value))
 
 
-def _user_text(h: Host) -> Text:
+def _cell(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _user_text(h: Host) -> str:
     """The login user, marked `(become)` when commands run as root through sudo."""
-    return Text(f"{h.user or '-'}" + (" (become)" if h.become else ""))
+    return f"{h.user or '-'}" + (" (become)" if h.become else "")
+
+
+# A value's text in a table is cut here: a few YAML aliases can stand for
+# millions of values, and a terminal table of megabytes helps nobody (--json has all).
+VALUE_TEXT_MAX = 2000
+
+
+def value_text(value) -> str:
+    """One var's value as JSON text for a table, cut at VALUE_TEXT_MAX characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) <= VALUE_TEXT_MAX:
+        return text
+    return f"{text[:VALUE_TEXT_MAX]}... ({len(text) - VALUE_TEXT_MAX:,} more characters; --json shows all)"
 
 
 def _vars_text(values: dict) -> Text:
     shown = jsonable(units.redact_vars(values))  # secrets never printed
-    return Text("\n".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in shown.items()))
+    return Text("\n".join(f"{k}={value_text(v)}" for k, v in shown.items()))
 
 
 def _who(names: list[str]) -> str:
     return ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:3])} and {len(names) - 3} more"
 
 
-def _print_vars(console: Console, hosts: list[Host]) -> None:
-    """Merged vars after the table, hosts with identical vars together."""
+def _vars_lines(hosts: list[Host]) -> list[tuple[str, bool]]:
+    """Merged vars after the table, hosts with identical vars together: (line, bold)."""
     by_vars: dict[str, list[str]] = {}
     for h in hosts:
         by_vars.setdefault(_vars_text(h.vars).plain, []).append(h.name)
+    out = []
     for text, names in by_vars.items():
-        console.print(Text(f"vars of {_who(names)}:", style="bold"))
-        console.print(Text("  " + (text.replace("\n", "\n  ") if text else "(none)")))
+        out.append((f"vars of {_who(names)}:", True))
+        out.append(("  " + (text.replace("\n", "\n  ") if text else "(none)"), False))
+    return out
 
 
-def _print_notes(console: Console, hosts: list[Host]) -> None:
+def _notes_lines(hosts: list[Host]) -> list[tuple[str, bool]]:
     by_note: dict[str, list[str]] = {}
     for h in hosts:
         for n in h.notes:
             by_note.setdefault(n, []).append(h.name)
-    for note, names in by_note.items():
-        console.print(Text(f"note: {_who(names)}: {note}"))
+    return [(f"note: {_who(names)}: {note}", False) for note, names in by_note.items()]
+
+
+def _targets_lines(hosts: list[Host], targets) -> list[tuple[str, bool]]:
+    """Which listed hosts commands act on by default, and why (k26ops.inventory.targets)."""
+    inside = [h.name for h in hosts if h.name in targets.names]
+    outside = [h.name for h in hosts if h.name not in targets.names]
+    out = [(f"targets: {len(inside)} of {len(hosts)} hosts: {targets.why}", True)]
+    if outside:
+        out.append((f"  not targets (only with a config `targets` pattern naming them): {_who(outside)}", False))
+    return out
+
+
+def _print_lines(console: Console, lines: list[tuple[str, bool]], plain: bool = False) -> None:
+    """`plain`: one write, no rich rendering (a rich print per line of 200,000 hosts took minutes)."""
+    if plain:
+        if lines:
+            click.echo("\n".join(text for text, _ in lines))
+        return
+    for text, bold in lines:
+        console.print(Text(text, style="bold" if bold else ""))
+
+
+# Past this many hosts the table is plain aligned columns: a boxed rich table of
+# 200,000 rows took over 10 minutes and 1.5 GB; these lines take seconds.
+BIG_LIST = 2000
+
+
+def _plain_table(title: Text, cols: list, rows: list[list]) -> None:
+    cells = [[c.header for c in cols]] + [[x.replace("\n", " ") for x in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    out = [title.plain]
+    out += ["  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in cells]
+    click.echo("\n".join(out))
 
 
 _options = [
@@ -130,6 +181,7 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
     """Every selected host: address, port, user, gateway, groups, merged vars."""
     inv = _load(settings, inventory)
     hosts = inv.select(limit if limit is not None else settings.limit)
+    targets = settings.targets(inv)
     if as_json or settings.as_json:
         names = {h.name for h in hosts}
         doc = {
@@ -137,6 +189,8 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
             "shape": inv.shape,
             "hosts": {h.name: host_json(h) for h in hosts},
             "groups": {g: [h for h in members if h in names] for g, members in inv.groups.items()},
+            "targets": [h.name for h in hosts if h.name in targets.names],
+            "targets_why": targets.why,
             "warnings": list(inv.warnings),
             "recipes": _recipes(hosts),
         }
@@ -147,14 +201,21 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
     cols = [tables.Col("host", keep=True), tables.Col("address", keep=True), tables.Col("port", keep=True),
             tables.Col("user", keep=True), tables.Col("groups"), tables.Col("gateway"),
             tables.Col("identity file")]
-    rows = [[_text(h.name), _text(h.address), _text(h.port), _user_text(h), Text(", ".join(h.groups)),
-             _text(h.gateway), _text(h.identity_file)] for h in hosts]
-    tables.show(console, title, cols, rows, show_lines=True)
-    _print_vars(console, hosts)
-    _print_notes(console, hosts)
+    rows = [[_cell(h.name), _cell(h.address), _cell(h.port), _user_text(h), ", ".join(h.groups),
+             _cell(h.gateway), _cell(h.identity_file)] for h in hosts]
+    big = len(rows) > BIG_LIST
+    if big:
+        _plain_table(title, cols, rows)
+    else:
+        tables.show(console, title, cols, [[Text(c) for c in r] for r in rows], show_lines=True)
+    _print_lines(console, _vars_lines(hosts) + _notes_lines(hosts) + _targets_lines(hosts, targets), plain=big)
     for r in _recipes(hosts):
         what = f"lock {r['lock']}" if r["ok"] else r["problem"]
-        console.print(Text(f"recipe {r['recipe'] or '?'} ({_who(r['hosts'])}): {what}"))
+        line = f"recipe {r['recipe'] or '?'} ({_who(r['hosts'])}): {what}"
+        if big:
+            click.echo(line)
+        else:
+            console.print(Text(line))
 
 
 def _recipes(hosts) -> list[dict]:
@@ -189,9 +250,9 @@ def show_cmd(settings: Settings, inventory, as_json, host):
         table.add_row(f, _text(getattr(h, f)), _text(h.origins.get(f, "default")))
     table.add_row("groups", Text(", ".join(h.groups)), Text(""))
     for k, v in jsonable(units.redact_vars(h.vars)).items():
-        table.add_row(Text(f"vars.{k}"), Text(json.dumps(v, ensure_ascii=False)), Text(""))
+        table.add_row(Text(f"vars.{k}"), Text(value_text(v)), Text(""))
     tables.print_table(console, table)  # piped: whole values, never folded at 80
-    _print_notes(console, [h])
+    _print_lines(console, _notes_lines([h]))
 
 
 @group.command("vars")

@@ -16,6 +16,23 @@ from k26ops.errors import UserError
 from k26ops.inventory.yamlsrc import oneline, show
 
 
+class At(int):
+    """A line number that knows its file: an inventory may be many files
+    (a directory, group_vars/, host_vars/), and a message must name the right one.
+    It is an int everywhere else (formatting, comparisons)."""
+
+    file: Path
+
+    def __new__(cls, line: int, file: Path):
+        self = super().__new__(cls, line)
+        self.file = file
+        return self
+
+
+def file_of(line, default: Path) -> Path:
+    return getattr(line, "file", default)
+
+
 @dataclass
 class GroupNode:
     name: str
@@ -24,7 +41,10 @@ class GroupNode:
     var_lines: dict = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
+    file_vars: dict = field(default_factory=dict)  # from group_vars/ files
+    file_lines: dict = field(default_factory=dict)  # their lines (At: file and line)
     hosts: list[str] = field(default_factory=list)
+    host_set: set = field(default_factory=set)  # the same names: membership in O(1) at 200k hosts
     depth: int = 0
     priority: int = 1  # ansible_group_priority: orders groups of equal depth
 
@@ -35,6 +55,8 @@ class HostNode:
     line: int | None = None
     vars: dict = field(default_factory=dict)
     var_lines: dict = field(default_factory=dict)
+    file_vars: dict = field(default_factory=dict)  # from host_vars/ files
+    file_lines: dict = field(default_factory=dict)  # their lines (At: file and line)
     fields: dict = field(default_factory=dict)  # native shape: field -> (value, line)
     groups: list[str] = field(default_factory=list)  # direct groups
 
@@ -44,7 +66,7 @@ class Origin:
     """Where a value came from, for messages and `inventory show`."""
 
     level: str  # "host", "group NAME", "all", "ssh_config", "host name"
-    line: int | None = None
+    line: int | None = None  # an At when the value is from another file than the inventory
     var: str | None = None
 
 
@@ -58,8 +80,18 @@ class Graph:
         self.add_child("all", "ungrouped")
 
     def fail(self, line: int | None, message: str):
-        where = f"{self.path}:{line}" if line else f"{self.path}"
+        where = f"{file_of(line, self.path)}:{line}" if line else f"{self.path}"
         raise UserError(oneline(f"{where}: {message}"))
+
+    def stamp(self, file: Path) -> None:
+        """Mark every plain line number set so far as one of `file` (after each
+        inventory file of a directory is parsed)."""
+        for node in [*self.groups.values(), *self.hosts.values()]:
+            for k, line in node.var_lines.items():
+                if line is not None and not isinstance(line, At):
+                    node.var_lines[k] = At(line, file)
+            if node.line is not None and not isinstance(node.line, At):
+                node.line = At(node.line, file)
 
     def group(self, name: str, line: int | None = None) -> GroupNode:
         node = self.groups.get(name)
@@ -100,8 +132,9 @@ class Graph:
     def add_host(self, host: str, group: str, line: int | None = None) -> HostNode:
         node = self.host(host, line)
         g = self.group(group)
-        if host not in g.hosts:
+        if host not in g.host_set:
             g.hosts.append(host)
+            g.host_set.add(host)
             node.groups.append(group)
         return node
 
@@ -125,9 +158,10 @@ class Graph:
             others = set(self.member_of(host.name)) - {"all", "ungrouped"}
             if others and "ungrouped" in host.groups:
                 host.groups.remove("ungrouped")
-                ungrouped.hosts.remove(host.name)
+                ungrouped.host_set.discard(host.name)
             elif not others and "ungrouped" not in host.groups:
                 self.add_host(host.name, "ungrouped")
+        ungrouped.hosts = [h for h in ungrouped.hosts if h in ungrouped.host_set]
         self._depths()
 
     def _depths(self) -> None:
@@ -169,16 +203,20 @@ class Graph:
         return [h for h in self.hosts if h in wanted]
 
     def merged_vars(self, host: str) -> tuple[dict, dict[str, Origin]]:
+        """Ansible's order (VariableManager with the default precedence): inline
+        vars of `all`, then of the host's groups; then group_vars/all, then the
+        groups' group_vars files; then the host's inline vars, then host_vars.
+        So group_vars/all.yml beats a child group's inline vars, as in ansible."""
         values: dict = {}
         origins: dict[str, Origin] = {}
-        for gname in self.member_of(host):
-            g = self.groups[gname]
-            level = "all" if gname == "all" else f"group {gname}"
-            for k, v in g.vars.items():
-                values[k] = v
-                origins[k] = Origin(level, g.var_lines.get(k), k)
+        groups = [self.groups[g] for g in self.member_of(host)]
         h = self.hosts[host]
-        for k, v in h.vars.items():
-            values[k] = v
-            origins[k] = Origin("host", h.var_lines.get(k), k)
+        layers = [(g, g.vars, "all" if g.name == "all" else f"group {g.name}") for g in groups]
+        layers += [(g, g.file_vars, f"group_vars/{g.name}") for g in groups]
+        layers += [(h, h.vars, "host"), (h, h.file_vars, f"host_vars/{host}")]
+        for node, layer, level in layers:
+            for k, v in layer.items():
+                values[k] = v
+                origins[k] = Origin(level, node.var_lines.get(k) if layer is node.vars
+                                    else node.file_lines.get(k), k)
         return values, origins

@@ -23,6 +23,7 @@ class Host:
     notes: list[str] = field(default_factory=list)  # unevaluated values etc.
     unresolved: list[str] = field(default_factory=list)  # fields holding Jinja/vault
     origins: dict[str, str] = field(default_factory=dict)  # field -> "group gpu, line 7"
+    vault_used: list[str] = field(default_factory=list)  # "FILE:LINE: VAR" of !vault values k26ops reads
 
 
 @dataclass
@@ -43,6 +44,20 @@ class Inventory:
 
             more = f" (and {len(self.unknown_vars) - 1} more)" if len(self.unknown_vars) > 1 else ""
             raise UserError(f"{self.unknown_vars[0]}{more} (--strict)")
+
+    def check_vault(self, hosts: list[Host]) -> None:
+        """k26ops never decrypts: a !vault value it would use (hf_token, ansible_host,
+        engine_env...) is refused in one line naming where it is, before any host
+        is contacted, instead of sending the text `<vault>` (inventory list/show
+        still show such values as <vault>; values only other tools read are left alone)."""
+        from k26ops.errors import UserError
+
+        for h in hosts:
+            if h.vault_used:
+                more = f" (and {len(h.vault_used) - 1} more)" if len(h.vault_used) > 1 else ""
+                raise UserError(f"{h.vault_used[0]} is a !vault value and k26ops does not decrypt "
+                                f"ansible-vault: give host {h.name} the value in plain text (or, for "
+                                f"HF_TOKEN, through this node's environment){more}")
 
     def select(self, limit: str | None) -> list[Host]:
         """Hosts matching --limit, in inventory order (see k26ops.inventory.limit)."""

@@ -177,13 +177,14 @@ def unknown_keys(graph, shape: str) -> list[tuple[int | None, str, str]]:
     out = []
     nodes = [("vars" if g == "all" else f"group {g}", n) for g, n in graph.groups.items()]
     nodes += [(f"host {h}", n) for h, n in graph.hosts.items()]
-    for where, node in nodes:
-        for key in node.vars:
-            if not isinstance(key, str) or is_known(key):
-                continue
-            if shape != "native" and nearest(key) is None:
-                continue
-            out.append((node.var_lines.get(key), where, unknown_message(key)))
+    for where, node in nodes:  # once per place it is written, never once per host
+        for layer, lines in ((node.vars, node.var_lines), (node.file_vars, node.file_lines)):
+            for key in layer:
+                if not isinstance(key, str) or is_known(key):
+                    continue
+                if shape != "native" and nearest(key) is None:
+                    continue
+                out.append((lines.get(key), where, unknown_message(key)))
     return out
 
 
