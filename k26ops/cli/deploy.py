@@ -9,6 +9,7 @@ from k26ops.enginebench.figures import DEFAULT_GATE
 from k26ops.enginebench.run import METRICS
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
+from k26ops.rehearsal.run import Gate
 from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import playbook_work
 
@@ -69,7 +70,7 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
 def deploy_cmd(settings, check, diff, name, canary, gate_tag, gate_threshold, gate_figures, baselines_dir,
                rehearse, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
-    shared = {"rehearse": options_from(rkw, bench=False)} if rehearse else None
+    shared = {"rehearse": Gate(options_from(rkw, bench=False))} if rehearse else None
     if gate_tag is None:
         run_playbook(settings, name, check=check, diff=diff, canary=canary, shared=shared)
         return
