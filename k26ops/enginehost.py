@@ -19,63 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from k26ops import profile as profile_mod
 from k26ops import units
 from k26ops.errors import UserError
 
-DEFAULT_ROOT = "/opt/k26ops"
-DEFAULT_UNIT = "k26-engine.service"
-DEFAULT_PORT = 30000
-UNIT_DIR = "/etc/systemd/system"
-LAB_MODULE = "k26ops_lab_engine"
-PASS_ENV = ("HF_TOKEN",)
-# `nvlink_multicast: false`: NCCL's NVLink SHARP, torch symmetric memory's and NVSHMEM's multicast off
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # taken from the control node's environment when the inventory lacks it
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What k26ops keeps on a host, all under `k26ops_root` (releases under `releases_root`)."""
-
-    root: str = DEFAULT_ROOT
-    releases_root: str = f"{DEFAULT_ROOT}/releases"
-
-    @classmethod
-    def of(cls, hvars: dict) -> "Layout":
-        root = str(hvars.get("k26ops_root") or DEFAULT_ROOT)
-        return cls(root, str(hvars.get("releases_root") or f"{root}/releases"))
-
-    @property
-    def current(self) -> str:
-        return f"{self.releases_root}/current"
-
-    @property
-    def state_dir(self) -> str:
-        """The host lock, its owner file, the previous unit/env file, the pins."""
-        return f"{self.root}/state"
-
-    @property
-    def pins_file(self) -> str:
-        """Releases that baselines need: prune never removes them (one id a line)."""
-        return f"{self.state_dir}/pinned-releases"
-
-    @property
-    def toolchain_dir(self) -> str:
-        return f"{self.root}/toolchain"
-
-    @property
-    def wheelhouse_dir(self) -> str:
-        return f"{self.root}/wheelhouse"
-
-    @property
-    def lab_module_dir(self) -> str:
-        """Where a `lab: true` host gets the engine stand-in (on its PYTHONPATH)."""
-        return f"{self.root}/lab"
-
-
-def check_unit_name(name: str) -> str:
-    if "/" in name or not name.endswith(".service") or len(name) < 9:
-        raise UserError(f"engine unit name must be NAME.service, got {name!r}")
-    return name
+from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live in layout)
+    DEFAULT_ROOT, DEFAULT_UNIT, DEFAULT_PORT, UNIT_DIR, LAB_MODULE, PASS_ENV, NVLS_OFF, Layout, check_unit_name)
 
 
 def poll_target(profile: dict) -> tuple[str, int]:
@@ -134,9 +83,7 @@ class EngineHost:
         model_path, draft_model_path, served_model_name, engine_port, launch_module,
         extra_flags), so the unit runs exactly the flags it validated; plus the
         release dir under this host's releases root."""
-        from k26ops.steps.release import engine_profile as release_profile
-
-        profile = dict(release_profile(self.ctx))
+        profile = dict(profile_mod.engine_profile(self.ctx))
         if self.is_lab:
             profile.setdefault("launch_module", LAB_MODULE)
         profile["release_dir"] = self.layout.current

@@ -18,3 +18,26 @@ class UserError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class StepFailed(Exception):
+    """A host could not reach its desired state (a step, an agent, a check); the
+    message says why, in one line. The host fails; the others go on."""
+
+
+class Interrupted(StepFailed):
+    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP): handled like a failure of the step."""
+
+
+class HostKeyRefused(Exception):
+    """The host's key is unknown or differs from the recorded one."""
+
+
+class Unreachable(Exception):
+    """The host could not be connected to (network, timeout, auth)."""
+
+
+class BecomeFailed(Unreachable):
+    """Connected, but `sudo -n` does not work for the login user: no command
+    can run as root, so nothing is run. (An Unreachable, so every caller that
+    reports a failed connection reports this too; the fleet calls it failed.)"""

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from k26ops import interrupt
 from k26ops.inventory import Host
 from k26ops.ssh import BecomeFailed, HostKeyRefused, Session, Unreachable, connect
 
@@ -32,7 +33,7 @@ DEFAULT_DEADLINE = 3600.0
 DEFAULT_INTERRUPT_GRACE = 180.0
 # Set on Ctrl-C/SIGTERM/SIGHUP: work in progress stops at its next remote command and restores the host.
 # (Not `INTERRUPTED`: that is the host status above, which a host still queued at the interrupt gets.)
-interrupt_requested = threading.Event()
+interrupt_requested = interrupt.requested  # the Event, under the name callers know
 
 
 @dataclass

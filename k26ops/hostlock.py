@@ -29,7 +29,8 @@ import socket
 import time
 from datetime import datetime, timezone
 
-from k26ops.ssh import BECOME_HINT, SSHSession, Session, q
+from k26ops.shell import q
+from k26ops.ssh import BECOME_HINT, SSHSession, Session
 
 LOCK_BUSY = 75
 NOT_ROOT = 77

@@ -13,7 +13,7 @@ it will remove in `--check` and in the report.
 from __future__ import annotations
 
 from k26ops import agents
-from k26ops.ssh import q
+from k26ops.shell import q
 
 MARKER = ".k26ops-owned"
 RELEASE_MARKER = ".k26ops-release"

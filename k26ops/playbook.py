@@ -14,11 +14,11 @@ import yaml
 
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
-from k26ops.enginehost import Layout
+from k26ops.layout import Layout
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock
-from k26ops.ssh import q
+from k26ops.shell import q
 from k26ops.steps import HostContext, Interrupted, Step, StepFailed
 
 PLAYBOOKS_DIR = resources.path("playbooks")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from k26ops.enginehost import Layout
+from k26ops.layout import Layout
 from k26ops.ssh import BECOME_HINT
 
 DEFAULTS = {
@@ -54,7 +54,7 @@ def host_facts(host_vars: dict) -> list:
 def engine_wanted(host_vars: dict) -> dict:
     """What this host's engine will start from: the model path (the engine profile's,
     as the unit gets it) and the drafter (`drafter_wanted`). A bad recipe raises UserError."""
-    from k26ops.steps.release import profile_for, recipe_for
+    from k26ops.profile import profile_for, recipe_for
 
     prof = profile_for(host_vars, recipe_for(host_vars))
     return {"model_path": str(prof.get("model_path") or expectations(host_vars)["model_path"]),
@@ -64,7 +64,7 @@ def engine_wanted(host_vars: dict) -> dict:
 def drafter_wanted(host_vars: dict) -> dict | None:
     """The drafter this host's engine will use: path (inventory draft_model_path, else
     the recipe's drafter.path), the profile's block size, and where it came from."""
-    from k26ops.steps.release import profile_for, recipe_for
+    from k26ops.profile import profile_for, recipe_for
 
     r = recipe_for(host_vars)
     prof = profile_for(host_vars, r)
@@ -80,7 +80,7 @@ def recipe_lock(host_vars: dict) -> dict:
     """Which recipe this host gets and whether its dependency lock is there and its own:
     {"recipe", "source", "lock", "ok", "problem"} (a deploy without the lock refuses)."""
     from k26ops.errors import UserError
-    from k26ops.steps.release import lock_for, recipe_for
+    from k26ops.profile import lock_for, recipe_for
 
     try:
         r = recipe_for(host_vars)

@@ -17,8 +17,10 @@ import logging
 import time
 from typing import Callable
 
-from k26ops.ssh import HostKeyRefused, Session, Unreachable, connect, q
-from k26ops.steps import StepFailed, check_interrupted
+from k26ops.shell import q
+from k26ops.ssh import HostKeyRefused, Session, Unreachable, connect
+from k26ops.errors import StepFailed
+from k26ops.interrupt import check as check_interrupted
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 DEFAULT_TIMEOUT = 900.0
@@ -31,7 +33,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 def engine_serving(session: Session, hvars: dict) -> str | None:
     """The engine's unit name when it is active on the host, else None."""
-    from k26ops.enginehost import DEFAULT_UNIT, check_unit_name
+    from k26ops.layout import DEFAULT_UNIT, check_unit_name
 
     unit = check_unit_name(str(hvars.get("engine_unit") or DEFAULT_UNIT))
     res = session.run(f"systemctl is-active {q(unit)}")
@@ -98,7 +100,7 @@ def take_lock(session: Session, purpose: str):
     caller takes it again on the new session and releases it cleanly, so no
     stale owner record is left behind."""
     from k26ops import ownership
-    from k26ops.enginehost import Layout
+    from k26ops.layout import Layout
     from k26ops.hostlock import HostLock
 
     layout = Layout.of(session.host.vars)

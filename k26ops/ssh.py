@@ -37,7 +37,9 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection
 
+from k26ops.errors import BecomeFailed, HostKeyRefused, Unreachable  # noqa: F401 (re-exported)
 from k26ops.inventory import Host
+from k26ops.shell import q  # noqa: F401 (re-exported)
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 600.0
@@ -45,18 +47,10 @@ KEEPALIVE_SECONDS = 15
 USER_KNOWN_HOSTS = Path(os.path.expanduser("~/.ssh/known_hosts"))
 
 
-class HostKeyRefused(Exception):
-    """The host's key is unknown or differs from the recorded one."""
 
 
-class Unreachable(Exception):
-    """The host could not be connected to (network, timeout, auth)."""
 
 
-class BecomeFailed(Unreachable):
-    """Connected, but `sudo -n` does not work for the login user: no command
-    can run as root, so nothing is run. (An Unreachable, so every caller that
-    reports a failed connection reports this too; the fleet calls it failed.)"""
 
 
 BECOME_HINT = "set `become: true` for this host (needs passwordless sudo) or log in as root"
@@ -460,6 +454,3 @@ def _checked(session: Session, user: str) -> Session:
     return session
 
 
-def q(value) -> str:
-    """Quote any value for a POSIX shell. Every inventory/CLI value goes through this."""
-    return shlex.quote(str(value))

@@ -202,7 +202,7 @@ def engine_argv(profile: Mapping) -> list[str]:
     attention_backend / prefill_ / decode_attention_backend, disable_cuda_graph, cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill,
     host (127.0.0.1), port (30000), nnodes (1) with node_rank and
     dist_init_addr from the caller when > 1, extra_args."""
-    from k26ops.enginehost import Layout  # the default host's, when the profile names neither
+    from k26ops.layout import Layout  # the default host's, when the profile names neither
 
     python = profile.get("python") or f"{profile.get('release_dir') or Layout().current}/venv/bin/python"
     module = profile.get("launch_module") or "sglang.launch_server"

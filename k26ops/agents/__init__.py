@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from k26ops.ssh import q
-from k26ops.steps import StepFailed
+from k26ops.errors import StepFailed
+from k26ops.shell import q
 
 DIR = Path(__file__).resolve().parent
 OLDEST_PYTHON = (3, 10)

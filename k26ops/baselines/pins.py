@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from k26ops.baselines.repo import Baselines
 from k26ops.errors import UserError
-from k26ops.ssh import q
+from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, text_diff
 
 

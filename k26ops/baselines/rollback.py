@@ -31,7 +31,7 @@ from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
-from k26ops.ssh import q
+from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps

@@ -29,7 +29,7 @@ from k26ops.errors import UserError
 from k26ops import rollout
 from k26ops.fleet import Connections, Outcome
 from k26ops.multinode import serves_http
-from k26ops.ssh import q
+from k26ops.shell import q
 from k26ops.steps import HostContext
 
 FACT_NAMES = ("gpus", "nvidia_smi", "cuda_toolkit", "os_release", "python3")

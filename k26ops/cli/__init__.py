@@ -5,7 +5,6 @@ Each command group lives in its own module here and is registered below.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from k26ops import __version__
 from k26ops.cli import jsonout
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
+from k26ops.cli.globalopts import _finite
 from k26ops.errors import EXIT_INTERRUPTED, UserError
 from k26ops.fleet import FleetInterrupted
 
@@ -39,13 +39,6 @@ class K26Group(click.Group):
             jsonout.error(str(exc), EXIT_INTERRUPTED, ctx, args)  # --json: still one document
             click.echo(f"k26ops: {exc}", err=True)
             sys.exit(EXIT_INTERRUPTED)
-
-
-def _finite(param, value):
-    """click's float ranges let NaN through: `--deadline nan` would mean no deadline."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number of seconds", param=param)
-    return value
 
 
 @click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})

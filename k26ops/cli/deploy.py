@@ -11,6 +11,7 @@ from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
+from k26ops.rehearsal.run import Gate
 from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import playbook_work
 
@@ -88,7 +89,7 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
 def deploy_cmd(settings, check, diff, name, canary, batch, max_fail, gate_tag, gate_threshold, gate_figures,
                baselines_dir, rehearse, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
-    shared = {"rehearse": options_from(rkw, bench=False)} if rehearse else None
+    shared = {"rehearse": Gate(options_from(rkw, bench=False))} if rehearse else None
     if gate_tag is None:
         run_playbook(settings, name, check=check, diff=diff, canary=canary, shared=shared, batch=batch,
                      max_fail=max_fail)

@@ -16,7 +16,7 @@ import click
 
 from k26ops.cli import jsonout, tables
 from k26ops.errors import UserError
-from k26ops.ssh import q
+from k26ops.shell import q
 
 
 @click.group(name="diagnose")

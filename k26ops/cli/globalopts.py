@@ -6,6 +6,8 @@ inventory gets no -i/-l/-f (USES)."""
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from k26ops.cli.complete import host_patterns
@@ -94,3 +96,10 @@ def _remember_name(command: click.Command) -> None:
         return invoke(ctx)
 
     command.invoke = remembering
+
+
+def _finite(param, value):
+    """click's float ranges let NaN through: `--deadline nan` would mean no deadline."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds", param=param)
+    return value

@@ -8,8 +8,8 @@ from __future__ import annotations
 import click
 
 from k26ops import playbook
-from k26ops.cli import _finite
 from k26ops.cli.batchopts import batch_option, max_fail_option
+from k26ops.cli.globalopts import _finite
 from k26ops.cli.deploy import render_changes
 from k26ops.reboot import DEFAULT_TIMEOUT, reboot_work
 from k26ops.cli.rollout import run_rollout
@@ -54,14 +54,14 @@ def reboot_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_r
 def provision_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_reboot, diff, name):
     """Host layer: pinned NVIDIA driver (open modules), nvidia-persistenced, fabric manager on
     NVSwitch hosts; reboots the hosts that need it in canary batches and verifies them."""
-    from k26ops.steps import driver
+    from k26ops import provision
 
     steps = playbook.load(name)
     for step in steps:
         step.before_hosts(settings.selected_hosts())
-    work = driver.provision_work(steps, check=check, allow_reboot=allow_reboot, timeout=reboot_timeout,
-                                 accept_new=settings.accept_new_host_keys,
-                                 connect_timeout=settings.connect_timeout)
+    work = provision.provision_work(steps, check=check, allow_reboot=allow_reboot, timeout=reboot_timeout,
+                                    accept_new=settings.accept_new_host_keys,
+                                    connect_timeout=settings.connect_timeout)
     run_rollout(settings, work, canary=canary, batch=batch, max_fail=max_fail,
                 title=f"{name} --check" if check else name,
                 columns=[("changed", "_changed"), ("reboot", "reboot"), ("driver", "driver")],

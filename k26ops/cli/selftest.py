@@ -62,12 +62,12 @@ from rich.table import Table
 
 from k26ops import preflight, rollout
 from k26ops.cli.report import verbose_events
-from k26ops.enginehost import Layout
+from k26ops.layout import Layout
 from k26ops.errors import EXIT_HOST_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, UserError
 from k26ops.fleet import FAILED, OK, HostResult, Outcome
 from k26ops.selftest import payload as payload_mod
 from k26ops.selftest.report import headline, summarize, validate
-from k26ops.ssh import q
+from k26ops.shell import q
 
 NO_GPU = "no-gpu"
 PAYLOAD = Path(payload_mod.__file__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from k26ops.enginehost import Layout
+from k26ops.layout import Layout
 from k26ops.facts.base import Fact, safe
 
 TOOLCHAIN_DIR = Layout().toolchain_dir  # a host without k26ops_root; preflight.host_facts passes its own

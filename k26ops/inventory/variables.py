@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from k26ops.enginehost import DEFAULT_ROOT
+from k26ops.layout import DEFAULT_ROOT
 
 
 @dataclass(frozen=True)

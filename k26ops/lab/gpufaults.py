@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 
-from k26ops.ssh import q
+from k26ops.shell import q
 
 KNOBS = "/etc/k26ops-lab"
 FM_UNIT = "/etc/systemd/system/nvidia-fabricmanager.service"

@@ -30,7 +30,7 @@ import yaml
 
 from k26ops.errors import UserError
 from k26ops.lab import limits, rootfs
-from k26ops.ssh import q
+from k26ops.shell import q
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -18,7 +18,7 @@ from k26ops import agents, units
 from k26ops.enginehost import LAB_MODULE, EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import UserError
 from k26ops.rehearsal import plan
-from k26ops.ssh import q
+from k26ops.shell import q
 from k26ops.steps import HostContext, StepFailed
 
 STANDIN_FILE = "lab/fixtures/engine_standin.py"
@@ -42,7 +42,7 @@ def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
 
 def options_for(ctx: HostContext, opts: plan.Options) -> tuple[plan.Options, object]:
     """The caller's options over the recipe's `rehearsal:` defaults; (options, recipe)."""
-    from k26ops.steps.release import effective_recipe
+    from k26ops.profile import effective_recipe
 
     r = effective_recipe(ctx)
     rh = r.rehearsal
@@ -337,13 +337,25 @@ def _restart_serving(ctx, eh, secrets, report, progress) -> None:
 
 # ---------------------------------------------------------------- deploy --rehearse
 
-def before_restart(ctx: HostContext, *, release_dir: str | None = None, env: dict | None = None) -> None:
-    """`deploy --rehearse`: rehearse what the deploy is about to run (a new
-    release before `current` moves to it, or a new unit/env file before the
-    restart), once per run, beside the serving engine. A failed rehearsal
-    raises RehearsalFailed; the serving engine was not touched."""
-    opts = ctx.shared.get("rehearse")
-    if not opts or ctx.shared.get("rehearsed") or ctx.check:
+class Gate:
+    """`deploy --rehearse`, as the release and service steps see it: called before
+    `current` moves or the engine restarts. The deploy puts it in the run's shared
+    state, so the steps never import the rehearsal (which is built on them)."""
+
+    def __init__(self, options: plan.Options):
+        self.options = options
+
+    def __call__(self, ctx: HostContext, *, release_dir: str | None = None, env: dict | None = None) -> None:
+        before_restart(ctx, self.options, release_dir=release_dir, env=env)
+
+
+def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = None,
+                   env: dict | None = None) -> None:
+    """Rehearse what the deploy is about to run (a new release before `current`
+    moves to it, or a new unit/env file before the restart), once per run, beside
+    the serving engine. A failed rehearsal raises RehearsalFailed; the serving
+    engine was not touched."""
+    if ctx.shared.get("rehearsed") or ctx.check:
         return
     from k26ops.steps.engine import outcome
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
-from k26ops.ssh import Session, q
+from k26ops.shell import q
+from k26ops.ssh import Session
 
 PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in range(17, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
 
@@ -147,7 +148,7 @@ def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:
 def need_free(session: Session, directory: str, need: int, what: str) -> None:
     """Refuse, in one line naming the directory and the bytes, before writing
     `need` bytes where there is not room (a half-written upload helps nobody)."""
-    from k26ops.steps import StepFailed
+    from k26ops.errors import StepFailed
 
     if need <= 0:
         return

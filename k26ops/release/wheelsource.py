@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from k26ops import agents
 from k26ops.release import wheelhouse
-from k26ops.enginehost import Layout
+from k26ops.layout import Layout
 from k26ops.errors import UserError
-from k26ops.ssh import q
+from k26ops.shell import q
 
 MODES = ("push", "index", "peer")
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -92,7 +92,7 @@ def deliver(ctx, wheels: list, remote_dir: str, local: tuple = ()) -> dict:
             ctx.progress(f"fetching {len(todo)} wheel(s) from relay {CURRENT.relay.name}")
             refused, why = _fetch(ctx, todo, remote_dir, url)
             if refused:
-                from k26ops.steps import StepFailed
+                from k26ops.errors import StepFailed
                 raise StepFailed(f"wheel {refused[0]} from relay {CURRENT.relay.name} ({url}) has sha256 "
                                  f"{refused[1][:16]}..., the release expects {refused[2][:16]}...: refused "
                                  "(the relay's copy is not the control node's)")
@@ -125,7 +125,8 @@ def _note(ctx, got: dict) -> dict:
 
 def _download(ctx, wheels: list, remote_dir: str, index_url: str) -> None:
     """`pip download --require-hashes` on the host: exactly these files, or nothing."""
-    from k26ops.steps import StepFailed, tied_to_channel
+    from k26ops.errors import StepFailed
+    from k26ops.shell import tied_to_channel
 
     wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to download")
     tool = f"{ctx.root}/pip-tool"  # a venv only for its pip (Debian's python3 has none)
@@ -199,7 +200,7 @@ class Batch:
             return (self.url, "") if self.url and not self._server_error else ("", self._server_error)
 
     def _start(self) -> None:
-        from k26ops.steps import tied_to_channel
+        from k26ops.shell import tied_to_channel
 
         session = self._session_for(self.relay)
         s = settings(self.relay)

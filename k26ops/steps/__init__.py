@@ -19,9 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from k26ops.enginehost import Layout
+from k26ops import interrupt
+from k26ops.errors import Interrupted, StepFailed  # noqa: F401 (re-exported: the steps' failure types)
+from k26ops.layout import Layout
 from k26ops.inventory import Host
-from k26ops.ssh import Session, q
+from k26ops.shell import q, tied_to_channel  # noqa: F401 (re-exported)
+from k26ops.ssh import Session
 
 
 @dataclass
@@ -100,40 +103,14 @@ class Step:
         raise NotImplementedError
 
 
-class StepFailed(Exception):
-    """A step could not reach its desired state; the message says why, in one line."""
-
-
-class Interrupted(StepFailed):
-    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP): handled like a failure of the step."""
-
-
 def check_interrupted(what: str = "") -> None:
-    from k26ops.fleet import interrupt_requested
-
-    if interrupt_requested.is_set():
-        raise Interrupted("interrupted (Ctrl-C, SIGTERM or SIGHUP)" + (f" during {what}" if what else ""))
+    interrupt.check(what)
 
 
 def text_diff(path: str, old: str | None, new: str) -> str:
     return "".join(difflib.unified_diff((old or "").splitlines(True), new.splitlines(True),
                                         fromfile=f"a{path}" if old is not None else "/dev/null",
                                         tofile=f"b{path}"))
-
-
-def tied_to_channel(script: str) -> str:
-    """`script` in its own process group, killed when our SSH channel goes away.
-
-    sshd sends no signal to a non-tty command when the client dies (killed
-    control node, Ctrl-C, lost network): a build or install would go on, unowned,
-    and race the next run's rebuild of the same directory. A watchdog writes one
-    NUL byte to the channel's stderr every second; once the channel is gone the
-    write fails (EPIPE) and it kills the build's process group.
-    """
-    return ("setsid sh -c " + q(script) + " & b=$!; trap '' PIPE; "
-            "while kill -0 $b 2>/dev/null; do sleep 1; "
-            "printf '\\0' >&2 || { kill -TERM -$b 2>/dev/null; sleep 2; kill -KILL -$b 2>/dev/null; exit 143; }; "
-            "done; wait $b")
 
 
 class Elapsed:

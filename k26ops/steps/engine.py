@@ -207,10 +207,9 @@ class ServiceStep(Step):
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         svc = ctx.shared["service"]
         todo = svc["todo"]
-        if ctx.shared.get("rehearse") and (todo.get("restart") or todo.get("start")):
-            from k26ops.rehearsal.run import before_restart  # deploy --rehearse: before the restart
-
-            before_restart(ctx)
+        rehearse = ctx.shared.get("rehearse")  # deploy --rehearse: rehearsal.run.Gate, before the restart
+        if rehearse and (todo.get("restart") or todo.get("start")):
+            rehearse(ctx)
         ctx.progress(f"service: installing {svc['unit']}")
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc["unit"], unit_path=svc["unit_path"],

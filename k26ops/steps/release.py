@@ -32,9 +32,10 @@ from k26ops.release import (engine_flags, engine_source, enginelock, inputs, lau
                             wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
-from k26ops.ssh import q
+from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
-from k26ops.steps.toolchain import host_recipe
+from k26ops.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
+                            recipe_for)
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
 
@@ -72,104 +73,12 @@ _PREP: dict[str, Prepared] = {}
 _PREP_LOCK = threading.Lock()
 
 
-def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = None) -> recipe_mod.Recipe:
-    """The recipe a host deploys: a baseline's recorded one when rolling back,
-    else the inventory's, with the engine source fetched from a mirror when the
-    inventory's `engine_source_mirrors` maps the recipe's git URL to one (like
-    git's url.insteadOf; the commit stays the recipe's)."""
-    if override:
-        r = override.get("_recipe")
-        if r is None:
-            r = recipe_mod.load(override["recipe"])
-            if override.get("source_url") and r.git:
-                r = recipe_mod.with_source_url(r, override["source_url"], "the baseline's recorded source URL")
-            override["_recipe"] = r
-        return r
-    cache = {} if cache is None else cache
-    mirrors = vars.get("engine_source_mirrors") or {}
-    if not isinstance(mirrors, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mirrors.items()):
-        raise UserError("inventory var engine_source_mirrors must map a recipe's git URL to a mirror URL")
-    for src_url, mirror in mirrors.items():  # git reads a value that starts with `-` as an option
-        why = inputs.git_url_problem(mirror)
-        if why:
-            raise UserError(f"inventory var engine_source_mirrors[{src_url!r}]: {mirror!r}: not a git URL "
-                            f"k26ops fetches: {why}")
-    key = (str(vars.get("recipe")), json.dumps(mirrors, sort_keys=True))
-    if key not in cache:
-        r = recipe_mod.load(vars.get("recipe"))
-        if r.git and r.git.url in mirrors:
-            r = recipe_mod.with_source_url(r, mirrors[r.git.url], "inventory var engine_source_mirrors")
-        cache[key] = r
-    return cache[key]
-
-
-def effective_recipe(ctx: HostContext) -> recipe_mod.Recipe:
-    ov = ctx.shared.get("release_override")
-    if ov:
-        return recipe_for(ctx.vars, ov)
-    r = ctx.shared.get("effective_recipe")
-    if r is None:
-        host_recipe(ctx)  # loads (and validates) the inventory's recipe once
-        r = ctx.shared["effective_recipe"] = recipe_for(ctx.vars)
-    return r
-
-
-def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
-    """The engine profile: the recipe's defaults, then the inventory's overrides."""
-    prof = dict(r.profile)
-    prof.update(vars.get("engine_profile") or {})
-    if r.drafter and r.drafter.path:
-        prof.setdefault("draft_model_path", r.drafter.path)
-    for key in ("model_path", "draft_model_path", "launch_module", "served_model_name",
-                "nnodes", "node_rank", "dist_init_addr"):  # the last three: k26ops.multinode
-        if key in vars:
-            prof[key] = vars[key]
-    if "engine_port" in vars:
-        prof["port"] = vars["engine_port"]
-    if vars.get("extra_flags"):
-        prof["extra_args"] = vars["extra_flags"]
-    if vars.get("engine_env_file"):  # the secret flags' --config file lives beside it (EngineHost.secrets_path)
-        prof["secrets_file"] = units.secrets_file_beside(vars["engine_env_file"])
-    return prof
-
-
-def engine_profile(ctx: HostContext, r: recipe_mod.Recipe | None = None) -> dict:
-    return profile_for(ctx.vars, r or effective_recipe(ctx))
-
-
 def check_launch(host: str, argv: list[str], engine: engine_flags.EngineFlags | None = None) -> None:
     """The engine's own start-up rules on this command line: one line naming the flag.
     With the release's flag table, its own aliases and `--no-` forms count."""
     bad = launch_rules.violations(argv, engine)
     if bad:
         raise UserError(f"{host}: engine launch rule {bad[0].rule.name}: {bad[0]}")
-
-
-def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock:
-    """The engine's lock, which must belong to the recipe: a git source's to its commit
-    and subdir, a registry release's to its version, install mode and pins."""
-    where = "the repository and the package index" if r.git else "the package index"
-    how = (f"make it with `k26ops engine lock {r.source}` on a control node that reaches {where}, "
-           "then commit it beside the recipe")
-    lock = enginelock.load(r.lock_path)
-    if r.git is None:
-        if lock is None:
-            raise UserError(f"{r.source}: no dependency lock for sglang=={r.sglang} ({r.lock_path} is missing): {how}")
-        want = enginelock.registry_meta(r)
-        bad = [k for k in ("source", "engine", "install", "requirements", "python") if lock.meta.get(k) != want[k]]
-        if bad:
-            k = bad[0]
-            raise UserError(f"{r.lock_path}: the lock's {k} is {lock.meta.get(k) or '(none)'!r}, the recipe's is "
-                            f"{want[k]!r}: remake it: {how}")
-        return lock
-    if lock is None:
-        raise UserError(f"{r.source}: no dependency lock for {r.git.url} @ {r.git.commit[:12]} "
-                        f"({r.lock_path} is missing): {how}")
-    if lock.commit != r.git.commit or lock.meta.get("subdir", "python") != r.git.subdir:
-        raise UserError(f"{r.lock_path}: the lock is for commit {lock.commit[:12] or '?'} "
-                        f"({lock.meta.get('subdir', 'python')}/), the recipe pins {r.git.commit[:12]} "
-                        f"({r.git.subdir}/): remake it: {how}")
-    return lock
 
 
 def before_hosts(hosts) -> None:
@@ -328,10 +237,9 @@ class Release(Step):
             ownership.claim(ctx.session, rel)
         if any(c.action == "build" for c in changes):
             self._build(ctx, prep)
-        if ctx.shared.get("rehearse"):  # deploy --rehearse: the new release, before `current` moves to it
-            from k26ops.rehearsal.run import before_restart
-
-            before_restart(ctx, release_dir=f"{rel}/{rid}")
+        rehearse = ctx.shared.get("rehearse")  # deploy --rehearse (rehearsal.run.Gate): before `current` moves
+        if rehearse:
+            rehearse(ctx, release_dir=f"{rel}/{rid}")
         ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
                 f"mv -T .current.tmp current", check=True)
         ctx.shared["release_changed"] = True

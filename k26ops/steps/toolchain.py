@@ -18,19 +18,15 @@ from __future__ import annotations
 from k26ops.release import recipe as recipe_mod
 from k26ops.release import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
-from k26ops.ssh import q
+from k26ops.shell import q
+from k26ops.profile import inventory_recipe
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 
 KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 MARKER = "k26ops-verified"
 
 
-def host_recipe(ctx: HostContext):
-    r = ctx.shared.get("recipe")
-    if r is None:
-        r = recipe_mod.load(ctx.vars.get("recipe"))
-        ctx.shared["recipe"] = r
-    return r
+host_recipe = inventory_recipe  # the name the steps know
 
 
 def archs(facts: dict) -> list[str]:

@@ -1,0 +1,24 @@
+"""Values reaching a POSIX shell: every inventory/CLI value goes through `q`."""
+
+from __future__ import annotations
+
+import shlex
+
+
+def q(value) -> str:
+    """Quote any value for a POSIX shell."""
+    return shlex.quote(str(value))
+
+def tied_to_channel(script: str) -> str:
+    """`script` in its own process group, killed when our SSH channel goes away.
+
+    sshd sends no signal to a non-tty command when the client dies (killed
+    control node, Ctrl-C, lost network): a build or install would go on, unowned,
+    and race the next run's rebuild of the same directory. A watchdog writes one
+    NUL byte to the channel's stderr every second; once the channel is gone the
+    write fails (EPIPE) and it kills the build's process group.
+    """
+    return ("setsid sh -c " + q(script) + " & b=$!; trap '' PIPE; "
+            "while kill -0 $b 2>/dev/null; do sleep 1; "
+            "printf '\\0' >&2 || { kill -TERM -$b 2>/dev/null; sleep 2; kill -KILL -$b 2>/dev/null; exit 143; }; "
+            "done; wait $b")
