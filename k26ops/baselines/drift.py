@@ -60,10 +60,25 @@ def host_drift(session, releases_root: str, unit_path: str, env_path: str, index
     return out
 
 
+def with_engine(d: dict, engine_releases: list | None) -> dict:
+    """`d` with the release(s) the running engine was started from (None: unknown,
+    e.g. not running). An engine not from `current` (current switched, engine not
+    restarted: the half-changed host of issue 35.4) is neither canonical nor any baseline."""
+    if not engine_releases or d.get("error"):
+        return d
+    d["engine_release"] = engine_releases[0] if len(engine_releases) == 1 else engine_releases
+    if (d.get("release") or "").rsplit("/", 1)[-1] not in engine_releases:
+        d.update(canonical=False, baseline=None, engine_not_current=True)
+    return d
+
+
 def describe(d: dict) -> str:
     """One short cell for `k26ops status`."""
     if d.get("error"):
         return f"? {d['error']}"
+    if d.get("engine_not_current"):
+        runs = d["engine_release"] if isinstance(d["engine_release"], str) else ", ".join(d["engine_release"])
+        return f"ENGINE NOT FROM current: it runs {runs} (restart it, or deploy/roll back again)"
     if d["drifted_files"]:
         why = "a diagnose probe is still applied; " if d.get("probe_left") else ""
         return (f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from the release manifest: "

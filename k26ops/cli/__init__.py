@@ -13,7 +13,7 @@ import sys
 import click
 
 from k26ops import __version__
-from k26ops.cli import jsonout
+from k26ops.cli import jsonout, pipe
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.errors import EXIT_INTERRUPTED, UserError
@@ -39,6 +39,10 @@ class K26Group(click.Group):
             jsonout.error(str(exc), EXIT_INTERRUPTED, ctx, args)  # --json: still one document
             click.echo(f"k26ops: {exc}", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except OSError as exc:  # our stdout/stderr closed (`| head`): quietly, as a closed pipe would
+            if pipe.is_output_error(exc) and pipe.silence():
+                sys.exit(pipe.EXIT_CLOSED_PIPE)
+            raise
 
 
 def _finite(param, value):
@@ -174,9 +178,19 @@ def _signal_as_interrupt(signum, _frame) -> None:
 
 
 def main() -> None:
-    """Entry point: click's own usage errors become one line too (exit 2)."""
+    """Entry point: click's own usage errors become one line too (exit 2); a run
+    whose output was closed exits as a closed pipe would (k26ops.cli.pipe)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _signal_as_interrupt)
+    try:
+        _main()
+    except SystemExit:
+        if pipe.is_closed():
+            sys.exit(pipe.EXIT_CLOSED_PIPE)
+        raise
+
+
+def _main() -> None:
     try:
         rc = cli.main(args=hoist_global_flags(sys.argv[1:]), prog_name="k26ops", standalone_mode=False)
     except click.UsageError as exc:

@@ -65,6 +65,7 @@ def status_cmd(settings, unit, baselines_dir):
             d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index)
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
+        d = drift_mod.with_engine(d, r.get("engine_releases"))
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
                        unit=name, state=active or "unknown", substate=show.get("SubState"),
                        enabled=show.get("UnitFileState") or None,
