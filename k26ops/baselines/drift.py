@@ -12,16 +12,27 @@ from k26ops.baselines.repo import Baselines
 from k26ops.baselines.snapshot import sha256
 
 
-def load_index(baselines_dir=None) -> list[tuple[str, dict]]:
-    """[(tag, {host: record})], newest first; empty without a repository."""
+def load_index(baselines_dir=None, warn=lambda line: None) -> list[tuple[str, dict]]:
+    """[(tag, {host: record})], newest first; empty without a repository. A tag
+    or record that does not read (validate.BaselineCorrupt) is left out and
+    `warn`ed in one line: drift is advisory, the other tags still count."""
+    from k26ops.baselines.validate import BaselineCorrupt
+
     repo = Baselines(baselines_dir)
     if not repo.exists():
         return []
     out = []
     for t in reversed(repo.tags()):
+        if t.error:
+            warn(f"{t.error}: tag left out of the comparison")
+            continue
         recs = {}
         for h in (t.index.get("hosts") or {}):
-            rec = repo.host_record(t.commit, h)
+            try:
+                rec = repo.host_record(t.commit, h)
+            except BaselineCorrupt as exc:
+                warn(f"{exc}: left out of the comparison")
+                continue
             if rec:
                 recs[h] = rec
         out.append((t.name, recs))

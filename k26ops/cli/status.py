@@ -47,7 +47,7 @@ def status_cmd(settings, unit, baselines_dir):
     and drift: which tagged baseline runs, or which files differ from the release manifest."""
     from k26ops.baselines import drift as drift_mod
 
-    index = drift_mod.load_index(baselines_dir)
+    index = drift_mod.load_index(baselines_dir, warn=lambda line: click.echo(f"k26ops: warning: {line}", err=True))
 
     def work(session):
         ctx = session_context(session)
