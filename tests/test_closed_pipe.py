@@ -124,8 +124,38 @@ def test_a_closed_pipe_ends_the_deploy_fast_with_the_host_on_one_engine(solo, in
     host = st["hosts"]["lab1"]
     assert host["state"] == "active" and host["health"] == "healthy", host
     assert host["release"] == after["current"], host
-    assert host["drift"].get("engine_release") in (None, after["current"]), host
+    assert host["drift"]["engine_release"] == after["current"] and not host["drift"].get("engine_not_current"), host
     # and a re-run converges on the new release
     rc, data = k26ops_json("-i", str(new_inv), "deploy", "--playbook", str(pb))
     assert rc == 0, data
     assert engine_state(solo)["current"] != before["current"]
+
+
+def test_status_does_not_call_an_engine_canonical_that_current_no_longer_names(solo, inv, tmp_path):
+    """The half-changed host of issue 35.4 made by hand: `current` switched to
+    another complete release while the engine started from the first one runs."""
+    pb = tmp_path / "full.yml"
+    pb.write_text(FULL)
+    rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    first = engine_state(solo)["current"]
+    doc = yaml.safe_load(inv.read_text())
+    doc["vars"]["recipe"] = str(recipe_with_patch(tmp_path, "status"))
+    new_inv = tmp_path / "new.yml"
+    new_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    rc, data = k26ops_json("-i", str(new_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    second = engine_state(solo)["current"]
+    assert second != first
+    rc, st = k26ops_json("-i", str(new_inv), "status")
+    assert st["hosts"]["lab1"]["drift"]["engine_release"] == second, st
+    assert st["hosts"]["lab1"]["drift"]["canonical"] is True, st
+    ssh(solo, f"cd {RELEASES} && ln -sfn {first} .current.tmp && mv -T .current.tmp current")
+    try:
+        rc, st = k26ops_json("-i", str(new_inv), "status")
+        host = st["hosts"]["lab1"]
+        assert host["release"] == first and host["drift"]["engine_release"] == second, host
+        assert host["drift"]["canonical"] is False and host["drift"]["engine_not_current"], host
+        assert host["baseline"].startswith(f"ENGINE NOT FROM current: it runs {second}"), host
+    finally:
+        ssh(solo, f"cd {RELEASES} && ln -sfn {second} .current.tmp && mv -T .current.tmp current")
