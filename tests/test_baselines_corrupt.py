@@ -21,7 +21,7 @@ from k26ops.baselines.validate import BaselineCorrupt
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
-from labtools import k26ops
+from labtools import k26ops, k26ops_json
 
 RID = "sglang-0.5.23-lab-0123456789ab"
 
@@ -176,3 +176,14 @@ def test_the_gate_still_passes_and_fails_on_real_numbers():
     assert figs.gate_verdict(bench(tok_s=198.0), bench(), ["tok/s@c1/t0"], 5.0)["ok"]
     slow = figs.gate_verdict(bench(tok_s=112.0), bench(), ["tok/s@c1/t0"], 5.0)  # 44% slower
     assert not slow["ok"] and slow["failed"][0]["worse_pct"] == 44.0
+
+
+def test_baselines_list_shows_every_tag_and_names_the_broken_one(repo):
+    take(repo, "bad", broken={"baseline.json": b"{\"hosts\": {\"lab1\": {\"release_id\": null}}}"})
+    proc = k26ops("--json", "baselines", "list", "--baselines", str(repo.path), timeout=120)
+    rc, doc = k26ops_json("baselines", "list", "--baselines", str(repo.path), timeout=120)  # the one shape
+    assert rc == 0 and proc.returncode == 0, (proc.stdout, proc.stderr)
+    rows = {r["tag"]: r for r in doc["tags"]}
+    assert rows["good"]["hosts"] == ["lab1"] and "error" not in rows["good"]
+    assert rows["bad"]["error"] == "baseline 'bad': baseline.json: host lab1: `release_id` is missing or not a string"
+    assert proc.stderr.strip() == "k26ops: warning: " + rows["bad"]["error"]
