@@ -24,6 +24,14 @@ class K26Group(click.Group):
     """Turns UserError into one line on stderr and an exit code; never a traceback."""
 
     def invoke(self, ctx):
+        try:
+            return self._invoke(ctx)
+        except OSError as exc:  # our stdout/stderr closed (`| head`), also while saying an error: as a closed pipe would
+            if pipe.is_output_error(exc) and pipe.silence():
+                sys.exit(pipe.EXIT_CLOSED_PIPE)
+            raise
+
+    def _invoke(self, ctx):
         # click clears these before the callback runs (protected_args: click < 8.2's name)
         args = [*vars(ctx).get("_protected_args", vars(ctx).get("protected_args", [])), *ctx.args]
         try:
@@ -39,10 +47,6 @@ class K26Group(click.Group):
             jsonout.error(str(exc), EXIT_INTERRUPTED, ctx, args)  # --json: still one document
             click.echo(f"k26ops: {exc}", err=True)
             sys.exit(EXIT_INTERRUPTED)
-        except OSError as exc:  # our stdout/stderr closed (`| head`): quietly, as a closed pipe would
-            if pipe.is_output_error(exc) and pipe.silence():
-                sys.exit(pipe.EXIT_CLOSED_PIPE)
-            raise
 
 
 def _finite(param, value):
