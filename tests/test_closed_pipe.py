@@ -113,6 +113,9 @@ def test_a_closed_pipe_ends_the_deploy_fast_with_the_host_on_one_engine(solo, in
     assert proc.returncode == 141, (proc.returncode, lines)
     time.sleep(1)
     after = engine_state(solo)
+    print(f"closed after {close_after!r}: exit {proc.returncode} {took:.1f}s after the close; "
+          f"current {'old' if after['current'] == before['current'] else 'new'}, engine pid "
+          f"{'same' if after['pid'] == before['pid'] else 'new'}")
     assert after["active"] == "active", after
     assert not ssh(solo, f"ls -a {RELEASES} | grep -c '^.current.tmp$'; true").strip("0\n"), "left .current.tmp"
     if after["current"] == before["current"]:  # the old engine: untouched, or restored and restarted
