@@ -114,8 +114,8 @@ class Fleet:
                  connections: Connections | None = None):
         self.hosts = hosts
         self.opt = options or FleetOptions()
-        self.on_event = on_event or (lambda host, msg: None)
-        self.on_result = on_result or (lambda result: None)  # each host's result, as it ends
+        self.on_event = reporter(on_event or (lambda host, msg: None))
+        self.on_result = reporter(on_result or (lambda result: None))  # each host's result, as it ends
         self.connections = connections or Connections(self.opt)
         self.sessions = self.connections.sessions
 
@@ -203,6 +203,8 @@ class Fleet:
             res.status, res.error = UNREACHABLE, str(exc)
         except Exception as exc:  # a host's failure is that host's result, never the run's
             res.status, res.error = FAILED, _describe(exc)
+        except BaseException as exc:  # SystemExit (rich on a closed pipe) would end this thread silently,
+            res.status, res.error = FAILED, f"{type(exc).__name__} in its work: {exc}"  # host left for --deadline
         res.elapsed = time.monotonic() - t0
         s = self.sessions.get(host.name)
         res.commands = s.commands if s else 0
@@ -217,6 +219,26 @@ class Fleet:
 
     def close(self) -> None:
         self.connections.close()
+
+
+def reporter(callback: Callable) -> Callable:
+    """`callback` (progress, a host's event or result: output, called from host
+    threads) made unable to raise into host work. A reporter that fails (a closed
+    pipe, a terminal gone) is switched off; the hosts' work goes on (issue 35.4)."""
+    broken = threading.Event()
+
+    def call(*args, **kw):
+        if broken.is_set():
+            return None
+        try:
+            return callback(*args, **kw)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # noqa: BLE001 -- SystemExit too: rich raises it on EPIPE
+            broken.set()
+            return None
+
+    return call
 
 
 class FleetInterrupted(Exception):

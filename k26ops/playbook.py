@@ -16,7 +16,7 @@ from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
 from k26ops.layout import Layout
 from k26ops.errors import UserError
-from k26ops.fleet import Outcome
+from k26ops.fleet import Outcome, reporter
 from k26ops.hostlock import HostLock
 from k26ops.shell import q
 from k26ops.steps import HostContext, Interrupted, Step, StepFailed
@@ -89,6 +89,7 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
                 progress=lambda m: None, purpose: str = "deploy") -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
     host = session.host
+    progress = reporter(progress)  # output errors never reach the steps (a closed pipe: issue 35.4)
     layout = Layout.of(host.vars)
     root = layout.root
     # read before the lock writes <root>/state; releases_root too (the release step's check), in the same call

@@ -335,13 +335,35 @@ def op_converge(r):
 def op_tail(r):
     return {"journal": journal(r["unit"], r.get("lines", 400), r.get("invocation"))}
 
+def engine_releases(pid, current):
+    """The releases the engine process runs from. A real engine keeps its venv's
+    compiled extensions (torch, sglang kernels) mapped, and /proc/PID/maps names
+    them by their resolved path: <releases root>/<release id>/venv/... even when
+    it was started through `current`. None: not running or not readable."""
+    if not pid:
+        return None
+    root = os.path.realpath(os.path.dirname(current)) + "/"
+    found = set()
+    try:
+        with open("/proc/%d/maps" % pid, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                i = line.find(root)
+                if i >= 0:
+                    rid = line[i + len(root):].split("/", 1)[0].strip()
+                    if rid and rid not in ("current", ".current.tmp"):
+                        found.add(rid)
+    except OSError:
+        return None
+    return sorted(found)
+
 def op_status(r):
     unit = r["unit"]
     s = show(unit)
     cur = None
     try: cur = os.readlink(r["current"])
     except OSError: pass
-    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6), "now": time.time()}
+    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6), "now": time.time(),
+           "engine_releases": engine_releases(s.get("MainPID"), r["current"])}
     if r.get("kernel") and s.get("ActiveEnterTimestampMonotonic"):  # the kernel's Xid lines, and the GPUs' bus ids
         try:
             rc, o, e = sh(["sh", "-c", r["kernel"]], timeout=20)

@@ -12,16 +12,27 @@ from k26ops.baselines.repo import Baselines
 from k26ops.baselines.snapshot import sha256
 
 
-def load_index(baselines_dir=None) -> list[tuple[str, dict]]:
-    """[(tag, {host: record})], newest first; empty without a repository."""
+def load_index(baselines_dir=None, warn=lambda line: None) -> list[tuple[str, dict]]:
+    """[(tag, {host: record})], newest first; empty without a repository. A tag
+    or record that does not read (validate.BaselineCorrupt) is left out and
+    `warn`ed in one line: drift is advisory, the other tags still count."""
+    from k26ops.baselines.validate import BaselineCorrupt
+
     repo = Baselines(baselines_dir)
     if not repo.exists():
         return []
     out = []
     for t in reversed(repo.tags()):
+        if t.error:
+            warn(f"{t.error}: tag left out of the comparison")
+            continue
         recs = {}
         for h in (t.index.get("hosts") or {}):
-            rec = repo.host_record(t.commit, h)
+            try:
+                rec = repo.host_record(t.commit, h)
+            except BaselineCorrupt as exc:
+                warn(f"{exc}: left out of the comparison")
+                continue
             if rec:
                 recs[h] = rec
         out.append((t.name, recs))
@@ -70,10 +81,25 @@ def host_drift(session, releases_root: str, unit_path: str, env_path: str, index
     return out
 
 
+def with_engine(d: dict, engine_releases: list | None) -> dict:
+    """`d` with the release(s) the running engine was started from (None: unknown,
+    e.g. not running). An engine not from `current` (current switched, engine not
+    restarted: the half-changed host of issue 35.4) is neither canonical nor any baseline."""
+    if not engine_releases or d.get("error"):
+        return d
+    d["engine_release"] = engine_releases[0] if len(engine_releases) == 1 else engine_releases
+    if (d.get("release") or "").rsplit("/", 1)[-1] not in engine_releases:
+        d.update(canonical=False, baseline=None, engine_not_current=True)
+    return d
+
+
 def describe(d: dict) -> str:
     """One short cell for `k26ops status`."""
     if d.get("error"):
         return f"? {d['error']}"
+    if d.get("engine_not_current"):
+        runs = d["engine_release"] if isinstance(d["engine_release"], str) else ", ".join(d["engine_release"])
+        return f"ENGINE NOT FROM current: it runs {runs} (restart it, or deploy/roll back again)"
     if d["drifted_files"]:
         why = "a diagnose probe is still applied; " if d.get("probe_left") else ""
         return (f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from the release manifest: "

@@ -25,7 +25,6 @@ snapshot is refused before anything is written.
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import socket
@@ -33,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26ops.baselines import validate
 from k26ops.errors import UserError
 
 OWNED = ("baseline.json", "hosts")
@@ -83,7 +83,8 @@ class TagInfo:
     date: float
     message: str
     commit: str
-    index: dict  # baseline.json of the tagged commit ({} if none)
+    index: dict  # baseline.json of the tagged commit ({} if none or unreadable)
+    error: str | None = None  # why its baseline.json cannot be read (validate.BaselineCorrupt's line)
 
 
 class Baselines:
@@ -124,17 +125,25 @@ class Baselines:
         for ref in self.repo.tags:
             t = ref.tag
             commit = ref.commit
+            index, error = {}, None
+            try:  # a corrupt index spoils only its own tag (TagInfo.error), never the listing
+                index = self._index(commit, ref.name)
+            except validate.BaselineCorrupt as exc:
+                error = str(exc)
             out.append(TagInfo(ref.name, float(t.tagged_date if t else commit.committed_date),
-                               (t.message if t else commit.message).strip(), commit.hexsha,
-                               self._json(commit, "baseline.json") or {}))
+                               (t.message if t else commit.message).strip(), commit.hexsha, index, error))
         return sorted(out, key=lambda t: (t.date, t.name))
 
     def tag(self, tag: str) -> TagInfo:
+        """The tag, its index checked (BaselineCorrupt: exit 2 naming the tag and file)."""
         known = self.tag_names()
         if tag not in known:
             where = f"known tags: {', '.join(known)}" if known else "no tags yet"
             raise UserError(f"unknown baseline tag {tag!r} in {self.path} ({where}); nothing was changed")
-        return next(t for t in self.tags() if t.name == tag)
+        info = next(t for t in self.tags() if t.name == tag)
+        if info.error:
+            raise validate.BaselineCorrupt(info.error)
+        return info
 
     def releases_by_host(self, without=()) -> dict[str, list[str]]:
         """{host: [release id]} that the tags record (oldest tag first), leaving
@@ -143,6 +152,8 @@ class Baselines:
         for t in self.tags():
             if t.name in without:
                 continue
+            if t.error:  # its releases are unknown: unpinning on a guess could free one it needs
+                raise validate.BaselineCorrupt(t.error)
             for host, rec in ((t.index or {}).get("hosts") or {}).items():
                 rid = (rec or {}).get("release_id")
                 if rid and rid not in out.setdefault(host, []):
@@ -156,20 +167,30 @@ class Baselines:
         except KeyError:
             return None
 
-    def _json(self, commit, path: str):
+    def _index(self, commit, tag: str) -> dict:
         try:
-            return json.loads(commit.tree[path].data_stream.read())
-        except (KeyError, ValueError):
-            return None
+            data = commit.tree["baseline.json"].data_stream.read()
+        except KeyError:
+            return {}
+        return validate.index(data, tag)
+
+    def _name(self, tag_or_commit: str) -> str:
+        """A tag's name for messages: callers pass a tag or its commit."""
+        if tag_or_commit in self.tag_names():
+            return tag_or_commit
+        return next((t.name for t in self.repo.tags if t.commit.hexsha == tag_or_commit), tag_or_commit[:12])
 
     def host_record(self, tag: str, host: str) -> dict | None:
-        data = self.read(tag, f"hosts/{host}/baseline.json")
-        return json.loads(data) if data else None
+        """The host's record, checked (validate.host_record), or None when there is none."""
+        path = f"hosts/{host}/baseline.json"
+        data = self.read(tag, path)
+        return validate.host_record(data, self._name(tag), path) if data else None
 
     def host_bench(self, tag: str, host: str) -> dict | None:
-        """The host's stored bench results (`snapshot --bench`), or None."""
-        data = self.read(tag, f"hosts/{host}/bench.json")
-        return json.loads(data) if data else None
+        """The host's stored bench results (`snapshot --bench`), checked, or None."""
+        path = f"hosts/{host}/bench.json"
+        data = self.read(tag, path)
+        return validate.bench(data, self._name(tag), path) if data else None
 
     def files_under(self, tag: str, prefix: str) -> dict[str, bytes]:
         """{path relative to prefix: bytes} of the tag's files under `prefix/`."""

@@ -12,7 +12,7 @@ import sys
 import click
 
 from k26ops import __version__
-from k26ops.cli import jsonout
+from k26ops.cli import jsonout, pipe
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite
@@ -24,6 +24,14 @@ class K26Group(click.Group):
     """Turns UserError into one line on stderr and an exit code; never a traceback."""
 
     def invoke(self, ctx):
+        try:
+            return self._invoke(ctx)
+        except OSError as exc:  # our stdout/stderr closed (`| head`), also while saying an error: as a closed pipe would
+            if pipe.is_output_error(exc) and pipe.silence():
+                sys.exit(pipe.EXIT_CLOSED_PIPE)
+            raise
+
+    def _invoke(self, ctx):
         # click clears these before the callback runs (protected_args: click < 8.2's name)
         args = [*vars(ctx).get("_protected_args", vars(ctx).get("protected_args", [])), *ctx.args]
         try:
@@ -167,9 +175,19 @@ def _signal_as_interrupt(signum, _frame) -> None:
 
 
 def main() -> None:
-    """Entry point: click's own usage errors become one line too (exit 2)."""
+    """Entry point: click's own usage errors become one line too (exit 2); a run
+    whose output was closed exits as a closed pipe would (k26ops.cli.pipe)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _signal_as_interrupt)
+    try:
+        _main()
+    except SystemExit:
+        if pipe.is_closed():
+            sys.exit(pipe.EXIT_CLOSED_PIPE)
+        raise
+
+
+def _main() -> None:
     try:
         rc = cli.main(args=hoist_global_flags(sys.argv[1:]), prog_name="k26ops", standalone_mode=False)
     except click.UsageError as exc:

@@ -105,7 +105,10 @@ def list_cmd(settings, baselines_dir):
         rows.append({"tag": t.name, "date": _fmt_time(t.date), "commit": t.commit[:12],
                      "hosts": sorted(hosts), "releases": sorted({h.get("release_id") for h in hosts.values()}),
                      "health": sorted({h.get("health") for h in hosts.values()}),
-                     "accept": [hosts[h].get("spec_accept_length") for h in sorted(hosts)]})
+                     "accept": [hosts[h].get("spec_accept_length") for h in sorted(hosts)],
+                     **({"error": t.error} if t.error else {})})
+        if t.error:
+            click.echo(f"k26ops: warning: {t.error}", err=True)
     if settings.as_json:
         jsonout.emit({"repo": str(repo.path), "tags": rows})
         return

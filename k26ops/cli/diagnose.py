@@ -15,6 +15,7 @@ import sys
 import click
 
 from k26ops.cli import jsonout, tables
+from k26ops.cli.pipe import quiet
 from k26ops.errors import UserError
 from k26ops.shell import q
 
@@ -208,6 +209,8 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
         from rich.markup import escape
 
         err.print(f"[dim]{host.name} {now - t0:5.0f}s[/dim] {escape(msg)}", markup=True)
+
+    progress = quiet(progress)  # a closed output interrupts the probe like Ctrl-C (k26ops.cli.pipe)
 
     # one host, driven here rather than by k26ops.rollout: the probe's restore keeps Ctrl-C
     # for itself (a signal handler, main thread only) until the engine is back

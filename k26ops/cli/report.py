@@ -10,6 +10,7 @@ from rich.console import Console
 
 from k26ops import rollout
 from k26ops.cli import jsonout, tables
+from k26ops.cli.pipe import quiet
 from k26ops.fleet import HostResult, exit_code
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red",
@@ -47,7 +48,7 @@ def verbose_events(settings):
     if not settings.verbose:
         return None
     err = Console(stderr=True)
-    return lambda h, m: err.print(f"[dim]{h}: {m}[/dim]")
+    return quiet(lambda h, m: err.print(f"[dim]{h}: {m}[/dim]"))
 
 
 def print_results(settings, results: list[HostResult], title: str, columns=(), code: int | None = None,

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from k26ops import rollout
+from k26ops.cli.pipe import quiet
 from k26ops.cli.progress import Board
 from k26ops.cli.report import print_results, wide_console
 from k26ops.fleet import HostResult
@@ -25,14 +26,16 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
     board = Board([h.name for h in hosts], err, live=err.is_terminal and not settings.as_json,
                   verbose=bool(settings.verbose))
 
+    update = quiet(board.update)  # output errors never reach host work (k26ops.cli.pipe)
+
     def with_progress(session):
         name = session.host.name
-        return work(session, lambda msg: board.update(name, msg))
+        return work(session, lambda msg: update(name, msg))
 
     with board:
         run = rollout.run(hosts, with_progress, settings.fleet_options(), canary=canary, batch=batch,
                           max_fail=max_fail, stopped=stopped,
-                          on_result=lambda r: board.finish(r.host, r.status, r.error))
+                          on_result=quiet(lambda r: board.finish(r.host, r.status, r.error)))
     print_rollout(settings, run.results, title, columns, canary=canary, code=run.code)
     if render and not settings.as_json:
         render(run.results)

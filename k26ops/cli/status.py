@@ -50,7 +50,7 @@ def status_cmd(settings, unit, baselines_dir):
     differ from the release manifest. Exit 1 when an enabled engine does not serve."""
     from k26ops.baselines import drift as drift_mod
 
-    index = drift_mod.load_index(baselines_dir)
+    index = drift_mod.load_index(baselines_dir, warn=lambda line: click.echo(f"k26ops: warning: {line}", err=True))
 
     def work(session):
         ctx = session_context(session)
@@ -70,6 +70,7 @@ def status_cmd(settings, unit, baselines_dir):
                                      state_dir=eh.layout.state_dir)
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
+        d = drift_mod.with_engine(d, r.get("engine_releases"))
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
                        unit=name, state=active or "unknown", substate=show.get("SubState"),
                        engine_state=es.state, engine_detail=es.detail, engine_label=es.label(),

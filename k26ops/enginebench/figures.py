@@ -3,6 +3,7 @@ comparison with a baseline's stored bench, and the canary gate's verdict."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from k26ops.enginebench.run import METRICS, cell_key
@@ -98,14 +99,30 @@ def gate_verdict(current: dict, baseline: dict, figures: list[str], threshold: f
         if name not in cur or name not in base:
             failed.append({"figure": name, "why": "not measured" if name not in cur else "not in the baseline"})
             continue
-        b, c = base[name]["median"], cur[name]["median"]
+        b, c = base[name].get("median"), cur[name].get("median")
+        unusable = _unusable(b, "baseline") or _unusable(c, "measured")
+        if unusable:  # fail closed: NaN compares false with everything, so it would pass any threshold
+            failed.append({"figure": name, "why": unusable})
+            continue
         worse = regression_pct(metric, b, c)
         row = {"figure": name, "label": METRICS[metric][1], "baseline": b, "current": c,
                "min": cur[name]["min"], "max": cur[name]["max"], "worse_pct": round(worse, 2), "runs": runs}
         checked.append(row)
-        if worse > threshold:
+        if not worse <= threshold:
             failed.append(row)
     return {"ok": not failed, "failed": failed, "checked": checked, "threshold_pct": threshold}
+
+
+def _unusable(value, which: str) -> str | None:
+    """Why a median cannot be gated on (None: it can): missing, not a number, not
+    finite, or a baseline of 0 (no percentage of it means anything)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{which} median is {value!r}, not a number"
+    if not math.isfinite(value) or value < 0:
+        return f"{which} median is {value!r}, not a finite number >= 0"
+    if which == "baseline" and value == 0:
+        return "baseline median is 0: no percentage of it can be gated"
+    return None
 
 
 def gate_line(host: str, verdict: dict) -> str:
