@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, str, list[str]]] = [
       "k26ops.release.engine_flags", "k26ops.release.launch_rules", "k26ops.release.patchset", "=k26ops.release",
       "k26ops.multinode", "k26ops.diagnose.chains", "k26ops.diagnose.signatures", "k26ops.diagnose.details",
       "k26ops.diagnose.classify", "k26ops.diagnose.logtext", "=k26ops.diagnose", "k26ops.facts",
-      "k26ops.steps.driver_plan", "k26ops.enginestate"]),
+      "k26ops.steps.driver_plan", "k26ops.enginestate", "k26ops.baselines.validate"]),
     ("transport", "ssh sessions, the agent protocol, the fleet runner",
      ["k26ops.ssh", "k26ops.agents", "k26ops.fleet"]),
     ("host", "one host: engine layout and profile, facts gathered, preflight, lock, ownership, release I/O",
