@@ -42,6 +42,10 @@ from k26ops.inventory import Host
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 600.0
 KEEPALIVE_SECONDS = 15
+# The most a command's stdout and stderr together may print before we stop reading: a host
+# that prints garbage (or a runaway agent) must not grow the control node's memory without
+# bound (300 MB of output once took 936 MB here). Host output k26ops reads is far smaller.
+OUTPUT_LIMIT = 64 << 20
 USER_KNOWN_HOSTS = Path(os.path.expanduser("~/.ssh/known_hosts"))
 
 
@@ -51,6 +55,14 @@ class HostKeyRefused(Exception):
 
 class Unreachable(Exception):
     """The host could not be connected to (network, timeout, auth)."""
+
+
+class OutputTooLarge(Exception):
+    """A command printed more than OUTPUT_LIMIT bytes: we stopped reading and closed its channel."""
+
+
+class Cancelled(Exception):
+    """The caller's cancel event was set while the command ran: its channel was closed."""
 
 
 class BecomeFailed(Unreachable):
@@ -140,10 +152,12 @@ class Session:
         self._lock = threading.Lock()
 
     def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None,
-            check: bool = False) -> Result:
+            check: bool = False, cancel: threading.Event | None = None) -> Result:
+        """`cancel`: an event that, once set, ends the command at once (its channel is
+        closed: a command made with steps.tied_to_channel dies with it) with Cancelled."""
         with self._lock:
             self.commands += 1
-        res = self._run(self.wrap(command), stdin, timeout or DEFAULT_COMMAND_TIMEOUT)
+        res = self._run(self.wrap(command), stdin, timeout or DEFAULT_COMMAND_TIMEOUT, cancel)
         if check and not res.ok:
             raise CommandFailed(self.host.name, command, res)
         return res
@@ -169,9 +183,9 @@ class Session:
         """A command of k26ops' own, as the login user (never through sudo)."""
         with self._lock:
             self.commands += 1
-        return self._run(command, None, timeout)
+        return self._run(command, None, timeout, None)
 
-    def _run(self, command, stdin, timeout) -> Result:  # pragma: no cover - abstract
+    def _run(self, command, stdin, timeout, cancel) -> Result:  # pragma: no cover - abstract
         """Run `command` exactly as given (no sudo), as the login user."""
         raise NotImplementedError
 
@@ -199,8 +213,9 @@ class SSHSession(Session):
         super().__init__(host)
         self.conn = conn
 
-    def _run(self, command, stdin, timeout) -> Result:
-        """One exec channel: send stdin (then EOF), read both streams, bounded by timeout."""
+    def _run(self, command, stdin, timeout, cancel) -> Result:
+        """One exec channel: send stdin (then EOF), read both streams, bounded by timeout,
+        OUTPUT_LIMIT and `cancel`."""
         transport = self.conn.transport
         if transport is None or not transport.is_active():
             raise Unreachable(f"connection to {self.host.name} is closed")
@@ -211,10 +226,12 @@ class SSHSession(Session):
             if stdin is not None:
                 chan.sendall(stdin.encode())
             chan.shutdown_write()
-            out, err = _drain(chan, timeout)
+            out, err = _drain(chan, timeout, cancel)
             return Result(chan.recv_exit_status(), out, err)
         except socket.timeout:
             raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}") from None
+        except OutputTooLarge as exc:
+            raise OutputTooLarge(f"{self.host.name}: {exc}") from None
         finally:
             chan.close()
 
@@ -263,9 +280,14 @@ class SSHSession(Session):
             pass
 
 
-def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
+def _too_much() -> OutputTooLarge:
+    return OutputTooLarge(f"the command printed more than {OUTPUT_LIMIT >> 20} MiB: stopped reading it")
+
+
+def _drain(chan: paramiko.Channel, timeout: float, cancel: threading.Event | None = None) -> tuple[str, str]:
     """Read stdout and stderr as they come (neither can fill up and stall the
-    other) until the command exited; bounded by timeout."""
+    other) until the command exited; bounded by timeout, by OUTPUT_LIMIT bytes
+    (OutputTooLarge) and by `cancel` (Cancelled)."""
     out, err = io.BytesIO(), io.BytesIO()
     deadline = time.monotonic() + timeout
     pause = 0.0005
@@ -276,6 +298,10 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
             out.write(chan.recv(65536)); busy = True
         while chan.recv_stderr_ready():
             err.write(chan.recv_stderr(65536)); busy = True
+        if out.tell() + err.tell() > OUTPUT_LIMIT:
+            raise _too_much()
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled")
         # Done when the command exited AND the channel's EOF came: sshd may send the exit
         # status before the last output it still had in the pipe (seen: a converged deploy
         # lost the last line of a 3-line answer about 1 run in 50). EOF waits at most 2 s more.
@@ -298,13 +324,45 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
 class LocalSession(Session):
     """`connection: local`: run on this machine, no SSH (e.g. on a GPU host itself)."""
 
-    def _run(self, command, stdin, timeout) -> Result:
-        try:
-            proc = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}") from None
-        return Result(proc.returncode, proc.stdout, proc.stderr)
+    def _run(self, command, stdin, timeout, cancel) -> Result:
+        """The command's output goes to temp files, watched for OUTPUT_LIMIT; `cancel`
+        and the timeout kill its process group."""
+        import tempfile
+
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=out,
+                                    stderr=err, start_new_session=True)
+            try:
+                if stdin is not None:
+                    proc.stdin.write(stdin.encode())
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            deadline = time.monotonic() + timeout
+
+            def too_much() -> bool:
+                return os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size > OUTPUT_LIMIT
+
+            why = None
+            while proc.poll() is None:
+                why = ("output" if too_much() else "cancel" if cancel is not None and cancel.is_set()
+                       else "timeout" if time.monotonic() > deadline else None)
+                if why:
+                    _kill_group(proc)
+                    break
+                try:
+                    proc.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    pass
+            if why == "output" or too_much():
+                raise OutputTooLarge(f"{self.host.name}: {_too_much()}")
+            if why == "cancel":
+                raise Cancelled("cancelled")
+            if why == "timeout":
+                raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}")
+            out.seek(0)
+            err.seek(0)
+            return Result(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
     def put(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         def write(tmp):
@@ -334,6 +392,14 @@ class LocalSession(Session):
             os.unlink(tmp)
             raise
         self._install(tmp, remote_path, mode)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except OSError:
+        pass
+    proc.wait()
 
 
 def _strict(conn: Connection, host: Host, accept_new: bool) -> None:
