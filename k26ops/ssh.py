@@ -26,6 +26,7 @@ import getpass
 import hashlib
 import io
 import os
+import select
 import shlex
 import socket
 import subprocess
@@ -325,44 +326,52 @@ class LocalSession(Session):
     """`connection: local`: run on this machine, no SSH (e.g. on a GPU host itself)."""
 
     def _run(self, command, stdin, timeout, cancel) -> Result:
-        """The command's output goes to temp files, watched for OUTPUT_LIMIT; `cancel`
-        and the timeout kill its process group."""
-        import tempfile
-
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=out,
-                                    stderr=err, start_new_session=True)
+        """Like SSHSession._run: both pipes read as they come, bounded by timeout,
+        OUTPUT_LIMIT and `cancel`; on any of these our ends of the pipes close first
+        (as a channel would: a steps.tied_to_channel command ends its work), then
+        its process group is killed."""
+        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            if stdin is not None:
+                proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        bufs = {proc.stdout: io.BytesIO(), proc.stderr: io.BytesIO()}
+        deadline = time.monotonic() + timeout
+        why, reading = None, [proc.stdout, proc.stderr]
+        while reading and not why:
+            for f in select.select(reading, [], [], 0.05)[0]:
+                data = os.read(f.fileno(), 65536)
+                if data:
+                    bufs[f].write(data)
+                else:
+                    reading.remove(f)
+            why = ("output" if sum(b.tell() for b in bufs.values()) > OUTPUT_LIMIT
+                   else "cancel" if cancel is not None and cancel.is_set()
+                   else "timeout" if time.monotonic() > deadline else None)
+        if not why:
             try:
-                if stdin is not None:
-                    proc.stdin.write(stdin.encode())
-                proc.stdin.close()
-            except BrokenPipeError:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                why = "timeout"
+        proc.stdout.close()
+        proc.stderr.close()
+        if why:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 pass
-            deadline = time.monotonic() + timeout
-
-            def too_much() -> bool:
-                return os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size > OUTPUT_LIMIT
-
-            why = None
-            while proc.poll() is None:
-                why = ("output" if too_much() else "cancel" if cancel is not None and cancel.is_set()
-                       else "timeout" if time.monotonic() > deadline else None)
-                if why:
-                    _kill_group(proc)
-                    break
-                try:
-                    proc.wait(timeout=0.05)
-                except subprocess.TimeoutExpired:
-                    pass
-            if why == "output" or too_much():
-                raise OutputTooLarge(f"{self.host.name}: {_too_much()}")
-            if why == "cancel":
-                raise Cancelled("cancelled")
-            if why == "timeout":
-                raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}")
-            out.seek(0)
-            err.seek(0)
-            return Result(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+            _kill_group(proc)
+        if why == "output":
+            raise OutputTooLarge(f"{self.host.name}: {_too_much()}")
+        if why == "cancel":
+            raise Cancelled("cancelled")
+        if why == "timeout":
+            raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}")
+        out, err = (bufs[f].getvalue().decode(errors="replace") for f in (proc.stdout, proc.stderr))
+        return Result(proc.returncode, out, err)
 
     def put(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         def write(tmp):

@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from k26ops.ssh import OUTPUT_LIMIT, Cancelled, OutputTooLarge, q
+from k26ops import ssh
+from k26ops.ssh import Cancelled, OutputTooLarge, q
 from k26ops.steps import Interrupted, StepFailed, tied_to_channel
 
 DIR = Path(__file__).resolve().parent
-OUTPUT_LIMIT_MIB = OUTPUT_LIMIT >> 20
 OLDEST_PYTHON = (3, 10)
 
 
@@ -67,7 +67,7 @@ def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None
         res = session.run(command(name, interpreter, tied), stdin=json.dumps({"op": op, **req}), timeout=timeout,
                           **kw)
     except OutputTooLarge:
-        raise AgentFailed(f"{what} ({op}) on {host} printed more than {OUTPUT_LIMIT_MIB} MiB: stopped reading "
+        raise AgentFailed(f"{what} ({op}) on {host} printed more than {ssh.OUTPUT_LIMIT >> 20} MiB: stopped reading "
                           "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)") from None
     except Cancelled:
         raise Interrupted(f"interrupted (Ctrl-C, SIGTERM or SIGHUP) during the {what} on {host}") from None
