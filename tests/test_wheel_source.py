@@ -238,3 +238,39 @@ def test_a_locked_or_refused_relay_receives_no_byte_and_the_others_get_the_push(
     assert rc == 1 and "k26ops_root /srv/foreign holds 1 entry" in h["lab1"]["error"], h["lab1"]
     assert h["lab3"]["status"] in ("ok", "changed") and set(h["lab3"]["wheels"]) == {"pushed"}, h["lab3"]
     assert _sh(lab, "lab1", "ls -A /srv/foreign") == "data" and h["lab1"]["uploaded"] == 0
+
+
+# --- what a host prints is bounded on the control node (issue 35.8)
+
+def test_an_agent_printing_300_mb_fails_in_one_line_and_bounded_memory(peer_lab):
+    """A python3 on the host that prints 300 MB before the agent's answer: the
+    host fails naming itself and the agent, and the control node reads at most
+    ssh.OUTPUT_LIMIT (it took 936 MB of memory for this before)."""
+    lab, inv, _, _ = peer_lab
+    noisy = "/usr/local/bin/k26test-noisy-python3"
+    _sh(lab, "lab2", f"cat > {noisy} <<'EOF'\n#!/bin/sh\nhead -c 300000000 /dev/zero | tr '\\0' x\n"
+                     f"exec python3 \"$@\"\nEOF\nchmod 755 {noisy}")
+    script = f"""
+import resource
+from k26ops import agents, inventory, ssh
+host = inventory.load({str(inv)!r}).select("lab2")[0]
+session = ssh.connect(host)
+try:
+    agents.run(session, "ownership", "state", 120, interpreter={noisy!r}, dir="/opt/k26ops", kind="root",
+               names=[], marker="m", release_marker="r", root_entries=[])
+    print("ANSWERED")
+except agents.AgentFailed as exc:
+    print("FAILED", exc)
+print("MAXRSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+    finally:
+        _sh(lab, "lab2", f"rm -f {noisy}")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "FAILED ownership agent (state) on lab2 printed more than 64 MiB: stopped reading " \
+        "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)", lines
+    rss = int(lines[1].split()[1])
+    assert rss < 300_000_000, f"the control node took {rss >> 20} MiB reading it"
