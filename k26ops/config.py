@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,11 +54,13 @@ def default_baselines() -> Path:
 
 
 def load(path: Path | None = None) -> dict:
-    """The file's settings ({} when there is none); any problem is one line, exit 2."""
+    """The file's settings ({} when there is none); any problem is one line naming
+    the file and line (`PATH:LINE: ...`), exit 2."""
     path = path or config_path()
     explicit = bool(os.environ.get("K26OPS_CONFIG"))
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         if explicit:
             raise UserError(f"K26OPS_CONFIG: no such file: {path}") from None
@@ -65,20 +68,29 @@ def load(path: Path | None = None) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML: {exc}") from None
+        at = re.search(r"\(at line (\d+), column \d+\)|\(at end of document\)", str(exc))
+        line = at.group(1) if at and at.group(1) else str(max(1, len(text.splitlines()))) if at else ""
+        raise UserError(f"{path}:{line}: not valid TOML: {exc}" if line else f"{path}: not valid TOML: {exc}") from None
     out = {}
     for name, value in data.items():
         key = KEYS.get(name)
+        where = f"{path}:{_line(text, name)}"
         if key is None:
             near = difflib.get_close_matches(name, KEYS, n=1)
             hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(KEYS)}"
-            raise UserError(f"{path}: unknown setting {name!r} ({hint})")
-        out[name] = _value(path, key, value)
+            raise UserError(f"{where}: unknown setting {name!r} ({hint})")
+        out[name] = _value(where, path, key, value)
     return out
 
 
-def _value(path: Path, key: Key, value):
-    where = f"{path}: {key.name}"
+def _line(text: str, name: str) -> int:
+    """The line that sets top-level `name` (the first `name =` or `[name]`); 1 if not found."""
+    pat = re.compile(rf"""\s*(?:{re.escape(name)}|"{re.escape(name)}"|'{re.escape(name)}')\s*=|\s*\[+\s*{re.escape(name)}\b""")
+    return next((i for i, ln in enumerate(text.splitlines(), 1) if pat.match(ln)), 1)
+
+
+def _value(where: str, path: Path, key: Key, value):
+    where = f"{where}: {key.name}"
     if key.kind is str:
         if not isinstance(value, str) or not value.strip():
             raise UserError(f"{where} must be a non-empty string (a host pattern), got {value!r}")

@@ -152,9 +152,9 @@ class Fleet:
 
         threads = [threading.Thread(target=worker, daemon=True, name=f"k26ops-fork-{i}")
                    for i in range(max(1, min(self.opt.forks, len(self.hosts))))]
-        for t in threads:
-            t.start()
         try:
+            for t in threads:  # inside: a Ctrl-C while the workers start (the first may already run) is handled
+                t.start()
             with cond:
                 while len(done) < len(self.hosts):
                     now = time.monotonic()

@@ -18,6 +18,7 @@ from k26ops.layout import Layout
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome, reporter
 from k26ops.hostlock import HostLock
+from k26ops.release import wheelsource
 from k26ops.shell import q
 from k26ops.steps import HostContext, Interrupted, Step, StepFailed
 
@@ -102,6 +103,7 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
         lock.acquire()  # refuses a login that is not root first
         if st["state"] != "owned":
             ownership.claim(session, root)
+        wheelsource.admit(host, lock)  # a wheel relay is written to only from here on
     try:
         progress("gathering facts")
         extra = preflight.host_facts(host.vars)
@@ -142,5 +144,5 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
             out["stale_lock"] = lock.stale
         return out
     finally:
-        if lock:
+        if lock and not wheelsource.keeps(host, lock):  # a relay's lock is kept until its batch ends
             lock.release()

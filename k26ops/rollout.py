@@ -144,9 +144,16 @@ def run(hosts: list, work: Work, options: FleetOptions | None = None, *, canary:
     results: dict[str, HostResult] = {}
     batches = canary_batches(hosts, canary, batch)
     for i, part in enumerate(batches):
-        fleet = Fleet(part, options, on_event=on_event, on_result=on_result, connections=conns)
         # peer wheel source: this batch's first host relays wheels to the others, until the batch ends
-        wheelsource.CURRENT = wheelsource.Batch(part, fleet.session)
+        relay = wheelsource.Batch(part, conns.session)
+
+        def ended(r: HostResult, relay=relay):
+            relay.ended(r.host, f"{r.status}: {r.error}" if r.error else r.status)
+            if on_result:
+                on_result(r)
+
+        fleet = Fleet(part, options, on_event=on_event, on_result=ended, connections=conns)
+        wheelsource.CURRENT = relay
         try:
             for r in fleet.run(keep_details):
                 results[r.host] = r

@@ -9,7 +9,7 @@ def q(value) -> str:
     """Quote any value for a POSIX shell."""
     return shlex.quote(str(value))
 
-def tied_to_channel(script: str) -> str:
+def tied_to_channel(script: str, stdin: bool = False) -> str:
     """`script` in its own process group, killed when our SSH channel goes away.
 
     sshd sends no signal to a non-tty command when the client dies (killed
@@ -17,8 +17,11 @@ def tied_to_channel(script: str) -> str:
     and race the next run's rebuild of the same directory. A watchdog writes one
     NUL byte to the channel's stderr every second; once the channel is gone the
     write fails (EPIPE) and it kills the build's process group.
+    `stdin`: the script reads our channel's stdin (a background job's is
+    /dev/null otherwise), e.g. an agent's request.
     """
-    return ("setsid sh -c " + q(script) + " & b=$!; trap '' PIPE; "
-            "while kill -0 $b 2>/dev/null; do sleep 1; "
+    start = ("exec 3<&0; setsid sh -c " + q(script) + " <&3 3<&- & b=$!; exec 3<&-; " if stdin
+             else "setsid sh -c " + q(script) + " & b=$!; ")
+    return (start + "trap '' PIPE; while kill -0 $b 2>/dev/null; do sleep 1; "
             "printf '\\0' >&2 || { kill -TERM -$b 2>/dev/null; sleep 2; kill -KILL -$b 2>/dev/null; exit 143; }; "
             "done; wait $b")

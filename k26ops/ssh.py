@@ -26,6 +26,7 @@ import getpass
 import hashlib
 import io
 import os
+import select
 import shlex
 import socket
 import subprocess
@@ -44,6 +45,10 @@ from k26ops.shell import q  # noqa: F401 (re-exported)
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 600.0
 KEEPALIVE_SECONDS = 15
+# The most a command's stdout and stderr together may print before we stop reading: a host
+# that prints garbage (or a runaway agent) must not grow the control node's memory without
+# bound (300 MB of output once took 936 MB here). Host output k26ops reads is far smaller.
+OUTPUT_LIMIT = 64 << 20
 USER_KNOWN_HOSTS = Path(os.path.expanduser("~/.ssh/known_hosts"))
 
 
@@ -51,6 +56,12 @@ USER_KNOWN_HOSTS = Path(os.path.expanduser("~/.ssh/known_hosts"))
 
 
 
+class OutputTooLarge(Exception):
+    """A command printed more than OUTPUT_LIMIT bytes: we stopped reading and closed its channel."""
+
+
+class Cancelled(Exception):
+    """The caller's cancel event was set while the command ran: its channel was closed."""
 
 
 BECOME_HINT = "set `become: true` for this host (needs passwordless sudo) or log in as root"
@@ -134,10 +145,12 @@ class Session:
         self._lock = threading.Lock()
 
     def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None,
-            check: bool = False) -> Result:
+            check: bool = False, cancel: threading.Event | None = None) -> Result:
+        """`cancel`: an event that, once set, ends the command at once (its channel is
+        closed: a command made with steps.tied_to_channel dies with it) with Cancelled."""
         with self._lock:
             self.commands += 1
-        res = self._run(self.wrap(command), stdin, timeout or DEFAULT_COMMAND_TIMEOUT)
+        res = self._run(self.wrap(command), stdin, timeout or DEFAULT_COMMAND_TIMEOUT, cancel)
         if check and not res.ok:
             raise CommandFailed(self.host.name, command, res)
         return res
@@ -163,9 +176,9 @@ class Session:
         """A command of k26ops' own, as the login user (never through sudo)."""
         with self._lock:
             self.commands += 1
-        return self._run(command, None, timeout)
+        return self._run(command, None, timeout, None)
 
-    def _run(self, command, stdin, timeout) -> Result:  # pragma: no cover - abstract
+    def _run(self, command, stdin, timeout, cancel) -> Result:  # pragma: no cover - abstract
         """Run `command` exactly as given (no sudo), as the login user."""
         raise NotImplementedError
 
@@ -193,8 +206,9 @@ class SSHSession(Session):
         super().__init__(host)
         self.conn = conn
 
-    def _run(self, command, stdin, timeout) -> Result:
-        """One exec channel: send stdin (then EOF), read both streams, bounded by timeout."""
+    def _run(self, command, stdin, timeout, cancel) -> Result:
+        """One exec channel: send stdin (then EOF), read both streams, bounded by timeout,
+        OUTPUT_LIMIT and `cancel`."""
         transport = self.conn.transport
         if transport is None or not transport.is_active():
             raise Unreachable(f"connection to {self.host.name} is closed")
@@ -205,10 +219,12 @@ class SSHSession(Session):
             if stdin is not None:
                 chan.sendall(stdin.encode())
             chan.shutdown_write()
-            out, err = _drain(chan, timeout)
+            out, err = _drain(chan, timeout, cancel)
             return Result(chan.recv_exit_status(), out, err)
         except socket.timeout:
             raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}") from None
+        except OutputTooLarge as exc:
+            raise OutputTooLarge(f"{self.host.name}: {exc}") from None
         finally:
             chan.close()
 
@@ -257,9 +273,14 @@ class SSHSession(Session):
             pass
 
 
-def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
+def _too_much() -> OutputTooLarge:
+    return OutputTooLarge(f"the command printed more than {OUTPUT_LIMIT >> 20} MiB: stopped reading it")
+
+
+def _drain(chan: paramiko.Channel, timeout: float, cancel: threading.Event | None = None) -> tuple[str, str]:
     """Read stdout and stderr as they come (neither can fill up and stall the
-    other) until the command exited; bounded by timeout."""
+    other) until the command exited; bounded by timeout, by OUTPUT_LIMIT bytes
+    (OutputTooLarge) and by `cancel` (Cancelled)."""
     out, err = io.BytesIO(), io.BytesIO()
     deadline = time.monotonic() + timeout
     pause = 0.0005
@@ -270,6 +291,10 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
             out.write(chan.recv(65536)); busy = True
         while chan.recv_stderr_ready():
             err.write(chan.recv_stderr(65536)); busy = True
+        if out.tell() + err.tell() > OUTPUT_LIMIT:
+            raise _too_much()
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled")
         # Done when the command exited AND the channel's EOF came: sshd may send the exit
         # status before the last output it still had in the pipe (seen: a converged deploy
         # lost the last line of a 3-line answer about 1 run in 50). EOF waits at most 2 s more.
@@ -292,13 +317,53 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[str, str]:
 class LocalSession(Session):
     """`connection: local`: run on this machine, no SSH (e.g. on a GPU host itself)."""
 
-    def _run(self, command, stdin, timeout) -> Result:
+    def _run(self, command, stdin, timeout, cancel) -> Result:
+        """Like SSHSession._run: both pipes read as they come, bounded by timeout,
+        OUTPUT_LIMIT and `cancel`; on any of these our ends of the pipes close first
+        (as a channel would: a steps.tied_to_channel command ends its work), then
+        its process group is killed."""
+        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
         try:
-            proc = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}") from None
-        return Result(proc.returncode, proc.stdout, proc.stderr)
+            if stdin is not None:
+                proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        bufs = {proc.stdout: io.BytesIO(), proc.stderr: io.BytesIO()}
+        deadline = time.monotonic() + timeout
+        why, reading = None, [proc.stdout, proc.stderr]
+        while reading and not why:
+            for f in select.select(reading, [], [], 0.05)[0]:
+                data = os.read(f.fileno(), 65536)
+                if data:
+                    bufs[f].write(data)
+                else:
+                    reading.remove(f)
+            why = ("output" if sum(b.tell() for b in bufs.values()) > OUTPUT_LIMIT
+                   else "cancel" if cancel is not None and cancel.is_set()
+                   else "timeout" if time.monotonic() > deadline else None)
+        if not why:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                why = "timeout"
+        proc.stdout.close()
+        proc.stderr.close()
+        if why:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(proc)
+        if why == "output":
+            raise OutputTooLarge(f"{self.host.name}: {_too_much()}")
+        if why == "cancel":
+            raise Cancelled("cancelled")
+        if why == "timeout":
+            raise TimeoutError(f"command timed out after {timeout:.0f}s on {self.host.name}")
+        out, err = (bufs[f].getvalue().decode(errors="replace") for f in (proc.stdout, proc.stderr))
+        return Result(proc.returncode, out, err)
 
     def put(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         def write(tmp):
@@ -328,6 +393,14 @@ class LocalSession(Session):
             os.unlink(tmp)
             raise
         self._install(tmp, remote_path, mode)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except OSError:
+        pass
+    proc.wait()
 
 
 def _strict(conn: Connection, host: Host, accept_new: bool) -> None:

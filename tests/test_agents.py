@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from k26ops import agents, ownership
+from k26ops import agents, ownership, ssh
 from k26ops.inventory import Host
 from k26ops.release import wheelsource
 from k26ops.ssh import LocalSession
@@ -387,6 +387,97 @@ def test_wheelfetch_unreachable_relay_is_a_reason_not_a_failure(host, relay, tmp
 def test_wheelfetch_connect(host, relay):
     assert wheelsource._answers(host, "127.0.0.1", relay.port) is True
     assert wheelsource._answers(host, "127.0.0.1", free_port()) is False
+
+
+class Stalled:
+    """A real loopback relay that accepts and then stalls: `silent` never answers;
+    `trickle` promises 10 MB and sends a byte every 0.5 s (for 30 s at most).
+    `closed` counts connections whose client went away (the agent's end)."""
+
+    def __init__(self, mode: str):
+        self.mode, self.closed, self.conns = mode, 0, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        with conn:
+            conn.settimeout(0.5)
+            end = time.monotonic() + 30
+            if self.mode == "trickle":
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 10000000\r\n\r\n")
+            while time.monotonic() < end:
+                try:
+                    if self.mode == "trickle":
+                        conn.sendall(b"x")
+                        time.sleep(0.5)
+                    elif conn.recv(65536) == b"":
+                        break
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+            self.closed += 1
+
+
+def test_wheelfetch_a_silent_or_trickling_relay_fails_fast(host, tmp_path, monkeypatch):
+    monkeypatch.setattr(wheelsource, "READ_TIMEOUT", 2.0)
+    monkeypatch.setattr(wheelsource, "MIN_BYTES", 1024)
+    ctx = SimpleNamespace(session=host)
+    w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
+    for mode, says in (("silent", "no data from the relay within 2"), ("trickle", "stalled")):
+        t0 = time.monotonic()
+        refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), Stalled(mode).url)
+        took = time.monotonic() - t0
+        assert refused is None and says in why, (mode, why)
+        assert took < 12, f"{mode} relay held the host {took:.0f}s"  # unbounded per read before: 60 s, or the trickle
+        assert list((tmp_path / "wh").iterdir()) == []  # no temp file left
+
+
+def test_wheelfetch_ctrl_c_ends_the_fetch_and_its_agent_at_once(host, tmp_path):
+    from k26ops.fleet import interrupt_requested
+    from k26ops.steps import Interrupted
+
+    relay = Stalled("silent")  # READ_TIMEOUT (15 s) would end it later: Ctrl-C must not wait for it
+    w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
+    threading.Timer(1.0, interrupt_requested.set).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Interrupted, match="during the wheel fetch agent on local"):
+            wheelsource._fetch(SimpleNamespace(session=host), [w], str(tmp_path / "wh"), relay.url)
+    finally:
+        interrupt_requested.clear()
+    assert time.monotonic() - t0 < 8  # the agent's own wait: READ_TIMEOUT, 15 s (60 s before)
+    deadline = time.monotonic() + 5  # the agent is gone: its connection to the relay closed
+    while relay.closed < relay.conns and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert relay.conns == 1 and relay.closed == 1
+
+
+def test_an_agent_printing_garbage_is_one_line_naming_host_and_agent(host, tmp_path, monkeypatch):
+    monkeypatch.setattr(ssh, "OUTPUT_LIMIT", 1 << 20)
+    noisy = tmp_path / "python3-noisy"  # a python3 that prints 5 MB before the agent runs
+    noisy.write_text(f"#!/bin/sh\nhead -c 5000000 /dev/zero | tr '\\0' x; echo\nexec {sys.executable} \"$@\"\n")
+    noisy.chmod(0o755)
+    with pytest.raises(agents.AgentFailed) as e:
+        agents.run(host, "ownership", "state", 60, interpreter=str(noisy), dir=str(tmp_path), kind="root",
+                   names=[], marker="m", release_marker="r", root_entries=[])
+    assert str(e.value).startswith("ownership agent (state) on local printed more than 1 MiB: stopped reading")
+    garbage = tmp_path / "python3-garbage"
+    garbage.write_text("#!/bin/sh\nprintf 'Welcome to host\\n\\001\\002'\n")
+    garbage.chmod(0o755)
+    with pytest.raises(agents.AgentFailed, match=r"^ownership agent \(state\) on local printed no JSON answer"):
+        agents.run(host, "ownership", "state", 60, interpreter=str(garbage))
 
 
 # --- gather (facts)

@@ -72,14 +72,40 @@ def test_without_a_file_baselines_are_in_the_home_directory_never_the_cwd(tmp_pa
     ("deadline = nan\n", "deadline must be >= 1, got nan"),
     ("inventory = 3\n", "inventory must be a path string"),
     ("forks = \n", "not valid TOML"),
+    ("# defaults\nforks = 4\n\ndeadline = -1\n", "deadline must be >= 1"),
+    ("forks = 4\n[inventory]\n", "inventory must be a path string"),
+    ("forks = 4\nbaselines = \"a\"\nforks =\n", "not valid TOML"),
 ])
-def test_a_bad_config_file_is_one_line_exit_2(tmp_path, monkeypatch, text, needle):
+def test_a_bad_config_file_is_one_line_naming_file_and_line_exit_2(tmp_path, monkeypatch, text, needle):
     path = tmp_path / "config.toml"
     path.write_text(text)
     monkeypatch.setenv("K26OPS_CONFIG", str(path))
+    line = len(text.rstrip("\n").splitlines())  # each bad setting is the file's last line
     res = CliRunner().invoke(cli, ["config", "show"])
     assert res.exit_code == 2 and res.stdout == ""
-    assert res.stderr.count("\n") == 1 and res.stderr.startswith(f"k26ops: error: {path}: ") and needle in res.stderr
+    assert res.stderr.count("\n") == 1 and needle in res.stderr, res.stderr
+    assert res.stderr.startswith(f"k26ops: error: {path}:{line}: "), res.stderr
+
+
+def test_lab_down_and_help_work_with_a_bad_config_file_others_refuse(tmp_path, monkeypatch):
+    """A broken config file must not keep the operator from taking a lab down or reading help."""
+    path = tmp_path / "config.toml"
+    path.write_text("forks = 4\nforks = [\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("K26OPS_INVENTORY", "K26OPS_BASELINES")}
+    env.update(K26OPS_CONFIG=str(path), PYTHONPATH=str(ROOT))
+
+    def k26(*args):
+        return subprocess.run([sys.executable, "-m", "k26ops", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+    for args in (["lab", "down", "--dir", str(tmp_path / "nolab")], ["deploy", "--help"], ["lab", "down", "-h"]):
+        res = k26(*args)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, (args, res.stderr)
+        warning = [ln for ln in res.stderr.splitlines() if ln.startswith("k26ops: warning:")]
+        assert len(warning) == 1 and f"{path}:2: not valid TOML" in warning[0], (args, res.stderr)
+    assert "Usage: k26ops deploy" in k26("deploy", "--help").stdout
+    res = k26("facts")
+    assert res.returncode == 2 and res.stderr == f"k26ops: error: {path}:2: not valid TOML: " \
+        "Invalid value (at end of document)\n", res.stderr
 
 
 def test_a_named_config_file_that_is_missing_is_an_error(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ in one line naming the limit and the sysctl command."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -109,6 +110,30 @@ def test_lab_refuses_up_front_or_raises_for_its_run_and_puts_back():
         lab.down(log=lambda m: None)
         shutil.rmtree(lab_dir, ignore_errors=True)
         shutil.rmtree(proc_sys, ignore_errors=True)
+
+
+def test_two_labs_put_a_limit_back_whichever_goes_down_first():
+    """Lab A raises inotify instances, lab B (more hosts) raises it again; A goes
+    down first. The limit stays while B runs, and B's down puts back the machine's
+    own value (it used to stay at A's raise for good)."""
+    use = limits.in_use()[INOTIFY]
+    old = use + 40  # 1 host (use + 32 + 12) needs a raise; 3 hosts need more again
+    for first, second in (("A", "B"), ("B", "A")):
+        proc_sys = _sys_copy(old)
+        inotify = proc_sys / limits.LIMITS[0].path
+        try:
+            said = []
+            a = limits.ensure(1, may_raise=True, proc_sys=proc_sys, log=said.append, lab="A")
+            b = limits.ensure(3, may_raise=True, proc_sys=proc_sys, log=said.append, lab="B")
+            assert a[INOTIFY][0] == old and b[INOTIFY][0] == a[INOTIFY][1] < b[INOTIFY][1], (a, b)
+            limits.release(first, proc_sys, log=said.append)
+            assert int(inotify.read_text()) == b[INOTIFY][1], said  # the other lab still runs on it
+            limits.release(second, proc_sys, log=said.append)
+            assert int(inotify.read_text()) == old, said
+            assert f"put {INOTIFY} back from {b[INOTIFY][1]} to {old}" in said
+            assert json.loads(limits.registry_path(proc_sys).read_text()) == {}
+        finally:
+            shutil.rmtree(proc_sys, ignore_errors=True)
 
 
 def test_a_base_port_whose_engine_ports_overflow_is_one_line(tmp_path):

@@ -5,8 +5,15 @@ control node (the default). A relay cannot change a byte: hashes decide."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +145,132 @@ def test_index_mode_hosts_download_the_locked_wheels_themselves(peer_lab, tmp_pa
 
 def engine_size(lab, name: str) -> int:
     return int(_sh(lab, "lab1", f"stat -c %s {WH}/{name}"))
+
+
+# --- a relay that stalls, is refused or is locked (issue 35.6)
+
+def _forget(lab, host: str) -> None:
+    """`host` must build its release again, so it fetches every wheel from the relay."""
+    rid = _sh(lab, host, "readlink /opt/k26ops/releases/current")
+    _sh(lab, host, f"rm -rf /opt/k26ops/releases/{rid} {WH}/*.whl")
+
+
+def _silent(port: int) -> socket.socket:
+    """A peer on the relay's port (so the relay's own server cannot bind it) that
+    accepts every connection and never answers."""
+    sock = socket.create_server(("127.0.0.1", port))
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                return
+    threading.Thread(target=accept, daemon=True).start()
+    return sock
+
+
+def _agents(lab, host: str) -> str:
+    return lab_ssh(lab.dir, lab.port(host), "pgrep -af 'Host agent of the wheel relay' | grep -v pgrep; true").stdout.strip()
+
+
+def test_ctrl_c_during_a_stalled_relay_returns_at_once_and_leaves_no_agent_then_the_push_takes_over(peer_lab):
+    lab, inv, playbook, ports = peer_lab
+    _forget(lab, "lab2")
+    silent = _silent(ports)  # lab1's wheel_peer_port
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", str(inv), "--limit", "lab1,lab2", "deploy",
+                                 "--playbook", str(playbook)], text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while not _agents(lab, "lab2"):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.3)
+            os.kill(proc.pid, signal.SIGINT)
+            t0 = time.monotonic()
+            out, err = proc.communicate(timeout=120)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130 and "Traceback" not in out + err, (proc.returncode, out, err)
+        assert took < 10, f"Ctrl-C took {took:.0f}s"  # the fetch waited for the stalled relay before
+        time.sleep(3)  # the agent's watchdog notices the closed channel within a second
+        assert _agents(lab, "lab2") == ""
+        # again, to the end: the stalled relay fails within READ_TIMEOUT and lab2 gets the push
+        t0 = time.monotonic()
+        rc, data = k26ops_json("-i", str(inv), "--limit", "lab1,lab2", "deploy", "--playbook", str(playbook),
+                               timeout=900)
+        assert rc == 0, data
+        assert set(data["hosts"]["lab2"]["wheels"]) == {"pushed"}, data["hosts"]["lab2"]
+    finally:
+        silent.close()
+    assert _agents(lab, "lab2") == ""
+
+
+def test_a_locked_or_refused_relay_receives_no_byte_and_the_others_get_the_push(peer_lab, tmp_path):
+    lab, inv, playbook, ports = peer_lab
+    # another run holds lab1 (the relay): its flock on the host lock
+    _sh(lab, "lab1", f"rm -rf {WH}")
+    pid = _sh(lab, "lab1", "flock /opt/k26ops/state/lock sleep 900 </dev/null >/dev/null 2>&1 & echo $!")
+    _forget(lab, "lab2")
+    try:
+        rc, data = k26ops_json("-i", str(inv), "--limit", "lab1,lab2", "deploy", "--playbook", str(playbook),
+                               timeout=900)
+    finally:
+        _sh(lab, "lab1", f"kill {pid}")
+    h = data["hosts"]
+    assert rc == 1 and h["lab1"]["status"] == "failed" and "locked" in h["lab1"]["error"], h["lab1"]
+    assert h["lab2"]["status"] in ("ok", "changed") and set(h["lab2"]["wheels"]) == {"pushed"}, h["lab2"]
+    assert h["lab1"]["uploaded"] == 0
+    assert _sh(lab, "lab1", f"test -e {WH} && echo present || echo absent") == "absent"
+    # a k26ops_root that is not k26ops's (it holds someone's data): refused, and nothing is written there
+    _sh(lab, "lab1", "mkdir -p /srv/foreign && echo mine > /srv/foreign/data")
+    refused = _inventory(lab, tmp_path / "foreign.yml", {"wheel_source": "peer"},
+                         lab1={"wheel_peer_port": ports, "k26ops_root": "/srv/foreign"},
+                         lab3={"wheel_peer_port": ports + 2})
+    _forget(lab, "lab3")
+    rc, data = k26ops_json("-i", str(refused), "--limit", "lab1,lab3", "deploy", "--playbook", str(playbook),
+                           timeout=900)
+    h = data["hosts"]
+    assert rc == 1 and "k26ops_root /srv/foreign holds 1 entry" in h["lab1"]["error"], h["lab1"]
+    assert h["lab3"]["status"] in ("ok", "changed") and set(h["lab3"]["wheels"]) == {"pushed"}, h["lab3"]
+    assert _sh(lab, "lab1", "ls -A /srv/foreign") == "data" and h["lab1"]["uploaded"] == 0
+
+
+# --- what a host prints is bounded on the control node (issue 35.8)
+
+def test_an_agent_printing_300_mb_fails_in_one_line_and_bounded_memory(peer_lab):
+    """A python3 on the host that prints 300 MB before the agent's answer: the
+    host fails naming itself and the agent, and the control node reads at most
+    ssh.OUTPUT_LIMIT (it took 936 MB of memory for this before)."""
+    lab, inv, _, _ = peer_lab
+    noisy = "/usr/local/bin/k26test-noisy-python3"
+    _sh(lab, "lab2", f"cat > {noisy} <<'EOF'\n#!/bin/sh\nhead -c 300000000 /dev/zero | tr '\\0' x\n"
+                     f"exec python3 \"$@\"\nEOF\nchmod 755 {noisy}")
+    script = f"""
+import resource
+from k26ops import agents, inventory, ssh
+host = inventory.load({str(inv)!r}).select("lab2")[0]
+session = ssh.connect(host)
+try:
+    agents.run(session, "ownership", "state", 120, interpreter={noisy!r}, dir="/opt/k26ops", kind="root",
+               names=[], marker="m", release_marker="r", root_entries=[])
+    print("ANSWERED")
+except agents.AgentFailed as exc:
+    print("FAILED", exc)
+print("MAXRSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+    finally:
+        _sh(lab, "lab2", f"rm -f {noisy}")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "FAILED ownership agent (state) on lab2 printed more than 64 MiB: stopped reading " \
+        "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)", lines
+    rss = int(lines[1].split()[1])
+    assert rss < 300_000_000, f"the control node took {rss >> 20} MiB reading it"

@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from k26ops.errors import StepFailed
-from k26ops.shell import q
+from k26ops import ssh
+from k26ops.errors import Interrupted, StepFailed
+from k26ops.shell import q, tied_to_channel
+from k26ops.ssh import Cancelled, OutputTooLarge
 
 DIR = Path(__file__).resolve().parent
 OLDEST_PYTHON = (3, 10)
@@ -39,24 +41,43 @@ def source(name: str) -> str:
     return (DIR / f"{name}.py").read_text()
 
 
-def command(name: str, python: str = "python3") -> str:
-    """The one remote command that runs agent `name`."""
-    return f"{q(python)} -c {q(source(name))}"
+def command(name: str, python: str = "python3", tied: bool = False) -> str:
+    """The one remote command that runs agent `name`; `tied`: killed with our
+    SSH channel (steps.tied_to_channel), its stdin still the request."""
+    cmd = f"{q(python)} -c {q(source(name))}"
+    return tied_to_channel(cmd, stdin=True) if tied else cmd
 
 
 def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None = None,
-        interpreter: str = "python3", **req) -> dict:
+        interpreter: str = "python3", tied: bool = False, **req) -> dict:
     """Run one operation of agent `name` on the host: one remote command, the
     request as JSON on stdin, the answer the last JSON line of stdout.
     `session`: anything with .run(command, stdin=, timeout=) giving .exited,
-    .stdout, .stderr (an SSH session, or a local runner in tests)."""
+    .stdout, .stderr (an SSH session, or a local runner in tests).
+    `tied` (a long operation): the agent dies when our channel closes, and
+    Ctrl-C (fleet.interrupt_requested) closes it at once: Interrupted.
+    What the agent prints is bounded (ssh.OUTPUT_LIMIT): more is AgentFailed."""
     what = what or f"{name} agent"
-    res = session.run(command(name, interpreter), stdin=json.dumps({"op": op, **req}), timeout=timeout)
+    host = getattr(getattr(session, "host", None), "name", "the host")
+    kw: dict = {}
+    if tied:
+        from k26ops.fleet import interrupt_requested
+
+        kw["cancel"] = interrupt_requested
+    try:
+        res = session.run(command(name, interpreter, tied), stdin=json.dumps({"op": op, **req}), timeout=timeout,
+                          **kw)
+    except OutputTooLarge:
+        raise AgentFailed(f"{what} ({op}) on {host} printed more than {ssh.OUTPUT_LIMIT >> 20} MiB: stopped reading "
+                          "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)") from None
+    except Cancelled:
+        raise Interrupted(f"interrupted (Ctrl-C, SIGTERM or SIGHUP) during the {what} on {host}") from None
     lines = res.stdout.strip().splitlines()
     if res.exited != 0 or not lines:
-        why = (res.stderr or res.stdout or "").strip().splitlines()
+        why = (res.stderr.replace("\0", "") or res.stdout or "").strip().splitlines()
         raise AgentFailed(f"{what} ({op}) exited {res.exited}: {why[-1][:300] if why else 'no output'}")
     try:
         return json.loads(lines[-1])
     except ValueError:
-        raise AgentFailed(f"{what} ({op}) printed no JSON: {lines[-1][:200]!r}") from None
+        raise AgentFailed(f"{what} ({op}) on {host} printed no JSON answer as its last line: "
+                          f"{lines[-1][:200]!r}") from None

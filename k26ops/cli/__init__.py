@@ -34,6 +34,7 @@ class K26Group(click.Group):
     def _invoke(self, ctx):
         # click clears these before the callback runs (protected_args: click < 8.2's name)
         args = [*vars(ctx).get("_protected_args", vars(ctx).get("protected_args", [])), *ctx.args]
+        ctx.meta["k26ops.args"] = args  # the subcommand and its arguments, for _apply_config
         try:
             return super().invoke(ctx)
         except UserError as exc:
@@ -90,7 +91,16 @@ def _apply_config(ctx, settings: Settings) -> None:
 
     from k26ops import config
 
-    conf = config.load()
+    try:
+        conf = config.load()
+    except UserError as exc:
+        args = ctx.meta.get("k26ops.args") or []
+        if args[:2] != ["lab", "down"] and not {"--help", "-h"} & set(args):
+            raise
+        # taking a lab down or reading help must never depend on the operator's defaults
+        click.echo(f"k26ops: warning: {exc} (ignored: {'lab down' if args[:2] == ['lab', 'down'] else '--help'} "
+                   "does not use it)", err=True)
+        conf = {}
     for name, flag in _FLAGS.items():
         source = ctx.get_parameter_source(name)
         if source == ParameterSource.COMMANDLINE:

@@ -12,10 +12,19 @@ Per-host figures: measured on a booted lab host (Debian 12, systemd 252): 8
 inotify instances, about 30 watches, 8 processes; a deployed host adds the
 engine stand-in and its agent. They are taken with headroom for the boot's
 transients and the services a deploy starts.
+
+Several labs share one machine: the first lab that raises a limit records the
+machine's own value, every lab up on a raised value is recorded as its holder
+(in REGISTRY, under a file lock), and the value goes back when the last holder
+goes down, whatever order the labs go down in (before, lab A down then lab B
+down left the limit at A's raise for good).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +32,7 @@ from pathlib import Path
 from k26ops.errors import UserError
 
 PROC_SYS = Path("/proc/sys")
+REGISTRY = Path("/run/k26ops/lab-limits.json")  # {sysctl: {"original", "value", "labs"}}; machine-wide
 MEM_PER_HOST = 64 << 20  # a deployed lab host: ~35 MB booted, the engine stand-in and agent on top
 
 
@@ -124,10 +134,41 @@ def mem_available(proc: Path = Path("/proc")) -> int | None:
     return None
 
 
-def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print) -> dict[str, list[int]]:
+def registry_path(proc_sys: Path) -> Path:
+    """Where the labs on these limits record who raised what (a copy of /proc/sys: beside it)."""
+    return REGISTRY if Path(proc_sys) == PROC_SYS else Path(proc_sys) / ".k26ops-lab-limits.json"
+
+
+@contextlib.contextmanager
+def _registry(proc_sys: Path):
+    """The registry, locked against the other labs' `up` and `down`; written back on exit."""
+    path = registry_path(proc_sys)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            reg = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            reg = {}
+        yield reg
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(reg, indent=1))
+        os.replace(tmp, path)
+
+
+def _now(proc_sys: Path, name: str) -> int | None:
+    try:
+        return int((Path(proc_sys) / name.replace(".", "/")).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print, lab: str = "") -> dict[str, list[int]]:
     """Check the limits for `count` hosts; raise the short ones when allowed
     (root, and /proc/sys writable), else refuse with one line. Returns what
-    was changed: {sysctl: [old, new]} (for `lab down` to put back)."""
+    was changed: {sysctl: [old, new]}. `lab` (its directory) becomes a holder
+    of every limit that labs raised and that it now runs on; `release(lab)`
+    puts them back once no lab holds them."""
     avail = mem_available()
     if avail is not None and avail < count * MEM_PER_HOST:
         raise UserError(f"a lab of {count} hosts needs about {count * MEM_PER_HOST >> 20} MB of memory, "
@@ -136,16 +177,54 @@ def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print)
     if short and not may_raise:
         raise UserError(short[0].line(count))
     changed: dict[str, list[int]] = {}
-    for s in short:
-        try:
-            (proc_sys / s.limit.path).write_text(f"{s.need}\n")
-        except OSError as exc:
-            put_back(changed, proc_sys, log=lambda m: None)
-            raise UserError(f"{s.line(count)} (could not raise it here: {exc.strerror})") from None
-        changed[s.limit.sysctl] = [s.have, s.need]
-        log(f"raised {s.limit.sysctl} from {s.have} to {s.need} for this lab of {count} hosts "
-            "(`k26ops lab down` puts it back)")
+    if not short and not registry_path(proc_sys).exists():
+        return changed  # nothing raised, by this lab or any other
+    with _registry(proc_sys) as reg:
+        for s in short:
+            try:
+                (proc_sys / s.limit.path).write_text(f"{s.need}\n")
+            except OSError as exc:
+                _restore(reg, lab, proc_sys, lambda m: None)
+                raise UserError(f"{s.line(count)} (could not raise it here: {exc.strerror})") from None
+            entry = reg.get(s.limit.sysctl)
+            if not entry or entry["value"] != s.have:  # not a lab's raise (any more): this is the machine's value
+                entry = reg[s.limit.sysctl] = {"original": s.have, "labs": []}
+            entry["value"] = s.need
+            changed[s.limit.sysctl] = [s.have, s.need]
+            log(f"raised {s.limit.sysctl} from {s.have} to {s.need} for this lab of {count} hosts "
+                "(`k26ops lab down` puts it back)")
+        if lab:
+            for name, entry in list(reg.items()):
+                if _now(proc_sys, name) == entry["value"] and lab not in entry["labs"]:
+                    entry["labs"].append(lab)
     return changed
+
+
+def release(lab: str, proc_sys: Path = PROC_SYS, log=print, raised: dict | None = None) -> None:
+    """`lab` is going down: each limit it holds goes back to the machine's value
+    when no other lab holds it. `raised`: the lab's own record, for a lab booted
+    before the registry (put back as before)."""
+    if not registry_path(proc_sys).exists():
+        put_back(raised or {}, proc_sys, log=log)
+        return
+    with _registry(proc_sys) as reg:
+        if not any(lab in e["labs"] for e in reg.values()):
+            put_back(raised or {}, proc_sys, log=log)
+            return
+        _restore(reg, lab, proc_sys, log)
+
+
+def _restore(reg: dict, lab: str, proc_sys: Path, log) -> None:
+    """Drop `lab` from the registry's holders; put back what no lab holds any more."""
+    for name, entry in list(reg.items()):
+        if lab not in entry["labs"]:
+            continue
+        entry["labs"].remove(lab)
+        if entry["labs"]:
+            log(f"kept {name} at {entry['value']}: {len(entry['labs'])} other lab(s) still run on it")
+            continue
+        del reg[name]
+        put_back({name: [entry["original"], entry["value"]]}, proc_sys, log=log)
 
 
 def put_back(changed: dict[str, list[int]], proc_sys: Path = PROC_SYS, log=print) -> None:
@@ -155,9 +234,8 @@ def put_back(changed: dict[str, list[int]], proc_sys: Path = PROC_SYS, log=print
     for name, (old, new) in changed.items():
         lim = next((x for x in LIMITS if x.sysctl == name), None)
         path = proc_sys / name.replace(".", "/")
-        try:
-            now = int(path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+        now = _now(proc_sys, name)
+        if now is None:
             continue
         if now != new:
             log(f"left {name} at {now}: changed by someone else since the lab raised it")

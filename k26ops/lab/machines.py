@@ -107,6 +107,11 @@ class Lab:
 
     # -- state ---------------------------------------------------------------
     @property
+    def _id(self) -> str:
+        """This lab, as the holder of kernel limits that labs raised (limits.release)."""
+        return str(self.dir.resolve())
+
+    @property
     def state_file(self) -> Path:
         return self.dir / "lab.json"
 
@@ -166,7 +171,7 @@ class Lab:
         for p in ports + [p + ENGINE_PORT_OFFSET for p in ports]:
             if not _port_free(p):
                 raise UserError(f"port 127.0.0.1:{p} is in use: stop what listens there or pass --base-port")
-        raised = limits.ensure(count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log)
+        raised = limits.ensure(count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log, lab=self._id)
         started: list[LabHost] = []
         try:
             image = rootfs.ensure(log=log)
@@ -190,7 +195,7 @@ class Lab:
             for h in started:
                 remove_cgroups(self._machine(h.name))
             self.state_file.unlink(missing_ok=True)
-            limits.put_back(raised, self.proc_sys, log=log)
+            limits.release(self._id, self.proc_sys, log=log, raised=raised)
             raise
         return started
 
@@ -326,7 +331,7 @@ class Lab:
         self._stop(hosts)
         for h in hosts:
             remove_cgroups(self._machine(h.name))
-        limits.put_back(raised, self.proc_sys, log=log)
+        limits.release(self._id, self.proc_sys, log=log, raised=raised)
         self.state_file.unlink(missing_ok=True)
         self.inventory_file.unlink(missing_ok=True)
         return [h.name for h in hosts]

@@ -17,6 +17,16 @@ keeps only bytes whose hash is the one the control node expects.
   sha256 before it enters their wheelhouse: a relay cannot change a byte; a
   changed wheel is refused and the host fails, naming the relay. A relay
   that cannot be reached falls back to the push.
+
+The relay is a host like the others: nothing is written to it (no wheel, no
+server) before its own run holds its host lock and found its `k26ops_root`
+k26ops's to write (`admit`); a relay whose root is refused, that another run
+holds, or that is unreachable receives no byte, and the others push. Its lock
+is then kept until the batch ends (`stop`), so no other run takes the host
+while it serves. A stalled relay fails fast: the fetch agent gives up after
+READ_TIMEOUT seconds without data (or a trickle under MIN_BYTES per window),
+and the host falls back to the push. The fetch agent dies with its SSH
+channel, and Ctrl-C closes that channel at once (agents.run `tied`).
 """
 
 from __future__ import annotations
@@ -36,6 +46,10 @@ MODES = ("push", "index", "peer")
 DEFAULT_INDEX = "https://pypi.org/simple"
 DEFAULT_PEER_PORT = 8873
 RELAY_LIFETIME = 4 * 3600  # the relay's server exits by itself after this, whatever happens to the run
+READ_TIMEOUT = 15.0  # seconds without a byte from the relay (connect, headers, any read): it is stalled
+MIN_BYTES = 256 << 10  # fewer bytes than this in a READ_TIMEOUT window: a trickling relay, stalled too
+ADMIT_WAIT = 300.0  # how long a host waits for the relay's own run to take its host lock
+FETCH_TIMEOUT = 3600.0  # the whole fetch; a stalled relay ends it long before (READ_TIMEOUT)
 _ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:_-]*")
 _URL = re.compile(r"https?://[^\s'\"\\]+")
 
@@ -152,8 +166,9 @@ def _fetch(ctx, wheels: list, remote_dir: str, url: str) -> tuple[tuple | None, 
     The host fetches and checks each sha256 itself (agents/wheelfetch.py)."""
     wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to fetch")
     try:
-        res = agents.run(ctx.session, "wheelfetch", "fetch", 3600, what="wheel fetch agent", base=url,
-                         dest=remote_dir, wheels=[[w.name, w.sha256] for w in wheels])
+        res = agents.run(ctx.session, "wheelfetch", "fetch", FETCH_TIMEOUT, what="wheel fetch agent", tied=True,
+                         base=url, dest=remote_dir, wheels=[[w.name, w.sha256] for w in wheels],
+                         read_timeout=READ_TIMEOUT, min_bytes=MIN_BYTES)
     except agents.AgentFailed as exc:
         return None, str(exc)
     if res.get("refused"):
@@ -165,12 +180,20 @@ class Batch:
     """One batch's relay: its first host. The control node pushes each wheel
     set to the relay once (under a lock, so the relay's own step and the other
     hosts never upload twice), starts its HTTP server on first need and stops
-    it when the batch ends."""
+    it when the batch ends. Nothing goes to the relay before its own run
+    admitted it (holds its host lock, owns its root)."""
 
     def __init__(self, hosts: list, session_for):
         self.relay = hosts[0]
         self._session_for = session_for
         self._lock = threading.Lock()
+        self._admitted = threading.Event()  # the relay's run holds its host lock; its root is k26ops's
+        self._ended = threading.Event()  # the relay's run ended
+        self._relay_lock = None  # that host lock, kept until stop() while other hosts may fetch
+        self._not_admitted = ""  # why the relay's run ended without admitting it
+        self._peers = any(_is_peer(h) for h in hosts[1:])
+        self._stopped = False
+        self._kept = False  # the relay's run ended and left its lock to stop()
         self._received: set[str] = set()  # wheel sha256s on the relay
         self._server: threading.Thread | None = None
         self._server_error = ""
@@ -188,8 +211,46 @@ class Batch:
             wheelhouse.push(session, todo, self.dir)
             self._received.update(w.sha256 for w in todo)
 
+    def admit(self, host, lock) -> None:
+        """`host`'s run holds `lock` and k26ops owns its root: if it is the relay, the
+        batch may write to it from now on."""
+        if host.name == self.relay.name and lock is not None:
+            self._relay_lock = lock
+            self._admitted.set()
+
+    def keeps(self, host, lock) -> bool:
+        """At the end of `host`'s run: does the batch keep its lock (released by stop())?
+        Yes for an admitted relay that other hosts may still fetch from, until stop()."""
+        with self._lock:
+            self._kept = self._peers and not self._stopped and lock is not None and lock is self._relay_lock
+            return self._kept
+
+    def ended(self, host: str, why: str) -> None:
+        """`host`'s run ended (`why`: its status and error)."""
+        if host == self.relay.name:
+            if not self._admitted.is_set():
+                self._not_admitted = why
+            self._ended.set()
+
+    def _wait_admitted(self) -> str:
+        """'' once the relay may be written to; else why not (its run refused or
+        failed before taking its lock, or did not take it within ADMIT_WAIT)."""
+        from k26ops.steps import check_interrupted
+
+        deadline = time.monotonic() + ADMIT_WAIT
+        while not self._admitted.wait(0.2):
+            check_interrupted("the wait for the wheel relay")
+            if self._ended.is_set():
+                return f"its own run ended before it took its host lock: {self._not_admitted or 'not started'}"
+            if time.monotonic() > deadline:
+                return f"its own run did not take its host lock within {ADMIT_WAIT:.0f}s"
+        return ""
+
     def serve(self, wheels: list) -> tuple[str, str]:
         """(url of the relay's wheelhouse, '') once it has `wheels` and answers; ('', why) if it cannot."""
+        why = self._wait_admitted()
+        if why:
+            return "", why
         with self._lock:
             try:
                 self._receive(wheels)
@@ -230,18 +291,46 @@ class Batch:
         self._server_error = self._server_error or f"{addr}:{port} did not answer within 15s"
 
     def stop(self) -> None:
-        """Stop the relay's server (the batch is done)."""
+        """Stop the relay's server (the batch is done), then let go of the relay's host
+        lock if its run left it to us (a run still restoring after Ctrl-C lets go itself)."""
         with self._lock:
-            if self._server is None:
-                return
+            self._stopped = True
             try:
-                self._session_for(self.relay).run(
-                    f"p=$(cat {q(self.dir)}/.relay.pid 2>/dev/null) && kill \"$p\" 2>/dev/null; "
-                    f"rm -f {q(self.dir)}/.relay.pid", timeout=30)
-            except Exception:
-                pass  # the connection is gone: so is the server (tied to its channel)
-            self._server.join(timeout=10)
-            self._server = None
+                self._stop_server()
+            finally:
+                if self._kept:
+                    self._relay_lock.release()
+                self._relay_lock = None
+
+    def _stop_server(self) -> None:
+        if self._server is None:
+            return
+        try:
+            self._session_for(self.relay).run(
+                f"p=$(cat {q(self.dir)}/.relay.pid 2>/dev/null) && kill \"$p\" 2>/dev/null; "
+                f"rm -f {q(self.dir)}/.relay.pid", timeout=30)
+        except Exception:
+            pass  # the connection is gone: so is the server (tied to its channel)
+        self._server.join(timeout=10)
+        self._server = None
+
+
+def _is_peer(host) -> bool:
+    try:
+        return settings(host).mode == "peer"
+    except UserError:
+        return False
+
+
+def admit(host, lock) -> None:
+    """playbook.run_on_host: `host` is locked by this run and its root is k26ops's."""
+    if CURRENT is not None:
+        CURRENT.admit(host, lock)
+
+
+def keeps(host, lock) -> bool:
+    """playbook.run_on_host's end: True when the batch keeps `lock` for its relay."""
+    return CURRENT is not None and CURRENT.keeps(host, lock)
 
 
 def _answers(session, addr: str, port: int) -> bool:
