@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import git
@@ -14,6 +16,8 @@ from click.testing import CliRunner
 
 from k26ops.cli import cli, hoist_global_flags
 from labtools import cli as k26ops_cli
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 

@@ -235,7 +235,7 @@ class Batch:
     def _wait_admitted(self) -> str:
         """'' once the relay may be written to; else why not (its run refused or
         failed before taking its lock, or did not take it within ADMIT_WAIT)."""
-        from k26ops.steps import check_interrupted
+        from k26ops.interrupt import check as check_interrupted
 
         deadline = time.monotonic() + ADMIT_WAIT
         while not self._admitted.wait(0.2):
