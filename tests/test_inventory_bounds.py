@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import cli  # noqa: E402
+from labtools import cli, k26ops  # noqa: E402 (k26ops: a subprocess, for its CPU time)
 
 from k26ops.inventory import yamlsrc  # noqa: E402
 

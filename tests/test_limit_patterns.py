@@ -150,10 +150,16 @@ def _leaves(group, path=()):
 
 
 def test_every_command_takes_the_global_options_in_its_own_place():
+    """--json and -v everywhere; -i/-l/-f where the command uses them (globalopts.USES), and
+    then both spellings; -C/-D beside --check/--diff."""
+    from k26ops.cli.globalopts import uses
+
+    flags = {"inventory": ("-i", "--inventory"), "limit": ("-l", "--limit"), "forks": ("-f", "--forks")}
     for path, cmd in _leaves(cli):
         opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
-        assert {"-i", "-l", "--json", "-v", "--forks"} <= opts, (path, opts)
-        assert "-f" in opts, path
+        assert {"--json", "-v"} <= opts, (path, opts)
+        for attr, spellings in flags.items():
+            assert (set(spellings) <= opts) == (attr in uses(" ".join(path))), (path, attr, opts)
         assert ("--check" in opts) == ("-C" in opts) and ("--diff" in opts) == ("-D" in opts), path
 
 
