@@ -170,6 +170,32 @@ def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock:
     return lock
 
 
+def engine_version(r: recipe_mod.Recipe, lock: enginelock.Lock) -> str:
+    """The sglang version the release's venv reports (`pip show sglang`): a git source's
+    from its lock's header (the version of the wheel built from the commit, 0.5.23+lab),
+    a registry release's from the sglang wheel among the locked ones."""
+    if r.git:
+        name, _, version = lock.meta.get("engine", "").partition(" ")
+        if name != "sglang" or not version:
+            raise UserError(f"{lock.path}: the lock's header has no `# engine: sglang VERSION` line: remake it")
+        return version
+    found = [v for n, v, _ in lock.entries if enginelock._norm(n) == "sglang"]
+    if not found:
+        raise UserError(f"{lock.path}: no sglang wheel among the locked wheels")
+    return found[0]
+
+
+def expected_state(r: recipe_mod.Recipe, tags: tuple = ()) -> dict:
+    """What a converged host holds for recipe `r`, from the recipe and its lock alone
+    (no build, no host): the release id `current` points at and the sglang version in
+    its venv. The deploy's own release id comes from here (prepare), and the Ansible
+    comparison (bench/converged.py) checks these same values, so the two cannot drift."""
+    lock = lock_for(r)
+    patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
+    return {"release_id": recipe_mod.release_id(r, lock.sha256, patches),
+            "sglang_version": engine_version(r, lock), "cuda_version": r.toolkit.version}
+
+
 def before_hosts(hosts) -> None:
     """Checks that need no host: the recipe and lock of every selected host, and
     the engine's launch rules on each host's command line. Exit 2 before anything runs."""
@@ -205,9 +231,10 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             return _PREP[key]
         if ov.get("patches"):  # [(name as recorded, file)]: same names + contents -> same release id
             patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
+            rid = recipe_mod.release_id(r, lock.sha256, patches)
         else:
             patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
-        rid = recipe_mod.release_id(r, lock.sha256, patches)
+            rid = expected_state(r, tags)["release_id"]
         work = prepcache.VARIANTS / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         if r.git:
             g = r.git
