@@ -11,7 +11,9 @@ that does not apply, a flag the engine does not know or a lock that does not
 belong to the commit stops the run with every host unchanged.
 
 On the host the build goes into <releases>/<id>/: a venv installed from the
-pushed wheels only (`pip --require-hashes --no-index`), then the series, and is
+pushed wheels only (`uv pip install --require-hashes --no-index --offline`,
+files hard-linked from the root's store; or pip: k26ops/release/installer.py),
+then the series, and is
 complete only when its manifest.json is written, last. `current` only ever
 points at a complete release: `ln -s` to a temp name, then `mv -T` over
 `current` (rename(2) is atomic). A failed build is removed and the previous
@@ -27,9 +29,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import ownership, units
-from k26ops.release import (engine_flags, engine_source, enginelock, inputs, launch_rules, patchset, prepcache,
-                            wheelhouse, wheelsource)
+from k26ops import agents, ownership, units
+from k26ops.release import (engine_flags, engine_source, enginelock, inputs, installer, launch_rules, patchset,
+                            prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.ssh import q
@@ -207,6 +209,7 @@ def before_hosts(hosts) -> None:
         except UserError as exc:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
+        installer.choice(h.vars, h.name)
         lock_for(r)
         wheelsource.settings(h)
 
@@ -357,7 +360,7 @@ class Release(Step):
         ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
                 f"mv -T .current.tmp current", check=True)
         ctx.shared["release_changed"] = True
-        ownership.delete(ctx.session, rel, ctx.shared.get("prune") or [])
+        prune(ctx.session, rel, ctx.root, ctx.shared.get("prune") or [])
 
     def _build(self, ctx: HostContext, prep: Prepared) -> None:
         rid, rel = prep.release_id, ctx.releases_root
@@ -368,19 +371,25 @@ class Release(Step):
                              f"release {rid} (about 3x its {len(prep.wheels)} wheels)")
         ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches && "
                 f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
+        how = installer.choice(ctx.vars, ctx.host.name)
+        tools = [installer.uv_wheel()] if how == "uv" else []
         try:
             # the engine wheel built here is on no index; the locked ones are
-            wheelsource.deliver(ctx, prep.wheels, wh, local=(prep.engine_wheel,) if prep.recipe.git else ())
+            wheelsource.deliver(ctx, prep.wheels + tools, wh, local=(prep.engine_wheel,) if prep.recipe.git else ())
+            if tools and not ctx.run(f"test -x {q(installer.uv_path(ctx.root))}").ok:
+                got = agents.run(ctx.session, "store", "uv", what="store agent", wheel=f"{wh}/{tools[0].name}",
+                                 sha256=tools[0].sha256, dest=installer.uv_path(ctx.root))
+                if not got.get("ok"):
+                    raise StepFailed(f"installing uv: {got.get('error')}")
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
             ctx.session.put(prep.requirements.encode(), f"{d}/k26ops/requirements.txt")
-            ctx.progress(f"building release {rid} (venv, pip install --require-hashes from the pushed wheels)")
+            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels)")
             no_deps = prep.recipe.git is None and prep.recipe.no_deps
             script = (
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
-                f"venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links {q(wh)} "
-                f"--require-hashes {'--no-deps ' if no_deps else ''}-r k26ops/requirements.txt; "
+                f"{installer.install_command(how, ctx.root, wh, no_deps)}; "
                 "SP=$(venv/bin/python k26ops/patchset.py site); "
                 f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
@@ -392,7 +401,8 @@ class Release(Step):
                 raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
             site = res.stdout.rsplit("SITE=", 1)[1].strip()
             self._verify_hashes(ctx, prep, site)
-            manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ctx.shared["engine_argv"]}
+            manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ctx.shared["engine_argv"],
+                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip"}
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{d}/manifest.json")
         except BaseException:
             ctx.run(f"rm -rf {q(d)}")
@@ -410,6 +420,18 @@ class Release(Step):
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
+
+
+def prune(session, releases_root: str, root: str, names: list[str]) -> dict:
+    """Delete the k26ops releases `names`, then the store's files that only they linked:
+    a file shared with a kept release stays (its link count says so), so what is freed
+    is what the pruned releases alone held. {"deleted": [...], "removed": n, "freed": bytes
+    freed from the store}."""
+    gone = ownership.delete(session, releases_root, names)
+    if not gone:
+        return {"deleted": [], "removed": 0, "freed": 0}
+    gc = agents.run(session, "store", "gc", 600, what="store agent", store=installer.store_dir(root))
+    return {"deleted": gone, **gc}
 
 
 def _assemble(work: Path, r, patches, engine_wheel: wheelhouse.Wheel, patch_files: dict | None = None) -> None:

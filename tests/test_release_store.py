@@ -1,0 +1,147 @@
+"""Releases installed by uv from the root's store, on a real lab host (issue 31.3).
+
+- A release installed by uv has, file for file, the bytes pip installs from the
+  same lock (pip through `release_installer: pip`, in another k26ops_root).
+- Its files are hard links into <k26ops_root>/store; a second release shares
+  every file it does not change; two k26ops_roots never share one.
+- Prune frees what a release alone holds, keeps what a kept release still
+  links, and frees the store's files once no release links them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from conftest import private_lab
+from k26ops.inventory import load
+from k26ops.ssh import connect, q
+from k26ops.steps import release
+from labtools import k26ops_json, lab_ssh, recipe_with_extra_patch
+
+# installer metadata, and what Python compiles at install or import time: not the wheels' bytes
+NOT_FROM_WHEELS = ("/INSTALLER", "/RECORD", "/REQUESTED", "/direct_url.json", "/uv_cache.json")
+
+# path -> (sha256, inode, links) of every file under a dir (relative names)
+LIST = ("python3 -c 'import hashlib,json,os,sys\nout={}\nfor b,ds,fs in os.walk(sys.argv[1]):\n"
+        " for f in fs:\n  p=os.path.join(b,f)\n  if os.path.islink(p): continue\n  st=os.lstat(p)\n"
+        "  out[os.path.relpath(p,sys.argv[1])]=[hashlib.sha256(open(p,\"rb\").read()).hexdigest(),st.st_ino,"
+        "st.st_nlink]\nprint(json.dumps(out))' ")
+
+
+def inventory(lab, tmp_path, name, **vars_):
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["vars"].update(vars_)
+    path = tmp_path / f"{name}.yml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def files(ssh, d):
+    return json.loads(ssh(LIST + q(d)))
+
+
+def wheel_files(listing):
+    return {p: v[0] for p, v in listing.items()
+            if "__pycache__" not in p and not p.endswith(".pyc") and not p.endswith(NOT_FROM_WHEELS)}
+
+
+def used(ssh, root):
+    """Bytes under `root`, each file once however many links it has (du counts an inode once)."""
+    return int(ssh(f"du -sB1 {q(root)} | cut -f1").strip())
+
+
+def test_uv_release_equals_pip_shares_files_and_prune_frees_them(tmp_path):
+    with private_lab(1, "store") as lab:
+        host = lab.hosts[0].name
+        ssh = lambda c: lab_ssh(lab.dir, lab.port(host), c, timeout=300).stdout  # noqa: E731
+
+        def deploy(inv):
+            rc, doc = k26ops_json("-i", str(inv), "deploy", timeout=1800)
+            assert rc == 0 and doc["hosts"][host]["status"] in ("ok", "changed"), doc
+            rid = ssh(f"readlink {q(root_of(inv))}/releases/current").strip()
+            man = json.loads(ssh(f"cat {q(root_of(inv))}/releases/{rid}/manifest.json"))
+            return rid, man
+
+        roots = {}
+
+        def root_of(inv):
+            return roots[str(inv)]
+
+        def inv_for(name, root, **extra):
+            inv = inventory(lab, tmp_path, name, k26ops_root=root, **extra)
+            roots[str(inv)] = root
+            return inv
+
+        a, p, c = "/srv/k26-a", "/srv/k26-pip", "/srv/k26-c"
+        inv_a = inv_for("a", a)
+        r1, man1 = deploy(inv_a)
+        assert man1["installer"].startswith("uv ")
+        inv_p = inv_for("pip", p, release_installer="pip")
+        rp, manp = deploy(inv_p)
+        assert rp == r1 and manp["installer"] == "pip"
+
+        # 1. byte for byte what pip installs from the same lock (the hashes pip checks)
+        site_a = man1["site_packages"]
+        site_p = manp["site_packages"]
+        got_a, got_p = files(ssh, site_a), files(ssh, site_p)
+        assert wheel_files(got_a) == wheel_files(got_p)
+        assert any(k.startswith("sglang/") for k in wheel_files(got_a)) and len(wheel_files(got_a)) > 100
+        # uv's files are links into this root's store (pip's are copies)
+        store_a = files(ssh, f"{a}/store")
+        inodes_a = {v[1] for v in store_a.values()}
+        linked = [k for k, v in got_a.items() if v[1] in inodes_a]
+        assert len(linked) >= 0.9 * len(wheel_files(got_a)), len(linked)
+        assert not {v[1] for v in got_p.values()} & inodes_a
+
+        # 2. a second root never shares the first one's store
+        inv_c = inv_for("c", c)
+        rc_, manc = deploy(inv_c)
+        assert rc_ == r1
+        got_c = files(ssh, manc["site_packages"])
+        assert wheel_files(got_c) == wheel_files(got_a)
+        assert not ({v[1] for v in got_c.values()} | {v[1] for v in files(ssh, f"{c}/store").values()}) & (
+            inodes_a | {v[1] for v in got_a.values()})
+
+        # 3. a second release in root a shares every file it does not change
+        changed = recipe_with_extra_patch(tmp_path / "changed", "store")
+        inv_a2 = inv_for("a2", a, recipe=str(changed))
+        r2, man2 = deploy(inv_a2)
+        assert r2 != r1
+        got_2 = files(ssh, man2["site_packages"])
+        patched = set(man2["patched_files"])
+        same = {k for k in wheel_files(got_2) if k not in patched}
+        shared = [k for k in same if got_2[k][1] == got_a[k][1]]
+        assert len(shared) >= 0.9 * len(same), (len(shared), len(same))
+
+        # 4. prune: the first release frees only what it alone holds; the store stays for r2
+        host_obj = load(inv_a).hosts[host]
+        session = connect(host_obj)
+        try:
+            before_alone = release.agents.run(session, "store", "alone", dirs=[f"{a}/releases/{r1}"])["bytes"]
+            b0 = used(ssh, a)
+            out = release.prune(session, f"{a}/releases", a, [r1])
+            b1 = used(ssh, a)
+            assert out["deleted"] == [r1] and out["removed"] == 0, out
+            freed = b0 - b1
+            want = before_alone[f"{a}/releases/{r1}"]
+            assert abs(freed - want) <= max(1 << 20, want // 20), (freed, want)
+            assert freed < 0.1 * int(ssh(f"du -sB1 {a}/store | cut -f1").strip()), freed
+            # r2 is whole: its files still hash as installed
+            assert wheel_files(files(ssh, man2["site_packages"])) == wheel_files(got_2)
+            # 5. once no release links them, the store's files go too
+            s0 = int(ssh(f"du -sB1 {a}/store | cut -f1").strip())
+            ssh(f"ln -sfn /nonexistent {a}/releases/current")
+            out = release.prune(session, f"{a}/releases", a, [r2])
+            s1 = int(ssh(f"du -sB1 {a}/store | cut -f1").strip())
+            assert out["deleted"] == [r2] and out["removed"] > 0 and out["freed"] > 0.8 * s0, (out, s0)
+            assert s1 < 0.2 * s0, (s0, s1)
+        finally:
+            session.close()
+
+        # 6. with the store emptied, root a installs r1 again (uv re-unpacks from the wheelhouse)
+        r1b, _ = deploy(inv_a)
+        assert r1b == r1
+        assert wheel_files(files(ssh, f"{a}/releases/{r1}/" + site_a.split(f"/releases/{r1}/", 1)[1])) == \
+            wheel_files(got_a)
