@@ -18,7 +18,7 @@ from conftest import private_lab
 from k26ops.inventory import load
 from k26ops.ssh import connect, q
 from k26ops.steps import release
-from labtools import k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools import k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 # installer metadata, and what Python compiles at install or import time: not the wheels' bytes
 NOT_FROM_WHEELS = ("/INSTALLER", "/RECORD", "/REQUESTED", "/direct_url.json", "/uv_cache.json")
@@ -145,3 +145,43 @@ def test_uv_release_equals_pip_shares_files_and_prune_frees_them(tmp_path):
         assert r1b == r1
         assert wheel_files(files(ssh, f"{a}/releases/{r1}/" + site_a.split(f"/releases/{r1}/", 1)[1])) == \
             wheel_files(got_a)
+
+
+def test_a_bad_installer_is_one_line_and_exit_2_before_any_host(tmp_path):
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"vars": {"recipe": "lab", "model_path": "/models/m", "release_installer": "conda"},
+                                   "hosts": {"h1": {"address": "127.0.0.1", "port": 1}}}))
+    proc = k26ops("-i", str(inv), "deploy")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "h1: inventory var release_installer: 'conda': choose one of uv, pip" in proc.stderr
+
+
+def test_store_gc_drops_only_entries_no_release_links(tmp_path):
+    """The agent on a local tree laid out as uv's cache: an archive entry one
+    release still links stays, with its index file; one nothing links goes,
+    index file first."""
+    import os
+    import sys
+
+    from k26ops import agents
+    from k26ops.ssh import Host, LocalSession
+
+    store, rel = tmp_path / "store", tmp_path / "rel"
+    for aid in ("KEEPaaaaaaaaaaaa", "GONEbbbbbbbbbbbb"):
+        (store / "archive-v0" / aid / "pkg").mkdir(parents=True)
+        (store / "archive-v0" / aid / "pkg" / "m.py").write_bytes(aid.encode() * 1000)
+        idx = store / "wheels-v8" / "index" / "x" / aid[:4].lower()
+        idx.mkdir(parents=True)
+        (idx / "1.0-py3-none-any.rev").write_bytes(b"\x92\x92" + aid.encode() + b"\x91")
+    rel.mkdir()
+    os.link(store / "archive-v0" / "KEEPaaaaaaaaaaaa" / "pkg" / "m.py", rel / "m.py")
+    session = LocalSession(Host(name="local", address="127.0.0.1", connection="local"))
+    run = lambda op, **r: agents.run(session, "store", op, 60, interpreter=sys.executable, **r)  # noqa: E731
+    assert run("alone", dirs=[str(rel)])["bytes"] == {str(rel): 0}
+    out = run("gc", store=str(store))
+    assert out["removed"] == 1 and out["freed"] > 0
+    assert sorted(os.listdir(store / "archive-v0")) == ["KEEPaaaaaaaaaaaa"]
+    assert (store / "wheels-v8/index/x/keep/1.0-py3-none-any.rev").exists()
+    assert not (store / "wheels-v8/index/x/gone/1.0-py3-none-any.rev").exists()
+    (rel / "m.py").unlink()  # the last release that linked it is gone
+    assert run("gc", store=str(store))["removed"] == 1 and os.listdir(store / "archive-v0") == []
