@@ -66,14 +66,13 @@ def timed(b, host: str, cmd: str) -> float:
 
 
 def install_cmd(tool: str, rel: str, req: str) -> str:
+    """The release build's own install command (k26ops.release.installer), in a
+    venv of the host's python 3.12 (made as the release build makes it)."""
+    from k26ops.release import installer
+
     r = shlex.quote(rel)
-    venv = f"rm -rf {r} && mkdir -p {r} && {PY}/bin/python3.12 -m venv {r}/venv"
-    if tool == "pip":  # what hosts run today (k26ops/steps/release.py)
-        return (f"{venv} && {r}/venv/bin/python -m pip install -q --disable-pip-version-check --no-index "
-                f"--find-links {WH} --require-hashes -r {shlex.quote(req)}")
-    return (f"{venv} && UV_CACHE_DIR={ROOT}/store {ROOT}/bin/uv pip install -q --offline --no-index "
-            f"--find-links {WH} --require-hashes --link-mode hardlink --python {r}/venv/bin/python "
-            f"-r {shlex.quote(req)}")
+    return (f"rm -rf {r} && mkdir -p {r}/k26ops && cp {shlex.quote(req)} {r}/k26ops/requirements.txt && cd {r} && "
+            f"{PY}/bin/python3.12 -m venv venv && {installer.install_command(tool, ROOT, WH, False)}")
 
 
 def main() -> int:
@@ -103,16 +102,24 @@ def main() -> int:
         push(b, host, src / "alt", WH)
         push(b, host, reqs, f"{ROOT}/reqs")
         push(b, host, src / "uvwheel", f"{ROOT}/uvwheel")
-        b.ssh(host, f"cd {ROOT} && mkdir -p bin && python3 -c 'import zipfile,glob,sys\n"
-                    f"z=zipfile.ZipFile(glob.glob(\"uvwheel/*.whl\")[0])\n"
-                    f"n=[x for x in z.namelist() if x.endswith(\"/scripts/uv\")][0]\n"
-                    f"open(\"bin/uv\",\"wb\").write(z.read(n))' && chmod 755 bin/uv && bin/uv --version")
+        from k26ops import agents
+        from k26ops.release import installer
+        from k26ops.ssh import connect
+        from k26ops.inventory import load
+
+        uvw = installer.uv_wheel()
+        session = connect(load(b.inventory).hosts[host])
+        try:  # the host agent the release build runs: hash-checked, atomic
+            assert agents.run(session, "store", "uv", wheel=f"{ROOT}/uvwheel/{uvw.name}", sha256=uvw.sha256,
+                              dest=installer.uv_path(ROOT))["ok"]
+        finally:
+            session.close()
         print(f"setup (python 3.12, {len(lines)} wheels, uv pushed): {time.monotonic() - t0:.0f}s", flush=True)
         free0 = int(b.ssh(host, f"df -P -B1 {ROOT} | awk 'NR==2 {{print $3}}'").strip())
         for tool in a.only.split(","):
             rel = f"{ROOT}/{tool}"
             res = {}
-            store = f"{ROOT}/store"
+            store = installer.store_dir(ROOT)
 
             def disk(path):
                 return int(b.ssh(host, ALONE + shlex.quote(path)).strip() or 0)
