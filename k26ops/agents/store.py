@@ -9,8 +9,8 @@ op "gc" {"store": uv cache dir}: drop the store's unpacked wheels that no
   The index entries naming such a wheel go first, then its files, so an
   interrupted gc never leaves the index pointing at nothing.
   {"removed": n, "freed": bytes}.
-op "alone" {"dirs": [...]}: per dir, the bytes of files nothing else links
-  (what deleting the dir alone frees). {"bytes": {dir: n}}.
+op "alone" {"dirs": [...]}: per dir, the bytes deleting it alone frees (its
+  directories, and its files nothing else links). {"bytes": {dir: n}}.
 """
 import hashlib, json, os, shutil, sys, zipfile
 
@@ -40,9 +40,10 @@ def op_uv(r):
 
 
 def alone(d):
-    """Bytes of regular files under `d` with one link (directories not counted)."""
+    """Bytes that deleting `d` frees: its directories and its files with one link."""
     total = 0
     for base, _, files in os.walk(d):
+        total += os.lstat(base).st_blocks * 512
         for f in files:
             st = os.lstat(os.path.join(base, f))
             if st.st_nlink == 1 and not os.path.islink(os.path.join(base, f)):
