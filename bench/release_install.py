@@ -9,7 +9,12 @@ The real sglang 0.5.23 lock (playbooks/recipes/k26-tp8-dflash-0.5.23.lock:
 
 WHEELS holds wheels/ (the locked files), alt/ (one other wheel: the second
 release differs from the first by it) and uvwheel/ (uv's PyPI wheel: its
-static binary is what hosts run). The lab hosts are Debian 12 (python 3.11);
+static binary is what hosts run), made once with
+    grep -v '^#' playbooks/recipes/k26-tp8-dflash-0.5.23.lock > req.txt
+    pip download --no-deps --require-hashes -r req.txt -d WHEELS/wheels --only-binary=:all: \
+        --implementation cp --python-version 3.12 --platform manylinux_2_35_x86_64 (... _2_17 to _2_39)
+    pip download --no-deps tqdm==4.67.1 -d WHEELS/alt
+    pip download --no-deps uv==0.13.9 -d WHEELS/uvwheel --only-binary=:all: --platform manylinux_2_17_x86_64 The lab hosts are Debian 12 (python 3.11);
 the lock is for 3.12, so the control node's python 3.12 is copied to the
 host at the same path (a pyenv build for the same Debian release).
 
