@@ -151,7 +151,8 @@ def main() -> int:
             # prune r1: its dir, then the store's entries no release links any more
             if tool == "pip" and a.pip_rollback == "no":  # a pip rollback is a full install again
                 results[tool] = res
-                b.ssh(host, f"rm -rf {rel}")
+                b.ssh(host, f"rm -rf {rel}", timeout=3600)
+                common.write_result("release_install", {"lock": LOCK.name, "partial": True, **results})
                 continue
             used0 = res["du_both"]
             b.ssh(host, f"rm -rf {rel}/r1")
@@ -165,8 +166,9 @@ def main() -> int:
             res["rollback_s"] = timed(b, host, install_cmd(tool, f"{rel}/r1", f"{ROOT}/reqs/first.txt"))
             print(f"  {tool} prune r1 freed {res['prune_freed_bytes'] / 1e9:.2f} GB; rollback (reinstall r1): "
                   f"{res['rollback_s']:.1f}s", flush=True)
-            b.ssh(host, f"rm -rf {rel} {store}")
+            b.ssh(host, f"rm -rf {rel} {store}", timeout=3600)
             results[tool] = res
+            common.write_result("release_install", {"lock": LOCK.name, "partial": True, **results})
         results["setup_used_bytes"] = free0
     if "pip" in results and "uv" in results:
         results["ratio_first"] = results["uv"]["first_s"] / results["pip"]["first_s"]
