@@ -84,6 +84,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheels", default="/var/tmp/k26-real-wheels")
     ap.add_argument("--only", default="uv,pip")
+    ap.add_argument("--first-only", action="store_true", help="time only the first release (a re-measure)")
     ap.add_argument("--pip-rollback", default="no", choices=("yes", "no"),
                     help="also time pip's rollback (the same full install as its first release)")
     a = ap.parse_args()
@@ -140,6 +141,10 @@ def main() -> int:
             res["first_store_bytes"] = s1 - s0
             print(f"  {tool} first: {res['first_s']:.1f}s, release alone {res['first_alone_bytes'] / 1e9:.2f} GB, "
                   f"store +{(s1 - s0) / 1e9:.2f} GB", flush=True)
+            if a.first_only:
+                b.ssh(host, f"rm -rf {rel} {store}", timeout=3600)
+                results[tool] = res
+                continue
             res["second_s"] = timed(b, host, install_cmd(tool, f"{rel}/r2", f"{ROOT}/reqs/second.txt"))
             res["second_alone_bytes"], s2 = disk(f"{rel}/r2"), store_bytes()
             res["second_store_bytes"] = s2 - s1
@@ -170,7 +175,7 @@ def main() -> int:
             results[tool] = res
             common.write_result("release_install", {"lock": LOCK.name, "partial": True, **results})
         results["setup_used_bytes"] = free0
-    if "pip" in results and "uv" in results:
+    if "pip" in results and "uv" in results and not a.first_only:
         results["ratio_first"] = results["uv"]["first_s"] / results["pip"]["first_s"]
         pip_rb = results["pip"].get("rollback_s", results["pip"]["first_s"])  # pip rebuilds in full
         results["ratio_rollback"] = results["uv"]["rollback_s"] / pip_rb
