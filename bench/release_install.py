@@ -45,8 +45,8 @@ LOCK = common.REPO / "playbooks/recipes/k26-tp8-dflash-0.5.23.lock"
 PY = "/root/.pyenv/versions/3.12.1"
 ROOT = "/opt/k26bench"
 WH = f"{ROOT}/wheelhouse"
-# bytes held by files under a dir that nothing else links (st_nlink == 1, directories excluded)
-ALONE = ("python3 -c 'import os,sys\nt=0\nfor d,_,fs in os.walk(sys.argv[1]):\n for f in fs:\n"
+# bytes deleting a dir frees: its directories and its files nothing else links (as the store agent's `alone`)
+ALONE = ("python3 -c 'import os,sys\nt=0\nfor d,_,fs in os.walk(sys.argv[1]):\n t+=os.lstat(d).st_blocks*512\n for f in fs:\n"
          "  s=os.lstat(os.path.join(d,f))\n  t+=s.st_blocks*512 if s.st_nlink==1 else 0\nprint(t)' ")
 
 
