@@ -10,7 +10,11 @@ Boots a 1-host lab, deploys it once, then REPS times each (interleaved):
 Ansible uses the lab's key and known_hosts with StrictHostKeyChecking=yes.
 One extra -vvv run per Ansible mode counts its `SSH: EXEC` lines (each one an
 ssh/sftp process, i.e. one exec channel over the ControlPersist master); it is
-not timed. Ratio = Ansible median / k26ops median (target >= 3).
+not timed. The playbook's release id, sglang and CUDA versions come from the
+host's recipe and lock through `steps.release.expected_state`, the function the
+deploy takes its release id from; the bench stops if the host's `current` is not
+that release, if Ansible passes with a wrong sglang version, or if either tool
+finds the lab's registry source (lab-registry) unconverged after its deploy. Ratio = Ansible median / k26ops median (target >= 3).
 
     python bench/converged.py [--reps 5]
 """
@@ -51,7 +55,10 @@ def ansible_setup(b: common.BenchLab, host: str) -> tuple[dict, dict]:
     files.mkdir(exist_ok=True)
     (files / "k26-engine.service").write_text(b.ssh(host, f"cat /etc/systemd/system/{common.UNIT}"))
     (files / "sglang.env").write_text(b.ssh(host, f"cat {common.ENV_FILE}"))
+    want = expected_state(b, host)
     rid = b.ssh(host, "readlink /opt/k26ops/releases/current").strip()
+    if rid != want["release_id"]:  # the two tools must check the one state k26ops deployed
+        raise RuntimeError(f"{host}: current -> {rid}, but the recipe and lock give {want['release_id']}")
     inv = {"all": {"hosts": {host: {
         "ansible_host": "127.0.0.1", "ansible_port": b.port(host), "ansible_user": "root",
         "ansible_ssh_private_key_file": str(b.dir / "id_ed25519"),
@@ -62,10 +69,20 @@ def ansible_setup(b: common.BenchLab, host: str) -> tuple[dict, dict]:
     vars_ = {"release_id": rid, "engine_port": b.engine_port(host),
              "unit_src": str(files / "k26-engine.service"), "env_src": str(files / "sglang.env"),
              "module_src": str(common.REPO / "k26ops/lab/fixtures/engine_standin.py"),
-             "sglang_version": "0.5.23", "cuda_version": "13.0"}
+             **want}
     vars_path = b.dir / "ansible-vars.json"
     vars_path.write_text(json.dumps(vars_))
     return {"inventory": inv_path, "vars": vars_path}, vars_
+
+
+def expected_state(b: common.BenchLab, host: str) -> dict:
+    """release_id, sglang_version, cuda_version for the playbook: from the host's
+    recipe and lock through the function the deploy takes its own release id from."""
+    from k26ops.steps import release
+
+    inv = yaml.safe_load(b.inventory.read_text())
+    hvars = {**(inv.get("vars") or {}), **inv["hosts"][host].get("vars", {})}
+    return release.expected_state(release.recipe_for(hvars))
 
 
 def ansible_env(b: common.BenchLab, pipelining: bool) -> dict:
@@ -90,6 +107,37 @@ def run_ansible(exe, paths, env, verbose=False) -> tuple[float, str, dict]:
         raise RuntimeError(f"ansible run not converged/ok (rc {proc.returncode}, {recap}):\n"
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-1500:]}")
     return wall, proc.stdout, recap
+
+
+def registry_and_negative(b: common.BenchLab, host: str, exe: str, envs: dict) -> dict:
+    """Not timed. (1) Ansible fails when told another sglang version than the one
+    installed (its check is real). (2) The same comparison for the lab's registry
+    source (recipe lab-registry): k26ops deploys it, then both tools find it converged."""
+    paths, vars_ = ansible_setup(b, host)
+    wrong = b.dir / "ansible-vars-wrong.json"
+    wrong.write_text(json.dumps({**vars_, "sglang_version": vars_["sglang_version"] + ".1"}))
+    try:
+        run_ansible(exe, {**paths, "vars": wrong}, envs["default"])
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("ansible passed with a wrong sglang version: the playbook no longer checks it")
+    out = {"git": {"sglang_version": vars_["sglang_version"], "release_id": vars_["release_id"]}}
+    inv = yaml.safe_load(b.inventory.read_text())
+    inv["vars"]["recipe"] = "lab-registry"
+    b.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    common.first_deploy(b)
+    rc, data, _ = common.deploy_json(b.inventory)
+    r = data["hosts"][host]
+    if rc != 0 or r["status"] != "ok" or any(s["changed"] for s in r["steps"]):
+        raise RuntimeError(f"k26ops converged deploy (lab-registry) not ok: {r['status']} {r['error']}")
+    paths, vars_ = ansible_setup(b, host)
+    for env in envs.values():
+        run_ansible(exe, paths, env)
+    out["registry"] = {"sglang_version": vars_["sglang_version"], "release_id": vars_["release_id"]}
+    print(f"  checks: wrong version fails ansible; converged for git ({out['git']['sglang_version']}) "
+          f"and registry ({out['registry']['sglang_version']}) with both tools")
+    return out
 
 
 def count_exec(out: str) -> dict:
@@ -128,7 +176,8 @@ def main() -> int:
                 ans[mode].append(w)
                 line += f", ansible[{mode}] {w:.2f}s"
             print(line)
-    out = {"reps": reps, "ansible_version": version, "host": "lab1",
+        checks = registry_and_negative(b, host, exe, envs)
+    out = {"checks": checks, "reps": reps, "ansible_version": version, "host": "lab1",
            "k26ops": {"wall": common.stats([x["wall"] for x in k26]),
                       "in_run_elapsed": common.stats([x["elapsed"] for x in k26]),
                       "commands": sorted({x["commands"] for x in k26})},

@@ -15,7 +15,8 @@ that it imports only standard-library modules.
 The agents: engine (the engine's unit, health, smoke, logs), gather (fact
 commands), loadgen (engine bench), ownership (what k26ops may delete),
 baseline (snapshot, rollback, drift), journal (diagnose service), probe
-(diagnose probe), wheelfetch (wheels from a relay, hash-checked).
+(diagnose probe), wheelfetch (wheels from a relay, hash-checked), store (the
+release store: uv's binary, store gc).
 """
 
 from __future__ import annotations

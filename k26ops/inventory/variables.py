@@ -73,6 +73,8 @@ VARIABLES: tuple[Var, ...] = (
         "address a relay host serves wheels on (wheel_source: peer)"),
     Var("wheel_peer_port", "int", "8873", "k26ops.release.wheelsource",
         "port a relay host serves wheels on (1024-65535)"),
+    Var("release_installer", "uv|pip", "uv", "k26ops.release.installer (steps.release)",
+        "what installs a release's locked wheels on the host: uv (links from <k26ops_root>/store) or pip"),
     Var("launch_module", "str", "sglang.launch_server", "steps.release", "python -m module that starts the engine"),
     Var("served_model_name", "str", "-", "steps.release", "--served-model-name"),
     Var("unit_settings", "mapping", "{}", "steps.engine", "extra [Service] settings for the engine unit"),

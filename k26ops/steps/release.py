@@ -11,7 +11,9 @@ that does not apply, a flag the engine does not know or a lock that does not
 belong to the commit stops the run with every host unchanged.
 
 On the host the build goes into <releases>/<id>/: a venv installed from the
-pushed wheels only (`pip --require-hashes --no-index`), then the series, and is
+pushed wheels only (`uv pip install --require-hashes --no-index --offline`,
+files hard-linked from the root's store; or pip: k26ops/release/installer.py),
+then the series, and is
 complete only when its manifest.json is written, last. `current` only ever
 points at a complete release: `ln -s` to a temp name, then `mv -T` over
 `current` (rename(2) is atomic). A failed build is removed and the previous
@@ -27,9 +29,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import ownership, units
-from k26ops.release import (engine_flags, engine_source, enginelock, inputs, launch_rules, patchset, prepcache,
-                            wheelhouse, wheelsource)
+from k26ops import agents, ownership, units
+from k26ops.release import (engine_flags, engine_source, enginelock, inputs, installer, launch_rules, patchset,
+                            prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
 from k26ops.shell import q
@@ -81,6 +83,32 @@ def check_launch(host: str, argv: list[str], engine: engine_flags.EngineFlags | 
         raise UserError(f"{host}: engine launch rule {bad[0].rule.name}: {bad[0]}")
 
 
+def engine_version(r: recipe_mod.Recipe, lock: enginelock.Lock) -> str:
+    """The sglang version the release's venv reports (`pip show sglang`): a git source's
+    from its lock's header (the version of the wheel built from the commit, 0.5.23+lab),
+    a registry release's from the sglang wheel among the locked ones."""
+    if r.git:
+        name, _, version = lock.meta.get("engine", "").partition(" ")
+        if name != "sglang" or not version:
+            raise UserError(f"{lock.path}: the lock's header has no `# engine: sglang VERSION` line: remake it")
+        return version
+    found = [v for n, v, _ in lock.entries if enginelock._norm(n) == "sglang"]
+    if not found:
+        raise UserError(f"{lock.path}: no sglang wheel among the locked wheels")
+    return found[0]
+
+
+def expected_state(r: recipe_mod.Recipe, tags: tuple = ()) -> dict:
+    """What a converged host holds for recipe `r`, from the recipe and its lock alone
+    (no build, no host): the release id `current` points at and the sglang version in
+    its venv. The deploy's own release id comes from here (prepare), and the Ansible
+    comparison (bench/converged.py) checks these same values, so the two cannot drift."""
+    lock = lock_for(r)
+    patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
+    return {"release_id": recipe_mod.release_id(r, lock.sha256, patches),
+            "sglang_version": engine_version(r, lock), "cuda_version": r.toolkit.version}
+
+
 def before_hosts(hosts) -> None:
     """Checks that need no host: the recipe and lock of every selected host, and
     the engine's launch rules on each host's command line. Exit 2 before anything runs."""
@@ -92,6 +120,7 @@ def before_hosts(hosts) -> None:
         except UserError as exc:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
+        installer.choice(h.vars, h.name)
         lock_for(r)
         wheelsource.settings(h)
 
@@ -116,9 +145,10 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             return _PREP[key]
         if ov.get("patches"):  # [(name as recorded, file)]: same names + contents -> same release id
             patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
+            rid = recipe_mod.release_id(r, lock.sha256, patches)
         else:
             patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
-        rid = recipe_mod.release_id(r, lock.sha256, patches)
+            rid = expected_state(r, tags)["release_id"]
         work = prepcache.VARIANTS / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         if r.git:
             g = r.git
@@ -243,7 +273,7 @@ class Release(Step):
         ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
                 f"mv -T .current.tmp current", check=True)
         ctx.shared["release_changed"] = True
-        ownership.delete(ctx.session, rel, ctx.shared.get("prune") or [])
+        prune(ctx.session, rel, ctx.root, ctx.shared.get("prune") or [])
 
     def _build(self, ctx: HostContext, prep: Prepared) -> None:
         rid, rel = prep.release_id, ctx.releases_root
@@ -254,19 +284,25 @@ class Release(Step):
                              f"release {rid} (about 3x its {len(prep.wheels)} wheels)")
         ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches && "
                 f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
+        how = installer.choice(ctx.vars, ctx.host.name)
+        tools = [installer.uv_wheel()] if how == "uv" else []
         try:
             # the engine wheel built here is on no index; the locked ones are
-            wheelsource.deliver(ctx, prep.wheels, wh, local=(prep.engine_wheel,) if prep.recipe.git else ())
+            wheelsource.deliver(ctx, prep.wheels + tools, wh, local=(prep.engine_wheel,) if prep.recipe.git else ())
+            if tools and not ctx.run(f"test -x {q(installer.uv_path(ctx.root))}").ok:
+                got = agents.run(ctx.session, "store", "uv", what="store agent", wheel=f"{wh}/{tools[0].name}",
+                                 sha256=tools[0].sha256, dest=installer.uv_path(ctx.root))
+                if not got.get("ok"):
+                    raise StepFailed(f"installing uv: {got.get('error')}")
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
             ctx.session.put(prep.requirements.encode(), f"{d}/k26ops/requirements.txt")
-            ctx.progress(f"building release {rid} (venv, pip install --require-hashes from the pushed wheels)")
+            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels)")
             no_deps = prep.recipe.git is None and prep.recipe.no_deps
             script = (
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
-                f"venv/bin/python -m pip install -q --disable-pip-version-check --no-index --find-links {q(wh)} "
-                f"--require-hashes {'--no-deps ' if no_deps else ''}-r k26ops/requirements.txt; "
+                f"{installer.install_command(how, ctx.root, wh, no_deps)}; "
                 "SP=$(venv/bin/python k26ops/patchset.py site); "
                 f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
@@ -278,7 +314,8 @@ class Release(Step):
                 raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
             site = res.stdout.rsplit("SITE=", 1)[1].strip()
             self._verify_hashes(ctx, prep, site)
-            manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ctx.shared["engine_argv"]}
+            manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ctx.shared["engine_argv"],
+                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip"}
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{d}/manifest.json")
         except BaseException:
             ctx.run(f"rm -rf {q(d)}")
@@ -296,6 +333,18 @@ class Release(Step):
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
+
+
+def prune(session, releases_root: str, root: str, names: list[str]) -> dict:
+    """Delete the k26ops releases `names`, then the store's files that only they linked:
+    a file shared with a kept release stays (its link count says so), so what is freed
+    is what the pruned releases alone held. {"deleted": [...], "removed": n, "freed": bytes
+    freed from the store}."""
+    gone = ownership.delete(session, releases_root, names)
+    if not gone:
+        return {"deleted": [], "removed": 0, "freed": 0}
+    gc = agents.run(session, "store", "gc", 600, what="store agent", store=installer.store_dir(root))
+    return {"deleted": gone, **gc}
 
 
 def _assemble(work: Path, r, patches, engine_wheel: wheelhouse.Wheel, patch_files: dict | None = None) -> None:
