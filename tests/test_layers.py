@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, str, list[str]]] = [
     ("host", "one host: engine layout and profile, facts gathered, preflight, lock, ownership, release I/O",
      ["=k26ops.facts", "k26ops.enginehost", "k26ops.profile", "k26ops.preflight", "k26ops.ownership",
       "k26ops.hostlock", "k26ops.reboot", "k26ops.release.wheelhouse", "k26ops.release.wheelsource",
-      "k26ops.release.engine_source", "k26ops.release.prepcache", "k26ops.release.enginelock",
+      "k26ops.release.engine_source", "k26ops.release.prepcache", "k26ops.release.enginelock", "k26ops.release.installer",
       "k26ops.baselines.repo", "k26ops.baselines.hostscript", "k26ops.diagnose.journal"]),
     ("steps", "idempotent steps (plan/apply), the engine bench, the None-field probe",
      ["k26ops.steps", "k26ops.rehearsal.plan", "k26ops.enginebench.run", "k26ops.enginebench.figures",

@@ -24,7 +24,7 @@ Prune: deleting a release frees only the files it alone holds (one link);
 from __future__ import annotations
 
 from k26ops.errors import UserError
-from k26ops.ssh import q
+from k26ops.shell import q
 
 INSTALLERS = ("uv", "pip")
 UV_VERSION = "0.13.9"
