@@ -145,8 +145,9 @@ def local_host(tmp_path):
 
 def _left_rehearsal_processes() -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-    # the engine's own command line names its temp dir's model copy (a lab's nspawn line may say "rehearse" too)
-    return [l for l in out.splitlines() if re.search(r"/k26ops-rehearse-\w+/model\b", l)]
+    # the engine's own command line names its temp dir's model copy; a private lab's nspawn line binds
+    # /var/tmp/k26ops-rehearse-*/model (the lab dir of tag "rehearse") and is not the engine's
+    return [l for l in out.splitlines() if re.search(r"--model-path \S*/k26ops-rehearse-\w+/model\b", l)]
 
 
 def test_local_rehearsal_serves_and_leaves_nothing(local_host):

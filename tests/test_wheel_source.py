@@ -243,13 +243,13 @@ def test_a_locked_or_refused_relay_receives_no_byte_and_the_others_get_the_push(
 
 # --- what a host prints is bounded on the control node (issue 35.8)
 
-def test_an_agent_printing_300_mb_fails_in_one_line_and_bounded_memory(peer_lab):
-    """A python3 on the host that prints 300 MB before the agent's answer: the
+def test_an_agent_printing_1_gb_fails_in_one_line_and_bounded_memory(peer_lab):
+    """A python3 on the host that prints 1 GB before the agent's answer: the
     host fails naming itself and the agent, and the control node reads at most
     ssh.OUTPUT_LIMIT (it took 936 MB of memory for this before)."""
     lab, inv, _, _ = peer_lab
     noisy = "/usr/local/bin/k26test-noisy-python3"
-    _sh(lab, "lab2", f"cat > {noisy} <<'EOF'\n#!/bin/sh\nhead -c 300000000 /dev/zero | tr '\\0' x\n"
+    _sh(lab, "lab2", f"cat > {noisy} <<'EOF'\n#!/bin/sh\nhead -c 1000000000 /dev/zero | tr '\\0' x\n"
                      f"exec python3 \"$@\"\nEOF\nchmod 755 {noisy}")
     script = f"""
 import resource
@@ -274,4 +274,6 @@ print("MAXRSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     assert lines[0] == "FAILED ownership agent (state) on lab2 printed more than 64 MiB: stopped reading " \
         "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)", lines
     rss = int(lines[1].split()[1])
-    assert rss < 300_000_000, f"the control node took {rss >> 20} MiB reading it"
+    # the reading stops at 64 MiB: the peak stays far below what a whole read needs (1 GB of
+    # output took 3x that before; 300 MB took 947 MB), whatever the machine's load
+    assert rss < 700_000_000, f"the control node took {rss >> 20} MiB reading it"

@@ -224,8 +224,10 @@ def _recipes(hosts) -> list[dict]:
     from k26ops.preflight import recipe_lock
 
     out: dict[tuple, dict] = {}
+    seen: dict[str, dict] = {}  # the recipe depends on these two vars only: read each recipe and lock once
     for h in hosts:
-        info = recipe_lock(h.vars)
+        key = json.dumps([h.vars.get("recipe"), h.vars.get("engine_source_mirrors")], sort_keys=True, default=str)
+        info = seen.get(key) or seen.setdefault(key, recipe_lock(h.vars))
         out.setdefault((info["recipe"], info["source"], info["problem"]), {**info, "hosts": []})["hosts"].append(h.name)
     return list(out.values())
 
