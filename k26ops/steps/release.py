@@ -101,8 +101,9 @@ def engine_version(r: recipe_mod.Recipe, lock: enginelock.Lock) -> str:
 def expected_state(r: recipe_mod.Recipe, tags: tuple = ()) -> dict:
     """What a converged host holds for recipe `r`, from the recipe and its lock alone
     (no build, no host): the release id `current` points at and the sglang version in
-    its venv. The deploy's own release id comes from here (prepare), and the Ansible
-    comparison (bench/converged.py) checks these same values, so the two cannot drift."""
+    its venv. The release id is recipe.release_id over the same recipe, lock and series
+    that the deploy's `prepare` hashes, and the Ansible comparison (bench/converged.py)
+    checks these values, so the two cannot drift."""
     lock = lock_for(r)
     patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
     return {"release_id": recipe_mod.release_id(r, lock.sha256, patches),
@@ -145,10 +146,9 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             return _PREP[key]
         if ov.get("patches"):  # [(name as recorded, file)]: same names + contents -> same release id
             patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
-            rid = recipe_mod.release_id(r, lock.sha256, patches)
         else:
             patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
-            rid = expected_state(r, tags)["release_id"]
+        rid = recipe_mod.release_id(r, lock.sha256, patches)  # as expected_state computes it
         work = prepcache.VARIANTS / f"{rid}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
         if r.git:
             g = r.git
