@@ -16,17 +16,6 @@ exec > >(tee -a "$OUT/device.txt") 2>&1
 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,compute_cap --format=csv,noheader
 MODE=${MODE:-main}   # main: rehearse, then rehearse --probe; dsv3: a tiny DeepseekV3 (K2 family) pair
 source bench/device/install_release.sh
-mkdir -p /tmp/cache
-cat > /tmp/h200.yml <<INV
-hosts:
-  h200:
-    connection: local
-    vars:
-      recipe: h200-dflash-0.5.17
-      model_path: /models/tiny-qwen3
-      engine_env: {HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", XDG_CACHE_HOME: /tmp/cache,
-                   TRITON_CACHE_DIR: /tmp/cache/triton, TVM_FFI_CACHE_DIR: /tmp/cache/tvm-ffi}
-INV
 export PYTHONPATH=/tmp/k26site:$PWD PYTHONUNBUFFERED=1
 set +e
 if [ "$MODE" = final ]; then

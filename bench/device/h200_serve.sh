@@ -91,15 +91,7 @@ if [ "$ok" = 1 ]; then
        -H 'Content-Type: application/json' -d '{"text":"def main():","sampling_params":{"max_new_tokens":16,"temperature":0}}' \
        http://127.0.0.1:30000/generate)"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d.get("meta_info",{}); print({k: m.get(k) for k in ("completion_tokens","spec_verify_ct","spec_accept_length")})' "$OUT/generate.json" || true
-  cat > /tmp/h200.yml <<INV
-hosts:
-  h200:
-    connection: local
-    vars:
-      recipe: h200-dflash-0.5.17
-      model_path: /models/tiny-qwen3
-      extra_flags: [--api-key, "$KEY"]
-INV
+  echo "      extra_flags: [--api-key, \"$KEY\"]" >> /tmp/h200.yml  # the key the bench must send
   chmod 600 /tmp/h200.yml
   for gen in sglang k26ops; do
     python3 -m k26ops -i /tmp/h200.yml --json bench --generator $gen --concurrency 1,4 --temperatures 0,0.7 \

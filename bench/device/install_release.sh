@@ -1,7 +1,8 @@
 # Sourced by the device scripts (bench/device/h200_*.sh): installs the recipe's
 # release the way hosts do (locked, hash-checked wheels from a wheelhouse, no
 # index) into /opt/k26ops/releases/h200-dflash-0.5.17 and points `current` at it.
-# Needs el() and the carried .device/{bundle.tar.xz,k26ops-deps}. Sets REL and SP.
+# Needs el() and the carried .device/{bundle.tar.xz,k26ops-deps}. Sets REL and SP, and
+# writes /tmp/h200.yml: the one-host `connection: local` inventory both scripts use.
 REL=/opt/k26ops/releases/h200-dflash-0.5.17
 if [ -f "$REL/manifest.json" ]; then el "release already installed (warm machine)"; else
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/k26site .device/k26ops-deps/*.whl
@@ -22,3 +23,14 @@ ln -sfn h200-dflash-0.5.17 /opt/k26ops/releases/current
 el "release installed ($(du -sh "$SP" | cut -f1)); sglang $("$REL/venv/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
 fi
 SP=$("$REL/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p /tmp/cache
+cat > /tmp/h200.yml <<INV
+hosts:
+  h200:
+    connection: local
+    vars:
+      recipe: h200-dflash-0.5.17
+      model_path: /models/tiny-qwen3
+      engine_env: {HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", XDG_CACHE_HOME: /tmp/cache,
+                   TRITON_CACHE_DIR: /tmp/cache/triton, TVM_FFI_CACHE_DIR: /tmp/cache/tvm-ffi}
+INV
