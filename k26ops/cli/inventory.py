@@ -227,7 +227,9 @@ def _recipes(hosts) -> list[dict]:
     seen: dict[str, dict] = {}  # the recipe depends on these two vars only: read each recipe and lock once
     for h in hosts:
         key = json.dumps([h.vars.get("recipe"), h.vars.get("engine_source_mirrors")], sort_keys=True, default=str)
-        info = seen.get(key) or seen.setdefault(key, recipe_lock(h.vars))
+        if key not in seen:
+            seen[key] = recipe_lock(h.vars)
+        info = seen[key]
         out.setdefault((info["recipe"], info["source"], info["problem"]), {**info, "hosts": []})["hosts"].append(h.name)
     return list(out.values())
 
