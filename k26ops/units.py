@@ -10,6 +10,7 @@ pure: no host access.
 from __future__ import annotations
 
 import difflib
+import functools
 import fnmatch
 import json
 import os
@@ -396,8 +397,11 @@ def is_secret_key(name: str) -> bool:
 _NOT_SECRET_WORDS = frozenset({"TOKENS", "TAKEN", "WOKEN"})
 
 
+@functools.lru_cache(maxsize=4096)
 def _near_secret_word(word: str) -> bool:
-    """A typo'd secret word (hf_tokn, DB_PASWORD, MY_SECRT): one letter off."""
+    """A typo'd secret word (hf_tokn, DB_PASWORD, MY_SECRT): one letter off.
+    Cached: difflib per word was most of listing a 200,000-host inventory (the
+    same few variable names on every host)."""
     return len(word) >= 4 and word not in _NOT_SECRET_WORDS and any(
         abs(len(word) - len(w)) <= 1 and difflib.SequenceMatcher(None, word, w).ratio() >= 0.8
         for w in ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY"))
