@@ -99,16 +99,21 @@ def test_local_selftest_expectations_from_host_vars(tmp_path):
     assert doc["hosts"]["here"]["selftest"]["expected"] == {"gpus": 1, "compute_cap": ["9.0"]}
 
 
-def test_host_deadline(tmp_path):
-    """A python that never answers: the host fails at its deadline, one line."""
+def test_host_deadline(tmp_path, monkeypatch):
+    """A python that never answers: the host fails at its deadline, one line. The
+    deadline is the default one made 1 s (the option's floor is 10 s: 10 s of waiting)."""
+    from k26ops.cli import selftest
+
     hung = tmp_path / "hung-python"
     hung.write_text("#!/bin/sh\nsleep 300\n")
     hung.chmod(0o755)
-    proc = cli("-i", str(_local(tmp_path)), "selftest", "--python", str(hung),
-                  "--host-timeout", "10", timeout=120)
+    monkeypatch.setattr(selftest, "default_host_timeout", lambda gpus, scale: 1.0)
+    proc = cli("-i", str(_local(tmp_path)), "selftest", "--python", str(hung), timeout=120)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     line = proc.stdout.strip().splitlines()[0]
-    assert line.startswith("here: failed — host deadline of 10s exceeded")
+    assert line.startswith("here: failed — host deadline of 1s exceeded")
+    proc = cli("-i", str(_local(tmp_path)), "selftest", "--host-timeout", "9")
+    assert proc.returncode == 2 and "--host-timeout" in proc.stderr, proc.stderr
 
 
 def test_missing_python_is_one_line(tmp_path):
