@@ -1,23 +1,24 @@
 """Noise and stale help (issue 34.10): each inventory warning once per command,
 options listed only where they mean something, the help's defaults as the code
-has them, and a lab started with --dir found by later commands. Real CLI in a
-subprocess; a `connection: local` host (no SSH, no GPU)."""
+has them, and a lab started with --dir found by later commands. The CLI in this
+process (labtools.cli), in a subprocess where it reaches the lab; a `connection:
+local` host (no SSH, no GPU)."""
 
 from __future__ import annotations
 
-from labtools import k26ops
+from labtools import cli, k26ops
 
 
 def test_deploy_check_prints_each_unknown_key_warning_once(tmp_path):
     inv = tmp_path / "inv.yml"
     inv.write_text("hosts:\n  here:\n    connection: local\n    vars:\n      modle_path: /models/x\n")
-    proc = k26ops("-i", str(inv), "deploy", "-C")
+    proc = cli("-i", str(inv), "deploy", "-C")
     warned = [ln for ln in proc.stderr.splitlines() if "modle_path" in ln]
     assert len(warned) == 1 and warned[0].startswith("k26ops: warning: "), proc.stderr
 
 
 def _host_options(*cmd: str) -> set[str]:
-    proc = k26ops(*cmd, "--help")
+    proc = cli(*cmd, "--help")
     assert proc.returncode == 0, proc.stderr
     return {o for o in ("--inventory", "--limit", "--forks") if f" {o} " in proc.stdout}
 
@@ -30,7 +31,7 @@ def test_inventory_limit_forks_only_where_they_mean_something():
     assert _host_options("inventory", "show") == {"--inventory"}
     for cmd in (["deploy"], ["status"], ["logs"], ["bench"], ["baselines", "delete"], ["diagnose", "service"]):
         assert _host_options(*cmd) == {"--inventory", "--limit", "--forks"}, cmd
-    proc = k26ops("diagnose", "log", "-f", "4", "x.log")
+    proc = cli("diagnose", "log", "-f", "4", "x.log")
     assert proc.returncode == 2 and "No such option '-f'" in proc.stderr, proc.stderr
 
 
@@ -39,7 +40,7 @@ def test_help_gives_the_baselines_default_the_code_uses():
 
     assert str(default_dir()).endswith(".local/share/k26ops/baselines")  # as the help says (no env, no config)
     for cmd in ("deploy", "bench", "snapshot", "rollback"):
-        text = " ".join(k26ops(cmd, "--help", env={"K26OPS_BASELINES": ""}).stdout.split())
+        text = " ".join(cli(cmd, "--help", env={"K26OPS_BASELINES": ""}).stdout.split())
         assert "./baselines" not in text, cmd
         assert ("$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines"
                 in text), (cmd, text)
