@@ -493,24 +493,33 @@ def secret_values(value, name: str = "", depth: int = 0) -> list[str]:
     return [v for v in out if v]
 
 
-def redact_vars(value, _active: set | None = None):
+def redact_vars(value, _active: set | None = None, _memo: dict | None = None):
     """Inventory vars for display: values of secret-named keys (typo'd ones too:
     hf_tokn) and of secret flags in flag lists become <redacted>, and so do
     credentials inside any text (credentials_in); !vault values stay <vault>. What has
     nothing to redact is returned as it is (the same objects: recursive vars
-    stay recursive for the printer)."""
+    stay recursive for the printer). A container reached again (a YAML alias) is
+    redacted once: an alias bomb just under the limit has 2 million copies of a few
+    lists (only a result whose walk met no recursion is reused: that one depends
+    on where the walk came from)."""
     active = set() if _active is None else _active
+    memo = {"cycles": 0} if _memo is None else _memo
     if id(value) in active:
+        memo["cycles"] += 1
         return value
+    if not isinstance(value, (Mapping, list, tuple)):
+        return mask_credentials(value) if isinstance(value, str) and credentials_in(value) else value
+    seen = memo.get(id(value))
+    if seen is not None and seen[0] is value:
+        return seen[1]
+    cycles = memo["cycles"]
+    active.add(id(value))
     if isinstance(value, Mapping):
-        active.add(id(value))
         new = {k: (REDACTED if is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple))
-                   and type(v).__name__ != "Vault" and v not in (None, "") else redact_vars(v, active))
+                   and type(v).__name__ != "Vault" and v not in (None, "") else redact_vars(v, active, memo))
                for k, v in value.items()}
-        active.discard(id(value))
-        return value if all(new[k] is value[k] for k in value) else new
-    if isinstance(value, (list, tuple)):
-        active.add(id(value))
+        result = value if all(new[k] is value[k] for k in value) else new
+    else:
         hits = secret_flag_values([str(w) for w in value])
         out = []
         for i, v in enumerate(value):
@@ -518,12 +527,12 @@ def redact_vars(value, _active: set | None = None):
                 flag, _val, inline = hits[i]
                 out.append(f"{flag}={REDACTED}" if inline else REDACTED)
             else:
-                out.append(redact_vars(v, active))
-        active.discard(id(value))
-        return value if all(a is b for a, b in zip(out, value)) else out
-    if isinstance(value, str) and credentials_in(value):
-        return mask_credentials(value)
-    return value
+                out.append(redact_vars(v, active, memo))
+        result = value if all(a is b for a, b in zip(out, value)) else out
+    active.discard(id(value))
+    if memo["cycles"] == cycles:
+        memo[id(value)] = (value, result)
+    return result
 
 
 def secret_ref_name(flag: str) -> str:

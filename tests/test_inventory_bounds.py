@@ -126,7 +126,7 @@ def test_aliases_just_under_the_value_limit_list_and_show_in_seconds(tmp_path):
     for args in (["inventory", "list"], ["inventory", "show", "x"], ["inventory", "list", "--json"]):
         proc, took = timed_cli("-i", str(p), *args, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert took < 30, (args, took)
+        assert took < 15, (args, took)  # 1 to 3.5 CPU-s once redact_vars walks each alias once (was 2.4 to 6.3)
         if "--json" not in args:
             assert "--json shows all" in proc.stdout  # the table cuts a value of megabytes
             assert "is a !vault value" in proc.stdout  # the walk still finds what it must note

@@ -126,6 +126,19 @@ def test_credentials_inside_values_are_secrets_whatever_the_name():
     assert all(c in units.secret_values({"engine_env": env}) for _v, c in URL_VALUES.values())
 
 
+def test_every_aliased_copy_is_redacted_and_walked_once():
+    """A YAML alias is the same object in many places: each place shows it redacted,
+    from the one redacted copy (an alias bomb has millions of places); a recursive
+    value still comes back (the walk never loops)."""
+    inner = {"hf_token": "v-Secret-1", "flags": ["--api-key", "v-Secret-2"], "n": 1}
+    shown = units.redact_vars({"a": [inner, inner], "b": inner, "c": {"d": inner}})
+    assert "v-Secret" not in str(shown) and shown["b"]["n"] == 1
+    assert shown["a"][0] is shown["a"][1] is shown["b"] is shown["c"]["d"]
+    loop = {"hf_token": "v-Secret-3"}
+    loop["self"] = [loop]
+    assert units.redact_vars({"x": loop, "y": loop})["y"]["hf_token"] == units.REDACTED
+
+
 @pytest.mark.parametrize("name", ["hf_tokn", "HF_TOKN", "DB_PASWORD", "MY_SECRT", "OPENAI_APIKY", "gcp_credentails"])
 def test_typod_secret_names_are_secret(name):
     assert units.is_secret_key(name)
