@@ -1,7 +1,9 @@
 """The real SGLang release's sources, for tests: downloaded once from the package
 index (pip download, no dependencies), unpacked into a cache, read-only use.
 
-Tests that need to modify files copy the tree first (see `copy_tree`).
+Tests that need to modify files copy the tree first (see `copy_tree`), or only the
+files their patch touches (`copy_files`, `patched_paths`: a 6000-file copy and its
+removal cost seconds per test; `patch` and patchset write only the files a patch names).
 """
 
 from __future__ import annotations
@@ -42,4 +44,23 @@ def site_packages(version: str = "0.5.23") -> Path:
 def copy_tree(dest: Path, version: str = "0.5.23") -> Path:
     """A private writable copy of the installed `sglang/` package under dest."""
     shutil.copytree(site_packages(version) / "sglang", dest / "sglang")
+    return dest
+
+
+def patched_paths(*patches: Path) -> list[str]:
+    """The files (relative to site-packages) that unified diffs name (`+++ b/...`, -p1)."""
+    out = set()
+    for patch in patches:
+        for line in patch.read_text().splitlines():
+            if line.startswith("+++ ") and not line.startswith("+++ /dev/null"):
+                out.add(line[4:].split("\t")[0].strip().split("/", 1)[1])
+    return sorted(out)
+
+
+def copy_files(dest: Path, paths, version: str = "0.5.23") -> Path:
+    """A private writable copy of just `paths` (relative to site-packages) under dest."""
+    src = site_packages(version)
+    for rel in paths:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, dest / rel)
     return dest

@@ -33,6 +33,8 @@ PREFILL_RUNNER = "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"
 INPUT_BUFFERS = "sglang/srt/model_executor/input_buffers.py"
 MODULES = {BUFFERS: "sglang.srt.model_executor.runner_utils.buffers",
            REGISTRY: "sglang.srt.model_executor.cuda_graph_buffer_registry"}
+# What the tests read or patch: the patch's files and the file _registry_module reads beside them.
+FILES = [*sglang_release.patched_paths(PATCH), INPUT_BUFFERS]
 FIELDS = ["input_ids", "req_pool_indices", "seq_lens", "out_cache_loc", "positions"]
 
 pytestmark = pytest.mark.skipif(shutil.which("patch") is None and not os.environ.get("CI"),
@@ -46,9 +48,10 @@ def _patch(root: Path, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory):
-    """(pristine, patched) copies of the released sglang tree."""
-    pristine = sglang_release.copy_tree(tmp_path_factory.mktemp("pristine"))
-    patched = sglang_release.copy_tree(tmp_path_factory.mktemp("patched"))
+    """(pristine, patched): the released sglang tree (the read-only cache) and a copy
+    of the files the patch touches, patched."""
+    pristine = sglang_release.site_packages()
+    patched = sglang_release.copy_files(tmp_path_factory.mktemp("patched"), FILES)
     result = _patch(patched)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     return pristine, patched
@@ -89,7 +92,8 @@ def test_header_names_base_and_purpose():
 
 
 def test_applies_and_reverts_byte_exact(tmp_path):
-    root = sglang_release.copy_tree(tmp_path)
+    """On a copy of the files the patch names (patch -p1 writes no other) and one beside them."""
+    root = sglang_release.copy_files(tmp_path, FILES)
     before = {p: p.read_bytes() for p in root.rglob("*.py")}
     assert _patch(root, "--dry-run").returncode == 0
     assert _patch(root).returncode == 0
@@ -310,7 +314,8 @@ PATCH_17 = PATCH.parents[1] / "sglang-0.5.17/cuda-graph-none-probe.patch"
 
 
 def test_0517_probe_applies_reverts_and_names_the_none(tmp_path, capfd):
-    root = sglang_release.copy_tree(tmp_path / "t", version="0.5.17")
+    root = sglang_release.copy_files(tmp_path / "t", [*sglang_release.patched_paths(PATCH_17), INPUT_BUFFERS],
+                                     version="0.5.17")
     before = {p: p.read_bytes() for p in root.rglob("*.py")}
     run = lambda *extra: subprocess.run(["patch", "-p1", "--batch", *extra, "-d", str(root)],
                                         input=PATCH_17.read_bytes(), capture_output=True)
