@@ -17,7 +17,22 @@ import sglang_release  # noqa: E402
 from k26ops.release import patchset, prepcache  # noqa: E402
 
 SERIES = Path(__file__).resolve().parent.parent / "patches" / "sglang-0.5.23" / "series"
-WHEEL = sglang_release.wheel()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The real sglang wheel cut to the files the series patches, its version.py and its
+    dist-info (what these tests read; extracting and removing all 6000 files cost ~10 s a test)."""
+    import zipfile
+
+    keep = {f.path for p in patchset.load_series(SERIES, ("diagnose",)) for f in p.files} | {"sglang/version.py"}
+    real = sglang_release.wheel()
+    out = tmp_path_factory.mktemp("wheel") / real.name
+    with zipfile.ZipFile(real) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            if info.filename in keep or ".dist-info/" in info.filename:
+                dst.writestr(info, src.read(info))
+    return out
 
 
 @pytest.fixture
@@ -31,8 +46,8 @@ def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def test_patching_a_linked_copy_leaves_the_pristine_tree_alone(cache):
-    pristine = prepcache.pristine(WHEEL, _sha(WHEEL))
+def test_patching_a_linked_copy_leaves_the_pristine_tree_alone(cache, wheel):
+    pristine = prepcache.pristine(wheel, _sha(wheel))
     patches = patchset.load_series(SERIES, ("diagnose",))
     touched = sorted({f.path for p in patches for f in p.files})
     before = {f: _sha(pristine / f) for f in touched}
@@ -51,11 +66,11 @@ def test_patching_a_linked_copy_leaves_the_pristine_tree_alone(cache):
     assert {f: _sha(pristine / f) for f in touched} == before
 
 
-def test_pristine_is_extracted_once(cache):
-    first = prepcache.pristine(WHEEL, _sha(WHEEL))
+def test_pristine_is_extracted_once(cache, wheel):
+    first = prepcache.pristine(wheel, _sha(wheel))
     marker = first / "k26ops-test-marker"
     marker.write_text("x")
-    assert prepcache.pristine(WHEEL, _sha(WHEEL)) == first and marker.exists()
+    assert prepcache.pristine(wheel, _sha(wheel)) == first and marker.exists()
 
 
 def test_prune_keeps_the_most_recently_used_variants(cache):
