@@ -29,11 +29,22 @@ def tree_hash(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def narrow_paths(exists) -> list[str]:
+    """What the patch tests read and write: every file a shipped patch or one written
+    in this module names, those that `exists`. patchset writes only the files its
+    patches name, so a tree of just these shows everything a whole 6000-file tree
+    would (copying and hashing that one cost seconds a test)."""
+    import re
+
+    own = set(re.findall(r"^\+\+\+ b/(\S+)", Path(__file__).read_text(), re.M))
+    return [p for p in sorted({f.path for pt, _b in all_patches() for f in pt.files} | own) if exists(p)]
+
+
 @pytest.fixture(scope="module")
 def pristine_trees(tmp_path_factory):
-    """site_tree(version, dest): a private copy of a release's `sglang/` (6000+
-    files) made once per version and module, handed out as hard-linked copies.
-    Safe because patchset writes every file by atomic replace (a linked file is
+    """site_tree(version, dest): a private copy of a release's files that the patches
+    touch (narrow_paths), made once per version and module, handed out as hard-linked
+    copies. Safe because patchset writes every file by atomic replace (a linked file is
     replaced, never written through); a test must not write into a site file in place."""
     made: dict[str, Path] = {}
 
@@ -41,7 +52,9 @@ def pristine_trees(tmp_path_factory):
         from k26ops.release import prepcache
 
         if version not in made:
-            made[version] = sglang_release.copy_tree(tmp_path_factory.mktemp(f"pristine-{version}"), version)
+            src = sglang_release.site_packages(version)
+            made[version] = sglang_release.copy_files(tmp_path_factory.mktemp(f"pristine-{version}"),
+                                                      narrow_paths(lambda p: (src / p).is_file()), version)
         prepcache.linked_copy(made[version] / "sglang", dest / "sglang")
         return dest
     return site_tree
@@ -101,13 +114,24 @@ def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch,
 
 @pytest.fixture(scope="module")
 def lab_commit_tree(tmp_path_factory) -> tuple[str, Path]:
-    """(commit, its python/ tree): the lab fixture's commit, exported once per module."""
+    """(commit, its python/ tree): the lab fixture's commit, the files narrow_paths
+    names exported once per module (git archive of those paths: exact bytes)."""
+    import tarfile
+
     from k26ops.release import engine_source
     from k26ops.lab import engine_source_fixture
 
     url, commit = engine_source_fixture.ensure()
-    engine_source.fetch(url, commit)
-    return commit, engine_source.export(url, commit, tmp_path_factory.mktemp("lab-src") / "src") / "python"
+    bare = engine_source.fetch(url, commit)
+    git = lambda *a: subprocess.run(["git", "-C", str(bare), *a], capture_output=True, check=True).stdout
+    listed = set(git("ls-tree", "-r", "--name-only", commit, "python/").decode().splitlines())
+    dest = tmp_path_factory.mktemp("lab-src") / "src"
+    tar = tmp_path_factory.mktemp("lab-tar") / "src.tar"
+    tar.write_bytes(git("archive", "--format=tar", commit,
+                        *(f"python/{p}" for p in narrow_paths(lambda p: f"python/{p}" in listed))))
+    with tarfile.open(tar) as tf:
+        tf.extractall(dest, filter="data")
+    return commit, dest / "python"
 
 
 @pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1] == LAB_BASE[6:]],
