@@ -46,10 +46,31 @@ def _ansible_list(path: Path, home: Path) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def ansible_out(tmp_path_factory):
+    """ansible-inventory's answers for FILES: run once for these inventories' bytes and
+    this ansible-core, then read from the test cache (15 ansible starts, 8-16 s); any
+    change to a file under tests/data/inventories, the example, ansible-core or this
+    checkout's path (it is in the messages) runs them again."""
+    import hashlib
+    import importlib.metadata
+
+    import sglang_release
+
+    digest = hashlib.sha256(f"{importlib.metadata.version('ansible-core')}\0{ROOT}\0".encode())
+    for f in sorted([*DATA.rglob("*"), ROOT / "inventory/example-ansible.yml"]):
+        if f.is_file():
+            digest.update(f"{f.relative_to(ROOT)}\0".encode() + f.read_bytes() + b"\0")
+    cached = sglang_release.CACHE / "ansible-inventory" / f"{digest.hexdigest()[:24]}.json"
+    if cached.exists():
+        saved = json.loads(cached.read_text())
+        return {f: tuple(saved[str(f)]) for f in FILES}
     home = tmp_path_factory.mktemp("ansible-home")
     with ThreadPoolExecutor(8) as pool:
-        results = pool.map(lambda p: _ansible_list(p, home), FILES)
-        return dict(zip(FILES, results))
+        out = dict(zip(FILES, pool.map(lambda p: _ansible_list(p, home), FILES)))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({str(f): list(v) for f, v in out.items()}))
+    tmp.rename(cached)
+    return out
 
 
 def _expected(listing: dict) -> dict:
