@@ -431,11 +431,11 @@ class Stalled:
 
 
 def test_wheelfetch_a_silent_or_trickling_relay_fails_fast(host, tmp_path, monkeypatch):
-    monkeypatch.setattr(wheelsource, "READ_TIMEOUT", 2.0)
+    monkeypatch.setattr(wheelsource, "READ_TIMEOUT", 1.0)
     monkeypatch.setattr(wheelsource, "MIN_BYTES", 1024)
     ctx = SimpleNamespace(session=host)
     w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
-    for mode, says in (("silent", "no data from the relay within 2"), ("trickle", "stalled")):
+    for mode, says in (("silent", "no data from the relay within 1"), ("trickle", "stalled")):
         t0 = time.monotonic()
         refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), Stalled(mode).url)
         took = time.monotonic() - t0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labtools import k26ops
+from labtools import cli
 
 from k26ops import inventory, rollout
 from k26ops.fleet import FleetOptions
@@ -86,6 +86,6 @@ def test_bad_batch_options_are_one_usage_line(tmp_path, args):
     inv = tmp_path / "local.yml"
     inv.write_text("hosts:\n  here:\n    connection: local\n")
     for cmd in ("deploy", "reboot"):
-        proc = k26ops("-i", str(inv), cmd, *args)
+        proc = cli("-i", str(inv), cmd, *args)
         assert proc.returncode == 2, (cmd, args, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr and args[1] in proc.stderr, proc.stderr
