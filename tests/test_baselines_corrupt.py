@@ -21,7 +21,7 @@ from k26ops.baselines.validate import BaselineCorrupt
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
-from labtools import k26ops, k26ops_json
+from labtools import cli, cli_json
 
 RID = "sglang-0.5.23-lab-0123456789ab"
 
@@ -146,7 +146,7 @@ def inventory(tmp_path: Path) -> Path:
 def test_cli_commands_needing_a_broken_tag_exit_2_in_one_line(repo, tmp_path, args):
     take(repo, "bad", broken={"hosts/lab1/bench.json": json.dumps(bench(tok_s=math.nan)).encode(),
                               "hosts/lab1/baseline.json": b"{"})
-    proc = k26ops("-i", str(inventory(tmp_path)), *args, "--baselines", str(repo.path), timeout=120)
+    proc = cli("-i", str(inventory(tmp_path)), *args, "--baselines", str(repo.path), timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("k26ops: error: baseline 'bad': hosts/lab1/"), proc.stderr
@@ -180,8 +180,8 @@ def test_the_gate_still_passes_and_fails_on_real_numbers():
 
 def test_baselines_list_shows_every_tag_and_names_the_broken_one(repo):
     take(repo, "bad", broken={"baseline.json": b"{\"hosts\": {\"lab1\": {\"release_id\": null}}}"})
-    proc = k26ops("--json", "baselines", "list", "--baselines", str(repo.path), timeout=120)
-    rc, doc = k26ops_json("baselines", "list", "--baselines", str(repo.path), timeout=120)  # the one shape
+    proc = cli("--json", "baselines", "list", "--baselines", str(repo.path), timeout=120)
+    rc, doc = cli_json("baselines", "list", "--baselines", str(repo.path), timeout=120)  # the one shape
     assert rc == 0 and proc.returncode == 0, (proc.stdout, proc.stderr)
     rows = {r["tag"]: r for r in doc["tags"]}
     assert rows["good"]["hosts"] == ["lab1"] and "error" not in rows["good"]

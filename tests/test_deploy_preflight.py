@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import k26ops_json, lab_ssh  # noqa: E402
+from labtools import cli, cli_json, k26ops_json, lab_ssh  # noqa: E402
 
 from k26ops import preflight  # noqa: E402
 from k26ops.facts.model import INDEX, model_command, parse_model  # noqa: E402
@@ -160,7 +160,7 @@ def test_inventory_list_says_each_hosts_recipe_and_whether_its_lock_exists(tmp_p
     inv.write_text(yaml.safe_dump({"vars": {"recipe": str(mine)},
                                    "hosts": {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"},
                                              "c": {"address": "10.0.0.3", "vars": {"recipe": "lab"}}}}))
-    rc, doc = k26ops_json("-i", str(inv), "inventory", "list")
+    rc, doc = cli_json("-i", str(inv), "inventory", "list")
     assert rc == 0, doc
     by = {tuple(r["hosts"]): r for r in doc["recipes"]}
     unlocked, lab = by[("a", "b")], by[("c",)]
@@ -168,7 +168,7 @@ def test_inventory_list_says_each_hosts_recipe_and_whether_its_lock_exists(tmp_p
     assert unlocked["problem"].startswith(f"{mine}: no dependency lock for sglang==")
     assert f"`k26ops engine lock {mine}`" in unlocked["problem"]
     assert lab["ok"] and lab["lock"].endswith("playbooks/recipes/lab.lock") and lab["problem"] is None
-    out = " ".join(k26ops("-i", str(inv), "inventory", "list", env={"COLUMNS": "200"}).stdout.split())
+    out = " ".join(cli("-i", str(inv), "inventory", "list", env={"COLUMNS": "200"}).stdout.split())
     assert "recipe lab-registry (a, b): " in out and "no dependency lock" in out
     assert "recipe lab (c): lock " in out
     assert preflight.recipe_check(unlocked).ok is False and preflight.recipe_check(lab).ok
