@@ -207,3 +207,118 @@ def lab_bus_ids() -> str:
     p = subprocess.run([str(REPO / "k26ops" / "lab" / "fixtures" / "nvidia-smi"), "--query-gpu=index,pci.bus_id",
                         "--format=csv,noheader"], capture_output=True, text=True, timeout=30, env=env)
     return p.stdout
+
+
+# ---------------------------------------------------------------- shared by test modules (issue 32 item 6:
+# no test module imports another; these were in test_engine_source, test_engine_standin, test_fleet)
+
+import http.client  # noqa: E402
+import time  # noqa: E402
+
+import yaml  # noqa: E402
+
+from k26ops import units  # noqa: E402
+
+# Hostile path values: each would run `touch` if it reached a shell unquoted.
+HOSTILE = ["/tmp/a b", "/tmp/it's", '/tmp/"q"', "/tmp/$(touch /tmp/PWNED1)", "/tmp/x; touch /tmp/PWNED2",
+           "/tmp/`touch /tmp/PWNED3`", "/tmp/line\ntouch /tmp/PWNED4", "/tmp/$HOME|touch /tmp/PWNED5"]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def tiny_engine(tmp_path: Path, version: str = "1.0", build_requires: str = '"setuptools>=61.0"',
+                deps: str = '"tqdm"') -> tuple[Path, str]:
+    """A tiny real Python project in a git repo (python/ subdir, like sglang's layout)."""
+    repo = tmp_path / "engine-src"
+    py = repo / "python"
+    (py / "tinyengine").mkdir(parents=True, exist_ok=True)
+    (py / "tinyengine/__init__.py").write_text(f'__version__ = "{version}"\n')
+    (py / "pyproject.toml").write_text(
+        f'[build-system]\nrequires = [{build_requires}]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "tinyengine"\nversion = "{version}"\ndependencies = [{deps}]\n')
+    if not (repo / ".git").exists():
+        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", f"v{version}")
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def recipe_for(tmp_path: Path, url: str, commit: str) -> Path:
+    """A git-source recipe in a directory of its own (its series says its base)."""
+    d = tmp_path / "recipes"
+    (d / "patches").mkdir(parents=True, exist_ok=True)
+    (d / "patches/series").write_text(f"# Base: sglang@{commit}\n")
+    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
+    doc["name"] = "mine"
+    doc.pop("rehearsal", None)  # its config files live beside the shipped recipes
+    doc["engine"] = {"source": {"git": url, "commit": commit, "subdir": "python", "ref": "refs/heads/main"},
+                     "python": "3.11", "lock": "mine.lock"}
+    doc["patches"]["series"] = str(d / "patches/series")
+    text = "# my recipe\n" + yaml.safe_dump(doc, sort_keys=False)
+    (d / "mine.yml").write_text(text)
+    return d / "mine.yml"
+
+
+STANDIN = REPO / "k26ops/lab/fixtures/engine_standin.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Standin:
+    def __init__(self, tmp: Path, *flags: str, env: dict | None = None, python: str = sys.executable,
+                 **profile):
+        self.port = free_port()
+        self.out, self.err = tmp / f"out-{self.port}.log", tmp / f"err-{self.port}.log"
+        argv = units.engine_argv({"python": python, "model_path": "/models/Kimi-K2.6",
+                                  "draft_model_path": "/models/draft", "speculative_ddtree_budget": 32,
+                                  "speculative_dflash_block_size": 8, "cuda_graph_max_bs_decode": 8,
+                                  "port": self.port, "extra_args": list(flags), **profile})
+        argv[1:3] = [str(STANDIN)]  # the lab runs it as a module; here as a script
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "K26OPS_STANDIN_LOAD_SECONDS": "0.2", **(env or {})}
+        with open(self.out, "w") as o, open(self.err, "w") as e:
+            self.proc = subprocess.Popen(argv, stdout=o, stderr=e, env=full_env, stdin=subprocess.DEVNULL)
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 5):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+            return resp.status, (json.loads(data) if data and data[:1] in b"{[" else data.decode())
+        finally:
+            conn.close()
+
+    def status(self, path: str = "/health") -> int | None:
+        try:
+            return self.request("GET", path, timeout=2)[0]
+        except OSError:
+            return None
+
+    def wait_ready(self, deadline: float = 15) -> list[int | None]:
+        seen, end = [], time.monotonic() + deadline
+        while time.monotonic() < end:
+            code = self.status()
+            seen.append(code)
+            if code == 200:
+                return seen
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited {self.proc.returncode}: {self.err.read_text()}")
+            time.sleep(0.05)
+        raise AssertionError(f"not ready in {deadline}s: {seen[-5:]}")
+
+    def wait_exit(self, timeout: float = 15) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)

@@ -18,7 +18,7 @@ from k26ops.hostlock import HostLock, HostLocked
 from k26ops.inventory import load
 from k26ops.ssh import connect, q
 from labtools import k26ops, k26ops_json, lab_ssh
-from test_fleet import HOSTILE
+from labtools import HOSTILE
 
 USER = "k26"
 NOPASSWD = f"{USER} ALL=(ALL) NOPASSWD:ALL"

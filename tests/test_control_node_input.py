@@ -16,8 +16,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, cli  # noqa: E402
-from test_engine_source import _recipe_for, cache, tiny_engine  # noqa: E402,F401
+from labtools import REPO, cli, recipe_for, tiny_engine  # noqa: E402
 
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import engine_source  # noqa: E402
@@ -47,9 +46,12 @@ def no_marker(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def engine(tmp_path, cache):  # noqa: F811
+def engine(tmp_path, monkeypatch):
+    """A tiny engine, its recipe, and a private engine/git cache."""
+    monkeypatch.setenv("K26OPS_ENGINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("K26OPS_GIT_CACHE", raising=False)
     repo, c1 = tiny_engine(tmp_path, "1.0")
-    return repo, c1, _recipe_for(tmp_path, repo.as_uri(), c1)
+    return repo, c1, recipe_for(tmp_path, repo.as_uri(), c1)
 
 
 @pytest.mark.parametrize("cmd", ["pin", "lock"])

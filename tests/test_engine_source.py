@@ -14,19 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, cli  # noqa: E402
+from labtools import REPO, cli, git, recipe_for, tiny_engine  # noqa: E402
 
 from k26ops.release import enginelock, engine_source  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
 
 
 @pytest.fixture
@@ -35,23 +29,6 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("K26OPS_ENGINE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("K26OPS_GIT_CACHE", raising=False)
     return tmp_path / "cache"
-
-
-def tiny_engine(tmp_path: Path, version: str = "1.0", build_requires: str = '"setuptools>=61.0"',
-                deps: str = '"tqdm"') -> tuple[Path, str]:
-    """A tiny real Python project in a git repo (python/ subdir, like sglang's layout)."""
-    repo = tmp_path / "engine-src"
-    py = repo / "python"
-    (py / "tinyengine").mkdir(parents=True, exist_ok=True)
-    (py / "tinyengine/__init__.py").write_text(f'__version__ = "{version}"\n')
-    (py / "pyproject.toml").write_text(
-        f'[build-system]\nrequires = [{build_requires}]\nbuild-backend = "setuptools.build_meta"\n\n'
-        f'[project]\nname = "tinyengine"\nversion = "{version}"\ndependencies = [{deps}]\n')
-    if not (repo / ".git").exists():
-        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", f"v{version}")
-    return repo, git(repo, "rev-parse", "HEAD")
 
 
 def test_fetch_builds_the_commit_not_the_branch(tmp_path, cache):
@@ -113,25 +90,9 @@ def test_lock_resolves_the_commits_own_dependencies_with_hashes(tmp_path, cache)
         enginelock.parse("tqdm==1 --hash=sha256:" + "0" * 64 + "\n", "x.lock")
 
 
-def _recipe_for(tmp_path: Path, url: str, commit: str) -> Path:
-    """A git-source recipe in a directory of its own (its series says its base)."""
-    d = tmp_path / "recipes"
-    (d / "patches").mkdir(parents=True, exist_ok=True)
-    (d / "patches/series").write_text(f"# Base: sglang@{commit}\n")
-    doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
-    doc["name"] = "mine"
-    doc.pop("rehearsal", None)  # its config files live beside the shipped recipes
-    doc["engine"] = {"source": {"git": url, "commit": commit, "subdir": "python", "ref": "refs/heads/main"},
-                     "python": "3.11", "lock": "mine.lock"}
-    doc["patches"]["series"] = str(d / "patches/series")
-    text = "# my recipe\n" + yaml.safe_dump(doc, sort_keys=False)
-    (d / "mine.yml").write_text(text)
-    return d / "mine.yml"
-
-
 def test_engine_pin_and_lock_commands_write_reviewed_files(tmp_path, cache):
     repo, c1 = tiny_engine(tmp_path, "1.0")
-    recipe = _recipe_for(tmp_path, repo.as_uri(), c1)
+    recipe = recipe_for(tmp_path, repo.as_uri(), c1)
     env = {"K26OPS_ENGINE_CACHE": str(cache)}
     proc = cli("engine", "lock", str(recipe), env=env)
     assert proc.returncode == 0, proc.stderr

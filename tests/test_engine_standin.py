@@ -6,82 +6,20 @@ Every wait is bounded; each process is killed at the end of its test.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from k26ops import units
+from labtools import STANDIN, Standin
 
-STANDIN = Path(__file__).resolve().parent.parent / "k26ops/lab/fixtures/engine_standin.py"
 PYTHONS = [sys.executable] + (["/usr/bin/python3"] if os.path.exists("/usr/bin/python3") else [])
 LOG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP\d+\] ", re.M)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Standin:
-    def __init__(self, tmp: Path, *flags: str, env: dict | None = None, python: str = sys.executable,
-                 **profile):
-        self.port = free_port()
-        self.out, self.err = tmp / f"out-{self.port}.log", tmp / f"err-{self.port}.log"
-        argv = units.engine_argv({"python": python, "model_path": "/models/Kimi-K2.6",
-                                  "draft_model_path": "/models/draft", "speculative_ddtree_budget": 32,
-                                  "speculative_dflash_block_size": 8, "cuda_graph_max_bs_decode": 8,
-                                  "port": self.port, "extra_args": list(flags), **profile})
-        argv[1:3] = [str(STANDIN)]  # the lab runs it as a module; here as a script
-        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                    "K26OPS_STANDIN_LOAD_SECONDS": "0.2", **(env or {})}
-        with open(self.out, "w") as o, open(self.err, "w") as e:
-            self.proc = subprocess.Popen(argv, stdout=o, stderr=e, env=full_env, stdin=subprocess.DEVNULL)
-
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 5):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-            return resp.status, (json.loads(data) if data and data[:1] in b"{[" else data.decode())
-        finally:
-            conn.close()
-
-    def status(self, path: str = "/health") -> int | None:
-        try:
-            return self.request("GET", path, timeout=2)[0]
-        except OSError:
-            return None
-
-    def wait_ready(self, deadline: float = 15) -> list[int | None]:
-        seen, end = [], time.monotonic() + deadline
-        while time.monotonic() < end:
-            code = self.status()
-            seen.append(code)
-            if code == 200:
-                return seen
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited {self.proc.returncode}: {self.err.read_text()}")
-            time.sleep(0.05)
-        raise AssertionError(f"not ready in {deadline}s: {seen[-5:]}")
-
-    def wait_exit(self, timeout: float = 15) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from k26ops.errors import UserError
 from labtools import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_engine_standin import Standin  # noqa: E402  (the stand-in as a subprocess)
+from labtools import Standin  # noqa: E402  (the stand-in as a subprocess)
 
 # What the stand-in is told, and how close the measured figures must be.
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from labtools import k26ops, k26ops_json, lab_ssh
+from labtools import HOSTILE, k26ops, k26ops_json, lab_ssh
 
 
 def _inventory(lab, tmp_path: Path, extra_hosts: dict | None = None, host_vars: dict | None = None,
@@ -213,10 +213,6 @@ def test_deadline_fails_a_slow_host_and_not_the_others(lab, tmp_path):
     assert time.monotonic() - t0 < 10
     assert results["lab1"].status == "failed" and "deadline" in results["lab1"].error
     assert all(results[h.name].status == "ok" for h in hosts[1:])
-
-
-HOSTILE = ["/tmp/a b", "/tmp/it's", '/tmp/"q"', "/tmp/$(touch /tmp/PWNED1)", "/tmp/x; touch /tmp/PWNED2",
-           "/tmp/`touch /tmp/PWNED3`", "/tmp/line\ntouch /tmp/PWNED4", "/tmp/$HOME|touch /tmp/PWNED5"]
 
 
 def test_hostile_inventory_values_never_run_on_the_host(lab, tmp_path):
