@@ -27,16 +27,22 @@ def real() -> ef.EngineFlags:
 
 def add_fake_ddtree_overlay(site: Path) -> None:
     """FAKE overlay for tests: registers DDTREE and --speculative-ddtree-budget the way
-    upstream PR #29907 does (enum member + spec field); nothing else."""
+    upstream PR #29907 does (enum member + spec field); nothing else. Each file is
+    replaced (temp file, rename), never written through: site may be a hard-linked copy."""
+    def write(path: Path, text: str) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
     spec_info = site / "sglang/srt/speculative/spec_info.py"
     s = spec_info.read_text()
     assert s.count("    DFLASH = auto()\n") == 1
-    spec_info.write_text(s.replace("    DFLASH = auto()\n", "    DFLASH = auto()\n    DDTREE = auto()  # FAKE overlay (test)\n"))
+    write(spec_info, s.replace("    DFLASH = auto()\n", "    DFLASH = auto()\n    DDTREE = auto()  # FAKE overlay (test)\n"))
     fields = site / "sglang/srt/arg_groups/fields/spec.py"
     s = fields.read_text()
     anchor = "    speculative_dflash_block_size: A["
     assert s.count(anchor) == 1
-    fields.write_text(s.replace(anchor, '    speculative_ddtree_budget: A[Optional[int], "FAKE overlay (test): DDTree budget."] = None\n' + anchor))
+    write(fields, s.replace(anchor, '    speculative_ddtree_budget: A[Optional[int], "FAKE overlay (test): DDTree budget."] = None\n' + anchor))
 
 
 def test_real_release_surface(real):
@@ -82,8 +88,13 @@ def test_unknown_flag_suggests_and_choices(real):
 
 
 def test_with_fake_overlay(tmp_path):
-    site = sglang_release.copy_tree(tmp_path)
+    """On a hard-linked copy of the release (the overlay replaces the files it changes)."""
+    from k26ops.release import prepcache
+
+    site = tmp_path
+    prepcache.linked_copy(sglang_release.site_packages() / "sglang", site / "sglang")
     add_fake_ddtree_overlay(site)
+    assert "DDTREE" not in (sglang_release.site_packages() / "sglang/srt/speculative/spec_info.py").read_text()
     flags = ef.read_flags(site)
     assert flags.has_ddtree and "--speculative-ddtree-budget" in flags.flags
     ef.validate(PROD, site, flags)
