@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -135,11 +136,22 @@ def test_raw_text(tmp_path, monkeypatch, raw):
     check(tmp_path, monkeypatch, raw)
 
 
-@settings(max_examples=200, deadline=None,
+LIMIT_INV = ("all:\n  children:\n    lab:\n      hosts:\n        gpu[1:3]:\n"
+             "    g1:\n      hosts:\n        gpu1:\n")
+# The pattern words and hostile values the random draws below pick from, each tried every run.
+EDGE_LIMITS = ["gpu*", "!gpu1", "&lab", "~gpu[", "~^g", "*", "", " ", "all,!all", "gpu1,&lab,!g1", *HOSTILE]
+
+
+@pytest.mark.parametrize("value", EDGE_LIMITS)
+def test_limit_and_show_edge_values(tmp_path, monkeypatch, value):
+    check(tmp_path, monkeypatch, LIMIT_INV, value)
+    check(tmp_path, monkeypatch, LIMIT_INV, None, ("show", "--", value))
+
+
+@settings(max_examples=max(EXAMPLES // 3, 1), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(limit=LIMITS, host=text)
 def test_limit_and_show_values(tmp_path, monkeypatch, limit, host):
-    inv = ("all:\n  children:\n    lab:\n      hosts:\n        gpu[1:3]:\n"
-           "    g1:\n      hosts:\n        gpu1:\n")
-    check(tmp_path, monkeypatch, inv, limit)
-    check(tmp_path, monkeypatch, inv, None, ("show", "--", host))
+    """Random combinations (50 draws by default: the edge values are tried above)."""
+    check(tmp_path, monkeypatch, LIMIT_INV, limit)
+    check(tmp_path, monkeypatch, LIMIT_INV, None, ("show", "--", host))
