@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import git
@@ -17,7 +15,6 @@ from click.testing import CliRunner
 from k26ops.cli import cli, hoist_global_flags
 from labtools import cli as k26ops_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 
@@ -95,12 +92,10 @@ def test_lab_down_and_help_work_with_a_bad_config_file_others_refuse(tmp_path, m
     """A broken config file must not keep the operator from taking a lab down or reading help."""
     path = tmp_path / "config.toml"
     path.write_text("forks = 4\nforks = [\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("K26OPS_INVENTORY", "K26OPS_BASELINES")}
-    env.update(K26OPS_CONFIG=str(path), PYTHONPATH=str(ROOT))
+    env = {"K26OPS_INVENTORY": None, "K26OPS_BASELINES": None, "K26OPS_CONFIG": str(path)}
 
     def k26(*args):
-        return subprocess.run([sys.executable, "-m", "k26ops", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=60)
+        return k26ops_cli(*args, env=env, cwd=tmp_path)
     for args in (["lab", "down", "--dir", str(tmp_path / "nolab")], ["deploy", "--help"], ["lab", "down", "-h"]):
         res = k26(*args)
         assert res.returncode == 0 and "Traceback" not in res.stderr, (args, res.stderr)
