@@ -225,8 +225,11 @@ HOSTILE = ["/tmp/a b", "/tmp/it's", '/tmp/"q"', "/tmp/$(touch /tmp/PWNED1)", "/t
 
 
 def git(repo: Path, *args: str) -> str:
+    """git with a fixed author and date: the same files make the same commit (a build
+    cache keyed by commit then serves every test that makes that engine)."""
+    env = {**os.environ, "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
     return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
+                          check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
 def tiny_engine(tmp_path: Path, version: str = "1.0", build_requires: str = '"setuptools>=61.0"',

@@ -31,6 +31,25 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.fixture(scope="module")
+def _module_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("engine-cache")
+
+
+@pytest.fixture
+def built_cache(_module_cache, monkeypatch):
+    """An engine/git cache shared by this module's tests whose subject is not the build
+    itself: the same tiny engine (same files, same commit: labtools.git) is built once
+    (a pip build, 2-7 s) for all of them. The build tests above use a private one."""
+    monkeypatch.setenv("K26OPS_ENGINE_CACHE", str(_module_cache))
+    monkeypatch.delenv("K26OPS_GIT_CACHE", raising=False)
+    return _module_cache
+
+
+# the engine the built_cache tests share
+SHARED = {"version": "1.0", "deps": '"tqdm", "idna"'}
+
+
 def test_fetch_builds_the_commit_not_the_branch(tmp_path, cache):
     repo, c1 = tiny_engine(tmp_path, "1.0")
     _, c2 = tiny_engine(tmp_path, "2.0")  # the branch moved on
@@ -62,8 +81,8 @@ def test_a_commit_without_the_subdir_or_with_a_missing_toolchain_is_one_line(tmp
     assert "needs cargo" in msg and "engine.source.wheel" in msg and "\n" not in msg
 
 
-def test_prebuilt_wheel_needs_its_sha256(tmp_path, cache):
-    repo, c1 = tiny_engine(tmp_path)
+def test_prebuilt_wheel_needs_its_sha256(tmp_path, built_cache):
+    repo, c1 = tiny_engine(tmp_path, **SHARED)
     w = engine_source.build(repo.as_uri(), c1, "python")
     assert engine_source.prebuilt(str(w.path), None, w.sha256, tmp_path).sha256 == w.sha256
     with pytest.raises(UserError, match="has sha256"):
@@ -75,8 +94,8 @@ def test_prebuilt_wheel_needs_its_sha256(tmp_path, cache):
         engine_source.check_python(cp311, "3.12")
 
 
-def test_lock_resolves_the_commits_own_dependencies_with_hashes(tmp_path, cache):
-    repo, c1 = tiny_engine(tmp_path, deps='"tqdm", "idna"')
+def test_lock_resolves_the_commits_own_dependencies_with_hashes(tmp_path, built_cache):
+    repo, c1 = tiny_engine(tmp_path, **SHARED)
     w = engine_source.build(repo.as_uri(), c1, "python")
     entries = enginelock.resolve(w.path, "3.11")
     names = sorted(e[0].lower() for e in entries)
@@ -90,10 +109,10 @@ def test_lock_resolves_the_commits_own_dependencies_with_hashes(tmp_path, cache)
         enginelock.parse("tqdm==1 --hash=sha256:" + "0" * 64 + "\n", "x.lock")
 
 
-def test_engine_pin_and_lock_commands_write_reviewed_files(tmp_path, cache):
-    repo, c1 = tiny_engine(tmp_path, "1.0")
+def test_engine_pin_and_lock_commands_write_reviewed_files(tmp_path, built_cache):
+    repo, c1 = tiny_engine(tmp_path, **SHARED)
     recipe = recipe_for(tmp_path, repo.as_uri(), c1)
-    env = {"K26OPS_ENGINE_CACHE": str(cache)}
+    env = {"K26OPS_ENGINE_CACHE": str(built_cache)}
     proc = cli("engine", "lock", str(recipe), env=env)
     assert proc.returncode == 0, proc.stderr
     lock = recipe.with_name("mine.lock")
