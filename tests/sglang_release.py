@@ -8,6 +8,8 @@ removal cost seconds per test; `patch` and patchset write only the files a patch
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -18,15 +20,27 @@ from pathlib import Path
 CACHE = Path(os.environ.get("K26OPS_TEST_CACHE", Path.home() / ".cache/k26ops/test"))
 
 
+@contextlib.contextmanager
+def _locked(name: str):
+    """One process at a time fills the cache (pytest -n 2 runs two)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def wheel(version: str = "0.5.23") -> Path:
     """The sglang wheel file for `version` (downloaded once)."""
     dest = CACHE / "wheels"
     found = sorted(dest.glob(f"sglang-{version}-*.whl")) if dest.exists() else []
     if not found:
-        dest.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "-d", str(dest), f"sglang=={version}"], check=True)
-        found = sorted(dest.glob(f"sglang-{version}-*.whl"))
+        with _locked(f"wheel-{version}"):
+            found = sorted(dest.glob(f"sglang-{version}-*.whl")) if dest.exists() else []
+            if not found:
+                dest.mkdir(parents=True, exist_ok=True)
+                subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                                "-d", str(dest), f"sglang=={version}"], check=True)
+                found = sorted(dest.glob(f"sglang-{version}-*.whl"))
     return found[0]
 
 
@@ -34,10 +48,12 @@ def site_packages(version: str = "0.5.23") -> Path:
     """A directory holding the release's `sglang/` package as installed (read-only use)."""
     root = CACHE / f"sglang-{version}"
     if not (root / ".complete").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        with zipfile.ZipFile(wheel(version)) as zf:
-            zf.extractall(root)
-        (root / ".complete").write_text("ok\n")
+        with _locked(f"sglang-{version}"):
+            if not (root / ".complete").exists():
+                shutil.rmtree(root, ignore_errors=True)
+                with zipfile.ZipFile(wheel(version)) as zf:
+                    zf.extractall(root)
+                (root / ".complete").write_text("ok\n")
     return root
 
 
