@@ -50,7 +50,7 @@ def built_cache(_module_cache, monkeypatch):
 SHARED = {"version": "1.0", "deps": '"tqdm", "idna"'}
 
 
-def test_fetch_builds_the_commit_not_the_branch(tmp_path, cache):
+def test_fetch_builds_the_commit_not_the_branch(tmp_path, cache, real_index):
     repo, c1 = tiny_engine(tmp_path, "1.0")
     _, c2 = tiny_engine(tmp_path, "2.0")  # the branch moved on
     w = engine_source.build(repo.as_uri(), c1, "python")
@@ -192,7 +192,7 @@ setup(name="tinyrust", version="1.0", packages=["tinyrust"],
 '''
 
 
-def test_a_failed_build_shows_its_cause_the_tail_and_the_prebuilt_way_out(tmp_path, cache):
+def test_a_failed_build_shows_its_cause_the_tail_and_the_prebuilt_way_out(tmp_path, cache, real_index):
     """A real pip wheel of a setup.py that imports setuptools_rust (which its build
     environment lacks): the cause is the ModuleNotFoundError, not pip's closing note."""
     repo, c1 = _setup_py_engine(tmp_path, NEEDS_RUST, '[build-system]\nrequires = ["setuptools>=61.0"]\n'

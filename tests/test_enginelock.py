@@ -147,7 +147,7 @@ def control_node_312(tmp_path_factory):
     return venv / "bin/python"
 
 
-def test_engine_lock_is_byte_identical_from_311_and_312_control_nodes(tmp_path, control_node_312):
+def test_engine_lock_is_byte_identical_from_311_and_312_control_nodes(tmp_path, control_node_312, real_index):
     """The full 0.5.23 closure for cp312 (the recipe's python) locked by a 3.11 and by a 3.12
     control node: the same file, byte for byte. pip's resolver gave 3 different versions
     (scipy, networkx, airportsdata): it evaluated markers for the interpreter running it."""

@@ -116,7 +116,7 @@ def timed_cli(*args: str, timeout: float = 600):
     return proc, usage.ru_utime + usage.ru_stime
 
 
-def test_aliases_just_under_the_value_limit_list_and_show_in_seconds(tmp_path):
+def test_aliases_just_under_the_value_limit_list_and_show_in_seconds(tmp_path, full_size):
     """Before: a list.pop(0) walk over every aliased copy, past 300 s."""
     text = alias_values()
     p = tmp_path / "aliases.yml"
@@ -132,7 +132,7 @@ def test_aliases_just_under_the_value_limit_list_and_show_in_seconds(tmp_path):
             assert "is a !vault value" in proc.stdout  # the walk still finds what it must note
 
 
-def test_hosts_just_under_the_size_limit_list_in_seconds(tmp_path):
+def test_hosts_just_under_the_size_limit_list_in_seconds(tmp_path, full_size):
     """Before: add_host's list membership made loading quadratic (past 200 s, 1.2 GB)."""
     p = tmp_path / "fleet.yml"
     p.write_text(many_hosts())
