@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
 
 DEFAULT_ROOT = "/opt/k26ops"
 DEFAULT_UNIT = "k26-engine.service"
@@ -16,6 +17,11 @@ LAB_MODULE = "k26ops_lab_engine"
 PASS_ENV = ("HF_TOKEN",)
 # `nvlink_multicast: false`: NCCL's NVLink SHARP, torch symmetric memory's and NVSHMEM's multicast off
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # taken from the control node's environment when the inventory lacks it
+
+declare(__name__, "where things live on the host",
+        Var("k26ops_root", "path", DEFAULT_ROOT, "k26ops' directory on the host (state, toolchain, locks)"),
+        Var("releases_root", "path", None, "where releases are built; `current` points at the live one",
+            "{k26ops_root}/releases"))
 
 
 @dataclass(frozen=True)

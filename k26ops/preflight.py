@@ -11,19 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
+from k26ops.profile import DEFAULT_MODEL_PATH
 from k26ops.ssh import BECOME_HINT
 
-DEFAULTS = {
-    "gpus_per_host": 8,
-    "compute_capability": ["12.0", "10.x"],
-    "min_driver": 580,
-    "model_path": "/models/Kimi-K2.6",
-    "model_size_gb": 590,
-    "disk_margin_gb": 50,
-    "releases_root": Layout().releases_root,
-    "release_size_gb": 20,
-}
+EXPECTED = declare(
+    __name__, "what the host must have (preflight: check, deploy)",
+    Var("gpus_per_host", "int", 8, "GPUs the host must have"),
+    Var("compute_capability", "str|list", ["12.0", "10.x"], "accepted GPU compute capabilities (10.x: any 10)"),
+    Var("min_driver", "int", 580, "lowest NVIDIA driver major version", "580 (the recipe's)"),
+    Var("model_size_gb", "int", 590, "disk the model needs at model_path"),
+    Var("disk_margin_gb", "int", 50, "free disk kept beyond the model"),
+    Var("release_size_gb", "int", 20, "free disk one release needs at releases_root"))
+DEFAULTS = {**{name: v.default for name, v in EXPECTED.items()},
+            "model_path": DEFAULT_MODEL_PATH, "releases_root": Layout().releases_root}
 
 
 @dataclass

@@ -30,6 +30,7 @@ ENV_TEMPLATE = "sglang.env.j2"
 REDACTED = "<redacted>"
 
 ENV_FILE = "/etc/k26ops/sglang.env"
+LAUNCH_MODULE = "sglang.launch_server"
 # The engine's secret flags (--api-key ...): a root-only YAML that SGLang reads with
 # `--config` (ConfigArgumentMerger), so their values are in no argv (`ps`, `systemctl status`).
 SECRETS_FILE = "/etc/k26ops/sglang-secrets.yaml"
@@ -205,7 +206,7 @@ def engine_argv(profile: Mapping) -> list[str]:
     from k26ops.layout import Layout  # the default host's, when the profile names neither
 
     python = profile.get("python") or f"{profile.get('release_dir') or Layout().current}/venv/bin/python"
-    module = profile.get("launch_module") or "sglang.launch_server"
+    module = profile.get("launch_module") or LAUNCH_MODULE
     if not isinstance(module, str) or not _MODULE.fullmatch(module):
         raise UserError(f"engine profile: launch_module is not a Python module name: {module!r}")
     argv = [str(python), "-m", module, "--model-path", str(_req(profile, "model_path"))]

@@ -12,7 +12,7 @@ import sys
 import click
 
 from k26ops import __version__
-from k26ops.cli import jsonout, pipe
+from k26ops.cli import jsonout, pipe, readers  # noqa: F401 (readers: every inventory variable declared)
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite

@@ -40,11 +40,20 @@ from k26ops import agents
 from k26ops.release import wheelhouse
 from k26ops.layout import Layout
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
 from k26ops.shell import q
 
 MODES = ("push", "index", "peer")
+DEFAULT_MODE = "push"
 DEFAULT_INDEX = "https://pypi.org/simple"
 DEFAULT_PEER_PORT = 8873
+declare(__name__, "where hosts get a release's wheels",
+        Var("wheel_source", "|".join(MODES), DEFAULT_MODE,
+            "how hosts get a release's wheels: pushed by this node, from a relay host of the batch, or the index"),
+        Var("wheel_index_url", "url", DEFAULT_INDEX, "the package index hosts download from with wheel_source: index"),
+        Var("wheel_peer_address", "str", None, "address a relay host serves wheels on (wheel_source: peer)",
+            "the host's address"),
+        Var("wheel_peer_port", "int", DEFAULT_PEER_PORT, "port a relay host serves wheels on (1024-65535)"))
 RELAY_LIFETIME = 4 * 3600  # the relay's server exits by itself after this, whatever happens to the run
 READ_TIMEOUT = 15.0  # seconds without a byte from the relay (connect, headers, any read): it is stalled
 MIN_BYTES = 256 << 10  # fewer bytes than this in a READ_TIMEOUT window: a trickling relay, stalled too
@@ -64,17 +73,17 @@ class Settings:
 
 def settings(host) -> Settings:
     """The host's wheel source from its vars; bad values are one line (exit 2)."""
-    v = host.vars
-    mode = v.get("wheel_source", "push")
+    hv = host.vars
+    mode = hv.get("wheel_source", DEFAULT_MODE)
     if mode not in MODES:
         raise UserError(f"host {host.name}: wheel_source {mode!r}: must be one of {', '.join(MODES)}")
-    url = v.get("wheel_index_url", DEFAULT_INDEX)
+    url = hv.get("wheel_index_url", DEFAULT_INDEX)
     if not isinstance(url, str) or not _URL.fullmatch(url):
         raise UserError(f"host {host.name}: wheel_index_url {url!r}: must be an http(s) URL")
-    addr = v.get("wheel_peer_address", host.address)
+    addr = hv.get("wheel_peer_address", host.address)
     if not isinstance(addr, str) or not _ADDRESS.fullmatch(addr or ""):
         raise UserError(f"host {host.name}: wheel_peer_address {addr!r}: must be an IP address or host name")
-    port = v.get("wheel_peer_port", DEFAULT_PEER_PORT)
+    port = hv.get("wheel_peer_port", DEFAULT_PEER_PORT)
     if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
         raise UserError(f"host {host.name}: wheel_peer_port {port!r}: must be a port number 1024-65535")
     return Settings(mode, url, addr, port)

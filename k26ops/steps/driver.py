@@ -18,6 +18,7 @@ import re
 
 from k26ops.steps import driver_plan as dp
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
 from k26ops.preflight import driver_version
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, tied_to_channel
@@ -25,6 +26,13 @@ from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, tied_
 DEFAULT_BRANCH = 580  # CUDA 13.x needs >= 580 (CUDA minor version compatibility table)
 FM_UNIT = "nvidia-fabricmanager.service"
 PD_UNIT = "nvidia-persistenced.service"
+declare(__name__, "the driver layer (k26ops provision)",
+        Var("nvidia_driver_branch", "int", DEFAULT_BRANCH,
+            "NVIDIA driver branch provision installs and holds (>= 580: CUDA 13)"),
+        Var("nvidia_driver_source", "distro|nvidia", None, "where the driver packages come from: the distribution "
+            "or NVIDIA's CUDA apt repository", "distro on Ubuntu; nvidia on Debian"),
+        Var("nvidia_fabricmanager", "auto|bool", "auto", "install and run nvidia-fabricmanager of the driver's "
+            "version", "auto (when NVSwitches are found)"))
 
 
 def want(hvars: dict, params: dict) -> dict:

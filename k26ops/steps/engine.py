@@ -36,12 +36,18 @@ from pathlib import Path
 from k26ops import units
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
 from k26ops.enginestate import start_limit_hit
+from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
 
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
 STANDIN = Path(__file__).resolve().parent.parent / "lab" / "fixtures" / "engine_standin.py"
 DEFAULT_HEALTH_TIMEOUT = 1800.0
+declare(__name__, "the engine's service",
+        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit"),
+        Var("health_timeout", "number (s)", DEFAULT_HEALTH_TIMEOUT, "seconds to wait for the engine's /health"),
+        Var("rollback_health_timeout", "number (s)", None, "seconds to wait for /health after a rollback",
+            "health_timeout"))
 
 
 class EngineFailed(StepFailed):
