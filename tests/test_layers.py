@@ -167,6 +167,47 @@ def test_the_rules_catch_an_upward_import_and_a_cycle():
     assert any("k26ops.errors" in c and "k26ops.steps" in c for c in cycles(graph))
 
 
+# A function-level import says why it is not at the top, on its line or the comment line
+# above its block of imports: `# lazy: git costs 60 ms at CLI start`, `# host: runs where
+# torch is`, `# cycle: ...` (none should be left).
+REASON = re.compile(r"#\s*[a-z][a-z -]*:\s*\S")
+
+
+def unexplained_function_imports(text: str, name: str) -> list[str]:
+    """`name:line: import` for each import inside a function with no reason beside it."""
+    lines = text.splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(text, filename=name)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if any(REASON.search(lines[i - 1]) for i in range(node.lineno, node.end_lineno + 1)):
+                continue
+            i = node.lineno - 1  # up over the block of imports (and blank lines) to its comment
+            while i > 0 and (not lines[i - 1].strip() or re.match(r"\s*(from \S+ )?import ", lines[i - 1])
+                             or lines[i - 1].strip().startswith(")")):
+                i -= 1
+            if i > 0 and REASON.search(lines[i - 1]) and lines[i - 1].strip().startswith("#"):
+                continue
+            out.append(f"{name}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(set(out))
+
+
+def test_function_level_imports_say_why():
+    """Imports sit at module top unless a reason is written beside them."""
+    assert [u for p in MODS.values()
+            for u in unexplained_function_imports(p.read_text(), str(p.relative_to(ROOT)))] == []
+
+
+def test_the_reason_rule_catches_a_bare_function_import():
+    text = ("def f():\n    import json\n\n\ndef g():\n    # lazy: costs 1 s\n    import json\n\n"
+            "    from os import path\n\n\ndef h():\n    import json  # cycle: a -> b\n    # no reason\n"
+            "    import os\n")
+    assert unexplained_function_imports(text, "m.py") == ["m.py:15: import os", "m.py:2: import json"]
+
+
 def diagram() -> str:
     """README's layer diagram, top layer first."""
     import textwrap
