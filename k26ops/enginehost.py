@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from k26ops import profile as profile_mod
+from k26ops import agents, profile as profile_mod
 from k26ops import units
 from k26ops.errors import UserError
+from k26ops.fleet import interrupt_requested
 from k26ops.hostvars import Var, declare
 from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live in layout)
     DEFAULT_ROOT, DEFAULT_UNIT, DEFAULT_PORT, UNIT_DIR, LAB_MODULE, PASS_ENV, NVLS_OFF, Layout, check_unit_name)
@@ -152,8 +153,6 @@ class EngineHost:
 
 def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
     """Run one operation of the engine agent (agents/engine.py) on the host: one remote command."""
-    from k26ops import agents
-
     return agents.run(session, "engine", op, timeout, what="host agent", **req)
 
 
@@ -180,8 +179,6 @@ def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, t
     Ctrl-C/SIGTERM/SIGHUP end it between windows. `poll(window, request)`
     replaces the engine agent's `poll` (a rehearsal's engine is no unit):
     the same answers (state healthy / crashed / loading, last_line)."""
-    from k26ops.fleet import interrupt_requested
-
     t0 = time.monotonic()
     p: dict = {}
     last = ""

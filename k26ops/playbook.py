@@ -20,7 +20,7 @@ from k26ops.fleet import Outcome, reporter
 from k26ops.hostlock import HostLock
 from k26ops.release import wheelsource
 from k26ops.shell import q
-from k26ops.steps import HostContext, Interrupted, Step, StepFailed
+from k26ops.steps import HostContext, Interrupted, Step, StepFailed, engine
 
 PLAYBOOKS_DIR = resources.path("playbooks")
 
@@ -71,8 +71,6 @@ def load(name_or_path: str) -> list[Step]:
 
 def _restore(ctx: HostContext) -> str:
     """After an interrupted step: the previous unit, env file and release, when this run changed them."""
-    from k26ops.steps import engine
-
     svc = ctx.shared.get("service")
     if svc is None and not ctx.shared.get("release_changed"):
         return "nothing was changed yet"

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k26ops.facts.cuda import cuda_toolkit_fact
+from k26ops.facts.disk import disk_free_fact
+from k26ops.errors import UserError
+from k26ops.facts.xid import ACTION_TEXT, distinct, who
+from k26ops.facts.smi_q import ACTIONS, fault_lines
+from k26ops.facts.fabric import verdict
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
-from k26ops.profile import DEFAULT_MODEL_PATH
+from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
 from k26ops.ssh import BECOME_HINT
 
 EXPECTED = declare(
@@ -47,17 +53,12 @@ def expectations(host_vars: dict) -> dict:
 def host_facts(host_vars: dict) -> list:
     """The facts that depend on this host's layout: free disk where the model and
     the releases go, the toolchain where the toolchain step installs it."""
-    from k26ops.facts.cuda import cuda_toolkit_fact
-    from k26ops.facts.disk import disk_free_fact
-
     return [disk_free_fact(paths(host_vars)), cuda_toolkit_fact(Layout.of(host_vars).toolchain_dir)]
 
 
 def engine_wanted(host_vars: dict) -> dict:
     """What this host's engine will start from: the model path (the engine profile's,
     as the unit gets it) and the drafter (`drafter_wanted`). A bad recipe raises UserError."""
-    from k26ops.profile import profile_for, recipe_for
-
     prof = profile_for(host_vars, recipe_for(host_vars))
     return {"model_path": str(prof.get("model_path") or expectations(host_vars)["model_path"]),
             "drafter": drafter_wanted(host_vars)}
@@ -66,8 +67,6 @@ def engine_wanted(host_vars: dict) -> dict:
 def drafter_wanted(host_vars: dict) -> dict | None:
     """The drafter this host's engine will use: path (inventory draft_model_path, else
     the recipe's drafter.path), the profile's block size, and where it came from."""
-    from k26ops.profile import profile_for, recipe_for
-
     r = recipe_for(host_vars)
     prof = profile_for(host_vars, r)
     if not prof.get("speculative_algorithm") or not prof.get("draft_model_path"):
@@ -81,9 +80,6 @@ def drafter_wanted(host_vars: dict) -> dict | None:
 def recipe_lock(host_vars: dict) -> dict:
     """Which recipe this host gets and whether its dependency lock is there and its own:
     {"recipe", "source", "lock", "ok", "problem"} (a deploy without the lock refuses)."""
-    from k26ops.errors import UserError
-    from k26ops.profile import lock_for, recipe_for
-
     try:
         r = recipe_for(host_vars)
     except UserError as exc:
@@ -149,8 +145,6 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
 def xid_fault_lines(xid_fact: dict) -> list[str]:
     """One line per GPU and hardware Xid of this boot whose action is a reset or more:
     'GPU 3 (0000:2b:00): Xid 79 GPU has fallen off the bus; action: reboot: ...'."""
-    from k26ops.facts.xid import ACTION_TEXT, distinct, who
-
     out = []
     for e in distinct((xid_fact or {}).get("events") or []):
         if e.get("kind") not in ("hardware", "echo") or e.get("action") not in ("reset-gpu", "reboot", "drain-and-rma"):
@@ -167,8 +161,6 @@ def gpu_health_check(facts: dict) -> Check:
     temperature past slowdown, a recovery action asked for); and on a hardware Xid of this boot
     in the kernel log, each naming GPU, fault and action. A health source that could not be
     read (the kernel log without root) is said in the detail; it fails nothing."""
-    from k26ops.facts.smi_q import fault_lines
-
     gpus = facts.get("gpus") or {}
     bad = list(gpus.get("gpu_errors") or [])
     seen = {g.get("index") for g in gpus.get("gpus") or [] if g.get("error")}
@@ -197,8 +189,6 @@ def fabric_manager_check(facts: dict) -> Check | None:
     """The fabric manager on a host it concerns (an NVSwitch host, or one with the unit): fails
     when it is not running, naming the reason from its journal (version mismatch, missing NVLSM,
     invalid config, or systemd's failure line) and the action; None where it does not concern."""
-    from k26ops.facts.fabric import verdict
-
     v = verdict(facts.get("fabric_manager"), facts.get("nvswitch"))
     return None if v is None else Check("fabric_manager", v["ok"], v["line"])
 
@@ -323,8 +313,6 @@ def health_summary(facts: dict) -> str:
     ('GPU 0 reset-gpu (row-remap-pending), GPU 3 reboot (xid-79)'), and a fabric manager that
     does not run where it should ('fabric manager install-matching (version-mismatch)'); ', kernel log unread' or
     '-q unread' when a source could not be read; '?' when neither was."""
-    from k26ops.facts.smi_q import ACTIONS
-
     health, xids = facts.get("gpu_health"), facts.get("gpu_xid")
     per: dict = {}
     for g in (health or {}).get("gpus") or [] if isinstance(health, dict) else []:
@@ -340,8 +328,6 @@ def health_summary(facts: dict) -> str:
         worst = max((a for a, _ in items), key=ACTIONS.index)
         names = sorted({n for _, n in items}, key=[n for _, n in items].index)
         parts.append(f"GPU {who} {worst} ({', '.join(names)})")
-    from k26ops.facts.fabric import verdict
-
     fm = verdict(facts.get("fabric_manager"), facts.get("nvswitch"))
     if fm and not fm["ok"]:
         parts.append(f"fabric manager {fm['action']} ({fm['reason']})")

@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26ops import config
 from k26ops.baselines import validate
 from k26ops.errors import UserError
 
@@ -43,8 +44,6 @@ _TAG_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*")
 def default_dir() -> Path:
     """$K26OPS_BASELINES, else the config file's `baselines`, else
     ~/.local/share/k26ops/baselines: never the current directory (k26ops.config)."""
-    from k26ops import config
-
     return config.baselines_dir()[0]
 
 

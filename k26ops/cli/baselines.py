@@ -7,6 +7,10 @@ from datetime import datetime, timezone
 
 import click
 
+from k26ops.cli.deploy import render_changes
+from k26ops.cli.rollout import print_rollout, run_rollout
+from k26ops.fleet import INTERRUPTED, exit_code
+from k26ops.errors import EXIT_INTERRUPTED, UserError
 from k26ops.release import engine_source
 from rich.console import Console
 from rich.text import Text
@@ -14,7 +18,7 @@ from rich.text import Text
 from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import baseline_tags
 from k26ops.cli.bench import baselines_option, bench_options, render_bench, spec_from
-from k26ops.cli.report import wide_console
+from k26ops.cli.report import print_results, wide_console
 from k26ops.steps.engine import smoke_summary
 
 BASELINES_OPT = baselines_option()
@@ -38,8 +42,6 @@ def _fmt_time(ts: float) -> str:
 def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, with_bench, **bench_opts):
     """Record the hosts' running engine as a tagged known-good baseline."""
     from k26ops.baselines import snapshot as snap
-    from k26ops.cli.report import print_results
-
     err = Console(stderr=True)
     repo = snap.open_repo(tag, force=force, baselines_dir=baselines_dir)
     res = snap.snapshot(repo, settings.selected_hosts(), settings.fleet_options(), tag, message, force=force,
@@ -70,9 +72,6 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, 
 def rollback_cmd(settings, tag, check, diff, baselines_dir):
     """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
     from k26ops.baselines import rollback
-    from k26ops.cli.deploy import render_changes
-    from k26ops.cli.rollout import run_rollout
-
     repo = rollback.open_repo(tag, baselines_dir)
     hosts = [h.name for h in settings.selected_hosts()]
     with rollback.prepared(repo, tag, hosts, check=check) as work:
@@ -80,8 +79,6 @@ def rollback_cmd(settings, tag, check, diff, baselines_dir):
                               columns=rollback.COLUMNS, exit=False)
     if not settings.as_json:
         render_changes(results, check=check, diff=diff)
-    from k26ops.fleet import exit_code
-
     sys.exit(exit_code(results))
 
 
@@ -130,8 +127,6 @@ def list_cmd(settings, baselines_dir):
 def show_cmd(settings, tag, baselines_dir):
     """One baseline: its tag message and per-host record."""
     from k26ops.baselines import Baselines
-    from k26ops.errors import UserError
-
     repo = Baselines(baselines_dir)
     if not repo.exists():
         raise UserError(f"unknown baseline tag {tag!r}: no baselines repository at {repo.path}")
@@ -174,11 +169,6 @@ PIN_COLUMNS = [("changed", "_changed"), ("pins", "pins"), ("unpinned", "unpinned
 
 def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None:
     """Per-host table or JSON, the changes, what stays on disk, stale hosts; then exit."""
-    from k26ops.cli.deploy import render_changes
-    from k26ops.errors import EXIT_INTERRUPTED
-    from k26ops.fleet import INTERRUPTED, exit_code
-    from k26ops.cli.rollout import print_rollout
-
     results, check, stale = res["results"], res["check"], res["stale_pins"]
     # Ctrl-C: a host still queued says so, and so does the rollout when every host had started
     interrupted = res.get("interrupted") or any(r.status == INTERRUPTED for r in results)

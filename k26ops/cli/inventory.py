@@ -21,6 +21,7 @@ from k26ops.inventory import Host, Inventory, Vault, load, variables
 from k26ops.inventory.yamlsrc import oneline
 
 from k26ops.inventory.native import FIELDS  # a host's connection fields, as the inventory reads them
+from k26ops.preflight import recipe_lock
 
 
 def jsonable(value, _path: tuple = ()):
@@ -221,8 +222,6 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
 def _recipes(hosts) -> list[dict]:
     """Which recipe each host gets (a deploy builds it) and whether its dependency lock exists:
     one entry per recipe, with its hosts (preflight.recipe_lock)."""
-    from k26ops.preflight import recipe_lock
-
     out: dict[tuple, dict] = {}
     seen: dict[str, dict] = {}  # the recipe depends on these two vars only: read each recipe and lock once
     for h in hosts:

@@ -61,6 +61,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from k26ops import preflight, rollout
+from k26ops.cli import jsonout
 from k26ops.cli.report import verbose_events
 from k26ops.layout import Layout
 from k26ops.errors import EXIT_HOST_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, UserError
@@ -268,8 +269,6 @@ def render(results: list[HostResult], console: Console | None = None) -> None:
 
 
 def emit_json(results: list[HostResult], code: int) -> None:
-    from k26ops.cli import jsonout
-
     jsonout.emit({"hosts": {r.host: r.to_json() for r in results}}, code)
 
 

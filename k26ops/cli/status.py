@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from datetime import datetime, timezone
 
 import click
 from rich.console import Console
@@ -13,7 +14,7 @@ from k26ops import rollout, units
 from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
-from k26ops.enginehost import agent
+from k26ops.enginehost import EngineHost, agent
 from k26ops.enginestate import engine_state
 from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
@@ -21,8 +22,6 @@ from k26ops.steps import HostContext, session_context
 
 
 def _target(ctx: HostContext, unit: str | None):
-    from k26ops.enginehost import EngineHost
-
     eh = EngineHost(ctx, {"unit": unit})
     host, port = eh.target()
     return eh, eh.unit, host, port
@@ -108,8 +107,6 @@ def xid_lines(events: list[dict]) -> list[str]:
     """One line per GPU and Xid the running engine has lived through (the kernel log since the
     unit became active): 'new since the engine started: GPU 0 (0000:18:00) Xid 79 GPU has fallen
     off the bus ... at 03:05:37; action: reboot: ...'."""
-    from datetime import datetime, timezone
-
     out = []
     for e in xid.distinct(events):
         at = datetime.fromtimestamp(e["time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

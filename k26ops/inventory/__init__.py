@@ -19,6 +19,7 @@ import re
 from collections import deque
 from pathlib import Path
 
+from k26ops import units
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.inventory import ansible, native, sources, variables
@@ -105,8 +106,6 @@ def _vars_dirs(graph: Graph, base: Path) -> None:
 def _secret_policy(hosts: dict) -> None:
     """The inventory's own secret names (`secret_vars`) and glob patterns
     (`secret_patterns`), at any level: they hold for every output of this run."""
-    from k26ops import units
-
     names, patterns = set(), set()
     for h in hosts.values():
         for var, into in zip(SECRETS, (names, patterns)):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from k26ops import resources
 from k26ops.errors import UserError
 from k26ops.lab import limits, rootfs
 from k26ops.shell import q
@@ -259,8 +260,6 @@ class Lab:
 
     def _model_fixture(self) -> Path:
         """The lab model dir (LAB_MODEL_FILES), written once per lab dir."""
-        from k26ops import resources
-
         model = self.dir / "model"
         if not (model / "config.json").exists():
             model.mkdir(exist_ok=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
+from k26ops.release.wheelhouse import PLATFORMS
 
 HEADER = ("# k26ops engine lock: made by `k26ops engine lock {recipe}`; commit it beside the recipe\n"
           "# and review changes as a diff. Hosts install exactly these wheels (pip --require-hashes\n"
@@ -65,7 +66,6 @@ class Lock:
 
 
 def platforms() -> list[str]:
-    from k26ops.release.wheelhouse import PLATFORMS
     return PLATFORMS
 
 

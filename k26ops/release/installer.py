@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
+from k26ops.release import wheelhouse
 from k26ops.shell import q
 
 INSTALLERS = ("uv", "pip")
@@ -52,8 +53,6 @@ def uv_lock_line() -> str:
 
 def uv_wheel():
     """uv's wheel in the control node's wheelhouse (downloaded once, hash-checked)."""
-    from k26ops.release import wheelhouse
-
     return wheelhouse.ensure([uv_lock_line()], no_deps=True, hashes=True)[0]
 
 

@@ -37,11 +37,12 @@ import time
 from dataclasses import dataclass
 
 from k26ops import agents
+from k26ops.interrupt import check as check_interrupted
 from k26ops.release import wheelhouse
 from k26ops.layout import Layout
-from k26ops.errors import UserError
+from k26ops.errors import StepFailed, UserError
 from k26ops.hostvars import Var, declare
-from k26ops.shell import q
+from k26ops.shell import q, tied_to_channel
 
 MODES = ("push", "index", "peer")
 DEFAULT_MODE = "push"
@@ -115,7 +116,6 @@ def deliver(ctx, wheels: list, remote_dir: str, local: tuple = ()) -> dict:
             ctx.progress(f"fetching {len(todo)} wheel(s) from relay {CURRENT.relay.name}")
             refused, why = _fetch(ctx, todo, remote_dir, url)
             if refused:
-                from k26ops.errors import StepFailed
                 raise StepFailed(f"wheel {refused[0]} from relay {CURRENT.relay.name} ({url}) has sha256 "
                                  f"{refused[1][:16]}..., the release expects {refused[2][:16]}...: refused "
                                  "(the relay's copy is not the control node's)")
@@ -148,9 +148,6 @@ def _note(ctx, got: dict) -> dict:
 
 def _download(ctx, wheels: list, remote_dir: str, index_url: str) -> None:
     """`pip download --require-hashes` on the host: exactly these files, or nothing."""
-    from k26ops.errors import StepFailed
-    from k26ops.shell import tied_to_channel
-
     wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to download")
     tool = f"{ctx.root}/pip-tool"  # a venv only for its pip (Debian's python3 has none)
     reqs = f"{remote_dir}/.index-requirements.txt"
@@ -244,8 +241,6 @@ class Batch:
     def _wait_admitted(self) -> str:
         """'' once the relay may be written to; else why not (its run refused or
         failed before taking its lock, or did not take it within ADMIT_WAIT)."""
-        from k26ops.interrupt import check as check_interrupted
-
         deadline = time.monotonic() + ADMIT_WAIT
         while not self._admitted.wait(0.2):
             check_interrupted("the wait for the wheel relay")
@@ -270,8 +265,6 @@ class Batch:
             return (self.url, "") if self.url and not self._server_error else ("", self._server_error)
 
     def _start(self) -> None:
-        from k26ops.shell import tied_to_channel
-
         session = self._session_for(self.relay)
         s = settings(self.relay)
         addr, port = s.peer_address, s.peer_port

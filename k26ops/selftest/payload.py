@@ -53,9 +53,11 @@ Exit codes: 0 all checks pass or skip; 1 a check failed / timed out / errored;
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -474,8 +476,6 @@ int main() {
 
 def find_nvcc(given=None):
     """The nvcc to test: --nvcc, else PATH, else the k26ops toolchain / /usr/local/cuda*."""
-    import glob
-    import shutil
     if given:
         return given if os.path.exists(given) else None
     found = shutil.which("nvcc")

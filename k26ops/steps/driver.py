@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from k26ops.reboot import engine_serving
+from k26ops import facts as facts_mod
 from k26ops.steps import driver_plan as dp
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
@@ -209,8 +211,6 @@ class Driver(Step):
         return res.exited == 0 and bool(values) and all(v == "Enabled" for v in values)
 
     def _serving(self, ctx) -> str | None:
-        from k26ops.reboot import engine_serving
-
         return engine_serving(ctx.session, ctx.vars)
 
     # -- apply -------------------------------------------------------------------------
@@ -240,8 +240,6 @@ class Driver(Step):
             # started now only when no reboot is pending: the new modules load at boot
             ctx.run(f"systemctl enable {'' if reboot else '--now '}{q(unit)}", check=True)
         if not reboot:
-            from k26ops import facts as facts_mod
-
             problems = verify(facts_mod.gather(ctx.session), {**want(ctx.vars, self.params)},
                               ctx.vars.get("gpus_per_host"))
             if problems:

@@ -33,9 +33,10 @@ import json
 import os
 from pathlib import Path
 
-from k26ops import units
+from k26ops import preflight, units
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
 from k26ops.enginestate import start_limit_hit
+from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
@@ -124,15 +125,11 @@ class ServiceStep(Step):
     preflight = True  # the rollback's baseline_service starts what its tag recorded: not checked here
 
     def facts(self, host_vars: dict) -> list:
-        from k26ops import preflight
-
         return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
 
     def check_host(self, ctx: HostContext) -> None:
         """Before any step prepares or changes anything: refuse the host when what the engine would start
         is not there (model, drafter of the profile's block size, disk) or a GPU needs a reset."""
-        from k26ops import preflight
-
         if not self.preflight:
             return
         bad = preflight.deploy_refusals(ctx.facts, ctx.vars, preflight.engine_wanted(ctx.vars))
@@ -359,8 +356,6 @@ def crash_text(crash: dict, secrets) -> tuple[str, dict]:
     """The text a dead engine is named from: its journal, then the kernel's NVRM lines of the
     same time (the agent's crash report carries them: an Xid there is the cause, the engine's
     error its symptom), redacted; and the GPUs' bus ids -> index."""
-    from k26ops.facts.xid import parse_bus_ids
-
     text = units.redact(crash.get("journal") or "", secrets)
     if crash.get("kernel"):
         text += ("\n" if text and not text.endswith("\n") else "") + units.redact(crash["kernel"], secrets)
