@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k26ops.errors import UserError
+from k26ops.facts import smi_q
 from k26ops.facts.cuda import cuda_toolkit_fact
 from k26ops.facts.disk import disk_free_fact
-from k26ops.errors import UserError
-from k26ops.facts.xid import ACTION_TEXT, distinct, who
-from k26ops.facts.smi_q import ACTIONS, fault_lines
+from k26ops.facts.drafter import drafter_fact
 from k26ops.facts.fabric import verdict
+from k26ops.facts.model import model_fact
+from k26ops.facts.smi_q import ACTIONS, fault_lines
+from k26ops.facts.xid import ACTION_TEXT, distinct, who
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
@@ -101,9 +104,6 @@ def recipe_check(info: dict) -> Check:
 
 def engine_facts(want: dict) -> list:
     """The facts `engine_wanted` asks for (model, drafter), gathered in the same call as the others."""
-    from k26ops.facts.drafter import drafter_fact
-    from k26ops.facts.model import model_fact
-
     out = [model_fact(want["model_path"])]
     if (want.get("drafter") or {}).get("path"):
         out.append(drafter_fact(want["drafter"]["path"]))
@@ -271,8 +271,6 @@ def gpu_reset_check(facts: dict) -> Check:
     """A GPU the driver says needs a reset (or worse): reset status, recovery action, a
     pending remap or retirement (nvidia-smi -q), or an error state in the GPU query or table.
     Slowdowns and this boot's Xid history are `check`'s; they do not stop a deploy."""
-    from k26ops.facts.smi_q import ACTION_TEXT, ACTIONS
-
     gpus = facts.get("gpus") or {}
     bad = list(gpus.get("gpu_errors") or []) if isinstance(gpus, dict) else []
     health = facts.get("gpu_health")
@@ -282,7 +280,7 @@ def gpu_reset_check(facts: dict) -> Check:
             who = (f"GPU {g['index']}" if g.get("index") is not None else "GPU") + \
                   (f" ({g['bus_id']})" if g.get("bus_id") else "")
             why = ", ".join(f["evidence"] for f in g.get("faults") or [] if f["action"] != "check-cooling")
-            bad.append(f"{who} needs {worst}: {why}; {ACTION_TEXT[worst]}")
+            bad.append(f"{who} needs {worst}: {why}; {smi_q.ACTION_TEXT[worst]}")
     if bad:
         return Check("gpu_reset", False, "; ".join(bad))
     return Check("gpu_reset", True, "no GPU needs a reset")

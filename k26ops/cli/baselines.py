@@ -41,6 +41,7 @@ def _fmt_time(ts: float) -> str:
 @click.pass_obj
 def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, with_bench, **bench_opts):
     """Record the hosts' running engine as a tagged known-good baseline."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import snapshot as snap
     err = Console(stderr=True)
     repo = snap.open_repo(tag, force=force, baselines_dir=baselines_dir)
@@ -71,6 +72,7 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, 
 @click.pass_obj
 def rollback_cmd(settings, tag, check, diff, baselines_dir):
     """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import rollback
     repo = rollback.open_repo(tag, baselines_dir)
     hosts = [h.name for h in settings.selected_hosts()]
@@ -92,6 +94,7 @@ def group():
 @click.pass_obj
 def list_cmd(settings, baselines_dir):
     """Tags with date, hosts, release, health and spec accept length."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import Baselines
 
     repo = Baselines(baselines_dir)
@@ -126,6 +129,7 @@ def list_cmd(settings, baselines_dir):
 @click.pass_obj
 def show_cmd(settings, tag, baselines_dir):
     """One baseline: its tag message and per-host record."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import Baselines
     repo = Baselines(baselines_dir)
     if not repo.exists():
@@ -211,6 +215,7 @@ def delete_cmd(settings, tags, check, diff, baselines_dir):
     them. A host that cannot be reached keeps its old pins; the tags stay
     deleted, and `k26ops baselines repin` fixes that host later.
     """
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import pins
 
     repo = pins.open_repo(baselines_dir)
@@ -236,6 +241,7 @@ def repin_cmd(settings, check, diff, baselines_dir):
     host no tag records pins none). `current` and release directories are not
     touched; the next deploy's prune frees what is no longer pinned.
     """
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import pins
 
     repo = pins.open_repo(baselines_dir)

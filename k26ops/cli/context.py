@@ -11,6 +11,7 @@ import click
 from k26ops import config, inventory, multinode
 from k26ops.errors import UserError
 from k26ops.fleet import FleetOptions
+from k26ops.inventory.targets import targets
 
 
 def lab_dir_record() -> Path:
@@ -79,8 +80,6 @@ class Settings:
     def targets(self, inv):
         """The hosts commands act on by default (k26ops.inventory.targets): the
         config file's `targets` pattern, else the hosts setting gpus_per_host."""
-        from k26ops.inventory.targets import targets
-
         pattern = config.load().get("targets")
         return targets(inv, pattern, f"config {config.config_path()}")
 

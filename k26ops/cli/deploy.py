@@ -8,6 +8,7 @@ import click
 
 from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE, parse_figure
+from k26ops.enginebench.gate import BenchGate, plan_gate
 from k26ops.enginebench.run import METRICS
 from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.bench import baselines_option
@@ -109,7 +110,6 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
                  batch=None, max_fail=None):
     """The deploy with the bench gate on its canary batch, and with --batch on
     every later batch too (enginebench/gate.py)."""
-    from k26ops.enginebench.gate import BenchGate, plan_gate
     if not canary and not batch:
         raise UserError("--gate needs --canary N or --batch (the hosts benched before the others go on); "
                         "nothing was deployed")

@@ -84,6 +84,7 @@ def _print_human(d) -> None:
 def log_cmd(ctx, file, base):
     """Classify a local SGLang log (a file, or - for stdin). Exit 0: a known crash
     named or no error at all; 1: an error that matched no known crash; 2: bad input."""
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.classify import classify
 
     if base:
@@ -111,6 +112,7 @@ def service_cmd(settings, unit, lines):
     """Classify the engine's last crash on each host, from its journal. Exit 0: every
     crash named (or none found); 1: a crash matched no known signature, or a host
     failed; 2: bad input."""
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose import journal
     from k26ops.diagnose.classify import classify
 
@@ -150,7 +152,9 @@ def service_cmd(settings, unit, lines):
             if not data.get("crashed"):
                 continue
             con.print(f"[bold]{res.host}[/]: last crash {data.get('crashed_at') or ''} ({escape(str(data.get('exit')))})")
+            # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
             from k26ops.diagnose.classify import Diagnosis
+
             fields = {k: data.get(k) for k in Diagnosis.__dataclass_fields__}
             _print_human(Diagnosis(**fields))
 
@@ -181,7 +185,9 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
     """Apply the None-field probe, restart with CUDA graphs on, send a request,
     name the crash; always revert and restore the engine. A serving engine is
     restarted twice: asks first (-y: don't ask; no terminal to ask on: refused)."""
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose import probe
+
     inv, hosts = settings.select(host_name)
     if len(hosts) != 1:
         raise UserError(f"--host {host_name}: names {len(hosts)} hosts in {inv.path}; name exactly one host")
@@ -259,6 +265,7 @@ def _restore_line(exc) -> str:
 
 
 def _print_probe(settings, rep, code: int) -> None:
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose import probe
     from k26ops.diagnose.classify import Diagnosis
 

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from k26ops import agents, resources, units
+from k26ops.diagnose.signatures import PROBE_WATCHED
+from k26ops.diagnose.classify import classify
 from k26ops.enginehost import EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import UserError
 from k26ops.release import patchset
@@ -116,8 +118,6 @@ def watched_counts(text: str) -> dict | None:
     """What the probe says it checked (its `K26OPS-PROBE watched:` lines), the highest
     count per copy site over all ranks: {"fill_from": {graph: n}, "copy_slots": n,
     "slots_checked": n}; None when no such line (nothing instrumented was reached)."""
-    from k26ops.diagnose.signatures import PROBE_WATCHED
-
     found = False
     out: dict = {"fill_from": {}, "copy_slots": 0, "slots_checked": 0}
     for m in PROBE_WATCHED.finditer(text or ""):
@@ -179,7 +179,6 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
     check=True: only the read-only checks and the plan (rep.plan); nothing changes.
     confirm(plan, serving) is asked after the read-only checks, before any
     change; False raises Declined."""
-    from k26ops.diagnose.classify import classify
     ctx = session_context(session)
     eh = EngineHost(ctx, {"unit": unit})
     uname = eh.unit

@@ -30,7 +30,7 @@ import yaml
 
 from k26ops import resources
 from k26ops.errors import UserError
-from k26ops.lab import limits, rootfs
+from k26ops.lab import engine_source_fixture, limits, rootfs
 from k26ops.shell import q
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -187,8 +187,6 @@ class Lab:
                 self._save(started, image, raised)
             (self.dir / "known_hosts").write_text("".join(known))
             self._wait_ssh(started)
-            from k26ops.lab import engine_source_fixture
-
             self.source_url = engine_source_fixture.ensure()[0]
             self._write_inventory(started)
         except BaseException:

@@ -118,6 +118,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
              env: dict | None = None, progress=lambda m: None) -> dict:
     """Rehearse on one host; the report (dict). Raises RehearsalFailed when the
     engine crashed or did not serve, StepFailed/UserError when it could not run."""
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.classify import classify
     opts, recipe = options_for(ctx, opts)
     eh = EngineHost(ctx)
@@ -286,6 +287,7 @@ def _metrics(text: str) -> dict:
 # ---------------------------------------------------------------- --probe
 
 def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.probe import probe_patch_for
 
     info = _release_site(ctx, release_dir)
@@ -301,6 +303,7 @@ def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
 
 
 def _revert_probe(ctx, probe: dict, report: dict, log: str) -> None:
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.probe import GRAPH_PATHS, watched_counts, watched_text
 
     w = watched_counts(log)

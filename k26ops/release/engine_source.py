@@ -25,6 +25,7 @@ import sys
 import tarfile
 import tempfile
 import tomllib
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -351,8 +352,6 @@ def prebuilt(path: str | None, url: str | None, sha256: str, recipe_dir: Path,
         root.mkdir(parents=True, exist_ok=True)
         dest = root / sha256[:16] / url.rstrip("/").rsplit("/", 1)[-1]
         if not dest.exists():
-            import urllib.request
-
             progress(f"downloading the prebuilt engine wheel {url}")
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".partial")

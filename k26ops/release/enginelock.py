@@ -31,6 +31,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from uv import find_uv_bin
+
 from k26ops.errors import UserError
 from k26ops.release.wheelhouse import PLATFORMS
 
@@ -141,8 +143,6 @@ def _norm(name: str) -> str:
 def uv_bin() -> str:
     """The uv executable: the `uv` package's own (a k26ops dependency), else one on PATH."""
     try:
-        from uv import find_uv_bin
-
         return find_uv_bin()
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")

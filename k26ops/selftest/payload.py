@@ -148,6 +148,7 @@ def check_gpus(args):
 
 
 def _nvml_driver_version():
+    # lazy: runs on the host; the CLI imports this file for its tables only
     import ctypes
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
@@ -163,6 +164,7 @@ def _nvml_driver_version():
 
 
 def _cuda_driver_api_version():
+    # lazy: runs on the host; the CLI imports this file for its tables only
     import ctypes
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
@@ -190,6 +192,7 @@ def check_versions(args):
     runtime = torch.version.cuda
     triton_v = None
     try:
+        # host: triton is in the engine's python on a GPU host, never on the control node
         import triton
         triton_v = triton.__version__
     except Exception:
@@ -282,6 +285,7 @@ def check_cuda_graph(args):
 def check_triton(args):
     torch = _torch()
     global triton, tl  # the kernel's globals must see them (triton reads fn.__globals__)
+    # host: triton is in the engine's python on a GPU host, never on the control node
     import triton
     import triton.language as tl
 
@@ -427,6 +431,7 @@ def check_allreduce(args):
 def allreduce_rank(rank, world, port, mb):
     """One rank of the all-reduce benchmark (its own process, its own GPU)."""
     torch = _torch()
+    # host: torch is in the engine's python on a GPU host, never on the control node
     import torch.distributed as dist
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)

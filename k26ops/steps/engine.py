@@ -338,6 +338,7 @@ def rollback(ctx: HostContext, svc: dict) -> str:
 # ---------------------------------------------------------------- naming a crash
 
 def _classify(ctx: HostContext, text: str, bus_ids: dict | None = None):
+    # lazy: the crash signatures (about 20 ms) only when the engine died
     from k26ops.diagnose.classify import classify
 
     prep = ctx.shared.get("prepared")
