@@ -6,9 +6,10 @@ copy as text) and what it means. The declarations register here, in the base lay
 can declare without importing upward; k26ops.inventory.variables checks an
 inventory's keys against them and docs/inventory.md is generated from them.
 
-The registry holds what the imported modules declared: k26ops.cli.readers imports
-every declaring module before the CLI loads an inventory (a test holds that list
-to the modules that call `declare`).
+The registry holds what the imported modules declared. The CLI makes it whole
+(`complete_with`): k26ops.cli.readers imports every declaring module the first time
+the registry is asked, i.e. when an inventory is loaded or the table printed (a
+test holds that list to the modules that call `declare`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ class Var:
 
 
 _DECLARED: dict[str, Var] = {}
+_LOADERS: list = []  # what imports every declaring module, run before the registry first answers
+
+
+def complete_with(load) -> None:
+    """`load()` imports every module that declares variables (the CLI's k26ops.cli.readers):
+    run once, when the registry is first asked, so a command that reads no inventory
+    (`--help`) does not import them."""
+    _LOADERS.append(load)
+
+
+def _whole() -> None:
+    while _LOADERS:
+        _LOADERS.pop()()
 
 
 def declare(module: str, topic: str, *variables: Var) -> dict[str, Var]:
@@ -65,10 +79,13 @@ def declare(module: str, topic: str, *variables: Var) -> dict[str, Var]:
 
 
 def is_declared(name: str) -> bool:
+    if _LOADERS:
+        _whole()
     return name in _DECLARED
 
 
 def declared() -> tuple[Var, ...]:
     """Every variable declared so far, by declaring module, then in declaration order."""
+    _whole()
     order = {name: i for i, name in enumerate(_DECLARED)}
     return tuple(sorted(_DECLARED.values(), key=lambda v: (v.module, order[v.name])))

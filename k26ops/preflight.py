@@ -17,7 +17,6 @@ from k26ops.facts.cuda import cuda_toolkit_fact
 from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
 from k26ops.facts.fabric import verdict
-from k26ops.facts.model import model_fact
 from k26ops.facts.smi_q import ACTIONS, fault_lines
 from k26ops.facts.xid import ACTION_TEXT, distinct, who
 from k26ops.hostvars import Var, declare
@@ -104,6 +103,9 @@ def recipe_check(info: dict) -> Check:
 
 def engine_facts(want: dict) -> list:
     """The facts `engine_wanted` asks for (model, drafter), gathered in the same call as the others."""
+    # lazy: the shard-name patterns (about 3 ms at CLI start) only when a deploy or check gathers facts
+    from k26ops.facts.model import model_fact
+
     out = [model_fact(want["model_path"])]
     if (want.get("drafter") or {}).get("path"):
         out.append(drafter_fact(want["drafter"]["path"]))

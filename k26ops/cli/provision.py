@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from k26ops import playbook, provision
+from k26ops import playbook
 from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.globalopts import _finite
 from k26ops.cli.deploy import render_changes
@@ -54,6 +54,9 @@ def reboot_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_r
 def provision_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_reboot, diff, name):
     """Host layer: pinned NVIDIA driver (open modules), nvidia-persistenced, fabric manager on
     NVSwitch hosts; reboots the hosts that need it in canary batches and verifies them."""
+    # lazy: the driver step and its plan tables (about 10 ms at CLI start) only for provision
+    from k26ops import provision
+
     steps = playbook.load(name)
     for step in steps:
         step.before_hosts(settings.selected_hosts())

@@ -25,7 +25,6 @@ import sys
 import tarfile
 import tempfile
 import tomllib
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -355,6 +354,9 @@ def prebuilt(path: str | None, url: str | None, sha256: str, recipe_dir: Path,
             progress(f"downloading the prebuilt engine wheel {url}")
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".partial")
+            # lazy: urllib.request brings http.client and email (about 5 ms at CLI start) for this one download
+            import urllib.request
+
             try:
                 with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as fh:
                     shutil.copyfileobj(resp, fh)
