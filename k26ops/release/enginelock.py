@@ -31,8 +31,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from uv import find_uv_bin
-
 from k26ops.errors import UserError
 from k26ops.release.wheelhouse import PLATFORMS
 
@@ -143,6 +141,8 @@ def _norm(name: str) -> str:
 def uv_bin() -> str:
     """The uv executable: the `uv` package's own (a k26ops dependency), else one on PATH."""
     try:
+        from uv import find_uv_bin  # optional: the uv package may be missing; then one on PATH
+
         return find_uv_bin()
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")
