@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
+from k26ops.shell import q
 
 DEFAULT_ROOT = "/opt/k26ops"
 DEFAULT_UNIT = "k26-engine.service"
@@ -68,3 +69,13 @@ def check_unit_name(name: str) -> str:
     if "/" in name or not name.endswith(".service") or len(name) < 9:
         raise UserError(f"engine unit name must be NAME.service, got {name!r}")
     return name
+
+
+def switch_current(releases_root: str, release: str, require_manifest: bool = True) -> str:
+    """The shell command that makes `release` (a directory in releases_root, or a path) the
+    current one: a temp symlink renamed over `current` (rename(2) is atomic: a reader sees
+    the old release or the new one, never none). `require_manifest`: refuse a release whose
+    build did not finish (it writes manifest.json last)."""
+    check = f"test -f {q(release)}/manifest.json; " if require_manifest else ""
+    return (f"set -e; cd {q(releases_root)}; {check}ln -sfn {q(release)} .current.tmp; "
+            "mv -T .current.tmp current")

@@ -31,8 +31,8 @@ from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
+from k26ops.layout import switch_current
 from k26ops.rollout import playbook_work
-from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps
@@ -91,8 +91,7 @@ class BaselineRelease(Step):
         if ctx.shared["baseline_mode"] == "rebuild":
             release_step.Release()._build(ctx, ctx.shared["prepared"])
             ctx.shared.setdefault("outcome", {})["release_rebuilt"] = True
-        ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
-                f"mv -T .current.tmp current", check=True)
+        ctx.run(switch_current(rel, rid), check=True)
         ctx.shared["release_changed"] = True
 
 

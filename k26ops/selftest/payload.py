@@ -220,12 +220,18 @@ def check_versions(args):
 MISMATCH_RE = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 
 
-def check_cuda_graph(args):
-    torch = _torch()
-    per_gpu, problems = [], []
+def each_gpu(torch):
+    """Each visible GPU in turn, made the current device: (index, device)."""
     for d in range(torch.cuda.device_count()):
         dev = torch.device("cuda", d)
         torch.cuda.set_device(dev)
+        yield d, dev
+
+
+def check_cuda_graph(args):
+    torch = _torch()
+    per_gpu, problems = [], []
+    for d, dev in each_gpu(torch):
         row = {"index": d}
         try:
             # The engine's shape: a static input_ids buffer for max_bs requests
@@ -299,9 +305,7 @@ def check_triton(args):
         tl.store(out_ptr + offs, a * x + y, mask=mask)
 
     per_gpu, problems = [], []
-    for d in range(torch.cuda.device_count()):
-        dev = torch.device("cuda", d)
-        torch.cuda.set_device(dev)
+    for d, dev in each_gpu(torch):
         row = {"index": d}
         try:
             n = 100_003
@@ -335,9 +339,7 @@ def check_matmul(args):
     size = args.matmul_size
     per_gpu, problems = [], []
     floor_all = []
-    for d in range(torch.cuda.device_count()):
-        dev = torch.device("cuda", d)
-        torch.cuda.set_device(dev)
+    for d, dev in each_gpu(torch):
         p = torch.cuda.get_device_properties(d)
         cc = "%d.%d" % (p.major, p.minor)
         floor = args.min_tflops if args.min_tflops is not None else MATMUL_FLOOR.get(cc)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from k26ops import preflight, units
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
-from k26ops.enginestate import start_limit_hit
+from k26ops.enginestate import run_identity, start_limit_hit
 from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
@@ -234,7 +234,7 @@ class ServiceStep(Step):
         svc["restarted"] = bool(todo.get("restart") or todo.get("start"))
         show = res["show"]
         if svc["restarted"]:
-            svc["base"] = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+            svc["base"] = run_identity(show)
         outcome(ctx)["engine_restarted"] = svc["restarted"]
 
 
@@ -320,7 +320,7 @@ def rollback(ctx: HostContext, svc: dict) -> str:
         return "no previous engine: the new unit was stopped and removed"
     # The previous engine is back; say whether it answers again.
     show = res["show"]
-    base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+    base = run_identity(show)
     timeout = float(ctx.vars.get("rollback_health_timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
     w = wait_ready(ctx.session, svc["unit"], svc["host"], svc["port"], base=base, timeout=timeout,
                    secrets=svc["secrets"], window=5.0)
