@@ -1,6 +1,7 @@
-"""Every inventory setting is known: the registry (k26ops.inventory.variables)
-covers what the code reads, docs/inventory.md is generated from it, and a key
-nothing reads is a warning naming the nearest known one (an error with --strict)."""
+"""Every inventory setting is known: the variables each reading module declares
+(k26ops.hostvars) cover what the code reads, docs/inventory.md is generated from
+them, and a key nothing reads is a warning naming the nearest known one (an error
+with --strict)."""
 
 from __future__ import annotations
 

@@ -6,19 +6,18 @@ import sys
 from datetime import datetime, timezone
 
 import click
-
-from k26ops.cli.deploy import render_changes
-from k26ops.cli.rollout import print_rollout, run_rollout
-from k26ops.fleet import INTERRUPTED, exit_code
-from k26ops.errors import EXIT_INTERRUPTED, UserError
-from k26ops.release import engine_source
 from rich.console import Console
 from rich.text import Text
 
 from k26ops.cli import jsonout, tables
-from k26ops.cli.complete import baseline_tags
 from k26ops.cli.bench import baselines_option, bench_options, render_bench, spec_from
+from k26ops.cli.complete import baseline_tags
+from k26ops.cli.deploy import render_changes
 from k26ops.cli.report import print_results, wide_console
+from k26ops.cli.rollout import print_rollout, run_rollout
+from k26ops.errors import EXIT_INTERRUPTED, UserError
+from k26ops.fleet import INTERRUPTED, exit_code
+from k26ops.release import engine_source
 from k26ops.steps.engine import smoke_summary
 
 BASELINES_OPT = baselines_option()
@@ -43,6 +42,7 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, 
     """Record the hosts' running engine as a tagged known-good baseline."""
     # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import snapshot as snap
+
     err = Console(stderr=True)
     repo = snap.open_repo(tag, force=force, baselines_dir=baselines_dir)
     res = snap.snapshot(repo, settings.selected_hosts(), settings.fleet_options(), tag, message, force=force,
@@ -74,6 +74,7 @@ def rollback_cmd(settings, tag, check, diff, baselines_dir):
     """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
     # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import rollback
+
     repo = rollback.open_repo(tag, baselines_dir)
     hosts = [h.name for h in settings.selected_hosts()]
     with rollback.prepared(repo, tag, hosts, check=check) as work:
@@ -131,6 +132,7 @@ def show_cmd(settings, tag, baselines_dir):
     """One baseline: its tag message and per-host record."""
     # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import Baselines
+
     repo = Baselines(baselines_dir)
     if not repo.exists():
         raise UserError(f"unknown baseline tag {tag!r}: no baselines repository at {repo.path}")

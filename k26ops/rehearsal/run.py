@@ -120,6 +120,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     engine crashed or did not serve, StepFailed/UserError when it could not run."""
     # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.classify import classify
+
     opts, recipe = options_for(ctx, opts)
     eh = EngineHost(ctx)
     profile = eh.profile()
