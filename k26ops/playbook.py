@@ -14,13 +14,12 @@ import yaml
 
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
-from k26ops.layout import Layout
+from k26ops.layout import Layout, switch_current
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome, reporter
 from k26ops.hostlock import HostLock
 from k26ops.release import wheelsource
-from k26ops.shell import q
-from k26ops.steps import HostContext, Interrupted, Step, StepFailed
+from k26ops.steps import HostContext, Interrupted, Step, StepFailed, engine
 
 PLAYBOOKS_DIR = resources.path("playbooks")
 
@@ -37,6 +36,7 @@ def _shown(path: Path) -> str:
 
 
 def load(name_or_path: str) -> list[Step]:
+    # lazy: the step table imports every step module (about 45 ms) only when a playbook runs
     from k26ops.steps.registry import STEPS
 
     path = Path(name_or_path)
@@ -71,8 +71,6 @@ def load(name_or_path: str) -> list[Step]:
 
 def _restore(ctx: HostContext) -> str:
     """After an interrupted step: the previous unit, env file and release, when this run changed them."""
-    from k26ops.steps import engine
-
     svc = ctx.shared.get("service")
     if svc is None and not ctx.shared.get("release_changed"):
         return "nothing was changed yet"
@@ -80,8 +78,7 @@ def _restore(ctx: HostContext) -> str:
         prev = ctx.shared.get("previous_release")
         if not prev:
             return "the new release stays current (there was no previous one)"
-        ctx.session.run(f"cd {q(ctx.releases_root)} && ln -sfn {q(prev)} .current.tmp && mv -T .current.tmp current",
-                        check=True)
+        ctx.session.run(switch_current(ctx.releases_root, prev, require_manifest=False), check=True)
         return f"current points at {prev} again"
     return engine.rollback(ctx, svc)
 

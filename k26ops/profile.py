@@ -11,10 +11,29 @@ from __future__ import annotations
 
 import json
 
-from k26ops import units
+from k26ops import multinode, units
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
+from k26ops.layout import DEFAULT_PORT
 from k26ops.release import enginelock, inputs
 from k26ops.release import recipe as recipe_mod
+
+DEFAULT_MODEL_PATH = "/models/Kimi-K2.6"  # also what preflight checks when neither recipe nor inventory names one
+
+declare(__name__, "the engine",
+        Var("recipe", "str", recipe_mod.DEFAULT_RECIPE,
+            "recipe name or path: the engine version, patches and profile to build"),
+        Var("engine_source_mirrors", "mapping", {}, "a recipe's git URL -> mirror URL to fetch the engine source from"),
+        Var("engine_profile", "mapping", {}, "engine flags over the recipe's profile (tp_size, page_size, ...)"),
+        Var("engine_port", "int", DEFAULT_PORT, "the engine's HTTP port (--port)", f"the recipe's port ({DEFAULT_PORT})"),
+        Var("extra_flags", "list", [], "extra engine command-line flags"))
+# Taken into the engine profile as they are, over the recipe's.
+PROFILE_VARS = declare(__name__, "the engine",
+                       Var("model_path", "path", DEFAULT_MODEL_PATH, "the model's weights directory (--model-path)"),
+                       Var("draft_model_path", "path", None, "the DFlash drafter's directory "
+                           "(--speculative-draft-model-path)", "the recipe's drafter path"),
+                       Var("launch_module", "str", units.LAUNCH_MODULE, "python -m module that starts the engine"),
+                       Var("served_model_name", "str", None, "--served-model-name"))
 
 
 def inventory_recipe(ctx) -> recipe_mod.Recipe:
@@ -74,8 +93,7 @@ def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
     prof.update(vars.get("engine_profile") or {})
     if r.drafter and r.drafter.path:
         prof.setdefault("draft_model_path", r.drafter.path)
-    for key in ("model_path", "draft_model_path", "launch_module", "served_model_name",
-                "nnodes", "node_rank", "dist_init_addr"):  # the last three: k26ops.multinode
+    for key in (*PROFILE_VARS, *multinode.ENGINE_VARS):
         if key in vars:
             prof[key] = vars[key]
     if "engine_port" in vars:

@@ -19,8 +19,10 @@ through the same writer (`write_pins`): the file has one writer.
 
 from __future__ import annotations
 
+from k26ops import rollout
 from k26ops.baselines.repo import Baselines
 from k26ops.errors import UserError
+from k26ops.hostlock import HostLock
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, text_diff
 
@@ -67,8 +69,6 @@ def write_pins(ctx: HostContext, ids: list[str]) -> None:
 
 def pin_release(session, release_id: str, purpose: str = "baselines snapshot") -> bool:
     """Add one release to the host's pins under the host lock; False when it was pinned already."""
-    from k26ops.hostlock import HostLock
-
     ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
     with HostLock(session, ctx.state_dir, purpose):
         _old, have = read_pins(ctx)
@@ -81,8 +81,6 @@ def pin_release(session, release_id: str, purpose: str = "baselines snapshot") -
 def repin_hosts(hosts, options, pins: dict[str, list[str]], *, check: bool, log=lambda m: None):
     """Run `baseline_pins` on `hosts` (host lock, --check): the rollout (one result per
     host, and whether Ctrl-C ended it, also when no host was still queued)."""
-    from k26ops import rollout
-
     if not hosts:
         return rollout.Rollout()
     work = rollout.playbook_work([BaselinePins()], check=check, purpose="baselines repin", shared={"pins": pins})

@@ -31,7 +31,8 @@ from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
-from k26ops.shell import q
+from k26ops.layout import switch_current
+from k26ops.rollout import playbook_work
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps
@@ -90,8 +91,7 @@ class BaselineRelease(Step):
         if ctx.shared["baseline_mode"] == "rebuild":
             release_step.Release()._build(ctx, ctx.shared["prepared"])
             ctx.shared.setdefault("outcome", {})["release_rebuilt"] = True
-        ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
-                f"mv -T .current.tmp current", check=True)
+        ctx.run(switch_current(rel, rid), check=True)
         ctx.shared["release_changed"] = True
 
 
@@ -263,8 +263,6 @@ def open_repo(tag: str, baselines_dir=None) -> Baselines:
 def prepared(repo: Baselines, tag: str, hosts: list[str], *, check: bool = False):
     """The rollback of `hosts` to `tag` as a rollout's work(session, progress);
     the tag's files (recipe, lock, patches) lie in a temporary directory while it runs."""
-    from k26ops.rollout import playbook_work
-
     workdir = Path(tempfile.mkdtemp(prefix="k26ops-rollback-"))
     try:
         per_host = host_baselines(repo, tag, hosts, workdir)

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from k26ops import playbook
-from k26ops.enginebench.figures import DEFAULT_GATE
+from k26ops.enginebench.figures import DEFAULT_GATE, parse_figure
+from k26ops.enginebench.gate import BenchGate, plan_gate
 from k26ops.enginebench.run import METRICS
 from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
+from k26ops.enginebench.stored import stored_benches
+from k26ops.errors import UserError
+from k26ops.fleet import exit_code
 from k26ops.rehearsal.run import Gate
 from k26ops.cli.rollout import run_rollout
-from k26ops.rollout import playbook_work
+from k26ops.rollout import canary_batches, playbook_work
 
 
 DIFF_STYLE = (("+++", {"bold": True}), ("---", {"bold": True}), ("@@", {"fg": "cyan"}),
@@ -104,15 +110,6 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
                  batch=None, max_fail=None):
     """The deploy with the bench gate on its canary batch, and with --batch on
     every later batch too (enginebench/gate.py)."""
-    import sys
-
-    from k26ops.enginebench.stored import stored_benches
-    from k26ops.enginebench.figures import parse_figure
-    from k26ops.enginebench.gate import BenchGate, plan_gate
-    from k26ops.errors import UserError
-    from k26ops.fleet import exit_code
-    from k26ops.rollout import canary_batches
-
     if not canary and not batch:
         raise UserError("--gate needs --canary N or --batch (the hosts benched before the others go on); "
                         "nothing was deployed")

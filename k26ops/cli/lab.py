@@ -8,10 +8,14 @@ from rich.table import Table
 
 from k26ops.cli import jsonout
 from k26ops.cli.context import default_lab_dir, remember_lab_dir
-from k26ops.lab.machines import DEFAULT_BASE_PORT, Lab
+from k26ops.lab import DEFAULT_BASE_PORT
 
 
-def _lab(ctx, directory) -> Lab:
+def _lab(ctx, directory):
+    """The lab in --dir, else the default one."""
+    # lazy: the lab's machinery (nspawn, base image, kernel limits: about 10 ms) only for `lab` commands
+    from k26ops.lab.machines import Lab
+
     return Lab(directory or ctx.obj.lab_path)
 
 

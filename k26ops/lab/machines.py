@@ -28,8 +28,9 @@ from pathlib import Path
 
 import yaml
 
+from k26ops import resources
 from k26ops.errors import UserError
-from k26ops.lab import limits, rootfs
+from k26ops.lab import DEFAULT_BASE_PORT, engine_source_fixture, limits, rootfs
 from k26ops.shell import q
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -47,7 +48,6 @@ DRAFTER_CONFIG = ('{"k26ops_lab_fixture": "a DFlash drafter config for the lab; 
 LAB_MODEL = "/models/Kimi-K2.6"
 LAB_MODEL_FILES = ("config.json", "model.safetensors.index.json",
                    "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-DEFAULT_BASE_PORT = 2221
 # Hosts share this machine's network: each engine listens on its own loopback
 # port, derived from the host's sshd port so that two labs never clash.
 ENGINE_PORT_OFFSET = 20000
@@ -186,8 +186,6 @@ class Lab:
                 self._save(started, image, raised)
             (self.dir / "known_hosts").write_text("".join(known))
             self._wait_ssh(started)
-            from k26ops.lab import engine_source_fixture
-
             self.source_url = engine_source_fixture.ensure()[0]
             self._write_inventory(started)
         except BaseException:
@@ -259,8 +257,6 @@ class Lab:
 
     def _model_fixture(self) -> Path:
         """The lab model dir (LAB_MODEL_FILES), written once per lab dir."""
-        from k26ops import resources
-
         model = self.dir / "model"
         if not (model / "config.json").exists():
             model.mkdir(exist_ok=True)

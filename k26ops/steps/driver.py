@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import re
 
+from k26ops.reboot import engine_serving
+from k26ops import facts as facts_mod
 from k26ops.steps import driver_plan as dp
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
 from k26ops.preflight import driver_version
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, tied_to_channel
@@ -25,6 +28,13 @@ from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, tied_
 DEFAULT_BRANCH = 580  # CUDA 13.x needs >= 580 (CUDA minor version compatibility table)
 FM_UNIT = "nvidia-fabricmanager.service"
 PD_UNIT = "nvidia-persistenced.service"
+declare(__name__, "the driver layer (k26ops provision)",
+        Var("nvidia_driver_branch", "int", DEFAULT_BRANCH,
+            "NVIDIA driver branch provision installs and holds (>= 580: CUDA 13)"),
+        Var("nvidia_driver_source", "distro|nvidia", None, "where the driver packages come from: the distribution "
+            "or NVIDIA's CUDA apt repository", "distro on Ubuntu; nvidia on Debian"),
+        Var("nvidia_fabricmanager", "auto|bool", "auto", "install and run nvidia-fabricmanager of the driver's "
+            "version", "auto (when NVSwitches are found)"))
 
 
 def want(hvars: dict, params: dict) -> dict:
@@ -201,8 +211,6 @@ class Driver(Step):
         return res.exited == 0 and bool(values) and all(v == "Enabled" for v in values)
 
     def _serving(self, ctx) -> str | None:
-        from k26ops.reboot import engine_serving
-
         return engine_serving(ctx.session, ctx.vars)
 
     # -- apply -------------------------------------------------------------------------
@@ -232,8 +240,6 @@ class Driver(Step):
             # started now only when no reboot is pending: the new modules load at boot
             ctx.run(f"systemctl enable {'' if reboot else '--now '}{q(unit)}", check=True)
         if not reboot:
-            from k26ops import facts as facts_mod
-
             problems = verify(facts_mod.gather(ctx.session), {**want(ctx.vars, self.params)},
                               ctx.vars.get("gpus_per_host"))
             if problems:

@@ -33,15 +33,22 @@ import json
 import os
 from pathlib import Path
 
-from k26ops import units
+from k26ops import preflight, units
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
-from k26ops.enginestate import start_limit_hit
+from k26ops.enginestate import run_identity, start_limit_hit
+from k26ops.facts.xid import parse_bus_ids
+from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
 
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
 STANDIN = Path(__file__).resolve().parent.parent / "lab" / "fixtures" / "engine_standin.py"
 DEFAULT_HEALTH_TIMEOUT = 1800.0
+declare(__name__, "the engine's service",
+        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit"),
+        Var("health_timeout", "number (s)", DEFAULT_HEALTH_TIMEOUT, "seconds to wait for the engine's /health"),
+        Var("rollback_health_timeout", "number (s)", None, "seconds to wait for /health after a rollback",
+            "health_timeout"))
 
 
 class EngineFailed(StepFailed):
@@ -118,15 +125,11 @@ class ServiceStep(Step):
     preflight = True  # the rollback's baseline_service starts what its tag recorded: not checked here
 
     def facts(self, host_vars: dict) -> list:
-        from k26ops import preflight
-
         return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
 
     def check_host(self, ctx: HostContext) -> None:
         """Before any step prepares or changes anything: refuse the host when what the engine would start
         is not there (model, drafter of the profile's block size, disk) or a GPU needs a reset."""
-        from k26ops import preflight
-
         if not self.preflight:
             return
         bad = preflight.deploy_refusals(ctx.facts, ctx.vars, preflight.engine_wanted(ctx.vars))
@@ -231,7 +234,7 @@ class ServiceStep(Step):
         svc["restarted"] = bool(todo.get("restart") or todo.get("start"))
         show = res["show"]
         if svc["restarted"]:
-            svc["base"] = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+            svc["base"] = run_identity(show)
         outcome(ctx)["engine_restarted"] = svc["restarted"]
 
 
@@ -317,7 +320,7 @@ def rollback(ctx: HostContext, svc: dict) -> str:
         return "no previous engine: the new unit was stopped and removed"
     # The previous engine is back; say whether it answers again.
     show = res["show"]
-    base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+    base = run_identity(show)
     timeout = float(ctx.vars.get("rollback_health_timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
     w = wait_ready(ctx.session, svc["unit"], svc["host"], svc["port"], base=base, timeout=timeout,
                    secrets=svc["secrets"], window=5.0)
@@ -335,6 +338,7 @@ def rollback(ctx: HostContext, svc: dict) -> str:
 # ---------------------------------------------------------------- naming a crash
 
 def _classify(ctx: HostContext, text: str, bus_ids: dict | None = None):
+    # lazy: the crash signatures (about 20 ms) only when the engine died
     from k26ops.diagnose.classify import classify
 
     prep = ctx.shared.get("prepared")
@@ -353,8 +357,6 @@ def crash_text(crash: dict, secrets) -> tuple[str, dict]:
     """The text a dead engine is named from: its journal, then the kernel's NVRM lines of the
     same time (the agent's crash report carries them: an Xid there is the cause, the engine's
     error its symptom), redacted; and the GPUs' bus ids -> index."""
-    from k26ops.facts.xid import parse_bus_ids
-
     text = units.redact(crash.get("journal") or "", secrets)
     if crash.get("kernel"):
         text += ("\n" if text and not text.endswith("\n") else "") + units.redact(crash["kernel"], secrets)

@@ -34,6 +34,7 @@ from k26ops.release import (engine_flags, engine_source, enginelock, inputs, ins
                             prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
+from k26ops.layout import switch_current
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
@@ -270,8 +271,7 @@ class Release(Step):
         rehearse = ctx.shared.get("rehearse")  # deploy --rehearse (rehearsal.run.Gate): before `current` moves
         if rehearse:
             rehearse(ctx, release_dir=f"{rel}/{rid}")
-        ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
-                f"mv -T .current.tmp current", check=True)
+        ctx.run(switch_current(rel, rid), check=True)
         ctx.shared["release_changed"] = True
         prune(ctx.session, rel, ctx.root, ctx.shared.get("prune") or [])
 

@@ -15,6 +15,7 @@ apt method (Ubuntu): NVIDIA's repository via its cuda-keyring package, then
 
 from __future__ import annotations
 
+from k26ops.hostvars import Var, declare
 from k26ops.release import recipe as recipe_mod
 from k26ops.release import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
@@ -24,6 +25,8 @@ from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 
 KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 MARKER = "k26ops-verified"
+declare(__name__, "the CUDA toolchain",
+        Var("cuda_method", "str", None, "how the CUDA toolkit is installed", "the recipe's"))
 
 
 host_recipe = inventory_recipe  # the name the steps know
