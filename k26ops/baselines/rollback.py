@@ -22,7 +22,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -57,7 +57,7 @@ class BaselineCheck(HostState):
 class BaselineEnv(HostState):
     """The tag's env file with its secrets filled in from the inventory (None: the tag has none)."""
 
-    text: str | None = None
+    text: str | None = field(default=None, repr=False)  # holds secrets: never in a repr
 
 
 class BaselineRelease(Step):

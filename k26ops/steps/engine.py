@@ -77,12 +77,12 @@ class ServiceState(HostState):
     secrets_path: str  # the secret flags' --config file (mode 0600)
     host: str  # where the engine is polled from the host itself
     port: int
-    secrets: list[str]  # every value to redact
-    api_key: str | None
+    secrets: list[str] = field(repr=False)  # every value to redact (never in a repr)
+    api_key: str | None = field(repr=False)
     show: dict | None = None  # the unit's systemctl show, as planned
     changed: bool = False  # this run replaced the unit's files (or may have: a failed apply)
     base: dict | None = None  # MainPID/NRestarts/InvocationID of the run this deploy started
-    todo: dict = field(default_factory=dict)  # what apply asks the agent to do
+    todo: dict = field(default_factory=dict, repr=False)  # what apply asks the agent (file texts: secrets)
     restart_reasons: list[str] = field(default_factory=list)
     restarted: bool = False
 
