@@ -3,7 +3,9 @@ running one drives the steps per host through the fleet.
 
 Per host: take the host lock, gather facts in one remote call, then for each
 step plan -> (apply unless --check). The result lists each step as changed or
-unchanged with the changes (and diffs).
+unchanged with the changes (and diffs). A step that fails or is interrupted
+after the host changed: the steps' own `undo` put it back (`restore`); the
+playbook knows no step's internals.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ is a dataclass defined beside the step that writes it, read through its class
 (`ReleaseDecision.of(ctx)`: the release id and whether `current` moved; the
 service step restarts only when its files or the release changed). A step
 never re-reads what another step already knows. The run's inputs (the CLI's
-flags) are one `RunOptions`, built once by the orchestration layer.
+flags) are one `RunOptions`, built once where the run starts (`provision_work`,
+the deploy command).
 
 A failure or an interrupt after a step changed the host puts the host back:
 each step declares its own `undo`, and the playbook asks them, latest first.
