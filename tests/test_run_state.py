@@ -106,3 +106,31 @@ def test_state_is_per_host_and_typed():
     assert ReleaseDecision.of(a).changed and not ReleaseDecision.of(b).changed
     assert ReleaseDecision.get(b) is not None and HostState not in a.state
     assert a.options.allow_reboot and not b.options.allow_reboot
+
+
+def test_undo_puts_current_back_on_a_real_host_after_an_interrupt_too(tmp_path):
+    """The release step's undo on this machine (`connection: local`: /bin/sh, a real
+    symlink): `current` back where the run found it, also with the interrupt flag set
+    (a Ctrl-C restore: the steps' ctx.run refuses then). The service step, not planned
+    yet, leaves it to the release step; a run that moved nothing has nothing to undo."""
+    from k26ops import interrupt
+    from k26ops.inventory import Host
+    from k26ops.ssh import LocalSession
+    from k26ops.steps.engine import HealthStep, ServiceStep
+    from k26ops.steps.release import Release
+
+    rel = tmp_path / "releases"
+    for r in ("r1", "r2"):
+        (rel / r).mkdir(parents=True)
+    (rel / "current").symlink_to("r2")
+    host = Host(name="here", address="", connection="local", vars={"releases_root": str(rel)})
+    ctx = HostContext(session=LocalSession(host), host=host, vars=dict(host.vars), facts={},
+                      steps=[Release(), ServiceStep(), HealthStep()])
+    assert playbook.restore(ctx) is None
+    ReleaseDecision(release_id="r2", previous="r1", changed=True).put(ctx)
+    interrupt.requested.set()
+    try:
+        assert playbook.restore(ctx) == "current points at r1 again"
+    finally:
+        interrupt.requested.clear()
+    assert (rel / "current").readlink() == Path("r1") and not (rel / ".current.tmp").exists()
