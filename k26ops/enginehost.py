@@ -8,8 +8,8 @@ two of them ignored a custom `k26ops_root`. Everyone asks this module now.
 
 `Layout` needs only a host's vars (it is what preflight, the fact gatherer,
 the lock and the release build need); `EngineHost` adds the engine itself,
-from a host context (vars, and what the run's steps shared) and the step's
-params.
+from a host context (vars, and the recipe the run's steps chose) and the
+step's params.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def mapping(value, what: str) -> dict:
 
 class EngineHost:
     """The engine as a deploy runs it on one host. `ctx` is a HostContext (vars,
-    shared); `params` are the step's (unit, env_file, pass_env)."""
+    the run's state); `params` are the step's (unit, env_file, pass_env)."""
 
     def __init__(self, ctx, params: dict | None = None):
         self.ctx = ctx
@@ -115,7 +115,7 @@ class EngineHost:
     def env(self) -> dict:
         """The env file's variables: inventory `engine_env`, HF_TOKEN from the
         inventory (hf_token/HF_TOKEN) or this control node's environment, CUDA_HOME
-        from the toolchain step, NVLS off with `nvlink_multicast: false`, and
+        from the inventory's `cuda_home`, NVLS off with `nvlink_multicast: false`, and
         PYTHONPATH for the lab stand-in."""
         hv = self.vars
         env = {str(k): v for k, v in mapping(hv.get("engine_env"), "engine_env").items()}
@@ -125,7 +125,7 @@ class EngineHost:
         for name in self.params.get("pass_env", PASS_ENV):
             if name not in env and os.environ.get(name):
                 env[name] = os.environ[name]
-        cuda = self.ctx.shared.get("cuda_home") or hv.get("cuda_home")
+        cuda = hv.get("cuda_home")
         if cuda and "CUDA_HOME" not in env:
             env["CUDA_HOME"] = cuda
         if hv.get("nvlink_multicast") is False:  # hosts whose fabric must not use NVLS (multicast objects)

@@ -194,12 +194,13 @@ def run(hosts: list, work: Work, options: FleetOptions | None = None, *, canary:
     return out
 
 
-def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared: dict | None = None):
-    """A rollout work function running `steps` via playbook.run_on_host; each
-    host's result gets the steps' report data (ctx.shared["outcome"])."""
+def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", options=None):
+    """A rollout work function running `steps` via playbook.run_on_host with the
+    run's `options` (steps.RunOptions); each host's result gets the steps' report
+    data (its context's `report`)."""
 
     def work(session, progress: Progress):
         return playbook.run_on_host(session, steps, check=check, progress=progress, purpose=purpose,
-                                    shared={**(shared or {}), "outcome": {}})
+                                    options=options)
 
     return work

@@ -20,9 +20,9 @@ PKG = ROOT / "k26ops"
 # Bottom first. A module belongs to the layer of its longest matching prefix; "=name"
 # matches that module alone (a package's __init__ whose submodules sit lower).
 LAYERS: list[tuple[str, str, list[str]]] = [
-    ("base", "errors, where files live, shell quoting, the interrupt flag, config, declared inventory variables",
+    ("base", "errors, where files live, shell quoting, the interrupt flag, config, declared inventory variables, typed run state",
      ["k26ops.errors", "k26ops.layout", "k26ops.shell", "k26ops.interrupt", "k26ops.resources",
-      "k26ops.config", "k26ops.hostvars"]),
+      "k26ops.config", "k26ops.hostvars", "k26ops.runstate"]),
     ("data", "inventory, recipes, locks' data, units, flag tables, parsers, crash signatures",
      ["k26ops.inventory", "k26ops.units", "k26ops.release.recipe", "k26ops.release.inputs",
       "k26ops.release.engine_flags", "k26ops.release.launch_rules", "k26ops.release.patchset", "=k26ops.release",

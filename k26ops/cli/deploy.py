@@ -20,6 +20,7 @@ from k26ops.fleet import exit_code
 from k26ops.rehearsal.run import Gate
 from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import canary_batches, playbook_work
+from k26ops.steps import RunOptions
 
 
 DIFF_STYLE = (("+++", {"bold": True}), ("---", {"bold": True}), ("@@", {"fg": "cyan"}),
@@ -54,13 +55,13 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
 
 
 def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 0,
-                 shared: dict | None = None, title: str | None = None, purpose: str = "deploy",
+                 options=None, title: str | None = None, purpose: str = "deploy",
                  exit: bool = True, batch=None, max_fail=None):
     """Run playbook `name` over the selected hosts; print; exit with the fleet's code."""
     steps = playbook.load(name)
     for step in steps:
         step.before_hosts(settings.selected_hosts())
-    return run_rollout(settings, playbook_work(steps, check=check, purpose=purpose, shared=shared),
+    return run_rollout(settings, playbook_work(steps, check=check, purpose=purpose, options=options),
                        canary=canary, batch=batch, max_fail=max_fail,
                        title=title or (f"{name} --check" if check else name),
                        columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
@@ -95,18 +96,18 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
 def deploy_cmd(settings, check, diff, name, canary, batch, max_fail, gate_tag, gate_threshold, gate_figures,
                baselines_dir, rehearse, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
-    shared = {"rehearse": Gate(options_from(rkw, bench=False))} if rehearse else None
+    options = RunOptions(rehearse=Gate(options_from(rkw, bench=False)) if rehearse else None)
     if gate_tag is None:
-        run_playbook(settings, name, check=check, diff=diff, canary=canary, shared=shared, batch=batch,
+        run_playbook(settings, name, check=check, diff=diff, canary=canary, options=options, batch=batch,
                      max_fail=max_fail)
         return
     gated_deploy(settings, name, check=check, diff=diff, canary=canary, batch=batch, max_fail=max_fail,
                  tag=gate_tag, threshold=gate_threshold,
                  figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir,
-                 shared=shared)
+                 options=options)
 
 
-def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, shared=None,
+def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, options=None,
                  batch=None, max_fail=None):
     """The deploy with the bench gate on its canary batch, and with --batch on
     every later batch too (enginebench/gate.py)."""
@@ -125,7 +126,7 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
                                               "figures": figures, "threshold": threshold})]
     for step in steps:
         step.before_hosts(settings.selected_hosts())
-    results = run_rollout(settings, playbook_work(steps, check=check, shared=shared), canary=canary,
+    results = run_rollout(settings, playbook_work(steps, check=check, options=options), canary=canary,
                           batch=batch, max_fail=max_fail,
                           title=f"{name} (gate {tag})" + (" --check" if check else ""),
                           columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),

@@ -61,7 +61,7 @@ class BenchGate(Step):
             ctx.progress(f"gate: passed ({worst['figure']} {worst['current']:g} vs {worst['baseline']:g})")
             return []
         ctx.progress(line)
-        back = playbook._restore(ctx)
+        back = playbook.restore(ctx) or playbook.NOTHING_CHANGED
         outcome(ctx)["rollback"] = back
         failed = StepFailed(f"{line}; {back}")
         failed.details = {k: outcome(ctx)[k] for k in ("gate", "bench", "rollback") if k in outcome(ctx)}

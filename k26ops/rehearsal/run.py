@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops import agents, units
@@ -22,6 +23,7 @@ from k26ops.enginehost import LAB_MODULE, EngineHost, agent as engine_agent, wai
 from k26ops.errors import UserError
 from k26ops.profile import effective_recipe
 from k26ops.rehearsal import plan
+from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import HostContext, StepFailed
 from k26ops.steps.engine import outcome, smoke_requests
@@ -338,8 +340,9 @@ def _restart_serving(ctx, eh, secrets, report, progress) -> None:
 
 class Gate:
     """`deploy --rehearse`, as the release and service steps see it: called before
-    `current` moves or the engine restarts. The deploy puts it in the run's shared
-    state, so the steps never import the rehearsal (which is built on them)."""
+    `current` moves or the engine restarts. The deploy puts it in the run's options
+    (steps.RunOptions.rehearse), so the steps never import the rehearsal (which is
+    built on them)."""
 
     def __init__(self, options: plan.Options):
         self.options = options
@@ -348,13 +351,21 @@ class Gate:
         before_restart(ctx, self.options, release_dir=release_dir, env=env)
 
 
+@dataclass
+class Rehearsed(HostState):
+    """This host's deploy rehearsed its new engine already (once per run: the release
+    step asks before `current` moves, the service step again before the restart)."""
+
+    done: bool = False
+
+
 def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = None,
                    env: dict | None = None) -> None:
     """Rehearse what the deploy is about to run (a new release before `current`
     moves to it, or a new unit/env file before the restart), once per run, beside
     the serving engine. A failed rehearsal raises RehearsalFailed; the serving
     engine was not touched."""
-    if ctx.shared.get("rehearsed") or ctx.check:
+    if Rehearsed.of(ctx).done or ctx.check:
         return
     o = plan.Options(**{**opts.to_json(), "serving": "alongside"})
     ctx.progress("rehearsal: the new engine on dummy weights, before the serving one is touched")
@@ -370,5 +381,5 @@ def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | N
         failed.details["engine_restarted"] = False
         raise failed from None
     rep.pop("_log", None)
-    ctx.shared["rehearsed"] = True
+    Rehearsed.of(ctx).done = True
     outcome(ctx)["rehearsal"] = rep

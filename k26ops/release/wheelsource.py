@@ -139,7 +139,7 @@ def _push(ctx, wheels: list, remote_dir: str) -> list[str]:
 
 def _note(ctx, got: dict) -> dict:
     """Where this host's wheels came from, in its report (`wheels` in --json)."""
-    seen = ctx.shared.setdefault("outcome", {}).setdefault("wheels", {})
+    seen = ctx.report.setdefault("wheels", {})
     for how, names in got.items():
         if names:
             seen[how] = seen.get(how, 0) + len(names)
