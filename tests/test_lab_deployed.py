@@ -114,3 +114,26 @@ def test_deployed_hosts_are_converged_serving_and_each_its_own():
         assert lab_ssh(lab.dir, lab.hosts[1].port, "ls /opt/k26ops/releases/current/k26ops-lab-written").returncode != 0
         layer = json.loads((lab.dir / "lab.json").read_text())["deployed_layer"]
         assert not list(Path(layer).rglob("k26ops-lab-written"))
+
+
+def test_a_build_removes_old_layers_but_the_newest_and_recently_used(tmp_path, monkeypatch):
+    """Every change of the sources makes a new ~600 MB layer: a build keeps the newest
+    few, and any a lab booted on lately (it may still run on it)."""
+    import os
+    import time
+
+    from k26ops.lab import deployed
+
+    monkeypatch.setenv("K26OPS_ROOTFS_CACHE", str(tmp_path / "cache" / "rootfs"))
+    root = deployed.cache_root()
+    now = time.time()
+    ages_h = {"a": 10, "b": 20, "c": 30, "d": 40, "recent": 1, "half.building": 50}
+    for name, age in ages_h.items():
+        (root / name).mkdir(parents=True)
+        stamp = root / name / (deployed.META if "building" not in name else "x")
+        stamp.write_text("{}")
+        os.utime(stamp if "building" not in name else root / name, (now - age * 3600,) * 2)
+    new = root / "new"
+    new.mkdir()
+    deployed._collect(keep=new, log=lambda m: None)
+    assert sorted(p.name for p in root.iterdir()) == ["a", "new", "recent"]

@@ -53,7 +53,7 @@ WANTS_LINK = f"{UNIT_DIR}/multi-user.target.wants/{DEFAULT_UNIT}".lstrip("/")
 KEEP = (DEFAULT_ROOT.lstrip("/"), "etc/k26ops", UNIT_PATH, WANTS_LINK)
 # Under k26ops_root: what one run or one host leaves (dropped from the layer).
 DROP = ("state/lock.owner", "state/lock.owner.tmp", "state/service")
-UNUSED_DAYS = 2  # a layer no lab booted on for this long is removed by the next build
+KEEP_NEWEST, KEEP_HOURS = 3, 3  # what a build keeps of older layers (_collect)
 
 
 def cache_root() -> Path:
@@ -138,18 +138,21 @@ def _build(k: dict, build, log) -> Path:
 
 
 def _collect(keep: Path, log) -> None:
-    """Remove layers (and half-built ones) that no lab booted on for UNUSED_DAYS."""
-    cutoff = time.time() - UNUSED_DAYS * 86400
+    """Remove old layers (and half-built ones): all but the KEEP_NEWEST last used, among
+    those no lab booted on for KEEP_HOURS (a layer is ~600 MB and every change of the
+    k26ops sources makes a new one; a lab still running on an old one booted recently)."""
+    dirs = []
     for d in cache_root().iterdir():
-        if d == keep or not d.is_dir():
-            continue
-        try:
-            used = (d / META).stat().st_mtime if (d / META).exists() else d.stat().st_mtime
-        except OSError:
-            continue
+        if d != keep and d.is_dir():
+            try:
+                dirs.append((((d / META) if (d / META).exists() else d).stat().st_mtime, d))
+            except OSError:
+                continue
+    cutoff = time.time() - KEEP_HOURS * 3600
+    for used, d in sorted(dirs, reverse=True)[KEEP_NEWEST - 1:]:
         if used < cutoff:
             shutil.rmtree(d, ignore_errors=True)
-            log(f"removed the unused deployed lab layer {d.name}")
+            log(f"removed the deployed lab layer {d.name} (unused for {KEEP_HOURS} h)")
 
 
 def build_layer(dest: Path, log) -> dict:
