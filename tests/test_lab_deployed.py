@@ -9,6 +9,9 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
+from k26ops.errors import UserError
 from labtools import LAB_RECIPE, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 
@@ -55,10 +58,8 @@ def test_a_half_built_layer_is_never_used_and_a_failed_build_leaves_nothing(tmp_
         (dest / "partial").write_text("x")
         raise RuntimeError("deploy failed")
 
-    try:
+    with pytest.raises(RuntimeError, match="deploy failed"):
         deployed.ensure(image, build=failing, recipe_name=LAB_RECIPE)
-    except RuntimeError:
-        pass
     assert deployed.cached(k) is None
     assert not deployed.layer_dir(k).with_name(deployed.layer_dir(k).name + ".building").exists()
 
@@ -74,11 +75,8 @@ def test_the_unit_gets_the_hosts_own_port_and_only_that(tmp_path):
     (layer / deployed.META).write_text(json.dumps({"engine_port": 61892}))
     assert deployed.host_unit(layer, 45001) == text.replace("--port 61892", "--port 45001")
     (layer / deployed.META).write_text(json.dumps({"engine_port": 7}))
-    try:
+    with pytest.raises(UserError, match="remove the layer to rebuild it"):
         deployed.host_unit(layer, 45001)
-        raise AssertionError("a unit without the recorded port was rewritten")
-    except Exception as exc:
-        assert "remove the layer to rebuild it" in str(exc)
 
 
 def test_deployed_hosts_are_converged_serving_and_each_its_own():

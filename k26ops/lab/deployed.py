@@ -84,7 +84,7 @@ def key(image: Path, recipe_name: str | Path = "lab") -> dict:
     release_id = expected_state(recipe.load(recipe_name))["release_id"]
     h = hashlib.sha256()
     for p in _sources():
-        h.update(str(p.name).encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+        h.update("/".join(p.parts[-3:]).encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
     return {"release_id": release_id, "sources": h.hexdigest()[:16], "rootfs": Path(image).name,
             "version": LAYER_VERSION}
 
