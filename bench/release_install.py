@@ -64,10 +64,16 @@ def push(b, host: str, src: Path, dest: str) -> None:
     tar.wait()
 
 
-def timed(b, host: str, cmd: str) -> float:
+LOADS: list[dict] = []  # the control node's load average around every timed install (the hosts share its cores)
+
+
+def timed(b, host: str, cmd: str, label: str = "") -> float:
+    l0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     b.ssh(host, cmd, timeout=3600)
-    return time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    LOADS.append({"what": label, "s": took, "load1_before": l0, "load1_after": os.getloadavg()[0]})
+    return took
 
 
 def install_cmd(tool: str, rel: str, req: str) -> str:
@@ -85,6 +91,8 @@ def main() -> int:
     ap.add_argument("--wheels", default="/var/tmp/k26-real-wheels")
     ap.add_argument("--only", default="uv,pip")
     ap.add_argument("--first-only", action="store_true", help="time only the first release (a re-measure)")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="with --first-only: interleaved reps (uv,pip then pip,uv, ...); the ratio is of the medians")
     ap.add_argument("--pip-rollback", default="no", choices=("yes", "no"),
                     help="also time pip's rollback (the same full install as its first release)")
     a = ap.parse_args()
@@ -124,7 +132,10 @@ def main() -> int:
             session.close()
         print(f"setup (python 3.12, {len(lines)} wheels, uv pushed): {time.monotonic() - t0:.0f}s", flush=True)
         free0 = int(b.ssh(host, f"df -P -B1 {ROOT} | awk 'NR==2 {{print $3}}'").strip())
-        for tool in a.only.split(","):
+        order = a.only.split(",")
+        tools = order if not a.first_only else [
+            t for i in range(a.reps) for t in (order if i % 2 == 0 else order[::-1])]
+        for tool in tools:
             rel = f"{ROOT}/{tool}"
             res = {}
             store = installer.store_dir(ROOT)
@@ -136,14 +147,16 @@ def main() -> int:
                 return int(b.ssh(host, f"du -sB1 {store} 2>/dev/null | cut -f1; true").strip() or 0)
 
             s0 = store_bytes()
-            res["first_s"] = timed(b, host, install_cmd(tool, f"{rel}/r1", f"{ROOT}/reqs/first.txt"))
+            res["first_s"] = timed(b, host, install_cmd(tool, f"{rel}/r1", f"{ROOT}/reqs/first.txt"), f"{tool} first")
             res["first_alone_bytes"], s1 = disk(f"{rel}/r1"), store_bytes()
             res["first_store_bytes"] = s1 - s0
             print(f"  {tool} first: {res['first_s']:.1f}s, release alone {res['first_alone_bytes'] / 1e9:.2f} GB, "
                   f"store +{(s1 - s0) / 1e9:.2f} GB", flush=True)
             if a.first_only:
                 b.ssh(host, f"rm -rf {rel} {store}", timeout=3600)
-                results[tool] = res
+                runs = results.setdefault(tool, {"first_runs": []})["first_runs"]
+                runs.append(res)
+                results[tool]["first"] = common.stats([r["first_s"] for r in runs])
                 continue
             res["second_s"] = timed(b, host, install_cmd(tool, f"{rel}/r2", f"{ROOT}/reqs/second.txt"))
             res["second_alone_bytes"], s2 = disk(f"{rel}/r2"), store_bytes()
@@ -175,6 +188,11 @@ def main() -> int:
             results[tool] = res
             common.write_result("release_install", {"lock": LOCK.name, "partial": True, **results})
         results["setup_used_bytes"] = free0
+    results["loads"] = LOADS
+    if "pip" in results and "uv" in results and a.first_only:
+        results["ratio_first"] = results["uv"]["first"]["median"] / results["pip"]["first"]["median"]
+        print(f"uv/pip wall, first release (medians of {a.reps} interleaved): {results['ratio_first']:.2f}; "
+              f"load1 during the runs {min(x['load1_before'] for x in LOADS):.1f}-{max(x['load1_after'] for x in LOADS):.1f}")
     if "pip" in results and "uv" in results and not a.first_only:
         results["ratio_first"] = results["uv"]["first_s"] / results["pip"]["first_s"]
         pip_rb = results["pip"].get("rollback_s", results["pip"]["first_s"])  # pip rebuilds in full

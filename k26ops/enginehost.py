@@ -8,8 +8,8 @@ two of them ignored a custom `k26ops_root`. Everyone asks this module now.
 
 `Layout` needs only a host's vars (it is what preflight, the fact gatherer,
 the lock and the release build need); `EngineHost` adds the engine itself,
-from a host context (vars, and what the run's steps shared) and the step's
-params.
+from a host context (vars, and the recipe the run's steps chose) and the
+step's params.
 """
 
 from __future__ import annotations
@@ -19,12 +19,25 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from k26ops import profile as profile_mod
+from k26ops import agents, profile as profile_mod
 from k26ops import units
 from k26ops.errors import UserError
-
+from k26ops.fleet import interrupt_requested
+from k26ops.hostvars import Var, declare
 from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live in layout)
     DEFAULT_ROOT, DEFAULT_UNIT, DEFAULT_PORT, UNIT_DIR, LAB_MODULE, PASS_ENV, NVLS_OFF, Layout, check_unit_name)
+
+declare(__name__, "the engine's unit and environment",
+        Var("engine_unit", "str", DEFAULT_UNIT, "the engine's systemd unit name (NAME.service)"),
+        Var("engine_env_file", "path", units.ENV_FILE, "the engine's environment file (mode 0600)"),
+        Var("engine_env", "mapping", {}, "extra variables for the engine's env file (e.g. CUDA_VISIBLE_DEVICES)"),
+        Var("hf_token", "str (secret)", None, "HF_TOKEN for the engine (never printed)", "$HF_TOKEN here"),
+        Var("HF_TOKEN", "str (secret)", None, "same as hf_token", "$HF_TOKEN here"),
+        Var("cuda_home", "path", None, "CUDA_HOME for the engine", "the toolchain step's"),
+        Var("nvlink_multicast", "bool", True, "false: NVLink multicast (NVLS) off in the engine's environment: "
+            + ", ".join(f"{k}={v}" for k, v in NVLS_OFF.items()) + " (engine_env still wins)",
+            "true (NCCL's own default)"),
+        Var("lab", "bool", False, "lab fixture: the engine is the stand-in (`k26ops lab up` sets it)"))
 
 
 def poll_target(profile: dict) -> tuple[str, int]:
@@ -45,7 +58,7 @@ def mapping(value, what: str) -> dict:
 
 class EngineHost:
     """The engine as a deploy runs it on one host. `ctx` is a HostContext (vars,
-    shared); `params` are the step's (unit, env_file, pass_env)."""
+    the run's state); `params` are the step's (unit, env_file, pass_env)."""
 
     def __init__(self, ctx, params: dict | None = None):
         self.ctx = ctx
@@ -102,7 +115,7 @@ class EngineHost:
     def env(self) -> dict:
         """The env file's variables: inventory `engine_env`, HF_TOKEN from the
         inventory (hf_token/HF_TOKEN) or this control node's environment, CUDA_HOME
-        from the toolchain step, NVLS off with `nvlink_multicast: false`, and
+        from the inventory's `cuda_home`, NVLS off with `nvlink_multicast: false`, and
         PYTHONPATH for the lab stand-in."""
         hv = self.vars
         env = {str(k): v for k, v in mapping(hv.get("engine_env"), "engine_env").items()}
@@ -112,7 +125,7 @@ class EngineHost:
         for name in self.params.get("pass_env", PASS_ENV):
             if name not in env and os.environ.get(name):
                 env[name] = os.environ[name]
-        cuda = self.ctx.shared.get("cuda_home") or hv.get("cuda_home")
+        cuda = hv.get("cuda_home")
         if cuda and "CUDA_HOME" not in env:
             env["CUDA_HOME"] = cuda
         if hv.get("nvlink_multicast") is False:  # hosts whose fabric must not use NVLS (multicast objects)
@@ -140,8 +153,6 @@ class EngineHost:
 
 def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
     """Run one operation of the engine agent (agents/engine.py) on the host: one remote command."""
-    from k26ops import agents
-
     return agents.run(session, "engine", op, timeout, what="host agent", **req)
 
 
@@ -168,8 +179,6 @@ def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, t
     Ctrl-C/SIGTERM/SIGHUP end it between windows. `poll(window, request)`
     replaces the engine agent's `poll` (a rehearsal's engine is no unit):
     the same answers (state healthy / crashed / loading, last_line)."""
-    from k26ops.fleet import interrupt_requested
-
     t0 = time.monotonic()
     p: dict = {}
     last = ""

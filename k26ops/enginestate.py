@@ -39,6 +39,13 @@ def start_limit_hit(show: dict) -> bool:
     return show.get("Result") == START_LIMIT or show.get("StartLimitHit") is True
 
 
+def run_identity(show: dict) -> dict:
+    """The engine run a wait or a smoke watches (MainPID, NRestarts, InvocationID, from the
+    unit's systemctl show): a different one later means this run died or was restarted. The
+    host agent (k26ops/agents/engine.py) reads the same three on its side."""
+    return {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+
+
 def reset_hint(unit: str) -> str:
     return f"`systemctl reset-failed {unit}` is needed before it can start again (a `k26ops deploy` does it)"
 

@@ -26,6 +26,7 @@ import getpass
 import json
 import os
 import socket
+import subprocess
 import time
 from datetime import datetime, timezone
 
@@ -129,8 +130,6 @@ class HostLock:
                          + (said[-1] if said else "flock missing?"))
 
     def _acquire_local(self, script: str) -> None:
-        import subprocess
-
         proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         line = proc.stdout.readline()
         if not line.startswith(b"LOCKED"):

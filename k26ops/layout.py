@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
+from k26ops.shell import q
 
 DEFAULT_ROOT = "/opt/k26ops"
 DEFAULT_UNIT = "k26-engine.service"
@@ -16,6 +18,11 @@ LAB_MODULE = "k26ops_lab_engine"
 PASS_ENV = ("HF_TOKEN",)
 # `nvlink_multicast: false`: NCCL's NVLink SHARP, torch symmetric memory's and NVSHMEM's multicast off
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # taken from the control node's environment when the inventory lacks it
+
+declare(__name__, "where things live on the host",
+        Var("k26ops_root", "path", DEFAULT_ROOT, "k26ops' directory on the host (state, toolchain, locks)"),
+        Var("releases_root", "path", None, "where releases are built; `current` points at the live one",
+            "{k26ops_root}/releases"))
 
 
 @dataclass(frozen=True)
@@ -62,3 +69,13 @@ def check_unit_name(name: str) -> str:
     if "/" in name or not name.endswith(".service") or len(name) < 9:
         raise UserError(f"engine unit name must be NAME.service, got {name!r}")
     return name
+
+
+def switch_current(releases_root: str, release: str, require_manifest: bool = True) -> str:
+    """The shell command that makes `release` (a directory in releases_root, or a path) the
+    current one: a temp symlink renamed over `current` (rename(2) is atomic: a reader sees
+    the old release or the new one, never none). `require_manifest`: refuse a release whose
+    build did not finish (it writes manifest.json last)."""
+    check = f"test -f {q(release)}/manifest.json; " if require_manifest else ""
+    return (f"set -e; cd {q(releases_root)}; {check}ln -sfn {q(release)} .current.tmp; "
+            "mv -T .current.tmp current")

@@ -12,8 +12,19 @@ ready only when every node joined).
 from __future__ import annotations
 
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
 
 DEFAULT_DIST_INIT_PORT = 5000
+
+declare(__name__, "multi-node",
+        Var("tp_group", "str (group)", None, "this host is one node of the engine formed by that group's hosts"),
+        Var("dist_init_port", "int", DEFAULT_DIST_INIT_PORT, "port of --dist-init-addr on the first node"))
+# Set by `assign` from tp_group; k26ops.profile passes them to the engine.
+ENGINE_VARS = declare(__name__, "multi-node",
+                      Var("nnodes", "int", None, "--nnodes (normally set by tp_group)", "set from tp_group"),
+                      Var("node_rank", "int", None, "--node-rank (normally set by tp_group)", "set from tp_group"),
+                      Var("dist_init_addr", "str", None, "--dist-init-addr (normally set by tp_group)",
+                          "set from tp_group"))
 
 
 def assign(inv, hosts) -> None:

@@ -3,7 +3,9 @@ running one drives the steps per host through the fleet.
 
 Per host: take the host lock, gather facts in one remote call, then for each
 step plan -> (apply unless --check). The result lists each step as changed or
-unchanged with the changes (and diffs).
+unchanged with the changes (and diffs). A step that fails or is interrupted
+after the host changed: the steps' own `undo` put it back (`restore`); the
+playbook knows no step's internals.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from k26ops.errors import UserError
 from k26ops.fleet import Outcome, reporter
 from k26ops.hostlock import HostLock
 from k26ops.release import wheelsource
-from k26ops.shell import q
-from k26ops.steps import HostContext, Interrupted, Step, StepFailed
+from k26ops.steps import HostContext, Interrupted, RunOptions, Step, StepFailed
+from k26ops.steps.release import ReleaseDecision
 
 PLAYBOOKS_DIR = resources.path("playbooks")
 
@@ -37,6 +39,7 @@ def _shown(path: Path) -> str:
 
 
 def load(name_or_path: str) -> list[Step]:
+    # lazy: the step table imports every step module (about 45 ms) only when a playbook runs
     from k26ops.steps.registry import STEPS
 
     path = Path(name_or_path)
@@ -69,24 +72,20 @@ def load(name_or_path: str) -> list[Step]:
     return steps
 
 
-def _restore(ctx: HostContext) -> str:
-    """After an interrupted step: the previous unit, env file and release, when this run changed them."""
-    from k26ops.steps import engine
-
-    svc = ctx.shared.get("service")
-    if svc is None and not ctx.shared.get("release_changed"):
-        return "nothing was changed yet"
-    if svc is None:  # only `current` moved: point it back
-        prev = ctx.shared.get("previous_release")
-        if not prev:
-            return "the new release stays current (there was no previous one)"
-        ctx.session.run(f"cd {q(ctx.releases_root)} && ln -sfn {q(prev)} .current.tmp && mv -T .current.tmp current",
-                        check=True)
-        return f"current points at {prev} again"
-    return engine.rollback(ctx, svc)
+NOTHING_CHANGED = "nothing was changed yet"
 
 
-def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None = None,
+def restore(ctx: HostContext) -> str | None:
+    """Put the host back after a failed or interrupted step: each step's own `undo`,
+    latest first, until one says what it did; None when no step had anything to undo."""
+    for step in reversed(ctx.steps):
+        said = step.undo(ctx)
+        if said is not None:
+            return said
+    return None
+
+
+def run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions | None = None,
                 progress=lambda m: None, purpose: str = "deploy") -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
     host = session.host
@@ -110,9 +109,9 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
         for step in steps:  # the steps' own facts (the engine's model and drafter), in the same call
             extra += [f for f in step.facts(host.vars) if f.name not in {e.name for e in extra}]
         facts = facts_mod.gather(session, extra=extra)
-        ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts,
-                          shared={**(shared or {}), "releases_root_state": rel_st}, check=check,
-                          progress=progress, steps=list(steps))
+        ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts, check=check,
+                          progress=progress, steps=list(steps), options=options or RunOptions(),
+                          releases_root_state=rel_st)
         report, changed = [], False
         for step in steps:
             step.check_host(ctx)
@@ -126,20 +125,20 @@ def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None 
                 try:
                     step.apply(ctx, changes)
                 except Interrupted as exc:  # like a failure of this step: put the host back
-                    raise StepFailed(f"{exc}; {_restore(ctx)}") from None
-                except StepFailed as exc:  # a failed step after `current` or the unit moved: put them back
-                    if (ctx.shared.get("outcome") or {}).get("rollback") or not (
-                            ctx.shared.get("release_changed") or (ctx.shared.get("service") or {}).get("changed")):
+                    raise StepFailed(f"{exc}; {restore(ctx) or NOTHING_CHANGED}") from None
+                except StepFailed as exc:  # a failed step after the host changed: put it back
+                    # once: a step that failed may have put the host back already (its report says so)
+                    back = None if ctx.report.get("rollback") else restore(ctx)
+                    if back is None:
                         raise
-                    back = _restore(ctx)
-                    ctx.shared.setdefault("outcome", {})["rollback"] = back
+                    ctx.report["rollback"] = back
                     raise StepFailed(f"{exc}; {back}") from None
             changed = changed or bool(changes)
             report.append({"step": step.name, "changed": bool(changes),
                            "changes": [c.what for c in changes],
                            "diffs": [c.diff for c in changes if c.diff]})
-        out = Outcome(changed=changed, steps=report, release=ctx.shared.get("release_id"))
-        out.update(ctx.shared.get("outcome") or {})  # steps' report data (health, smoke, ...)
+        out = Outcome(changed=changed, steps=report, release=ReleaseDecision.of(ctx).release_id)
+        out.update(ctx.report)  # steps' report data (health, smoke, ...)
         if lock and lock.stale:
             out["stale_lock"] = lock.stale
         return out

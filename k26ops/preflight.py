@@ -11,19 +11,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k26ops.errors import UserError
+from k26ops.facts import smi_q
+from k26ops.facts.cuda import cuda_toolkit_fact
+from k26ops.facts.disk import disk_free_fact
+from k26ops.facts.drafter import drafter_fact
+from k26ops.facts.fabric import verdict
+from k26ops.facts.smi_q import ACTIONS, fault_lines
+from k26ops.facts.xid import ACTION_TEXT, distinct, who
+from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
+from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
 from k26ops.ssh import BECOME_HINT
 
-DEFAULTS = {
-    "gpus_per_host": 8,
-    "compute_capability": ["12.0", "10.x"],
-    "min_driver": 580,
-    "model_path": "/models/Kimi-K2.6",
-    "model_size_gb": 590,
-    "disk_margin_gb": 50,
-    "releases_root": Layout().releases_root,
-    "release_size_gb": 20,
-}
+EXPECTED = declare(
+    __name__, "what the host must have (preflight: check, deploy)",
+    Var("gpus_per_host", "int", 8, "GPUs the host must have"),
+    Var("compute_capability", "str|list", ["12.0", "10.x"], "accepted GPU compute capabilities (10.x: any 10)"),
+    Var("min_driver", "int", 580, "lowest NVIDIA driver major version", "580 (the recipe's)"),
+    Var("model_size_gb", "int", 590, "disk the model needs at model_path"),
+    Var("disk_margin_gb", "int", 50, "free disk kept beyond the model"),
+    Var("release_size_gb", "int", 20, "free disk one release needs at releases_root"))
+DEFAULTS = {**{name: v.default for name, v in EXPECTED.items()},
+            "model_path": DEFAULT_MODEL_PATH, "releases_root": Layout().releases_root}
 
 
 @dataclass
@@ -45,17 +55,12 @@ def expectations(host_vars: dict) -> dict:
 def host_facts(host_vars: dict) -> list:
     """The facts that depend on this host's layout: free disk where the model and
     the releases go, the toolchain where the toolchain step installs it."""
-    from k26ops.facts.cuda import cuda_toolkit_fact
-    from k26ops.facts.disk import disk_free_fact
-
     return [disk_free_fact(paths(host_vars)), cuda_toolkit_fact(Layout.of(host_vars).toolchain_dir)]
 
 
 def engine_wanted(host_vars: dict) -> dict:
     """What this host's engine will start from: the model path (the engine profile's,
     as the unit gets it) and the drafter (`drafter_wanted`). A bad recipe raises UserError."""
-    from k26ops.profile import profile_for, recipe_for
-
     prof = profile_for(host_vars, recipe_for(host_vars))
     return {"model_path": str(prof.get("model_path") or expectations(host_vars)["model_path"]),
             "drafter": drafter_wanted(host_vars)}
@@ -64,8 +69,6 @@ def engine_wanted(host_vars: dict) -> dict:
 def drafter_wanted(host_vars: dict) -> dict | None:
     """The drafter this host's engine will use: path (inventory draft_model_path, else
     the recipe's drafter.path), the profile's block size, and where it came from."""
-    from k26ops.profile import profile_for, recipe_for
-
     r = recipe_for(host_vars)
     prof = profile_for(host_vars, r)
     if not prof.get("speculative_algorithm") or not prof.get("draft_model_path"):
@@ -79,9 +82,6 @@ def drafter_wanted(host_vars: dict) -> dict | None:
 def recipe_lock(host_vars: dict) -> dict:
     """Which recipe this host gets and whether its dependency lock is there and its own:
     {"recipe", "source", "lock", "ok", "problem"} (a deploy without the lock refuses)."""
-    from k26ops.errors import UserError
-    from k26ops.profile import lock_for, recipe_for
-
     try:
         r = recipe_for(host_vars)
     except UserError as exc:
@@ -103,7 +103,7 @@ def recipe_check(info: dict) -> Check:
 
 def engine_facts(want: dict) -> list:
     """The facts `engine_wanted` asks for (model, drafter), gathered in the same call as the others."""
-    from k26ops.facts.drafter import drafter_fact
+    # lazy: the shard-name patterns (about 3 ms at CLI start) only when a deploy or check gathers facts
     from k26ops.facts.model import model_fact
 
     out = [model_fact(want["model_path"])]
@@ -147,8 +147,6 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
 def xid_fault_lines(xid_fact: dict) -> list[str]:
     """One line per GPU and hardware Xid of this boot whose action is a reset or more:
     'GPU 3 (0000:2b:00): Xid 79 GPU has fallen off the bus; action: reboot: ...'."""
-    from k26ops.facts.xid import ACTION_TEXT, distinct, who
-
     out = []
     for e in distinct((xid_fact or {}).get("events") or []):
         if e.get("kind") not in ("hardware", "echo") or e.get("action") not in ("reset-gpu", "reboot", "drain-and-rma"):
@@ -165,8 +163,6 @@ def gpu_health_check(facts: dict) -> Check:
     temperature past slowdown, a recovery action asked for); and on a hardware Xid of this boot
     in the kernel log, each naming GPU, fault and action. A health source that could not be
     read (the kernel log without root) is said in the detail; it fails nothing."""
-    from k26ops.facts.smi_q import fault_lines
-
     gpus = facts.get("gpus") or {}
     bad = list(gpus.get("gpu_errors") or [])
     seen = {g.get("index") for g in gpus.get("gpus") or [] if g.get("error")}
@@ -195,8 +191,6 @@ def fabric_manager_check(facts: dict) -> Check | None:
     """The fabric manager on a host it concerns (an NVSwitch host, or one with the unit): fails
     when it is not running, naming the reason from its journal (version mismatch, missing NVLSM,
     invalid config, or systemd's failure line) and the action; None where it does not concern."""
-    from k26ops.facts.fabric import verdict
-
     v = verdict(facts.get("fabric_manager"), facts.get("nvswitch"))
     return None if v is None else Check("fabric_manager", v["ok"], v["line"])
 
@@ -279,8 +273,6 @@ def gpu_reset_check(facts: dict) -> Check:
     """A GPU the driver says needs a reset (or worse): reset status, recovery action, a
     pending remap or retirement (nvidia-smi -q), or an error state in the GPU query or table.
     Slowdowns and this boot's Xid history are `check`'s; they do not stop a deploy."""
-    from k26ops.facts.smi_q import ACTION_TEXT, ACTIONS
-
     gpus = facts.get("gpus") or {}
     bad = list(gpus.get("gpu_errors") or []) if isinstance(gpus, dict) else []
     health = facts.get("gpu_health")
@@ -290,7 +282,7 @@ def gpu_reset_check(facts: dict) -> Check:
             who = (f"GPU {g['index']}" if g.get("index") is not None else "GPU") + \
                   (f" ({g['bus_id']})" if g.get("bus_id") else "")
             why = ", ".join(f["evidence"] for f in g.get("faults") or [] if f["action"] != "check-cooling")
-            bad.append(f"{who} needs {worst}: {why}; {ACTION_TEXT[worst]}")
+            bad.append(f"{who} needs {worst}: {why}; {smi_q.ACTION_TEXT[worst]}")
     if bad:
         return Check("gpu_reset", False, "; ".join(bad))
     return Check("gpu_reset", True, "no GPU needs a reset")
@@ -321,8 +313,6 @@ def health_summary(facts: dict) -> str:
     ('GPU 0 reset-gpu (row-remap-pending), GPU 3 reboot (xid-79)'), and a fabric manager that
     does not run where it should ('fabric manager install-matching (version-mismatch)'); ', kernel log unread' or
     '-q unread' when a source could not be read; '?' when neither was."""
-    from k26ops.facts.smi_q import ACTIONS
-
     health, xids = facts.get("gpu_health"), facts.get("gpu_xid")
     per: dict = {}
     for g in (health or {}).get("gpus") or [] if isinstance(health, dict) else []:
@@ -338,8 +328,6 @@ def health_summary(facts: dict) -> str:
         worst = max((a for a, _ in items), key=ACTIONS.index)
         names = sorted({n for _, n in items}, key=[n for _, n in items].index)
         parts.append(f"GPU {who} {worst} ({', '.join(names)})")
-    from k26ops.facts.fabric import verdict
-
     fm = verdict(facts.get("fabric_manager"), facts.get("nvswitch"))
     if fm and not fm["ok"]:
         parts.append(f"fabric manager {fm['action']} ({fm['reason']})")

@@ -10,20 +10,62 @@ all ask this module, none of them another's.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-from k26ops import units
+from k26ops import multinode, units
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
+from k26ops.layout import DEFAULT_PORT
 from k26ops.release import enginelock, inputs
 from k26ops.release import recipe as recipe_mod
+from k26ops.runstate import HostState
+
+
+@dataclass
+class HostRecipe(HostState):
+    """This host's recipes in this run, each loaded (and validated) once. Kept here,
+    beside the readers, because this module decides what a host deploys; the
+    rollback's baseline_release sets `override` (use_recorded) when it rebuilds."""
+
+    inventory: recipe_mod.Recipe | None = None  # the inventory's `recipe`
+    effective: recipe_mod.Recipe | None = None  # that one with the inventory's source mirror
+    override: dict | None = None  # a baseline's recorded recipe, lock and patches (baselines.rollback)
+
+
+def use_recorded(ctx, override: dict) -> None:
+    """From now on this host deploys a baseline's recorded release (its recipe file,
+    source URL, patches as recorded and engine_argv), not the inventory's."""
+    HostRecipe.of(ctx).override = override
+
+
+def release_override(ctx) -> dict | None:
+    """The baseline's recorded release this host rebuilds (use_recorded), or None."""
+    return HostRecipe.of(ctx).override
+
+DEFAULT_MODEL_PATH = "/models/Kimi-K2.6"  # also what preflight checks when neither recipe nor inventory names one
+
+declare(__name__, "the engine",
+        Var("recipe", "str", recipe_mod.DEFAULT_RECIPE,
+            "recipe name or path: the engine version, patches and profile to build"),
+        Var("engine_source_mirrors", "mapping", {}, "a recipe's git URL -> mirror URL to fetch the engine source from"),
+        Var("engine_profile", "mapping", {}, "engine flags over the recipe's profile (tp_size, page_size, ...)"),
+        Var("engine_port", "int", DEFAULT_PORT, "the engine's HTTP port (--port)", f"the recipe's port ({DEFAULT_PORT})"),
+        Var("extra_flags", "list", [], "extra engine command-line flags"))
+# Taken into the engine profile as they are, over the recipe's.
+PROFILE_VARS = declare(__name__, "the engine",
+                       Var("model_path", "path", DEFAULT_MODEL_PATH, "the model's weights directory (--model-path)"),
+                       Var("draft_model_path", "path", None, "the DFlash drafter's directory "
+                           "(--speculative-draft-model-path)", "the recipe's drafter path"),
+                       Var("launch_module", "str", units.LAUNCH_MODULE, "python -m module that starts the engine"),
+                       Var("served_model_name", "str", None, "--served-model-name"))
 
 
 def inventory_recipe(ctx) -> recipe_mod.Recipe:
     """The inventory's recipe for this host, loaded (and validated) once per run."""
-    r = ctx.shared.get("recipe")
-    if r is None:
-        r = recipe_mod.load(ctx.vars.get("recipe"))
-        ctx.shared["recipe"] = r
-    return r
+    st = HostRecipe.of(ctx)
+    if st.inventory is None:
+        st.inventory = recipe_mod.load(ctx.vars.get("recipe"))
+    return st.inventory
 
 
 def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = None) -> recipe_mod.Recipe:
@@ -58,14 +100,13 @@ def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = No
 
 
 def effective_recipe(ctx) -> recipe_mod.Recipe:
-    ov = ctx.shared.get("release_override")
-    if ov:
-        return recipe_for(ctx.vars, ov)
-    r = ctx.shared.get("effective_recipe")
-    if r is None:
+    st = HostRecipe.of(ctx)
+    if st.override:
+        return recipe_for(ctx.vars, st.override)
+    if st.effective is None:
         inventory_recipe(ctx)  # loads (and validates) the inventory's recipe once
-        r = ctx.shared["effective_recipe"] = recipe_for(ctx.vars)
-    return r
+        st.effective = recipe_for(ctx.vars)
+    return st.effective
 
 
 def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
@@ -74,8 +115,7 @@ def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
     prof.update(vars.get("engine_profile") or {})
     if r.drafter and r.drafter.path:
         prof.setdefault("draft_model_path", r.drafter.path)
-    for key in ("model_path", "draft_model_path", "launch_module", "served_model_name",
-                "nnodes", "node_rank", "dist_init_addr"):  # the last three: k26ops.multinode
+    for key in (*PROFILE_VARS, *multinode.ENGINE_VARS):
         if key in vars:
             prof[key] = vars[key]
     if "engine_port" in vars:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from k26ops import playbook
 from k26ops.fleet import Outcome
 from k26ops.reboot import reboot_verified
+from k26ops.steps import RunOptions
 from k26ops.steps.driver import driver_version, verify, want
 
 def provision_work(steps, *, check: bool, allow_reboot: bool, timeout: float, accept_new: bool,
@@ -17,7 +18,7 @@ def provision_work(steps, *, check: bool, allow_reboot: bool, timeout: float, ac
 
     def work(session, progress):
         out = playbook.run_on_host(session, steps, check=check, progress=progress, purpose="provision",
-                                   shared={"outcome": {}, "allow_reboot": allow_reboot})
+                                   options=RunOptions(allow_reboot=allow_reboot))
         why = out.get("reboot")
         if check or not why:
             if check and why:

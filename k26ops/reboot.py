@@ -17,6 +17,11 @@ import logging
 import time
 from typing import Callable
 
+from k26ops.layout import DEFAULT_UNIT, Layout, check_unit_name
+from k26ops import facts as facts_mod, ownership
+from k26ops.hostlock import HostLock
+from k26ops.preflight import driver_version
+from k26ops.fleet import Outcome
 from k26ops.shell import q
 from k26ops.ssh import HostKeyRefused, Session, Unreachable, connect
 from k26ops.errors import StepFailed
@@ -33,8 +38,6 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 def engine_serving(session: Session, hvars: dict) -> str | None:
     """The engine's unit name when it is active on the host, else None."""
-    from k26ops.layout import DEFAULT_UNIT, check_unit_name
-
     unit = check_unit_name(str(hvars.get("engine_unit") or DEFAULT_UNIT))
     res = session.run(f"systemctl is-active {q(unit)}")
     return unit if res.stdout.strip() in ("active", "activating", "reloading") else None
@@ -99,10 +102,6 @@ def take_lock(session: Session, purpose: str):
     changing is never rebooted under it. The lock dies with the reboot; the
     caller takes it again on the new session and releases it cleanly, so no
     stale owner record is left behind."""
-    from k26ops import ownership
-    from k26ops.layout import Layout
-    from k26ops.hostlock import HostLock
-
     layout = Layout.of(session.host.vars)
     root = layout.root
     st = ownership.state(session, root, "root")
@@ -123,8 +122,6 @@ def failed_units(session: Session) -> list[str]:
 
 def same_host(before: dict, after: dict) -> list[str]:
     """What a plain reboot must not change: GPU count and driver version."""
-    from k26ops.preflight import driver_version
-
     problems = []
     gb, ga = (before.get("gpus") or {}).get("count"), (after.get("gpus") or {}).get("count")
     if gb is not None and ga != gb:
@@ -140,8 +137,6 @@ def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect
     """Lock, reboot, wait, lock again (released cleanly), re-gather facts and
     run `check(after) -> [problems]`; StepFailed when the host came back unhealthy.
     Returns (the facts after, seconds it took)."""
-    from k26ops import facts as facts_mod
-
     take_lock(session, purpose)  # let go by the reboot itself
     failed_before = set(failed_units(session))
     new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
@@ -167,9 +162,6 @@ def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_
                 timeout: float = DEFAULT_TIMEOUT):
     """Rollout work for `k26ops reboot`: refuse a serving engine, reboot, wait,
     re-gather facts and check the host came back as it was."""
-    from k26ops import facts as facts_mod
-    from k26ops.fleet import Outcome
-
     names = ["gpus", "nvidia_smi", "nvidia_module", "nvidia_services", "nvswitch"]
 
     def work(session: Session, progress):

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from k26ops import playbook
 from k26ops.errors import EXIT_INTERRUPTED
 from k26ops.fleet import (CHANGED, OK, Connections, Fleet, FleetInterrupted, FleetOptions, HostResult,
                           Work, exit_code)
@@ -193,13 +194,13 @@ def run(hosts: list, work: Work, options: FleetOptions | None = None, *, canary:
     return out
 
 
-def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", shared: dict | None = None):
-    """A rollout work function running `steps` via playbook.run_on_host; each
-    host's result gets the steps' report data (ctx.shared["outcome"])."""
-    from k26ops import playbook
+def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", options=None):
+    """A rollout work function running `steps` via playbook.run_on_host with the
+    run's `options` (steps.RunOptions); each host's result gets the steps' report
+    data (its context's `report`)."""
 
     def work(session, progress: Progress):
         return playbook.run_on_host(session, steps, check=check, progress=progress, purpose=purpose,
-                                    shared={**(shared or {}), "outcome": {}})
+                                    options=options)
 
     return work

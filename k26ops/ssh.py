@@ -28,8 +28,10 @@ import io
 import os
 import select
 import shlex
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -372,8 +374,6 @@ class LocalSession(Session):
         self._put(write, remote_path, mode)
 
     def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
-        import shutil
-
         self._put(lambda tmp: shutil.copyfile(local_path, tmp), remote_path, mode)
 
     def _put(self, write, remote_path: str, mode: int) -> None:
@@ -383,8 +383,6 @@ class LocalSession(Session):
             os.chmod(tmp, mode)
             os.replace(tmp, remote_path)
             return
-        import tempfile
-
         fd, tmp = tempfile.mkstemp(prefix="k26ops-put.")  # mode 600, ours
         os.close(fd)
         try:

@@ -24,6 +24,7 @@ import yaml
 
 from k26ops import resources
 from k26ops.errors import UserError
+from k26ops.layout import Layout
 
 TEMPLATES_DIR = Path(os.environ.get("K26OPS_TEMPLATES") or resources.path("templates"))
 UNIT_TEMPLATE = "sglang.service.j2"
@@ -31,6 +32,7 @@ ENV_TEMPLATE = "sglang.env.j2"
 REDACTED = "<redacted>"
 
 ENV_FILE = "/etc/k26ops/sglang.env"
+LAUNCH_MODULE = "sglang.launch_server"
 # The engine's secret flags (--api-key ...): a root-only YAML that SGLang reads with
 # `--config` (ConfigArgumentMerger), so their values are in no argv (`ps`, `systemctl status`).
 SECRETS_FILE = "/etc/k26ops/sglang-secrets.yaml"
@@ -203,10 +205,9 @@ def engine_argv(profile: Mapping) -> list[str]:
     attention_backend / prefill_ / decode_attention_backend, disable_cuda_graph, cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill,
     host (127.0.0.1), port (30000), nnodes (1) with node_rank and
     dist_init_addr from the caller when > 1, extra_args."""
-    from k26ops.layout import Layout  # the default host's, when the profile names neither
-
+    # the default host's release, when the profile names neither
     python = profile.get("python") or f"{profile.get('release_dir') or Layout().current}/venv/bin/python"
-    module = profile.get("launch_module") or "sglang.launch_server"
+    module = profile.get("launch_module") or LAUNCH_MODULE
     if not isinstance(module, str) or not _MODULE.fullmatch(module):
         raise UserError(f"engine profile: launch_module is not a Python module name: {module!r}")
     argv = [str(python), "-m", module, "--model-path", str(_req(profile, "model_path"))]

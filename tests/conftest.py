@@ -25,13 +25,13 @@ atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 
 
 class RunningLab:
-    def __init__(self, directory: Path, count: int):
+    def __init__(self, directory: Path, count: int, deployed: bool = False):
         from k26ops.lab.machines import Lab
 
         self.lab = Lab(directory)
         self.dir = directory
         self.base_port = free_port_block(count)
-        self.hosts = self.lab.up(count, self.base_port, log=lambda m: None)
+        self.hosts = self.lab.up(count, self.base_port, log=lambda m: None, deployed=deployed)
         self.inventory = directory / "inventory.yml"
 
     def env(self) -> dict:
@@ -61,14 +61,18 @@ def pytest_sessionstart(session):
 
 
 @contextlib.contextmanager
-def private_lab(count: int, tag: str):
+def private_lab(count: int, tag: str, deployed: bool = False):
     """Boot a lab of `count` hosts for the duration of the block; always torn
-    down (also on failure, Ctrl-C, or, through atexit, a dying interpreter)."""
+    down (also on failure, Ctrl-C, or, through atexit, a dying interpreter).
+    `deployed=True`: the hosts boot with the lab recipe already deployed and its
+    engine serving (the cached deployed layer, k26ops/lab/deployed.py), for tests
+    that need a converged host, not a first deploy; keep a bare host (the default)
+    for what a first deploy does (wheel bytes, first-deploy faults, custom roots)."""
     if os.geteuid() != 0:
         pytest.fail("lab tests need root (systemd-nspawn); run the test suite as root")
     directory = Path(tempfile.mkdtemp(prefix=f"k26ops-{tag}-", dir="/var/tmp"))
     try:
-        running = RunningLab(directory, count)  # a failed `up` stops what it started
+        running = RunningLab(directory, count, deployed)  # a failed `up` stops what it started
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise

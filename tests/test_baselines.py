@@ -255,7 +255,7 @@ def apikey_lab(tmp_path_factory):
     from conftest import private_lab
 
     d = tmp_path_factory.mktemp("rbapikey")
-    with private_lab(1, "rbapikey") as lab:
+    with private_lab(1, "rbapikey", deployed=True) as lab:
         inv = yaml.safe_load(lab.inventory.read_text())
         name = lab.hosts[0].name
         inv["vars"]["hf_token"] = TOKEN

@@ -54,7 +54,7 @@ def recipe_with_patch(tmp_path: Path, marker: str) -> Path:
 
 @pytest.fixture(scope="module")
 def solo():
-    with private_lab(1, "pipe1") as running:
+    with private_lab(1, "pipe1", deployed=True) as running:
         yield running
 
 

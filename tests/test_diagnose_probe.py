@@ -36,7 +36,7 @@ def host(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("diagprobe")
     (d / "engine.yml").write_text(PLAYBOOK)
-    with private_lab(1, "diagprobe") as lab:
+    with private_lab(1, "diagprobe", deployed=True) as lab:
         # the lab hosts share the loopback with other labs: an engine port of our own
         yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
                "port": free_port_block(1, start=35000, stop=39000)}

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -63,8 +64,17 @@ def _inv(lab, tmp_path) -> str:
     return str(p)
 
 
-def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(scratch_lab, tmp_path):
-    lab = scratch_lab
+@pytest.fixture
+def deployed_host():
+    """A private 1-host lab booted deployed (the test breaks its engine; it needs no first deploy)."""
+    from conftest import private_lab
+
+    with private_lab(1, "enginestate", deployed=True) as running:
+        yield running
+
+
+def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(deployed_host, tmp_path):
+    lab = deployed_host
     inv = _inv(lab, tmp_path)
 
     def ssh(cmd: str) -> str:

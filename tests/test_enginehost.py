@@ -13,8 +13,8 @@ from k26ops.errors import UserError
 from k26ops.steps import HostContext
 
 
-def host(vars: dict, shared: dict | None = None) -> HostContext:
-    return HostContext(session=None, host=None, vars=vars, facts={}, shared=dict(shared or {}))
+def host(vars: dict) -> HostContext:
+    return HostContext(session=None, host=None, vars=vars, facts={})
 
 
 def test_the_default_layout():
@@ -57,8 +57,8 @@ def test_env_file_path():
 
 def test_env_variables(monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    eh = EngineHost(host({"engine_env": {"A": "1"}, "hf_token": "hf_x", "lab": True, "k26ops_root": "/r"},
-                         {"cuda_home": "/r/toolchain/cuda-13.0"}))
+    eh = EngineHost(host({"engine_env": {"A": "1"}, "hf_token": "hf_x", "lab": True, "k26ops_root": "/r",
+                          "cuda_home": "/r/toolchain/cuda-13.0"}))
     assert eh.env() == {"A": "1", "HF_TOKEN": "hf_x", "CUDA_HOME": "/r/toolchain/cuda-13.0", "PYTHONPATH": "/r/lab"}
     assert eh.lab_module_path == "/r/lab/k26ops_lab_engine.py"
     # the control node's HF_TOKEN only when the inventory has none

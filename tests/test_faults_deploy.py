@@ -142,7 +142,7 @@ def pair_lab():
 def solo():
     """A private 1-host lab shared by this module's single-host fault tests; each
     test starts by making sure the base release is current."""
-    with private_lab(1, "faults1") as running:
+    with private_lab(1, "faults1", deployed=True) as running:
         yield running
 
 

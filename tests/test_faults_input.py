@@ -60,7 +60,7 @@ def one_line_error_or_ok(proc, allowed=(0, 1, 2)) -> None:
 
 @pytest.fixture(scope="module")
 def host():
-    with private_lab(1, "faultsin") as running:
+    with private_lab(1, "faultsin", deployed=True) as running:
         yield running
 
 

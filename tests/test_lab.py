@@ -39,15 +39,17 @@ def test_every_host_answers_strict_ssh_and_runs_systemd():
 
 
 def _assert_hosts_boot_clean(lab):
-    names = set()
+    names, ids = set(), set()
     for h in lab.hosts:
-        proc = lab_ssh(lab.dir, h.port, "hostname; systemctl is-system-running --wait")
+        proc = lab_ssh(lab.dir, h.port, "hostname; cat /etc/machine-id; systemctl is-system-running --wait")
         failed = lab_ssh(lab.dir, h.port, "systemctl --failed --no-legend --plain").stdout
         assert proc.returncode == 0, (proc.stdout, proc.stderr, f"failed units on {h.name}: {failed}")
-        hostname, state = proc.stdout.split()
+        hostname, machine_id, state = proc.stdout.split()
         assert state == "running"
         names.add(hostname)
+        ids.add(machine_id)
     assert names == {h.name for h in lab.hosts}
+    assert len(ids) == len(lab.hosts)  # each host its own machine id (not the rootfs's one)
 
 
 def test_host_keys_are_per_host_and_real(lab):

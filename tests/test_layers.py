@@ -20,9 +20,9 @@ PKG = ROOT / "k26ops"
 # Bottom first. A module belongs to the layer of its longest matching prefix; "=name"
 # matches that module alone (a package's __init__ whose submodules sit lower).
 LAYERS: list[tuple[str, str, list[str]]] = [
-    ("base", "errors, where files live, shell quoting, the interrupt flag, config",
+    ("base", "errors, where files live, shell quoting, the interrupt flag, config, declared inventory variables, typed run state",
      ["k26ops.errors", "k26ops.layout", "k26ops.shell", "k26ops.interrupt", "k26ops.resources",
-      "k26ops.config"]),
+      "k26ops.config", "k26ops.hostvars", "k26ops.runstate"]),
     ("data", "inventory, recipes, locks' data, units, flag tables, parsers, crash signatures",
      ["k26ops.inventory", "k26ops.units", "k26ops.release.recipe", "k26ops.release.inputs",
       "k26ops.release.engine_flags", "k26ops.release.launch_rules", "k26ops.release.patchset", "=k26ops.release",
@@ -165,6 +165,48 @@ def test_the_rules_catch_an_upward_import_and_a_cycle():
     graph["k26ops.errors"] = {**graph["k26ops.errors"], "k26ops.steps": 1}
     assert upward(graph) == ["k26ops.errors (line 1, base) imports k26ops.steps (steps)"]
     assert any("k26ops.errors" in c and "k26ops.steps" in c for c in cycles(graph))
+
+
+# A function-level import says why it is not at the top, on its line or the comment line
+# above its block of imports: `# lazy: git costs 60 ms at CLI start`, `# host: runs where
+# torch is`, `# cycle: ...` (none should be left).
+REASON = re.compile(r"#\s*(?!noqa\b|type:)[a-z][a-z -]*:\s*\S")
+
+
+def unexplained_function_imports(text: str, name: str) -> list[str]:
+    """`name:line: import` for each import inside a function with no reason beside it."""
+    lines = text.splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(text, filename=name)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if any(REASON.search(lines[i - 1]) for i in range(node.lineno, node.end_lineno + 1)):
+                continue
+            i = node.lineno - 1  # up over the block of imports (and blank lines) to its comment
+            while i > 0 and (not lines[i - 1].strip() or re.match(r"\s*(from \S+ )?import ", lines[i - 1])
+                             or lines[i - 1].strip().startswith(")")):
+                i -= 1
+            if i > 0 and REASON.search(lines[i - 1]) and lines[i - 1].strip().startswith("#"):
+                continue
+            out.append(f"{name}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(set(out))
+
+
+def test_function_level_imports_say_why():
+    """Imports sit at module top unless a reason is written beside them."""
+    assert [u for p in MODS.values()
+            for u in unexplained_function_imports(p.read_text(), str(p.relative_to(ROOT)))] == []
+
+
+def test_the_reason_rule_catches_a_bare_function_import():
+    text = ("def f():\n    import json\n\n\ndef g():\n    # lazy: costs 1 s\n    import json\n\n"
+            "    from os import path\n\n\ndef h():\n    import json  # cycle: a -> b\n    # no reason\n"
+            "    import os\n\n\ndef k():\n    import re  # noqa: F401\n")
+    assert unexplained_function_imports(text, "m.py") == [
+        "m.py:15: import os", "m.py:19: import re  # noqa: F401", "m.py:2: import json"]
 
 
 def diagram() -> str:

@@ -208,7 +208,7 @@ def labhost(tmp_path_factory):
     from conftest import private_lab
 
     d = tmp_path_factory.mktemp("rehearse")
-    with private_lab(1, "rehearse") as lab:
+    with private_lab(1, "rehearse", deployed=True) as lab:
         yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
                "port": free_port_block(2, start=31000, stop=35000)}
 

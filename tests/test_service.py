@@ -6,7 +6,7 @@ inventory var: /opt/k26ops-test-service/releases) holding two fake releases
 (`test-fake-a`, `test-fake-b`: a venv/bin/python symlink to the host's
 python3; the stand-in is stdlib-only), and a test-only step
 `test_fake_release` that switches `current` the way the release step does
-(shared release_changed / previous_release). Everything is removed at
+(its ReleaseDecision: release id, previous release, `current` moved). Everything is removed at
 teardown: the lab's hosts are left as found.
 """
 
@@ -30,6 +30,7 @@ from k26ops.rollout import playbook_work
 from k26ops.ssh import q
 from k26ops.steps import Change, Step
 from k26ops.steps.registry import STEPS
+from k26ops.steps.release import ReleaseDecision
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
@@ -47,15 +48,15 @@ class FakeRelease(Step):
     def plan(self, ctx):
         want = ctx.vars.get("test_release", "test-fake-a")
         cur = ctx.run(f"readlink {q(ctx.releases_root)}/current || true").stdout.strip() or None
-        ctx.shared["previous_release"] = cur
-        ctx.shared["release_id"] = want
+        d = ReleaseDecision.of(ctx)
+        d.previous, d.release_id = cur, want
         return [] if cur == want else [Change(f"switch current: {cur} -> {want}")]
 
     def apply(self, ctx, changes):
         want = ctx.vars.get("test_release", "test-fake-a")
         ctx.run(f"cd {q(ctx.releases_root)} && ln -sfn {q(want)} .current.tmp && mv -T .current.tmp current",
                 check=True)
-        ctx.shared["release_changed"] = True
+        ReleaseDecision.of(ctx).changed = True
 
 
 def ssh(lab, host: str, command: str) -> str:

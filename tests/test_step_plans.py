@@ -17,6 +17,7 @@ from k26ops.baselines.pins import BaselinePins
 from k26ops.inventory import Host
 from k26ops.steps import HostContext, StepFailed
 from k26ops.steps.registry import STEPS
+from k26ops.steps.release import ReleaseDecision
 from replay import Replay, load
 
 STEP_FILES = ["cuda_toolkit", "release", "service", "driver", "baseline_pins"]
@@ -43,12 +44,13 @@ def plan(step_name: str, case: dict):
     host = Host(name=h["name"], address="127.0.0.1", vars={**h["vars"], **case.get("vars", {})})
     session = Replay(host, case["answers"])
     facts = facts_mod.gather(session, extra=preflight.host_facts(host.vars))
-    step = STEP_CLASSES[step_name](spec.get("params") or {})
-    shared = dict(case.get("shared") or {})
-    if "prepared" in spec:
-        shared["prepared"] = _prepared(spec["prepared"])
-    ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts, shared=shared,
-                      check=True, steps=[step])
+    inputs = case.get("inputs") or {}  # what the run gives the step: its pins, the releases root's owner
+    step = STEP_CLASSES[step_name]({**(spec.get("params") or {}), **({"pins": inputs["pins"]} if "pins" in inputs else {})})
+    ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts, check=True, steps=[step],
+                      releases_root_state=inputs.get("releases_root_state"))
+    if "prepared" in spec or "release_id" in inputs:  # what the release step decided before
+        ReleaseDecision(release_id=inputs.get("release_id"), changed=bool(inputs.get("release_changed")),
+                        prepared=_prepared(spec["prepared"]) if "prepared" in spec else None).put(ctx)
     return [c.what for c in step.plan(ctx)], session
 
 

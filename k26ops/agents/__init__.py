@@ -26,6 +26,7 @@ from pathlib import Path
 
 from k26ops import ssh
 from k26ops.errors import Interrupted, StepFailed
+from k26ops.fleet import interrupt_requested
 from k26ops.shell import q, tied_to_channel
 from k26ops.ssh import Cancelled, OutputTooLarge
 
@@ -62,8 +63,6 @@ def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None
     host = getattr(getattr(session, "host", None), "name", "the host")
     kw: dict = {}
     if tied:
-        from k26ops.fleet import interrupt_requested
-
         kw["cancel"] = interrupt_requested
     try:
         res = session.run(command(name, interpreter, tied), stdin=json.dumps({"op": op, **req}), timeout=timeout,

@@ -25,6 +25,12 @@ def show(unit):
         d["StartLimitHit"] = LIMIT_LINE in tail
     return d
 
+def run_id(s):
+    """The engine run being watched: another MainPID, NRestarts or InvocationID later means
+    it died or restarted (k26ops.enginestate.run_identity on the control node's side)."""
+    return {k: s.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+
+
 def read(path):
     try:
         with open(path, encoding="utf-8", errors="replace") as fh: return fh.read()
@@ -251,7 +257,7 @@ def op_poll(r):
     while True:
         s = show(unit)
         if first and not base:
-            base = {k: s.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+            base = run_id(s)
         first = False
         why = crashed(s, base)
         if why:
@@ -286,7 +292,7 @@ def op_smoke(r):
     ends it, and then: did the engine die of it (its journal), or is it alive?"""
     unit = r.get("unit")
     s0 = show(unit) if unit else {}
-    base = r.get("base") or {k: s0.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+    base = r.get("base") or run_id(s0)
     results = []
     for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
         res = generate(r, req["name"], req["sampling"])

@@ -10,14 +10,13 @@ from k26ops import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.baselines.snapshot import sha256
+from k26ops.baselines.validate import BaselineCorrupt
 
 
 def load_index(baselines_dir=None, warn=lambda line: None) -> list[tuple[str, dict]]:
     """[(tag, {host: record})], newest first; empty without a repository. A tag
     or record that does not read (validate.BaselineCorrupt) is left out and
     `warn`ed in one line: drift is advisory, the other tags still count."""
-    from k26ops.baselines.validate import BaselineCorrupt
-
     repo = Baselines(baselines_dir)
     if not repo.exists():
         return []

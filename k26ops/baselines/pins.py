@@ -19,26 +19,39 @@ through the same writer (`write_pins`): the file has one writer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from k26ops import rollout
 from k26ops.baselines.repo import Baselines
 from k26ops.errors import UserError
+from k26ops.hostlock import HostLock
+from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, text_diff
 
 
+@dataclass
+class NewPins(HostState):
+    """The host's pins as the plan computed them; apply writes exactly these."""
+
+    ids: list[str] = field(default_factory=list)
+
+
 class BaselinePins(Step):
-    """Rewrite pinned-releases as exactly the releases the baselines record for this host."""
+    """Rewrite pinned-releases as exactly the releases the baselines record for this host.
+    Params: `pins`, {host name: [release ids the remaining tags record]}."""
 
     name = "baseline_pins"
 
     def plan(self, ctx: HostContext) -> list[Change]:
-        want = ctx.shared["pins"].get(ctx.host.name, [])
+        want = self.params["pins"].get(ctx.host.name, [])
         path = ctx.pins_file
         old, have = read_pins(ctx)
         new = [r for r in have if r in want] + [r for r in want if r not in have]
         unpin = [r for r in have if r not in want]
         pin = [r for r in want if r not in have]
-        ctx.shared["pins_new"] = new
-        ctx.shared["outcome"].update(pins=new, unpinned=unpin, newly_pinned=pin)
+        NewPins(new).put(ctx)
+        ctx.report.update(pins=new, unpinned=unpin, newly_pinned=pin)
         changes = ([Change(f"unpin {r} (no remaining baseline records it)") for r in unpin]
                    + [Change(f"pin {r} (a baseline records it)") for r in pin])
         if changes:
@@ -46,7 +59,7 @@ class BaselinePins(Step):
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
-        write_pins(ctx, ctx.shared["pins_new"])
+        write_pins(ctx, NewPins.of(ctx).ids)
 
 
 def read_pins(ctx: HostContext) -> tuple[str | None, list[str]]:
@@ -67,8 +80,6 @@ def write_pins(ctx: HostContext, ids: list[str]) -> None:
 
 def pin_release(session, release_id: str, purpose: str = "baselines snapshot") -> bool:
     """Add one release to the host's pins under the host lock; False when it was pinned already."""
-    from k26ops.hostlock import HostLock
-
     ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
     with HostLock(session, ctx.state_dir, purpose):
         _old, have = read_pins(ctx)
@@ -81,11 +92,9 @@ def pin_release(session, release_id: str, purpose: str = "baselines snapshot") -
 def repin_hosts(hosts, options, pins: dict[str, list[str]], *, check: bool, log=lambda m: None):
     """Run `baseline_pins` on `hosts` (host lock, --check): the rollout (one result per
     host, and whether Ctrl-C ended it, also when no host was still queued)."""
-    from k26ops import rollout
-
     if not hosts:
         return rollout.Rollout()
-    work = rollout.playbook_work([BaselinePins()], check=check, purpose="baselines repin", shared={"pins": pins})
+    work = rollout.playbook_work([BaselinePins({"pins": pins})], check=check, purpose="baselines repin")
     return rollout.run(hosts, lambda session: work(session, lambda m: log(f"{session.host.name}: {m}")), options,
                        on_event=lambda h, m: log(f"{h}: {m}"))
 

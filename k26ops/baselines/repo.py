@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from k26ops import config
 from k26ops.baselines import validate
 from k26ops.errors import UserError
 
@@ -40,11 +41,17 @@ ZERO = "0" * 40
 _TAG_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*")
 
 
+def _git():
+    """GitPython, imported on first use: about 120 ms, which the commands that never
+    open the baselines repository (status, deploy without --gate) do not pay."""
+    import git  # lazy: GitPython costs about 120 ms at import
+
+    return git
+
+
 def default_dir() -> Path:
     """$K26OPS_BASELINES, else the config file's `baselines`, else
     ~/.local/share/k26ops/baselines: never the current directory (k26ops.config)."""
-    from k26ops import config
-
     return config.baselines_dir()[0]
 
 
@@ -66,7 +73,7 @@ def check_tag_name(tag: str) -> str:
     elif tag == "@" or len(tag) > 200:
         why = "not a usable tag name"
     if why is None:
-        import git
+        git = _git()
 
         try:
             git.Git().check_ref_format(f"refs/tags/{tag}")
@@ -99,7 +106,7 @@ class Baselines:
     @property
     def repo(self):
         if self._repo is None:
-            import git
+            git = _git()
 
             if not self.exists():
                 raise UserError(f"no baselines repository at {self.path} (take one with `k26ops snapshot --tag TAG`)")
@@ -222,7 +229,7 @@ class Baselines:
         return paths
 
     def _ensure(self):
-        import git
+        git = _git()
 
         if not self.exists():
             self.path.mkdir(parents=True, exist_ok=True)
@@ -245,7 +252,7 @@ class Baselines:
     def commit_snapshot(self, files: dict[str, bytes], message: str, tag: str, tag_message: str,
                         force: bool = False) -> str:
         """Commit exactly `files` as the owned paths and tag it (annotated); return the commit sha."""
-        import git
+        git = _git()
 
         try:
             return self._commit_snapshot(files, message, tag, tag_message, force)
@@ -255,7 +262,7 @@ class Baselines:
                             f"{err[-1] if err else exc}") from None
 
     def _commit_snapshot(self, files, message, tag, tag_message, force) -> str:
-        import git
+        git = _git()
 
         if any(not (p == OWNED[0] or p.startswith(OWNED[1] + "/")) for p in files):
             raise ValueError("snapshot files must live under the owned paths")
@@ -318,7 +325,7 @@ class Baselines:
     def delete_tags(self, tags: list[str]) -> None:
         """Delete the tags (all known: check with `tag()` first); the commits stay
         in the branch's history, only the names go."""
-        import git
+        git = _git()
 
         try:
             self.repo.git.tag("-d", "--", *tags)
@@ -344,6 +351,6 @@ def _prune_empty(root: Path, d: Path) -> None:
 
 
 def _istream(data: bytes):
-    from gitdb import IStream
+    from gitdb import IStream  # lazy: GitPython's object store, as _git
 
     return IStream("blob", len(data), io.BytesIO(data))

@@ -22,23 +22,43 @@ from __future__ import annotations
 import shutil
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from k26ops import units
+from k26ops import profile, units
 from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
-from k26ops.shell import q
+from k26ops.rollout import playbook_work
+from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps
+from k26ops.steps.release import ReleaseDecision
 
 
-def _b(ctx: HostContext) -> dict:
-    return ctx.shared["baselines"][ctx.host.name]
+def _b(step: Step, ctx: HostContext) -> dict:
+    """This host's part of the tag (the steps' param `baselines`: host_baselines' answer)."""
+    return step.params["baselines"][ctx.host.name]
+
+
+@dataclass
+class BaselineCheck(HostState):
+    """What baseline_release found of the tag's release on the host before any step changed it."""
+
+    probe: dict  # the host script's probe: the release, `current`, the unit and env file
+    mode: str  # "switch" (the release is there as recorded) or "rebuild"
+    damage: str  # what is wrong with it on the host, said in the plan and messages
+
+
+@dataclass
+class BaselineEnv(HostState):
+    """The tag's env file with its secrets filled in from the inventory (None: the tag has none)."""
+
+    text: str | None = field(default=None, repr=False)  # holds secrets: never in a repr
 
 
 class BaselineRelease(Step):
@@ -47,52 +67,54 @@ class BaselineRelease(Step):
     name = "baseline_release"
 
     def prepare(self, ctx: HostContext) -> None:
-        b = _b(ctx)
+        b = _b(self, ctx)
         rec = b["record"]
         rid = rec["release_id"]
         probe = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=rid,
                                 unit_path=rec["unit"]["path"], env_path=rec["env"]["path"])
-        ctx.shared["baseline_probe"] = probe
         r = probe["release"]
         m = r.get("manifest") or {}
         bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h)
         ok = r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"] and not bad
-        ctx.shared["baseline_mode"] = "switch" if ok else "rebuild"
-        ctx.shared["baseline_damage"] = ("missing" if not r["exists"] else "no manifest" if not m
-                                         else f"{len(bad)} file(s) differ" if bad else "manifest differs")
+        found = BaselineCheck(probe, "switch" if ok else "rebuild",
+                              "missing" if not r["exists"] else "no manifest" if not m
+                              else f"{len(bad)} file(s) differ" if bad else "manifest differs").put(ctx)
         if ok:
             return
         if not rec.get("rebuildable"):
-            raise StepFailed(f"release {rid} is {ctx.shared['baseline_damage']} on the host and the tag cannot "
+            raise StepFailed(f"release {rid} is {found.damage} on the host and the tag cannot "
                              f"rebuild it: {rec.get('rebuild_check')}")
-        ctx.shared["release_override"] = b["override"]
-        ctx.progress(f"baseline: release {rid} {ctx.shared['baseline_damage']}: preparing a rebuild from the tag")
+        profile.use_recorded(ctx, b["override"])
+        ctx.progress(f"baseline: release {rid} {found.damage}: preparing a rebuild from the tag")
         prep = release_step.prepare(ctx)
         if prep.release_id != rid:
             raise StepFailed(f"the tag's sources give release {prep.release_id}, not the recorded {rid}; not rebuilding")
-        ctx.shared["prepared"] = prep
-        ctx.shared["engine_argv"] = release_step.validate_flags(ctx, prep)
+        ReleaseDecision.of(ctx).prepare(ctx, prep)
 
     def plan(self, ctx: HostContext) -> list[Change]:
-        rid = _b(ctx)["record"]["release_id"]
-        cur = ctx.shared["baseline_probe"]["release"]["current"]
-        ctx.shared["release_id"] = rid
-        ctx.shared["previous_release"] = cur
+        rid = _b(self, ctx)["record"]["release_id"]
+        found = BaselineCheck.of(ctx)
+        cur = found.probe["release"]["current"]
+        d = ReleaseDecision.of(ctx)
+        d.release_id, d.previous = rid, cur
         changes = []
-        if ctx.shared["baseline_mode"] == "rebuild":
-            changes.append(Change(f"rebuild release {rid} from the baseline ({ctx.shared['baseline_damage']} on the host)"))
+        if found.mode == "rebuild":
+            changes.append(Change(f"rebuild release {rid} from the baseline ({found.damage} on the host)"))
         if cur != rid or changes:
             changes.append(Change(f"switch current: {cur or '(none)'} -> {rid}"))
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
-        rid, rel = _b(ctx)["record"]["release_id"], ctx.releases_root
-        if ctx.shared["baseline_mode"] == "rebuild":
-            release_step.Release()._build(ctx, ctx.shared["prepared"])
-            ctx.shared.setdefault("outcome", {})["release_rebuilt"] = True
-        ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
-                f"mv -T .current.tmp current", check=True)
-        ctx.shared["release_changed"] = True
+        rid = _b(self, ctx)["record"]["release_id"]
+        d = ReleaseDecision.of(ctx)
+        if BaselineCheck.of(ctx).mode == "rebuild":
+            release_step.Release()._build(ctx, d.prepared)
+            ctx.report["release_rebuilt"] = True
+        release_step.point_current(ctx, rid)
+        d.changed = True
+
+    def undo(self, ctx: HostContext) -> str | None:
+        return release_step.undo_switch(ctx)
 
 
 class BaselineService(engine_steps.ServiceStep):
@@ -102,10 +124,10 @@ class BaselineService(engine_steps.ServiceStep):
     preflight = False  # the tag's unit names its own model and drafter
 
     def prepare(self, ctx: HostContext) -> None:
-        b = _b(ctx)
+        b = _b(self, ctx)
         env_text = b["env_text"]
         if env_text is None:
-            ctx.shared["baseline_env"] = None
+            BaselineEnv(None).put(ctx)
             return
         eh = EngineHost(ctx)
         # a tag from before the secrets file kept secret flags in the env file as K26OPS_SECRET_*
@@ -116,23 +138,22 @@ class BaselineService(engine_steps.ServiceStep):
                     raise StepFailed(f"the baseline's env file needs {key}: set it in the inventory "
                                      f"(or the control node's environment) as for a deploy")
                 env_text = env_text[:start] + units.env_quote(want[key]) + env_text[end:]
-        ctx.shared["baseline_env"] = env_text
+        BaselineEnv(env_text).put(ctx)
 
     def plan(self, ctx: HostContext) -> list[Change]:
-        b = _b(ctx)
+        b = _b(self, ctx)
         rec = b["record"]
         unit, upath, epath = rec["unit"]["name"], rec["unit"]["path"], rec["env"]["path"]
         spath = units.secrets_file_beside(epath)
         eh = EngineHost(ctx)
         cur = engine_steps.agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
                             current=eh.layout.current, lab_module=None, secrets_path=spath)
-        env_text = ctx.shared["baseline_env"]
+        env_text = BaselineEnv.of(ctx).text
         secrets = eh.secrets(old_env_text=cur["env"], old_secret_config=cur.get("secrets"))
         show = cur["show"]
-        # the deploy's constructor: the same keys, the engine's api_key included (smoke needs it)
-        svc = engine_steps.service_state(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath,
-                                         port=b.get("port"), show=show, secrets_path=spath)
-        ctx.shared["service"] = svc
+        # the deploy's constructor: the same fields, the engine's api_key included (smoke needs it)
+        svc = engine_steps.ServiceState.build(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath,
+                                              port=b.get("port"), show=show, secrets_path=spath).put(ctx)
         changes, todo, reasons = [], {}, []
         secret_text = None
         if b["unit_text"] is not None and f"--config {spath}" in b["unit_text"]:
@@ -162,7 +183,7 @@ class BaselineVerify(Step):
     def plan(self, ctx: HostContext) -> list[Change]:
         if ctx.check:
             return []
-        b = _b(ctx)
+        b = _b(self, ctx)
         rec = b["record"]
         # the same call records the tag on the host: `status` names it among tags of the same content
         p = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=None,
@@ -178,9 +199,9 @@ class BaselineVerify(Step):
         if b["unit_text"] is not None and p["unit"] != b["unit_text"]:
             why.append("unit file differs")
         if why:
-            engine_steps.fail_and_roll_back(ctx, ctx.shared["service"], "after rollback the host does not match the baseline: "
-                          + "; ".join(why))
-        out = ctx.shared.setdefault("outcome", {})
+            engine_steps.fail_and_roll_back(ctx, engine_steps.ServiceState.of(ctx),
+                                            "after rollback the host does not match the baseline: " + "; ".join(why))
+        out = ctx.report
         out["verified_files"] = len(rec["patched_files"])
         out["baseline"] = rec.get("tag")
         return []
@@ -189,9 +210,12 @@ class BaselineVerify(Step):
         pass
 
 
-def steps() -> list[Step]:
-    """The rollback's playbook: the tag's release and unit, the deploy's health and smoke, then verify."""
-    return [BaselineRelease(), BaselineService(), engine_steps.HealthStep(), engine_steps.SmokeStep(), BaselineVerify()]
+def steps(baselines: dict) -> list[Step]:
+    """The rollback's playbook: the tag's release and unit, the deploy's health and smoke, then
+    verify. `baselines`: host_baselines' answer, the tag's steps' input."""
+    tagged = {"baselines": baselines}
+    return [BaselineRelease(tagged), BaselineService(tagged), engine_steps.HealthStep(), engine_steps.SmokeStep(),
+            BaselineVerify(tagged)]
 
 
 def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -> dict:
@@ -263,12 +287,10 @@ def open_repo(tag: str, baselines_dir=None) -> Baselines:
 def prepared(repo: Baselines, tag: str, hosts: list[str], *, check: bool = False):
     """The rollback of `hosts` to `tag` as a rollout's work(session, progress);
     the tag's files (recipe, lock, patches) lie in a temporary directory while it runs."""
-    from k26ops.rollout import playbook_work
-
     workdir = Path(tempfile.mkdtemp(prefix="k26ops-rollback-"))
     try:
         per_host = host_baselines(repo, tag, hosts, workdir)
-        yield playbook_work(steps(), check=check, purpose=f"rollback to {tag}", shared={"baselines": per_host})
+        yield playbook_work(steps(per_host), check=check, purpose=f"rollback to {tag}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

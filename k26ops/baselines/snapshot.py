@@ -19,6 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from k26ops import facts as facts_mod
+from k26ops.enginehost import EngineHost, agent
+from k26ops.enginebench.run import run_host
 from k26ops.release import engine_source
 from k26ops.release import recipe as recipe_mod
 from k26ops import units
@@ -30,7 +32,8 @@ from k26ops import rollout
 from k26ops.fleet import Connections, Outcome
 from k26ops.multinode import serves_http
 from k26ops.shell import q
-from k26ops.steps import HostContext
+from k26ops.steps import HostContext, engine as engine_steps
+from k26ops.steps.engine import smoke_summary
 
 FACT_NAMES = ("gpus", "nvidia_smi", "cuda_toolkit", "os_release", "python3")
 SMOKE_PROMPT = "Say hello in one short sentence."
@@ -38,8 +41,6 @@ SMOKE_PROMPT = "Say hello in one short sentence."
 
 def host_target(session) -> tuple[HostContext, dict]:
     """The host's context and its engine's unit, env file, port (as a deploy sees them)."""
-    from k26ops.enginehost import EngineHost
-
     ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
     eh = EngineHost(ctx)
     host, port = eh.target()
@@ -49,9 +50,6 @@ def host_target(session) -> tuple[HostContext, dict]:
 
 def run_smoke(session, t: dict) -> dict:
     """The deploy's smoke requests (greedy, then sampled), as the deploy records them."""
-    from k26ops.enginehost import agent
-    from k26ops.steps import engine as engine_steps
-
     r = agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"], api_key=t.get("api_key"),
               prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=engine_steps.smoke_requests({}))
     if r["failed"]:
@@ -61,8 +59,6 @@ def run_smoke(session, t: dict) -> dict:
 
 
 def known_secrets(ctx: HostContext, env_text: str | None) -> list[str]:
-    from k26ops.enginehost import EngineHost
-
     return EngineHost(ctx).secrets(old_env_text=env_text)
 
 
@@ -192,8 +188,6 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
 
 
 def _summary_line(host: str, rec: dict) -> str:
-    from k26ops.steps.engine import smoke_summary
-
     return (f"{host}: {rec['release_id']}  {rec['health']}  smoke {smoke_summary(rec.get('smoke') or {})}"
             f"  {len(rec['patched_files'])} patched file(s)"
             + ("" if rec["rebuildable"] else "  (not rebuildable: " + rec["rebuild_check"] + ")"))
@@ -229,8 +223,6 @@ def snapshot(repo: Baselines, hosts, options, tag: str, message: str | None = No
     def work(session):
         row, f, info = gather_host(session, tag, now)
         if bench is not None and info["record"]["health"] == "healthy" and serves_http(session.host.vars):
-            from k26ops.enginebench.run import run_host
-
             ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
             b = run_host(ctx, bench, lambda m: log(f"{session.host.name}: {m}"))
             f[f"hosts/{session.host.name}/bench.json"] = (json.dumps(b, indent=1, sort_keys=True) + "\n").encode()

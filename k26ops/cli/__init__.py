@@ -10,14 +10,18 @@ import signal
 import sys
 
 import click
+from click.core import ParameterSource
 
 from k26ops import __version__
-from k26ops.cli import jsonout, pipe
+from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.config
+from k26ops.cli import (baselines, bench, config, deploy, diagnose, engine, globalopts, hosts, inventory, jsonout,
+                        lab, pipe, provision, rehearse, selftest, status)
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite
 from k26ops.errors import EXIT_INTERRUPTED, UserError
 from k26ops.fleet import FleetInterrupted
+from k26ops.hostvars import complete_with
 
 
 class K26Group(click.Group):
@@ -87,12 +91,8 @@ _FLAGS = {"inventory": "--inventory", "forks": "--forks", "deadline": "--deadlin
 def _apply_config(ctx, settings: Settings) -> None:
     """Fill what no flag or environment variable set from the config file; record
     where each setting came from (`k26ops config show`)."""
-    from click.core import ParameterSource
-
-    from k26ops import config
-
     try:
-        conf = config.load()
+        conf = operator_config.load()
     except UserError as exc:
         args = ctx.meta.get("k26ops.args") or []
         if args[:2] != ["lab", "down"] and not {"--help", "-h"} & set(args):
@@ -110,51 +110,41 @@ def _apply_config(ctx, settings: Settings) -> None:
         elif name in conf:
             value = conf[name]
             setattr(settings, name, str(value) if name == "inventory" else value)
-            settings.sources[name] = f"config {config.config_path()}"
+            settings.sources[name] = f"config {operator_config.config_path()}"
         else:
             settings.sources[name] = "default"
 
 
 def _register() -> None:
-    from k26ops.cli import deploy, diagnose, engine, hosts, inventory, lab
-
     for module in (lab, inventory, diagnose, engine):
         cli.add_command(module.group)
     cli.add_command(hosts.facts_cmd)
     cli.add_command(hosts.check_cmd)
-    from k26ops.cli import status
-
     cli.add_command(status.status_cmd)
     cli.add_command(status.logs_cmd)
     cli.add_command(deploy.deploy_cmd)
-    from k26ops.cli import rehearse
-
     cli.add_command(rehearse.rehearse_cmd)
-    from k26ops.cli import provision
-
     cli.add_command(provision.provision_cmd)
     cli.add_command(provision.reboot_cmd)
-    from k26ops.cli import bench
-
     cli.add_command(bench.bench_cmd)
-    from k26ops.cli import baselines
-
     cli.add_command(baselines.snapshot_cmd)
     cli.add_command(baselines.rollback_cmd)
     cli.add_command(baselines.group)
-    from k26ops.cli import selftest
-
     cli.add_command(selftest.selftest_cmd)
-    from k26ops.cli import config
-
     cli.add_command(config.group)
-    from k26ops.cli import globalopts
-
     for command in cli.commands.values():
         globalopts.attach(command)
 
 
 _register()
+
+
+def _declare_every_variable() -> None:
+    # lazy: the step modules that declare variables (about 20 ms) only once an inventory is read
+    from k26ops.cli import readers  # noqa: F401 (its imports are the point)
+
+
+complete_with(_declare_every_variable)
 
 
 GLOBAL_FLAGS = {"--json", "-v", "-vv", "-vvv", "--verbose", "--accept-new-host-keys", "--strict"}

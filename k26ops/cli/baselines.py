@@ -6,15 +6,18 @@ import sys
 from datetime import datetime, timezone
 
 import click
-
-from k26ops.release import engine_source
 from rich.console import Console
 from rich.text import Text
 
 from k26ops.cli import jsonout, tables
-from k26ops.cli.complete import baseline_tags
 from k26ops.cli.bench import baselines_option, bench_options, render_bench, spec_from
-from k26ops.cli.report import wide_console
+from k26ops.cli.complete import baseline_tags
+from k26ops.cli.deploy import render_changes
+from k26ops.cli.report import print_results, wide_console
+from k26ops.cli.rollout import print_rollout, run_rollout
+from k26ops.errors import EXIT_INTERRUPTED, UserError
+from k26ops.fleet import INTERRUPTED, exit_code
+from k26ops.release import engine_source
 from k26ops.steps.engine import smoke_summary
 
 BASELINES_OPT = baselines_option()
@@ -37,8 +40,8 @@ def _fmt_time(ts: float) -> str:
 @click.pass_obj
 def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, with_bench, **bench_opts):
     """Record the hosts' running engine as a tagged known-good baseline."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import snapshot as snap
-    from k26ops.cli.report import print_results
 
     err = Console(stderr=True)
     repo = snap.open_repo(tag, force=force, baselines_dir=baselines_dir)
@@ -69,9 +72,8 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, 
 @click.pass_obj
 def rollback_cmd(settings, tag, check, diff, baselines_dir):
     """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import rollback
-    from k26ops.cli.deploy import render_changes
-    from k26ops.cli.rollout import run_rollout
 
     repo = rollback.open_repo(tag, baselines_dir)
     hosts = [h.name for h in settings.selected_hosts()]
@@ -80,8 +82,6 @@ def rollback_cmd(settings, tag, check, diff, baselines_dir):
                               columns=rollback.COLUMNS, exit=False)
     if not settings.as_json:
         render_changes(results, check=check, diff=diff)
-    from k26ops.fleet import exit_code
-
     sys.exit(exit_code(results))
 
 
@@ -95,6 +95,7 @@ def group():
 @click.pass_obj
 def list_cmd(settings, baselines_dir):
     """Tags with date, hosts, release, health and spec accept length."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import Baselines
 
     repo = Baselines(baselines_dir)
@@ -129,8 +130,8 @@ def list_cmd(settings, baselines_dir):
 @click.pass_obj
 def show_cmd(settings, tag, baselines_dir):
     """One baseline: its tag message and per-host record."""
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import Baselines
-    from k26ops.errors import UserError
 
     repo = Baselines(baselines_dir)
     if not repo.exists():
@@ -174,11 +175,6 @@ PIN_COLUMNS = [("changed", "_changed"), ("pins", "pins"), ("unpinned", "unpinned
 
 def _report_pins(settings, res: dict, title: str, diff: bool, hint: str) -> None:
     """Per-host table or JSON, the changes, what stays on disk, stale hosts; then exit."""
-    from k26ops.cli.deploy import render_changes
-    from k26ops.errors import EXIT_INTERRUPTED
-    from k26ops.fleet import INTERRUPTED, exit_code
-    from k26ops.cli.rollout import print_rollout
-
     results, check, stale = res["results"], res["check"], res["stale_pins"]
     # Ctrl-C: a host still queued says so, and so does the rollout when every host had started
     interrupted = res.get("interrupted") or any(r.status == INTERRUPTED for r in results)
@@ -221,6 +217,7 @@ def delete_cmd(settings, tags, check, diff, baselines_dir):
     them. A host that cannot be reached keeps its old pins; the tags stay
     deleted, and `k26ops baselines repin` fixes that host later.
     """
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import pins
 
     repo = pins.open_repo(baselines_dir)
@@ -246,6 +243,7 @@ def repin_cmd(settings, check, diff, baselines_dir):
     host no tag records pins none). `current` and release directories are not
     touched; the next deploy's prune frees what is no longer pinned.
     """
+    # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import pins
 
     repo = pins.open_repo(baselines_dir)

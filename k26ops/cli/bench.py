@@ -7,13 +7,18 @@ import functools
 import sys
 
 import click
+from rich.table import Table
 
 from k26ops.cli import tables
 from k26ops.cli.report import wide_console
+from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench import figures as figs
-from k26ops.enginebench.run import GENERATORS, METRICS, BenchSpec, cell_key, parse_list
+from k26ops.enginebench.run import BenchSpec, GENERATORS, METRICS, cell_key, parse_list, run_host
 from k26ops.enginebench.stored import baseline_for, stored_benches
 from k26ops.errors import UserError
+from k26ops.fleet import Outcome, exit_code
+from k26ops.multinode import serves_http
+from k26ops.steps import HostContext
 
 BASELINES_DEFAULT = "$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines"
 
@@ -69,8 +74,6 @@ def _stat(s: dict | None) -> str:
 
 
 def render_bench(host: str, bench: dict, con=None) -> None:
-    from rich.table import Table
-
     con = con or wide_console()
     spec = bench.get("spec") or {}
     con.rule(f"{host}: {bench.get('generator')}", style="cyan")
@@ -85,8 +88,6 @@ def render_bench(host: str, bench: dict, con=None) -> None:
 
 
 def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict, con=None) -> None:
-    from rich.table import Table
-
     con = con or wide_console()
     rows = figs.compare(bench, base)
     title = f"{host} vs {tag}" + (f" (baseline host {base_host})" if base_host != host else "")
@@ -111,12 +112,6 @@ def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict,
 def bench_cmd(settings, compare_tag, baselines_dir, **opts):
     """Measure the engine on each host, from the host itself (loopback): output tok/s,
     requests/s, TTFT and ITL (median, p99), spec accept length, per concurrency and temperature."""
-    from k26ops.enginebench.run import run_host
-    from k26ops.fleet import Outcome, exit_code
-    from k26ops.multinode import serves_http
-    from k26ops.cli.rollout import run_rollout
-    from k26ops.steps import HostContext
-
     spec = spec_from(opts)
     stored = stored_benches(baselines_dir, compare_tag) if compare_tag else {}
     if compare_tag and not stored:

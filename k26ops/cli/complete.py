@@ -12,14 +12,13 @@ import re
 
 from click.shell_completion import CompletionItem
 
+from k26ops import config, inventory
 from k26ops.cli.context import Settings
 
 _LAST_TERM = re.compile(r"^(.*[,:])?([!&]?)([^,:]*)$", re.S)
 
 
 def _inventory(ctx):
-    from k26ops import config, inventory
-
     params = {}
     for c in reversed(_chain(ctx)):  # the root's, then the command's own -i
         params.update({k: v for k, v in c.params.items() if v is not None})
@@ -48,6 +47,7 @@ def host_patterns(ctx, param, incomplete: str) -> list[CompletionItem]:
 
 
 def baseline_tags(ctx, param, incomplete: str) -> list[CompletionItem]:
+    # lazy: the baselines package (about 60 ms) only when completing a tag
     from k26ops.baselines import Baselines
 
     path = None

@@ -6,6 +6,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
+from k26ops import config, inventory, multinode
+from k26ops.errors import UserError
+from k26ops.fleet import FleetOptions
+from k26ops.inventory.targets import targets
+
 
 def lab_dir_record() -> Path:
     """Where `lab up` writes the directory of the lab it started ($XDG_STATE_HOME/k26ops/lab-dir)."""
@@ -62,8 +69,6 @@ class Settings:
 
     def inventory_path(self) -> Path:
         """--inventory, else $K26OPS_INVENTORY, else the running lab's inventory."""
-        from k26ops.errors import UserError
-
         if self.inventory:
             return Path(self.inventory)
         lab_inv = self.lab_path / "inventory.yml"
@@ -75,17 +80,12 @@ class Settings:
     def targets(self, inv):
         """The hosts commands act on by default (k26ops.inventory.targets): the
         config file's `targets` pattern, else the hosts setting gpus_per_host."""
-        from k26ops import config
-        from k26ops.inventory.targets import targets
-
         pattern = config.load().get("targets")
         return targets(inv, pattern, f"config {config.config_path()}")
 
     def only_targets(self, inv, hosts: list, pattern: str | None) -> list:
         """`hosts` (after --limit) that are targets; a --limit that selects only
         hosts outside the targets is an error naming them, never a silent no-op."""
-        from k26ops.errors import UserError
-
         t = self.targets(inv)
         kept = [h for h in hosts if h.name in t.names]
         if hosts and not kept:
@@ -95,8 +95,6 @@ class Settings:
         return kept
 
     def fleet_options(self):
-        from k26ops.fleet import FleetOptions
-
         return FleetOptions(forks=self.forks, deadline=self.deadline,
                             connect_timeout=self.connect_timeout,
                             accept_new_host_keys=self.accept_new_host_keys)
@@ -105,8 +103,6 @@ class Settings:
         """The inventory's hosts after --limit (UserError on a bad inventory or limit)."""
         inv, hosts = self.select(self.limit)
         if not hosts:
-            from k26ops.errors import UserError
-
             raise UserError(f"{inv.path}: no hosts selected")
         return hosts
 
@@ -114,11 +110,7 @@ class Settings:
         """(inventory, its hosts matching `pattern` with their multi-node vars filled);
         the inventory's warnings go to stderr, each once per command. The one place
         hosts are selected."""
-        from k26ops import inventory
-
         inv = inventory.load(self.inventory_path())
-        import click
-
         for w in getattr(inv, "warnings", []):
             if w not in self.said:
                 self.said.add(w)
@@ -127,7 +119,5 @@ class Settings:
         self.warnings = tuple(inv.warnings)
         hosts = self.only_targets(inv, inv.select(pattern), pattern)
         inv.check_vault(hosts)
-        from k26ops import multinode
-
         multinode.assign(inv, hosts)
         return inv, hosts

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from k26ops import playbook
-from k26ops.enginebench.figures import DEFAULT_GATE
+from k26ops.enginebench.figures import DEFAULT_GATE, parse_figure
+from k26ops.enginebench.gate import BenchGate, plan_gate
 from k26ops.enginebench.run import METRICS
 from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
+from k26ops.enginebench.stored import stored_benches
+from k26ops.errors import UserError
+from k26ops.fleet import exit_code
 from k26ops.rehearsal.run import Gate
 from k26ops.cli.rollout import run_rollout
-from k26ops.rollout import playbook_work
+from k26ops.rollout import canary_batches, playbook_work
+from k26ops.steps import RunOptions
 
 
 DIFF_STYLE = (("+++", {"bold": True}), ("---", {"bold": True}), ("@@", {"fg": "cyan"}),
@@ -48,13 +55,13 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
 
 
 def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 0,
-                 shared: dict | None = None, title: str | None = None, purpose: str = "deploy",
+                 options=None, title: str | None = None, purpose: str = "deploy",
                  exit: bool = True, batch=None, max_fail=None):
     """Run playbook `name` over the selected hosts; print; exit with the fleet's code."""
     steps = playbook.load(name)
     for step in steps:
         step.before_hosts(settings.selected_hosts())
-    return run_rollout(settings, playbook_work(steps, check=check, purpose=purpose, shared=shared),
+    return run_rollout(settings, playbook_work(steps, check=check, purpose=purpose, options=options),
                        canary=canary, batch=batch, max_fail=max_fail,
                        title=title or (f"{name} --check" if check else name),
                        columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
@@ -89,30 +96,21 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
 def deploy_cmd(settings, check, diff, name, canary, batch, max_fail, gate_tag, gate_threshold, gate_figures,
                baselines_dir, rehearse, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
-    shared = {"rehearse": Gate(options_from(rkw, bench=False))} if rehearse else None
+    options = RunOptions(rehearse=Gate(options_from(rkw, bench=False)) if rehearse else None)
     if gate_tag is None:
-        run_playbook(settings, name, check=check, diff=diff, canary=canary, shared=shared, batch=batch,
+        run_playbook(settings, name, check=check, diff=diff, canary=canary, options=options, batch=batch,
                      max_fail=max_fail)
         return
     gated_deploy(settings, name, check=check, diff=diff, canary=canary, batch=batch, max_fail=max_fail,
                  tag=gate_tag, threshold=gate_threshold,
                  figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir,
-                 shared=shared)
+                 options=options)
 
 
-def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, shared=None,
+def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, options=None,
                  batch=None, max_fail=None):
     """The deploy with the bench gate on its canary batch, and with --batch on
     every later batch too (enginebench/gate.py)."""
-    import sys
-
-    from k26ops.enginebench.stored import stored_benches
-    from k26ops.enginebench.figures import parse_figure
-    from k26ops.enginebench.gate import BenchGate, plan_gate
-    from k26ops.errors import UserError
-    from k26ops.fleet import exit_code
-    from k26ops.rollout import canary_batches
-
     if not canary and not batch:
         raise UserError("--gate needs --canary N or --batch (the hosts benched before the others go on); "
                         "nothing was deployed")
@@ -128,7 +126,7 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
                                               "figures": figures, "threshold": threshold})]
     for step in steps:
         step.before_hosts(settings.selected_hosts())
-    results = run_rollout(settings, playbook_work(steps, check=check, shared=shared), canary=canary,
+    results = run_rollout(settings, playbook_work(steps, check=check, options=options), canary=canary,
                           batch=batch, max_fail=max_fail,
                           title=f"{name} (gate {tag})" + (" --check" if check else ""),
                           columns=[("release", "release"), ("changed", "_changed"), ("engine", "_engine"),

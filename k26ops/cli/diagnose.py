@@ -11,13 +11,25 @@ the log holds no error at all: "no crash found"), 1 an error (or, for
 from __future__ import annotations
 
 import sys
+from datetime import datetime
+import time
 
 import click
+from rich.console import Console
+from rich.markup import escape
 
+from k26ops import units
 from k26ops.cli import jsonout, tables
 from k26ops.cli.pipe import quiet
-from k26ops.errors import UserError
+from k26ops.cli.report import run_and_report
+from k26ops.enginehost import EngineHost
+from k26ops.enginestate import START_LIMIT, reset_hint, start_limit_hit
+from k26ops.errors import EXIT_INTERRUPTED, UserError
+from k26ops.release import patchset
+from k26ops.fleet import Connections, Outcome
 from k26ops.shell import q
+from k26ops.steps import session_context
+from k26ops.ssh import HostKeyRefused, Unreachable
 
 
 @click.group(name="diagnose")
@@ -46,9 +58,6 @@ def exit_code(d) -> int:
 
 
 def _print_human(d) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
     console = Console(highlight=False, soft_wrap=True)
     if not d.error_found:
         console.print(f"[bold green]no crash found[/]  {escape(d.suggestion)}")
@@ -75,10 +84,10 @@ def _print_human(d) -> None:
 def log_cmd(ctx, file, base):
     """Classify a local SGLang log (a file, or - for stdin). Exit 0: a known crash
     named or no error at all; 1: an error that matched no known crash; 2: bad input."""
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.classify import classify
 
     if base:
-        from k26ops.release import patchset
         try:
             patchset.parse_base(base)
         except patchset.PatchError as exc:
@@ -103,16 +112,9 @@ def service_cmd(settings, unit, lines):
     """Classify the engine's last crash on each host, from its journal. Exit 0: every
     crash named (or none found); 1: a crash matched no known signature, or a host
     failed; 2: bad input."""
-    from datetime import datetime
-
-    from k26ops import units
-    from k26ops.cli.report import run_and_report
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose import journal
     from k26ops.diagnose.classify import classify
-    from k26ops.enginehost import EngineHost
-    from k26ops.enginestate import START_LIMIT, reset_hint, start_limit_hit
-    from k26ops.fleet import Outcome
-    from k26ops.steps import session_context
 
     def work(session):
         ctx = session_context(session)
@@ -142,9 +144,6 @@ def service_cmd(settings, unit, lines):
         return out
 
     def render(results):
-        from rich.console import Console
-        from rich.markup import escape
-
         con = Console(highlight=False, soft_wrap=True)
         for res in results:
             data = res.data
@@ -153,7 +152,9 @@ def service_cmd(settings, unit, lines):
             if not data.get("crashed"):
                 continue
             con.print(f"[bold]{res.host}[/]: last crash {data.get('crashed_at') or ''} ({escape(str(data.get('exit')))})")
+            # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
             from k26ops.diagnose.classify import Diagnosis
+
             fields = {k: data.get(k) for k in Diagnosis.__dataclass_fields__}
             _print_human(Diagnosis(**fields))
 
@@ -184,12 +185,8 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
     """Apply the None-field probe, restart with CUDA graphs on, send a request,
     name the crash; always revert and restore the engine. A serving engine is
     restarted twice: asks first (-y: don't ask; no terminal to ask on: refused)."""
-    import time
-
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose import probe
-    from k26ops.errors import EXIT_INTERRUPTED
-    from k26ops.fleet import Connections
-    from k26ops.ssh import HostKeyRefused, Unreachable
 
     inv, hosts = settings.select(host_name)
     if len(hosts) != 1:
@@ -206,8 +203,6 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
         if not err.is_terminal and key == last["msg"] and now - last["t"] < 10:
             return
         last.update(msg=key, t=now)
-        from rich.markup import escape
-
         err.print(f"[dim]{host.name} {now - t0:5.0f}s[/dim] {escape(msg)}", markup=True)
 
     progress = quiet(progress)  # a closed output interrupts the probe like Ctrl-C (k26ops.cli.pipe)
@@ -270,9 +265,7 @@ def _restore_line(exc) -> str:
 
 
 def _print_probe(settings, rep, code: int) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose import probe
     from k26ops.diagnose.classify import Diagnosis
 

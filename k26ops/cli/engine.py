@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
+from k26ops.cli import jsonout
 from k26ops.release import enginelock, engine_source, inputs
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
@@ -75,8 +76,6 @@ def set_commit(text: str, path: Path, commit: str) -> str:
 
 def _emit(settings, data: dict, diff: str, summary: str) -> None:
     if settings.as_json:
-        from k26ops.cli import jsonout
-
         jsonout.emit({**data, "diff": diff}, indent=1, sort_keys=True)
         return
     if diff:

@@ -10,6 +10,7 @@ import math
 
 import click
 
+from k26ops.cli import jsonout
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 
@@ -87,8 +88,6 @@ def attach(command: click.Command, path: str = "") -> None:
 
 def _remember_name(command: click.Command) -> None:
     """Errors under --json name the command that was running (k26ops.cli.jsonout)."""
-    from k26ops.cli import jsonout
-
     invoke = command.invoke
 
     def remembering(ctx):

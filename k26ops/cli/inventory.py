@@ -17,10 +17,11 @@ from k26ops import units
 from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
-from k26ops.inventory import Host, Inventory, Vault, load
+from k26ops.inventory import Host, Inventory, Vault, load, variables
 from k26ops.inventory.yamlsrc import oneline
 
 from k26ops.inventory.native import FIELDS  # a host's connection fields, as the inventory reads them
+from k26ops.preflight import recipe_lock
 
 
 def jsonable(value, _path: tuple = ()):
@@ -221,8 +222,6 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
 def _recipes(hosts) -> list[dict]:
     """Which recipe each host gets (a deploy builds it) and whether its dependency lock exists:
     one entry per recipe, with its hosts (preflight.recipe_lock)."""
-    from k26ops.preflight import recipe_lock
-
     out: dict[tuple, dict] = {}
     seen: dict[str, dict] = {}  # the recipe depends on these two vars only: read each recipe and lock once
     for h in hosts:
@@ -265,16 +264,12 @@ def show_cmd(settings: Settings, inventory, as_json, host):
 @click.pass_obj
 def vars_cmd(settings: Settings, markdown, as_json):
     """Every inventory variable k26ops reads: type, default, where, meaning."""
-    from dataclasses import asdict
-
-    from k26ops.inventory import variables
-
     if markdown:
         click.echo(variables.markdown(), nl=False)
         return
     if as_json or settings.as_json:
-        jsonout.emit({"variables": [asdict(v) for v in variables.VARIABLES + variables.ANSIBLE_READ]}, indent=2)
+        jsonout.emit({"variables": [v.to_json() for v in variables.variables()]}, indent=2)
         return
-    for v in variables.VARIABLES + variables.ANSIBLE_READ:
+    for v in variables.variables():
         info = " (informational)" if v.informational else ""
-        click.echo(f"{v.name} ({v.type}, default {v.default}){info}: {v.meaning} [read by {v.used}]")
+        click.echo(f"{v.name} ({v.type}, default {v.shown_default}){info}: {v.meaning} [read by {v.module}]")

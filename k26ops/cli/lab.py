@@ -8,10 +8,14 @@ from rich.table import Table
 
 from k26ops.cli import jsonout
 from k26ops.cli.context import default_lab_dir, remember_lab_dir
-from k26ops.lab.machines import DEFAULT_BASE_PORT, Lab
+from k26ops.lab import DEFAULT_BASE_PORT
 
 
-def _lab(ctx, directory) -> Lab:
+def _lab(ctx, directory):
+    """The lab in --dir, else the default one."""
+    # lazy: the lab's machinery (nspawn, base image, kernel limits: about 10 ms) only for `lab` commands
+    from k26ops.lab.machines import Lab
+
     return Lab(directory or ctx.obj.lab_path)
 
 
@@ -30,13 +34,16 @@ def group():
 @click.option("--raise-limits/--no-raise-limits", default=True, show_default=True,
               help="Raise this machine's kernel limits (inotify, pids, ...) that are too low for the hosts, "
                    "for the lab's run (`lab down` puts them back); with --no-raise-limits, refuse instead.")
+@click.option("--deployed", is_flag=True,
+              help="Boot the hosts with the lab recipe already deployed and its engine serving, from a cached "
+                   "layer (built once by one first deploy when the release or k26ops changed).")
 @click.pass_context
-def up(ctx, count, directory, base_port, raise_limits):
+def up(ctx, count, directory, base_port, raise_limits, deployed):
     """Boot the lab's hosts (builds the base image once)."""
     lab = _lab(ctx, directory)
     err = Console(stderr=True)
     hosts = lab.up(count, base_port, log=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
-                   raise_limits=raise_limits)
+                   raise_limits=raise_limits, deployed=deployed)
     remember_lab_dir(lab.dir)  # later commands use this lab without --lab-dir / K26OPS_LAB_DIR
     if ctx.obj.as_json:
         jsonout.emit({"dir": str(lab.dir), "inventory": str(lab.inventory_file),

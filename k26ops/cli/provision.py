@@ -54,6 +54,7 @@ def reboot_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_r
 def provision_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allow_reboot, diff, name):
     """Host layer: pinned NVIDIA driver (open modules), nvidia-persistenced, fabric manager on
     NVSwitch hosts; reboots the hosts that need it in canary batches and verifies them."""
+    # lazy: the driver step and its plan tables (about 10 ms at CLI start) only for provision
     from k26ops import provision
 
     steps = playbook.load(name)

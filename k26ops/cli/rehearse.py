@@ -14,6 +14,8 @@ from k26ops.enginebench.run import parse_list
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome
 from k26ops.rehearsal import plan
+from k26ops.rehearsal.run import rehearse
+from k26ops.steps import session_context
 
 
 def rehearsal_options(fn):
@@ -66,9 +68,6 @@ def options_from(kw: dict, **more) -> plan.Options:
 def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, concurrency, temperatures,
                  input_len, output_len, num_prompts, save_log, **kw):
     """Rehearse the engine on dummy weights: the unit's flags, CUDA graphs, smoke, short bench."""
-    from k26ops.rehearsal.run import rehearse
-    from k26ops.steps import session_context
-
     if alongside and stop_serving:
         raise UserError("--alongside and --stop-serving exclude each other")
     opts = options_from(kw, release=release, probe=probe, bench=not no_bench,

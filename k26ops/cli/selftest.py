@@ -61,10 +61,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from k26ops import preflight, rollout
+from k26ops.cli import jsonout
 from k26ops.cli.report import verbose_events
 from k26ops.layout import Layout
 from k26ops.errors import EXIT_HOST_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, UserError
 from k26ops.fleet import FAILED, OK, HostResult, Outcome
+from k26ops.hostvars import Var, declare
 from k26ops.selftest import payload as payload_mod
 from k26ops.selftest.report import headline, summarize, validate
 from k26ops.shell import q
@@ -76,6 +78,10 @@ STATUS_STYLE = {"pass": "green", "skip": "magenta", "fail": "red", "timeout": "r
                 "no-gpu": "yellow", OK: "green", FAILED: "red", NO_GPU: "yellow", "unreachable": "red",
                 "interrupted": "magenta"}
 SHOWN = {OK: "pass", NO_GPU: "no GPU"}
+declare(__name__, "the self-test",
+        Var("nvcc", "path", None, "nvcc for the self-test", "{k26ops_root}/toolchain/cuda-*/bin/nvcc"),
+        Var("selftest_min_tflops", "number", None, "lowest acceptable matmul TFLOPS"),
+        Var("selftest_min_busbw", "number", None, "lowest acceptable NCCL bus bandwidth (GB/s)"))
 
 
 class SelftestFailed(Exception):
@@ -263,8 +269,6 @@ def render(results: list[HostResult], console: Console | None = None) -> None:
 
 
 def emit_json(results: list[HostResult], code: int) -> None:
-    from k26ops.cli import jsonout
-
     jsonout.emit({"hosts": {r.host: r.to_json() for r in results}}, code)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from datetime import datetime, timezone
 
 import click
 from rich.console import Console
@@ -13,7 +14,7 @@ from k26ops import rollout, units
 from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
-from k26ops.enginehost import agent
+from k26ops.enginehost import EngineHost, agent
 from k26ops.enginestate import engine_state
 from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
@@ -21,8 +22,6 @@ from k26ops.steps import HostContext, session_context
 
 
 def _target(ctx: HostContext, unit: str | None):
-    from k26ops.enginehost import EngineHost
-
     eh = EngineHost(ctx, {"unit": unit})
     host, port = eh.target()
     return eh, eh.unit, host, port
@@ -48,6 +47,7 @@ def status_cmd(settings, unit, baselines_dir):
     """Per host: what the engine is (serving, starting, stopped, failed, crash-looping), health,
     release, uptime, model, last restart; and drift: which tagged baseline runs, or which files
     differ from the release manifest. Exit 1 when an enabled engine does not serve."""
+    # lazy: the baselines package (about 60 ms) only when a baseline is compared
     from k26ops.baselines import drift as drift_mod
 
     index = drift_mod.load_index(baselines_dir, warn=lambda line: click.echo(f"k26ops: warning: {line}", err=True))
@@ -108,8 +108,6 @@ def xid_lines(events: list[dict]) -> list[str]:
     """One line per GPU and Xid the running engine has lived through (the kernel log since the
     unit became active): 'new since the engine started: GPU 0 (0000:18:00) Xid 79 GPU has fallen
     off the bus ... at 03:05:37; action: reboot: ...'."""
-    from datetime import datetime, timezone
-
     out = []
     for e in xid.distinct(events):
         at = datetime.fromtimestamp(e["time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

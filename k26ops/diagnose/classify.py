@@ -16,6 +16,7 @@ from k26ops.diagnose import chains
 from k26ops.diagnose import signatures as S
 from k26ops.diagnose.details import detail_for
 from k26ops.diagnose.logtext import Line, clean_lines
+from k26ops.facts import xid as X
 
 
 @dataclass
@@ -225,8 +226,6 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
     """The kernel's Xid lines in the log, named before the software symptom they caused: a
     hardware Xid wins over any engine error; an application Xid names the crash only when
     the engine's own lines name nothing (its software signature keeps the Xid in `detail`)."""
-    from k26ops.facts import xid as X
-
     if "NVRM" not in (text or ""):
         return None
     events = X.parse_kernel_text(text, bus_ids)

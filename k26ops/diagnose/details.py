@@ -12,6 +12,7 @@ import re
 from k26ops.diagnose import chains
 from k26ops.diagnose import signatures as S
 from k26ops.diagnose.logtext import Line
+from k26ops.release import launch_rules
 
 _FB_FIELD = re.compile(r"\b(?:forward_batch|fb|batch)\.((?:spec_info\.)?\w+)")
 _BUF_FIELD = re.compile(r"\bbuffers?\.(\w+)\s*\[")
@@ -80,8 +81,6 @@ def _oom(lines: list[Line], i: int, evidence: str) -> dict:
 
 def _config(evidence: str, sig: S.Signature) -> tuple[dict, str]:
     """The launch rule the refusal names, and that rule's fix."""
-    from k26ops.release import launch_rules
-
     if m := re.match(S.ARGPARSE_REFUSAL, evidence):
         args = (m.group("args") or "").split()
         flags = [a for a in args if a.startswith("-")] or ([m.group("arg")] if m.group("arg") else [])

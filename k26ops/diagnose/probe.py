@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Callable
 
 from k26ops import agents, resources, units
+from k26ops.diagnose.signatures import PROBE_WATCHED
+from k26ops.diagnose.classify import classify
+from k26ops.enginehost import EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import UserError
+from k26ops.release import patchset
+from k26ops.hostlock import HostLock, HostLocked
+from k26ops.steps import session_context
 
 PATCHES = resources.path("patches")
 PROBE_GUARD = "diagnose"
@@ -41,8 +47,6 @@ def probe_patch_for(base: str | None) -> Path:
 
     Each base's series (patches/<base>/series) lists its own probe: the copy
     call sites of `_grouped_foreach_copy_` differ between engine code bases."""
-    from k26ops.release import patchset
-
     if not base:
         raise UserError("the deployed release records no engine base (built before engine provenance): "
                         "redeploy it, then probe")
@@ -114,8 +118,6 @@ def watched_counts(text: str) -> dict | None:
     """What the probe says it checked (its `K26OPS-PROBE watched:` lines), the highest
     count per copy site over all ranks: {"fill_from": {graph: n}, "copy_slots": n,
     "slots_checked": n}; None when no such line (nothing instrumented was reached)."""
-    from k26ops.diagnose.signatures import PROBE_WATCHED
-
     found = False
     out: dict = {"fill_from": {}, "copy_slots": 0, "slots_checked": 0}
     for m in PROBE_WATCHED.finditer(text or ""):
@@ -177,11 +179,6 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
     check=True: only the read-only checks and the plan (rep.plan); nothing changes.
     confirm(plan, serving) is asked after the read-only checks, before any
     change; False raises Declined."""
-    from k26ops.diagnose.classify import classify
-    from k26ops.enginehost import EngineHost
-    from k26ops.hostlock import HostLock, HostLocked
-    from k26ops.steps import session_context
-
     ctx = session_context(session)
     eh = EngineHost(ctx, {"unit": unit})
     uname = eh.unit
@@ -276,9 +273,6 @@ def describe_drift(drift: list) -> str:
 
 def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
               ready_timeout, requests, progress, classify, api_key=None) -> None:
-    from k26ops.enginehost import agent as engine_agent
-    from k26ops.enginehost import wait_ready
-
     restarted = False
     try:
         progress(f"applying the probe patch to release {st['release_id']}")
@@ -344,8 +338,6 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
 def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
              ready_timeout):
     """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this."""
-    from k26ops.enginehost import wait_ready
-
     interrupted = []
     old = None
     try:

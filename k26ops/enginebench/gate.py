@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from k26ops import playbook
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.enginebench.stored import baseline_for
 from k26ops.errors import UserError
+from k26ops.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed
+from k26ops.steps.engine import outcome
 
 
 def plan_gate(stored: dict[str, dict], tag: str, figures: list[str]) -> BenchSpec:
@@ -39,10 +42,6 @@ class BenchGate(Step):
     name = "bench_gate"
 
     def plan(self, ctx: HostContext) -> list[Change]:
-        from k26ops import playbook
-        from k26ops.multinode import serves_http
-        from k26ops.steps.engine import outcome
-
         p = self.params
         if ctx.check or ctx.host.name not in p["hosts"] or not serves_http(ctx.vars):
             return []
@@ -62,7 +61,7 @@ class BenchGate(Step):
             ctx.progress(f"gate: passed ({worst['figure']} {worst['current']:g} vs {worst['baseline']:g})")
             return []
         ctx.progress(line)
-        back = playbook._restore(ctx)
+        back = playbook.restore(ctx) or playbook.NOTHING_CHANGED
         outcome(ctx)["rollback"] = back
         failed = StepFailed(f"{line}; {back}")
         failed.details = {k: outcome(ctx)[k] for k in ("gate", "bench", "rollback") if k in outcome(ctx)}

@@ -8,6 +8,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from k26ops import agents
+from k26ops.enginehost import EngineHost, poll_target
 from k26ops.errors import UserError
 from k26ops.steps import StepFailed
 
@@ -75,15 +77,11 @@ def cell_key(c: int, t: float) -> str:
 
 
 def agent(session, op: str, timeout: float, **req) -> dict:
-    from k26ops import agents
-
     return agents.run(session, "loadgen", op, timeout, what="bench agent", **req)
 
 
 def target(ctx) -> dict:
     """The host's engine as deploy runs it: loopback address, port, model, release venv python."""
-    from k26ops.enginehost import EngineHost, poll_target
-
     eh = EngineHost(ctx)
     profile = eh.profile()
     host, port = poll_target(profile)

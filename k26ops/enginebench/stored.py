@@ -7,6 +7,7 @@ from k26ops.errors import UserError
 
 def stored_benches(baselines_dir, tag: str) -> dict[str, dict]:
     """{host: bench} the tag stored (`snapshot --bench`); exit 2 for an unknown tag."""
+    # lazy: the baselines package (about 60 ms) only for --compare and --gate
     from k26ops.baselines import Baselines
 
     repo = Baselines(baselines_dir)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 from k26ops.facts.base import Fact, safe, strip_ansi
+from k26ops.facts.gpu import nvidia_smi_error
 
 # Mildest first: a GPU's action is its worst fault's.
 ACTIONS = ("none", "check-cooling", "restart-app", "reset-gpu", "reboot", "drain-and-rma")
@@ -219,8 +220,6 @@ def parse_health(text: str) -> dict:
 
 @safe
 def parse_health_fact(stdout: str, rc: int) -> dict:
-    from k26ops.facts.gpu import nvidia_smi_error
-
     err = nvidia_smi_error(stdout, rc)
     if err and not GPU_HEADER.search(stdout or ""):
         return {"driver_version": None, "gpus": [], "faults": 0, "action": "none", "error": err}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from k26ops.facts.base import Fact, command_missing, safe
 
@@ -90,8 +91,6 @@ def line_time(line: str) -> float | None:
     m = ISO_STAMP.match(line.strip())
     if not m:
         return None
-    from datetime import datetime
-
     zone = "+0000" if m.group(2) == "Z" else m.group(2).replace(":", "")
     try:
         return datetime.strptime(m.group(1).split(".")[0] + zone, "%Y-%m-%dT%H:%M:%S%z").timestamp()

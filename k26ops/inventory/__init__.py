@@ -19,7 +19,9 @@ import re
 from collections import deque
 from pathlib import Path
 
+from k26ops import units
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
 from k26ops.inventory import ansible, native, sources, variables
 from k26ops.inventory.fields import ANSIBLE_SSH_CONNECTIONS, BECOME_PASSWORD_VARS, resolve
 from k26ops.inventory.graph import At, Graph, Origin, file_of
@@ -28,6 +30,10 @@ from k26ops.inventory.sshconfig import SSHConfig, default_path
 from k26ops.inventory.yamlsrc import Vault, is_jinja, line_of, oneline, show
 
 __all__ = ["Host", "Inventory", "load", "Vault"]
+
+SECRETS = declare(__name__, "what is never printed",
+                  Var("secret_vars", "list of names", [], "more variable names whose values are never printed"),
+                  Var("secret_patterns", "list of globs", [], "globs of variable names never printed"))
 
 
 def load(path: Path | str, ssh_config: Path | str | None | bool = True) -> Inventory:
@@ -100,11 +106,9 @@ def _vars_dirs(graph: Graph, base: Path) -> None:
 def _secret_policy(hosts: dict) -> None:
     """The inventory's own secret names (`secret_vars`) and glob patterns
     (`secret_patterns`), at any level: they hold for every output of this run."""
-    from k26ops import units
-
     names, patterns = set(), set()
     for h in hosts.values():
-        for var, into in (("secret_vars", names), ("secret_patterns", patterns)):
+        for var, into in zip(SECRETS, (names, patterns)):
             v = h.vars.get(var)
             if v is None:
                 continue
@@ -184,7 +188,7 @@ def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[st
     notes = list(r.notes)
     notes += _value_notes(values, "vars", note_cache)
     vault_used = [f"{_where(graph, origins[k])}: {k}" for k, v in values.items()
-                  if k in variables.KNOWN and k not in BECOME_PASSWORD_VARS
+                  if variables.is_read(k) and k not in BECOME_PASSWORD_VARS
                   and any("!vault" in n for n in _value_notes({k: v}, "vars", note_cache, limit=1))]
     return Host(
         name=name,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 
+from k26ops.hostvars import Var, declare
 from k26ops.inventory.graph import Graph, Origin
 from k26ops.inventory.sshconfig import SSHConfig
 from k26ops.inventory.yamlsrc import Vault, is_jinja, show, type_name
@@ -21,6 +22,32 @@ ANSIBLE_VARS = {
     "connection": ("ansible_connection",),
     "become": ("ansible_become",),
 }
+declare(__name__, "how k26ops reaches the host (native shape; also in vars at any level)",
+        Var("address", "str", None, "address or name ssh connects to", "the host's name"),
+        Var("port", "int", None, "sshd port", "22 (or ssh config)"),
+        Var("user", "str", None, "login user", "ssh config / login user"),
+        Var("identity_file", "path (local)", None, "private key file on this machine", "ssh defaults"),
+        Var("gateway", "str", None, "ProxyJump bastion: [user@]host[:port][,...]"),
+        Var("known_hosts", "path (local)", None, "an extra known_hosts file", "~/.ssh/known_hosts"),
+        Var("connection", "ssh|local", "ssh", "local runs commands on this machine"),
+        Var("become", "bool", False, "run every command as root via `sudo -n`"))
+# Ansible's own variables that k26ops reads (the rest of ansible_* is Ansible's
+# business: known, never warned about, never read).
+declare(__name__, "Ansible variables k26ops reads (Ansible shape)", *(
+    Var(name, kind, None, meaning) for name, kind, meaning in (
+        ("ansible_host", "str", "address"), ("ansible_ssh_host", "str", "address (older name)"),
+        ("ansible_port", "int", "port"), ("ansible_ssh_port", "int", "port (older name)"),
+        ("ansible_user", "str", "user"), ("ansible_ssh_user", "str", "user (older name)"),
+        ("ansible_private_key_file", "path (local)", "identity_file"),
+        ("ansible_ssh_private_key_file", "path (local)", "identity_file"),
+        ("ansible_connection", "str", "ssh (and its aliases) or local"),
+        ("ansible_become", "bool", "become"),
+        ("ansible_become_method", "str", "must be sudo when become is on"),
+        ("ansible_become_user", "str", "must be root when become is on"),
+        ("ansible_ssh_common_args", "str", "-J/ProxyJump/ProxyCommand -> gateway; UserKnownHostsFile"),
+        ("ansible_ssh_extra_args", "str", "as ansible_ssh_common_args"),
+        ("ansible_group_priority", "int", "orders groups of equal depth when merging vars"),
+    )))
 # Ansible's boolean words (module_utils convert_bool), for ansible_become.
 ANSIBLE_TRUE = ("y", "yes", "on", "1", "true", "t")
 ANSIBLE_FALSE = ("n", "no", "off", "0", "false", "f")

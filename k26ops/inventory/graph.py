@@ -34,15 +34,22 @@ def file_of(line, default: Path) -> Path:
 
 
 @dataclass
-class GroupNode:
+class _Node:
+    """What a group and a host both have: their own vars (inline, then from
+    group_vars/ or host_vars/ files) and the line each was written on."""
+
     name: str
     line: int | None = None
     vars: dict = field(default_factory=dict)
     var_lines: dict = field(default_factory=dict)
+    file_vars: dict = field(default_factory=dict)  # from group_vars/ or host_vars/ files
+    file_lines: dict = field(default_factory=dict)  # their lines (At: file and line)
+
+
+@dataclass
+class GroupNode(_Node):
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
-    file_vars: dict = field(default_factory=dict)  # from group_vars/ files
-    file_lines: dict = field(default_factory=dict)  # their lines (At: file and line)
     hosts: list[str] = field(default_factory=list)
     host_set: set = field(default_factory=set)  # the same names: membership in O(1) at 200k hosts
     depth: int = 0
@@ -50,13 +57,7 @@ class GroupNode:
 
 
 @dataclass
-class HostNode:
-    name: str
-    line: int | None = None
-    vars: dict = field(default_factory=dict)
-    var_lines: dict = field(default_factory=dict)
-    file_vars: dict = field(default_factory=dict)  # from host_vars/ files
-    file_lines: dict = field(default_factory=dict)  # their lines (At: file and line)
+class HostNode(_Node):
     fields: dict = field(default_factory=dict)  # native shape: field -> (value, line)
     groups: list[str] = field(default_factory=list)  # direct groups
 

@@ -38,6 +38,13 @@ def _mapping(graph: Graph, parent, key, what: str) -> dict:
     return value
 
 
+def _defined(graph: Graph, line, name: str, known: dict, message: str) -> None:
+    """`name` must be one of `known` (a group's host or child): else `message`, with near names."""
+    if name not in known:
+        near = difflib.get_close_matches(name, list(known), n=3)
+        graph.fail(line, message + (f" (near: {', '.join(near)})" if near else ""))
+
+
 def _names(graph: Graph, parent, key, what: str) -> list[tuple[str, int | None]]:
     """A list of names (or a mapping name -> nothing), with lines."""
     value = parent.get(key)
@@ -100,16 +107,12 @@ def parse(data: dict, graph: Graph, warnings: list[str]) -> None:
         for var, val in values.items():
             graph.set_group_var(name, var, val, lines[var])
         for host, line in _names(graph, spec, "hosts", f"group {show(name)} hosts"):
-            if host not in graph.hosts:
-                near = difflib.get_close_matches(host, list(graph.hosts), n=3)
-                graph.fail(line, f"group {show(name)} lists host {show(host)}, which is not "
-                                 f"under hosts:" + (f" (near: {', '.join(near)})" if near else ""))
+            _defined(graph, line, host, graph.hosts, f"group {show(name)} lists host {show(host)}, which is not "
+                                                     f"under hosts:")
             graph.add_host(host, name, line)
         for child, line in _names(graph, spec, "children", f"group {show(name)} children"):
-            if child not in graph.groups:
-                near = difflib.get_close_matches(child, list(graph.groups), n=3)
-                graph.fail(line, f"group {show(name)} lists child group {show(child)}, which is "
-                                 f"not defined" + (f" (near: {', '.join(near)})" if near else ""))
+            _defined(graph, line, child, graph.groups, f"group {show(name)} lists child group {show(child)}, "
+                                                       f"which is not defined")
             graph.add_child(name, child, line)
 
 

@@ -8,7 +8,8 @@ Layout of a lab dir:
   hosts/NAME/         per-host files bound into the host (sshd drop-in, host key,
                       hostname, hosts) and its console log
   hosts/NAME/root/    the host's root: an overlay of the shared rootfs (upper
-                      holds what the host wrote; see overlay_boot)
+                      holds what the host wrote; see overlay_boot), with the
+                      cached deployed layer between them for `up(deployed=True)`
   drafter/config.json the lab drafter's config, bound into every host
   model/              the lab model: its config.json, weight index and empty shards
 `lab down --purge` removes exactly these (Lab.purge).
@@ -23,13 +24,15 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
+from k26ops import resources
 from k26ops.errors import UserError
-from k26ops.lab import limits, rootfs
+from k26ops.lab import DEFAULT_BASE_PORT, engine_source_fixture, limits, rootfs
 from k26ops.shell import q
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -47,7 +50,6 @@ DRAFTER_CONFIG = ('{"k26ops_lab_fixture": "a DFlash drafter config for the lab; 
 LAB_MODEL = "/models/Kimi-K2.6"
 LAB_MODEL_FILES = ("config.json", "model.safetensors.index.json",
                    "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-DEFAULT_BASE_PORT = 2221
 # Hosts share this machine's network: each engine listens on its own loopback
 # port, derived from the host's sshd port so that two labs never clash.
 ENGINE_PORT_OFFSET = 20000
@@ -125,9 +127,11 @@ class Lab:
         data = json.loads(self.state_file.read_text())
         return [LabHost(**h) for h in data.get("hosts", [])]
 
-    def _save(self, hosts: list[LabHost], image: Path, raised: dict | None = None) -> None:
+    def _save(self, hosts: list[LabHost], image: Path, raised: dict | None = None,
+              layer: Path | None = None) -> None:
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rootfs": str(image), "hosts": [asdict(h) for h in hosts],
+        tmp.write_text(json.dumps({"rootfs": str(image), "deployed_layer": str(layer) if layer else None,
+                                   "hosts": [asdict(h) for h in hosts],
                                    "raised_limits": raised or {}}, indent=1))
         tmp.replace(self.state_file)
 
@@ -146,7 +150,9 @@ class Lab:
 
     # -- up ------------------------------------------------------------------
     def up(self, count: int = 2, base_port: int = DEFAULT_BASE_PORT, log=print,
-           raise_limits: bool = True) -> list[LabHost]:
+           raise_limits: bool = True, deployed: bool = False) -> list[LabHost]:
+        """Boot `count` hosts; with `deployed`, on the cached deployed layer (k26ops/lab/deployed.py:
+        the lab recipe already deployed and its engine serving), built first if missing."""
         _preflight()
         existing = self.hosts()
         if existing:
@@ -171,6 +177,11 @@ class Lab:
         for p in ports + [p + ENGINE_PORT_OFFSET for p in ports]:
             if not _port_free(p):
                 raise UserError(f"port 127.0.0.1:{p} is in use: stop what listens there or pass --base-port")
+        layer = None
+        if deployed:  # before this lab raises limits or boots: the build boots a lab of its own
+            from k26ops.lab import deployed as deployed_layer
+
+            layer = deployed_layer.ensure(rootfs.ensure(log=log), log=log)
         raised = limits.ensure(count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log, lab=self._id)
         started: list[LabHost] = []
         try:
@@ -180,14 +191,12 @@ class Lab:
             known = []
             for i, port in enumerate(ports):
                 name = f"lab{i + 1}"
-                h, key_line = self._boot(name, port, port + ENGINE_PORT_OFFSET, image)
+                h, key_line = self._boot(name, port, port + ENGINE_PORT_OFFSET, image, layer)
                 started.append(h)
                 known.append(key_line)
-                self._save(started, image, raised)
+                self._save(started, image, raised, layer)
             (self.dir / "known_hosts").write_text("".join(known))
             self._wait_ssh(started)
-            from k26ops.lab import engine_source_fixture
-
             self.source_url = engine_source_fixture.ensure()[0]
             self._write_inventory(started)
         except BaseException:
@@ -208,7 +217,8 @@ class Lab:
         auth.write_text((self.dir / "id_ed25519.pub").read_text())
         auth.chmod(0o600)
 
-    def _boot(self, name: str, port: int, engine_port: int, image: Path) -> tuple[LabHost, str]:
+    def _boot(self, name: str, port: int, engine_port: int, image: Path,
+              layer: Path | None = None) -> tuple[LabHost, str]:
         hdir = self.dir / "hosts" / name
         if hdir.exists():
             shutil.rmtree(hdir)
@@ -247,10 +257,21 @@ class Lab:
         root = hdir / "root"
         for sub in ("upper", "work", "merged"):
             (root / sub).mkdir(parents=True)
+        # Each host its own machine id (the rootfs has one, from debootstrap, that every host
+        # would share): written into its upper dir before the overlay is mounted.
+        (root / "upper" / "etc").mkdir()
+        (root / "upper" / "etc" / "machine-id").write_text(uuid.uuid4().hex + "\n")
+        (root / "upper" / "etc" / "machine-id").chmod(0o444)
+        lower = str(image)
+        if layer is not None:  # overlayfs stacks lower dirs, leftmost on top
+            from k26ops.lab import deployed as deployed_layer
+
+            deployed_layer.place_host_unit(layer, root / "upper", engine_port)
+            lower = f"{layer}:{image}"
         machine = self._machine(name)
         nspawn = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root / "merged"),
                   "-b", f"--machine={machine}", "--console=read-only", *binds]
-        cmd = overlay_boot(image, root, nspawn, own_cgroups(machine))
+        cmd = overlay_boot(lower, root, nspawn, own_cgroups(machine))
         with open(hdir / "console.log", "wb") as console:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -259,8 +280,6 @@ class Lab:
 
     def _model_fixture(self) -> Path:
         """The lab model dir (LAB_MODEL_FILES), written once per lab dir."""
-        from k26ops import resources
-
         model = self.dir / "model"
         if not (model / "config.json").exists():
             model.mkdir(exist_ok=True)
@@ -483,7 +502,7 @@ def remove_cgroups(machine: str) -> None:
                 pass
 
 
-def overlay_boot(image: Path, root: Path, nspawn: list[str], cgroups: list[Path] = ()) -> list[str]:
+def overlay_boot(image: Path | str, root: Path, nspawn: list[str], cgroups: list[Path] = ()) -> list[str]:
     """The command that boots one host on a copy-on-write view of the shared rootfs.
 
     Why not `nspawn --ephemeral`: off btrfs it copies the whole rootfs (about
@@ -499,6 +518,7 @@ def overlay_boot(image: Path, root: Path, nspawn: list[str], cgroups: list[Path]
     `unshare` ignores SIGTERM while it waits, so a clean stop signals the
     shell below it, which passes it on to nspawn.
     `cgroups`: the shell (and so nspawn) starts in these (see own_cgroups).
+    `image` may be several lower dirs, `top:...:rootfs` (the deployed layer, deployed.py).
 
     Why a loop: `systemctl reboot` inside a host makes nspawn exit with status
     133 (its "reboot" code; systemd-nspawn@.service restarts on it). Like a

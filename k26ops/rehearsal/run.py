@@ -12,14 +12,21 @@ waited for afterwards).
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from k26ops import agents, units
+from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.enginehost import LAB_MODULE, EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import UserError
+from k26ops.profile import effective_recipe
 from k26ops.rehearsal import plan
+from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import HostContext, StepFailed
+from k26ops.steps.engine import outcome, smoke_requests
 
 STANDIN_FILE = "lab/fixtures/engine_standin.py"
 PROBE_STATE = "rehearse-probe-state"
@@ -42,8 +49,6 @@ def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
 
 def options_for(ctx: HostContext, opts: plan.Options) -> tuple[plan.Options, object]:
     """The caller's options over the recipe's `rehearsal:` defaults; (options, recipe)."""
-    from k26ops.profile import effective_recipe
-
     r = effective_recipe(ctx)
     rh = r.rehearsal
     o = plan.Options(**opts.to_json())
@@ -60,8 +65,6 @@ def options_for(ctx: HostContext, opts: plan.Options) -> tuple[plan.Options, obj
 def _configs(ctx, eh_profile: dict, recipe, opts: plan.Options, report: dict) -> tuple[dict, dict | None]:
     """The model and drafter specs for the agent: the host's own config.json
     (and small files) where it has one, else the recipe's, fitted to the layers."""
-    import json
-
     model_path = str(eh_profile.get("model_path") or "")
     draft_path = eh_profile.get("draft_model_path")
     have = agent(ctx.session, "configs", model_path=model_path, draft_path=draft_path)
@@ -117,8 +120,8 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
              env: dict | None = None, progress=lambda m: None) -> dict:
     """Rehearse on one host; the report (dict). Raises RehearsalFailed when the
     engine crashed or did not serve, StepFailed/UserError when it could not run."""
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.classify import classify
-    from k26ops.steps.engine import smoke_requests
 
     opts, recipe = options_for(ctx, opts)
     eh = EngineHost(ctx)
@@ -154,8 +157,6 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     env = dict(eh.env() if env is None else env)
     files = {}
     if eh.is_lab:  # the lab stand-in, in the temp dir: a release being rehearsed has no unit yet
-        from pathlib import Path
-
         files["lab/" + LAB_MODULE + ".py"] = (Path(__file__).resolve().parent.parent / STANDIN_FILE).read_text()
         env["PYTHONPATH"] = plan.TMP + "/lab"
     probe = None
@@ -260,8 +261,6 @@ def _smoke_record(r: dict) -> dict:
 
 def _bench(ctx, opts, report, port, model, progress) -> None:
     """A short bench through k26ops' own load generator (token ids: no tokenizer)."""
-    from k26ops.enginebench.run import BenchSpec, run_host
-
     spec = BenchSpec(concurrency=opts.concurrency, temperatures=opts.temperatures, input_len=opts.input_len,
                      output_len=opts.output_len, runs=1, num_prompts=opts.num_prompts, generator="k26ops")
     t = {"host": "127.0.0.1", "port": port, "model": "rehearsal", "tokenizer": "", "python": "", "api_key": None}
@@ -291,6 +290,7 @@ def _metrics(text: str) -> dict:
 # ---------------------------------------------------------------- --probe
 
 def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.probe import probe_patch_for
 
     info = _release_site(ctx, release_dir)
@@ -306,6 +306,7 @@ def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
 
 
 def _revert_probe(ctx, probe: dict, report: dict, log: str) -> None:
+    # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
     from k26ops.diagnose.probe import GRAPH_PATHS, watched_counts, watched_text
 
     w = watched_counts(log)
@@ -339,8 +340,9 @@ def _restart_serving(ctx, eh, secrets, report, progress) -> None:
 
 class Gate:
     """`deploy --rehearse`, as the release and service steps see it: called before
-    `current` moves or the engine restarts. The deploy puts it in the run's shared
-    state, so the steps never import the rehearsal (which is built on them)."""
+    `current` moves or the engine restarts. The deploy puts it in the run's options
+    (steps.RunOptions.rehearse), so the steps never import the rehearsal (which is
+    built on them)."""
 
     def __init__(self, options: plan.Options):
         self.options = options
@@ -349,16 +351,22 @@ class Gate:
         before_restart(ctx, self.options, release_dir=release_dir, env=env)
 
 
+@dataclass
+class Rehearsed(HostState):
+    """This host's deploy rehearsed its new engine already (once per run: the release
+    step asks before `current` moves, the service step again before the restart)."""
+
+    done: bool = False
+
+
 def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = None,
                    env: dict | None = None) -> None:
     """Rehearse what the deploy is about to run (a new release before `current`
     moves to it, or a new unit/env file before the restart), once per run, beside
     the serving engine. A failed rehearsal raises RehearsalFailed; the serving
     engine was not touched."""
-    if ctx.shared.get("rehearsed") or ctx.check:
+    if Rehearsed.of(ctx).done or ctx.check:
         return
-    from k26ops.steps.engine import outcome
-
     o = plan.Options(**{**opts.to_json(), "serving": "alongside"})
     ctx.progress("rehearsal: the new engine on dummy weights, before the serving one is touched")
     try:
@@ -373,5 +381,5 @@ def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | N
         failed.details["engine_restarted"] = False
         raise failed from None
     rep.pop("_log", None)
-    ctx.shared["rehearsed"] = True
+    Rehearsed.of(ctx).done = True
     outcome(ctx)["rehearsal"] = rep

@@ -351,11 +351,12 @@ def prebuilt(path: str | None, url: str | None, sha256: str, recipe_dir: Path,
         root.mkdir(parents=True, exist_ok=True)
         dest = root / sha256[:16] / url.rstrip("/").rsplit("/", 1)[-1]
         if not dest.exists():
-            import urllib.request
-
             progress(f"downloading the prebuilt engine wheel {url}")
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".partial")
+            # lazy: urllib.request brings http.client and email (about 5 ms at CLI start) for this one download
+            import urllib.request
+
             try:
                 with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as fh:
                     shutil.copyfileobj(resp, fh)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops.errors import UserError
+from k26ops.release.wheelhouse import PLATFORMS
 
 HEADER = ("# k26ops engine lock: made by `k26ops engine lock {recipe}`; commit it beside the recipe\n"
           "# and review changes as a diff. Hosts install exactly these wheels (pip --require-hashes\n"
@@ -65,7 +66,6 @@ class Lock:
 
 
 def platforms() -> list[str]:
-    from k26ops.release.wheelhouse import PLATFORMS
     return PLATFORMS
 
 
@@ -141,7 +141,7 @@ def _norm(name: str) -> str:
 def uv_bin() -> str:
     """The uv executable: the `uv` package's own (a k26ops dependency), else one on PATH."""
     try:
-        from uv import find_uv_bin
+        from uv import find_uv_bin  # optional: the uv package may be missing; then one on PATH
 
         return find_uv_bin()
     except (ImportError, FileNotFoundError):

@@ -24,9 +24,15 @@ Prune: deleting a release frees only the files it alone holds (one link);
 from __future__ import annotations
 
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
+from k26ops.release import wheelhouse
 from k26ops.shell import q
 
 INSTALLERS = ("uv", "pip")
+DEFAULT_INSTALLER = "uv"
+declare(__name__, "installing a release",
+        Var("release_installer", "|".join(INSTALLERS), DEFAULT_INSTALLER, "what installs a release's locked wheels "
+            "on the host: uv (links from <k26ops_root>/store) or pip"))
 UV_VERSION = "0.13.9"
 # uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl (PyPI)
 UV_SHA256 = "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"
@@ -34,7 +40,7 @@ UV_SHA256 = "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"
 
 def choice(hvars: dict, host: str = "") -> str:
     """The inventory's `release_installer` (default uv); a bad value is a user error."""
-    val = hvars.get("release_installer", "uv")
+    val = hvars.get("release_installer", DEFAULT_INSTALLER)
     if val not in INSTALLERS:
         raise UserError(f"{host + ': ' if host else ''}inventory var release_installer: {val!r}: "
                         f"choose one of {', '.join(INSTALLERS)}")
@@ -47,8 +53,6 @@ def uv_lock_line() -> str:
 
 def uv_wheel():
     """uv's wheel in the control node's wheelhouse (downloaded once, hash-checked)."""
-    from k26ops.release import wheelhouse
-
     return wheelhouse.ensure([uv_lock_line()], no_deps=True, hashes=True)[0]
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -518,8 +519,6 @@ def _main(argv=None) -> int:
                            help="the deployed base; every patch must name it in a Base: line")
     a = ap.parse_args(argv)
     if a.cmd == "site":
-        import sysconfig
-
         print(sysconfig.get_paths()["purelib"])
         return 0
     try:

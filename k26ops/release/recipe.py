@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 from k26ops import resources
+from k26ops.inventory import path_problem
 from k26ops.release import inputs, patchset
 from k26ops.errors import UserError
 
@@ -361,8 +362,6 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
     if top.get("drafter") is not None:
         dr = c.mapping(top["drafter"], ("drafter",), {"path", "block_size", "repo", "revision"})
         if dr.get("path") is not None:
-            from k26ops.inventory import path_problem
-
             why = path_problem(dr["path"])
             if why:
                 raise c.err(("drafter", "path"), why)

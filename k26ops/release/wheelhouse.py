@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops.errors import UserError
+from k26ops.errors import StepFailed, UserError
 from k26ops.shell import q
 from k26ops.ssh import Session
 
@@ -148,8 +148,6 @@ def push(session: Session, wheels: list[Wheel], remote_dir: str) -> list[str]:
 def need_free(session: Session, directory: str, need: int, what: str) -> None:
     """Refuse, in one line naming the directory and the bytes, before writing
     `need` bytes where there is not room (a half-written upload helps nobody)."""
-    from k26ops.errors import StepFailed
-
     if need <= 0:
         return
     res = session.run(f"df -P -B1 -- {q(directory)} 2>/dev/null | awk 'NR==2 {{print $4}}'")

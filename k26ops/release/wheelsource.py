@@ -37,14 +37,24 @@ import time
 from dataclasses import dataclass
 
 from k26ops import agents
+from k26ops.interrupt import check as check_interrupted
 from k26ops.release import wheelhouse
 from k26ops.layout import Layout
-from k26ops.errors import UserError
-from k26ops.shell import q
+from k26ops.errors import StepFailed, UserError
+from k26ops.hostvars import Var, declare
+from k26ops.shell import q, tied_to_channel
 
 MODES = ("push", "index", "peer")
+DEFAULT_MODE = "push"
 DEFAULT_INDEX = "https://pypi.org/simple"
 DEFAULT_PEER_PORT = 8873
+declare(__name__, "where hosts get a release's wheels",
+        Var("wheel_source", "|".join(MODES), DEFAULT_MODE,
+            "how hosts get a release's wheels: pushed by this node, from a relay host of the batch, or the index"),
+        Var("wheel_index_url", "url", DEFAULT_INDEX, "the package index hosts download from with wheel_source: index"),
+        Var("wheel_peer_address", "str", None, "address a relay host serves wheels on (wheel_source: peer)",
+            "the host's address"),
+        Var("wheel_peer_port", "int", DEFAULT_PEER_PORT, "port a relay host serves wheels on (1024-65535)"))
 RELAY_LIFETIME = 4 * 3600  # the relay's server exits by itself after this, whatever happens to the run
 READ_TIMEOUT = 15.0  # seconds without a byte from the relay (connect, headers, any read): it is stalled
 MIN_BYTES = 256 << 10  # fewer bytes than this in a READ_TIMEOUT window: a trickling relay, stalled too
@@ -64,17 +74,17 @@ class Settings:
 
 def settings(host) -> Settings:
     """The host's wheel source from its vars; bad values are one line (exit 2)."""
-    v = host.vars
-    mode = v.get("wheel_source", "push")
+    hv = host.vars
+    mode = hv.get("wheel_source", DEFAULT_MODE)
     if mode not in MODES:
         raise UserError(f"host {host.name}: wheel_source {mode!r}: must be one of {', '.join(MODES)}")
-    url = v.get("wheel_index_url", DEFAULT_INDEX)
+    url = hv.get("wheel_index_url", DEFAULT_INDEX)
     if not isinstance(url, str) or not _URL.fullmatch(url):
         raise UserError(f"host {host.name}: wheel_index_url {url!r}: must be an http(s) URL")
-    addr = v.get("wheel_peer_address", host.address)
+    addr = hv.get("wheel_peer_address", host.address)
     if not isinstance(addr, str) or not _ADDRESS.fullmatch(addr or ""):
         raise UserError(f"host {host.name}: wheel_peer_address {addr!r}: must be an IP address or host name")
-    port = v.get("wheel_peer_port", DEFAULT_PEER_PORT)
+    port = hv.get("wheel_peer_port", DEFAULT_PEER_PORT)
     if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
         raise UserError(f"host {host.name}: wheel_peer_port {port!r}: must be a port number 1024-65535")
     return Settings(mode, url, addr, port)
@@ -106,7 +116,6 @@ def deliver(ctx, wheels: list, remote_dir: str, local: tuple = ()) -> dict:
             ctx.progress(f"fetching {len(todo)} wheel(s) from relay {CURRENT.relay.name}")
             refused, why = _fetch(ctx, todo, remote_dir, url)
             if refused:
-                from k26ops.errors import StepFailed
                 raise StepFailed(f"wheel {refused[0]} from relay {CURRENT.relay.name} ({url}) has sha256 "
                                  f"{refused[1][:16]}..., the release expects {refused[2][:16]}...: refused "
                                  "(the relay's copy is not the control node's)")
@@ -130,7 +139,7 @@ def _push(ctx, wheels: list, remote_dir: str) -> list[str]:
 
 def _note(ctx, got: dict) -> dict:
     """Where this host's wheels came from, in its report (`wheels` in --json)."""
-    seen = ctx.shared.setdefault("outcome", {}).setdefault("wheels", {})
+    seen = ctx.report.setdefault("wheels", {})
     for how, names in got.items():
         if names:
             seen[how] = seen.get(how, 0) + len(names)
@@ -139,9 +148,6 @@ def _note(ctx, got: dict) -> dict:
 
 def _download(ctx, wheels: list, remote_dir: str, index_url: str) -> None:
     """`pip download --require-hashes` on the host: exactly these files, or nothing."""
-    from k26ops.errors import StepFailed
-    from k26ops.shell import tied_to_channel
-
     wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to download")
     tool = f"{ctx.root}/pip-tool"  # a venv only for its pip (Debian's python3 has none)
     reqs = f"{remote_dir}/.index-requirements.txt"
@@ -235,8 +241,6 @@ class Batch:
     def _wait_admitted(self) -> str:
         """'' once the relay may be written to; else why not (its run refused or
         failed before taking its lock, or did not take it within ADMIT_WAIT)."""
-        from k26ops.interrupt import check as check_interrupted
-
         deadline = time.monotonic() + ADMIT_WAIT
         while not self._admitted.wait(0.2):
             check_interrupted("the wait for the wheel relay")
@@ -261,8 +265,6 @@ class Batch:
             return (self.url, "") if self.url and not self._server_error else ("", self._server_error)
 
     def _start(self) -> None:
-        from k26ops.shell import tied_to_channel
-
         session = self._session_for(self.relay)
         s = settings(self.relay)
         addr, port = s.peer_address, s.peer_port

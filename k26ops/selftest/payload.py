@@ -53,9 +53,11 @@ Exit codes: 0 all checks pass or skip; 1 a check failed / timed out / errored;
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -146,6 +148,7 @@ def check_gpus(args):
 
 
 def _nvml_driver_version():
+    # lazy: runs on the host; the CLI imports this file for its tables only
     import ctypes
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
@@ -161,6 +164,7 @@ def _nvml_driver_version():
 
 
 def _cuda_driver_api_version():
+    # lazy: runs on the host; the CLI imports this file for its tables only
     import ctypes
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
@@ -188,6 +192,7 @@ def check_versions(args):
     runtime = torch.version.cuda
     triton_v = None
     try:
+        # host: triton is in the engine's python on a GPU host, never on the control node
         import triton
         triton_v = triton.__version__
     except Exception:
@@ -215,12 +220,18 @@ def check_versions(args):
 MISMATCH_RE = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 
 
-def check_cuda_graph(args):
-    torch = _torch()
-    per_gpu, problems = [], []
+def each_gpu(torch):
+    """Each visible GPU in turn, made the current device: (index, device)."""
     for d in range(torch.cuda.device_count()):
         dev = torch.device("cuda", d)
         torch.cuda.set_device(dev)
+        yield d, dev
+
+
+def check_cuda_graph(args):
+    torch = _torch()
+    per_gpu, problems = [], []
+    for d, dev in each_gpu(torch):
         row = {"index": d}
         try:
             # The engine's shape: a static input_ids buffer for max_bs requests
@@ -280,6 +291,7 @@ def check_cuda_graph(args):
 def check_triton(args):
     torch = _torch()
     global triton, tl  # the kernel's globals must see them (triton reads fn.__globals__)
+    # host: triton is in the engine's python on a GPU host, never on the control node
     import triton
     import triton.language as tl
 
@@ -293,9 +305,7 @@ def check_triton(args):
         tl.store(out_ptr + offs, a * x + y, mask=mask)
 
     per_gpu, problems = [], []
-    for d in range(torch.cuda.device_count()):
-        dev = torch.device("cuda", d)
-        torch.cuda.set_device(dev)
+    for d, dev in each_gpu(torch):
         row = {"index": d}
         try:
             n = 100_003
@@ -329,9 +339,7 @@ def check_matmul(args):
     size = args.matmul_size
     per_gpu, problems = [], []
     floor_all = []
-    for d in range(torch.cuda.device_count()):
-        dev = torch.device("cuda", d)
-        torch.cuda.set_device(dev)
+    for d, dev in each_gpu(torch):
         p = torch.cuda.get_device_properties(d)
         cc = "%d.%d" % (p.major, p.minor)
         floor = args.min_tflops if args.min_tflops is not None else MATMUL_FLOOR.get(cc)
@@ -425,6 +433,7 @@ def check_allreduce(args):
 def allreduce_rank(rank, world, port, mb):
     """One rank of the all-reduce benchmark (its own process, its own GPU)."""
     torch = _torch()
+    # host: torch is in the engine's python on a GPU host, never on the control node
     import torch.distributed as dist
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -474,8 +483,6 @@ int main() {
 
 def find_nvcc(given=None):
     """The nvcc to test: --nvcc, else PATH, else the k26ops toolchain / /usr/local/cuda*."""
-    import glob
-    import shutil
     if given:
         return given if os.path.exists(given) else None
     found = shutil.which("nvcc")

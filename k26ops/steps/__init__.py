@@ -6,10 +6,16 @@ compares it with the desired state and returns the changes it would make
 prints the changes' text diffs. A step that finds nothing to change reports
 `unchanged` and runs no further command.
 
-Steps share what they learn through `ctx.shared` (e.g. the release step puts
-the release id and whether `current` moved; the service step restarts only
-when its files or the release changed). A step never re-reads what another
-step already knows.
+Steps share what they learn through typed state (k26ops.runstate): each piece
+is a dataclass defined beside the step that writes it, read through its class
+(`ReleaseDecision.of(ctx)`: the release id and whether `current` moved; the
+service step restarts only when its files or the release changed). A step
+never re-reads what another step already knows. The run's inputs (the CLI's
+flags) are one `RunOptions`, built once where the run starts (`provision_work`,
+the deploy command).
+
+A failure or an interrupt after a step changed the host puts the host back:
+each step declares its own `undo`, and the playbook asks them, latest first.
 """
 
 from __future__ import annotations
@@ -34,16 +40,32 @@ class Change:
     action: str | None = None  # what apply does for it ("build", "switch"...): apply reads this, never `what`
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The run's inputs from the command line, the same for every host: built once
+    by the orchestration layer (provision, deploy), read by the steps they concern."""
+
+    allow_reboot: bool = False  # provision --allow-reboot: the driver step may reboot a serving host
+    # deploy --rehearse (k26ops.rehearsal.run.Gate): called before `current` moves or the
+    # engine restarts; a callable, so that the steps never import the rehearsal built on them
+    rehearse: Callable | None = None
+
+
 @dataclass
 class HostContext:
     session: Session
     host: Host
     vars: dict  # host vars merged with the playbook's parameters
     facts: dict
-    shared: dict = field(default_factory=dict)
     check: bool = False
     progress: Callable[[str], None] = lambda msg: None
     steps: list = field(default_factory=list)  # this run's steps, in order (a step may look ahead)
+    options: RunOptions = field(default_factory=RunOptions)
+    state: dict = field(default_factory=dict)  # typed run state: {HostState subclass: its instance}
+    report: dict = field(default_factory=dict)  # the host's report data (health, smoke, rollback...): its result
+    # ownership of releases_root, read by the playbook before its lock writes under the root
+    # (the release step's check; None: the step reads it itself)
+    releases_root_state: dict | None = None
 
     @property
     def layout(self) -> Layout:
@@ -101,6 +123,15 @@ class Step:
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         raise NotImplementedError
+
+    def undo(self, ctx: HostContext) -> str | None:
+        """After a later failure or an interrupt: put back what this run changed on the
+        host that this step owns; a phrase for the report, or None when there is
+        nothing of this step's to put back. The playbook asks the steps latest first
+        and stops at the first phrase, so a step whose undo must also put back an
+        earlier step's change (the engine's restart needs the previous release
+        current again) does both. Default: nothing."""
+        return None
 
 
 def check_interrupted(what: str = "") -> None:

@@ -15,16 +15,28 @@ kernel modules, so applying is refused there (no fake install).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
+from k26ops.reboot import engine_serving
+from k26ops import facts as facts_mod
 from k26ops.steps import driver_plan as dp
 from k26ops.errors import UserError
+from k26ops.hostvars import Var, declare
 from k26ops.preflight import driver_version
+from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, tied_to_channel
 
 DEFAULT_BRANCH = 580  # CUDA 13.x needs >= 580 (CUDA minor version compatibility table)
 FM_UNIT = "nvidia-fabricmanager.service"
 PD_UNIT = "nvidia-persistenced.service"
+declare(__name__, "the driver layer (k26ops provision)",
+        Var("nvidia_driver_branch", "int", DEFAULT_BRANCH,
+            "NVIDIA driver branch provision installs and holds (>= 580: CUDA 13)"),
+        Var("nvidia_driver_source", "distro|nvidia", None, "where the driver packages come from: the distribution "
+            "or NVIDIA's CUDA apt repository", "distro on Ubuntu; nvidia on Debian"),
+        Var("nvidia_fabricmanager", "auto|bool", "auto", "install and run nvidia-fabricmanager of the driver's "
+            "version", "auto (when NVSwitches are found)"))
 
 
 def want(hvars: dict, params: dict) -> dict:
@@ -70,6 +82,20 @@ def verify(facts: dict, w: dict, gpus_expected=None) -> list[str]:
     return problems
 
 
+@dataclass
+class DriverPlan(HostState):
+    """What the driver step's plan found to do on this host; its apply does exactly that."""
+
+    branch: int = 0
+    source: str | None = None  # distro or nvidia
+    fabric: bool = False  # an NVSwitch host: the fabric manager too
+    running: str | None = None  # the driver version nvidia-smi reports
+    packages: list[str] = field(default_factory=list)
+    repo: str | None = None  # NVIDIA's apt repository, when that is the source
+    services: list[str] = field(default_factory=list)  # units to enable (and start)
+    reboot: str | None = None  # why the host must reboot, if it must
+
+
 class Driver(Step):
     name = "driver"
 
@@ -91,9 +117,7 @@ class Driver(Step):
         drv, major = driver_version(ctx.facts)
         mod = ctx.facts.get("nvidia_module") or {}
         on_branch = major == w["branch"] and mod.get("flavour") != "proprietary"
-        info = {"branch": w["branch"], "source": source, "fabric": fabric, "running": drv,
-                "packages": [], "repo": None, "services": []}
-        ctx.shared["driver"] = info
+        info = DriverPlan(branch=w["branch"], source=source, fabric=fabric, running=drv).put(ctx)
         changes: list[Change] = []
         reboot = None
         if not on_branch:
@@ -106,21 +130,21 @@ class Driver(Step):
                 "nvidia" in p for p in (ctx.facts.get("reboot_required") or {}).get("packages", [])):
             reboot = "the NVIDIA packages ask for it (/var/run/reboot-required)"
         if not running(unit_state(ctx.facts, PD_UNIT)) and not (on_branch and self._persistence_on(ctx)):
-            info["services"].append(PD_UNIT)
+            info.services.append(PD_UNIT)
             changes.append(Change(f"enable and start {PD_UNIT} (keeps the driver loaded between jobs)"))
         if fabric:
             changes += self._fabric_plan(ctx, on_branch, drv, source, w["branch"], info)
         if reboot:
-            ctx.shared.setdefault("outcome", {})["reboot"] = reboot
+            info.reboot = ctx.report["reboot"] = reboot
             unit = self._serving(ctx)
-            if unit and not ctx.shared.get("allow_reboot"):
+            if unit and not ctx.options.allow_reboot:
                 if not ctx.check:
                     raise StepFailed(f"{unit} is serving and the driver change needs a reboot ({reboot}): "
                                      "nothing changed; pass --allow-reboot")
                 changes.append(Change(f"reboot ({reboot}): REFUSED while {unit} is serving; pass --allow-reboot"))
             else:
                 changes.append(Change(f"reboot ({reboot}), one canary batch at a time"))
-        ctx.shared.setdefault("outcome", {})["driver"] = drv or "none"
+        ctx.report["driver"] = drv or "none"
         return changes
 
     # -- planning helpers ------------------------------------------------------------
@@ -132,11 +156,11 @@ class Driver(Step):
             own = dp.parse_policy(ctx.run("apt-cache policy nvidia-driver nvidia-open-kernel-dkms 2>&1").stdout)
             cand = (own.get("nvidia-driver") or {}).get("candidate") or "none"
             raise StepFailed(f"{exc} (this host's apt sources offer nvidia-driver: {cand})") from None
-        info["packages"] = pkgs
+        info.packages = pkgs
         configured = True
         if source == "nvidia":
             url = dp.repo_url(dist)
-            info["repo"] = url
+            info.repo = url
             res = ctx.run("grep -rlsF " + q("developer.download.nvidia.com/compute/cuda/repos")
                           + " /etc/apt/sources.list /etc/apt/sources.list.d")
             if not res.stdout.strip():
@@ -185,12 +209,12 @@ class Driver(Step):
                     raise StepFailed(f"{name} {drv} (the running driver's version) is not in this host's apt "
                                      f"sources (offered: {', '.join(versions[:4]) or 'none'}); the fabric manager "
                                      "must match the driver")
-                info["packages"].append(f"{name}={match[0]}")
+                info.packages.append(f"{name}={match[0]}")
                 have = ", ".join(f"{n} {v}" for n, v in fm_pkgs.items()) or "none"
                 changes.append(Change(f"install {name}={match[0]} (the fabric manager must match the driver; "
                                       f"installed: {have})"))
         if not running(unit_state(ctx.facts, FM_UNIT)):
-            info["services"].append(FM_UNIT)
+            info.services.append(FM_UNIT)
             changes.append(Change(f"enable and start {FM_UNIT} (NVSwitch host: CUDA needs it running)"))
         return changes
 
@@ -201,8 +225,6 @@ class Driver(Step):
         return res.exited == 0 and bool(values) and all(v == "Enabled" for v in values)
 
     def _serving(self, ctx) -> str | None:
-        from k26ops.reboot import engine_serving
-
         return engine_serving(ctx.session, ctx.vars)
 
     # -- apply -------------------------------------------------------------------------
@@ -210,30 +232,28 @@ class Driver(Step):
         if ctx.vars.get("lab"):
             raise StepFailed("lab host: a container cannot load kernel modules, so the driver step only "
                              "plans here (--check); nothing changed")
-        info = ctx.shared["driver"]
-        reboot = (ctx.shared.get("outcome") or {}).get("reboot")
-        if info["repo"] and any(c.action == "add_repo" for c in changes):
+        info = DriverPlan.of(ctx)
+        reboot = info.reboot
+        if info.repo and any(c.action == "add_repo" for c in changes):
             ctx.progress("adding NVIDIA's CUDA apt repository")
             ctx.run("set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
-                    f"curl -fsSL -o \"$t/k.deb\" {q(info['repo'] + '/' + dp.KEYRING)}; dpkg -i \"$t/k.deb\"",
+                    f"curl -fsSL -o \"$t/k.deb\" {q(info.repo + '/' + dp.KEYRING)}; dpkg -i \"$t/k.deb\"",
                     timeout=300, check=True)
-        if info["repo"]:
-            ctx.session.put(dp.pin_text(info["branch"]).encode(), dp.PIN_FILE, 0o644)
-        if info["packages"]:
-            ctx.progress(f"installing {' '.join(info['packages'])}")
+        if info.repo:
+            ctx.session.put(dp.pin_text(info.branch).encode(), dp.PIN_FILE, 0o644)
+        if info.packages:
+            ctx.progress(f"installing {' '.join(info.packages)}")
             res = ctx.run(tied_to_channel(
                 "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; "
-                "apt-get install -y -q --no-install-recommends " + " ".join(q(p) for p in info["packages"])),
+                "apt-get install -y -q --no-install-recommends " + " ".join(q(p) for p in info.packages)),
                 timeout=3600)
             if not res.ok:
                 tail = (res.stdout.strip().splitlines() or ["no output"])[-1]
-                raise StepFailed(f"installing {' '.join(info['packages'])} failed: {tail}")
-        for unit in info["services"]:
+                raise StepFailed(f"installing {' '.join(info.packages)} failed: {tail}")
+        for unit in info.services:
             # started now only when no reboot is pending: the new modules load at boot
             ctx.run(f"systemctl enable {'' if reboot else '--now '}{q(unit)}", check=True)
         if not reboot:
-            from k26ops import facts as facts_mod
-
             problems = verify(facts_mod.gather(ctx.session), {**want(ctx.vars, self.params)},
                               ctx.vars.get("gpus_per_host"))
             if problems:

@@ -31,17 +31,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from k26ops import units
+from k26ops import preflight, units
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
-from k26ops.enginestate import start_limit_hit
+from k26ops.enginestate import run_identity, start_limit_hit
+from k26ops.facts.xid import parse_bus_ids
+from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
+from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
+from k26ops.steps.release import ReleaseDecision
 
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
 STANDIN = Path(__file__).resolve().parent.parent / "lab" / "fixtures" / "engine_standin.py"
 DEFAULT_HEALTH_TIMEOUT = 1800.0
+declare(__name__, "the engine's service",
+        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit"),
+        Var("health_timeout", "number (s)", DEFAULT_HEALTH_TIMEOUT, "seconds to wait for the engine's /health"),
+        Var("rollback_health_timeout", "number (s)", None, "seconds to wait for /health after a rollback",
+            "health_timeout"))
 
 
 class EngineFailed(StepFailed):
@@ -56,34 +66,59 @@ class EngineFailed(StepFailed):
 
 
 def outcome(ctx: HostContext) -> dict:
-    """The host's report data (the caller passes shared={"outcome": {}} and reads it back)."""
-    return ctx.shared.setdefault("outcome", {})
+    """The host's report data (its result's fields: health, smoke, rollback...)."""
+    return ctx.report
 
 
-def service_state(eh: EngineHost, *, secrets: list[str] | None = None, unit: str | None = None,
-                  unit_path: str | None = None, env_path: str | None = None, port: int | None = None,
-                  show: dict | None = None, secrets_path: str | None = None) -> dict:
-    """The service step's state (ctx.shared["service"]), read by health, smoke and
-    the rollback of a failed run: the one constructor, for the deploy's service
-    step, the rollback's baseline_service and the defaults when neither ran.
-    The engine's request credentials (`api_key`) are always in it: every request
-    but /health* needs them when the engine runs with --api-key."""
-    host, default_port = eh.target()
-    unit = unit or eh.unit
-    return {"unit": unit, "unit_path": unit_path or f"{UNIT_DIR}/{unit}",
-            "env_path": env_path or eh.env_path, "port": port or default_port, "host": host,
-            "secrets_path": secrets_path or units.secrets_file_beside(env_path or eh.env_path),
-            "secrets": eh.secrets() if secrets is None else secrets, "changed": False, "base": None,
-            "show": show, "api_key": eh.api_key()}
+@dataclass
+class ServiceState(HostState):
+    """The service step's state, read by health, smoke and the undo of a failed run.
+    Built only by `build`: the deploy's service step, the rollback's baseline_service
+    and the defaults when neither ran (`of`) get the same fields, the engine's request
+    credentials (`api_key`) included: every request but /health* needs them when the
+    engine runs with --api-key."""
+
+    unit: str
+    unit_path: str
+    env_path: str
+    secrets_path: str  # the secret flags' --config file (mode 0600)
+    host: str  # where the engine is polled from the host itself
+    port: int
+    secrets: list[str] = field(repr=False)  # every value to redact (never in a repr)
+    api_key: str | None = field(repr=False)
+    show: dict | None = None  # the unit's systemctl show, as planned
+    changed: bool = False  # this run replaced the unit's files (or may have: a failed apply)
+    base: dict | None = None  # MainPID/NRestarts/InvocationID of the run this deploy started
+    todo: dict = field(default_factory=dict, repr=False)  # what apply asks the agent (file texts: secrets)
+    restart_reasons: list[str] = field(default_factory=list)
+    restarted: bool = False
+
+    @classmethod
+    def build(cls, eh: EngineHost, *, secrets: list[str] | None = None, unit: str | None = None,
+              unit_path: str | None = None, env_path: str | None = None, port: int | None = None,
+              show: dict | None = None, secrets_path: str | None = None) -> "ServiceState":
+        """The one constructor: what is not given comes from the engine host (inventory, profile)."""
+        host, default_port = eh.target()
+        unit = unit or eh.unit
+        return cls(unit=unit, unit_path=unit_path or f"{UNIT_DIR}/{unit}", env_path=env_path or eh.env_path,
+                   secrets_path=secrets_path or units.secrets_file_beside(env_path or eh.env_path),
+                   host=host, port=port or default_port, secrets=eh.secrets() if secrets is None else secrets,
+                   api_key=eh.api_key(), show=show)
+
+    @classmethod
+    def of(cls, ctx: HostContext, params: dict | None = None) -> "ServiceState":
+        """What the service step learned (unit, port, poll base), or defaults when it did not run."""
+        return cls.get(ctx) or cls.build(EngineHost(ctx, params)).put(ctx)
 
 
-def _svc(ctx: HostContext, params: dict) -> dict:
-    """What the service step learned (unit, port, poll base), or defaults when it did not run."""
-    svc = ctx.shared.get("service")
-    if svc is None:
-        svc = service_state(EngineHost(ctx, params))
-        ctx.shared["service"] = svc
-    return svc
+@dataclass
+class LookedAhead(HostState):
+    """What the health and smoke steps would have asked, answered by the service
+    step's converge call when nothing was to change (see `looked_ahead`)."""
+
+    poll: dict | None = None
+    poll_s: float | None = None
+    smoke: dict | None = None
 
 
 # ---------------------------------------------------------------- service step
@@ -118,15 +153,11 @@ class ServiceStep(Step):
     preflight = True  # the rollback's baseline_service starts what its tag recorded: not checked here
 
     def facts(self, host_vars: dict) -> list:
-        from k26ops import preflight
-
         return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
 
     def check_host(self, ctx: HostContext) -> None:
         """Before any step prepares or changes anything: refuse the host when what the engine would start
         is not there (model, drafter of the profile's block size, disk) or a GPU needs a reset."""
-        from k26ops import preflight
-
         if not self.preflight:
             return
         bad = preflight.deploy_refusals(ctx.facts, ctx.vars, preflight.engine_wanted(ctx.vars))
@@ -153,10 +184,11 @@ class ServiceStep(Step):
         api_key = eh.api_key()
         req = {"unit": unit, "unit_path": upath, "env_path": epath, "current": eh.layout.current,
                "lab_module": lab_path, "secrets_path": spath}
-        texts = render(ctx.shared["release_id"]) if ctx.shared.get("release_id") else None
+        release = ReleaseDecision.of(ctx)
+        texts = render(release.release_id) if release.release_id else None
         ahead = looked_ahead(ctx, self, host, port)
         op, timeout = "read", 120.0
-        if texts and ahead and not ctx.shared.get("release_changed"):
+        if texts and ahead and not release.changed:
             # One agent call reads the host and, if it is already as planned, checks health and smoke too.
             op, timeout = "converge", 120.0 + ahead.pop("timeout")
             want = {"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
@@ -170,9 +202,8 @@ class ServiceStep(Step):
         refuse_foreign_unit(ctx, unit, upath, cur)
         secrets = eh.secrets(env, cur["env"], cur.get("secrets"))
         show = cur["show"]
-        svc = service_state(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port, show=show,
-                            secrets_path=spath)
-        ctx.shared["service"] = svc
+        svc = ServiceState.build(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port,
+                                 show=show, secrets_path=spath).put(ctx)
 
         changes: list[Change] = []
         todo: dict = {}
@@ -200,39 +231,46 @@ class ServiceStep(Step):
         changes = plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
         if cur.get("converged") and not changes:
             # what the health and smoke steps would have asked, already answered by the same call
-            ctx.shared["looked_ahead"] = {"poll": cur.get("poll"), "poll_s": cur.get("poll_s"),
-                                          "smoke": cur.get("smoke")}
+            LookedAhead(poll=cur.get("poll"), poll_s=cur.get("poll_s"), smoke=cur.get("smoke")).put(ctx)
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
-        svc = ctx.shared["service"]
-        todo = svc["todo"]
-        rehearse = ctx.shared.get("rehearse")  # deploy --rehearse: rehearsal.run.Gate, before the restart
+        svc = ServiceState.of(ctx)
+        todo = svc.todo
+        rehearse = ctx.options.rehearse  # deploy --rehearse: rehearsal.run.Gate, before the restart
         if rehearse and (todo.get("restart") or todo.get("start")):
             rehearse(ctx)
-        ctx.progress(f"service: installing {svc['unit']}")
+        ctx.progress(f"service: installing {svc.unit}")
         try:
-            res = agent(ctx.session, "apply", timeout=700, unit=svc["unit"], unit_path=svc["unit_path"],
-                        env_path=svc["env_path"], secrets_path=svc["secrets_path"], state_dir=ctx.state_dir,
+            res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
+                        env_path=svc.env_path, secrets_path=svc.secrets_path, state_dir=ctx.state_dir,
                         lab_module=EngineHost(ctx).lab_module_path, **todo)
         except StepFailed:
-            svc["changed"] = True  # it may have replaced files before it failed (a full disk): roll back
+            svc.changed = True  # it may have replaced files before it failed (a full disk): roll back
             raise
         if not res.get("ok"):
-            out = units.redact(res.get("output") or "", svc["secrets"])
+            out = units.redact(res.get("output") or "", svc.secrets)
             if res.get("error") == "verify":
                 lines = [l for l in out.splitlines() if l.strip()]
-                raise StepFailed(f"systemd-analyze verify rejected the new {svc['unit']}; the installed unit "
+                raise StepFailed(f"systemd-analyze verify rejected the new {svc.unit}; the installed unit "
                                  f"was left in place: {' | '.join(lines[-3:])[:400]}")
-            svc["changed"] = True  # files may have been replaced: a later failure rolls back
-            raise StepFailed(f"systemctl {res.get('error')} {svc['unit']} failed: "
+            svc.changed = True  # files may have been replaced: a later failure rolls back
+            raise StepFailed(f"systemctl {res.get('error')} {svc.unit} failed: "
                              f"{' '.join(out.split())[-300:]}")
-        svc["changed"] = True
-        svc["restarted"] = bool(todo.get("restart") or todo.get("start"))
+        svc.changed = True
+        svc.restarted = bool(todo.get("restart") or todo.get("start"))
         show = res["show"]
-        if svc["restarted"]:
-            svc["base"] = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
-        outcome(ctx)["engine_restarted"] = svc["restarted"]
+        if svc.restarted:
+            svc.base = run_identity(show)
+        outcome(ctx)["engine_restarted"] = svc.restarted
+
+    def undo(self, ctx: HostContext) -> str | None:
+        """The previous unit, env file and `current` in one agent call (the restart
+        must run the previous release), when this run changed any of them."""
+        svc = ServiceState.get(ctx)
+        if svc is None or not (svc.changed or ReleaseDecision.of(ctx).changed):
+            return None
+        return rollback(ctx, svc)
 
 
 # ---------------------------------------------------------------- rollback
@@ -275,11 +313,11 @@ def plan_secret_config(spath: str, cur: dict, text: str | None, changes: list[Ch
         reasons.append("secret flags")
 
 
-def plan_enable_and_restart(ctx: HostContext, svc: dict, show: dict, unit: str,
+def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, unit: str,
                             changes: list[Change], todo: dict, reasons: list[str]) -> list[Change]:
     """After the files are planned: enable the unit, and restart it only when
     something it runs changed (its files, the release); start it if it is down."""
-    if ctx.shared.get("release_changed"):
+    if ReleaseDecision.of(ctx).changed:
         reasons.append("release")
     if show.get("UnitFileState") != "enabled":
         changes.append(Change(f"enable {unit}"))
@@ -294,20 +332,20 @@ def plan_enable_and_restart(ctx: HostContext, svc: dict, show: dict, unit: str,
             was += ": it hit systemd's start limit; systemctl reset-failed first"
         changes.append(Change(f"start {unit} (was {was})"))
         todo["start"] = True
-    svc["todo"] = todo
-    svc["restart_reasons"] = reasons
+    svc.todo = todo
+    svc.restart_reasons = reasons
     return changes
 
-def rollback(ctx: HostContext, svc: dict) -> str:
+def rollback(ctx: HostContext, svc: ServiceState) -> str:
     """Put back the previous unit, env file and `current`, restart; a short phrase for the report."""
-    if not (svc.get("changed") or ctx.shared.get("release_changed")):
+    release = ReleaseDecision.of(ctx)
+    if not (svc.changed or release.changed):
         return "nothing to roll back (this run changed neither unit, env file nor release)"
-    prev = ctx.shared.get("previous_release") if ctx.shared.get("release_changed") else None
+    prev = release.previous if release.changed else None
     ctx.progress("rolling back to the previous unit, env file and release")
     try:
-        res = agent(ctx.session, "rollback", timeout=700, unit=svc["unit"],
-                    unit_path=svc.get("unit_path") or f"{UNIT_DIR}/{svc['unit']}",
-                    env_path=svc["env_path"], secrets_path=svc.get("secrets_path"), state_dir=ctx.state_dir,
+        res = agent(ctx.session, "rollback", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
+                    env_path=svc.env_path, secrets_path=svc.secrets_path, state_dir=ctx.state_dir,
                     current=ctx.layout.current, previous_release=prev)
     except StepFailed as exc:
         return f"rollback failed: {exc}"
@@ -317,10 +355,10 @@ def rollback(ctx: HostContext, svc: dict) -> str:
         return "no previous engine: the new unit was stopped and removed"
     # The previous engine is back; say whether it answers again.
     show = res["show"]
-    base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+    base = run_identity(show)
     timeout = float(ctx.vars.get("rollback_health_timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
-    w = wait_ready(ctx.session, svc["unit"], svc["host"], svc["port"], base=base, timeout=timeout,
-                   secrets=svc["secrets"], window=5.0)
+    w = wait_ready(ctx.session, svc.unit, svc.host, svc.port, base=base, timeout=timeout,
+                   secrets=svc.secrets, window=5.0)
     if w.state == "healthy":
         what = "unit, env file" + (" and release" if prev else "")
         return f"rolled back the {what}; the previous engine is healthy again"
@@ -335,9 +373,10 @@ def rollback(ctx: HostContext, svc: dict) -> str:
 # ---------------------------------------------------------------- naming a crash
 
 def _classify(ctx: HostContext, text: str, bus_ids: dict | None = None):
+    # lazy: the crash signatures (about 20 ms) only when the engine died
     from k26ops.diagnose.classify import classify
 
-    prep = ctx.shared.get("prepared")
+    prep = ReleaseDecision.of(ctx).prepared
     return classify(text, prep.recipe.base if prep else None, bus_ids)
 
 
@@ -353,42 +392,40 @@ def crash_text(crash: dict, secrets) -> tuple[str, dict]:
     """The text a dead engine is named from: its journal, then the kernel's NVRM lines of the
     same time (the agent's crash report carries them: an Xid there is the cause, the engine's
     error its symptom), redacted; and the GPUs' bus ids -> index."""
-    from k26ops.facts.xid import parse_bus_ids
-
     text = units.redact(crash.get("journal") or "", secrets)
     if crash.get("kernel"):
         text += ("\n" if text and not text.endswith("\n") else "") + units.redact(crash["kernel"], secrets)
     return text, {g["bus_id"]: g["index"] for g in parse_bus_ids(crash.get("bus_ids") or "")}
 
 
-def name_crash(ctx: HostContext, svc: dict, crash: dict, when: str):
+def name_crash(ctx: HostContext, svc: ServiceState, crash: dict, when: str):
     """A dead engine, named: (diagnosis, one-line message, journal tail), from
     the agent's crash report (why, unit state, the dead run's journal, the kernel's NVRM lines)."""
-    text, bus_ids = crash_text(crash, svc["secrets"])
+    text, bus_ids = crash_text(crash, svc.secrets)
     d = _classify(ctx, text, bus_ids)
     status = (crash.get("show") or {}).get("ExecMainStatus")
-    msg = (f"{svc['unit']} crashed {when} ({crash['why']}" + (f", exit status {status}" if status else "")
+    msg = (f"{svc.unit} crashed {when} ({crash['why']}" + (f", exit status {status}" if status else "")
            + f"): {crash_label(d)}" + (f": {d.evidence[:240]}" if d.evidence else ""))
     tail = "\n".join(text.splitlines()[-40:])
     if crash.get("exit_line"):
-        tail += "\n" + units.redact(crash["exit_line"], svc["secrets"])
+        tail += "\n" + units.redact(crash["exit_line"], svc.secrets)
     return d, msg, tail
 
 
-def journal_diagnosis(ctx: HostContext, svc: dict, base: dict | None):
+def journal_diagnosis(ctx: HostContext, svc: ServiceState, base: dict | None):
     """An engine that is alive but failing: its recent journal, and the crash it
     names if any (None when nothing known is in it)."""
     try:
-        r = agent(ctx.session, "tail", unit=svc["unit"], lines=400,
+        r = agent(ctx.session, "tail", unit=svc.unit, lines=400,
                   invocation=(base or {}).get("InvocationID"))
     except StepFailed:
         return None, ""
     return known_crash(ctx, svc, r.get("journal"))
 
 
-def known_crash(ctx: HostContext, svc: dict, journal: str | None):
+def known_crash(ctx: HostContext, svc: ServiceState, journal: str | None):
     """A living engine's journal: (the known crash it names or None, its redacted tail)."""
-    text = units.redact(journal or "", svc["secrets"])
+    text = units.redact(journal or "", svc.secrets)
     d = _classify(ctx, text) if text else None
     tail = "\n".join(text.splitlines()[-40:])
     return (d if d and d.signature not in (None, "unclassified") else None), tail
@@ -396,7 +433,7 @@ def known_crash(ctx: HostContext, svc: dict, journal: str | None):
 
 # ---------------------------------------------------------------- health
 
-def fail_and_roll_back(ctx: HostContext, svc: dict, message: str, journal: str = "", diag=None) -> None:
+def fail_and_roll_back(ctx: HostContext, svc: ServiceState, message: str, journal: str = "", diag=None) -> None:
     ctx.progress(f"failed: {message}")
     back = rollback(ctx, svc)
     outcome(ctx)["rollback"] = back
@@ -414,17 +451,18 @@ class HealthStep(Step):
         if not serves_http(ctx.vars):
             outcome(ctx)["health"] = {"state": f"node rank {ctx.vars['node_rank']}: checked on rank 0", "wait_s": 0}
             return []
-        svc = _svc(ctx, self.params)
-        early = (ctx.shared.get("looked_ahead") or {}).get("poll") or {}
+        svc = ServiceState.of(ctx, self.params)
+        ahead = LookedAhead.of(ctx)
+        early = ahead.poll or {}
         if early.get("state") == "healthy":  # the service step's converge call found it healthy
-            svc["base"] = early["base"]
-            el = float(ctx.shared["looked_ahead"].get("poll_s") or 0.0)
+            svc.base = early["base"]
+            el = float(ahead.poll_s or 0.0)
             ctx.progress(f"health: healthy after {el:.0f}s")
             outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
         timeout = float(self.params.get("timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
-        w = wait_ready(ctx.session, svc["unit"], svc["host"], svc["port"], base=svc.get("base"),
-                       timeout=timeout, secrets=svc["secrets"], window=self.window(),
+        w = wait_ready(ctx.session, svc.unit, svc.host, svc.port, base=svc.base,
+                       timeout=timeout, secrets=svc.secrets, window=self.window(),
                        interruptible=True,
                        on_wait=lambda w: ctx.progress(f"health: {w.poll['state']} {w.elapsed:.0f}s"
                                                       + (f": {w.last_line}" if w.last_line else "")))
@@ -432,7 +470,7 @@ class HealthStep(Step):
         if w.state == "interrupted":
             fail_and_roll_back(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
         if w.state == "healthy":
-            svc["base"] = w.base  # the smoke step tells a crash from this run's MainPID
+            svc.base = w.base  # the smoke step tells a crash from this run's MainPID
             ctx.progress(f"health: healthy after {el:.0f}s")
             outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
@@ -442,7 +480,7 @@ class HealthStep(Step):
             fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
         outcome(ctx)["health"] = {"state": "timeout", "wait_s": round(el, 2)}
         d, tail = journal_diagnosis(ctx, svc, w.base)
-        fail_and_roll_back(ctx, svc, f"{svc['unit']} not healthy after {timeout:.0f}s ({r['state']}, "
+        fail_and_roll_back(ctx, svc, f"{svc.unit} not healthy after {timeout:.0f}s ({r['state']}, "
                         f"/health {r.get('health')}; the engine is still running)"
               + (f"; last log line: {last}" if last else "")
               + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
@@ -510,16 +548,15 @@ class SmokeStep(Step):
     def plan(self, ctx: HostContext) -> list[Change]:
         if ctx.check or not serves_http(ctx.vars):
             return []
-        svc = _svc(ctx, self.params)
-        r = (ctx.shared.get("looked_ahead") or {}).get("smoke")  # answered by the service step's converge call
+        svc = ServiceState.of(ctx, self.params)
+        r = LookedAhead.of(ctx).smoke  # answered by the service step's converge call
         if r is None:
             body, timeout = self.request()
-            r = agent(ctx.session, "smoke", timeout=timeout, port=svc["port"], host=svc["host"],
-                      unit=svc["unit"], base=svc.get("base"), api_key=svc.get("api_key"), **body)
+            r = agent(ctx.session, "smoke", timeout=timeout, port=svc.port, host=svc.host,
+                      unit=svc.unit, base=svc.base, api_key=svc.api_key, **body)
         if r["failed"]:
             self._failed(ctx, svc, r)
         rec = smoke_outcome(r["results"])
-        ctx.shared["smoke"] = rec
         outcome(ctx)["smoke"] = rec
         ctx.progress("smoke: " + ", ".join(f"{k} {v['latency_s'] * 1000:.0f} ms accept {v['spec_accept_length']}"
                                            for k, v in rec.items() if isinstance(v, dict) and "latency_s" in v))
@@ -535,7 +572,7 @@ class SmokeStep(Step):
                 "requests": reqs}
         return body, per * len(reqs) + 30
 
-    def _failed(self, ctx: HostContext, svc: dict, r: dict) -> None:
+    def _failed(self, ctx: HostContext, svc: ServiceState, r: dict) -> None:
         last = r["results"][-1]
         what = f"the {r['failed']} smoke request (temperature {last['sampling'].get('temperature')})"
         if r.get("crash"):
@@ -545,7 +582,7 @@ class SmokeStep(Step):
             fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
         body = last["body"]
         why = f"HTTP {last['status']}" if last["status"] else "no answer"
-        detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc["secrets"])
+        detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc.secrets)
         alive = r.get("alive") or {}
         d, tail = known_crash(ctx, svc, r.get("journal"))
         outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}

@@ -26,7 +26,7 @@ import hashlib
 import json
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26ops import agents, ownership, units
@@ -34,10 +34,12 @@ from k26ops.release import (engine_flags, engine_source, enginelock, inputs, ins
                             prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
+from k26ops.layout import switch_current
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
-                            recipe_for)
+                            recipe_for, release_override)
+from k26ops.runstate import HostState
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
 
@@ -69,6 +71,47 @@ class Prepared:
             "patches": [{"name": p.name, "sha256": p.sha256} for p in self.patches],
             "patched_files": patchset.expected_hashes(self.patch_state),
         }
+
+
+@dataclass
+class ReleaseDecision(HostState):
+    """What the release step decided on this host: read by the service step (restart
+    when `current` moved), the crash naming (the release's engine base), the host's
+    report (its release id) and the undo. The rollback's baseline_release writes the
+    same fields, so every reader works after either."""
+
+    release_id: str | None = None
+    prepared: Prepared | None = None  # the control node's assembled release (None: none was prepared)
+    engine_argv: list[str] | None = None  # its command line, checked against its own flags
+    previous: str | None = None  # what `current` pointed at before this run
+    changed: bool = False  # this run moved `current`
+    claim_root: bool = False  # releases_root is not k26ops' yet: claimed before the first write
+    prune: list[str] = field(default_factory=list)  # old releases apply deletes
+
+    def prepare(self, ctx: HostContext, prep: Prepared) -> None:
+        """The release to deploy, with its command line checked (release and baseline_release steps)."""
+        self.prepared, self.release_id = prep, prep.release_id
+        self.engine_argv = validate_flags(ctx, prep)
+
+
+def point_current(ctx: HostContext, rid: str, *, restoring: bool = False) -> None:
+    """Point `current` at release `rid` atomically (a temporary link renamed over it:
+    rename(2)), only when its manifest says it is complete. `restoring`: back to the
+    release this run found current (as it was: no manifest test), also after an
+    interrupt (ctx.run would refuse then)."""
+    run = ctx.session.run if restoring else ctx.run
+    run(switch_current(ctx.releases_root, rid, require_manifest=not restoring), check=True)
+
+
+def undo_switch(ctx: HostContext) -> str | None:
+    """The release steps' undo: `current` back where this run found it (None: it did not move)."""
+    d = ReleaseDecision.of(ctx)
+    if not d.changed:
+        return None
+    if not d.previous:
+        return "the new release stays current (there was no previous one)"
+    point_current(ctx, d.previous, restoring=True)
+    return f"current points at {d.previous} again"
 
 
 _PREP: dict[str, Prepared] = {}
@@ -133,7 +176,7 @@ def _host_python(ctx: HostContext) -> str:
 def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     """Assemble and check the release once per run on the control node (shared by hosts)."""
     r = effective_recipe(ctx)
-    ov = ctx.shared.get("release_override") or {}
+    ov = release_override(ctx) or {}
     py = _host_python(ctx)
     lock = lock_for(r)
     if lock.meta["python"] != py:
@@ -186,7 +229,7 @@ _FLAGS: dict[Path, engine_flags.EngineFlags] = {}
 
 def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     """The engine's command line, its flags checked against the release's own sources."""
-    ov = ctx.shared.get("release_override") or {}
+    ov = release_override(ctx) or {}
     profile = engine_profile(ctx, prep.recipe)
     argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(profile)
     if not ov.get("engine_argv"):
@@ -220,27 +263,25 @@ class Release(Step):
         before_hosts(hosts)
 
     def prepare(self, ctx: HostContext) -> None:
-        prep = prepare(ctx, tuple(self.params.get("tags", ())))
-        ctx.shared["prepared"] = prep
-        ctx.shared["engine_argv"] = validate_flags(ctx, prep)
-        ctx.shared["release_id"] = prep.release_id
+        ReleaseDecision.of(ctx).prepare(ctx, prepare(ctx, tuple(self.params.get("tags", ()))))
 
     def plan(self, ctx: HostContext) -> list[Change]:
-        prep = ctx.shared["prepared"]
+        d = ReleaseDecision.of(ctx)
+        prep = d.prepared
         rid = prep.release_id
-        ctx.shared["release_id"] = rid
+        d.release_id = rid
         rel = ctx.releases_root
         # read with k26ops_root's before the lock (playbook.run_on_host); only k26ops runs change it
-        st = ctx.shared.pop("releases_root_state", None) or ownership.state(ctx.session, rel, "releases")
+        st = ctx.releases_root_state or ownership.state(ctx.session, rel, "releases")
         why = ownership.refusal(rel, "releases", st)
         if why:
             raise StepFailed(why)
-        ctx.shared["claim_releases_root"] = st["state"] != "owned"
+        d.claim_root = st["state"] != "owned"
         res = ctx.run(f"cd {q(rel)} 2>/dev/null && {{ readlink current; echo ===; "
                       f"test -f {q(rid)}/manifest.json && echo complete; }}; true")
         current, _, rest = res.stdout.partition("===")
         current = current.strip() or None
-        ctx.shared["previous_release"] = current
+        d.previous = current
         complete = "complete" in rest
         if current == rid and complete:
             return []
@@ -253,27 +294,29 @@ class Release(Step):
         changes.append(Change(f"switch current: {current or '(none)'} -> {rid}", action="switch"))
         keep = int(self.params.get("keep", 3))
         pins = set(ctx.run(f"cat {q(ctx.pins_file)} 2>/dev/null; true").stdout.split())
-        prune = ownership.prune_plan(ownership.releases(ctx.session, rel), rid, keep, pins)
-        ctx.shared["prune"] = prune
+        prune = d.prune = ownership.prune_plan(ownership.releases(ctx.session, rel), rid, keep, pins)
         if prune:
             changes.append(Change(f"prune {len(prune)} old release(s) (keep {keep}, k26ops releases only): "
                                   + ", ".join(prune), action="prune"))
         return changes
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
-        prep: Prepared = ctx.shared["prepared"]
+        d = ReleaseDecision.of(ctx)
+        prep = d.prepared
         rid, rel = prep.release_id, ctx.releases_root
-        if ctx.shared.get("claim_releases_root"):
+        if d.claim_root:
             ownership.claim(ctx.session, rel)
         if any(c.action == "build" for c in changes):
             self._build(ctx, prep)
-        rehearse = ctx.shared.get("rehearse")  # deploy --rehearse (rehearsal.run.Gate): before `current` moves
+        rehearse = ctx.options.rehearse  # deploy --rehearse (rehearsal.run.Gate): before `current` moves
         if rehearse:
             rehearse(ctx, release_dir=f"{rel}/{rid}")
-        ctx.run(f"set -e; cd {q(rel)}; test -f {q(rid)}/manifest.json; ln -sfn {q(rid)} .current.tmp; "
-                f"mv -T .current.tmp current", check=True)
-        ctx.shared["release_changed"] = True
-        prune(ctx.session, rel, ctx.root, ctx.shared.get("prune") or [])
+        point_current(ctx, rid)
+        d.changed = True
+        prune(ctx.session, rel, ctx.root, d.prune)
+
+    def undo(self, ctx: HostContext) -> str | None:
+        return undo_switch(ctx)
 
     def _build(self, ctx: HostContext, prep: Prepared) -> None:
         rid, rel = prep.release_id, ctx.releases_root
@@ -314,7 +357,7 @@ class Release(Step):
                 raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
             site = res.stdout.rsplit("SITE=", 1)[1].strip()
             self._verify_hashes(ctx, prep, site)
-            manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ctx.shared["engine_argv"],
+            manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ReleaseDecision.of(ctx).engine_argv,
                         "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip"}
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{d}/manifest.json")
         except BaseException:

@@ -15,15 +15,21 @@ apt method (Ubuntu): NVIDIA's repository via its cuda-keyring package, then
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from k26ops.hostvars import Var, declare
 from k26ops.release import recipe as recipe_mod
 from k26ops.release import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
+from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.profile import inventory_recipe
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 
 KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 MARKER = "k26ops-verified"
+declare(__name__, "the CUDA toolchain",
+        Var("cuda_method", "str", None, "how the CUDA toolkit is installed", "the recipe's"))
 
 
 host_recipe = inventory_recipe  # the name the steps know
@@ -39,6 +45,14 @@ def archs(facts: dict) -> list[str]:
             if sm not in out:
                 out.append(sm)
     return out
+
+
+@dataclass
+class ToolkitPlan(HostState):
+    """What the toolchain step's plan settled for this host; its apply verifies that."""
+
+    nvcc: str | None = None  # where nvcc is (or will be) for the planned method and version
+    archs: list[str] = field(default_factory=list)  # sm_120 and the host's own GPUs' architectures
 
 
 class CudaToolkit(Step):
@@ -63,10 +77,10 @@ class CudaToolkit(Step):
             raise StepFailed(f"driver {major} is older than CUDA {version} needs (>= {min_driver}); "
                              "deploy never changes drivers: `k26ops provision` upgrades it (with a reboot)")
         want_archs = archs(ctx.facts)
-        ctx.shared["cuda_archs"] = want_archs
+        tp = ToolkitPlan(archs=want_archs).put(ctx)
         if method == "pip":
             d = self.toolchain_dir(ctx, version)
-            ctx.shared["nvcc"] = f"{d}/bin/nvcc"
+            tp.nvcc = f"{d}/bin/nvcc"
             tk = ctx.facts.get("cuda_toolkit") or {}
             here = [i for i in tk.get("installs", []) if i.get("path") == f"{d}/bin/nvcc"]
             if here and here[0].get("release") == version:
@@ -78,7 +92,7 @@ class CudaToolkit(Step):
         if method == "apt":
             tk = ctx.facts.get("cuda_toolkit") or {}
             d = f"/usr/local/cuda-{version}"
-            ctx.shared["nvcc"] = f"{d}/bin/nvcc"
+            tp.nvcc = f"{d}/bin/nvcc"
             if any(i.get("path") == f"{d}/bin/nvcc" and i.get("release") == version
                    for i in tk.get("installs", [])):
                 return []
@@ -91,7 +105,7 @@ class CudaToolkit(Step):
             self._apply_pip(ctx, version)  # builds, verifies, then renames into place
         else:
             self._apply_apt(ctx, version)
-            self._verify(ctx, ctx.shared["nvcc"], version)
+            self._verify(ctx, ToolkitPlan.of(ctx).nvcc, version)
 
     def _apply_pip(self, ctx, version):
         r = host_recipe(ctx)
@@ -130,7 +144,7 @@ class CudaToolkit(Step):
         # not care where its venv lives; pip's script shebangs are not used.)
         ctx.run(f"set -e; rm -rf {q(d)}.old; if [ -e {q(d)} ]; then mv {q(d)} {q(d)}.old; fi; "
                 f"mv {q(part)} {q(d)}; rm -rf {q(d)}.old; "
-                f"printf '%s\\n' {q(' '.join(ctx.shared['cuda_archs']))} > {q(d)}/{MARKER}", check=True)
+                f"printf '%s\\n' {q(' '.join(ToolkitPlan.of(ctx).archs))} > {q(d)}/{MARKER}", check=True)
 
     def _apply_apt(self, ctx, version):
         osr = ctx.facts.get("os_release") or {}
@@ -145,7 +159,7 @@ class CudaToolkit(Step):
                 f"apt-get install -y -qq --no-install-recommends {q(pkg)}", timeout=3600, check=True)
 
     def _verify(self, ctx, nvcc: str, version: str) -> None:
-        want = ctx.shared["cuda_archs"]
+        want = ToolkitPlan.of(ctx).archs
         arch_flags = " ".join(f"-gencode arch=compute_{a[3:]},code={a}" for a in want)
         res = ctx.run(
             f"set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; {q(nvcc)} --version; "

@@ -1,0 +1,13 @@
+"""Every module that declares the inventory variables it reads (k26ops.hostvars),
+imported here so the registry is whole before the CLI loads an inventory or prints
+the variables' table. The CLI is the layer that may import them all; the registry
+itself sits in the base layer, where every reader can declare into it.
+
+tests/test_inventory_vars.py holds this list to the modules that call `declare`.
+"""
+
+from k26ops import enginehost, inventory, layout, multinode, preflight, profile  # noqa: F401 (declarations)
+from k26ops.cli import selftest  # noqa: F401 (declarations)
+from k26ops.inventory import fields, variables  # noqa: F401 (declarations)
+from k26ops.release import installer, wheelsource  # noqa: F401 (declarations)
+from k26ops.steps import driver, engine, toolchain  # noqa: F401 (declarations)
