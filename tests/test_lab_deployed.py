@@ -32,17 +32,17 @@ def test_a_cached_layer_is_rebuilt_when_the_release_id_changes(tmp_path, monkeyp
         (dest / "opt" / "made").write_text(str(len(built)))
         return {"engine_port": 1}
 
-    first = deployed.ensure(image, build=build, recipe_name=LAB_RECIPE)
+    first = deployed.ensure(image, build, recipe_name=LAB_RECIPE)
     assert len(built) == 1 and (first / "opt" / "made").read_text() == "1"
-    assert deployed.ensure(image, build=build, recipe_name=LAB_RECIPE) == first and len(built) == 1
+    assert deployed.ensure(image, build, recipe_name=LAB_RECIPE) == first and len(built) == 1
 
     changed = recipe_with_extra_patch(tmp_path / "changed", "layer")
     old_id, new_id = (expected_state(recipe.load(r))["release_id"] for r in (LAB_RECIPE, changed))
     assert old_id != new_id
-    second = deployed.ensure(image, build=build, recipe_name=changed)
+    second = deployed.ensure(image, build, recipe_name=changed)
     assert len(built) == 2 and second != first and (second / "opt" / "made").read_text() == "2"
     assert json.loads((second / deployed.META).read_text())["key"]["release_id"] == new_id
-    assert deployed.ensure(image, build=build, recipe_name=LAB_RECIPE) == first and len(built) == 2
+    assert deployed.ensure(image, build, recipe_name=LAB_RECIPE) == first and len(built) == 2
 
 
 def test_a_half_built_layer_is_never_used_and_a_failed_build_leaves_nothing(tmp_path, monkeypatch):
@@ -59,7 +59,7 @@ def test_a_half_built_layer_is_never_used_and_a_failed_build_leaves_nothing(tmp_
         raise RuntimeError("deploy failed")
 
     with pytest.raises(RuntimeError, match="deploy failed"):
-        deployed.ensure(image, build=failing, recipe_name=LAB_RECIPE)
+        deployed.ensure(image, failing, recipe_name=LAB_RECIPE)
     assert deployed.cached(k) is None
     assert not deployed.layer_dir(k).with_name(deployed.layer_dir(k).name + ".building").exists()
 

@@ -33,17 +33,17 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
+from k26ops import resources
 from k26ops.errors import UserError
+from k26ops.lab import rootfs
 from k26ops.layout import DEFAULT_ROOT, DEFAULT_UNIT, UNIT_DIR
+from k26ops.release import recipe
+from k26ops.steps.release import expected_state
 
 LAYER_VERSION = 1  # bump when what the layer keeps or how it is built changes
 META = ".k26ops-layer.json"
@@ -57,15 +57,11 @@ KEEP_NEWEST, KEEP_HOURS = 3, 3  # what a build keeps of older layers (_collect)
 
 
 def cache_root() -> Path:
-    from k26ops.lab import rootfs
-
     return rootfs.cache_root().parent / "deployed"
 
 
 def _sources() -> list[Path]:
     """Files whose bytes decide what a lab deploy writes (see the module doc)."""
-    from k26ops import resources
-
     pkg = Path(__file__).resolve().parent.parent
     top = resources.root()
     files = [p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts
@@ -78,9 +74,6 @@ def _sources() -> list[Path]:
 def key(image: Path, recipe_name: str | Path = "lab") -> dict:
     """The cache key: the release id, the sources' digest, the rootfs image, the layer version.
     `recipe_name`: the lab recipe, or (tests) another copy of it."""
-    from k26ops.release import recipe
-    from k26ops.steps.release import expected_state
-
     release_id = expected_state(recipe.load(recipe_name))["release_id"]
     h = hashlib.sha256()
     for p in _sources():
@@ -104,9 +97,10 @@ def cached(k: dict) -> Path | None:
         return None
 
 
-def ensure(image: Path, log=lambda m: None, build=None, recipe_name: str | Path = "lab") -> Path:
+def ensure(image: Path, build, log=lambda m: None, recipe_name: str | Path = "lab") -> Path:
     """The deployed layer for the current key, built (once, under a lock) if missing.
-    `build(dest, log)` fills `dest` (default: `build_layer`: a real lab deploy)."""
+    `build(dest, log)` fills `dest` (the lab's `machines.build_layer`: a real lab deploy;
+    passed in, since the lab machinery sits above this cache)."""
     k = key(image, recipe_name)
     found = cached(k)
     if found is None:
@@ -115,7 +109,7 @@ def ensure(image: Path, log=lambda m: None, build=None, recipe_name: str | Path 
             fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be building it: wait, then look again
             found = cached(k)
             if found is None:
-                found = _build(k, build or build_layer, log)
+                found = _build(k, build, log)
     os.utime(found / META)  # last use, for _collect
     return found
 
@@ -153,48 +147,6 @@ def _collect(keep: Path, log) -> None:
         if used < cutoff:
             shutil.rmtree(d, ignore_errors=True)
             log(f"removed the deployed lab layer {d.name} (unused for {KEEP_HOURS} h)")
-
-
-def build_layer(dest: Path, log) -> dict:
-    """Boot a 1-host lab on the bare rootfs, deploy the lab recipe to it with the
-    real CLI (`k26ops deploy`, as a user would), power it off, and move what
-    KEEP names from its upper dir into `dest`. Returns the layer's META."""
-    from k26ops.lab.machines import ENGINE_PORT_OFFSET, Lab, _port_free
-
-    log("building the deployed lab layer: one lab host, one first deploy (once per release and k26ops version)")
-    work = Path(tempfile.mkdtemp(prefix="k26ops-layer-", dir="/var/tmp"))
-    lab = Lab(work)
-    try:
-        port = next(p for p in (random.randrange(40000, 45000) for _ in range(200))
-                    if _port_free(p) and _port_free(p + ENGINE_PORT_OFFSET))
-        lab.up(1, port, log=log)
-        pkg_parent = Path(__file__).resolve().parent.parent.parent
-        env = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_")}
-        env.update(K26OPS_CONFIG=os.devnull, K26OPS_LAB_DIR=str(work))
-        proc = subprocess.run([sys.executable, "-m", "k26ops", "-i", str(lab.inventory_file), "--json", "deploy"],
-                              capture_output=True, text=True, env=env, cwd=pkg_parent, timeout=1800)
-        if proc.returncode != 0:
-            tail = " | ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:])
-            raise UserError(f"building the deployed lab layer: the deploy failed (exit {proc.returncode}): {tail}")
-        lab.down(log=log)
-        upper = work / "hosts" / "lab1" / "root" / "upper"
-        for rel in KEEP:
-            src = upper / rel
-            if src.exists() or src.is_symlink():
-                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                os.rename(src, dest / rel)  # same filesystem: modes, owners and xattrs kept
-        for rel in DROP:
-            p = dest / DEFAULT_ROOT.lstrip("/") / rel
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink(missing_ok=True)
-        if not (dest / UNIT_PATH).is_file():
-            raise UserError(f"building the deployed lab layer: the deploy wrote no {UNIT_DIR}/{DEFAULT_UNIT}")
-        return {"engine_port": port + ENGINE_PORT_OFFSET, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    finally:
-        lab.down(log=lambda m: None)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def host_unit(layer: Path, engine_port: int) -> str:

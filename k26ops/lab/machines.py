@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -33,6 +36,8 @@ import yaml
 from k26ops import resources
 from k26ops.errors import UserError
 from k26ops.lab import DEFAULT_BASE_PORT, engine_source_fixture, limits, rootfs
+from k26ops.lab import deployed as deployed_layer
+from k26ops.layout import DEFAULT_ROOT, DEFAULT_UNIT, UNIT_DIR
 from k26ops.shell import q
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -179,9 +184,7 @@ class Lab:
                 raise UserError(f"port 127.0.0.1:{p} is in use: stop what listens there or pass --base-port")
         layer = None
         if deployed:  # before this lab raises limits or boots: the build boots a lab of its own
-            from k26ops.lab import deployed as deployed_layer
-
-            layer = deployed_layer.ensure(rootfs.ensure(log=log), log=log)
+            layer = deployed_layer.ensure(rootfs.ensure(log=log), build_layer, log=log)
         raised = limits.ensure(count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log, lab=self._id)
         started: list[LabHost] = []
         try:
@@ -264,8 +267,6 @@ class Lab:
         (root / "upper" / "etc" / "machine-id").chmod(0o444)
         lower = str(image)
         if layer is not None:  # overlayfs stacks lower dirs, leftmost on top
-            from k26ops.lab import deployed as deployed_layer
-
             deployed_layer.place_host_unit(layer, root / "upper", engine_port)
             lower = f"{layer}:{image}"
         machine = self._machine(name)
@@ -564,3 +565,43 @@ def _preflight() -> None:
         raise UserError("unshare is missing: apt-get install util-linux")
     if not shutil.which("ssh-keygen"):
         raise UserError("ssh-keygen is missing: apt-get install openssh-client")
+
+
+def build_layer(dest: Path, log) -> dict:
+    """Boot a 1-host lab on the bare rootfs, deploy the lab recipe to it with the
+    real CLI (`k26ops deploy`, as a user would), power it off, and move what
+    deployed_layer.KEEP names from its upper dir into `dest`. Returns the layer's META."""
+    log("building the deployed lab layer: one lab host, one first deploy (once per release and k26ops version)")
+    work = Path(tempfile.mkdtemp(prefix="k26ops-layer-", dir="/var/tmp"))
+    lab = Lab(work)
+    try:
+        port = next(p for p in (random.randrange(40000, 45000) for _ in range(200))
+                    if _port_free(p) and _port_free(p + ENGINE_PORT_OFFSET))
+        lab.up(1, port, log=log)
+        pkg_parent = Path(__file__).resolve().parent.parent.parent
+        env = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_")}
+        env.update(K26OPS_CONFIG=os.devnull, K26OPS_LAB_DIR=str(work))
+        proc = subprocess.run([sys.executable, "-m", "k26ops", "-i", str(lab.inventory_file), "--json", "deploy"],
+                              capture_output=True, text=True, env=env, cwd=pkg_parent, timeout=1800)
+        if proc.returncode != 0:
+            tail = " | ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:])
+            raise UserError(f"building the deployed lab layer: the deploy failed (exit {proc.returncode}): {tail}")
+        lab.down(log=log)
+        upper = work / "hosts" / "lab1" / "root" / "upper"
+        for rel in deployed_layer.KEEP:
+            src = upper / rel
+            if src.exists() or src.is_symlink():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.rename(src, dest / rel)  # same filesystem: modes, owners and xattrs kept
+        for rel in deployed_layer.DROP:
+            p = dest / DEFAULT_ROOT.lstrip("/") / rel
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        if not (dest / deployed_layer.UNIT_PATH).is_file():
+            raise UserError(f"building the deployed lab layer: the deploy wrote no {UNIT_DIR}/{DEFAULT_UNIT}")
+        return {"engine_port": port + ENGINE_PORT_OFFSET, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    finally:
+        lab.down(log=lambda m: None)
+        shutil.rmtree(work, ignore_errors=True)
