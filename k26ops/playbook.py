@@ -14,12 +14,14 @@ import yaml
 
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
+from k26ops.agenthub import Hub
 from k26ops.layout import Layout
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome, reporter
 from k26ops.hostlock import HostLock
 from k26ops.release import wheelsource
 from k26ops.shell import q
+from k26ops.ssh import LocalSession, SSHSession
 from k26ops.steps import HostContext, Interrupted, Step, StepFailed
 
 PLAYBOOKS_DIR = resources.path("playbooks")
@@ -86,9 +88,26 @@ def _restore(ctx: HostContext) -> str:
     return engine.rollback(ctx, svc)
 
 
+# The agents' short reads a run makes in turn (ownership, facts, the engine's converge): one
+# python3 on one channel for all of them (k26ops.agenthub); everything else runs as before.
+HUB_OPS = {("ownership", "states"), ("ownership", "releases"), ("gather", "gather"), ("engine", "read"),
+           ("engine", "converge")}
+
+
 def run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None = None,
                 progress=lambda m: None, purpose: str = "deploy") -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
+    if not isinstance(session, (SSHSession, LocalSession)) or session.hub is not None:
+        return _run_on_host(session, steps, check=check, shared=shared, progress=progress, purpose=purpose)
+    session.hub = Hub(session, HUB_OPS)
+    try:
+        return _run_on_host(session, steps, check=check, shared=shared, progress=progress, purpose=purpose)
+    finally:
+        hub, session.hub = session.hub, None
+        hub.close()
+
+
+def _run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None, progress, purpose: str) -> Outcome:
     host = session.host
     progress = reporter(progress)  # output errors never reach the steps (a closed pipe: issue 35.4)
     layout = Layout.of(host.vars)
