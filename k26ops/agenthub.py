@@ -55,7 +55,7 @@ class Hub:
             text = self.proc.answer(time.monotonic() + timeout)
         except (OSError, EOFError, TimeoutError, ssh.OutputTooLarge) as exc:
             err = self.proc.stderr_tail()
-            self.close()
+            self.close(stop=True)
             why = {TimeoutError: f"no answer within {timeout:.0f}s",
                    ssh.OutputTooLarge: f"printed more than {ssh.OUTPUT_LIMIT >> 20} MiB"}.get(type(exc)) or (
                 err or f"the hub ended ({type(exc).__name__})")
@@ -67,11 +67,12 @@ class Hub:
             raise agents.AgentFailed(f"{what} ({op}) failed: {res['hub_error'][:300]}")
         return res
 
-    def close(self) -> None:
+    def close(self, stop: bool = False) -> None:
+        """EOF to the hub (it exits when its operation ends); `stop`: after a failed call, at once."""
         self.closed = True
         proc, self.proc = self.proc, None
         if proc is not None:
-            proc.close()
+            proc.close(stop)
 
 
 def _start(session, command: str):
@@ -134,7 +135,7 @@ class _SSHChannel(_Lines):
         lines = self.err.decode(errors="replace").strip().splitlines()
         return lines[-1][:300] if lines else ""
 
-    def close(self) -> None:
+    def close(self, stop: bool) -> None:
         try:
             self.chan.shutdown_write()
         except (OSError, EOFError):
@@ -164,10 +165,10 @@ class _LocalProcess(_Lines):
         lines = self.err.read().decode(errors="replace").strip().splitlines()
         return lines[-1][:300] if lines else ""
 
-    def close(self) -> None:
+    def close(self, stop: bool) -> None:
         try:
             self.p.stdin.close()
-            self.p.wait(timeout=5)
+            self.p.wait(timeout=0 if stop else 5)
         except (OSError, subprocess.TimeoutExpired):
             ssh._kill_group(self.p)
         self.p.stdout.close()
