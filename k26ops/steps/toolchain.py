@@ -91,7 +91,7 @@ class CudaToolkit(Step):
             here = [i for i in tk.get("installs", []) if i.get("path") == f"{d}/bin/nvcc"]
             if here and here[0].get("release") == version:
                 verified = ctx.facts.get(VERIFIED_FACT)
-                if not isinstance(verified, dict):  # not gathered (a step run alone): read it now
+                if not isinstance(verified, dict) or "error" in verified:  # not gathered: read it now
                     verified = {d: ctx.run(f"cat {q(d)}/{MARKER} 2>/dev/null").stdout.split()}
                 if verified.get(d) == want_archs:
                     return []
