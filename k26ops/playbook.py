@@ -27,6 +27,12 @@ from k26ops.steps import HostContext, Interrupted, Step, StepFailed
 PLAYBOOKS_DIR = resources.path("playbooks")
 
 
+def fact_names(steps: list[Step]) -> list[str] | None:
+    """The standard facts a run of `steps` gathers: those they read when each says (Step.fact_names), else all."""
+    declared = [s.fact_names for s in steps]
+    return None if None in declared else sorted({n for d in declared for n in d})
+
+
 def step_message(i: int, n: int, name: str, what: str) -> str:
     """`3/5 service: planning`: the form the CLI's progress board reads its step counter from."""
     return f"{i}/{n} {name}: {what}"
@@ -128,7 +134,7 @@ def _run_on_host(session, steps: list[Step], *, check: bool, shared: dict | None
         extra = preflight.host_facts(host.vars)
         for step in steps:  # the steps' own facts (the engine's model and drafter), in the same call
             extra += [f for f in step.facts(host.vars) if f.name not in {e.name for e in extra}]
-        facts = facts_mod.gather(session, extra=extra)
+        facts = facts_mod.gather(session, fact_names(steps), extra=extra)
         ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts,
                           shared={**(shared or {}), "releases_root_state": rel_st}, check=check,
                           progress=progress, steps=list(steps))

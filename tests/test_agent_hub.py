@@ -72,3 +72,32 @@ def test_a_call_past_its_time_ends_the_hub_and_the_next_runs_alone(session):
 def test_the_hub_and_its_caller_agree_on_the_answer_prefix():
     text = agents.source("hub")
     assert f'ANSWER = "{agenthub.ANSWER}"' in text
+
+
+# --- a deploy gathers the standard facts its steps read, not every fact
+
+def test_a_deploy_gathers_what_its_checks_read_and_refuses_as_with_every_fact():
+    import json
+    from pathlib import Path
+
+    from k26ops import facts as facts_mod
+    from k26ops import playbook, preflight
+    from k26ops.steps import toolchain
+
+    names = playbook.fact_names(playbook.load("deploy"))
+    assert names == ["cuda_toolkit", "gpu_health", "gpus", "nvidia_smi", "os_release", "python3"]
+    data = Path(__file__).resolve().parent / "data"
+    raw = json.loads((data / "steps" / "lab-gather-converged.json").read_text())["answer"]
+    # the recorded lab host, its nvidia-smi -q replaced by a real-format one with GPUs that need a reset
+    raw["gpu_health"] = {"rc": 0, "stderr": "",
+                         "stdout": (data / "facts" / "constructed-h200-q-faults.txt").read_text()}
+    extra = preflight.host_facts({})  # the facts of the host's layout, gathered by every deploy
+    every, read = facts_mod.parse_results(raw, extra=extra), facts_mod.parse_results(raw, names, extra=extra)
+    want = {"model_path": "/models/none", "drafter": None}
+    refusals = preflight.deploy_refusals(every, {}, want)
+    assert "gpu_reset" in [c.name for c in refusals]
+    assert preflight.deploy_refusals(read, {}, want) == refusals
+    assert toolchain.archs(read) == toolchain.archs(every)
+    assert preflight.driver_version(read) == preflight.driver_version(every)
+    # a run with a step that does not say what it reads gathers every fact
+    assert playbook.fact_names(playbook.load("deploy") + [toolchain.Step()]) is None

@@ -117,6 +117,12 @@ class ServiceStep(Step):
     name = "service"
     preflight = True  # the rollback's baseline_service starts what its tag recorded: not checked here
 
+    @property
+    def fact_names(self) -> tuple[str, ...]:
+        from k26ops import preflight
+
+        return preflight.DEPLOY_FACTS if self.preflight else ()
+
     def facts(self, host_vars: dict) -> list:
         from k26ops import preflight
 
@@ -407,6 +413,7 @@ class HealthStep(Step):
     """Wait until the engine answers /health and /health_generate; fail at once on a crash."""
 
     name = "health"
+    fact_names = ()
 
     def plan(self, ctx: HostContext) -> list[Change]:
         if ctx.check:
@@ -506,6 +513,7 @@ class SmokeStep(Step):
     it is alive and answered wrong (the HTTP status or the exception)."""
 
     name = "smoke"
+    fact_names = ()
 
     def plan(self, ctx: HostContext) -> list[Change]:
         if ctx.check or not serves_http(ctx.vars):

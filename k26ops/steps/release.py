@@ -230,6 +230,7 @@ def current_fact(releases_root: str) -> Fact:
 
 class Release(Step):
     name = "release"
+    fact_names = ("python3",)  # the lock's python
 
     def before_hosts(self, hosts) -> None:
         before_hosts(hosts)

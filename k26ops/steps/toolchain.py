@@ -58,6 +58,7 @@ def verified_fact(root: str) -> Fact:
 
 class CudaToolkit(Step):
     name = "cuda_toolkit"
+    fact_names = ("gpus", "nvidia_smi", "cuda_toolkit", "python3", "os_release")  # archs, driver, installs
 
     def _spec(self, ctx):
         tk = host_recipe(ctx).toolkit
