@@ -286,8 +286,10 @@ def op_smoke(r):
     """The smoke requests in order (default: one greedy); the first that fails
     ends it, and then: did the engine die of it (its journal), or is it alive?"""
     unit = r.get("unit")
-    s0 = show(unit) if unit else {}
-    base = r.get("base") or {k: s0.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+    base = r.get("base")
+    if not base:  # a converge or health poll just before gives it: no second systemctl show
+        s0 = show(unit) if unit else {}
+        base = {k: s0.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
     results = []
     for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
         res = generate(r, req["name"], req["sampling"])
