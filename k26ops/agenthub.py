@@ -22,6 +22,7 @@ import select
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 from k26ops import agents, ssh
@@ -37,11 +38,16 @@ class Hub:
         self.sent: set[str] = set()  # agents whose source the hub has
         self.closed = False
         self.calls = 0
+        self._one_at_a_time = threading.Lock()
 
     def serves(self, name: str, op: str, interpreter: str, tied: bool) -> bool:
         return (not self.closed and not tied and interpreter == "python3" and (name, op) in self.ops)
 
     def call(self, name: str, op: str, timeout: float, what: str, req: dict) -> dict:
+        with self._one_at_a_time:  # one request in flight on the channel
+            return self._call(name, op, timeout, what, req)
+
+    def _call(self, name: str, op: str, timeout: float, what: str, req: dict) -> dict:
         host = getattr(self.session.host, "name", "the host")
         if self.proc is None:
             with self.session._lock:
@@ -62,7 +68,11 @@ class Hub:
             raise agents.AgentFailed(f"{what} ({op}) on {host} through the agent hub: {why}") from None
         self.sent.add(name)
         self.calls += 1
-        res = json.loads(text)
+        try:
+            res = json.loads(text)
+        except ValueError:
+            self.close(stop=True)
+            raise agents.AgentFailed(f"{what} ({op}) on {host} answered no JSON: {text[:200]!r}") from None
         if isinstance(res, dict) and set(res) == {"hub_error"}:
             raise agents.AgentFailed(f"{what} ({op}) failed: {res['hub_error'][:300]}")
         return res
