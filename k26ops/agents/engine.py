@@ -250,7 +250,7 @@ def op_poll(r):
     end = time.monotonic() + r.get("window", 2.0)
     first = True
     while True:
-        s = show(unit)
+        s = r["show"] if first and r.get("show") else show(unit)  # a converge's read just before gives the first
         if first and not base:
             base = {k: s.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
         first = False
@@ -329,7 +329,7 @@ def op_converge(r):
     if not out["converged"] or not r.get("poll"):
         return out
     t0 = time.monotonic()
-    p = op_poll(dict(r["poll"], unit=r["unit"]))
+    p = op_poll(dict(r["poll"], unit=r["unit"], show=s))
     out["poll"], out["poll_s"] = p, round(time.monotonic() - t0, 3)
     if p["state"] == "healthy" and r.get("smoke"):
         out["smoke"] = op_smoke(dict(r["smoke"], unit=r["unit"], base=p["base"]))
