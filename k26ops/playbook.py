@@ -16,15 +16,23 @@ import yaml
 
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
+from k26ops.agenthub import Hub
 from k26ops.layout import Layout
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome, reporter
 from k26ops.hostlock import HostLock
 from k26ops.release import wheelsource
+from k26ops.ssh import LocalSession, SSHSession
 from k26ops.steps import HostContext, Interrupted, RunOptions, Step, StepFailed
 from k26ops.steps.release import ReleaseDecision
 
 PLAYBOOKS_DIR = resources.path("playbooks")
+
+
+def fact_names(steps: list[Step]) -> list[str] | None:
+    """The standard facts a run of `steps` gathers: those they read when each says (Step.fact_names), else all."""
+    declared = [s.fact_names for s in steps]
+    return None if None in declared else sorted({n for d in declared for n in d})
 
 
 def step_message(i: int, n: int, name: str, what: str) -> str:
@@ -85,9 +93,27 @@ def restore(ctx: HostContext) -> str | None:
     return None
 
 
+# The agents' short reads a run makes in turn (ownership, facts, the engine's converge): one
+# python3 on one channel for all of them (k26ops.agenthub); everything else runs as before.
+HUB_OPS = {("ownership", "states"), ("ownership", "releases"), ("gather", "gather"), ("engine", "read"),
+           ("engine", "converge")}
+
+
 def run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions | None = None,
                 progress=lambda m: None, purpose: str = "deploy") -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
+    if not isinstance(session, (SSHSession, LocalSession)) or session.hub is not None:
+        return _run_on_host(session, steps, check=check, options=options, progress=progress, purpose=purpose)
+    session.hub = Hub(session, HUB_OPS)
+    try:
+        return _run_on_host(session, steps, check=check, options=options, progress=progress, purpose=purpose)
+    finally:
+        hub, session.hub = session.hub, None
+        hub.close()
+
+
+def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions | None, progress,
+                 purpose: str) -> Outcome:
     host = session.host
     progress = reporter(progress)  # output errors never reach the steps (a closed pipe: issue 35.4)
     layout = Layout.of(host.vars)
@@ -108,7 +134,7 @@ def run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions 
         extra = preflight.host_facts(host.vars)
         for step in steps:  # the steps' own facts (the engine's model and drafter), in the same call
             extra += [f for f in step.facts(host.vars) if f.name not in {e.name for e in extra}]
-        facts = facts_mod.gather(session, extra=extra)
+        facts = facts_mod.gather(session, fact_names(steps), extra=extra)
         ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts, check=check,
                           progress=progress, steps=list(steps), options=options or RunOptions(),
                           releases_root_state=rel_st)

@@ -267,6 +267,8 @@ def model_check(fact: dict, path: str) -> Check:
 # What a deploy refuses before it changes a host: the checks about what it will start.
 # The driver is the cuda_toolkit step's (it plans before anything changes).
 DEPLOY_CHECKS = ("model", "drafter", "disk_model", "disk_releases", "gpu_reset")
+# The standard facts those checks read (gpu_reset_check; the others read engine_facts and host_facts).
+DEPLOY_FACTS = ("gpus", "gpu_health")
 
 
 def gpu_reset_check(facts: dict) -> Check:

@@ -143,6 +143,7 @@ class Session:
     def __init__(self, host: Host):
         self.host = host
         self.commands = 0
+        self.hub = None  # k26ops.agenthub.Hub while a playbook runs: agents.run asks it first
         self.uploaded = 0  # bytes of file contents sent to this host (put, put_file)
         self._lock = threading.Lock()
 

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, str, list[str]]] = [
       "k26ops.diagnose.classify", "k26ops.diagnose.logtext", "=k26ops.diagnose", "k26ops.facts",
       "k26ops.steps.driver_plan", "k26ops.enginestate", "k26ops.baselines.validate"]),
     ("transport", "ssh sessions, the agent protocol, the fleet runner",
-     ["k26ops.ssh", "k26ops.agents", "k26ops.fleet"]),
+     ["k26ops.ssh", "k26ops.agents", "k26ops.agenthub", "k26ops.fleet"]),
     ("host", "one host: engine layout and profile, facts gathered, preflight, lock, ownership, release I/O",
      ["=k26ops.facts", "k26ops.enginehost", "k26ops.profile", "k26ops.preflight", "k26ops.ownership",
       "k26ops.hostlock", "k26ops.reboot", "k26ops.release.wheelhouse", "k26ops.release.wheelsource",

@@ -151,8 +151,8 @@ def test_deploy_healthy_smoke_then_converged(lab, engine, capsys):
         assert r.status == "ok", (n, r.error, r.data.get("steps"))
         assert all(not s["changed"] for s in r.data["steps"])
         assert r.data["smoke"]["ok"] and r.data["health"]["state"] == "healthy"
-        # ownership, lock, facts, the fake release's read, and ONE engine-agent call for read + health + smoke
-        assert r.commands <= 5, r.commands
+        # the lock, the fake release's read, and one agent for ownership, facts and read + health + smoke
+        assert r.commands <= 3, r.commands
     assert {n: main_pid(lab, n) for n in engine["names"]} == pids
 
     # status and logs through the CLI

@@ -16,7 +16,8 @@ The agents: engine (the engine's unit, health, smoke, logs), gather (fact
 commands), loadgen (engine bench), ownership (what k26ops may delete),
 baseline (snapshot, rollback, drift), journal (diagnose service), probe
 (diagnose probe), wheelfetch (wheels from a relay, hash-checked), store (the
-release store: uv's binary, store gc).
+release store: uv's binary, store gc), hub (several agents' operations in one
+python3 kept on one channel for a run: k26ops/agenthub.py).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None
     Ctrl-C (fleet.interrupt_requested) closes it at once: Interrupted.
     What the agent prints is bounded (ssh.OUTPUT_LIMIT): more is AgentFailed."""
     what = what or f"{name} agent"
+    hub = getattr(session, "hub", None)  # one python3 for the run's short reads (k26ops.agenthub)
+    if hub is not None and hub.serves(name, op, interpreter, tied):
+        return hub.call(name, op, timeout, what, req)
     host = getattr(getattr(session, "host", None), "name", "the host")
     kw: dict = {}
     if tied:

@@ -2,7 +2,7 @@
 file and secret-flags file (both 0600), health, smoke and logs. Run through agents.run (stdlib only); each
 `op_*` is one remote round trip.
 """
-import json, os, shutil, subprocess, sys, time, hashlib, urllib.request, urllib.error
+import json, os, shutil, subprocess, sys, time, hashlib
 
 PROPS = ("ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
          "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic,"
@@ -71,6 +71,7 @@ def auth_headers(path):
     return {}
 
 def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
+    import urllib.error, urllib.request  # here: 16 ms of host CPU that ops without HTTP (read, apply) skip
     # Marked as k26ops' own (health, smoke), so `k26ops logs` can hide them; engines ignore the query.
     url = "http://%s:%d%s%sfrom=k26ops" % (host, port, path, "&" if "?" in path else "?")
     data = json.dumps(body).encode() if body is not None else None
@@ -255,7 +256,7 @@ def op_poll(r):
     end = time.monotonic() + r.get("window", 2.0)
     first = True
     while True:
-        s = show(unit)
+        s = r["show"] if first and r.get("show") else show(unit)  # a converge's read just before gives the first
         if first and not base:
             base = run_id(s)
         first = False
@@ -291,8 +292,10 @@ def op_smoke(r):
     """The smoke requests in order (default: one greedy); the first that fails
     ends it, and then: did the engine die of it (its journal), or is it alive?"""
     unit = r.get("unit")
-    s0 = show(unit) if unit else {}
-    base = r.get("base") or run_id(s0)
+    base = r.get("base")
+    if not base:  # a converge or health poll just before gives it: no second systemctl show
+        s0 = show(unit) if unit else {}
+        base = run_id(s0)
     results = []
     for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
         res = generate(r, req["name"], req["sampling"])
@@ -332,7 +335,7 @@ def op_converge(r):
     if not out["converged"] or not r.get("poll"):
         return out
     t0 = time.monotonic()
-    p = op_poll(dict(r["poll"], unit=r["unit"]))
+    p = op_poll(dict(r["poll"], unit=r["unit"], show=s))
     out["poll"], out["poll_s"] = p, round(time.monotonic() - t0, 3)
     if p["state"] == "healthy" and r.get("smoke"):
         out["smoke"] = op_smoke(dict(r["smoke"], unit=r["unit"], base=p["base"]))
@@ -402,8 +405,11 @@ def op_logs(r):
     lines = [l for l in lines if l != "-- No entries --"]
     return {"lines": lines, "cursor": cursor, "env": read(r["env_path"]) if r.get("with_env") else None}
 
+def handle(req):
+    """One request (agents.run's, or agents/hub.py's): its api_key kept for http(), then its op."""
+    API_KEY[:] = [req.pop("api_key", None)]
+    return globals()["op_" + req.pop("op")](req)
+
 if __name__ == "__main__":
-    req = json.loads(sys.stdin.read())
-    API_KEY.append(req.pop("api_key", None))
-    res = globals()["op_" + req.pop("op")](req)
+    res = handle(json.loads(sys.stdin.read()))
     sys.stdout.write("\n" + json.dumps(res) + "\n")

@@ -97,6 +97,10 @@ class Step:
     """Base class: subclasses set `name` and implement plan/apply."""
 
     name = "step"
+    # The standard facts (k26ops.facts.FACTS) this step reads, its checks included; None: it
+    # does not say, and a run with such a step gathers every fact. A run whose steps all say
+    # gathers only those (a converged deploy skips nvidia-smi -L and topo, the kernel log...).
+    fact_names: tuple[str, ...] | None = None
 
     def __init__(self, params: dict | None = None):
         self.params = dict(params or {})

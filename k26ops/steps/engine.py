@@ -152,6 +152,10 @@ class ServiceStep(Step):
     name = "service"
     preflight = True  # the rollback's baseline_service starts what its tag recorded: not checked here
 
+    @property
+    def fact_names(self) -> tuple[str, ...]:
+        return preflight.DEPLOY_FACTS if self.preflight else ()  # the module's (the class attribute is self.preflight)
+
     def facts(self, host_vars: dict) -> list:
         return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
 
@@ -444,6 +448,7 @@ class HealthStep(Step):
     """Wait until the engine answers /health and /health_generate; fail at once on a crash."""
 
     name = "health"
+    fact_names = ()
 
     def plan(self, ctx: HostContext) -> list[Change]:
         if ctx.check:
@@ -544,6 +549,7 @@ class SmokeStep(Step):
     it is alive and answered wrong (the HTTP status or the exception)."""
 
     name = "smoke"
+    fact_names = ()
 
     def plan(self, ctx: HostContext) -> list[Change]:
         if ctx.check or not serves_http(ctx.vars):

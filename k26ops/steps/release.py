@@ -34,7 +34,8 @@ from k26ops.release import (engine_flags, engine_source, enginelock, inputs, ins
                             prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
-from k26ops.layout import switch_current
+from k26ops.facts.base import Fact, safe
+from k26ops.layout import Layout, switch_current
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
@@ -256,11 +257,29 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     return argv
 
 
+CURRENT_FACT = "release_current"
+
+
+def current_fact(releases_root: str) -> Fact:
+    """Where `current` points and whether that release is complete (its manifest.json)."""
+    def parse(out: str, rc: int) -> dict:
+        target, _, rest = out.partition("===")
+        return {"current": target.strip() or None, "complete": "complete" in rest}
+
+    return Fact(CURRENT_FACT, f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
+                              "test -f current/manifest.json && echo complete; }; true", safe(parse), 10.0)
+
+
 class Release(Step):
     name = "release"
+    fact_names = ("python3",)  # the lock's python
 
     def before_hosts(self, hosts) -> None:
         before_hosts(hosts)
+
+    def facts(self, host_vars: dict) -> list:
+        """`current` and its completeness, in the playbook's one fact-gathering call."""
+        return [current_fact(Layout.of(host_vars).releases_root)]
 
     def prepare(self, ctx: HostContext) -> None:
         ReleaseDecision.of(ctx).prepare(ctx, prepare(ctx, tuple(self.params.get("tags", ()))))
@@ -277,6 +296,10 @@ class Release(Step):
         if why:
             raise StepFailed(why)
         d.claim_root = st["state"] != "owned"
+        seen = ctx.facts.get(CURRENT_FACT)
+        if isinstance(seen, dict) and "current" in seen and seen["current"] == rid and seen["complete"]:
+            d.previous = rid  # read in the fact-gathering call: nothing to do
+            return []
         res = ctx.run(f"cd {q(rel)} 2>/dev/null && {{ readlink current; echo ===; "
                       f"test -f {q(rid)}/manifest.json && echo complete; }}; true")
         current, _, rest = res.stdout.partition("===")

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from k26ops.facts.base import Fact, safe
 from k26ops.hostvars import Var, declare
+from k26ops.layout import Layout
 from k26ops.release import recipe as recipe_mod
 from k26ops.release import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
@@ -55,8 +57,22 @@ class ToolkitPlan(HostState):
     archs: list[str] = field(default_factory=list)  # sm_120 and the host's own GPUs' architectures
 
 
+VERIFIED_FACT = "cuda_toolchains_verified"
+
+
+def verified_fact(root: str) -> Fact:
+    """{toolchain dir: the GPU architectures its marker says nvcc was verified for}."""
+    tc = f"{root}/toolchain"
+    cmd = (f"for f in {q(tc)}/*/{MARKER}; do [ -f \"$f\" ] && printf '%s\\t%s\\n' \"${{f%/*}}\" "
+           "\"$(tr '\\n' ' ' < \"$f\")\"; done; true")
+    return Fact(VERIFIED_FACT, cmd, safe(lambda out, rc: {d: archs.split() for d, _, archs in
+                                                           (line.partition("\t") for line in out.splitlines())
+                                                           if archs}), 10.0)
+
+
 class CudaToolkit(Step):
     name = "cuda_toolkit"
+    fact_names = ("gpus", "nvidia_smi", "cuda_toolkit", "python3", "os_release")  # archs, driver, installs
 
     def _spec(self, ctx):
         tk = host_recipe(ctx).toolkit
@@ -66,6 +82,11 @@ class CudaToolkit(Step):
 
     def toolchain_dir(self, ctx, version) -> str:
         return f"{ctx.root}/toolchain/cuda-{version}"
+
+    def facts(self, host_vars: dict) -> list:
+        """The pip toolchains' verified-for markers, read in the playbook's one fact-gathering
+        call (not a command of its own: a converged deploy makes none here)."""
+        return [verified_fact(Layout.of(host_vars).root)]
 
     def plan(self, ctx: HostContext) -> list[Change]:
         method, version, min_driver = self._spec(ctx)
@@ -84,8 +105,10 @@ class CudaToolkit(Step):
             tk = ctx.facts.get("cuda_toolkit") or {}
             here = [i for i in tk.get("installs", []) if i.get("path") == f"{d}/bin/nvcc"]
             if here and here[0].get("release") == version:
-                res = ctx.run(f"cat {q(d)}/{MARKER} 2>/dev/null")
-                if res.stdout.split() == want_archs:
+                verified = ctx.facts.get(VERIFIED_FACT)
+                if not isinstance(verified, dict) or "error" in verified:  # not gathered: read it now
+                    verified = {d: ctx.run(f"cat {q(d)}/{MARKER} 2>/dev/null").stdout.split()}
+                if verified.get(d) == want_archs:
                     return []
             return [Change(f"install CUDA {version} toolkit (pip) into {d}, verify nvcc for "
                            + ", ".join(want_archs))]
