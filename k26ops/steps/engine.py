@@ -213,19 +213,18 @@ class ServiceStep(Step):
         todo: dict = {}
         reasons = []
         plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
-        if cur["unit"] != unit_text:
-            verb = "install" if cur["unit"] is None else "update"
-            changes.append(Change(f"{verb} {upath} (checked with systemd-analyze verify first)",
-                                  units.redact(text_diff(upath, cur["unit"], unit_text), secrets)))
-            todo["unit_text"] = unit_text
-            reasons.append("unit")
-        if cur["env"] != env_text:
-            verb = "install" if cur["env"] is None else "update"
-            changes.append(Change(f"{verb} {epath} (mode 0600)",
-                                  units.redact(text_diff(epath, cur["env"], env_text), secrets)))
-            todo["env_text"] = env_text
-            reasons.append("env file")
-        elif cur["env_mode"] not in (None, 0o600):
+        def replace(key: str, path: str, how: str, text: str, reason: str) -> bool:
+            """Plan writing `text` to `path` when the host's (cur[key]) differs; True if so."""
+            if cur[key] == text:
+                return False
+            verb = "install" if cur[key] is None else "update"
+            changes.append(Change(f"{verb} {path} ({how})", units.redact(text_diff(path, cur[key], text), secrets)))
+            todo[f"{key}_text"] = text
+            reasons.append(reason)
+            return True
+
+        replace("unit", upath, "checked with systemd-analyze verify first", unit_text, "unit")
+        if not replace("env", epath, "mode 0600", env_text, "env file") and cur["env_mode"] not in (None, 0o600):
             changes.append(Change(f"chmod 0600 {epath} (was {cur['env_mode']:04o})"))
             todo["env_mode"] = True
         if lab_path and cur["lab_module_sha"] != sha256(lab_text):
