@@ -54,3 +54,31 @@ def test_recorded_bench_answers_keep_the_json_shape_and_per_cell_accept():
 def test_the_real_startup_log_leaks_the_key_only_without_the_redaction_patch():
     assert "api_key='<KEY>'" in (DATA / "h200-serve-unpatched-startup.log").read_text()
     assert "server_args=ServerArgs(" in SERVED and "api_key" not in SERVED and "<KEY>" not in SERVED
+
+
+def _engine_agent():
+    """The host agent as hosts run it (a stdlib script): loaded from its file."""
+    import importlib.util
+
+    import k26ops.agents
+
+    spec = importlib.util.spec_from_file_location("engine_agent", Path(k26ops.agents.__file__).parent / "engine.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_deploys_smoke_on_the_real_engine_is_answered_with_the_key_and_refused_without():
+    from k26ops.steps.engine import SmokeStep, smoke_outcome, smoke_summary
+
+    doc = json.loads((DATA / "h200-deploy-smoke.json").read_text())
+    body, _ = SmokeStep({}).request()
+    assert doc["request"] == body  # recorded with the requests the deploy sends today
+    agent = _engine_agent()
+    with_key, without = doc["with_key"]["results"], doc["without_key"]["results"]
+    assert [agent.answered(r) for r in with_key] == [True, True]
+    assert [agent.answered(r) for r in without] == [False] and without[0]["status"] == 401
+    s = smoke_outcome(with_key)
+    assert s["spec_accept_length"] == with_key[0]["body"]["meta_info"]["spec_accept_length"] > 1.0
+    assert s["sampled"]["spec_accept_length"] > 1.0
+    assert smoke_summary(s).startswith("330 ms, accept 1.066") and "T=0.7: 89367 ms" in smoke_summary(s)

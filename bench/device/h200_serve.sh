@@ -61,11 +61,13 @@ for h in hits: print("  " + h)
 }
 
 # 1. the released engine, unpatched: its start-up log line (before weights load)
+if [ "${SMOKE:-0}" != 1 ]; then  # SMOKE=1: only the patched engine and the deploy's smoke (deploy_smoke.py)
 start "$OUT/engine-unpatched.log"
 for _ in $(seq 120); do grep -q "server_args=" "$OUT/engine-unpatched.log" && break; sleep 1; done
 el "unpatched engine logged its server_args"
 leaks "$OUT/engine-unpatched.log"
 stop; el "unpatched engine stopped"
+fi
 
 # 2. the series applied as a deploy applies it (no tags: the redaction patch only)
 python3 "$REL/k26ops/patchset.py" apply --root "$SP" --state "$REL/patch-state" \
@@ -91,9 +93,14 @@ if [ "$ok" = 1 ]; then
        -H 'Content-Type: application/json' -d '{"text":"def main():","sampling_params":{"max_new_tokens":16,"temperature":0}}' \
        http://127.0.0.1:30000/generate)"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d.get("meta_info",{}); print({k: m.get(k) for k in ("completion_tokens","spec_verify_ct","spec_accept_length")})' "$OUT/generate.json" || true
+  if [ "${SMOKE:-0}" = 1 ]; then
+    K26_KEY="$KEY" python3 bench/device/deploy_smoke.py /tmp/h200.yml 30000 > "$OUT/deploy-smoke.json"
+    echo "deploy smoke exit $?"; el "deploy smoke done"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: (d[k]["failed"], [r["status"] for r in d[k]["results"]], d[k].get("deploy_says")) for k in ("without_key","with_key")})' "$OUT/deploy-smoke.json"
+  fi
   echo "      extra_flags: [--api-key, \"$KEY\"]" >> /tmp/h200.yml  # the key the bench must send
   chmod 600 /tmp/h200.yml
-  for gen in sglang k26ops; do
+  for gen in ${GENERATORS-sglang k26ops}; do
     python3 -m k26ops -i /tmp/h200.yml --json bench --generator $gen --concurrency 1,4 --temperatures 0,0.7 \
         --input-len 64 --output-len 64 --runs ${RUNS:-2} > "$OUT/bench-$gen.json" 2> /tmp/bench.err
     echo "bench --generator $gen exit $?"; el "bench $gen done"; tail -5 /tmp/bench.err
