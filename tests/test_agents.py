@@ -495,9 +495,10 @@ def test_an_agent_printing_garbage_is_one_line_naming_host_and_agent(host, tmp_p
 # --- gather (facts)
 
 def test_gather_kills_a_command_past_its_timeout_with_its_children(host, tmp_path):
-    pidfile = tmp_path / "child-pid"  # a background child that would sleep 30 s
+    pidfile = tmp_path / "child-pid"  # a background child that would sleep 60 s, off the agent's pipes
+    child = f"sh -c 'echo $$ > {pidfile}; exec sleep 60' >/dev/null 2>&1 </dev/null"
     out = call(host, "gather", "gather", commands=[
-        {"name": "slow", "command": f"sh -c 'echo $$ > {pidfile}; exec sleep 30' & sleep 30", "timeout": 0.5},
+        {"name": "slow", "command": f"{child} & sleep 30", "timeout": 0.5},
         {"name": "env", "command": "echo $LC_ALL; cat", "timeout": 5}])
     assert out["slow"]["rc"] == 124 and "timed out after 0.5 s" in out["slow"]["stderr"]
     assert out["env"] == {"rc": 0, "stdout": "C\n", "stderr": ""}
