@@ -439,10 +439,10 @@ def test_wheelfetch_a_silent_or_trickling_relay_fails_fast(host, tmp_path, monke
     monkeypatch.setattr(wheelsource, "MIN_BYTES", 1024)
     ctx = SimpleNamespace(session=host)
     w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
-    # the trickle: a byte every 0.1 s, each read well within READ_TIMEOUT, 1024 bytes never
+    # the trickle: a byte every 0.05 s, each read well within READ_TIMEOUT, 1024 bytes never
     for mode, says in (("silent", "no data from the relay within 0.4"), ("trickle", "stalled")):
         t0 = time.monotonic()
-        refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), Stalled(mode, every=0.1).url)
+        refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), Stalled(mode, every=0.05).url)
         took = time.monotonic() - t0
         assert refused is None and says in why, (mode, why)
         assert took < 6, f"{mode} relay held the host {took:.0f}s"  # the relay stalls 30 s; unbounded per read before
