@@ -62,7 +62,7 @@ class Hub:
         except (OSError, EOFError, TimeoutError, ssh.OutputTooLarge) as exc:
             err = self.proc.stderr_tail()
             self.close(stop=True)
-            why = {TimeoutError: f"no answer within {timeout:.0f}s",
+            why = {TimeoutError: f"no answer within {timeout:g}s",
                    ssh.OutputTooLarge: f"printed more than {ssh.OUTPUT_LIMIT >> 20} MiB"}.get(type(exc)) or (
                 err or f"the hub ended ({type(exc).__name__})")
             raise agents.AgentFailed(f"{what} ({op}) on {host} through the agent hub: {why}") from None

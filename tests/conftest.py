@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -125,21 +126,25 @@ LAB_FIXTURES = {"lab", "scratch_lab"}
 def _needs_lab(item) -> bool:
     """A test needs the lab when it uses a lab fixture, or a fixture (or its own body)
     that boots a private one (private_lab(...)), at any depth of its fixture closure."""
-    import inspect
-
     if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
     funcs = [getattr(item, "function", None)]
     info = getattr(item, "_fixtureinfo", None)
     for defs in (info.name2fixturedefs.values() if info else ()):
         funcs += [d.func for d in defs]
-    for fn in funcs:
-        try:
-            if fn is not None and "private_lab(" in inspect.getsource(fn):
-                return True
-        except (OSError, TypeError):
-            continue
-    return False
+    return any(fn is not None and _boots_a_lab(fn) for fn in funcs)
+
+
+@functools.cache
+def _boots_a_lab(fn) -> bool:
+    """Does `fn`'s source boot a private lab? (Once per function: the same fixtures
+    come back for most of the ~1300 items; getsource re-tokenizes each time.)"""
+    import inspect
+
+    try:
+        return "private_lab(" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 def pytest_collection_modifyitems(config, items):

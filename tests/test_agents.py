@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from k26ops import agents, ownership, ssh
+from k26ops import agents, ownership, shell, ssh
 from k26ops.inventory import Host
 from k26ops.release import wheelsource
 from k26ops.ssh import LocalSession
@@ -49,6 +49,10 @@ def host(tmp_path, monkeypatch):
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     monkeypatch.delenv("PYTHONPATH", raising=False)
+    # a tied agent's watchdog (shell.tied_to_channel) probes every 0.1 s, not 1 s: the
+    # same shell code, a finished agent returns at once and a dropped one dies sooner
+    monkeypatch.setattr(shell, "WATCHDOG_PERIOD", 0.1)
+    monkeypatch.setattr(shell, "WATCHDOG_GRACE", 0.3)
     return LocalSession(Host(name="local", address="127.0.0.1", connection="local"))
 
 
@@ -342,7 +346,7 @@ def relay(tmp_path):
     handler_cls = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
     handler = lambda *a, **kw: handler_cls(*a, directory=str(served), **kw)  # noqa: E731
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)  # shutdown() waits a poll
     t.start()
     yield SimpleNamespace(dir=served, url=f"http://127.0.0.1:{srv.server_address[1]}", port=srv.server_address[1])
     srv.shutdown()
@@ -391,11 +395,11 @@ def test_wheelfetch_connect(host, relay):
 
 class Stalled:
     """A real loopback relay that accepts and then stalls: `silent` never answers;
-    `trickle` promises 10 MB and sends a byte every 0.5 s (for 30 s at most).
+    `trickle` promises 10 MB and sends a byte every `every` s (for 30 s at most).
     `closed` counts connections whose client went away (the agent's end)."""
 
-    def __init__(self, mode: str):
-        self.mode, self.closed, self.conns = mode, 0, 0
+    def __init__(self, mode: str, every: float = 0.5):
+        self.mode, self.every, self.closed, self.conns = mode, every, 0, 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
@@ -411,7 +415,7 @@ class Stalled:
 
     def _one(self, conn):
         with conn:
-            conn.settimeout(0.5)
+            conn.settimeout(self.every)
             end = time.monotonic() + 30
             if self.mode == "trickle":
                 conn.recv(65536)
@@ -420,7 +424,7 @@ class Stalled:
                 try:
                     if self.mode == "trickle":
                         conn.sendall(b"x")
-                        time.sleep(0.5)
+                        time.sleep(self.every)
                     elif conn.recv(65536) == b"":
                         break
                 except socket.timeout:
@@ -431,16 +435,17 @@ class Stalled:
 
 
 def test_wheelfetch_a_silent_or_trickling_relay_fails_fast(host, tmp_path, monkeypatch):
-    monkeypatch.setattr(wheelsource, "READ_TIMEOUT", 1.0)
+    monkeypatch.setattr(wheelsource, "READ_TIMEOUT", 0.4)
     monkeypatch.setattr(wheelsource, "MIN_BYTES", 1024)
     ctx = SimpleNamespace(session=host)
     w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
-    for mode, says in (("silent", "no data from the relay within 1"), ("trickle", "stalled")):
+    # the trickle: a byte every 0.05 s, each read well within READ_TIMEOUT, 1024 bytes never
+    for mode, says in (("silent", "no data from the relay within 0.4"), ("trickle", "stalled")):
         t0 = time.monotonic()
-        refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), Stalled(mode).url)
+        refused, why = wheelsource._fetch(ctx, [w], str(tmp_path / "wh"), Stalled(mode, every=0.05).url)
         took = time.monotonic() - t0
         assert refused is None and says in why, (mode, why)
-        assert took < 12, f"{mode} relay held the host {took:.0f}s"  # unbounded per read before: 60 s, or the trickle
+        assert took < 6, f"{mode} relay held the host {took:.0f}s"  # the relay stalls 30 s; unbounded per read before
         assert list((tmp_path / "wh").iterdir()) == []  # no temp file left
 
 
@@ -448,9 +453,16 @@ def test_wheelfetch_ctrl_c_ends_the_fetch_and_its_agent_at_once(host, tmp_path):
     from k26ops.fleet import interrupt_requested
     from k26ops.steps import Interrupted
 
-    relay = Stalled("silent")  # READ_TIMEOUT (15 s) would end it later: Ctrl-C must not wait for it
+    relay = Stalled("silent", every=0.1)  # READ_TIMEOUT (15 s) would end it later: Ctrl-C must not wait for it
     w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
-    threading.Timer(1.0, interrupt_requested.set).start()
+
+    def ctrl_c_once_connected():  # the agent is mid-fetch: connected to the relay
+        deadline = time.monotonic() + 10
+        while relay.conns < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        interrupt_requested.set()
+
+    threading.Thread(target=ctrl_c_once_connected, daemon=True).start()
     t0 = time.monotonic()
     try:
         with pytest.raises(Interrupted, match="during the wheel fetch agent on local"):
@@ -483,14 +495,26 @@ def test_an_agent_printing_garbage_is_one_line_naming_host_and_agent(host, tmp_p
 # --- gather (facts)
 
 def test_gather_kills_a_command_past_its_timeout_with_its_children(host, tmp_path):
-    flag = tmp_path / "child-ran"
+    pidfile = tmp_path / "child-pid"  # a background child that would sleep 60 s, off the agent's pipes
+    child = f"sh -c 'echo $$ > {pidfile}; exec sleep 60' >/dev/null 2>&1 </dev/null"
     out = call(host, "gather", "gather", commands=[
-        {"name": "slow", "command": f"(sleep 3; touch {flag}) & sleep 30", "timeout": 0.5},
+        {"name": "slow", "command": f"{child} & sleep 30", "timeout": 0.5},
         {"name": "env", "command": "echo $LC_ALL; cat", "timeout": 5}])
     assert out["slow"]["rc"] == 124 and "timed out after 0.5 s" in out["slow"]["stderr"]
     assert out["env"] == {"rc": 0, "stdout": "C\n", "stderr": ""}
-    subprocess.run(["sleep", "3.5"])
-    assert not flag.exists()  # the whole process group was killed
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 3
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)  # the whole process group was killed, the child with it
+
+
+def _alive(pid: int) -> bool:
+    """Is `pid` a live process (a zombie is dead: killed, not yet reaped)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_gather_one_command_and_none():

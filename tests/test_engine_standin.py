@@ -67,7 +67,7 @@ def test_serves_sglang_api_when_ready(standins, python):
 
 
 def test_slow_load_reports_503_then_200(standins):
-    s = standins(env={"K26OPS_STANDIN_LOAD_SECONDS": "2"})
+    s = standins(env={"K26OPS_STANDIN_LOAD_SECONDS": "1"})  # 20 polls of 503 at least
     seen = s.wait_ready(deadline=20)
     assert 503 in seen and seen[-1] == 200
     assert seen.index(503) < len(seen) - 1

@@ -9,6 +9,7 @@ single files and import nothing from k26ops; tests/test_agents.py holds them to 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -98,7 +99,13 @@ def _targets(cur: str, node) -> list[str]:
 
 
 def imports() -> dict[str, dict[str, int]]:
-    """module -> {imported module: line}, function-level imports included."""
+    """module -> {imported module: line}, function-level imports included (a fresh copy:
+    a test may change it; the tree is parsed once per run)."""
+    return {name: dict(deps) for name, deps in _parsed_imports().items()}
+
+
+@functools.cache
+def _parsed_imports() -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {}
     for name, path in MODS.items():
         deps = graph.setdefault(name, {})

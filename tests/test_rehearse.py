@@ -375,7 +375,7 @@ def test_local_rehearsal_sigterm_stops_the_engine_group(local_host):
         while not _left_rehearsal_processes() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _left_rehearsal_processes(), "the rehearsal engine never started"
-        time.sleep(1)
+        time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=90)
     finally:

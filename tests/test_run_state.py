@@ -10,6 +10,7 @@ HostContext and Step objects; the restores themselves run on lab hosts
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from k26ops import playbook
@@ -20,9 +21,11 @@ from k26ops.steps.release import ReleaseDecision
 PKG = Path(__file__).resolve().parent.parent / "k26ops"
 
 
-def _trees():
-    for path in sorted(PKG.rglob("*.py")):
-        yield path.relative_to(PKG.parent), ast.parse(path.read_text(), str(path))
+@functools.cache
+def _trees() -> tuple:
+    """(path, tree) of every module, parsed once per run (the tests only read them)."""
+    return tuple((path.relative_to(PKG.parent), ast.parse(path.read_text(), str(path)))
+                 for path in sorted(PKG.rglob("*.py")))
 
 
 def shared_uses(tree) -> list[int]:

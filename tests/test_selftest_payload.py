@@ -45,9 +45,10 @@ def test_usage_error_exit_2():
     assert p.returncode == 2 and "warp_drive" in p.stderr
 
 
-@pytest.mark.skipif(has_cuda(), reason="this machine has a GPU")
 def test_no_gpu_here_is_reported_clearly_exit_3():
     p = run("--expect-gpus", "8", "--expect-cc", "12.0")
+    if p.returncode != 3 and has_cuda():  # asked only then: not a torch import at every collection
+        pytest.skip("this machine has a GPU")
     assert p.returncode == 3, p.stderr
     doc = json.loads(p.stdout)
     assert report.validate(doc) == []

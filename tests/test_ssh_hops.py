@@ -45,7 +45,7 @@ def silent_port():
 def _error(tmp_path, text) -> str:
     inv = tmp_path / "inv.yml"
     inv.write_text(text)
-    res = CliRunner().invoke(cli, ["-i", str(inv), "--connect-timeout", "1", "status", "--json"])
+    res = CliRunner().invoke(cli, ["-i", str(inv), "--connect-timeout", "0.3", "status", "--json"])
     return json.loads(res.stdout)["hosts"]["a"]["error"]
 
 
