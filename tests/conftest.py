@@ -142,9 +142,11 @@ def _boots_a_lab(fn) -> bool:
     import inspect
 
     try:
-        return "private_lab(" in inspect.getsource(fn)
+        src = inspect.getsource(fn)
     except (OSError, TypeError):
         return False
+    # a private lab through the fixture helper, or the lab machinery booted by hand (Lab(...).up)
+    return "private_lab(" in src or ("Lab(" in src and ".up(" in src)
 
 
 def pytest_collection_modifyitems(config, items):
