@@ -493,6 +493,15 @@ def test_gather_kills_a_command_past_its_timeout_with_its_children(host, tmp_pat
     assert not flag.exists()  # the whole process group was killed
 
 
+def test_gather_answers_the_python_version_itself_byte_for_byte(host):
+    """The gather agent answers `python3 --version` from its own interpreter: the same bytes
+    as the command under that interpreter (here sys.executable runs both), no second start."""
+    cmd = f"{sys.executable} --version 2>&1"
+    out = call(host, "gather", "gather", commands=[{"name": "own", "command": "exit 9", "own": "python_version"},
+                                                   {"name": "ran", "command": cmd}])
+    assert out["own"] == out["ran"] and out["ran"]["stdout"].startswith("Python 3.")
+
+
 def test_gather_one_command_and_none():
     mod = load("gather")
     assert mod.run_one({"command": "exit 5"}) == {"rc": 5, "stdout": "", "stderr": ""}

@@ -158,6 +158,9 @@ def test_os_release_real():
 
 def test_python_real():
     assert os_facts.parse_python_version(*out("h200x2-python3-version.txt"))["tuple"] == [3, 12, 3]
+    # the gather agent's own answer ("Python " + sys.version's first word) is the recorded
+    # `python3 --version` of the same host, from its recorded sys.version
+    assert "Python %s\n" % out("h200x2-python3-sysversion.txt")[0].split()[0] == out("h200x2-python3-version.txt")[0]
     v = os_facts.parse_python_version(*out("local-python3-version.txt"))
     assert v["error"] is None and v["tuple"][0] == 3
 
