@@ -10,7 +10,7 @@ Boots a HOSTS-host lab (default 2), deploys it once, then runs REPS converged
   the same length (no k26ops) is measured right after and reported too, and
   subtracted in the "net" column: the host's own background (journald,
   the engine stand-in's idle loop) is not the deploy's cost.
-- python3 starts (k26ops' agents, `python3 -c`, counted apart): this bench's own lab puts a counting wrapper first on PATH
+- python3 starts (k26ops' agents, `python3 -S -c`, counted apart): this bench's own lab puts a counting wrapper first on PATH
   (/usr/local/bin/python3 logs one line, then execs /usr/bin/python3); the
   wrapper exists only in this bench's lab, after the first deploy.
 - remote commands (SSH exec channels) from the report.
@@ -130,7 +130,7 @@ def main() -> int:
                 smi = [s for s in started if s.split(" ")[0].endswith("/nvidia-smi")]
                 net_run = c1[n] - c0[n] - (i1[n] - i0[n])
                 runs.append({"host": n, "cpu": c1[n] - c0[n], "idle": i1[n] - i0[n],
-                             "python3": len(started), "agents": sum(s.startswith("-c ") for s in started),
+                             "python3": len(started), "agents": sum(s.startswith("-S -c") for s in started),
                              "standin_calls": len(smi), "standin_s": len(smi) * per_call[n], "engine_s": engine,
                              "k26ops": net_run - len(smi) * per_call[n] - engine, "cgroups": groups,
                              "started": started, "commands": hosts[n]["commands"], "wall": wall})
@@ -161,7 +161,7 @@ def main() -> int:
                    common.fmt(engine), common.fmt(own), ",".join(map(str, agents)),
                    ",".join(map(str, py)), ",".join(map(str, cmds)))],
                  ("case", "host CPU", "idle, same time", "net", "nvidia-smi stand-in", "engine stand-in",
-                  "k26ops (net less both)", "k26ops agents (python3 -c)", "all python3 starts", "ssh commands"))
+                  "k26ops (net less both)", "k26ops agents (python3 -S -c)", "all python3 starts", "ssh commands"))
     print("  all python3 starts = the agents + the lab's nvidia-smi stand-in (a Python script here; NVIDIA's "
           "binary on a GPU host)")
     print("  k26ops = net less the lab's stand-ins: the nvidia-smi stand-in's calls x its CPU per call, and the "

@@ -63,7 +63,7 @@ def test_the_python3_fact_starts_no_second_python3(tmp_path):
     (tmp_path / "python3").chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     v = facts.gather(LocalRunner(env), ["python3", "os_release"])
-    assert log.read_text().splitlines() == ["-c"]  # the agent only
+    assert log.read_text().splitlines() == ["-S"]  # the agent only (python3 -S -c)
     version = subprocess.run([sys.executable, "--version"], capture_output=True, text=True).stdout
     assert v["python3"] == facts.FACTS["python3"].parse(version, 0) and v["python3"]["error"] is None
     # under another interpreter than `python3` the agent's own version is not python3's: the command runs

@@ -46,8 +46,10 @@ def source(name: str) -> str:
 
 def command(name: str, python: str = "python3", tied: bool = False) -> str:
     """The one remote command that runs agent `name`; `tied`: killed with our
-    SSH channel (steps.tied_to_channel), its stdin still the request."""
-    cmd = f"{q(python)} -c {q(source(name))}"
+    SSH channel (steps.tied_to_channel), its stdin still the request.
+    `-S`: no `site` (the host's .pth files, sitecustomize): an agent uses the
+    standard library only, and site's work was ~2 ms of a lab host's CPU per start."""
+    cmd = f"{q(python)} -S -c {q(source(name))}"
     return tied_to_channel(cmd, stdin=True) if tied else cmd
 
 
