@@ -1,7 +1,7 @@
 """Host agents: the Python that k26ops runs on a host, one real file each.
 
 Each module here runs under the host's own `python3` (standard library only),
-shipped with the command (`python3 -c <source>`): nothing is installed on the
+shipped with the command (`python3 -S -c <source>`): nothing is installed on the
 host and nothing is left behind. One protocol for all of them: one JSON
 request on stdin ({"op": NAME, ...}), one JSON answer as the last line of
 stdout. `run` is the one caller; the modules are linted and unit-tested here
