@@ -130,7 +130,7 @@ def main() -> int:
                 smi = [s for s in started if s.split(" ")[0].endswith("/nvidia-smi")]
                 net_run = c1[n] - c0[n] - (i1[n] - i0[n])
                 runs.append({"host": n, "cpu": c1[n] - c0[n], "idle": i1[n] - i0[n],
-                             "python3": len(started), "agents": sum(s.startswith("-S -c") for s in started),
+                             "python3": len(started), "agents": sum(s.startswith(("-S -c", "-c ")) for s in started),
                              "standin_calls": len(smi), "standin_s": len(smi) * per_call[n], "engine_s": engine,
                              "k26ops": net_run - len(smi) * per_call[n] - engine, "cgroups": groups,
                              "started": started, "commands": hosts[n]["commands"], "wall": wall})
