@@ -519,6 +519,8 @@ def test_gather_one_command_and_none():
     mod = load("gather")
     assert mod.run_one({"command": "exit 5"}) == {"rc": 5, "stdout": "", "stderr": ""}
     assert mod.op_gather({"commands": []}) == {}
+    with pytest.raises(KeyError, match="command"):  # a bad item fails the request, not only its fact
+        mod.op_gather({"commands": [{"name": "bad"}, {"name": "ok", "command": "true"}]})
 
 
 # --- engine

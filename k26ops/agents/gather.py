@@ -54,16 +54,22 @@ def op_gather(r):
     items = r["commands"]
     results = [OWN[it["own"]]() if it.get("own") in OWN else None for it in items]
     slots = threading.BoundedSemaphore(MAX_PARALLEL)
+    errors = []
 
     def work(i):
         with slots:
-            results[i] = run_one(items[i])
+            try:
+                results[i] = run_one(items[i])
+            except Exception as exc:  # raised in the caller, as a pool would: the request was bad
+                errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i, res in enumerate(results) if res is None]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return {it["name"]: res for it, res in zip(items, results)}
 
 
