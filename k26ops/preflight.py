@@ -134,10 +134,14 @@ def _gb(n: int) -> str:
 
 
 def driver_version(facts: dict) -> tuple[str | None, int | None]:
-    """The NVIDIA driver version from the GPU query (else the nvidia-smi table) and its major."""
+    """The NVIDIA driver version from the GPU query (its own table section where the query
+    failed), else the nvidia-smi table's header, else `nvidia-smi -q`'s, and its major.
+    A deploy reads the query and -q (gpu_health), not the table: one nvidia-smi start fewer."""
     gpus = (facts.get("gpus") or {}).get("gpus") or []
     drivers = sorted({g.get("driver_version") for g in gpus} - {None})
-    driver = drivers[0] if drivers else (facts.get("nvidia_smi") or {}).get("driver_version")
+    driver = drivers[0] if drivers else next(
+        (f["driver_version"] for f in (facts.get("nvidia_smi"), facts.get("gpu_health"))
+         if isinstance(f, dict) and f.get("driver_version")), None)
     try:
         return driver, int(str(driver).split(".")[0])
     except ValueError:

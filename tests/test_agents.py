@@ -517,10 +517,34 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_gather_answers_the_python_version_itself_byte_for_byte(host):
+    """The gather agent answers `python3 --version` from its own interpreter: the same bytes
+    as the command under that interpreter (here sys.executable runs both), no second start."""
+    cmd = f"{sys.executable} --version 2>&1"
+    out = call(host, "gather", "gather", commands=[{"name": "own", "command": "exit 9", "own": "python_version"},
+                                                   {"name": "ran", "command": cmd}])
+    assert out["own"] == out["ran"] and out["ran"]["stdout"].startswith("Python 3.")
+
+
+def test_hub_error_is_the_traceback_last_line_without_traceback():
+    import json as json_mod
+    import traceback
+
+    hub = load("hub")
+    for exc in (KeyError("commands"), ValueError(), OSError(2, "No such file"), RuntimeError("a\nlast line"),
+                json_mod.JSONDecodeError("Expecting value", "x", 0), subprocess.TimeoutExpired(["sleep"], 1)):
+        try:
+            raise exc
+        except Exception as e:
+            assert hub.last_line(e) == traceback.format_exc().strip().splitlines()[-1]
+
+
 def test_gather_one_command_and_none():
     mod = load("gather")
     assert mod.run_one({"command": "exit 5"}) == {"rc": 5, "stdout": "", "stderr": ""}
     assert mod.op_gather({"commands": []}) == {}
+    with pytest.raises(KeyError, match="command"):  # a bad item fails the request, not only its fact
+        mod.op_gather({"commands": [{"name": "bad"}, {"name": "ok", "command": "true"}]})
 
 
 # --- engine

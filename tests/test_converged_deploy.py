@@ -6,7 +6,7 @@ A host that differs still gets its full plan.
 
 python3 starts are counted on the host itself: a wrapper first on PATH
 (/usr/local/bin/python3, as bench/host_cpu.py does) logs each start's first
-argument; agents start as `python3 -c SOURCE`. The wrapper, the engine unit and
+argument; agents start as `python3 -S -c SOURCE`. The wrapper, the engine unit and
 env file are removed at the end (the lab's hosts are left as found; the release stays,
 as in test_baselines).
 """
@@ -38,11 +38,12 @@ def deploy(lab, inv) -> dict:
     return data["hosts"][HOST]
 
 
-def agent_starts(lab, run) -> tuple[dict, list[str]]:
-    """`run()`'s result and the python3 starts on the host meanwhile that were agents (-c)."""
+def agent_starts(lab, run, every: bool = False) -> tuple[dict, list[str]]:
+    """`run()`'s result and the python3 starts on the host meanwhile that were agents (-S -c);
+    `every`: all python3 starts (their first arguments)."""
     ssh(lab, f": > {LOG}")
     out = run()
-    return out, [line for line in ssh(lab, f"cat {LOG}").splitlines() if line == "-c"]
+    return out, [line for line in ssh(lab, f"cat {LOG}").splitlines() if every or line == "-S"]
 
 
 def test_converged_deploy_is_two_commands_and_one_agent_start(lab, tmp_path):
@@ -54,10 +55,14 @@ def test_converged_deploy_is_two_commands_and_one_agent_start(lab, tmp_path):
         first = deploy(lab, tmp_path / "inv.yml")
         assert first["status"] in ("ok", "changed"), first
         ssh(lab, f"printf %s {shlex.quote(WRAPPER)} > /usr/local/bin/python3 && chmod 755 /usr/local/bin/python3")
-        r, agents = agent_starts(lab, lambda: deploy(lab, tmp_path / "inv.yml"))
+        r, starts = agent_starts(lab, lambda: deploy(lab, tmp_path / "inv.yml"), every=True)
         assert r["status"] == "ok" and not any(s["changed"] for s in r["steps"]), r
         assert r["commands"] <= 2, r["commands"]
-        assert len(agents) == 1, agents
+        agents = [s for s in starts if s == "-S"]
+        assert len(agents) == 1, starts
+        # the rest are the lab's nvidia-smi stand-in (a Python script): the query and -q, not its
+        # table, and no `python3 --version` (the agent answers the python3 fact itself)
+        assert sorted(s.rsplit("/", 1)[-1] for s in starts if s != "-S") == ["nvidia-smi", "nvidia-smi"], starts
         # the same checks as before: health waited for, both smoke requests answered
         assert r["health"]["state"] == "healthy" and r["smoke"]["ok"] and r["smoke"]["sampled"]["ok"]
         # a host that differs: its full plan (env file, restart), health and smoke after the restart

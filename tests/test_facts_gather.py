@@ -55,6 +55,43 @@ def test_gather_with_the_lab_fixture_on_path():
     assert v["gpus"]["error"] == "Failed to initialize NVML: Driver/library version mismatch"
 
 
+def test_the_python3_fact_starts_no_second_python3(tmp_path):
+    """The facts gather runs in the host's python3, which answers the python3 fact itself: one
+    python3 start (a counting python3 first on PATH sees them), the value `python3 --version` gives."""
+    log = tmp_path / "starts"
+    (tmp_path / "python3").write_text(f'#!/bin/sh\necho "$1" >> {log}\nexec {sys.executable} "$@"\n')
+    (tmp_path / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    v = facts.gather(LocalRunner(env), ["python3", "os_release"])
+    assert log.read_text().splitlines() == ["-S"]  # the agent only (python3 -S -c)
+    version = subprocess.run([sys.executable, "--version"], capture_output=True, text=True).stdout
+    assert v["python3"] == facts.FACTS["python3"].parse(version, 0) and v["python3"]["error"] is None
+    # under another interpreter than `python3` the agent's own version is not python3's: the command runs
+    assert "own" not in facts.command_list(["python3"], python="/usr/bin/python3.11")[0]
+
+
+def test_each_nvcc_runs_once_though_two_patterns_name_it(tmp_path):
+    """<root>/toolchain/cuda-13.0/bin/nvcc matches both cuda-*/ and */: one `nvcc --version`
+    (each is a process start on the host), the same installs parsed."""
+    from k26ops.facts.cuda import cuda_toolkit_fact
+
+    log = tmp_path / "calls"
+    recorded = (Path(__file__).resolve().parent / "data" / "facts" / "h200x2-nvcc-version.txt").read_text()
+    (tmp_path / "recorded").write_text(recorded)
+    for d in ("cuda-13.0", "other"):
+        nvcc = tmp_path / "toolchain" / d / "bin" / "nvcc"
+        nvcc.parent.mkdir(parents=True)
+        nvcc.write_text(f"#!/bin/sh\necho \"$0\" >> {log}\ncat {tmp_path}/recorded\n")
+        nvcc.chmod(0o755)
+    fact = cuda_toolkit_fact(str(tmp_path / "toolchain"))
+    v = facts.gather(LocalRunner(), [], extra=[fact])["cuda_toolkit"]
+    assert sorted(log.read_text().splitlines()) == sorted(str(tmp_path / "toolchain" / d / "bin" / "nvcc")
+                                                          for d in ("cuda-13.0", "other"))
+    ours = [i for i in v["installs"] if i["path"].startswith(str(tmp_path))]
+    assert [i["path"] for i in ours] == [str(tmp_path / "toolchain" / d / "bin" / "nvcc") for d in ("cuda-13.0", "other")]
+    assert {i["release"] for i in ours} == {"13.0"}
+
+
 def test_per_command_timeout_and_closed_stdin():
     slow = Fact("slow", "sleep 20; echo late", lambda out, rc: (out, rc), timeout=0.5)
     reader = Fact("reader", "cat; echo done", lambda out, rc: (out, rc))

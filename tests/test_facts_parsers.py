@@ -141,6 +141,20 @@ def test_smi_header_real_and_driver610():
     assert v["driver_version"] == "580.95.05" and len(v["gpu_names"]) == 8
 
 
+def test_driver_version_without_the_query_from_the_table_or_q_header():
+    """A deploy gathers the query and -q, not the table: where the query gave no driver, the
+    recorded -q header gives the same driver as the recorded table of that driver."""
+    from k26ops import preflight
+    from k26ops.facts import smi_q
+
+    none = {"gpus": {"gpus": []}}
+    table = gpu.parse_smi_header(*out("h200x2-smi-table.txt"))
+    health = smi_q.parse_health_fact(*out("h200-nvidia-smi-q.txt"))
+    assert preflight.driver_version({**none, "nvidia_smi": table}) == ("580.159.04", 580)
+    assert preflight.driver_version({**none, "gpu_health": health}) == ("580.159.04", 580)
+    assert preflight.driver_version(none) == (None, None)
+
+
 def test_nvcc_real_device_and_local():
     for name in ("h200x2-nvcc-version.txt", "local-nvcc-version.txt"):
         v = cuda.parse_cuda_toolkit(*out(name))
@@ -158,6 +172,9 @@ def test_os_release_real():
 
 def test_python_real():
     assert os_facts.parse_python_version(*out("h200x2-python3-version.txt"))["tuple"] == [3, 12, 3]
+    # the gather agent's own answer ("Python " + sys.version's first word) is the recorded
+    # `python3 --version` of the same host, from its recorded sys.version
+    assert "Python %s\n" % out("h200x2-python3-sysversion.txt")[0].split()[0] == out("h200x2-python3-version.txt")[0]
     v = os_facts.parse_python_version(*out("local-python3-version.txt"))
     assert v["error"] is None and v["tuple"][0] == 3
 

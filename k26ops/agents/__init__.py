@@ -1,7 +1,7 @@
 """Host agents: the Python that k26ops runs on a host, one real file each.
 
 Each module here runs under the host's own `python3` (standard library only),
-shipped with the command (`python3 -c <source>`): nothing is installed on the
+shipped with the command (`python3 -S -c <source>`): nothing is installed on the
 host and nothing is left behind. One protocol for all of them: one JSON
 request on stdin ({"op": NAME, ...}), one JSON answer as the last line of
 stdout. `run` is the one caller; the modules are linted and unit-tested here
@@ -46,8 +46,10 @@ def source(name: str) -> str:
 
 def command(name: str, python: str = "python3", tied: bool = False) -> str:
     """The one remote command that runs agent `name`; `tied`: killed with our
-    SSH channel (steps.tied_to_channel), its stdin still the request."""
-    cmd = f"{q(python)} -c {q(source(name))}"
+    SSH channel (steps.tied_to_channel), its stdin still the request.
+    `-S`: no `site` (the host's .pth files, sitecustomize): an agent uses the
+    standard library only, and site's work was ~2 ms of a lab host's CPU per start."""
+    cmd = f"{q(python)} -S -c {q(source(name))}"
     return tied_to_channel(cmd, stdin=True) if tied else cmd
 
 

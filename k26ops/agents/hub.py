@@ -16,7 +16,6 @@ api_key out first); the others' op_<op>(request). EOF on stdin: exit.
 """
 import json
 import sys
-import traceback
 
 ANSWER = "k26ops-hub-answer "
 
@@ -35,6 +34,14 @@ def answer(agents, line):
     return ns["op_" + req.pop("op")](req)
 
 
+def last_line(exc):
+    """The last line traceback.format_exc() would print, without importing traceback
+    (its imports, linecache and tokenize, cost every hub start)."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else kind.__module__ + "." + kind.__qualname__
+    return ("%s: %s" % (name, exc) if str(exc) else name).strip().splitlines()[-1]
+
+
 def main():
     agents = {}
     while True:
@@ -43,8 +50,8 @@ def main():
             return
         try:
             text = json.dumps(answer(agents, line))
-        except Exception:  # the hub's caller reports it as that agent's failure
-            text = json.dumps({"hub_error": traceback.format_exc().strip().splitlines()[-1]})
+        except Exception as exc:  # the hub's caller reports it as that agent's failure
+            text = json.dumps({"hub_error": last_line(exc)})
         sys.stdout.write("\n" + ANSWER + text + "\n")
         sys.stdout.flush()
 

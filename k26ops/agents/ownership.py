@@ -6,7 +6,7 @@ Request: {"op": "state" | "releases" | "delete", "dir": path, "kind": "root" |
 "root_entries": [names k26ops makes under k26ops_root], "names": [to delete]}.
 The markers come with the request so that ownership.py stays their one source.
 """
-import json, os, shutil, sys
+import json, os, sys  # shutil in op_delete: the hub's reads skip its import
 
 
 def is_release(d, name, release_marker):
@@ -56,6 +56,7 @@ def op_releases(r):
 
 
 def op_delete(r):
+    import shutil
     d, gone = r["dir"], []
     for name in r["names"]:
         if "/" not in name and not name.startswith(".") and is_release(d, name, r["release_marker"]):

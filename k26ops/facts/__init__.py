@@ -46,9 +46,12 @@ def _select(names=None, extra=()) -> list[Fact]:
     return [table[n] for n in wanted]
 
 
-def command_list(names=None, extra=()) -> list[dict]:
-    """The JSON-able list agents/gather.py's op "gather" runs."""
-    return [{"name": f.name, "command": f.command, "timeout": f.timeout} for f in _select(names, extra)]
+def command_list(names=None, extra=(), python: str = "python3") -> list[dict]:
+    """The JSON-able list agents/gather.py's op "gather" runs. A fact the agent answers
+    itself (Fact.own) is marked so only when the agent runs as `python3`, the
+    interpreter those commands name; under another it runs the command."""
+    return [{"name": f.name, "command": f.command, "timeout": f.timeout}
+            | ({"own": f.own} if f.own and python == "python3" else {}) for f in _select(names, extra)]
 
 
 def parse_results(raw: dict, names=None, extra=()) -> dict:
@@ -79,7 +82,7 @@ def link_gpu_indexes(facts: dict) -> dict:
 
 def gather(host_runner, names=None, *, extra=(), python: str = "python3") -> dict:
     """All (or the named) facts of one host in one `host_runner.run` call."""
-    items = command_list(names, extra)
+    items = command_list(names, extra, python)
     timeout = max((i["timeout"] for i in items), default=0) + SLACK_S
     try:
         raw = agents.run(host_runner, "gather", "gather", timeout, what="fact gathering", interpreter=python,

@@ -22,6 +22,9 @@ class Fact:
     command: str  # run with /bin/sh on the host; stderr is merged where the parser needs it
     parse: Callable[[str, int], Any]  # (stdout, rc) -> value; pure, never raises
     timeout: float = 30.0
+    # An output agents/gather.py gives itself, byte for byte the command's, when it runs under the
+    # interpreter the command names (no process started): its key in gather.py's OWN answers.
+    own: str | None = None
 
 
 def strip_ansi(text: str) -> str:

@@ -18,11 +18,12 @@ TOOLCHAIN_DIR = Layout().toolchain_dir  # a host without k26ops_root; preflight.
 
 def nvcc_command(toolchain_dir: str = TOOLCHAIN_DIR) -> str:
     """Each candidate prints '== <path>' then its `nvcc --version`; PATH's first.
-    `toolchain_dir` is <k26ops_root>/toolchain, where the toolchain step installs."""
+    `toolchain_dir` is <k26ops_root>/toolchain, where the toolchain step installs.
+    A path two patterns name (cuda-*/ and */ do) runs once: every nvcc start is host CPU."""
     d = shlex.quote(toolchain_dir)
-    return ('for n in "$(command -v nvcc 2>/dev/null)" ' + d + "/cuda-*/bin/nvcc "
+    return ('seen=; for n in "$(command -v nvcc 2>/dev/null)" ' + d + "/cuda-*/bin/nvcc "
             + d + "/*/bin/nvcc /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do "
-            '[ -n "$n" ] && [ -x "$n" ] || continue; '
+            '[ -n "$n" ] && [ -x "$n" ] || continue; case "$seen" in *"|$n|"*) continue;; esac; seen="$seen|$n|"; '
             'echo "== $n"; "$n" --version 2>&1; done; true')
 
 

@@ -72,7 +72,8 @@ def verified_fact(root: str) -> Fact:
 
 class CudaToolkit(Step):
     name = "cuda_toolkit"
-    fact_names = ("gpus", "nvidia_smi", "cuda_toolkit", "python3", "os_release")  # archs, driver, installs
+    # archs and driver (the query; the engine's preflight adds -q, the driver's second source), installs
+    fact_names = ("gpus", "cuda_toolkit", "python3", "os_release")
 
     def _spec(self, ctx):
         tk = host_recipe(ctx).toolkit
