@@ -40,8 +40,9 @@ def summary() -> dict:
         a = c["ansible"]["default"]
         rows.append(("2 converged 1 host", f"k26ops {c['k26ops']['wall']['median']:.2f}s / "
                      f"{','.join(map(str, c['k26ops']['commands']))} cmds; ansible {a['wall']['median']:.2f}s / "
-                     f"{a['ssh_exec']['exec_lines']} execs", f"{a['ratio_vs_k26ops']:.1f}x", ">= 10x (issue 31)",
-                     "met" if c["met"] else "MISSED"))
+                     f"{a['ssh_exec']['exec_lines']} execs", f"{a['ratio_vs_k26ops']:.1f}x (pipelining {c['ansible']['pipelining']['ratio_vs_k26ops']:.1f}x)"
+                     if "pipelining" in c["ansible"] else f"{a['ratio_vs_k26ops']:.1f}x", ">= 10x (issue 31)",
+                     "met" if a["ratio_vs_k26ops"] >= 10 else "MISSED"))
     k = latest("crash")
     if k:
         worst = max(v["detect_s"]["max"] for v in k["cases"].values())
@@ -71,9 +72,11 @@ def summary() -> dict:
                      "batch 1 / batch 2", "-", "-"))
     h = latest("host_cpu")
     if h:
-        rows.append(("8 host cost, converged deploy", f"host CPU {h['net_s']['median']:.3f}s net",
+        # k26ops' own share: the host's CPU less the lab's stand-ins (nvidia-smi, engine): see host_cpu.py
+        own = h.get("k26ops_s", h["net_s"])["median"]
+        rows.append(("8 host cost, converged deploy", f"host CPU {h['net_s']['median']:.3f}s, k26ops' own {own:.3f}s",
                      f"{','.join(map(str, h['commands']))} cmds, {','.join(map(str, h['agent_starts']))} agent starts",
-                     "<= 0.15 s, <= 2 cmds, 1 agent", "met" if h['net_s']['median'] <= 0.15 and max(h['commands']) <= 2
+                     "<= 0.15 s, <= 2 cmds, 1 agent", "met" if own <= 0.15 and max(h['commands']) <= 2
                      and max(h['agent_starts']) <= 1 else "MISSED"))
     i = latest("release_install")
     if i and i.get("ratio_first") is not None:
