@@ -42,6 +42,13 @@ def lab_ssh(lab_dir: Path, port: int, command: str, timeout: float = 60,
         capture_output=True, text=True, timeout=timeout)
 
 
+def lab_out(lab, host: str, command: str) -> str:
+    """`command`'s stdout on lab host `host` (a RunningLab); a non-zero exit fails the test."""
+    proc = lab_ssh(lab.dir, lab.port(host), command)
+    assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
+    return proc.stdout
+
+
 def k26ops(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None):
     """Run the real CLI in a subprocess (as a user would)."""
     full_env = {**os.environ, **(env or {})}

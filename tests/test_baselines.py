@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools import free_port_block, k26ops, k26ops_json, lab_out, lab_ssh, recipe_with_extra_patch
 
 TAG = "k26-baseline-working"
 TOKEN = "hf_BASELINESECRET_0a1b2c3d4e5f"
@@ -29,9 +29,7 @@ UNIT = "/etc/systemd/system/k26-engine.service"
 
 
 def ssh(lab, cmd: str) -> str:
-    proc = lab_ssh(lab.dir, lab.port(HOST), cmd)
-    assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
-    return proc.stdout
+    return lab_out(lab, HOST, cmd)
 
 
 def git(repo: Path, *args: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools import free_port_block, k26ops, k26ops_json, lab_out, lab_ssh, recipe_with_extra_patch
 
 HOST = "lab2"
 RELEASES = "/opt/k26ops/test-delete-releases"
@@ -31,9 +31,7 @@ OLD, NEW, AGAIN, LAST = "k26-old", "k26-new", "k26-again", "k26-last"
 
 
 def ssh(lab, cmd: str) -> str:
-    proc = lab_ssh(lab.dir, lab.port(HOST), cmd)
-    assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
-    return proc.stdout
+    return lab_out(lab, HOST, cmd)
 
 
 def git(repo: Path, *args: str) -> str:

@@ -17,7 +17,7 @@ import shlex
 
 import yaml
 
-from labtools import k26ops_json, lab_ssh
+from labtools import k26ops_json, lab_out, lab_ssh
 
 HOST = "lab1"
 LOG = "/var/tmp/k26ops-test-python3.log"
@@ -27,9 +27,7 @@ ENV_FILE = "/etc/k26ops/sglang.env"
 
 
 def ssh(lab, cmd: str) -> str:
-    proc = lab_ssh(lab.dir, lab.port(HOST), cmd)
-    assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
-    return proc.stdout
+    return lab_out(lab, HOST, cmd)
 
 
 def deploy(lab, inv) -> dict:
