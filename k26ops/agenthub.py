@@ -50,8 +50,7 @@ class Hub:
     def _call(self, name: str, op: str, timeout: float, what: str, req: dict) -> dict:
         host = getattr(self.session.host, "name", "the host")
         if self.proc is None:
-            with self.session._lock:
-                self.session.commands += 1
+            self.session.count_command()
             self.proc = _start(self.session, agents.command("hub"))
         line = {"agent": name, "op": op, **req}
         if name not in self.sent:

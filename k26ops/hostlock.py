@@ -93,8 +93,7 @@ class HostLock:
                       # without it) leaves its owner record, reported as stale.
                       f"if [ \"$bye\" = {RELEASED} ]; then rm -f {q(self.owner_file)}; fi"))
         script = self.session.wrap(script)
-        with self.session._lock:  # the lock's channel is a remote command like any other (the report counts them)
-            self.session.commands += 1
+        self.session.count_command()  # the lock's channel is a remote command like any other
         if not isinstance(self.session, SSHSession):
             return self._acquire_local(script)
         chan = self.session.conn.transport.open_session(timeout=10)

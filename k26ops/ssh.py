@@ -151,8 +151,7 @@ class Session:
             check: bool = False, cancel: threading.Event | None = None) -> Result:
         """`cancel`: an event that, once set, ends the command at once (its channel is
         closed: a command made with steps.tied_to_channel dies with it) with Cancelled."""
-        with self._lock:
-            self.commands += 1
+        self.count_command()
         res = self._run(self.wrap(command), stdin, timeout or DEFAULT_COMMAND_TIMEOUT, cancel)
         if check and not res.ok:
             raise CommandFailed(self.host.name, command, res)
@@ -171,14 +170,19 @@ class Session:
         if problem:
             raise BecomeFailed(problem)
 
+    def count_command(self) -> None:
+        """One more remote command (exec channel) for the report: every channel a run opens
+        counts, also those opened outside `run` (the host lock's, the agent hub's)."""
+        with self._lock:
+            self.commands += 1
+
     def _count_upload(self, size: int) -> None:
         with self._lock:
             self.uploaded += size
 
     def _raw(self, command: str, timeout: float = 60.0) -> Result:
         """A command of k26ops' own, as the login user (never through sudo)."""
-        with self._lock:
-            self.commands += 1
+        self.count_command()
         return self._run(command, None, timeout, None)
 
     def _run(self, command, stdin, timeout, cancel) -> Result:  # pragma: no cover - abstract
