@@ -260,14 +260,21 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
 CURRENT_FACT = "release_current"
 
 
+def _read_current(releases_root: str, release: str) -> str:
+    """Where `current` points, then whether `release` (a name in releases_root) is complete
+    (its manifest.json, written last); read by `_current_and_complete`."""
+    return (f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
+            f"test -f {q(release)}/manifest.json && echo complete; }}; true")
+
+
+def _current_and_complete(out: str, rc: int = 0) -> dict:
+    target, _, rest = out.partition("===")
+    return {"current": target.strip() or None, "complete": "complete" in rest}
+
+
 def current_fact(releases_root: str) -> Fact:
     """Where `current` points and whether that release is complete (its manifest.json)."""
-    def parse(out: str, rc: int) -> dict:
-        target, _, rest = out.partition("===")
-        return {"current": target.strip() or None, "complete": "complete" in rest}
-
-    return Fact(CURRENT_FACT, f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
-                              "test -f current/manifest.json && echo complete; }; true", safe(parse), 10.0)
+    return Fact(CURRENT_FACT, _read_current(releases_root, "current"), safe(_current_and_complete), 10.0)
 
 
 class Release(Step):
@@ -300,12 +307,9 @@ class Release(Step):
         if isinstance(seen, dict) and "current" in seen and seen["current"] == rid and seen["complete"]:
             d.previous = rid  # read in the fact-gathering call: nothing to do
             return []
-        res = ctx.run(f"cd {q(rel)} 2>/dev/null && {{ readlink current; echo ===; "
-                      f"test -f {q(rid)}/manifest.json && echo complete; }}; true")
-        current, _, rest = res.stdout.partition("===")
-        current = current.strip() or None
-        d.previous = current
-        complete = "complete" in rest
+        found = _current_and_complete(ctx.run(_read_current(rel, rid)).stdout)
+        current = d.previous = found["current"]
+        complete = found["complete"]  # of the release to deploy (the fact's was of `current`)
         if current == rid and complete:
             return []
         changes = []
