@@ -16,7 +16,6 @@ from k26ops.enginebench.stored import baseline_for
 from k26ops.errors import UserError
 from k26ops.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed
-from k26ops.steps.engine import outcome
 
 
 def plan_gate(stored: dict[str, dict], tag: str, figures: list[str]) -> BenchSpec:
@@ -52,9 +51,9 @@ class BenchGate(Step):
             verdict, line = None, f"gate on {ctx.host.name}: the bench did not run: {exc}"
         else:
             verdict = figs.gate_verdict(bench, base, p["figures"], p["threshold"])
-            outcome(ctx)["bench"] = bench
+            ctx.report["bench"] = bench
             line = None if verdict["ok"] else figs.gate_line(ctx.host.name, verdict)
-        outcome(ctx)["gate"] = {"tag": p["tag"], "baseline_host": base_host, "ok": line is None,
+        ctx.report["gate"] = {"tag": p["tag"], "baseline_host": base_host, "ok": line is None,
                                 "line": line, **(verdict or {})}
         if line is None:
             worst = max(verdict["checked"], key=lambda r: r["worse_pct"])
@@ -62,9 +61,9 @@ class BenchGate(Step):
             return []
         ctx.progress(line)
         back = playbook.restore(ctx) or playbook.NOTHING_CHANGED
-        outcome(ctx)["rollback"] = back
+        ctx.report["rollback"] = back
         failed = StepFailed(f"{line}; {back}")
-        failed.details = {k: outcome(ctx)[k] for k in ("gate", "bench", "rollback") if k in outcome(ctx)}
+        failed.details = {k: ctx.report[k] for k in ("gate", "bench", "rollback") if k in ctx.report}
         raise failed  # the rollout puts `details` into the host's result
 
     def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes

@@ -26,7 +26,7 @@ from k26ops.rehearsal import plan
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import HostContext, StepFailed
-from k26ops.steps.engine import outcome, smoke_requests
+from k26ops.steps.engine import smoke_requests
 
 STANDIN_FILE = "lab/fixtures/engine_standin.py"
 PROBE_STATE = "rehearse-probe-state"
@@ -373,7 +373,7 @@ def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | N
         rep = rehearse(ctx, o, release_dir=release_dir, env=env, progress=lambda m: ctx.progress("rehearsal: " + m))
     except RehearsalFailed as exc:
         exc.report.pop("_log", None)
-        outcome(ctx).update(rehearsal=exc.report, engine_restarted=False)
+        ctx.report.update(rehearsal=exc.report, engine_restarted=False)
         saved = exc.report.get("saved_s")
         failed = RehearsalFailed(f"{exc}; the serving engine was not touched (no restart, `current` not moved)"
                                  + (f"; about {saved:.0f} s of model load not wasted" if saved else ""),
@@ -382,4 +382,4 @@ def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | N
         raise failed from None
     rep.pop("_log", None)
     Rehearsed.of(ctx).done = True
-    outcome(ctx)["rehearsal"] = rep
+    ctx.report["rehearsal"] = rep

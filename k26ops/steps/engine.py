@@ -65,11 +65,6 @@ class EngineFailed(StepFailed):
         self.details = {**(outcome or {}), "journal_tail": journal_tail, "diagnosis": diagnosis or {}}
 
 
-def outcome(ctx: HostContext) -> dict:
-    """The host's report data (its result's fields: health, smoke, rollback...)."""
-    return ctx.report
-
-
 @dataclass
 class ServiceState(HostState):
     """The service step's state, read by health, smoke and the undo of a failed run.
@@ -265,7 +260,7 @@ class ServiceStep(Step):
         show = res["show"]
         if svc.restarted:
             svc.base = run_identity(show)
-        outcome(ctx)["engine_restarted"] = svc.restarted
+        ctx.report["engine_restarted"] = svc.restarted
 
     def undo(self, ctx: HostContext) -> str | None:
         """The previous unit, env file and `current` in one agent call (the restart
@@ -439,8 +434,8 @@ def known_crash(ctx: HostContext, svc: ServiceState, journal: str | None):
 def fail_and_roll_back(ctx: HostContext, svc: ServiceState, message: str, journal: str = "", diag=None) -> None:
     ctx.progress(f"failed: {message}")
     back = rollback(ctx, svc)
-    outcome(ctx)["rollback"] = back
-    raise EngineFailed(f"{message}; {back}", journal, diag, outcome(ctx))
+    ctx.report["rollback"] = back
+    raise EngineFailed(f"{message}; {back}", journal, diag, ctx.report)
 
 
 class HealthStep(Step):
@@ -453,7 +448,7 @@ class HealthStep(Step):
         if ctx.check:
             return []
         if not serves_http(ctx.vars):
-            outcome(ctx)["health"] = {"state": f"node rank {ctx.vars['node_rank']}: checked on rank 0", "wait_s": 0}
+            ctx.report["health"] = {"state": f"node rank {ctx.vars['node_rank']}: checked on rank 0", "wait_s": 0}
             return []
         svc = ServiceState.of(ctx, self.params)
         ahead = LookedAhead.of(ctx)
@@ -462,7 +457,7 @@ class HealthStep(Step):
             svc.base = early["base"]
             el = float(ahead.poll_s or 0.0)
             ctx.progress(f"health: healthy after {el:.0f}s")
-            outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
+            ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
         timeout = float(self.params.get("timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
         w = wait_ready(ctx.session, svc.unit, svc.host, svc.port, base=svc.base,
@@ -476,13 +471,13 @@ class HealthStep(Step):
         if w.state == "healthy":
             svc.base = w.base  # the smoke step tells a crash from this run's MainPID
             ctx.progress(f"health: healthy after {el:.0f}s")
-            outcome(ctx)["health"] = {"state": "healthy", "wait_s": round(el, 2)}
+            ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
         if w.state == "crashed":
             d, msg, tail = name_crash(ctx, svc, r, f"{el:.1f}s into the health wait")
-            outcome(ctx)["health"] = {"state": "crashed", "wait_s": round(el, 2), "signature": d.signature}
+            ctx.report["health"] = {"state": "crashed", "wait_s": round(el, 2), "signature": d.signature}
             fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
-        outcome(ctx)["health"] = {"state": "timeout", "wait_s": round(el, 2)}
+        ctx.report["health"] = {"state": "timeout", "wait_s": round(el, 2)}
         d, tail = journal_diagnosis(ctx, svc, w.base)
         fail_and_roll_back(ctx, svc, f"{svc.unit} not healthy after {timeout:.0f}s ({r['state']}, "
                         f"/health {r.get('health')}; the engine is still running)"
@@ -562,7 +557,7 @@ class SmokeStep(Step):
         if r["failed"]:
             self._failed(ctx, svc, r)
         rec = smoke_outcome(r["results"])
-        outcome(ctx)["smoke"] = rec
+        ctx.report["smoke"] = rec
         ctx.progress("smoke: " + ", ".join(f"{k} {v['latency_s'] * 1000:.0f} ms accept {v['spec_accept_length']}"
                                            for k, v in rec.items() if isinstance(v, dict) and "latency_s" in v))
         return []
@@ -582,7 +577,7 @@ class SmokeStep(Step):
         what = f"the {r['failed']} smoke request (temperature {last['sampling'].get('temperature')})"
         if r.get("crash"):
             d, msg, tail = name_crash(ctx, svc, r["crash"], f"on {what}")
-            outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"],
+            ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"],
                                      "crashed": True, "signature": d.signature}
             fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
         body = last["body"]
@@ -590,7 +585,7 @@ class SmokeStep(Step):
         detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc.secrets)
         alive = r.get("alive") or {}
         d, tail = known_crash(ctx, svc, r.get("journal"))
-        outcome(ctx)["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}
+        ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}
         fail_and_roll_back(ctx, svc, f"{what} to /generate failed ({why}: {detail}); the engine did not die "
                         f"(pid {alive.get('MainPID')}, {alive.get('state')})"
               + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
