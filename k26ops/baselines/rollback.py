@@ -162,16 +162,13 @@ class BaselineService(engine_steps.ServiceStep):
                 raise StepFailed(f"the baseline's unit reads secret engine flags from {spath}: set them "
                                  "(extra_flags: api-key ...) in the inventory as for a deploy")
         engine_steps.plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
-        if b["unit_text"] is not None and cur["unit"] != b["unit_text"]:
-            changes.append(Change(f"restore {upath} from the baseline",
-                                  units.redact(engine_steps.text_diff(upath, cur["unit"], b["unit_text"]), secrets)))
-            todo["unit_text"] = b["unit_text"]
-            reasons.append("unit")
-        if env_text is not None and cur["env"] != env_text:
-            changes.append(Change(f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
-                                  units.redact(engine_steps.text_diff(epath, cur["env"], env_text), secrets)))
-            todo["env_text"] = env_text
-            reasons.append("env file")
+        if b["unit_text"] is not None:
+            engine_steps.plan_file(cur, "unit", upath, b["unit_text"], f"restore {upath} from the baseline",
+                                   secrets, changes, todo, reasons)
+        if env_text is not None:
+            engine_steps.plan_file(cur, "env", epath, env_text,
+                                   f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
+                                   secrets, changes, todo, reasons)
         return engine_steps.plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
 
 

@@ -208,18 +208,13 @@ class ServiceStep(Step):
         todo: dict = {}
         reasons = []
         plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
-        def replace(key: str, path: str, how: str, text: str, reason: str) -> bool:
-            """Plan writing `text` to `path` when the host's (cur[key]) differs; True if so."""
-            if cur[key] == text:
-                return False
-            verb = "install" if cur[key] is None else "update"
-            changes.append(Change(f"{verb} {path} ({how})", units.redact(text_diff(path, cur[key], text), secrets)))
-            todo[f"{key}_text"] = text
-            reasons.append(reason)
-            return True
+        def verb(key: str) -> str:
+            return "install" if cur[key] is None else "update"
 
-        replace("unit", upath, "checked with systemd-analyze verify first", unit_text, "unit")
-        if not replace("env", epath, "mode 0600", env_text, "env file") and cur["env_mode"] not in (None, 0o600):
+        plan_file(cur, "unit", upath, unit_text, f"{verb('unit')} {upath} (checked with systemd-analyze verify first)",
+                  secrets, changes, todo, reasons)
+        if not plan_file(cur, "env", epath, env_text, f"{verb('env')} {epath} (mode 0600)", secrets, changes, todo,
+                         reasons) and cur["env_mode"] not in (None, 0o600):
             changes.append(Change(f"chmod 0600 {epath} (was {cur['env_mode']:04o})"))
             todo["env_mode"] = True
         if lab_path and cur["lab_module_sha"] != sha256(lab_text):
@@ -291,6 +286,22 @@ def refuse_foreign_unit(ctx: HostContext, unit: str, upath: str, cur: dict) -> N
     if why:
         raise StepFailed(f"refusing engine_unit {unit}: {why}; k26ops only overwrites units "
                          "it made: name another unit (engine_unit)")
+
+
+FILE_REASONS = {"unit": "unit", "env": "env file"}  # what a restart names for a replaced file
+
+
+def plan_file(cur: dict, key: str, path: str, text: str, what: str, secrets: list[str], changes: list[Change],
+              todo: dict, reasons: list[str]) -> bool:
+    """The unit's or env file's plan (`key` "unit" or "env", cur[key] its text on the host or None):
+    when it differs from `text`, a change saying `what` with its redacted diff, the text for the
+    agent's apply and the restart's reason; True if so. Deploy's and rollback's service steps."""
+    if cur[key] == text:
+        return False
+    changes.append(Change(what, units.redact(text_diff(path, cur[key], text), secrets)))
+    todo[f"{key}_text"] = text
+    reasons.append(FILE_REASONS[key])
+    return True
 
 
 def plan_secret_config(spath: str, cur: dict, text: str | None, changes: list[Change], todo: dict,
