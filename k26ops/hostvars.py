@@ -15,7 +15,7 @@ test holds that list to the modules that call `declare`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def declare(module: str, topic: str, *variables: Var) -> dict[str, Var]:
     variable and the others use its declaration."""
     out = {}
     for v in variables:
-        v = Var(**{**v.__dict__, "module": module, "topic": topic})
+        v = replace(v, module=module, topic=topic)
         old = _DECLARED.get(v.name)
         if old is not None and old.module != module:
             raise ValueError(f"inventory variable {v.name} declared by {old.module} and {module}")
