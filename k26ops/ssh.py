@@ -27,7 +27,6 @@ import hashlib
 import io
 import os
 import select
-import shlex
 import shutil
 import socket
 import subprocess

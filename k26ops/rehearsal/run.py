@@ -19,7 +19,7 @@ from pathlib import Path
 
 from k26ops import agents, units
 from k26ops.enginebench.run import BenchSpec, run_host
-from k26ops.enginehost import LAB_MODULE, EngineHost, agent as engine_agent, wait_ready
+from k26ops.enginehost import LAB_MODULE, EngineHost, wait_ready
 from k26ops.errors import UserError
 from k26ops.profile import effective_recipe
 from k26ops.rehearsal import plan

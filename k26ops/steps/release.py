@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26ops import agents, ownership, units
-from k26ops.release import (engine_flags, engine_source, enginelock, inputs, installer, launch_rules, patchset,
+from k26ops.release import (engine_flags, engine_source, enginelock, installer, launch_rules, patchset,
                             prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from k26ops.facts.base import Fact, safe
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
-from k26ops.release import recipe as recipe_mod
 from k26ops.release import wheelhouse, wheelsource
 from k26ops.preflight import driver_version
 from k26ops.runstate import HostState
