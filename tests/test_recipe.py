@@ -136,6 +136,29 @@ def test_registry_and_git_sources_are_exclusive_and_git_takes_no_pins():
     assert "drafter.revision" in msg and "40-hex" in msg
 
 
+def test_a_recipe_is_parsed_once_per_process_and_again_when_it_or_its_series_changes(tmp_path, monkeypatch):
+    """A deploy asks for a host's recipe ~7 times and 8 hosts ask at once: one parse serves them
+    all (the same object), but an edited recipe or series file is read afresh."""
+    lab = rc.load("lab")
+    series = tmp_path / "series"
+    series.write_text(lab.series.read_text())
+    path = tmp_path / "lab.yml"
+    text = rc.resolve("lab").read_text()
+    assert f"series: {lab.series.relative_to(rc.resources.root())}" in text
+    path.write_text(text.replace(f"series: {lab.series.relative_to(rc.resources.root())}", f"series: {series}", 1))
+    (tmp_path / "lab.lock").write_text("")
+    parses = []
+    real = rc.parse
+    monkeypatch.setattr(rc, "parse", lambda *a, **k: parses.append(a[1]) or real(*a, **k))
+    first = rc.load(path)
+    assert rc.load(path) is first and rc.load(str(path)) is first and len(parses) == 1
+    path.write_text(path.read_text().replace("tp_size: 8", "tp_size: 4"))
+    assert rc.load(path).profile["tp_size"] == 4 and len(parses) == 2
+    series.write_text(series.read_text().replace("# Base:", "# Base: sglang==0.0.1\n# was:", 1))
+    with pytest.raises(UserError, match="patches.series"):
+        rc.load(path)
+
+
 def test_release_id_is_content_derived():
     r = rc.load()
     patches = [("a.patch", b"one"), ("b.patch", b"two")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -206,13 +207,36 @@ def resolve(name_or_path: str | Path | None = None) -> Path:
     return RECIPES_DIR / f"{p}.yml"
 
 
+# Recipes already parsed in this process: (path, text, check_series_base) -> (series text, Recipe).
+# A deploy asks for its recipe about 7 times per host (profile, preflight, release, engine);
+# parsing is pure-Python YAML twice over (marks and values), under the GIL, so 8 hosts
+# parsing 56 times serialised the fan-out. Keyed by the file's text (read every time, and the
+# series file's compared), so an edited recipe or series is parsed again; Recipe is frozen.
+_PARSED: dict[tuple, tuple[str | None, Recipe]] = {}
+_PARSING = threading.Lock()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
 def load(name_or_path: str | Path | None = None, check_series_base: bool = True) -> Recipe:
     path = resolve(name_or_path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise UserError(f"{path}: cannot read recipe: {exc.strerror}") from None
-    return parse(text, path, check_series_base)
+    key = (str(path.absolute()), text, check_series_base)
+    with _PARSING:  # the hosts' threads ask at the same moment: one parses, the others wait for it
+        hit = _PARSED.get(key)
+        if hit is not None and hit[0] == _read(hit[1].series):
+            return hit[1]
+        r = parse(text, path, check_series_base)
+        _PARSED[key] = (_read(r.series), r)
+        return r
 
 
 def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = True) -> Recipe:
