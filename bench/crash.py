@@ -22,7 +22,6 @@ Latency = report - crash (target <= 3 s).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -45,7 +44,7 @@ def deploy_streaming(inventory) -> tuple[int, dict, list[tuple[float, str]], flo
     lines: list[tuple[float, str]] = []
     t_start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=common.REPO,
-                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            bufsize=1, env={**common.installed_env(), "PYTHONUNBUFFERED": "1"})
 
     def read_err():
         for line in proc.stderr:

@@ -69,7 +69,8 @@ def run(*args: str, timeout: float = 1800) -> dict:
     """The real CLI in a child of its own; wall, CPU and max RSS of that child only."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         h0, b0, t0 = hosts_cpu_seconds(), busy_seconds(), time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "k26ops", *args], stdout=out, stderr=err, cwd=common.REPO)
+        proc = subprocess.Popen([sys.executable, "-m", "k26ops", *args], stdout=out, stderr=err, cwd=common.REPO,
+                                env=common.installed_env())
         try:
             _, status, ru = os.wait4(proc.pid, 0)
         except BaseException:
