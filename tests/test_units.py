@@ -439,3 +439,25 @@ def test_env_for_baseline_masks_secret_keys_only():
     assert 'CUDA_HOME="/usr/local/cuda"' in out and 'PATH="/bin"' in out
     assert out.count("<redacted>") == 6
     assert units.env_for_baseline(out) == out  # stable: a second pass changes nothing
+
+
+def test_a_template_is_compiled_once_per_process_and_again_when_edited(tmp_path, monkeypatch):
+    """A converged deploy renders the unit and the env file for every host (8 hosts: 16
+    renders): jinja compiles each template once; an edited template file is read again."""
+    import jinja2
+
+    compiled = []
+    real = jinja2.Environment.compile
+    monkeypatch.setattr(jinja2.Environment, "compile",
+                        lambda self, source, name=None, *a, **k: compiled.append(name) or real(self, source, name, *a, **k))
+    first = units.render_unit({"argv": ["/bin/true"]})
+    assert units.render_unit({"argv": ["/bin/true"]}) == first
+    units.render_env({"env": {"A": "1"}})
+    units.render_env({"env": {"A": "2"}})
+    assert compiled.count(units.UNIT_TEMPLATE) <= 1 and compiled.count(units.ENV_TEMPLATE) <= 1, compiled
+    tpl = tmp_path / units.ENV_TEMPLATE
+    tpl.write_text("A={{ env.A }}\n")
+    assert units.render_env({"env": {"A": "1"}}, templates_dir=tmp_path) == "A=1\n"
+    tpl.write_text("B={{ env.A }}\n")
+    os.utime(tpl, (tpl.stat().st_atime + 5, tpl.stat().st_mtime + 5))
+    assert units.render_env({"env": {"A": "1"}}, templates_dir=tmp_path) == "B=1\n"
