@@ -20,7 +20,6 @@ import difflib
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,13 +59,17 @@ def load(path: Path | None = None) -> dict:
     explicit = bool(os.environ.get("K26OPS_CONFIG"))
     try:
         text = path.read_text(encoding="utf-8")
-        data = tomllib.loads(text)
     except FileNotFoundError:
         if explicit:
             raise UserError(f"K26OPS_CONFIG: no such file: {path}") from None
         return {}
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read: {exc}") from None
+    # lazy: tomllib (4 ms of every start) only when there is a file to read; most runs have none
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         at = re.search(r"\(at line (\d+), column \d+\)|\(at end of document\)", str(exc))
         line = at.group(1) if at and at.group(1) else str(max(1, len(text.splitlines()))) if at else ""

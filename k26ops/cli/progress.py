@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
@@ -82,8 +81,12 @@ class Board:
         self.hosts = {h: HostProgress(h) for h in hosts}
         self.console, self.verbose, self.clock = console, verbose, clock
         self.lock = threading.Lock()
-        self.live = Live(console=console, get_renderable=self.table, refresh_per_second=1,
-                         transient=True) if live else None
+        self.live = None
+        if live:
+            # lazy: rich.live (3 ms of every start) only on a terminal; --json, pipes and CI have none
+            from rich.live import Live
+
+            self.live = Live(console=console, get_renderable=self.table, refresh_per_second=1, transient=True)
 
     def table(self) -> Table:
         t = Table("host", "elapsed", "state", box=None, pad_edge=False)

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +166,9 @@ _TOOLS = {"setuptools-rust": "cargo", "setuptools_rust": "cargo", "maturin": "ca
 
 def build_requirements(project: Path) -> list[str]:
     """`[build-system] requires` of the project's pyproject.toml (what pip installs to build it)."""
+    # lazy: tomllib only when an engine is built, never in a deploy's start
+    import tomllib
+
     try:
         doc = tomllib.loads((project / "pyproject.toml").read_text())
     except FileNotFoundError:

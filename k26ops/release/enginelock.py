@@ -27,7 +27,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,6 +214,9 @@ def resolve_requirements(requirements: list[str], python: str, index_urls=(), *,
             errs = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("warning:")]
             raise UserError("engine lock: resolving the engine's dependencies failed: "
                             + (" ".join(errs)[:400] if errs else f"uv exited {proc.returncode}"))
+        # lazy: tomllib only when a lock is made (engine lock), never in a deploy's start
+        import tomllib
+
         data = tomllib.loads(out.read_text())
     skip = {_norm(e) for e in exclude}
     entries = []
