@@ -59,8 +59,9 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
                  exit: bool = True, batch=None, max_fail=None):
     """Run playbook `name` over the selected hosts; print; exit with the fleet's code."""
     steps = playbook.load(name)
+    hosts = settings.selected_hosts()  # the inventory read once for every step's checks
     for step in steps:
-        step.before_hosts(settings.selected_hosts())
+        step.before_hosts(hosts)
     return run_rollout(settings, playbook_work(steps, check=check, purpose=purpose, options=options),
                        canary=canary, batch=batch, max_fail=max_fail,
                        title=title or (f"{name} --check" if check else name),
@@ -120,12 +121,13 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
         parse_figure(f)
     stored = stored_benches(baselines_dir, tag)
     spec = plan_gate(stored, tag, figures)
-    batches = canary_batches(settings.selected_hosts(), canary, batch)
+    hosts = settings.selected_hosts()  # the inventory read once for the batches and every step's checks
+    batches = canary_batches(hosts, canary, batch)
     gated = [h.name for b in (batches if batch else batches[:1]) for h in b]
     steps = playbook.load(name) + [BenchGate({"hosts": gated, "stored": stored, "spec": spec, "tag": tag,
                                               "figures": figures, "threshold": threshold})]
     for step in steps:
-        step.before_hosts(settings.selected_hosts())
+        step.before_hosts(hosts)
     results = run_rollout(settings, playbook_work(steps, check=check, options=options), canary=canary,
                           batch=batch, max_fail=max_fail,
                           title=f"{name} (gate {tag})" + (" --check" if check else ""),

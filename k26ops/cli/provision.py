@@ -58,8 +58,9 @@ def provision_cmd(settings, check, canary, batch, max_fail, reboot_timeout, allo
     from k26ops import provision
 
     steps = playbook.load(name)
+    hosts = settings.selected_hosts()  # the inventory read once for every step's checks
     for step in steps:
-        step.before_hosts(settings.selected_hosts())
+        step.before_hosts(hosts)
     work = provision.provision_work(steps, check=check, allow_reboot=allow_reboot, timeout=reboot_timeout,
                                     accept_new=settings.accept_new_host_keys,
                                     connect_timeout=settings.connect_timeout)
