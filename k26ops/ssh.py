@@ -405,23 +405,66 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+# known_hosts files parsed in this process: path -> (sha256 of the bytes parsed, HostKeys).
+# paramiko's HostKeys.load is quadratic (each line checked against all before it): a
+# 1000-entry ~/.ssh/known_hosts costs ~0.1 CPU-s, under the GIL, and every connection
+# (each host, each bastion hop) parsed the user's file and the inventory's again.
+_KNOWN: dict[str, tuple[str, paramiko.HostKeys]] = {}
+_KNOWN_LOCK = threading.Lock()
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _known_hosts(path: Path) -> paramiko.HostKeys | None:
+    """The file as paramiko parses it, once per content (an appended or edited file is parsed
+    again); None when it cannot be read (paramiko's load_system_host_keys ignores that too)."""
+    with _KNOWN_LOCK:
+        digest = _digest(path)
+        hit = _KNOWN.get(str(path))
+        if digest is None or (hit and hit[0] == digest):
+            return hit[1] if digest and hit else None
+        keys = paramiko.HostKeys()
+        try:
+            keys.load(str(path))
+        except OSError:
+            return None
+        if _digest(path) == digest:  # unchanged while parsed: what was hashed is what was parsed
+            _KNOWN[str(path)] = (digest, keys)
+        return keys
+
+
+def _trust(client: paramiko.SSHClient, hostname: str, port: int, files: list[Path]) -> None:
+    """Give `client` the known keys of this one host, by paramiko's own rule: the first file
+    (the user's ~/.ssh/known_hosts, paramiko's "system" keys) that has any key for the host
+    decides, the next (the inventory's) only if it has none. Nothing else differs from loading
+    both files into the client: the same keys are checked, an unknown or changed key refused."""
+    name = _known_name(hostname, port)
+    for path in files:
+        keys = _known_hosts(path)
+        found = keys.lookup(name) if keys is not None else None
+        if found:
+            known = client.get_host_keys()
+            for keytype in dict.fromkeys(found.keys()):  # per type, the file's first key (as paramiko reads it)
+                known.add(name, keytype, found[keytype])
+            return
+
+
 def _strict(conn: Connection, host: Host, accept_new: bool) -> None:
-    client = conn.client
-    client.load_system_host_keys()  # ~/.ssh/known_hosts
+    files = [Path(os.path.expanduser("~/.ssh/known_hosts"))]
     record_to = USER_KNOWN_HOSTS
     if host.known_hosts:
-        path = Path(host.known_hosts).expanduser()
-        if path.exists():
-            client.load_host_keys(str(path))
-        record_to = path
-    client.set_missing_host_key_policy(_StrictPolicy(accept_new, record_to))
-    gateway = conn.gateway
-    while isinstance(gateway, Connection):
-        gateway.client.load_system_host_keys()
-        if host.known_hosts and Path(host.known_hosts).expanduser().exists():
-            gateway.client.load_host_keys(str(Path(host.known_hosts).expanduser()))
-        gateway.client.set_missing_host_key_policy(_StrictPolicy(accept_new, record_to))
-        gateway = gateway.gateway
+        record_to = Path(host.known_hosts).expanduser()
+        files.append(record_to)
+    hop = conn
+    while isinstance(hop, Connection):  # the host, then each bastion of its ProxyJump chain
+        _trust(hop.client, hop.host, hop.port, files)
+        hop.client.set_missing_host_key_policy(_StrictPolicy(accept_new, record_to))
+        hop = hop.gateway
 
 
 def _gateway(spec: str | None, timeout: float):
