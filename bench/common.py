@@ -150,8 +150,8 @@ def installed_env() -> dict:
 
     pip compiles a package's modules at install (as it did Ansible's and every library's
     in site-packages), but this machine sets PYTHONDONTWRITEBYTECODE=1, so a k26ops started
-    from the checkout compiled each of its ~190 modules on every start (0.3 CPU-s, half its
-    start-up) while Ansible read its bytecode. So k26ops gets a bytecode cache of its own
+    from the checkout compiled the ~100 modules a deploy imports on every start (0.17-0.26
+    CPU-s here, 40 % of its start-up) while Ansible read its bytecode. So k26ops gets a bytecode cache of its own
     (PYTHONPYCACHEPREFIX in a private dir, removed at exit), compiled before anything is
     timed; the libraries it imports are compiled there on their first import, by the untimed
     first deploy or warm-up run every bench makes. K26BENCH_PYCACHE=0: the old way."""
