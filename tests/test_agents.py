@@ -684,3 +684,51 @@ def test_loadgen_without_metrics_keeps_no_per_cell_figure():
             'sglang:spec_verify_calls_created{engine_type="unified",model_name="m"} 1.7e9\n')
     assert loadgen.parse_counters(text) == {"sglang:generation_tokens_total": 128.0,
                                             "sglang:spec_verify_calls_total": 40.0}
+
+
+def test_engine_http_reads_the_engines_answers_without_http_client():
+    """The engine agent's one HTTP request (health, smoke) on a socket: the stand-in's
+    answers (Content-Length), a chunked one, an error status, a refused port; and
+    http.client/email are never imported (issue 31: ~12 ms of host CPU per deploy)."""
+    port = free_port()
+    p = _standin(port)
+    try:
+        code = ("import json, sys; sys.path[:0] = [sys.argv[1]]; import engine as e; "
+                "out = [e.http(int(sys.argv[2]), '/health'), e.http(int(sys.argv[2]), '/generate', "
+                "{'text': 'hi', 'sampling_params': {'max_new_tokens': 4}}), e.http(int(sys.argv[2]), '/nope')]; "
+                "print(json.dumps([out, sorted(m for m in sys.modules if m.split('.')[0] in ('http', 'email'))]))")
+        res = subprocess.run([sys.executable, "-S", "-c", code, str(agents.DIR), str(port)], capture_output=True,
+                             text=True, timeout=60, check=True)
+        (health, gen, nope), imported = json.loads(res.stdout)
+    finally:
+        p.kill()
+        p.wait()
+    assert imported == []
+    assert health[0] == 200
+    assert gen[0] == 200 and json.loads(gen[1])["text"].strip(), gen
+    assert nope[0] == 404
+    mod = load("engine")
+    assert mod.http(port, "/health")[1].startswith("ConnectionRefusedError: ")  # the stand-in is gone
+
+    class Chunked(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(201)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (b'{"got": ', body, b"}"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert mod.http(srv.server_address[1], "/x", {"a": 1}) == (201, '{"got": {"a": 1}}')
+    finally:
+        srv.shutdown()
+        srv.server_close()
