@@ -526,6 +526,26 @@ def test_gather_answers_the_python_version_itself_byte_for_byte(host):
     assert out["own"] == out["ran"] and out["ran"]["stdout"].startswith("Python 3.")
 
 
+def test_gather_answers_os_release_itself_byte_for_byte_and_runs_the_command_where_it_cannot(host):
+    """The os_release fact read by the gather agent (no sh, no cat): the same bytes as its
+    command on this machine; when /etc/os-release does not read, the command runs."""
+    from k26ops.facts import FACTS
+
+    fact = FACTS["os_release"]
+    assert fact.own == "os_release"
+    out = call(host, "gather", "gather", commands=[{"name": "own", "command": "exit 9", "own": "os_release"},
+                                                   {"name": "ran", "command": fact.command}])
+    assert out["own"] == out["ran"] and "ID=" in out["ran"]["stdout"]
+
+    def unreadable(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    mod = load("gather")
+    mod.open = unreadable
+    got = mod.op_gather({"commands": [{"name": "os_release", "command": "echo ran; exit 3", "own": "os_release"}]})
+    assert got == {"os_release": {"rc": 3, "stdout": "ran\n", "stderr": ""}}
+
+
 def test_hub_error_is_the_traceback_last_line_without_traceback():
     import json as json_mod
     import traceback

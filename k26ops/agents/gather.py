@@ -10,8 +10,9 @@ A command that outlives its timeout is killed with its process group and
 reported with rc 124. Commands run in parallel (one thread each, at most
 MAX_PARALLEL at once), with /bin/sh, LC_ALL=C and stdin closed (nothing can
 wait for input). An item with "own" is answered from this interpreter (OWN),
-byte for byte what its command prints, without starting it: the control node
-marks it so only when this agent runs as the interpreter the command names.
+byte for byte what its command prints, without starting it (or None: the command
+runs): the control node marks python_version so only when this agent runs as the
+interpreter the command names.
 Threads, not concurrent.futures: its import (logging, ...) is a few ms of host CPU per run.
 """
 import json
@@ -23,8 +24,22 @@ import threading
 
 DEFAULT_TIMEOUT = 30.0
 MAX_PARALLEL = 8
+
+
+def os_release():
+    """`cat /etc/os-release ...`'s answer when that file reads (the usual case); None (run the
+    command: its fallback and its error text) when it does not."""
+    try:
+        with open("/etc/os-release", "rb") as f:
+            return {"rc": 0, "stdout": f.read().decode("utf-8", "replace"), "stderr": ""}
+    except OSError:
+        return None
+
+
+# An answer of None: the command runs after all.
 # `python3 --version` prints "Python " and sys.version's first word (3.12.3, 3.13.0rc1, 3.12.0+)
-OWN = {"python_version": lambda: {"rc": 0, "stdout": "Python %s\n" % sys.version.split()[0], "stderr": ""}}
+OWN = {"python_version": lambda: {"rc": 0, "stdout": "Python %s\n" % sys.version.split()[0], "stderr": ""},
+       "os_release": os_release}
 
 
 def run_one(item):
