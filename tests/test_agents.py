@@ -546,6 +546,76 @@ def test_gather_answers_os_release_itself_byte_for_byte_and_runs_the_command_whe
     assert got == {"os_release": {"rc": 3, "stdout": "ran\n", "stderr": ""}}
 
 
+def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
+    """release_current, cuda_toolchains_verified, model and drafter read by the gather agent
+    (no sh, ls, head, readlink, tr): for each layout, the same bytes as the fact's command
+    under /bin/sh on this machine; None (the command runs) only where the test says so."""
+    from k26ops.facts.drafter import drafter_fact
+    from k26ops.facts.model import model_fact
+    from k26ops.steps.release import current_fact
+    from k26ops.steps.toolchain import verified_fact
+
+    mod = load("gather")
+    root = tmp_path / "root"
+
+    def same(fact, own_expected=True):
+        assert fact.own, fact
+        own = mod.OWN[fact.own](*fact.own_args)
+        ran = mod.run_one({"command": fact.command})
+        assert (own is not None) == own_expected, (fact.name, own, ran)
+        if own is not None:
+            assert own == ran, (fact.name, own, ran)
+        return ran["stdout"]
+
+    rel = root / "releases"
+    assert same(current_fact(str(rel))) == ""  # no releases root
+    rel.mkdir(parents=True)
+    assert same(current_fact(str(rel))) == "===\n"
+    (rel / "r1").mkdir()
+    (rel / "current").symlink_to("r1")
+    assert same(current_fact(str(rel))) == "r1\n===\n"
+    (rel / "r1" / "manifest.json").write_text("{}")
+    assert same(current_fact(str(rel))) == "r1\n===\ncomplete\n"
+
+    tc = root / "toolchain"
+    assert same(verified_fact(str(root))) == ""  # no toolchain dir
+    for name, marker in (("cuda-12.9", "sm_90\nsm_120\n"), ("b", None), (".hidden", "sm_80\n"), ("Z é", "sm_100")):
+        (tc / name).mkdir(parents=True)
+        if marker is not None:
+            (tc / name / "k26ops-verified").write_text(marker)
+    (tc / "a-file").write_text("x")
+    (tc / "c").mkdir()
+    (tc / "c" / "k26ops-verified").mkdir()  # not a file: left out, as [ -f ] does
+    out = same(verified_fact(str(root)))
+    assert out == f"{tc}/Z é\tsm_100\n{tc}/cuda-12.9\tsm_90 sm_120 \n", out
+
+    d = root / "drafter"
+    assert same(drafter_fact(str(d))).endswith("missing\n")
+    d.write_text("")
+    assert same(drafter_fact(str(d))).endswith("notdir\n")
+    d.unlink()
+    d.mkdir()
+    same(drafter_fact(str(d)), own_expected=False)  # a dir without config.json: its listing is the command's
+    (d / "config.json").write_text('{"block_size": 16}')
+    assert same(drafter_fact(str(d))).endswith('config\n{"block_size": 16}')
+
+    m = root / "model"
+    assert same(model_fact(str(m))).endswith("missing\n")
+    m.write_text("")
+    assert same(model_fact(str(m))).endswith("notdir\n")
+    m.unlink()
+    m.mkdir()
+    assert same(model_fact(str(m))).endswith("dir\n== k26ops-model files\n")
+    for name in ("model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors", "B.safetensors",
+                 "model.safetensors.index.json", ".hidden.safetensors", "README.md", "x.safetensors.bak", "é.safetensors"):
+        (m / name).write_text("w")
+    (m / "config.json").write_text('{"model_type": "kimi_k2"}')
+    out = same(model_fact(str(m)))
+    assert '{"model_type": "kimi_k2"}\n' in out and out.endswith(
+        "files\nB.safetensors\nmodel-00001-of-00002.safetensors\nmodel-00002-of-00002.safetensors\n"
+        "model.safetensors.index.json\né.safetensors\n"), out
+
+
 def test_hub_error_is_the_traceback_last_line_without_traceback():
     import json as json_mod
     import traceback

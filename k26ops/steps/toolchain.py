@@ -66,7 +66,8 @@ def verified_fact(root: str) -> Fact:
            "\"$(tr '\\n' ' ' < \"$f\")\"; done; true")
     return Fact(VERIFIED_FACT, cmd, safe(lambda out, rc: {d: archs.split() for d, _, archs in
                                                            (line.partition("\t") for line in out.splitlines())
-                                                           if archs}), 10.0)
+                                                           if archs}), 10.0,
+                own="toolchains_verified", own_args=(tc, MARKER))
 
 
 class CudaToolkit(Step):
