@@ -80,7 +80,7 @@ def lock_script(state_dir: str, lock: str, owner_file: str, me: str, need: int) 
             f"exit {NO_ROOM}; fi;; esac; "
             f"if ! err=$( {{ printf '%s\\n' {q(me)} | cat > {tmp} && mv -f {tmp} {owner}; }} 2>&1 ); then "
             f"rm -f {tmp}; echo \"NOWRITE ${{err##*{NL}}}\"; exit {NO_ROOM}; fi; "
-            "echo \"LOCKED $prev\"; IFS= read -r bye; while IFS= read -r _; do :; done; "
+            "echo \"LOCKED $prev\"; IFS= read -r bye; while IFS= read -r rest; do :; done; "
             # Only a clean release says goodbye: a run that died (EOF
             # without it) leaves its owner record, reported as stale.
             f"if [ \"$bye\" = {RELEASED} ]; then rm -f {owner}; fi")
