@@ -607,7 +607,8 @@ def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
     m.mkdir()
     assert same(model_fact(str(m))).endswith("dir\n== k26ops-model files\n")
     for name in ("model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors", "B.safetensors",
-                 "model.safetensors.index.json", ".hidden.safetensors", "README.md", "x.safetensors.bak", "é.safetensors"):
+                 "model.safetensors.index.json", ".hidden.safetensors", "README.md", "x.safetensors.bak",
+                 "é.safetensors"):
         (m / name).write_text("w")
     (m / "config.json").write_text('{"model_type": "kimi_k2"}')
     out = same(model_fact(str(m)))
