@@ -24,8 +24,12 @@ Boots a HOSTS-host lab (default 2), deploys it once, then runs REPS converged
   both: the figure issue 31 compares with 0.15 s.
 - where the rest went: every sub-cgroup of the host (sshd, the session, PID 1,
   journald, the engine unit) with its CPU in the last run.
+- with --execs (needs strace on this machine, and root): every program the
+  host started for one more converged deploy after the reps, from
+  `strace -f -e trace=execve` on the first host's sshd (its PAM session
+  scripts too), in order: what a deploy costs, process by process.
 
-    python bench/host_cpu.py [--reps 5] [--hosts 2]
+    python bench/host_cpu.py [--reps 5] [--hosts 2] [--execs]
 """
 
 from __future__ import annotations
@@ -89,11 +93,36 @@ def starts(b, name: str) -> list[str]:
     return b.ssh(name, f"cat {COUNT_LOG} 2>/dev/null || true").splitlines()
 
 
+def execs(b, name: str, stat: Path) -> list[str]:
+    """The programs (path and argv's start) the host's sshd and its children exec'd
+    during one converged deploy: strace -f on the sshd listener, successful execve only."""
+    import subprocess
+    import tempfile
+
+    procs = stat.parent.rglob("ssh.service/cgroup.procs")
+    pid = next(p.read_text().split()[0] for p in procs)
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as log:
+        st = subprocess.Popen(["strace", "-f", "-qq", "-z", "-s", "60", "-e", "trace=execve", "-o", log.name,
+                               "-p", pid])
+        time.sleep(1.0)  # attached
+        rc, data, _ = common.deploy_json(b.inventory)
+        time.sleep(0.5)
+        st.terminate()
+        st.wait()
+        if rc != 0:
+            raise RuntimeError(f"the traced deploy failed: {data}")
+        return [line.split(" ", 1)[1].split(", [", 1)[0].replace("execve(", "").strip('"') + "  "
+                + line.split(", [", 1)[1].split("], ", 1)[0][:100] for line in log.read().splitlines()
+                if "execve(" in line and ", [" in line]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--execs", action="store_true", help="list every program the host starts for one deploy (strace)")
     args = ap.parse_args()
+    started_execs: list[str] = []
     runs = []
     with common.lab(args.hosts, "hostcpu") as b:
         common.first_deploy(b)
@@ -138,6 +167,12 @@ def main() -> int:
                 f"{r['host']}: CPU {r['cpu']:.3f}s (idle {r['idle']:.3f}s), python3 x{r['python3']} "
                 f"(k26ops agents x{r['agents']}), "
                 f"{r['commands']} commands" for r in runs[-len(b.names):]))
+        if args.execs:
+            started_execs = execs(b, b.names[0], stats[b.names[0]])
+    if started_execs:
+        print(f"programs {b.names[0]} started for one more converged deploy ({len(started_execs)}, in order):")
+        for line in started_execs:
+            print("   ", line)
     print("python3 starts of the last run on " + runs[-1]["host"] + ":")
     for line in runs[-1]["started"]:
         print("   ", line)

@@ -51,6 +51,41 @@ class OwnerNotWritten(HostLocked):
     """The owner file could not be written (disk full): the lock was let go at once."""
 
 
+def lock_script(state_dir: str, lock: str, owner_file: str, me: str, need: int) -> str:
+    """The lock's shell script: holds the flock while our channel's stdin is open;
+    prints LOCKED once held (and the previous owner record, to tell a stale one),
+    or exits LOCK_BUSY. No room for the owner record (df, or the write fails):
+    NOSPACE/NOWRITE, the temp file removed, and the lock let go by exiting.
+
+    Why it looks like this: it runs at every run's start, so it starts as few
+    processes as it can (issue 31: a converged deploy's host CPU). The login
+    shell itself holds the lock (`flock` on its fd 9, no `sh -c` under flock),
+    reads the previous owner and waits for EOF with builtins (`read`, not `cat`),
+    and parses df without awk; what is left: id (skipped where the shell has
+    $EUID), flock, df, cat (the owner write: dash's printf says "I/O error" on a
+    full disk, cat says "No space left"), mv, and rm on a clean release."""
+    tmp = q(owner_file + ".tmp")
+    NL = "\n"  # noqa: N806 (${err##*NL}: the error's last line, as `tail -n 1` gave)
+    owner = q(owner_file)
+    # bash (root's usual login shell) has a read-only $EUID; sh (dash, under sudo) does not: id then.
+    uid = "case ${BASH_VERSION:+b} in b) u=$EUID;; *) u=$(id -u);; esac; "
+    return (uid + f"[ \"$u\" = 0 ] || {{ echo \"NOTROOT $(id -un)\"; exit {NOT_ROOT}; }}; "
+            f"{{ [ -d {q(state_dir)} ] || mkdir -p {q(state_dir)}; }} && exec 9>>{q(lock)} || exit 1; "
+            f"flock -n -E {LOCK_BUSY} 9 || exit $?; "
+            f"prev=; [ -f {owner} ] && IFS= read -r prev < {owner}; "
+            # POSIX df -P: a header of 7 words, then device, blocks, used, available, ...
+            f"set -f; set -- $(df -Pk {q(state_dir)} 2>/dev/null); set +f; avail=${{11:-}}; "
+            "case \"$avail\" in ''|*[!0-9]*) ;; *) "
+            f"if [ $((avail * 1024)) -lt {need} ]; then echo \"NOSPACE $((avail * 1024))\"; "
+            f"exit {NO_ROOM}; fi;; esac; "
+            f"if ! err=$( {{ printf '%s\\n' {q(me)} | cat > {tmp} && mv -f {tmp} {owner}; }} 2>&1 ); then "
+            f"rm -f {tmp}; echo \"NOWRITE ${{err##*{NL}}}\"; exit {NO_ROOM}; fi; "
+            "echo \"LOCKED $prev\"; IFS= read -r bye; while IFS= read -r rest; do :; done; "
+            # Only a clean release says goodbye: a run that died (EOF
+            # without it) leaves its owner record, reported as stale.
+            f"if [ \"$bye\" = {RELEASED} ]; then rm -f {owner}; fi")
+
+
 class HostLock:
     def __init__(self, session: Session, state_dir: str, purpose: str):
         self.session = session
@@ -73,25 +108,7 @@ class HostLock:
         lock = f"{self.state_dir}/lock"
         me = json.dumps(self.owner())
         self.need = len(me.encode()) + 1
-        tmp = q(self.owner_file + ".tmp")
-        # Holds the flock while our channel's stdin is open; prints LOCKED once
-        # held (and the previous owner record, to tell a stale one), or exits 75.
-        # No room for the owner record (df, or the write fails): NOSPACE/NOWRITE,
-        # the temp file removed, and the lock let go by exiting.
-        script = (f"[ \"$(id -u)\" = 0 ] || {{ echo \"NOTROOT $(id -un)\"; exit {NOT_ROOT}; }}; "
-                  f"mkdir -p {q(self.state_dir)} && exec flock -n -E {LOCK_BUSY} {q(lock)} sh -c "
-                  + q(f"prev=$(cat {q(self.owner_file)} 2>/dev/null); "
-                      f"avail=$(df -Pk {q(self.state_dir)} 2>/dev/null | awk 'NR==2 {{print $4}}'); "
-                      "case \"$avail\" in ''|*[!0-9]*) ;; *) "
-                      f"if [ $((avail * 1024)) -lt {self.need} ]; then echo \"NOSPACE $((avail * 1024))\"; "
-                      f"exit {NO_ROOM}; fi;; esac; "
-                      f"if ! err=$( {{ printf '%s\\n' {q(me)} | cat > {tmp} && "
-                      f"mv -f {tmp} {q(self.owner_file)}; }} 2>&1 ); then rm -f {tmp}; "
-                      f"echo \"NOWRITE $(printf '%s' \"$err\" | tail -n 1)\"; exit {NO_ROOM}; fi; "
-                      "echo \"LOCKED $prev\"; IFS= read -r bye; cat >/dev/null; "
-                      # Only a clean release says goodbye: a run that died (EOF
-                      # without it) leaves its owner record, reported as stale.
-                      f"if [ \"$bye\" = {RELEASED} ]; then rm -f {q(self.owner_file)}; fi"))
+        script = lock_script(self.state_dir, lock, self.owner_file, me, self.need)
         script = self.session.wrap(script)
         self.session.count_command()  # the lock's channel is a remote command like any other
         if not isinstance(self.session, SSHSession):

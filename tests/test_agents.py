@@ -526,6 +526,97 @@ def test_gather_answers_the_python_version_itself_byte_for_byte(host):
     assert out["own"] == out["ran"] and out["ran"]["stdout"].startswith("Python 3.")
 
 
+def test_gather_answers_os_release_itself_byte_for_byte_and_runs_the_command_where_it_cannot(host):
+    """The os_release fact read by the gather agent (no sh, no cat): the same bytes as its
+    command on this machine; when /etc/os-release does not read, the command runs."""
+    from k26ops.facts import FACTS
+
+    fact = FACTS["os_release"]
+    assert fact.own == "os_release"
+    out = call(host, "gather", "gather", commands=[{"name": "own", "command": "exit 9", "own": "os_release"},
+                                                   {"name": "ran", "command": fact.command}])
+    assert out["own"] == out["ran"] and "ID=" in out["ran"]["stdout"]
+
+    def unreadable(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    mod = load("gather")
+    mod.open = unreadable
+    got = mod.op_gather({"commands": [{"name": "os_release", "command": "echo ran; exit 3", "own": "os_release"}]})
+    assert got == {"os_release": {"rc": 3, "stdout": "ran\n", "stderr": ""}}
+
+
+def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
+    """release_current, cuda_toolchains_verified, model and drafter read by the gather agent
+    (no sh, ls, head, readlink, tr): for each layout, the same bytes as the fact's command
+    under /bin/sh on this machine; None (the command runs) only where the test says so."""
+    from k26ops.facts.drafter import drafter_fact
+    from k26ops.facts.model import model_fact
+    from k26ops.steps.release import current_fact
+    from k26ops.steps.toolchain import verified_fact
+
+    mod = load("gather")
+    root = tmp_path / "root"
+
+    def same(fact, own_expected=True):
+        assert fact.own, fact
+        own = mod.OWN[fact.own](*fact.own_args)
+        ran = mod.run_one({"command": fact.command})
+        assert (own is not None) == own_expected, (fact.name, own, ran)
+        if own is not None:
+            assert own == ran, (fact.name, own, ran)
+        return ran["stdout"]
+
+    rel = root / "releases"
+    assert same(current_fact(str(rel))) == ""  # no releases root
+    rel.mkdir(parents=True)
+    assert same(current_fact(str(rel))) == "===\n"
+    (rel / "r1").mkdir()
+    (rel / "current").symlink_to("r1")
+    assert same(current_fact(str(rel))) == "r1\n===\n"
+    (rel / "r1" / "manifest.json").write_text("{}")
+    assert same(current_fact(str(rel))) == "r1\n===\ncomplete\n"
+
+    tc = root / "toolchain"
+    assert same(verified_fact(str(root))) == ""  # no toolchain dir
+    for name, marker in (("cuda-12.9", "sm_90\nsm_120\n"), ("b", None), (".hidden", "sm_80\n"), ("Z é", "sm_100")):
+        (tc / name).mkdir(parents=True)
+        if marker is not None:
+            (tc / name / "k26ops-verified").write_text(marker)
+    (tc / "a-file").write_text("x")
+    (tc / "c").mkdir()
+    (tc / "c" / "k26ops-verified").mkdir()  # not a file: left out, as [ -f ] does
+    out = same(verified_fact(str(root)))
+    assert out == f"{tc}/Z é\tsm_100\n{tc}/cuda-12.9\tsm_90 sm_120 \n", out
+
+    d = root / "drafter"
+    assert same(drafter_fact(str(d))).endswith("missing\n")
+    d.write_text("")
+    assert same(drafter_fact(str(d))).endswith("notdir\n")
+    d.unlink()
+    d.mkdir()
+    same(drafter_fact(str(d)), own_expected=False)  # a dir without config.json: its listing is the command's
+    (d / "config.json").write_text('{"block_size": 16}')
+    assert same(drafter_fact(str(d))).endswith('config\n{"block_size": 16}')
+
+    m = root / "model"
+    assert same(model_fact(str(m))).endswith("missing\n")
+    m.write_text("")
+    assert same(model_fact(str(m))).endswith("notdir\n")
+    m.unlink()
+    m.mkdir()
+    assert same(model_fact(str(m))).endswith("dir\n== k26ops-model files\n")
+    for name in ("model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors", "B.safetensors",
+                 "model.safetensors.index.json", ".hidden.safetensors", "README.md", "x.safetensors.bak",
+                 "é.safetensors"):
+        (m / name).write_text("w")
+    (m / "config.json").write_text('{"model_type": "kimi_k2"}')
+    out = same(model_fact(str(m)))
+    assert '{"model_type": "kimi_k2"}\n' in out and out.endswith(
+        "files\nB.safetensors\nmodel-00001-of-00002.safetensors\nmodel-00002-of-00002.safetensors\n"
+        "model.safetensors.index.json\né.safetensors\n"), out
+
+
 def test_hub_error_is_the_traceback_last_line_without_traceback():
     import json as json_mod
     import traceback
@@ -684,3 +775,51 @@ def test_loadgen_without_metrics_keeps_no_per_cell_figure():
             'sglang:spec_verify_calls_created{engine_type="unified",model_name="m"} 1.7e9\n')
     assert loadgen.parse_counters(text) == {"sglang:generation_tokens_total": 128.0,
                                             "sglang:spec_verify_calls_total": 40.0}
+
+
+def test_engine_http_reads_the_engines_answers_without_http_client():
+    """The engine agent's one HTTP request (health, smoke) on a socket: the stand-in's
+    answers (Content-Length), a chunked one, an error status, a refused port; and
+    http.client/email are never imported (issue 31: ~12 ms of host CPU per deploy)."""
+    port = free_port()
+    p = _standin(port)
+    try:
+        code = ("import json, sys; sys.path[:0] = [sys.argv[1]]; import engine as e; "
+                "out = [e.http(int(sys.argv[2]), '/health'), e.http(int(sys.argv[2]), '/generate', "
+                "{'text': 'hi', 'sampling_params': {'max_new_tokens': 4}}), e.http(int(sys.argv[2]), '/nope')]; "
+                "print(json.dumps([out, sorted(m for m in sys.modules if m.split('.')[0] in ('http', 'email'))]))")
+        res = subprocess.run([sys.executable, "-S", "-c", code, str(agents.DIR), str(port)], capture_output=True,
+                             text=True, timeout=60, check=True)
+        (health, gen, nope), imported = json.loads(res.stdout)
+    finally:
+        p.kill()
+        p.wait()
+    assert imported == []
+    assert health[0] == 200
+    assert gen[0] == 200 and json.loads(gen[1])["text"].strip(), gen
+    assert nope[0] == 404
+    mod = load("engine")
+    assert mod.http(port, "/health")[1].startswith("ConnectionRefusedError: ")  # the stand-in is gone
+
+    class Chunked(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(201)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (b'{"got": ', body, b"}"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert mod.http(srv.server_address[1], "/x", {"a": 1}) == (201, '{"got": {"a": 1}}')
+    finally:
+        srv.shutdown()
+        srv.server_close()

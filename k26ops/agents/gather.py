@@ -4,14 +4,16 @@ Run through agents.run like every agent, so facts cost one round trip
 whatever their number; parsing stays on the control node.
 
 op "gather" {"commands": [{"name": str, "command": str, "timeout": float (optional),
-                             "own": str (optional)}]}
+                             "own": str (optional), "args": list (optional)}]}
 answer: {name: {"rc": int, "stdout": str, "stderr": str}}
 A command that outlives its timeout is killed with its process group and
 reported with rc 124. Commands run in parallel (one thread each, at most
 MAX_PARALLEL at once), with /bin/sh, LC_ALL=C and stdin closed (nothing can
-wait for input). An item with "own" is answered from this interpreter (OWN),
-byte for byte what its command prints, without starting it: the control node
-marks it so only when this agent runs as the interpreter the command names.
+wait for input). An item with "own" is answered from this interpreter (OWN[own](*args)),
+byte for byte what its command prints, without starting it, or None: the command
+runs (issue 31: each sh and its cat/ls/head/readlink was 2-7 ms of a host's CPU).
+The control node marks items so only when this agent runs as `python3`, the
+interpreter python_version's command names.
 Threads, not concurrent.futures: its import (logging, ...) is a few ms of host CPU per run.
 """
 import json
@@ -23,8 +25,105 @@ import threading
 
 DEFAULT_TIMEOUT = 30.0
 MAX_PARALLEL = 8
+
+
+def ok(out):
+    """A command's answer that printed `out` (bytes, decoded as run_one decodes) and exited 0."""
+    return {"rc": 0, "stdout": out.decode("utf-8", "replace"), "stderr": ""}
+
+
+def head(path, limit=1000000):
+    """`head -c LIMIT PATH`'s bytes, or None (not a regular file, unreadable: run the command)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def os_release():
+    """`cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>&1` where the first reads."""
+    data = head("/etc/os-release", -1)
+    return None if data is None else ok(data)
+
+
+def release_current(root, release):
+    """`cd ROOT 2>/dev/null && { readlink current; echo ===; test -f RELEASE/manifest.json &&
+    echo complete; }; true` (facts: steps/release.py's current_fact)."""
+    if not os.path.isdir(root):
+        return None if os.path.lexists(root) else ok(b"")
+    try:
+        link = os.readlink(os.path.join(root, "current").encode()) + b"\n"
+    except OSError:  # readlink prints nothing on any error (no -v)
+        link = b""
+    done = os.path.isfile(os.path.join(root, release, "manifest.json"))
+    return ok(link + b"===\n" + (b"complete\n" if done else b""))
+
+
+def toolchains_verified(tc, marker):
+    """`for f in TC/*/MARKER; do [ -f "$f" ] && printf '%s\\t%s\\n' "${f%/*}" "$(tr '\\n' ' ' < "$f")";
+    done; true` (steps/toolchain.py's verified_fact): the glob's names in byte order, dot names left out."""
+    base = tc.encode()
+    try:
+        names = sorted(n for n in os.listdir(base) if not n.startswith(b"."))
+    except (FileNotFoundError, NotADirectoryError):
+        return ok(b"")
+    except OSError:
+        return None
+    out = b""
+    for n in names:
+        f = os.path.join(base, n, marker.encode())
+        if not os.path.isfile(f):
+            continue
+        data = head(f, -1)
+        if data is None or b"\0" in data:
+            return None  # tr's error, or NULs the shell drops: as the command says it
+        out += os.path.join(base, n) + b"\t" + data.replace(b"\n", b" ") + b"\n"
+    return ok(out)
+
+
+def drafter(path, mark):
+    """facts/drafter.py's drafter_command where its config reads or it is not there."""
+    cfg = os.path.join(path, "config.json")
+    if os.access(cfg, os.R_OK):
+        data = head(cfg)
+        return None if data is None else ok(mark.encode() + b"config\n" + data)
+    if os.path.isdir(path):
+        return None  # the listing of a drafter dir without config.json: the command's
+    return ok(mark.encode() + (b"notdir\n" if os.path.exists(path) else b"missing\n"))
+
+
+def model(path, mark, max_files):
+    """facts/model.py's model_command: `ls -1 | grep -E '\\.safetensors(\\.index\\.json)?$' | head`
+    is the dir's names in byte order (LC_ALL=C), dot names left out."""
+    m = mark.encode()
+    if not os.path.isdir(path):
+        return ok(m + (b"notdir\n" if os.path.exists(path) else b"missing\n"))
+    out = m + b"dir\n"
+    cfg = os.path.join(path, "config.json")
+    if os.access(cfg, os.R_OK):
+        data = head(cfg)
+        if data is None:
+            return None
+        out += m + b"config\n" + data + b"\n"
+    try:
+        names = sorted(os.listdir(path.encode()))
+    except OSError:
+        return None
+    if any(b"\n" in n for n in names):
+        return None
+    files = [n for n in names if not n.startswith(b".") and n.endswith((b".safetensors", b".safetensors.index.json"))]
+    return ok(out + m + b"files\n" + b"".join(n + b"\n" for n in files[:max_files]))
+
+
+# Answers given here, byte for byte the command's, without starting it (OWN[name](*args));
+# None: the command runs after all (its rarer branches and error texts stay the command's own).
 # `python3 --version` prints "Python " and sys.version's first word (3.12.3, 3.13.0rc1, 3.12.0+)
-OWN = {"python_version": lambda: {"rc": 0, "stdout": "Python %s\n" % sys.version.split()[0], "stderr": ""}}
+OWN = {"python_version": lambda: {"rc": 0, "stdout": "Python %s\n" % sys.version.split()[0], "stderr": ""},
+       "os_release": os_release, "release_current": release_current, "toolchains_verified": toolchains_verified,
+       "drafter": drafter, "model": model}
 
 
 def run_one(item):
@@ -52,7 +151,7 @@ def run_one(item):
 
 def op_gather(r):
     items = r["commands"]
-    results = [OWN[it["own"]]() if it.get("own") in OWN else None for it in items]
+    results = [OWN[it["own"]](*it.get("args", ())) if it.get("own") in OWN else None for it in items]
     slots = threading.BoundedSemaphore(MAX_PARALLEL)
     errors = []
 

@@ -51,7 +51,8 @@ def command_list(names=None, extra=(), python: str = "python3") -> list[dict]:
     itself (Fact.own) is marked so only when the agent runs as `python3`, the
     interpreter those commands name; under another it runs the command."""
     return [{"name": f.name, "command": f.command, "timeout": f.timeout}
-            | ({"own": f.own} if f.own and python == "python3" else {}) for f in _select(names, extra)]
+            | ({"own": f.own, "args": list(f.own_args)} if f.own and python == "python3" else {})
+            for f in _select(names, extra)]
 
 
 def parse_results(raw: dict, names=None, extra=()) -> dict:

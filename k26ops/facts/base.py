@@ -25,6 +25,7 @@ class Fact:
     # An output agents/gather.py gives itself, byte for byte the command's, when it runs under the
     # interpreter the command names (no process started): its key in gather.py's OWN answers.
     own: str | None = None
+    own_args: tuple = ()  # the arguments of that answer (paths and marks the command has too)
 
 
 def strip_ansi(text: str) -> str:

@@ -53,4 +53,4 @@ def parse_drafter(stdout: str, rc: int) -> dict:
 
 
 def drafter_fact(path: str) -> Fact:
-    return Fact("drafter", drafter_command(path), parse_drafter)
+    return Fact("drafter", drafter_command(path), parse_drafter, own="drafter", own_args=(str(path), _MARK))

@@ -91,4 +91,4 @@ def parse_model(stdout: str, rc: int) -> dict:
 
 
 def model_fact(path: str) -> Fact:
-    return Fact("model", model_command(path), parse_model)
+    return Fact("model", model_command(path), parse_model, own="model", own_args=(str(path), _MARK, MAX_FILES))

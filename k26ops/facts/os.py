@@ -71,8 +71,9 @@ def parse_user(stdout: str, rc: int) -> dict:
 
 
 FACTS = {
+    # the gather agent reads /etc/os-release itself (no sh, no cat); the command where it cannot
     "os_release": Fact("os_release", "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>&1",
-                       parse_os_release),
+                       parse_os_release, own="os_release"),
     # the gather agent runs in this python3: it answers from sys.version, no second python3 start
     "python3": Fact("python3", "python3 --version 2>&1", parse_python_version, own="python_version"),
     "systemd": Fact("systemd", "systemctl --version 2>&1", parse_systemd_version),

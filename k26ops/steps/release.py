@@ -274,7 +274,8 @@ def _current_and_complete(out: str, rc: int = 0) -> dict:
 
 def current_fact(releases_root: str) -> Fact:
     """Where `current` points and whether that release is complete (its manifest.json)."""
-    return Fact(CURRENT_FACT, _read_current(releases_root, "current"), safe(_current_and_complete), 10.0)
+    return Fact(CURRENT_FACT, _read_current(releases_root, "current"), safe(_current_and_complete), 10.0,
+                own="release_current", own_args=(releases_root, "current"))
 
 
 class Release(Step):

@@ -66,7 +66,8 @@ def verified_fact(root: str) -> Fact:
            "\"$(tr '\\n' ' ' < \"$f\")\"; done; true")
     return Fact(VERIFIED_FACT, cmd, safe(lambda out, rc: {d: archs.split() for d, _, archs in
                                                            (line.partition("\t") for line in out.splitlines())
-                                                           if archs}), 10.0)
+                                                           if archs}), 10.0,
+                own="toolchains_verified", own_args=(tc, MARKER))
 
 
 class CudaToolkit(Step):
@@ -148,9 +149,12 @@ class CudaToolkit(Step):
             f"n=$(ls -d {q(part)}/lib/python3*/site-packages/nvidia/cu*/bin/nvcc | head -1); "
             # nvcc finds its profile and headers from the path it was run by,
             # so bin/nvcc is a wrapper that runs the real one (not a symlink).
+            # Its dir from $0 by the shell itself, not dirname: every deploy's
+            # facts run `nvcc --version` (issue 31: host CPU per deploy).
             f"mkdir -p {q(part)}/bin; rel=\"${{n#{part}/}}\"; "
             "printf '#!/bin/sh\\n# k26ops: CUDA toolkit (pip method)\\n"
-            "exec \"$(dirname \"$0\")/../%s\" \"$@\"\\n' \"$rel\" > " + q(part) + "/bin/nvcc; "
+            "case \"$0\" in */*) d=\"${0%%/*}\";; *) d=.;; esac\\n"
+            "exec \"$d/../%s\" \"$@\"\\n' \"$rel\" > " + q(part) + "/bin/nvcc; "
             f"chmod 755 {q(part)}/bin/nvcc"
         )
         res = ctx.run(tied_to_channel(script), timeout=1800)  # pip dies with the run
