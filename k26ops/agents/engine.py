@@ -72,7 +72,7 @@ def auth_headers(path):
 
 def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
     """(status, body) of one GET (POST with `body`); a status outside 2xx keeps 300 chars of
-    its body; no answer is (0, "Error: why"). One HTTP/1.1 request on a socket (read_response() reads
+    its body; no answer is (0, "Error: why"). One HTTP/1.1 request on a socket (answer() reads
     it), not http.client: its imports (email's parser, ssl) were ~12 ms of a host's CPU in every
     converged deploy, for one plain request to the engine on this host (no TLS, redirects,
     proxies or keep-alive). `timeout`: per connect and per read, as http.client's."""
@@ -88,12 +88,12 @@ def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
     try:
         with socket.create_connection((host, port), timeout=timeout) as conn:
             conn.sendall(head.encode("latin-1") + b"\r\n" + data)
-            status, raw = read_response(conn.makefile("rb"))
+            status, raw = answer(conn.makefile("rb"))
     except Exception as e: return 0, "%s: %s" % (e.__class__.__name__, e)
     text = raw.decode(errors="replace")
     return status, text if 200 <= status < 300 else text[:300]
 
-def read_response(f):
+def answer(f):
     """(status, body bytes) of an HTTP/1.x response read from file `f`: a
     chunked body, a Content-Length one, or (neither) up to the end."""
     line = f.readline(65537)
