@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from labtools import parsed
 
 from k26ops import agents, ownership, shell, ssh
 from k26ops.inventory import Host
@@ -113,7 +114,7 @@ def host_python_in_strings(root: Path) -> list[str]:
         rel = path.relative_to(root.parent).as_posix()
         if "agents" in path.relative_to(root).parts[:1]:
             continue  # the agents themselves (agents/__init__.py builds the one `python3 -c`)
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.JoinedStr):
                 text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -6,6 +6,7 @@ recipe's python, whatever runs it: tests/test_enginelock.py), and the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labtools import REPO, cli, git, recipe_for, tiny_engine  # noqa: E402
+import sglang_release  # noqa: E402
 
 from k26ops.release import enginelock, engine_source  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
@@ -33,14 +35,35 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def _module_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("engine-cache")
+    """A fresh engine cache given the shared tiny engine's build from an earlier run: kept
+    under the test cache, keyed by the bytes of engine_source.py (a change to how k26ops
+    builds builds it again), the build's record and wheel only (no git cache: each run's
+    repositories are new). The pip build itself is tested every run by the outer-loop
+    build tests (real_index), in a private cache."""
+    cache = tmp_path_factory.mktemp("engine-cache")
+    code = hashlib.sha256(Path(engine_source.__file__).read_bytes()).hexdigest()[:16]
+    kept = sglang_release.CACHE / "tiny-engine" / code
+    if kept.is_dir():
+        shutil.copytree(kept, cache / "engine")
+    yield cache
+    built = [d for d in (cache / "engine").glob("*") if (d / "built.json").is_file()]
+    if built and not kept.is_dir():  # best effort (two xdist workers may both get here)
+        part = kept.parent.with_name(f".tiny-engine-{code}.{os.getpid()}")
+        for d in built:
+            shutil.copytree(d, part / d.name)
+        shutil.rmtree(kept.parent, ignore_errors=True)  # an older engine_source's build
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            part.rename(kept)
+        except OSError:
+            shutil.rmtree(part, ignore_errors=True)
 
 
 @pytest.fixture
 def built_cache(_module_cache, monkeypatch):
     """An engine/git cache shared by this module's tests whose subject is not the build
     itself: the same tiny engine (same files, same commit: labtools.git) is built once
-    (a pip build, 2-7 s) for all of them. The build tests above use a private one."""
+    (a pip build, 2-7 s) for all of them, and its build kept for the next run."""
     monkeypatch.setenv("K26OPS_ENGINE_CACHE", str(_module_cache))
     monkeypatch.delenv("K26OPS_GIT_CACHE", raising=False)
     return _module_cache

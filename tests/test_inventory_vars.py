@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from labtools import parsed
 
 from k26ops.cli import cli, hoist_global_flags
 from k26ops.inventory import load, variables
@@ -70,8 +71,7 @@ def _declaring_modules() -> set[str]:
     """Modules whose source calls `declare(` (k26ops.hostvars) at module level."""
     out = set()
     for path in (ROOT / "k26ops").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
+        for node in parsed(path).body:
             call = getattr(node, "value", None)
             if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "declare":
                 rel = path.relative_to(ROOT).with_suffix("")

@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from labtools import parsed
 
 PKG = Path(__file__).resolve().parent.parent / "k26ops"
 
@@ -95,7 +96,7 @@ def offences(root: Path = PKG) -> list[str]:
         if rel.startswith("cli/") or _exempt(rel):
             continue
         finder = _Finder(rel, EXEMPT_FUNCTIONS.get(rel, ()))
-        finder.visit(ast.parse(path.read_text(), filename=str(path)))
+        finder.visit(parsed(path))
         found += finder.found
     return found
 

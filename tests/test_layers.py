@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from labtools import parsed
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "k26ops"
@@ -109,7 +110,7 @@ def _parsed_imports() -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {}
     for name, path in MODS.items():
         deps = graph.setdefault(name, {})
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for t in _targets(name, node):
                     deps.setdefault(t, node.lineno)

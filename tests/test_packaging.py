@@ -71,7 +71,7 @@ def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
     # Every package of the checkout is in the wheel (pyproject.toml lists them).
     for init in (REPO / "k26ops").rglob("__init__.py"):
         assert init.relative_to(REPO).as_posix() in names, init
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(target),
                     str(wheel)], check=True, env=env, cwd=tmp_path, timeout=120)
     run_env = {**env, "PYTHONPATH": str(target)}
     proc = subprocess.run([sys.executable, "-c", CHECK, str(target)], cwd=elsewhere, env=run_env,

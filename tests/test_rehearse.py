@@ -137,7 +137,9 @@ def local_host(tmp_path):
         p = tmp_path / "local.yml"
         p.write_text(yaml.safe_dump({"hosts": {"here": {"connection": "local", "vars": {
             "lab": True, "k26ops_root": str(root), "recipe": "lab", "model_path": str(models / "m"),
-            "draft_model_path": str(models / "d"), "engine_port": port, "engine_env": env}}}}))
+            "draft_model_path": str(models / "d"), "engine_port": port,
+            # the stand-in's weight load 0.1 s (its default 0.5 s was waited for by each test)
+            "engine_env": {"K26OPS_STANDIN_LOAD_SECONDS": "0.1", **env}}}}}))
         return p
 
     return {"inventory": inventory, "port": port + 1, "tmp": tmp_path}

@@ -13,6 +13,8 @@ import ast
 import functools
 from pathlib import Path
 
+from labtools import parsed
+
 from k26ops import playbook
 from k26ops.runstate import HostState
 from k26ops.steps import HostContext, RunOptions, Step
@@ -24,7 +26,7 @@ PKG = Path(__file__).resolve().parent.parent / "k26ops"
 @functools.cache
 def _trees() -> tuple:
     """(path, tree) of every module, parsed once per run (the tests only read them)."""
-    return tuple((path.relative_to(PKG.parent), ast.parse(path.read_text(), str(path)))
+    return tuple((path.relative_to(PKG.parent), parsed(path))
                  for path in sorted(PKG.rglob("*.py")))
 
 

@@ -80,21 +80,28 @@ def test_lab_selftest_limit_and_bad_checks(lab):
 
 # ------------------------------------------------------ connection: local
 
-def test_local_selftest_no_gpu(tmp_path):
-    inv = _local(tmp_path)
-    proc = cli("-i", str(inv), "selftest", timeout=300)
+@pytest.fixture(scope="module")
+def local_json(tmp_path_factory):
+    """`--json selftest` here, once for the two tests that read it (each run imports torch
+    in the payload: ~2 CPU-s), with host vars that set the expectations."""
+    inv = _local(tmp_path_factory.mktemp("local"),
+                 "    vars: {gpus_per_host: 1, compute_capability: ['9.0'], min_driver: 570}\n")
+    return cli_json("-i", str(inv), "selftest", timeout=300)
+
+
+def test_local_selftest_no_gpu(tmp_path, local_json):
+    proc = cli("-i", str(_local(tmp_path)), "selftest", timeout=300)
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("here: no GPU — ") and lines[-1] == "1 no GPU" and len(lines) == 2
-    rc, doc = cli_json("-i", str(inv), "selftest", timeout=300)
+    rc, doc = local_json
     h = doc["hosts"]["here"]
     assert rc == 3 and h["status"] == "no-gpu" and h["python_source"] == "python3"
     assert h["selftest"]["host"] == __import__("socket").gethostname()  # it ran here
 
 
-def test_local_selftest_expectations_from_host_vars(tmp_path):
-    inv = _local(tmp_path, "    vars: {gpus_per_host: 1, compute_capability: ['9.0'], min_driver: 570}\n")
-    rc, doc = cli_json("-i", str(inv), "selftest", timeout=300)
+def test_local_selftest_expectations_from_host_vars(local_json):
+    rc, doc = local_json
     assert rc == 3
     assert doc["hosts"]["here"]["selftest"]["expected"] == {"gpus": 1, "compute_cap": ["9.0"]}
 
