@@ -115,10 +115,30 @@ def private_lab(count: int, tag: str, deployed: bool = False):
 
 @pytest.fixture(scope="session")
 def lab():
-    """A shared lab (3 hosts). Tests must leave its hosts as they found them."""
-    with private_lab(LAB_HOSTS, "lab") as running:
+    """A shared lab (3 hosts). Tests must leave its hosts as they found them: the lab
+    recipe's release current (toolchain, wheelhouse, store), no engine unit, env file
+    or pins. It boots on the deployed layer and drops the layer's unit, env file and
+    pins: the state its modules expect and leave, without the first deploy (toolkit and
+    release, 25-50 s a host) that the first module using each host paid every run."""
+    with private_lab(LAB_HOSTS, "lab", deployed=True) as running:
+        _no_engine_unit(running)
         yield running
         _warn_failed_units(running)
+
+
+def _no_engine_unit(running) -> None:
+    """Stop and remove the deployed layer's engine unit, env file and pins on every host
+    (the layer's releases, toolchain and wheelhouse stay)."""
+    from k26ops.layout import DEFAULT_UNIT, UNIT_DIR, Layout
+    from k26ops.units import ENV_FILE
+    from labtools import lab_ssh
+
+    cmd = (f"systemctl disable --now {DEFAULT_UNIT} && rm -f {UNIT_DIR}/{DEFAULT_UNIT} {ENV_FILE} "
+           f"{Layout().pins_file} && systemctl daemon-reload && systemctl reset-failed; "
+           f"test ! -e {UNIT_DIR}/{DEFAULT_UNIT} && test -L {Layout().current}")
+    for h in running.hosts:
+        res = lab_ssh(running.dir, h.port, cmd, timeout=60)
+        assert res.returncode == 0, (h.name, res.stdout, res.stderr)
 
 
 def _warn_failed_units(running) -> None:

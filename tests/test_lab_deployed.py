@@ -114,6 +114,34 @@ def test_deployed_hosts_are_converged_serving_and_each_its_own():
         assert not list(Path(layer).rglob("k26ops-lab-written"))
 
 
+def test_links_into_the_layers_store_copy_no_data_up():
+    """A release build hard-links the uv store's files (the layer's, ~90 MB) into its
+    venv: on a deployed host that copies up metadata, not the files' data (overlayfs
+    metacopy), so a host's first new release does not copy the whole store into its
+    upper dir (30 s under load without it). The linked files read as the layer's."""
+    from conftest import private_lab
+
+    with private_lab(1, "metacopy", deployed=True) as lab:
+        h = lab.hosts[0]
+        layer = Path(json.loads((lab.dir / "lab.json").read_text())["deployed_layer"])
+        upper = lab.dir / "hosts" / h.name / "root" / "upper" / "opt" / "k26ops"
+
+        out = lab_ssh(lab.dir, h.port, "cp -al /opt/k26ops/store /opt/k26ops/store-linked && "
+                      "f=$(find /opt/k26ops/store -type f -size +100k | head -n 1) && "
+                      "sha256sum \"$f\" \"/opt/k26ops/store-linked${f#/opt/k26ops/store}\" | cut -d' ' -f1",
+                      timeout=300)
+        assert out.returncode == 0, out.stderr
+        sums = out.stdout.split()
+        assert len(sums) == 2 and sums[0] == sums[1], out.stdout
+        # every file now has an entry in the host's upper dir (the link needs one); a copied
+        # file holds its size in blocks there, a metacopy entry none (its data stays below)
+        big = [p for p in layer.glob("opt/k26ops/store/**/*") if p.is_file() and p.lstat().st_size > 64 << 10]
+        assert sum(p.lstat().st_size for p in big) > 20 << 20, len(big)
+        copied = [p for p in big if (upper / p.relative_to(layer / "opt" / "k26ops")).lstat().st_blocks * 512
+                  >= p.lstat().st_size // 2]
+        assert not copied, f"{len(copied)} of {len(big)} store files copied up, e.g. {copied[0]}"
+
+
 def test_a_build_removes_old_layers_but_the_newest_and_recently_used(tmp_path, monkeypatch):
     """Every change of the sources makes a new ~600 MB layer: a build keeps the newest
     few, and any a lab booted on lately (it may still run on it)."""

@@ -20,6 +20,11 @@ from k26ops.ssh import connect, q
 from k26ops.steps import release
 from labtools import k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
+# The subject is the release step (its installer, its store, prune): a deploy of only that
+# step. The default playbook's toolkit (per k26ops_root: ~400 MB of pip CUDA wheels in
+# each of the three roots) and the unit, health and smoke after every switch add nothing
+# this test checks.
+RELEASE_ONLY = "name: release-only\nsteps:\n  - release: {keep: 3}\n"
 # installer metadata, and what Python compiles at install or import time: not the wheels' bytes
 NOT_FROM_WHEELS = ("/INSTALLER", "/RECORD", "/REQUESTED", "/direct_url.json", "/uv_cache.json")
 
@@ -57,8 +62,11 @@ def test_uv_release_equals_pip_shares_files_and_prune_frees_them(tmp_path):
         host = lab.hosts[0].name
         ssh = lambda c: lab_ssh(lab.dir, lab.port(host), c, timeout=300).stdout  # noqa: E731
 
+        book = tmp_path / "release-only.yml"
+        book.write_text(RELEASE_ONLY)
+
         def deploy(inv):
-            rc, doc = k26ops_json("-i", str(inv), "deploy", timeout=1800)
+            rc, doc = k26ops_json("-i", str(inv), "deploy", "--playbook", str(book), timeout=1800)
             assert rc == 0 and doc["hosts"][host]["status"] in ("ok", "changed"), doc
             rid = ssh(f"readlink {q(root_of(inv))}/releases/current").strip()
             man = json.loads(ssh(f"cat {q(root_of(inv))}/releases/{rid}/manifest.json"))
