@@ -4,7 +4,6 @@ session and always torn down (also on failure or Ctrl-C)."""
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import os
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labtools import free_port_block
+from labtools import private_lab
 
 LAB_HOSTS = int(os.environ.get("K26OPS_TEST_LAB_HOSTS", "3"))
 # Tests never read the operator's own ~/.config/k26ops/config.toml (k26ops.config);
@@ -48,26 +47,6 @@ def _bytecode_outside_the_checkout() -> None:
 _bytecode_outside_the_checkout()
 
 
-class RunningLab:
-    def __init__(self, directory: Path, count: int, deployed: bool = False):
-        from k26ops.lab.machines import Lab
-
-        self.lab = Lab(directory)
-        self.dir = directory
-        self.base_port = free_port_block(count)
-        self.hosts = self.lab.up(count, self.base_port, log=lambda m: None, deployed=deployed)
-        self.inventory = directory / "inventory.yml"
-
-    def env(self) -> dict:
-        return {"K26OPS_INVENTORY": str(self.inventory), "K26OPS_LAB_DIR": str(self.dir)}
-
-    def port(self, name: str) -> int:
-        return next(h.port for h in self.hosts if h.name == name)
-
-    def down(self) -> None:
-        self.lab.down()
-
-
 def pytest_sessionstart(session):
     """Remove lab dirs that killed test runs left in /var/tmp: their hosts are
     gone, but their overlays hold what the hosts installed (GBs: CUDA wheels)."""
@@ -82,35 +61,6 @@ def pytest_sessionstart(session):
                 shutil.rmtree(d, ignore_errors=True)
         except (OSError, ValueError, TypeError):
             continue
-
-
-@contextlib.contextmanager
-def private_lab(count: int, tag: str, deployed: bool = False):
-    """Boot a lab of `count` hosts for the duration of the block; always torn
-    down (also on failure, Ctrl-C, or, through atexit, a dying interpreter).
-    `deployed=True`: the hosts boot with the lab recipe already deployed and its
-    engine serving (the cached deployed layer, k26ops/lab/deployed.py), for tests
-    that need a converged host, not a first deploy; keep a bare host (the default)
-    for what a first deploy does (wheel bytes, first-deploy faults, custom roots)."""
-    if os.geteuid() != 0:
-        pytest.fail("lab tests need root (systemd-nspawn); run the test suite as root")
-    directory = Path(tempfile.mkdtemp(prefix=f"k26ops-{tag}-", dir="/var/tmp"))
-    try:
-        running = RunningLab(directory, count, deployed)  # a failed `up` stops what it started
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-
-    def cleanup():
-        running.down()
-        shutil.rmtree(directory, ignore_errors=True)
-
-    atexit.register(cleanup)
-    try:
-        yield running
-    finally:
-        cleanup()
-        atexit.unregister(cleanup)
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import ast
+import atexit
+import contextlib
 import functools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -219,7 +225,7 @@ def lab_bus_ids() -> str:
 
 
 # ---------------------------------------------------------------- shared by test modules (issue 32 item 6:
-# no test module imports another; these were in test_engine_source, test_engine_standin, test_fleet)
+# no test module imports another; these were in test_engine_source, test_lab_engine_standin, test_fleet)
 
 import http.client  # noqa: E402
 import time  # noqa: E402
@@ -347,3 +353,55 @@ def parsed(path: Path) -> ast.Module:
     shared: read it (ast.walk, a NodeVisitor), never change it."""
     st = Path(path).stat()
     return _parsed(str(path), st.st_mtime_ns, st.st_size)
+
+
+# -- private labs: booted by the `lab`/`scratch_lab` fixtures (conftest.py) and by tests that
+# need their own hosts; conftest marks a test that calls private_lab(...) `lab`.
+
+class RunningLab:
+    def __init__(self, directory: Path, count: int, deployed: bool = False):
+        from k26ops.lab.machines import Lab
+
+        self.lab = Lab(directory)
+        self.dir = directory
+        self.base_port = free_port_block(count)
+        self.hosts = self.lab.up(count, self.base_port, log=lambda m: None, deployed=deployed)
+        self.inventory = directory / "inventory.yml"
+
+    def env(self) -> dict:
+        return {"K26OPS_INVENTORY": str(self.inventory), "K26OPS_LAB_DIR": str(self.dir)}
+
+    def port(self, name: str) -> int:
+        return next(h.port for h in self.hosts if h.name == name)
+
+    def down(self) -> None:
+        self.lab.down()
+
+
+@contextlib.contextmanager
+def private_lab(count: int, tag: str, deployed: bool = False):
+    """Boot a lab of `count` hosts for the duration of the block; always torn
+    down (also on failure, Ctrl-C, or, through atexit, a dying interpreter).
+    `deployed=True`: the hosts boot with the lab recipe already deployed and its
+    engine serving (the cached deployed layer, k26ops/lab/deployed.py), for tests
+    that need a converged host, not a first deploy; keep a bare host (the default)
+    for what a first deploy does (wheel bytes, first-deploy faults, custom roots)."""
+    if os.geteuid() != 0:
+        pytest.fail("lab tests need root (systemd-nspawn); run the test suite as root")
+    directory = Path(tempfile.mkdtemp(prefix=f"k26ops-{tag}-", dir="/var/tmp"))
+    try:
+        running = RunningLab(directory, count, deployed)  # a failed `up` stops what it started
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+    def cleanup():
+        running.down()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(cleanup)
+    try:
+        yield running
+    finally:
+        cleanup()
+        atexit.unregister(cleanup)

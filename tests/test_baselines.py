@@ -250,7 +250,7 @@ API_KEY = "sk-lab-ROLLBACKKEY-4d2e9b"
 def apikey_lab(tmp_path_factory):
     """A private 1-host lab whose engine runs with --api-key (the stand-in then
     answers 401 on every path but /health*, as SGLang does)."""
-    from conftest import private_lab
+    from labtools import private_lab
 
     d = tmp_path_factory.mktemp("rbapikey")
     with private_lab(1, "rbapikey", deployed=True) as lab:

@@ -17,7 +17,7 @@ PLAYBOOK = REPO / "bench" / "ansible" / "converged.yml"
 
 
 def test_each_lab_source_gives_the_version_its_venv_reports():
-    # the versions tests/test_deploy_release.py reads back from a deployed lab host
+    # the versions tests/test_steps_release.py reads back from a deployed lab host
     git = release.expected_state(recipe_mod.load("lab"))
     reg = release.expected_state(recipe_mod.load("lab-registry"))
     assert git["sglang_version"] == "0.5.23+lab" and reg["sglang_version"] == "0.5.23"

@@ -32,7 +32,7 @@ BASE_ENV = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG":
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from conftest import private_lab
+    from labtools import private_lab
 
     d = tmp_path_factory.mktemp("diagprobe")
     (d / "engine.yml").write_text(PLAYBOOK)

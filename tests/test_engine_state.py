@@ -67,7 +67,7 @@ def _inv(lab, tmp_path) -> str:
 @pytest.fixture
 def deployed_host():
     """A private 1-host lab booted deployed (the test breaks its engine; it needs no first deploy)."""
-    from conftest import private_lab
+    from labtools import private_lab
 
     with private_lab(1, "enginestate", deployed=True) as running:
         yield running

@@ -1,7 +1,7 @@
 """The engine on a host (k26ops.enginehost), its pure parts: the layout under
 `k26ops_root`, the unit name and its check, the env file, the env variables,
 the secrets to redact and the poll target. The ready-wait runs against real
-hosts in test_service.py (health, crash, timeout, rollback) and the probe's tests."""
+hosts in test_steps_engine.py (health, crash, timeout, rollback) and the probe's tests."""
 
 from __future__ import annotations
 

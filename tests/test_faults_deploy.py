@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import private_lab
+from labtools import private_lab
 from labtools import (REPO, free_port_block, harmless_patch, k26ops, k26ops_json, lab_recipe_copy, lab_ssh,
                       write_series)
 

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import private_lab
+from labtools import private_lab
 from labtools import cli, free_port_block, harmless_patch, k26ops, lab_recipe_copy, lab_ssh, write_series
 
 TOKEN = "hf_INPUTSECRET_77aa88bb99cc"

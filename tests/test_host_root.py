@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import yaml
 
-from conftest import private_lab
+from labtools import private_lab
 from k26ops import preflight
 from labtools import k26ops_json, lab_ssh
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import private_lab
+from labtools import private_lab
 from labtools import cli, free_port_block, k26ops, k26ops_json, lab_ssh
 
 from k26ops.lab import rootfs

@@ -24,3 +24,20 @@ def test_an_outer_fixture_keeps_a_test_out_of_the_inner_loop():
     assert "test_ten_thousand_hosts_load" in inner and "test_alias_bomb_is_refused_in_under_a_second" in inner
     assert not inner & {"test_aliases_just_under_the_value_limit_list_and_show_in_seconds",
                         "test_hosts_just_under_the_size_limit_list_in_seconds"}
+
+
+def test_no_test_module_imports_conftest_or_another_test_module():
+    """Shared helpers live in tests/labtools.py (issue 32 item 6): a test module that imports
+    conftest.py or another test module runs that module's top level twice, under two names
+    (pytest loads conftest and test modules itself), and hides where a helper lives."""
+    import ast  # lazy: this test only
+
+    tests = REPO / "tests"
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")]
+    assert not found, "import a helper from labtools instead:\n" + "\n".join(found)

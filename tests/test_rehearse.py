@@ -207,7 +207,7 @@ def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
 
 @pytest.fixture(scope="module")
 def labhost(tmp_path_factory):
-    from conftest import private_lab
+    from labtools import private_lab
 
     d = tmp_path_factory.mktemp("rehearse")
     with private_lab(1, "rehearse", deployed=True) as lab:

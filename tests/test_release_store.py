@@ -14,7 +14,7 @@ import json
 
 import yaml
 
-from conftest import private_lab
+from labtools import private_lab
 from k26ops.inventory import load
 from k26ops.ssh import connect, q
 from k26ops.steps import release

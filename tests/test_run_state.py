@@ -4,7 +4,7 @@ steps (Step.undo), and the service state has one constructor.
 
 Source checks (ast over k26ops/) plus the playbook's restore order on real
 HostContext and Step objects; the restores themselves run on lab hosts
-(tests/test_faults_deploy.py, tests/test_service.py, tests/test_baselines.py).
+(tests/test_faults_deploy.py, tests/test_steps_engine.py, tests/test_baselines.py).
 """
 
 from __future__ import annotations

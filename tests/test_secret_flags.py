@@ -8,7 +8,7 @@
   and typo'd secret names (hf_tokn) are masked in output and baselines.
 - A unit k26ops did not write is never overwritten (foreign_unit).
 The lab side (non-root `ps`, `systemctl status`, journal; ssh.service refused)
-is in tests/test_service.py.
+is in tests/test_steps_engine.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import private_lab
+from labtools import private_lab
 from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
 
 ENGINE_STEPS = "name: engine\nsteps:\n  - cuda_toolkit: {}\n  - release: {keep: 3}\n"

@@ -16,7 +16,7 @@ import re
 import pytest
 import yaml
 
-from conftest import private_lab
+from labtools import private_lab
 from labtools import k26ops, lab_ssh
 
 KNOB = "/etc/k26ops-lab/nvidia-smi.env"

@@ -406,7 +406,7 @@ def test_an_engine_with_an_api_key_is_checked_and_smoked_with_it(lab, engine, ca
     # the journal, nor in the engine's /proc cmdline; only the root-only file it reads with --config
     # holds it. (The engine's own start-up line, server_args=, logs it in clear unless the release
     # carries patches/*/redact-api-key-in-startup-log.patch, as the real engine does
-    # (tests/data/serving); these fake releases have no sglang: see test_engine_standin.py.)
+    # (tests/data/serving); these fake releases have no sglang: see test_lab_engine_standin.py.)
     seen = ssh(lab, lab1, f"cd /; for c in 'ps -eo args' 'systemctl status --no-pager -n 50 {UNIT}' "
                           f"'journalctl --no-pager -n 500'; do runuser -u nobody -- sh -c \"$c\" 2>&1; done; "
                           f"cat /proc/$(systemctl show -p MainPID --value {UNIT})/cmdline | tr '\\0' ' '")
