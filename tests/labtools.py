@@ -38,8 +38,11 @@ def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
             port = (port // PORT_CHUNK + 1) * PORT_CHUNK  # the next chunk
             continue
         ok = True
-        # the sshd ports and the engine ports the lab derives from them
-        for p in [*range(port, port + count), *range(port + ENGINE_PORT_OFFSET, port + ENGINE_PORT_OFFSET + count)]:
+        # the sshd ports and the engine ports the lab derives from them; and not the engine port of a
+        # lab up now (its sshd port bound 20000 below), free only while its engine is not serving
+        below = range(max(1024, port - ENGINE_PORT_OFFSET), max(1024, port - ENGINE_PORT_OFFSET + count))
+        for p in [*range(port, port + count), *range(port + ENGINE_PORT_OFFSET, port + ENGINE_PORT_OFFSET + count),
+                  *below]:
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))
