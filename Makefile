@@ -33,8 +33,12 @@ demo: system-deps
 	$(K26) rollback --tag k26-baseline-working
 	@echo "demo done: the lab is still up (k26ops lab status); stop it with: k26ops lab down"
 
+# The whole suite on TEST_WORKERS pytest-xdist processes (tests/README.md: why 2; `make test
+# TEST_WORKERS=0` runs one process). --dist loadfile keeps a module's tests on one worker, so its
+# module-scoped lab boots once; each worker boots its own shared `lab`.
+TEST_WORKERS ?= 2
 test: deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lab-down:
 	$(PY) -m k26ops lab down

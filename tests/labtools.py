@@ -20,13 +20,37 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+PORT_CHUNK = 100  # ports handed out per xdist worker in chunks of this many (a block fits in one)
+# k26ops.lab.machines.ENGINE_PORT_OFFSET (a lab host's engine port is its sshd port + this), not
+# imported: that import costs seconds at every test start (test_marks checks the two agree)
+ENGINE_PORT_OFFSET = 20000
+
+
+def _port_owner(port: int, workers: int) -> int:
+    """Which xdist worker may take `port`: chunks of PORT_CHUNK ports dealt in turn, counted
+    modulo ENGINE_PORT_OFFSET so that a port and its engine port (+20000) have the same owner."""
+    return (port % ENGINE_PORT_OFFSET) // PORT_CHUNK % workers
+
+
 def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
-    """The first port of `count` consecutive free loopback ports."""
+    """The first port of `count` consecutive free loopback ports. Under pytest-xdist, only
+    ports this worker owns (_port_owner), whatever the range: a port is free only until the
+    lab's sshd binds it (seconds of boot later), and two workers probing the same ports
+    could both take it (the ranges of the callers overlap too)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    me = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    assert count <= PORT_CHUNK or workers == 1, count
     port = start + (os.getpid() * 7) % 3000
     while port + count < stop:
+        if workers > 1 and {_port_owner(p, workers) for p in (port, port + count - 1)} != {me}:
+            port = (port // PORT_CHUNK + 1) * PORT_CHUNK  # the next chunk
+            continue
         ok = True
-        # the sshd ports and the engine ports the lab derives from them
-        for p in [*range(port, port + count), *range(port + 20000, port + 20000 + count)]:
+        # the sshd ports and the engine ports the lab derives from them; and not the engine port of a
+        # lab up now (its sshd port bound 20000 below), free only while its engine is not serving
+        below = range(max(1024, port - ENGINE_PORT_OFFSET), max(1024, port - ENGINE_PORT_OFFSET + count))
+        for p in [*range(port, port + count), *range(port + ENGINE_PORT_OFFSET, port + ENGINE_PORT_OFFSET + count),
+                  *below]:
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))

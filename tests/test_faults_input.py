@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from labtools import private_lab
 from labtools import cli, free_port_block, harmless_patch, k26ops, lab_recipe_copy, lab_ssh, write_series
+from sglang_release import CACHE as TEST_CACHE
 
 TOKEN = "hf_INPUTSECRET_77aa88bb99cc"
 TOKEN2 = "hf_OTHERSECRET_1122334455"
@@ -266,8 +267,11 @@ def test_token_never_shown_nor_stored(host, base_inv):
         assert path == ENV_FILE or path.startswith("/opt/k26ops/state/service/"), holders
         assert ssh(host, f"stat -c '%a %U' {path}").strip() == "600 root", path
     assert ssh(host, f"ls -ld /etc/k26ops | cut -c1-10").strip() in ("drwxr-xr-x", "drwx------", "drwxr-x---")
-    # on the control node: nothing k26ops keeps holds it
-    kept = [p for p in (Path.home() / ".cache/k26ops", Path.home() / ".local/share/k26ops") if p.exists()]
+    # on the control node: nothing k26ops keeps holds it (the test suite's own cache aside, ~/.cache/k26ops/test:
+    # the bytecode of this very file, with TOKEN in it, when a run sets PYTHONPYCACHEPREFIX under it)
+    cache = Path.home() / ".cache/k26ops"
+    kept = [p for p in (*(cache.iterdir() if cache.is_dir() else ()), Path.home() / ".local/share/k26ops")
+            if p.exists() and p != TEST_CACHE]
     found = subprocess.run(["grep", "-rlF", "--exclude-dir=wheelhouse", TOKEN, *map(str, kept)],
                            capture_output=True, text=True).stdout if kept else ""
     assert found == "", found
