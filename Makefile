@@ -38,7 +38,7 @@ demo: system-deps
 # module-scoped lab boots once; each worker boots its own shared `lab`.
 TEST_WORKERS ?= 2
 test: deps
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lab-down:
 	$(PY) -m k26ops lab down

@@ -162,6 +162,59 @@ def pytest_collection_modifyitems(config, items):
         if OUTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.outer)
             item.add_marker(pytest.mark.lab)
+    if hasattr(config, "workerinput"):
+        items[:] = _longest_files_first(config, items)
+
+
+# ---------------------------------------------------------------- xdist: the longest files first
+
+FILE_SECONDS = "k26ops/file_seconds"  # pytest's cache: the seconds each test file took in its last run
+LAB_FILE_GUESS = 60.0  # seconds assumed for a lab file with no record (most take 30 s to 5 min)
+
+
+def _longest_files_first(config, items):
+    """On xdist workers (`make test`: -n 2 --dist loadfile --no-loadscope-reorder, so the
+    controller hands out files in this order): the files that took longest last time first,
+    and with no record (a fresh checkout) the files with a lab test first. The quick files
+    then fill the workers' last minutes, instead of one worker starting a 5-minute lab file
+    while the other has run out of work. A file's tests keep their order; every worker
+    computes the same order from the same cache file (written only by the controller, at
+    the end of a run), as xdist requires."""
+    seconds = config.cache.get(FILE_SECONDS, {}) if getattr(config, "cache", None) else {}
+    first_seen, lab = {}, set()
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::")[0]
+        first_seen.setdefault(path, i)
+        if item.get_closest_marker("lab"):
+            lab.add(path)
+
+    def key(item):
+        path = item.nodeid.split("::")[0]
+        unknown = LAB_FILE_GUESS if path in lab else 0.0  # a new file, or no record yet
+        return (-seconds.get(path, unknown), path not in lab, first_seen[path])
+
+    return sorted(items, key=key)  # stable: a file's tests stay in order
+
+
+_RUN_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each file's seconds (setup, call, teardown of its tests), summed where the reports end
+    up: in the controller under xdist, in the one process otherwise."""
+    path = report.nodeid.split("::")[0]
+    _RUN_SECONDS[path] = _RUN_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """Keep this run's file seconds for the next run's order (files not run keep theirs)."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config, "cache", None) or not _RUN_SECONDS \
+            or config.option.keyword:  # a -k run times parts of files
+        return
+    kept = dict(config.cache.get(FILE_SECONDS, {}))
+    kept.update({path: round(sec, 1) for path, sec in _RUN_SECONDS.items()})
+    config.cache.set(FILE_SECONDS, kept)
 
 
 # ---------------------------------------------------------------- the outer loop (issue 32): no host, but heavy
