@@ -210,10 +210,12 @@ def pytest_sessionfinish(session):
     """Keep this run's file seconds for the next run's order (files not run keep theirs)."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config, "cache", None) or not _RUN_SECONDS \
-            or config.option.keyword:  # a -k run times parts of files
+            or config.option.keyword or config.option.markexpr:  # -k, -m: parts of files were run
         return
+    parts = {arg.split("::")[0] for arg in config.args if "::" in arg}  # FILE::TEST: part of FILE
     kept = dict(config.cache.get(FILE_SECONDS, {}))
-    kept.update({path: round(sec, 1) for path, sec in _RUN_SECONDS.items()})
+    kept.update({path: round(sec, 1) for path, sec in _RUN_SECONDS.items()
+                 if not any(path == p or p.endswith("/" + path) or path.endswith(p) for p in parts)})
     config.cache.set(FILE_SECONDS, kept)
 
 
