@@ -590,22 +590,17 @@ def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
     out = same(verified_fact(str(root)))
     assert out == f"{tc}/Z é\tsm_100\n{tc}/cuda-12.9\tsm_90 sm_120 \n", out
 
-    d = root / "drafter"
-    assert same(drafter_fact(str(d))).endswith("missing\n")
-    d.write_text("")
-    assert same(drafter_fact(str(d))).endswith("notdir\n")
-    d.unlink()
-    d.mkdir()
+    d, m = root / "drafter", root / "model"
+    for fact, path in ((drafter_fact, d), (model_fact, m)):  # missing, then a file, then an empty dir
+        assert same(fact(str(path))).endswith("missing\n")
+        path.write_text("")
+        assert same(fact(str(path))).endswith("notdir\n")
+        path.unlink()
+        path.mkdir()
     same(drafter_fact(str(d)), own_expected=False)  # a dir without config.json: its listing is the command's
     (d / "config.json").write_text('{"block_size": 16}')
     assert same(drafter_fact(str(d))).endswith('config\n{"block_size": 16}')
 
-    m = root / "model"
-    assert same(model_fact(str(m))).endswith("missing\n")
-    m.write_text("")
-    assert same(model_fact(str(m))).endswith("notdir\n")
-    m.unlink()
-    m.mkdir()
     assert same(model_fact(str(m))).endswith("dir\n== k26ops-model files\n")
     for name in ("model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors", "B.safetensors",
                  "model.safetensors.index.json", ".hidden.safetensors", "README.md", "x.safetensors.bak",
