@@ -227,7 +227,7 @@ def resolve(name_or_path: str | Path | None = None) -> Path:
 
 # Recipes already parsed in this process: (path, text, check_series_base) -> (series text, Recipe).
 # A deploy asks for its recipe about 7 times per host (profile, preflight, release, engine);
-# parsing is pure-Python YAML twice over (marks and values), under the GIL, so 8 hosts
+# each parse holds the GIL (and, where libyaml is missing, is pure-Python YAML), so 8 hosts
 # parsing 56 times serialised the fan-out. Keyed by the file's text (read every time, and the
 # series file's compared), so an edited recipe or series is parsed again; Recipe is frozen.
 _PARSED: dict[tuple, tuple[str | None, Recipe]] = {}
