@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labtools import private_lab
+from labtools import file_order, private_lab, whole_file_seconds
 
 LAB_HOSTS = int(os.environ.get("K26OPS_TEST_LAB_HOSTS", "3"))
 # Tests never read the operator's own ~/.config/k26ops/config.toml (k26ops.config);
@@ -169,31 +169,16 @@ def pytest_collection_modifyitems(config, items):
 # ---------------------------------------------------------------- xdist: the longest files first
 
 FILE_SECONDS = "k26ops/file_seconds"  # pytest's cache: the seconds each test file took in its last run
-LAB_FILE_GUESS = 60.0  # seconds assumed for a lab file with no record (most take 30 s to 5 min)
 
 
 def _longest_files_first(config, items):
     """On xdist workers (`make test`: -n 2 --dist loadfile --no-loadscope-reorder, so the
-    controller hands out files in this order): the files that took longest last time first,
-    and with no record (a fresh checkout) the files with a lab test first. The quick files
-    then fill the workers' last minutes, instead of one worker starting a 5-minute lab file
-    while the other has run out of work. A file's tests keep their order; every worker
-    computes the same order from the same cache file (written only by the controller, at
-    the end of a run), as xdist requires."""
+    controller hands out files in this order): labtools.file_order. Every worker computes
+    the same order from the same cache file (written only by the controller, at the end of
+    a run), as xdist requires."""
     seconds = config.cache.get(FILE_SECONDS, {}) if getattr(config, "cache", None) else {}
-    first_seen, lab = {}, set()
-    for i, item in enumerate(items):
-        path = item.nodeid.split("::")[0]
-        first_seen.setdefault(path, i)
-        if item.get_closest_marker("lab"):
-            lab.add(path)
-
-    def key(item):
-        path = item.nodeid.split("::")[0]
-        unknown = LAB_FILE_GUESS if path in lab else 0.0  # a new file, or no record yet
-        return (-seconds.get(path, unknown), path not in lab, first_seen[path])
-
-    return sorted(items, key=key)  # stable: a file's tests stay in order
+    lab = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("lab")}
+    return [items[i] for i in file_order([item.nodeid for item in items], lab, seconds)]
 
 
 _RUN_SECONDS: dict[str, float] = {}
@@ -209,14 +194,11 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     """Keep this run's file seconds for the next run's order (files not run keep theirs)."""
     config = session.config
-    if hasattr(config, "workerinput") or not getattr(config, "cache", None) or not _RUN_SECONDS \
-            or config.option.keyword or config.option.markexpr:  # -k, -m: parts of files were run
+    if hasattr(config, "workerinput") or not getattr(config, "cache", None):
         return
-    parts = {arg.split("::")[0] for arg in config.args if "::" in arg}  # FILE::TEST: part of FILE
-    kept = dict(config.cache.get(FILE_SECONDS, {}))
-    kept.update({path: round(sec, 1) for path, sec in _RUN_SECONDS.items()
-                 if not any(path == p or p.endswith("/" + path) or path.endswith(p) for p in parts)})
-    config.cache.set(FILE_SECONDS, kept)
+    whole = whole_file_seconds(_RUN_SECONDS, config.args, bool(config.option.keyword or config.option.markexpr))
+    if whole:
+        config.cache.set(FILE_SECONDS, {**config.cache.get(FILE_SECONDS, {}), **whole})
 
 
 # ---------------------------------------------------------------- the outer loop (issue 32): no host, but heavy

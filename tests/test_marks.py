@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from labtools import REPO
+from labtools import REPO, file_order, whole_file_seconds
 
 
 def _collected(*args: str) -> list[str]:
@@ -41,3 +41,29 @@ def test_no_test_module_imports_conftest_or_another_test_module():
             found += [f"{path.name}:{node.lineno}: {n}" for n in names
                       if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")]
     assert not found, "import a helper from labtools instead:\n" + "\n".join(found)
+
+
+def test_the_longest_files_go_first_and_a_file_keeps_its_order():
+    ids = ["tests/a.py::t1", "tests/a.py::t2", "tests/lab_new.py::t1", "tests/b.py::t1", "tests/lab_old.py::t1",
+           "tests/lab_old.py::t2", "tests/c.py::t1", "tests/lab_new.py::t2"]
+    lab = {"tests/lab_new.py", "tests/lab_old.py"}
+    seconds = {"tests/a.py": 2.0, "tests/b.py": 90.0, "tests/lab_old.py": 30.0}
+    order = [ids[i] for i in file_order(ids, lab, seconds)]
+    assert order == ["tests/b.py::t1",  # 90 s recorded
+                     "tests/lab_new.py::t1", "tests/lab_new.py::t2",  # a lab file with no record: 60 s
+                     "tests/lab_old.py::t1", "tests/lab_old.py::t2",  # 30 s
+                     "tests/a.py::t1", "tests/a.py::t2",  # 2 s
+                     "tests/c.py::t1"]  # no record, no lab test: last
+    # a fresh checkout: the lab files first, each in collection order
+    assert [ids[i] for i in file_order(ids, lab, {})][:4] == [
+        "tests/lab_new.py::t1", "tests/lab_new.py::t2", "tests/lab_old.py::t1", "tests/lab_old.py::t2"]
+
+
+def test_only_whole_files_are_recorded():
+    run = {"tests/test_a.py": 1.234, "tests/test_b.py": 50.0}
+    assert whole_file_seconds(run, ["tests"], selected=False) == {"tests/test_a.py": 1.2, "tests/test_b.py": 50.0}
+    assert whole_file_seconds(run, ["tests"], selected=True) == {}  # -k or -m: parts of files
+    assert whole_file_seconds(run, ["tests/test_b.py::test_x", "tests/test_a.py"], selected=False) == {
+        "tests/test_a.py": 1.2}
+    assert whole_file_seconds(run, ["/work/main/tests/test_b.py::test_x"], selected=False) == {
+        "tests/test_a.py": 1.2}
