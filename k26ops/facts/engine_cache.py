@@ -32,7 +32,7 @@ import re
 # (first engine version that reads them, {variable: subdir of the cache dir ("" = the dir)}), newest first
 CACHE_VARS: tuple[tuple[tuple[int, ...], dict[str, str]], ...] = (
     ((0, 5, 23), {"SGLANG_CACHE_DIR": ""}),
-    ((0,), {"TRITON_CACHE_DIR": "triton", "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    ((), {"TRITON_CACHE_DIR": "triton", "FLASHINFER_WORKSPACE_BASE": "flashinfer",
             "TVM_FFI_CACHE_DIR": "tvm-ffi", "CUDA_CACHE_PATH": "nv-compute",
             "TORCHINDUCTOR_CACHE_DIR": "inductor", "XDG_CACHE_HOME": "xdg"}),
 )
