@@ -133,3 +133,28 @@ def test_the_lab_stand_in_compiles_once_into_the_cache_it_is_pointed_at(tmp_path
         assert k.ensure("triton", "g", "capture") is False
         assert time.monotonic() - t0 < cold / 4 and (where / "g.cubin").exists()
     assert engine_standin.KernelCache({"SGLANG_CACHE_DIR": str(tmp_path / "b")}).ensure("triton", "g", "capture")
+
+
+def test_bench_compare_and_the_gate_read_the_last_starts_ttfgt():
+    """`bench` attaches the host's last start (Layout.last_start_file) to its result; its
+    TTFGT figures are `METRIC@start`, lower is better, compared and gated like the cells'."""
+    from k26ops.enginebench import figures as figs
+    from k26ops.errors import UserError
+
+    cell = {"concurrency": 1, "temperature": 0, "figures": {"tok/s": {"median": 100, "min": 99, "max": 101, "n": 3}}}
+    base = {"cells": [cell], "spec": {"runs": 3}, "startup": {"ttfgt": {"total_s": 160.0, "ready_s": 140.0,
+                                                                        "first_sampled_s": 88.0, "capture_s": 82.5}}}
+    cur = {"cells": [cell], "spec": {"runs": 3}, "startup": {"ttfgt": {"total_s": 60.0, "ready_s": 51.0,
+                                                                       "first_sampled_s": 0.4, "capture_s": None}}}
+    assert figs.parse_figure("ready_s@start") == ("ready_s", None, None)
+    for bad in ("tok/s@start", "ready_s@c1/t0", "nope@start"):
+        with pytest.raises(UserError):
+            figs.parse_figure(bad)
+    assert figs.cells_for(["ready_s@start", "tok/s@c4/t0.7"]) == ([4], [0.7])
+    rows = {r["figure"]: r for r in figs.compare(cur, base)}
+    assert rows["ready_s@start"]["verdict"] == "better" and rows["ready_s@start"]["better"] == "lower"
+    assert "capture_s@start" not in rows  # not measured this time: not compared
+    assert figs.gate_verdict(cur, base, ["ttfgt_s@start", "first_sampled_s@start"], 5.0)["ok"]
+    v = figs.gate_verdict(base, cur, ["ready_s@start"], 5.0)  # a cold start against a warm baseline
+    assert not v["ok"] and v["failed"][0]["label"] == "start to ready s"
+    assert "ready_s@start (start to ready s) measured 140 vs baseline 51" in figs.gate_line("h", v)

@@ -583,6 +583,10 @@ def record_start(ctx: HostContext, ws: "warmstart.WarmStart", r: dict) -> None:
                                            ("first sampled answer", cached.get("sampled"))])
         ctx.report["warm_start"] = {**c, "cache_dir": ws.cache.dir}
         ctx.progress(c["verdict"])
+    # kept on the host for `bench` (its `@start` figures: compare, gate, snapshot --bench)
+    rec = {"release": ReleaseDecision.of(ctx).release_id, "stop_at": ws.stop_at, "ttfgt": t,
+           "warm_start": ctx.report.get("warm_start")}
+    ctx.session.put((json.dumps(rec, sort_keys=True) + "\n").encode(), ctx.layout.last_start_file, mode=0o600)
 
 
 class SmokeStep(Step):
