@@ -158,3 +158,16 @@ def test_bench_compare_and_the_gate_read_the_last_starts_ttfgt():
     v = figs.gate_verdict(base, cur, ["ready_s@start"], 5.0)  # a cold start against a warm baseline
     assert not v["ok"] and v["failed"][0]["label"] == "start to ready s"
     assert "ready_s@start (start to ready s) measured 140 vs baseline 51" in figs.gate_line("h", v)
+
+
+def test_a_baseline_env_file_names_its_release_cache():
+    """A rollback restores a baseline's env file: the cache it points at is the one measured."""
+    d = "/opt/k26ops/engine-cache/rel-a/h200-sm90-tp8-dflash-bs8"
+    for version in ("0.5.17", "0.5.23"):
+        text = units.render_env({"env": {"HF_HUB_OFFLINE": "1", **engine_cache.variables(version, d)}})
+        c = warmstart.cache_in_env({}, text)
+        assert c.dir == d and c.top == "/opt/k26ops/engine-cache" and c.kept == []
+    assert warmstart.cache_in_env({}, 'TRITON_CACHE_DIR="/tmp/cache/triton"\n') is None  # the user's own
+    assert warmstart.cache_in_env({"k26ops_root": "/srv/k"}, units.render_env(
+        {"env": engine_cache.variables("0.5.23", d)})) is None  # another root's
+    assert warmstart.cache_in_env({}, None) is None

@@ -246,6 +246,11 @@ class ServiceStep(Step):
         rehearse = ctx.options.rehearse  # deploy --rehearse: rehearsal.run.Gate, before the restart
         if rehearse and (todo.get("restart") or todo.get("start")):
             rehearse(ctx)
+        ws = warmstart.WarmStart.of(ctx)
+        if ws.cache is None and todo.get("env_text") and (todo.get("restart") or todo.get("start")):
+            ws.cache = warmstart.cache_in_env(ctx.vars, todo["env_text"])  # a rollback's baseline env file
+            if ws.cache:
+                todo["cache"] = ws.cache.request()
         ctx.progress(f"service: installing {svc.unit}")
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
@@ -266,7 +271,6 @@ class ServiceStep(Step):
         svc.changed = True
         svc.restarted = bool(todo.get("restart") or todo.get("start"))
         if svc.restarted:  # the time to first good token counts from here (health and smoke finish it)
-            ws = warmstart.WarmStart.of(ctx)
             ws.stop_at, ws.before = res.get("stop_at"), res.get("cache_before")
         show = res["show"]
         if svc.restarted:

@@ -24,6 +24,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from k26ops import units
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
 from k26ops.layout import Layout
@@ -71,6 +72,21 @@ def cache_for(hvars: dict, engine_version: str | None, release_id: str, argv: li
     wanted = engine_cache.variables(engine_version, d)
     env, kept = engine_cache.apply(env, wanted)
     return Cache(d, f"{layout.root}/{engine_cache.SUBDIR}", wanted, kept), env
+
+
+def cache_in_env(hvars: dict, env_text: str | None) -> Cache | None:
+    """The release cache an env file points the engine at (a baseline's, restored by a
+    rollback), or None: the first cache variable whose value is a dir under engine-cache."""
+    top = f"{Layout.of(hvars).root}/{engine_cache.SUBDIR}/"
+    env = {k: v for k, v, _s, _e in units.parse_env(env_text or "")}
+    for _since, table in engine_cache.CACHE_VARS:
+        for var, sub in table.items():
+            value = env.get(var) or ""
+            d = value[:-len(sub) - 1] if sub and value.endswith("/" + sub) else value if not sub else ""
+            if d.startswith(top) and d.count("/") == top.count("/") + 1:
+                want = {k: f"{d}/{s}" if s else d for k, s in table.items()}
+                return Cache(d, top.rstrip("/"), want, sorted(k for k in want if env.get(k) != want[k]))
+    return None
 
 
 def engine_version_for(ctx) -> str | None:
