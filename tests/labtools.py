@@ -324,7 +324,8 @@ class Standin:
                                   "port": self.port, "extra_args": list(flags), **profile})
         argv[1:3] = [str(STANDIN)]  # the lab runs it as a module; here as a script
         full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                    "K26OPS_STANDIN_LOAD_SECONDS": "0.2", **(env or {})}
+                    "K26OPS_STANDIN_LOAD_SECONDS": "0.2", "SGLANG_CACHE_DIR": str(tmp / "engine-cache"),
+                    **(env or {})}
         with open(self.out, "w") as o, open(self.err, "w") as e:
             self.proc = subprocess.Popen(argv, stdout=o, stderr=e, env=full_env, stdin=subprocess.DEVNULL)
 

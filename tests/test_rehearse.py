@@ -24,7 +24,8 @@ import yaml
 
 from k26ops import units
 from k26ops.rehearsal import plan
-from labtools import cli_json, free_port_block, k26ops, k26ops_json, lab_ssh
+from k26ops.steps.warmstart import MILESTONES
+from labtools import cli_json, free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 DATA = Path(__file__).resolve().parent / "data" / "rehearsal"
 PROFILE = {"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/Kimi-K2.6-DFlash",
@@ -283,6 +284,48 @@ def test_lab_deploy_rehearse_keeps_the_old_engine_serving_and_names_the_crash(la
     assert _remote(h, "systemctl is-active k26-engine.service") == "active"
     assert _remote(h, "sha256sum /etc/k26ops/sglang.env") == env_before  # the crashing env never went in
     assert _remote(h, "systemctl list-units --all --no-legend 'k26ops-rehearse-*' | wc -l") == "0"
+
+
+WARM_PLAYBOOK = "name: warm\nsteps:\n  - release: {keep: 2}\n  - service: {}\n  - health: {}\n  - smoke: {}\n"
+
+
+def test_lab_deploy_rehearse_fills_the_new_release_cache_then_the_start_compiles_nothing(labhost):
+    """Issue 43: the rehearsal runs in the NEW release's engine cache (before `current` moves) and
+    compiles what the real start needs (graphs, then the sampling kernels of the smoke's sampled
+    request); the restart then compiles nothing and the report has its time to first good token.
+    Two releases get two cache dirs; keep 2 prunes the lab's first release and its cache."""
+    h = labhost
+    pb = h["dir"] / "warm.yml"
+    pb.write_text(WARM_PLAYBOOK)
+    dirs = {}
+    for label in ("w1", "w2"):
+        inv = Path(_inv(h, label))
+        doc = yaml.safe_load(inv.read_text())
+        doc["hosts"][h["name"]]["vars"]["recipe"] = str(recipe_with_extra_patch(h["dir"] / label, label))
+        inv.write_text(yaml.safe_dump(doc))
+        rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), "--rehearse", "--rehearse-port",
+                               str(h["port"] + 1), timeout=900)
+        assert rc == 0, data
+        r = data["hosts"][h["name"]]
+        rid, rep = r["release"], r["rehearsal"]
+        cache = rep["engine_cache"]
+        assert rep["release"].endswith("/releases/" + rid)  # its own dir, not `current`: before the switch
+        assert cache["dir"].startswith(f"/opt/k26ops/engine-cache/{rid}/") and cache["variables"] == ["SGLANG_CACHE_DIR"]
+        assert (cache["before"] or {}).get("kernels", 0) == 0 and cache["filled"]["kernels"] >= 3, cache
+        assert r["engine_cache"]["dir"] == cache["dir"]  # the unit reads the dir the rehearsal filled
+        assert f'SGLANG_CACHE_DIR="{cache["dir"]}"' in _remote(h, "cat /etc/k26ops/sglang.env")
+        assert r["warm_start"]["compiled_new"] == 0, r["warm_start"]
+        assert r["warm_start"]["verdict"] == "warm start: no new kernel compiled"
+        t = r["ttfgt"]
+        assert [m["name"] for m in t["milestones"]] == list(MILESTONES)
+        assert {m["name"]: m["source"] for m in t["milestones"]}["graphs captured"] == "log"
+        assert t["stop_s"] is not None and t["total_s"] >= t["ready_s"] >= 0
+        assert rep["ttfgt"]["first_sampled_s"] is not None  # the rehearsal's own, cold
+        dirs[rid] = cache["dir"]
+    assert len(set(dirs.values())) == 2  # two releases never share a cache dir
+    assert _remote(h, "stat -c %a /opt/k26ops/engine-cache") == "700"
+    # keep 2: the lab's own release went, and its engine cache with it
+    assert set(_remote(h, "ls /opt/k26ops/engine-cache").split()) == set(dirs)
 
 
 # ---------------------------------------------------------------- recorded: the real engine on an H200

@@ -6,19 +6,22 @@ from __future__ import annotations
 import math
 import re
 
-from k26ops.enginebench.run import METRICS, cell_key
+from k26ops.enginebench.run import METRICS, START_METRICS, cell_key
 from k26ops.errors import UserError
 
 DEFAULT_GATE = ("tok/s@c1/t0", "accept@c1/t0")
-_FIG = re.compile(r"(?P<metric>[a-z0-9_/]+?)@c(?P<c>\d+)/t(?P<t>\d+(\.\d+)?)")
+FIGURES = {**METRICS, **START_METRICS}
+_FIG = re.compile(r"(?P<metric>[a-z0-9_/]+?)@(?:c(?P<c>\d+)/t(?P<t>\d+(\.\d+)?)|(?P<start>start))")
 
 
-def parse_figure(name: str) -> tuple[str, int, float]:
+def parse_figure(name: str) -> tuple[str, int | None, float | None]:
+    """(metric, concurrency, temperature); a start-up figure (`ready_s@start`) has no cell: None, None."""
     m = _FIG.fullmatch(name.strip())
-    if not m or m["metric"] not in METRICS:
+    if not m or m["metric"] not in (START_METRICS if m["start"] else METRICS):
         raise UserError(f"--gate-figures: {name!r} is not a figure; write METRIC@cN/tT with METRIC one of "
-                        f"{', '.join(METRICS)} (e.g. tok/s@c1/t0)")
-    return m["metric"], int(m["c"]), float(m["t"])
+                        f"{', '.join(METRICS)} (e.g. tok/s@c1/t0), or START@start with START one of "
+                        f"{', '.join(START_METRICS)} (the last start's time to first good token)")
+    return (m["metric"], None, None) if m["start"] else (m["metric"], int(m["c"]), float(m["t"]))
 
 
 def figure_name(metric: str, c: int, t: float) -> str:
@@ -31,6 +34,11 @@ def flatten(bench: dict) -> dict[str, dict]:
     for cell in bench.get("cells") or []:
         for metric, stat in (cell.get("figures") or {}).items():
             out[figure_name(metric, cell["concurrency"], cell["temperature"])] = stat
+    ttfgt = (bench.get("startup") or {}).get("ttfgt") or {}
+    for metric, (key, _label, _better) in START_METRICS.items():
+        v = ttfgt.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{metric}@start"] = {"median": v, "min": v, "max": v, "n": 1}
     return out
 
 
@@ -49,7 +57,7 @@ def plain_number(x: float, digits: int = 4) -> str:
 
 def direction(metric: str) -> str:
     """Which way is better for `metric`: "higher" (tok/s, accept) or "lower" (TTFT, ITL)."""
-    return "higher" if METRICS[metric][2] > 0 else "lower"
+    return "higher" if FIGURES[metric][2] > 0 else "lower"
 
 
 def verdict_word(worse_pct: float, same_within: float = 0.5) -> str:
@@ -60,7 +68,7 @@ def verdict_word(worse_pct: float, same_within: float = 0.5) -> str:
 def regression_pct(metric: str, base: float, cur: float) -> float:
     """How much worse `cur` is than `base`, in percent of base (<= 0: not worse)."""
     pct = change_pct(base, cur)
-    return 0.0 if pct is None else -pct * METRICS[metric][2]
+    return 0.0 if pct is None else -pct * FIGURES[metric][2]
 
 
 def compare(current: dict, baseline: dict) -> list[dict]:
@@ -73,7 +81,7 @@ def compare(current: dict, baseline: dict) -> list[dict]:
         metric = name.split("@", 1)[0]
         b, c = base[name]["median"], stat["median"]
         worse = round(regression_pct(metric, b, c), 2)
-        rows.append({"figure": name, "label": METRICS[metric][1], "baseline": b, "current": c,
+        rows.append({"figure": name, "label": FIGURES[metric][1], "baseline": b, "current": c,
                      "current_min": stat["min"], "current_max": stat["max"],
                      "change_pct": None if change_pct(b, c) is None else round(change_pct(b, c), 2),
                      "worse_pct": worse, "better": direction(metric), "verdict": verdict_word(worse)})
@@ -105,7 +113,7 @@ def gate_verdict(current: dict, baseline: dict, figures: list[str], threshold: f
             failed.append({"figure": name, "why": unusable})
             continue
         worse = regression_pct(metric, b, c)
-        row = {"figure": name, "label": METRICS[metric][1], "baseline": b, "current": c,
+        row = {"figure": name, "label": FIGURES[metric][1], "baseline": b, "current": c,
                "min": cur[name]["min"], "max": cur[name]["max"], "worse_pct": round(worse, 2), "runs": runs}
         checked.append(row)
         if not worse <= threshold:
@@ -140,6 +148,8 @@ def cells_for(figures: list[str]) -> tuple[list[int], list[float]]:
     cs, ts = [], []
     for name in figures:
         _m, c, t = parse_figure(name)
+        if c is None:  # a start-up figure: the host's last start, no cell to run
+            continue
         cs += [c] if c not in cs else []
         ts += [t] if t not in ts else []
     return cs, ts

@@ -17,16 +17,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import agents, units
+from k26ops import agents, facts, units
 from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.enginehost import LAB_MODULE, EngineHost, wait_ready
 from k26ops.errors import UserError
+from k26ops.facts import engine_cache
 from k26ops.profile import effective_recipe
 from k26ops.rehearsal import plan
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import HostContext, StepFailed
-from k26ops.steps.engine import smoke_requests
+from k26ops.steps import warmstart
+from k26ops.steps.engine import SmokeStep, smoke_requests
 
 STANDIN_FILE = "lab/fixtures/engine_standin.py"
 PROBE_STATE = "rehearse-probe-state"
@@ -138,7 +140,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     report: dict = {"release": release_dir, "notes": [], "options": opts.to_json(), "state": "starting"}
     secrets = eh.secrets()
 
-    chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0])
+    chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0], release=release_dir)
     if not chk.get("python_exists"):
         raise StepFailed(f"rehearsal: no engine python at {unit_argv[0]} (release {release_dir} not built?)")
     if not chk.get("port_free"):
@@ -155,6 +157,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     report["argv"] = units.redact(" ".join(argv), secrets)
     report["cuda_graphs"] = plan.graphs_on(argv)
     env = dict(eh.env() if env is None else env)
+    cache, env = _cache(ctx, chk.get("release_id"), argv, env, report)
     files = {}
     if eh.is_lab:  # the lab stand-in, in the temp dir: a release being rehearsed has no unit yet
         files["lab/" + LAB_MODULE + ".py"] = (Path(__file__).resolve().parent.parent / STANDIN_FILE).read_text()
@@ -175,10 +178,11 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
         if not st.get("ok"):
             raise StepFailed(f"rehearsal: the engine could not be started: {units.redact(st.get('error') or '', secrets)}")
         handle = st["handle"]
+        report["started_at"], report["tz_offset"] = st.get("at"), st.get("tz_offset") or 0
         report["runner"] = "transient unit " + handle["unit"] if handle["kind"] == "unit" else \
             f"process group {handle['pgid']} (no systemd)"
         report["notes"] += st.get("notes") or []
-        _serve(ctx, opts, report, handle, port, model, secrets, progress, smoke_requests({}), t0)
+        _serve(ctx, opts, report, handle, port, model, secrets, progress, smoke_requests(_smoke_params(ctx)), t0)
     finally:
         if handle:
             progress("stopping the rehearsal engine and removing its temp dir")
@@ -192,6 +196,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
                 d = classify(log, recipe.base)
                 report["diagnosis"] = d.to_json()
             report["_log"] = log
+            _filled(ctx, cache, report, log)
         if probe is not None:
             _revert_probe(ctx, probe, report, report.get("_log") or "")
         if stopped_serving:
@@ -210,6 +215,46 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     return report
 
 
+def _smoke_params(ctx) -> dict:
+    """The deploy's own smoke step's settings (its sampled request), so that the rehearsal
+    compiles what the real start's first requests need; {} outside a deploy."""
+    smoke = next((s for s in getattr(ctx, "steps", None) or () if isinstance(s, SmokeStep)), None)
+    return dict(smoke.params) if smoke else {}
+
+
+def _cache(ctx, release_id, argv, env, report) -> tuple:
+    """The release's engine cache for the rehearsal's command line (the dir the unit's start
+    will read), made root-only; (its plan, env with its variables)."""
+    if not release_id:
+        return None, env
+    gpus = warmstart.gpus_of(ctx.facts) or warmstart.gpus_of(facts.gather(ctx.session, ["gpus"]))
+    cache, env = warmstart.cache_for(ctx.vars, warmstart.engine_version_for(ctx), release_id, argv, gpus, env)
+    got = agents.run(ctx.session, "engine", "cache", what="host agent", cache=cache.request(), make=True)
+    report["engine_cache"] = {**cache.to_json(), "before": got.get("cache")}
+    if cache.kept:
+        report["notes"].append(engine_cache.kept_note(cache.kept))
+    return cache, env
+
+
+def _filled(ctx, cache, report, log: str) -> None:
+    """After the rehearsal: what it left in the release's cache for the real start, and its
+    own time to first good token (from its start: there was no stop)."""
+    smoke = report.get("smoke") or {}
+    report["ttfgt"] = warmstart.timeline(
+        stop_at=None, started_at=report.pop("started_at", None), ready_at=report.pop("ready_at", None),
+        greedy_at=(smoke.get("greedy") or {}).get("at"), sampled_at=(smoke.get("sampled") or {}).get("at"),
+        log=log, tz_offset=report.pop("tz_offset", 0), metrics=report.get("metrics"), started_source="k26ops")
+    if cache is None:
+        return
+    try:
+        after = agents.run(ctx.session, "engine", "cache", what="host agent", cache=cache.request()).get("cache")
+    except StepFailed:
+        after = None
+    c = report["engine_cache"]
+    c["after"] = after
+    c["filled"] = engine_cache.grew(c.get("before"), after)
+
+
 def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, t0) -> None:
     """Ready-wait, smoke, bench: fills the report; sets state 'served' only when all answered."""
     def poll(window, req):
@@ -220,6 +265,7 @@ def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, 
                    on_wait=lambda r: progress(f"waiting for the engine: {r.poll.get('state')} {r.elapsed:.0f}s"
                                               + (f": {r.last_line}" if r.last_line else "")))
     report["ready_s"] = round(w.elapsed, 1)
+    report["ready_at"] = w.poll.get("at")
     if w.state != "healthy":
         report["state"] = "crashed" if w.state == "crashed" else w.state
         report["why"] = (f"the engine crashed while starting ({w.poll.get('why')}) after {w.elapsed:.0f}s"
@@ -254,7 +300,7 @@ def _smoke_record(r: dict) -> dict:
     meta = body.get("meta_info") or {}
     keep = ("spec_accept_length", "spec_verify_ct", "completion_tokens", "prompt_tokens", "spec_accept_rate",
             "spec_num_correct_drafts", "spec_num_proposed_drafts", "finish_reason")
-    return {"status": r["status"], "latency_s": r["latency_s"], "sampling": r["sampling"],
+    return {"status": r["status"], "latency_s": r["latency_s"], "sampling": r["sampling"], "at": r.get("at"),
             **{k: meta.get(k) for k in keep if k in meta},
             "output_ids": (body.get("output_ids") or [])[:16]}
 
@@ -274,17 +320,8 @@ def _bench(ctx, opts, report, port, model, progress) -> None:
 
 def _metrics(text: str) -> dict:
     """The few Prometheus lines a rehearsal reports (spec accept, graph capture time)."""
-    keep = ("spec_accept_length", "startup_cuda_graph_time_seconds", "spec_verify_calls_total", "cuda_graph_passes")
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not any(k in line for k in keep):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            continue
-    return out
+    return warmstart.parse_metrics(text, ("spec_accept_length", "spec_verify_calls_total", "cuda_graph_passes")
+                                   + warmstart.METRIC_NAMES)
 
 
 # ---------------------------------------------------------------- --probe

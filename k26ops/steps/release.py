@@ -34,6 +34,7 @@ from k26ops.release import (engine_flags, engine_source, enginelock, installer, 
                             prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
+from k26ops.facts import engine_cache
 from k26ops.facts.base import Fact, safe
 from k26ops.layout import Layout, switch_current
 from k26ops.shell import q
@@ -353,7 +354,8 @@ class Release(Step):
         # the venv unpacks the wheels: about three times their size (a rough floor, said as such)
         wheelhouse.need_free(ctx.session, rel, 3 * sum(w.size for w in prep.wheels),
                              f"release {rid} (about 3x its {len(prep.wheels)} wheels)")
-        ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches && "
+        # a release built again starts with an empty engine cache: two builds never share compiled objects
+        ctx.run(f"rm -rf {q(d)} {q(engine_cache.release_cache(ctx.root, rid))} && mkdir -p {q(d)}/k26ops/patches && "
                 f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
         how = installer.choice(ctx.vars, ctx.host.name)
         tools = [installer.uv_wheel()] if how == "uv" else []
@@ -414,6 +416,8 @@ def prune(session, releases_root: str, root: str, names: list[str]) -> dict:
     gone = ownership.delete(session, releases_root, names)
     if not gone:
         return {"deleted": [], "removed": 0, "freed": 0}
+    # each release's engine cache goes with it (k26ops_root/engine-cache/<id>: ids are checked names)
+    session.run("rm -rf " + " ".join(q(engine_cache.release_cache(root, n)) for n in gone), check=True)
     gc = agents.run(session, "store", "gc", 600, what="store agent", store=installer.store_dir(root))
     return {"deleted": gone, **gc}
 
