@@ -42,6 +42,7 @@ from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
+from k26ops.steps import traffic
 from k26ops.steps.release import ReleaseDecision
 
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
@@ -174,6 +175,7 @@ class ServiceStep(Step):
         lab_text = STANDIN.read_text() if lab_path else None
         settings = {k: v for k, v in mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
                     if k in units.UNIT_DEFAULTS}
+        settings = traffic.unit_settings(ctx, settings)  # TimeoutStopSec > drain_timeout
 
         def render(release_id):
             return (units.render_unit({**settings, "profile": profile, "release_id": release_id, "env_file": epath}),
@@ -233,6 +235,8 @@ class ServiceStep(Step):
         rehearse = ctx.options.rehearse  # deploy --rehearse: rehearsal.run.Gate, before the restart
         if rehearse and (todo.get("restart") or todo.get("start")):
             rehearse(ctx)
+        if todo.get("restart") or todo.get("start"):  # out of rotation and drained before any signal
+            traffic.before_stop(ctx, svc, restart=bool(todo.get("restart")))
         ctx.progress(f"service: installing {svc.unit}")
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
@@ -261,7 +265,7 @@ class ServiceStep(Step):
         """The previous unit, env file and `current` in one agent call (the restart
         must run the previous release), when this run changed any of them."""
         svc = ServiceState.get(ctx)
-        if svc is None or not (svc.changed or ReleaseDecision.of(ctx).changed):
+        if svc is None or not svc.changed:  # the engine was not touched: the release step puts `current` back
             return None
         return rollback(ctx, svc)
 
