@@ -31,13 +31,16 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable
 
 from k26ops import agents
+from k26ops.enginehost import EngineHost, wait_ready
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.hostvars import Var, declare
 from k26ops.interrupt import requested as interrupt_requested
 from k26ops.layout import DEFAULT_PORT
+from k26ops.multinode import serves_http
 from k26ops.traffic.gateway import Gateway, GatewayError, check_url, normal_url
 
 DEFAULT_DRAIN_TIMEOUT = 300.0
@@ -166,6 +169,20 @@ class TrafficConfig:
         return f"plain: SGLang's own drain on SIGTERM; {tail}"
 
 
+    def check(self) -> tuple[bool, str]:
+        """`check`: (ok, one line): the summary, and for gateway mode what every gateway says of
+        this host's worker now (read only); ok False when a gateway does not answer."""
+        line, ok = self.summary(), True
+        for gw in (Gateway(u, self.api_key) for u in self.gateways) if self.mode == "gateway" else ():
+            try:
+                w = gw.find(self.worker_url)
+            except GatewayError as exc:
+                return False, f"{line}; {exc}"
+            line += (f"; {gw.name}: {self.worker_url} " + ("not registered (a deploy registers it)" if w is None
+                                                             else "healthy" if w.healthy else "unhealthy"))
+        return ok, line
+
+
 # ---------------------------------------------------------------- the run's view of every gateway
 
 _LOCKS: dict[str, threading.Lock] = {}
@@ -202,6 +219,7 @@ class Drain:
     engine_port: int = DEFAULT_PORT
     engine_api_key: str | None = field(default=None, repr=False)  # the engine's --api-key, for POST /workers
     progress: Callable[[str], None] = lambda m: None
+    secrets: list = field(default_factory=list, repr=False)  # redacted from the engine's log lines
     window: float = 2.0
     wait_for_others_s: float = 3600.0  # longest wait for another host of this run to come back
     record: dict = field(default_factory=dict)
@@ -371,3 +389,34 @@ class Drain:
         if p.returncode != 0:
             last = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [""])[-1][:200]
             raise StepFailed(f"drain_hook ({phase}) {self.cfg.hook[0]} exited {p.returncode}: {last}")
+
+
+def for_session(session, progress: Callable[[str], None] = lambda m: None,
+                hvars: dict | None = None) -> Drain | None:
+    """The host's drain for a stop made outside a deploy's service step (reboot, provision's
+    reboot, diagnose cuda-graph, rehearse --stop-serving); None where the host does not drain."""
+    host = session.host
+    hv = dict(host.vars if hvars is None else hvars)
+    cfg = TrafficConfig.of(host, hv)
+    if not cfg.drains or not serves_http(hv):
+        return None
+    eh = EngineHost(SimpleNamespace(vars=hv, state={}, session=session, host=host))
+    addr, port = eh.target()
+    return Drain(cfg, host.name, session, engine_host=addr, engine_port=port, engine_api_key=eh.api_key(),
+                 progress=progress, secrets=eh.secrets())
+
+
+def back_when_healthy(d: Drain, session, unit: str, timeout: float) -> None:
+    """After a stop made outside a deploy: wait until the engine answers /health and /health_generate
+    on the host (`session`: a new one after a reboot), then put it back; StepFailed (left out of
+    rotation) when it does not."""
+    d.session = session
+    w = wait_ready(session, unit, d.engine_host, d.engine_port, base=None, timeout=timeout, secrets=d.secrets,
+                   on_wait=lambda r: d.progress(f"waiting for the engine before putting it back: "
+                                                f"{r.poll['state']} {r.elapsed:.0f}s"))
+    if w.state != "healthy":
+        raise StepFailed(f"the engine is {w.state} after {w.elapsed:.0f}s: left out of rotation")
+    if d.cfg.mode in ("gateway", "hook"):
+        d.put_back()
+    else:
+        d.serving_again()
