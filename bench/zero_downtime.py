@@ -67,7 +67,8 @@ class Router:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-             "--control-plane-api-keys", f"bench:bench:admin:{self.key}", "--log-level", "warn"],
+             "--control-plane-api-keys", f"bench:bench:admin:{self.key}", "--log-level", "warn",
+             "--policy", "round_robin"],  # every host gets traffic (cache_aware sends one prompt to one worker)
             stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         t0 = time.monotonic()
         while time.monotonic() - t0 < 30:
@@ -152,7 +153,8 @@ class Traffic:
         why = None
         try:
             c = http.client.HTTPConnection("127.0.0.1", self.router.port, timeout=120)
-            body = {"text": "hello there", "stream": stream, "sampling_params": {"max_new_tokens": n}}
+            body = {"text": f"request {self.rng.random():.6f}", "stream": stream,
+                    "sampling_params": {"max_new_tokens": n}}
             c.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
             r = c.getresponse()
             if r.status != 200:
@@ -258,7 +260,6 @@ def run_mode(b: common.BenchLab, mode: str, recipe_new: str, recipe_old: str | N
         watcher.start()
         traffic.start()
         time.sleep(25.0)  # long streams in flight on every host before the rollout starts
-        t0 = time.monotonic()
         proc, wall = common.k26ops("--json", "-i", str(new), "deploy", "--batch", "1", env=env, timeout=1800)
         time.sleep(TAIL_S)
         traffic.stop()
@@ -286,7 +287,7 @@ def run_mode(b: common.BenchLab, mode: str, recipe_new: str, recipe_old: str | N
                 "stop_to_serving_s": {h: t.get("stop_to_serving_s") for h, t in tr.items()},
                 "k26ops_zero_healthy": (out.get("traffic") or {}).get("zero_healthy_seen"),
                 "deploy_wall_s": round(wall, 1), "deploy_exit": proc.returncode,
-                "started_after_s": round(t0 - t0, 1)}
+                "deploy_error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [""])[-1][:300]}
     finally:
         router.stop()
 

@@ -54,7 +54,7 @@ def before_stop(ctx: HostContext, svc, *, restart: bool) -> None:
     if ctx.check or not cfg.drains or not serves_http(ctx.vars):
         return
     d = Drain(cfg, ctx.host.name, ctx.session, engine_host=svc.host, engine_port=svc.port,
-              engine_api_key=svc.api_key, progress=lambda m: ctx.progress(f"drain: {m}"))
+              engine_api_key=svc.api_key, progress=ctx.progress)
     Rotation(drain=d).put(ctx)
     ctx.report["traffic"] = d.record
     if restart:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -216,3 +217,50 @@ class Gateway:
                 return None
             on_wait(el)
             time.sleep(interval)
+
+
+class Watch:
+    """A run's watch on its gateways: GET /workers every `interval` s in a thread, counting the
+    windows in which a gateway had zero healthy workers (what a rollout must never cause)."""
+
+    def __init__(self, gateways: list[Gateway], interval: float = 1.0):
+        self.gateways, self.interval = gateways, interval
+        self.zero_windows: dict[str, int] = {g.name: 0 for g in gateways}
+        self.min_healthy: dict[str, int | None] = {g.name: None for g in gateways}
+        self.errors: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gateway-watch", daemon=True)
+
+    def _run(self) -> None:
+        zero = {g.name: False for g in self.gateways}
+        while True:
+            for g in self.gateways:
+                try:
+                    n = sum(1 for w in g.workers() if w.healthy)
+                except GatewayError as exc:
+                    self.errors[g.name] = str(exc)
+                    continue
+                m = self.min_healthy[g.name]
+                self.min_healthy[g.name] = n if m is None else min(m, n)
+                if n == 0 and not zero[g.name]:
+                    self.zero_windows[g.name] += 1
+                zero[g.name] = n == 0
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "Watch":
+        if self.gateways:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def report(self) -> dict:
+        """{"zero_worker_windows": N, "gateways": {name: {"min_healthy", "zero_worker_windows", "error"?}}}."""
+        return {"zero_worker_windows": sum(self.zero_windows.values()),
+                "gateways": {n: {"min_healthy": self.min_healthy[n], "zero_worker_windows": self.zero_windows[n],
+                                 **({"error": self.errors[n]} if n in self.errors else {})}
+                             for n in self.zero_windows}}
