@@ -6,6 +6,7 @@
     deadline = 7200                       # default --deadline, seconds
     connect_timeout = 15                  # default --connect-timeout, seconds
     targets = "gpu"                       # host pattern commands act on (a playbook's hosts:)
+    batch = "1"                           # default --batch of deploy and rollback (N, P% or 1,2,25%)
 
 Precedence: command-line flag > environment variable (K26OPS_INVENTORY,
 K26OPS_BASELINES) > this file > built-in default. Paths may start with ~;
@@ -35,7 +36,8 @@ class Key:
 
 
 KEYS = {k.name: k for k in (Key("inventory", Path), Key("baselines", Path), Key("forks", int, 1, 512),
-                            Key("deadline", float, 1), Key("connect_timeout", float, 0.1), Key("targets", str))}
+                            Key("deadline", float, 1), Key("connect_timeout", float, 0.1), Key("targets", str),
+                            Key("batch", str))}
 
 
 def config_path() -> Path:
@@ -94,6 +96,8 @@ def _line(text: str, name: str) -> int:
 
 def _value(where: str, path: Path, key: Key, value):
     where = f"{where}: {key.name}"
+    if key.name == "batch" and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # batch = 1: a count (the CLI parses it as --batch does)
     if key.kind is str:
         if not isinstance(value, str) or not value.strip():
             raise UserError(f"{where} must be a non-empty string (a host pattern), got {value!r}")

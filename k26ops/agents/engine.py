@@ -333,6 +333,33 @@ def op_poll(r):
                     "last_line": last_meaningful(j), "show": s, "base": base}
         time.sleep(r.get("interval", 0.25))
 
+def inflight_now(port, host):
+    """(status, running, queued) from the engine's /metrics: sglang:num_running_reqs and
+    sglang:num_queue_reqs summed over their samples (one per scheduler); None where not served."""
+    code, text = http(port, "/metrics", timeout=5.0, host=host)
+    if code != 200:
+        return code, None, None
+    got = {"sglang:num_running_reqs": None, "sglang:num_queue_reqs": None}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in got:
+            try: got[name] = (got[name] or 0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError): pass
+    return code, got["sglang:num_running_reqs"], got["sglang:num_queue_reqs"]
+
+def op_inflight(r):
+    """Long-poll (r["window"] s) until the engine has no request running or queued; answers
+    {"status", "running", "queued", "metrics": False where /metrics does not count them}."""
+    end = time.monotonic() + r.get("window", 2.0)
+    while True:
+        code, running, queued = inflight_now(r["port"], r.get("host", "127.0.0.1"))
+        if running is None:
+            return {"status": code, "metrics": False, "running": None, "queued": None}
+        n = int(running + (queued or 0))
+        if n == 0 or time.monotonic() >= end:
+            return {"status": code, "metrics": True, "running": int(running), "queued": int(queued or 0)}
+        time.sleep(r.get("interval", 0.25))
+
 def generate(r, name, sampling):
     body = {"text": r["prompt"], "sampling_params": dict(sampling, max_new_tokens=r["max_new_tokens"])}
     t0 = time.monotonic()

@@ -33,6 +33,9 @@ def effective(settings: Settings) -> dict:
     pattern = config.load().get("targets")
     out["targets"] = {"value": pattern, "source": f"config {config.config_path()}" if pattern else
                       "default (the hosts that set gpus_per_host, else every host)"}
+    batch = config.load().get("batch")
+    out["batch"] = {"value": batch, "source": f"config {config.config_path()}" if batch else
+                    "default (deploy/rollback: one host at a time where a gateway or drain_hook is set, else all)"}
     return out
 
 

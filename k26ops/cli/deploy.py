@@ -10,7 +10,7 @@ from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE, parse_figure
 from k26ops.enginebench.gate import BenchGate, plan_gate
 from k26ops.enginebench.run import METRICS
-from k26ops.cli.batchopts import batch_option, max_fail_option
+from k26ops.cli.batchopts import batch_option, default_batch, max_fail_option
 from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
@@ -78,7 +78,8 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Playbook to run (playbooks/NAME.yml).")
 @click.option("--canary", type=click.IntRange(0), default=0, metavar="N",
               help="Deploy to N hosts first; go on with the rest only if they all succeed.")
-@batch_option(help_more=" Default: the rest at once.")
+@batch_option(help_more=" Default: the config file's `batch`, else one host at a time where the inventory names "
+                        "a model_gateway or drain_hook, else the rest at once.")
 @max_fail_option()
 @click.option("--gate", "gate_tag", metavar="TAG",
               help="With --canary N: bench the canaries (with --batch: every host, batch by batch) and go on "
@@ -98,6 +99,7 @@ def deploy_cmd(settings, check, diff, name, canary, batch, max_fail, gate_tag, g
                baselines_dir, rehearse, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
     options = RunOptions(rehearse=Gate(options_from(rkw, bench=False)) if rehearse else None)
+    batch = default_batch(settings, batch)
     if gate_tag is None:
         run_playbook(settings, name, check=check, diff=diff, canary=canary, options=options, batch=batch,
                      max_fail=max_fail)

@@ -9,6 +9,7 @@ from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report
 from k26ops.fleet import Outcome
+from k26ops.traffic.drain import TrafficConfig
 
 
 def _gather(session, want: dict | None = None):
@@ -50,12 +51,15 @@ def check_cmd(settings):
 
     wanted = {h.name: preflight.engine_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2
     recipes = {h.name: preflight.recipe_lock(h.vars) for h in settings.selected_hosts()}
+    traffic = {h.name: TrafficConfig.of(h) for h in settings.selected_hosts()}  # bad traffic vars: exit 2
 
     def work(session):
         want = wanted[session.host.name]
         checks = [preflight.recipe_check(recipes[session.host.name])]
         checks += preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want["drafter"],
                                                               "_model_path": want["model_path"]})
+        if traffic[session.host.name].configured:
+            checks.append(preflight.Check("traffic", *traffic[session.host.name].check()))
         failed = [c for c in checks if not c.ok]
         if failed:
             raise PreflightFailed("; ".join(f"{c.name}: {c.detail}" for c in failed))
@@ -66,6 +70,9 @@ def check_cmd(settings):
         for r in results:
             for c in r.data.get("checks", []):
                 con.print(f"  {r.host}: [green]ok[/] {c['check']}: {c['detail']}")
+        if not any(t.configured for t in traffic.values()):  # said once, not per host
+            con.print("  traffic: no host names a model_gateway, drain_hook or drain mode: an engine restart "
+                      "drops its in-flight requests, as before (docs/how-to/gateway-and-drain.md)", highlight=False)
 
     run_and_report(settings, work, title="preflight", columns=[("verdict", "verdict")], render=render)
 

@@ -29,6 +29,8 @@ from k26ops.shell import q
 from k26ops.steps import HostContext, StepFailed
 from k26ops.steps import warmstart
 from k26ops.steps.engine import SmokeStep, smoke_requests
+from k26ops.traffic import drain as drain_mod
+from k26ops.traffic.gateway import GatewayError
 
 STANDIN_FILE = "lab/fixtures/engine_standin.py"
 PROBE_STATE = "rehearse-probe-state"
@@ -166,11 +168,14 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     if opts.probe:
         probe = _apply_probe(ctx, release_dir, report, progress)
     stopped_serving = False
-    handle = None
+    handle = drain = None
     try:
         if serving and opts.serving == "stop":
+            drain = drain_mod.for_session(ctx.session, progress, ctx.vars)
+            if drain:  # out of rotation and drained before the stop; back once it serves again
+                drain.take_out()
             progress(f"stopping the serving engine {eh.unit} for the rehearsal")
-            ctx.run(f"systemctl stop {q(eh.unit)}", check=True, timeout=300)
+            ctx.run(f"systemctl stop {q(eh.unit)}", check=True, timeout=drain_stop_timeout(drain))
             stopped_serving = True
         progress(f"starting the engine on dummy weights (port {port})")
         st = agent(ctx.session, "start", argv=argv, env=env, model=model, draft=draft, files=files,
@@ -200,7 +205,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
         if probe is not None:
             _revert_probe(ctx, probe, report, report.get("_log") or "")
         if stopped_serving:
-            _restart_serving(ctx, eh, secrets, report, progress)
+            _restart_serving(ctx, eh, secrets, report, progress, drain)
     report["elapsed_s"] = round(time.monotonic() - t0, 1)
     if report["state"] != "served":
         d = report.get("diagnosis") or {}
@@ -362,7 +367,12 @@ def _revert_probe(ctx, probe: dict, report: dict, log: str) -> None:
                            differ=differ[:10], error=r.get("error"))
 
 
-def _restart_serving(ctx, eh, secrets, report, progress) -> None:
+def drain_stop_timeout(drain) -> float:
+    """`systemctl stop`'s wait: longer than the unit's TimeoutStopSec where the host drains."""
+    return 300.0 if drain is None else max(300.0, float(drain.cfg.timeout_stop_sec() or 0) + 30)
+
+
+def _restart_serving(ctx, eh, secrets, report, progress, drain=None) -> None:
     progress(f"starting the serving engine {eh.unit} again")
     ctx.run(f"systemctl start {q(eh.unit)}", timeout=600)
     host, port = eh.target()
@@ -370,7 +380,17 @@ def _restart_serving(ctx, eh, secrets, report, progress) -> None:
                    on_wait=lambda r: progress(f"waiting for the serving engine: {r.poll['state']} {r.elapsed:.0f}s"))
     report["serving_after"] = w.state
     if w.state != "healthy":
-        report.setdefault("notes", []).append(f"the serving engine {eh.unit} is {w.state} after the rehearsal")
+        report.setdefault("notes", []).append(f"the serving engine {eh.unit} is {w.state} after the rehearsal"
+                                              + ("; left out of rotation" if drain else ""))
+    elif drain is not None:
+        try:
+            if drain.cfg.mode in ("gateway", "hook"):
+                drain.put_back()
+            else:
+                drain.serving_again()
+        except (StepFailed, GatewayError) as exc:
+            report.setdefault("notes", []).append(f"not put back in rotation: {exc}")
+        report["traffic"] = drain.record
 
 
 # ---------------------------------------------------------------- deploy --rehearse

@@ -42,6 +42,7 @@ from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
+from k26ops.steps import traffic
 from k26ops.steps.release import ReleaseDecision
 from k26ops.steps import warmstart
 
@@ -175,6 +176,7 @@ class ServiceStep(Step):
         lab_text = STANDIN.read_text() if lab_path else None
         settings = {k: v for k, v in mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
                     if k in units.UNIT_DEFAULTS}
+        settings = traffic.unit_settings(ctx, settings)  # TimeoutStopSec > drain_timeout
 
         cache = []  # the release's engine cache, once render knows the release
 
@@ -251,6 +253,8 @@ class ServiceStep(Step):
             ws.cache = warmstart.cache_in_env(ctx.vars, todo["env_text"])  # a rollback's baseline env file
             if ws.cache:
                 todo["cache"] = ws.cache.request()
+        if todo.get("restart") or todo.get("start"):  # out of rotation and drained before any signal
+            traffic.before_stop(ctx, svc, restart=bool(todo.get("restart")))
         ctx.progress(f"service: installing {svc.unit}")
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
@@ -281,7 +285,7 @@ class ServiceStep(Step):
         """The previous unit, env file and `current` in one agent call (the restart
         must run the previous release), when this run changed any of them."""
         svc = ServiceState.get(ctx)
-        if svc is None or not (svc.changed or ReleaseDecision.of(ctx).changed):
+        if svc is None or not svc.changed:  # the engine was not touched: the release step puts `current` back
             return None
         return rollback(ctx, svc)
 
