@@ -11,7 +11,6 @@ import os
 import sys
 
 KEY_ENV = "K26OPS_GATEWAY_ADMIN_KEY"
-WORKER_KEY_ENV = "K26OPS_GATEWAY_WORKER_KEY"
 
 
 def main() -> None:
@@ -19,9 +18,6 @@ def main() -> None:
     key = os.environ.pop(KEY_ENV, "")
     if key:
         args += ["--control-plane-api-keys", "k26ops:k26ops:admin:" + key]
-    worker_key = os.environ.pop(WORKER_KEY_ENV, "")
-    if worker_key:
-        args += ["--api-key", worker_key]
     from sglang_router.launch_router import launch_router, parse_router_args
 
     launch_router(parse_router_args(args))

@@ -37,7 +37,6 @@ DEFAULT_METRICS_PORT = 29000  # the router's own default (--prometheus-port)
 DEFAULT_UNIT = "k26-gateway.service"
 ENV_FILE = "/etc/k26ops/gateway.env"
 KEY_ENV = "K26OPS_GATEWAY_ADMIN_KEY"  # the launcher reads and drops it (never in argv)
-WORKER_KEY_ENV = "K26OPS_GATEWAY_WORKER_KEY"
 LOCKS_DIR = resources.path("playbooks") / "gateway"
 LAUNCHER = units.TEMPLATES_DIR / "gateway_launch.py"
 UNIT_TEMPLATE = "sglang-router.service.j2"
@@ -225,3 +224,22 @@ def engines_of(gw: GatewayHost, engines: list[dict]) -> list[dict]:
     host name or its URL."""
     mine = {gw.name, gw.url.rstrip("/")}
     return [e for e in engines if mine & {g.rstrip("/") for g in e["gateways"]}]
+
+
+def engine_workers(hosts) -> list[dict]:
+    """Every inventory host that names a gateway, as the worker it registers: its engine's URL
+    (address and engine port, from its profile) and the engine's --api-key (the gateway sends it on)."""
+    from k26ops.profile import profile_for, recipe_for
+
+    out, cache = [], {}
+    for h in hosts:
+        names = named_gateways(h)
+        if not names:
+            continue
+        prof = profile_for(h.vars, recipe_for(h.vars, cache=cache))
+        port = int(prof.get("port") or 30000)
+        addr = str(h.address or h.name)
+        url = f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}"
+        out.append({"name": h.name, "url": url, "gateways": names,
+                    "api_key": units.engine_flag_secrets(prof).get("--api-key") or None})
+    return out
