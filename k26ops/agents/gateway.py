@@ -50,7 +50,7 @@ def crashed(s, base):
 def op_poll(r):
     """/health until 200, at most `timeout` s; a dead or restarted unit ends the wait at once."""
     unit, host, port = r["unit"], r["host"], r["port"]
-    end = time.monotonic() + r.get("timeout", 60.0)
+    end = time.monotonic() + r.get("wait", 60.0)
     s = show(unit)
     base = {k: s.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
     t0 = time.monotonic()

@@ -285,7 +285,7 @@ def roll_back(ctx: HostContext) -> str:
 
 def poll(ctx: HostContext, gw: GatewayHost, timeout: float) -> dict:
     return agents.run(ctx.session, "gateway", "poll", timeout + 60, what="gateway agent", unit=gw.unit,
-                      host=gw.poll_host, port=gw.port, timeout=timeout)
+                      host=gw.poll_host, port=gw.port, wait=timeout)
 
 
 class GatewayHealth(Step):
