@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from k26ops import inventory, playbook
+from k26ops import agents, inventory, playbook
 from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.deploy import render_changes
 from k26ops.cli.report import run_and_report
@@ -117,8 +117,6 @@ def rollback_cmd(settings, check):
 def status_cmd(settings):
     """Per gateway host: unit state, /health, /readiness, release, workers (named, registered, healthy).
     Exit 1 when a gateway does not serve."""
-    from k26ops import agents
-
     gs = GatewaySettings(settings)
     hosts = gs.selected_hosts()
     engines = engine_workers(gs.inventory_obj.hosts.values())

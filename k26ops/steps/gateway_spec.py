@@ -28,6 +28,7 @@ from k26ops import resources, units
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.layout import UNIT_DIR, Layout, check_unit_name
+from k26ops.profile import profile_for, recipe_for
 from k26ops.release import enginelock
 
 GROUP = "gateway"
@@ -229,8 +230,6 @@ def engines_of(gw: GatewayHost, engines: list[dict]) -> list[dict]:
 def engine_workers(hosts) -> list[dict]:
     """Every inventory host that names a gateway, as the worker it registers: its engine's URL
     (address and engine port, from its profile) and the engine's --api-key (the gateway sends it on)."""
-    from k26ops.profile import profile_for, recipe_for
-
     out, cache = [], {}
     for h in hosts:
         names = named_gateways(h)
