@@ -197,10 +197,7 @@ class GatewayHost:
 
 def extra_flags(value, host: str) -> list[str]:
     """`gateway_flags`: a list of words or a mapping flag -> value (True: bare flag); never a flag k26ops sets."""
-    try:
-        words = units._extra_args(value if value not in (None, {}) else None)
-    except UserError as exc:
-        raise UserError(f"{host}: inventory var gateway_flags: {str(exc).split(': ', 1)[-1]}") from None
+    words = units.flag_words(value if value not in (None, {}) else None, f"{host}: inventory var gateway_flags")
     for w in words:
         if w.split("=", 1)[0] in MANAGED_FLAGS:
             raise UserError(f"{host}: inventory var gateway_flags may not set {w.split('=', 1)[0]}: k26ops sets it "
