@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import REPO, cli
+from labtools import REPO, cli, cli_json
 
 from k26ops.errors import UserError
 from k26ops.inventory import Host
@@ -132,3 +132,21 @@ def test_gateway_commands_without_a_gateway_group_say_so(tmp_path):
                    "groups:\n  gateway: {hosts: [g]}\n")
     r = cli("-i", str(inv), "gateway", "deploy", "--check")
     assert r.returncode == 2 and "a: inventory var gateways: 'gw9' is no inventory host" in r.stderr
+
+
+def test_gateway_lock_writes_a_lock_the_deploy_reads(tmp_path, monkeypatch):
+    """`gateway lock` (the resolver answered from the shipped lock's entries: the index moves on)."""
+    from k26ops.release import enginelock
+
+    shipped = spec.load_lock(spec.lock_path({}))
+    monkeypatch.setattr(enginelock, "resolve_requirements", lambda reqs, python, idx=(): list(shipped.entries))
+    out = tmp_path / "gw.lock"
+    rc, doc = cli_json("gateway", "lock", "0.3.2", "--python", "3.11", "-o", str(out))
+    assert rc == 0 and doc["output"] == str(out) and doc["lock"] == out.read_text()
+    got = spec.load_lock(out)
+    assert (got.version, got.python, got.entries) == ("0.3.2", "3.11", shipped.entries)
+    assert out.read_text() == spec.lock_path({}).read_text()  # the shipped lock is what the command makes
+    r = cli("gateway", "lock", "0.3.2", "-o", str(tmp_path / "no/such/dir/x.lock"))
+    assert r.returncode == 2 and "cannot write the lock" in r.stderr and "Traceback" not in r.stderr
+    r = cli("gateway", "lock", "latest")
+    assert r.returncode == 2 and "expected VERSION like 0.3.2" in r.stderr

@@ -9,6 +9,7 @@ import click
 
 from k26ops import agents, inventory, playbook
 from k26ops.cli.batchopts import batch_option, max_fail_option
+from k26ops.cli import jsonout
 from k26ops.cli.deploy import render_changes
 from k26ops.cli.report import run_and_report
 from k26ops.cli.rollout import run_rollout
@@ -161,11 +162,19 @@ def status_cmd(settings):
 @click.option("--python", "python", default="3.11", show_default=True, help="The gateway hosts' python3 (X.Y).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write the lock here (default: stdout); point gateway_lock at it.")
-def lock_cmd(version, python, output):
+@click.pass_obj
+def lock_cmd(settings, version, python, output):
     """Make a gateway lock: sglang-router==VERSION and its dependencies, each wheel with its sha256."""
     text = make_lock(version, python)
     if output:
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            raise UserError(f"{output}: cannot write the lock: {exc.strerror}") from None
+    if settings.as_json:
+        jsonout.emit({"hosts": {}, "version": version, "python": python, "lock": text,
+                      "output": str(output) if output else None})
+    elif output:
         click.echo(f"wrote {output} (sglang-router {version}, python {python})", err=True)
     else:
         click.echo(text, nl=False)
