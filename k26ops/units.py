@@ -167,10 +167,20 @@ def _int(profile: Mapping, key: str, minimum: int = 0) -> int | None:
 
 
 def _extra_args(extra) -> list[str]:
-    """extra_args: a list of words, or a mapping flag -> value (True: bare flag;
+    """extra_args (flag_words), none of the flags engine_argv sets itself."""
+    out = flag_words(extra, "engine profile: extra_args")
+    for word in out:
+        if word.split("=", 1)[0] in MANAGED_FLAGS:
+            raise UserError(f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
+                            "it comes from the profile's own setting")
+    return out
+
+
+def flag_words(extra, what: str) -> list[str]:
+    """Command-line words from a list of words, or a mapping flag -> value (True: bare flag;
     False/None: omitted; list: the flag once, then every item, as a `nargs='+'` flag
     such as --cuda-graph-bs-decode takes them: repeating the flag per item would
-    leave argparse with the last item only)."""
+    leave argparse with the last item only). `what` names the setting in errors."""
     if extra is None:
         return []
     out: list[str] = []
@@ -186,12 +196,9 @@ def _extra_args(extra) -> list[str]:
     elif isinstance(extra, (list, tuple)):
         out = [str(a) for a in extra]
     else:
-        raise UserError(f"engine profile: extra_args must be a list or mapping, got {extra!r}")
+        raise UserError(f"{what} must be a list or mapping, got {extra!r}")
     for word in out:
-        _check_text(word, "engine extra_args")
-        if word.split("=", 1)[0] in MANAGED_FLAGS:
-            raise UserError(f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
-                            "it comes from the profile's own setting")
+        _check_text(word, what)
     return out
 
 
