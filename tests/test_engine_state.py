@@ -104,9 +104,13 @@ def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(deployed_h
     proc = k26ops("-i", inv, "status")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip() == f"k26ops: lab1: {UNIT} should serve but is stopped (unit inactive)", proc.stderr
+    # the table's status column and the summary say it too (issue 45 item 3: they said `ok`, `1 ok`)
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("lab1 "))
+    assert row[1:3] == ["stopped", "stopped"] and proc.stdout.splitlines()[-1] == "1 stopped", proc.stdout
     rc, st = k26ops_json("-i", inv, "status")
     h = st["hosts"]["lab1"]
     assert rc == 1 and not st["ok"] and h["engine_state"] == "stopped" and h["started"] is None, h
+    assert h["status"] == "stopped", h
 
     # a crash at every start: systemd restarts it until its start limit, then gives up
     ssh("echo 'K26OPS_STANDIN_CRASH=\"load\"' >> /etc/k26ops/sglang.env && systemctl start "
