@@ -58,8 +58,15 @@ UNIT_DEFAULTS = {
     "restart_sec": 10,
     "timeout_start_sec": 3600,
     "timeout_stop_sec": 120,
-    "start_limit_interval_sec": 7200,
-    "start_limit_burst": 3,
+    # Only a crash loop trips the start limit (issue 45 item 2). systemd.unit(5): more than
+    # StartLimitBurst starts within StartLimitIntervalSec refuse the next one, and *every* start
+    # counts (Restart= ones, `systemctl restart` by hand, a deploy's). A crash loop starts once per
+    # RestartSec + time-to-crash: 6 starts in 300 s is a loop crashing within ~50 s of its start
+    # (bad flag, import error, 203/EXEC, 217/USER, OOM at load: stopped in ~5 min); an engine that
+    # loads for minutes before it crashes keeps being restarted, and `status` says crash-looping.
+    # An operator's 4-5 restarts in a few minutes stay under it (7200 s / 3 left engines failed).
+    "start_limit_interval_sec": 300,
+    "start_limit_burst": 5,
     "limit_nofile": 1048576,
     "syslog_identifier": "sglang",
 }
