@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
+from rich.markup import escape
 
 from k26ops import facts as facts_mod
 from k26ops import preflight
-from k26ops.cli.report import run_and_report
+from k26ops.cli.report import run_and_report, wide_console
 from k26ops.fleet import Outcome
 
 
@@ -62,10 +62,13 @@ def check_cmd(settings):
         return Outcome(checks=[c.to_json() for c in checks], verdict="pass")
 
     def render(results):
-        con = Console()
+        """A failed check is the host's error (below the table); the passing ones with -v only."""
+        if not settings.verbose:
+            return
+        con = wide_console()  # piped: never wrapped
         for r in results:
             for c in r.data.get("checks", []):
-                con.print(f"  {r.host}: [green]ok[/] {c['check']}: {c['detail']}")
+                con.print(f"  {r.host}: [green]ok[/] {c['check']}: {escape(c['detail'])}", highlight=False)
 
     run_and_report(settings, work, title="preflight", columns=[("verdict", "verdict")], render=render)
 
