@@ -16,6 +16,7 @@ from k26ops.facts import smi_q
 from k26ops.facts.cuda import cuda_toolkit_fact
 from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
+from k26ops.facts.engine_user import engine_user_fact
 from k26ops.facts.fabric import verdict
 from k26ops.facts.smi_q import ACTIONS, fault_lines
 from k26ops.facts.xid import ACTION_TEXT, distinct, who
@@ -63,7 +64,17 @@ def engine_wanted(host_vars: dict) -> dict:
     as the unit gets it) and the drafter (`drafter_wanted`). A bad recipe raises UserError."""
     prof = profile_for(host_vars, recipe_for(host_vars))
     return {"model_path": str(prof.get("model_path") or expectations(host_vars)["model_path"]),
-            "drafter": drafter_wanted(host_vars)}
+            "drafter": drafter_wanted(host_vars), "user": engine_user(host_vars),
+            "releases_root": str(Layout.of(host_vars).releases_root)}
+
+
+def engine_user(host_vars: dict) -> str | None:
+    """The unit's User= (unit_settings `User` or `user`), None for root (systemd's default)."""
+    settings = host_vars.get("unit_settings")
+    if not isinstance(settings, dict):
+        return None
+    user = settings.get("User", settings.get("user"))
+    return None if user in (None, "", "root", 0) else str(user)
 
 
 def drafter_wanted(host_vars: dict) -> dict | None:
@@ -109,7 +120,31 @@ def engine_facts(want: dict) -> list:
     out = [model_fact(want["model_path"])]
     if (want.get("drafter") or {}).get("path"):
         out.append(drafter_fact(want["drafter"]["path"]))
+    if want.get("user"):
+        out.append(engine_user_fact(want["user"], engine_user_paths(want)))
     return out
+
+
+def engine_user_paths(want: dict) -> list[str]:
+    """What a non-root engine must read: the model, the drafter, the releases (its venv)."""
+    drafter = (want.get("drafter") or {}).get("path")
+    return [want["model_path"], *([drafter] if drafter else []), want.get("releases_root") or Layout().releases_root]
+
+
+def engine_user_check(fact: dict, user: str) -> Check:
+    """The unit's User= exists and can read the model, drafter and releases (else 217/USER or
+    203/EXEC at every start, after the unit was replaced)."""
+    if fact.get("error"):
+        return Check("engine_user", False, f"{user}: {fact['error']}")
+    if not fact.get("exists"):
+        return Check("engine_user", False, f"user {user} (unit_settings User) does not exist on the host: the "
+                     "engine would fail with 217/USER; create it (useradd --system) or drop User")
+    if fact.get("denied"):
+        return Check("engine_user", False, f"user {user} cannot read {', '.join(fact['denied'])}: the engine "
+                     "would fail to start; give it read access (chgrp/chmod, or an ACL: setfacl -R -m u:"
+                     f"{user}:rX PATH)")
+    return Check("engine_user", True, f"user {user} (uid {fact.get('uid')}) reads "
+                 + (", ".join(fact.get("readable") or []) or "nothing checked"))
 
 
 def paths(host_vars: dict) -> list[str]:
@@ -249,6 +284,8 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
         checks.append(root_check(facts["user"] or {}))
     if "drafter" in facts and host_vars.get("_drafter"):
         checks.append(drafter_check(facts["drafter"] or {}, host_vars["_drafter"]))
+    if isinstance(facts.get("engine_user"), dict) and engine_user(host_vars):
+        checks.append(engine_user_check(facts["engine_user"], engine_user(host_vars)))
     sd = facts.get("systemd") or {}
     checks.append(Check("systemd", bool(sd.get("version")),
                         f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd")))
@@ -270,7 +307,7 @@ def model_check(fact: dict, path: str) -> Check:
 
 # What a deploy refuses before it changes a host: the checks about what it will start.
 # The driver is the cuda_toolkit step's (it plans before anything changes).
-DEPLOY_CHECKS = ("model", "drafter", "disk_model", "disk_releases", "gpu_reset")
+DEPLOY_CHECKS = ("model", "drafter", "disk_model", "disk_releases", "gpu_reset", "engine_user")
 # The standard facts those checks read (gpu_reset_check; the others read engine_facts and host_facts).
 DEPLOY_FACTS = ("gpus", "gpu_health")
 

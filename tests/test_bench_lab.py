@@ -125,6 +125,14 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env):
     proc = k26ops("--limit", "lab1", "bench", "--compare", "bench-old", "--concurrency", "1", "--temperatures", "0",
                   "--runs", "1", *SHORT, env=env["env"])
     assert proc.returncode == 0 and "lab1 vs bench-old" in proc.stdout and "%" in proc.stdout, proc.stdout
+    # the same release benched again, on the baseline's own cells (no --concurrency/--temperatures/lengths
+    # given: its c1/t0 only, not the default six cells): every figure within noise (issue 45 item 7)
+    rc, data = k26ops_json("--limit", "lab1", "bench", "--compare", "bench-new", "--runs", "5", env=env["env"])
+    assert rc == 0, data
+    cmp = data["hosts"]["lab1"]["compare"]
+    assert {r["figure"].split("@")[1] for r in cmp["rows"]} == {"c1/t0"} and cmp["settings_differ"] == [], cmp
+    assert data["hosts"]["lab1"]["bench"]["spec"]["runs"] == 5
+    assert [r for r in cmp["rows"] if r["verdict"] != "within noise"] == [], cmp["rows"]
 
 
 def test_gate_passes_an_unchanged_engine_and_goes_on(lab, env):

@@ -17,7 +17,7 @@ EXPECTED = json.loads((LOGS / "expected.json").read_text())
 MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
 IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
        "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt", "engine-config-refused",
-       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing"}
+       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing", "port-in-use"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -308,10 +308,18 @@ def test_clean_log_has_no_error(text):
     assert d.title == "no error found" and "No error" in d.suggestion
 
 
+@pytest.mark.parametrize("text", [
+    "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use\n",
+    "OSError: [Errno 98] Address already in use\n",
+    "RuntimeError: The server socket has failed to bind to 0.0.0.0:29500 (errno: 98 - Address already in use).\n",
+])
+def test_a_taken_port_is_a_port_clash(text):
+    """Was `unclassified` (issue 45 item 5): uvicorn's HTTP bind, Python's, torch's TCPStore."""
+    d = classify(text)
+    assert d.signature == "port-in-use" and "port clash" in d.title and "--rehearse-port" in d.suggestion
+
+
 @pytest.mark.parametrize("text, evidence", [
-    ("ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): "
-     "address already in use\n", "address already in use"),
-    ("OSError: [Errno 98] Address already in use\n", "OSError: [Errno 98] Address already in use"),
     ("ModuleNotFoundError: No module named 'flashinfer'\n", "No module named 'flashinfer'"),
     ("RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code "
      "is -9 (SIGKILL), a common cause is the OS OOM killer.\n", "Rank 0 scheduler died"),

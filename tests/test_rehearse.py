@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ import yaml
 from k26ops import units
 from k26ops.rehearsal import plan
 from k26ops.steps.warmstart import MILESTONES
-from labtools import cli_json, free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools import cli, cli_json, free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 DATA = Path(__file__).resolve().parent / "data" / "rehearsal"
 PROFILE = {"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/Kimi-K2.6-DFlash",
@@ -189,6 +190,21 @@ def test_local_rehearsal_names_a_first_request_crash(local_host):
     assert h["rehearsal"]["cleanup"]["left"] == [] and _left_rehearsal_processes() == []
 
 
+def test_local_rehearsal_on_a_taken_port_names_the_option_to_change(local_host):
+    """Issue 45 item 5: the refusal named `--port`; the option is --rehearse-port."""
+    import socket
+
+    inv = local_host["inventory"]()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", local_host["port"]))
+        held.listen()
+        proc = cli("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]), timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert f"port {local_host['port']} on the host is taken" in out and "with --rehearse-port" in out, out
+    assert "--port " not in out.replace("--rehearse-port", ""), out
+
+
 def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
     inv = local_host["inventory"]()
     doc = yaml.safe_load(inv.read_text())
@@ -238,7 +254,12 @@ def test_lab_rehearse_refuses_beside_a_serving_engine_then_runs_alongside(labhos
     assert rc == 0, data
     pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
     rport = str(h["port"] + 1)
-    proc = k26ops("-i", inv, "rehearse", "--rehearse-port", rport, timeout=300)
+    # the port is taken too (the lab shares this machine's loopback): the refusal a user acts on first is the
+    # serving engine's (--alongside / --stop-serving), not the port (issue 45 item 5)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", int(rport)))
+        held.listen()
+        proc = k26ops("-i", inv, "rehearse", "--rehearse-port", rport, timeout=300)
     assert proc.returncode == 1 and "rehearsal refused: the serving engine" in proc.stdout + proc.stderr
     rc, data = k26ops_json("-i", inv, "rehearse", "--alongside", "--rehearse-port", rport, "--no-bench",
                            timeout=600)
@@ -442,3 +463,21 @@ def test_recorded_real_rehearsal_with_fewer_layers_serves():
     assert rep["state"] == "served" and rep["layers"] == 3
     assert "drafter target_layer_ids [1, 2] -> [0, 1] (spread over the outputs of target layers 0..1)" in rep["notes"]
     assert [c["graph"] for c in rep["capture"]["captures"]] == ["target verify", "draft verify"]
+
+
+def test_deploy_prints_one_rehearsal_line_per_host(capsys):
+    """deploy --rehearse printed nothing about a passing rehearsal unless --json (issue 45 item 5);
+    each figure has one format, the rehearse table's too."""
+    from k26ops.cli.deploy import render_changes
+    from k26ops.cli.rehearse import _columns
+    from k26ops.fleet import HostResult
+    from k26ops.rehearsal import summary
+
+    rep = _recorded("h200-qwen3-dflash-final.json")["rehearsal"]
+    assert summary.line(rep) == "rehearsed: ready 150 s, capture 83 s, accept 1.03"
+    assert _columns(rep) == {"_state": "served", "_ready": "150 s", "_capture": "83 s", "_accept": "1.03",
+                             "_toks": "297"}
+    render_changes([HostResult("h200", "changed", data={"rehearsal": rep, "steps": []}),
+                    HostResult("h2", "failed", data={"rehearsal": {"state": "crashed"}})], check=False, diff=False)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  h200: rehearsed: ready 150 s, capture 83 s, accept 1.03", "  h2: rehearsal crashed"], out

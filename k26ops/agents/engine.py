@@ -236,8 +236,11 @@ def op_apply(r):
         write(staged, r["unit_text"], 0o644)
         if shutil.which("systemd-analyze"):
             rc, out, err = sh(["systemd-analyze", "verify", staged], timeout=120)
-            if rc != 0:
-                return {"ok": False, "error": "verify", "output": (err + out).strip()[-3000:]}
+            # exit 0 on a setting it ignores ("Unknown key 'Bogus'", "Failed to parse nice priority"):
+            # systemd would start the unit without it, so it is refused like an error
+            ignored = [l for l in (err + out).splitlines() if l.startswith(staged + ":") and ", ignoring" in l]
+            if rc != 0 or ignored:
+                return {"ok": False, "error": "verify", "output": "\n".join(ignored) or (err + out).strip()[-3000:]}
     # Keep the files in place now, for a rollback (manifest says which existed).
     spath = r.get("secrets_path")
     manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),

@@ -12,7 +12,6 @@ import sys
 import click
 from click.core import ParameterSource
 
-from k26ops import __version__
 from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.config
 from k26ops.cli import (baselines, bench, config, deploy, diagnose, engine, gateway, globalopts, hosts, inventory,
                         jsonout, lab, pipe, provision, rehearse, selftest, status)
@@ -54,8 +53,17 @@ class K26Group(click.Group):
             sys.exit(EXIT_INTERRUPTED)
 
 
+def _print_version(ctx, _param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        import k26ops
+
+        click.echo(f"k26ops, version {k26ops.__version__}")
+        ctx.exit()
+
+
 @click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="k26ops")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version (from the git tag it was built from) and exit.")
 @click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
               help="Inventory YAML (default: $K26OPS_INVENTORY, else the config file's, else the running lab's).")
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts or groups (Ansible host pattern).",

@@ -17,6 +17,7 @@ from k26ops.cli.rehearse import options_from, rehearsal_options
 from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
 from k26ops.fleet import exit_code
+from k26ops.rehearsal import summary as rehearsal_summary
 from k26ops.rehearsal.run import Gate
 from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import canary_batches, playbook_work
@@ -48,6 +49,8 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
             if diff:
                 for d in s.get("diffs", []):
                     click.echo(colour_diff(d.rstrip("\n")))  # never wrapped; colour on a terminal only
+        if r.data.get("rehearsal"):  # deploy --rehearse: what the rehearsal measured, one line
+            con.print(f"  {r.host}: {rehearsal_summary.line(r.data['rehearsal'])}", highlight=False)
         if r.data.get("stale_lock"):
             o = r.data["stale_lock"]
             con.print(f"  {r.host}: note: a run that died held this host "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
+from rich.markup import escape
 
 from k26ops import facts as facts_mod
 from k26ops import preflight
-from k26ops.cli.report import run_and_report
+from k26ops.cli.report import run_and_report, wide_console
 from k26ops.fleet import Outcome
 from k26ops.traffic.drain import TrafficConfig
 
@@ -66,11 +66,13 @@ def check_cmd(settings):
         return Outcome(checks=[c.to_json() for c in checks], verdict="pass")
 
     def render(results):
-        con = Console()
-        for r in results:
-            for c in r.data.get("checks", []):
-                con.print(f"  {r.host}: [green]ok[/] {c['check']}: {c['detail']}")
-        if not any(t.configured for t in traffic.values()):  # said once, not per host
+        """A failed check is the host's error (below the table); the passing ones with -v only."""
+        con = wide_console()  # piped: never wrapped
+        if settings.verbose:
+            for r in results:
+                for c in r.data.get("checks", []):
+                    con.print(f"  {r.host}: [green]ok[/] {c['check']}: {escape(c['detail'])}", highlight=False)
+        if not any(t.configured for t in traffic.values()):  # said once, not per host: not ok for traffic
             con.print("  traffic: no host names a model_gateway, drain_hook or drain mode: an engine restart "
                       "drops its in-flight requests, as before (docs/how-to/gateway-and-drain.md)", highlight=False)
 

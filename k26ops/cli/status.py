@@ -99,9 +99,18 @@ def status_cmd(settings, unit, baselines_dir):
 
     run_and_report(settings, work, title="engine status", render=render,
                    exit_with=lambda results: 1 if not_serving(results) else 0,
+                   host_status=host_status,
                    columns=[("engine", "engine_state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
                             ("restarts", "restarts"), ("started", "started")])
+
+
+def host_status(result) -> str | None:
+    """A host whose enabled engine does not serve is not `ok`: its status is the engine's state
+    (stopped, failed, crash-looping, starting, unhealthy, stopping), the one vocabulary of the
+    engine column, so the table, the summary line and `--json`'s host status all say it."""
+    data = result.data or {}
+    return data.get("engine_state") if data.get("serving_ok") is False else None
 
 
 def xid_lines(events: list[dict]) -> list[str]:

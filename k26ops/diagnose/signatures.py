@@ -314,6 +314,25 @@ BACKEND_UNSUPPORTED_GPU = Signature(
                 "whose kernels support this GPU, then restart. Nothing is wrong with the GPU."),
 )
 
+# A port the engine binds is taken: uvicorn's line for the HTTP port ("[Errno 98] error while attempting
+# to bind on address ('::', 2242, 0, 0): address already in use", dphnAI/sonar#621), Python's own
+# OSError, or torch's TCPStore for the dist-init port ("failed to bind to 0.0.0.0:29500 (errno: 98 -
+# Address already in use)", huggingface/text-generation-inference#1156).
+PORT_IN_USE = Signature(
+    keywords=("already in use",),
+    id="port-in-use",
+    title="a port the engine listens on is taken (port clash)",
+    patterns=_rx(r"error" + _ + r"while" + _ + r"attempting" + _ + r"to" + _ + r"bind" + _ + r"on" + _
+                 + r"address" + _ + r"\((?P<address>[^)\n]*)\):" + _ + r"address" + _ + r"already" + _ + r"in" + _ + r"use",
+                 r"failed" + _ + r"to" + _ + r"bind" + _ + r"to" + _ + r"(?P<address>\S+)" + _
+                 + r"\(errno:" + _ + r"98" + _ + r"-" + _ + r"Address" + _ + r"already" + _ + r"in" + _ + r"use",
+                 r"\[Errno" + _ + r"98\]" + _ + r"Address" + _ + r"already" + _ + r"in" + _ + r"use"),
+    suggestion=("Another process holds a port this engine binds (the HTTP port, or --dist-init-addr's / the NCCL "
+                "port): `ss -ltnp` on the host names it. Stop it (an engine left running outside the unit, a "
+                "second unit) or give this engine another port: engine_port, or --rehearse-port for a "
+                "rehearsal. Under systemd it restarts into the same clash until the port is free."),
+)
+
 # Named by the kernel's NVRM lines in the log, not by a regex over the engine's text
 # (k26ops/facts/xid.py parses them; classify puts a hardware Xid before any software symptom).
 GPU_HARDWARE_FAULT = "gpu-hardware-fault"
@@ -329,7 +348,7 @@ GPU_APP_SUGGESTION = ("{where}: Xid {xid}, {meaning}. This Xid usually follows a
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
                                ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, MODEL_PATH_MISSING, AUX_HIDDEN_CAPTURE,
-                               BACKEND_UNSUPPORTED_GPU, CONFIG_REFUSED, NCCL_FAILURE]
+                               BACKEND_UNSUPPORTED_GPU, PORT_IN_USE, CONFIG_REFUSED, NCCL_FAILURE]
 
 NO_ERROR_SUGGESTION = ("No error in this log: no exception, no error line. If the engine "
                        "still died, read the lines before it stopped (or the kernel log: "

@@ -60,9 +60,36 @@ def direction(metric: str) -> str:
     return "higher" if FIGURES[metric][2] > 0 else "lower"
 
 
-def verdict_word(worse_pct: float, same_within: float = 0.5) -> str:
-    """better / worse / same (a change under `same_within` percent is noise)."""
-    return "same" if abs(worse_pct) < same_within else ("worse" if worse_pct > 0 else "better")
+NOISE = "within noise"
+ALPHA = 0.05  # the false-alarm rate a "better" or "worse" may have, per figure
+
+
+def separation_p(n: int, m: int) -> float:
+    """The exact two-sided p-value of complete separation (every run of one bench beyond every run
+    of the other: Mann-Whitney U = 0) when both are the same engine: 2 / C(n+m, n). Only the runs'
+    min and max are stored, and complete separation is the one rank arrangement they show.
+    3 vs 3 runs: 0.10; 4 vs 4: 0.029; 5 vs 5: 0.0079; 5 vs 3: 0.036."""
+    return min(1.0, 2 / math.comb(n + m, n))
+
+
+def judge(metric: str, base: dict, cur: dict) -> dict:
+    """Is the change beyond the runs' spread? {"verdict": better | worse | within noise, "p_value",
+    "ranges_apart", "why"}. A change is named only when the two benches' min-max ranges do not
+    overlap AND that separation is unlikely from noise (separation_p <= ALPHA); otherwise it is
+    within noise, and `why` says which: the ranges overlap, or too few runs to tell."""
+    bn, cn = int(base.get("n") or 1), int(cur.get("n") or 1)
+    b_lo, b_hi = base.get("min", base["median"]), base.get("max", base["median"])
+    c_lo, c_hi = cur.get("min", cur["median"]), cur.get("max", cur["median"])
+    apart = c_lo > b_hi or c_hi < b_lo
+    p = separation_p(bn, cn)
+    if not apart:
+        return {"verdict": NOISE, "p_value": None, "ranges_apart": False, "why": "ranges overlap"}
+    if p > ALPHA:
+        return {"verdict": NOISE, "p_value": round(p, 4), "ranges_apart": True,
+                "why": f"ranges apart, but {bn} vs {cn} run(s) cannot tell (p {p:.2f} > {ALPHA:g}: --runs 5)"}
+    worse = regression_pct(metric, base["median"], cur["median"]) > 0
+    return {"verdict": "worse" if worse else "better", "p_value": round(p, 4), "ranges_apart": True,
+            "why": f"ranges apart, p {p:.3f}"}
 
 
 def regression_pct(metric: str, base: float, cur: float) -> float:
@@ -72,20 +99,36 @@ def regression_pct(metric: str, base: float, cur: float) -> float:
 
 
 def compare(current: dict, baseline: dict) -> list[dict]:
-    """Rows for every figure both benches have."""
+    """Rows for every figure both benches have: medians, both sides' min-max and run counts, the
+    change, and judge()'s verdict (better / worse / within noise) with its p-value and why.
+    A stable shape (`bench --compare --json`, and `k26ops report` reads it)."""
     cur, base = flatten(current), flatten(baseline)
     rows = []
     for name, stat in cur.items():
         if name not in base:
             continue
         metric = name.split("@", 1)[0]
-        b, c = base[name]["median"], stat["median"]
+        bs = base[name]
+        b, c = bs["median"], stat["median"]
         worse = round(regression_pct(metric, b, c), 2)
+        j = judge(metric, bs, stat)
         rows.append({"figure": name, "label": FIGURES[metric][1], "baseline": b, "current": c,
-                     "current_min": stat["min"], "current_max": stat["max"],
+                     "baseline_min": bs.get("min", b), "baseline_max": bs.get("max", b), "baseline_n": bs.get("n", 1),
+                     "current_min": stat.get("min", c), "current_max": stat.get("max", c), "current_n": stat.get("n", 1),
                      "change_pct": None if change_pct(b, c) is None else round(change_pct(b, c), 2),
-                     "worse_pct": worse, "better": direction(metric), "verdict": verdict_word(worse)})
+                     "worse_pct": worse, "better": direction(metric), "verdict": j["verdict"],
+                     "p_value": j["p_value"], "ranges_apart": j["ranges_apart"], "why": j["why"]})
     return rows
+
+
+def spec_for_compare(baseline_spec: dict, spec: dict, given: set) -> dict:
+    """The bench settings (BenchSpec.to_json) for `--compare`: the baseline's own cells and settings
+    (concurrency, temperatures, lengths, prompts, seed, generator), except those in `given` (set on
+    the command line). Not its run count: more runs now only sharpen the test (5 vs 3 stored can
+    show a change, 3 vs 3 cannot)."""
+    keep = {k: v for k, v in (baseline_spec or {}).items()
+            if k in spec and k != "runs" and k not in given and v is not None}
+    return {**spec, **keep}
 
 
 def spec_differences(current: dict, baseline: dict) -> list[str]:

@@ -145,14 +145,17 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0], release=release_dir)
     if not chk.get("python_exists"):
         raise StepFailed(f"rehearsal: no engine python at {unit_argv[0]} (release {release_dir} not built?)")
-    if not chk.get("port_free"):
-        raise StepFailed(f"rehearsal: port {port} on the host is taken; pick another with --port")
+    # the refusals in the order a user acts on them: which engine holds the GPUs decides the
+    # options (--alongside, --stop-serving) before the port matters
     serving = chk.get("serving") in ("active", "activating", "reloading")
     report["serving_engine"] = chk.get("serving")
     if serving and opts.serving == "refuse":
         raise StepFailed(f"rehearsal refused: the serving engine {eh.unit} is {chk.get('serving')} and holds "
                          "the GPUs; nothing changed. Pass --alongside to rehearse beside it in the GPUs' free "
                          "memory, or --stop-serving to stop it for the rehearsal (it is started again after)")
+    if not chk.get("port_free"):
+        raise StepFailed(f"rehearsal: port {port} on the host is taken (the rehearsal engine listens on the "
+                         f"serving port + 100 unless told); nothing changed. Pick a free one with --rehearse-port")
     model, draft = _configs(ctx, profile, recipe, opts, report)
     argv, changes = plan.rehearsal_argv(unit_argv, opts, port=port, has_draft=draft is not None)
     report["changes"] = changes

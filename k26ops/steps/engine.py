@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26ops import preflight, units
+from k26ops.errors import UserError
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
-from k26ops.enginestate import run_identity, start_limit_hit
+from k26ops.enginestate import exit_status_text, run_identity, start_limit_hit
 from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
@@ -50,7 +51,8 @@ from k26ops.steps import warmstart
 STANDIN = Path(__file__).resolve().parent.parent / "lab" / "fixtures" / "engine_standin.py"
 DEFAULT_HEALTH_TIMEOUT = 1800.0
 declare(__name__, "the engine's service",
-        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit"),
+        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit, in systemd's "
+            "spelling (CPUAffinity, User, MemoryMax, Nice, ...; docs/how-to/engine-unit.md)"),
         Var("health_timeout", "number (s)", DEFAULT_HEALTH_TIMEOUT, "seconds to wait for the engine's /health"),
         Var("rollback_health_timeout", "number (s)", None, "seconds to wait for /health after a rollback",
             "health_timeout"))
@@ -156,6 +158,14 @@ class ServiceStep(Step):
     def facts(self, host_vars: dict) -> list:
         return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
 
+    def before_hosts(self, hosts) -> None:
+        """Every selected host's unit_settings, before anything runs (a bad key: exit 2)."""
+        for h in hosts:
+            try:
+                units.unit_settings(mapping(h.vars.get("unit_settings"), "unit_settings"))
+            except UserError as exc:
+                raise UserError(f"{h.name}: {exc}") from None
+
     def check_host(self, ctx: HostContext) -> None:
         """Before any step prepares or changes anything: refuse the host when what the engine would start
         is not there (model, drafter of the profile's block size, disk) or a GPU needs a reset."""
@@ -174,8 +184,7 @@ class ServiceStep(Step):
         secret_text = units.engine_launch(profile)[1]  # profile errors before any host access
         lab_path = eh.lab_module_path if eh.is_lab else None
         lab_text = STANDIN.read_text() if lab_path else None
-        settings = {k: v for k, v in mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
-                    if k in units.UNIT_DEFAULTS}
+        settings = units.unit_settings(mapping(ctx.vars.get("unit_settings"), "unit_settings"))
         settings = traffic.unit_settings(ctx, settings)  # TimeoutStopSec > drain_timeout
 
         cache = []  # the release's engine cache, once render knows the release
@@ -437,7 +446,7 @@ def name_crash(ctx: HostContext, svc: ServiceState, crash: dict, when: str):
     text, bus_ids = crash_text(crash, svc.secrets)
     d = _classify(ctx, text, bus_ids)
     status = (crash.get("show") or {}).get("ExecMainStatus")
-    msg = (f"{svc.unit} crashed {when} ({crash['why']}" + (f", exit status {status}" if status else "")
+    msg = (f"{svc.unit} crashed {when} ({crash['why']}" + (f", exit status {exit_status_text(status)}" if status else "")
            + f"): {crash_label(d)}" + (f": {d.evidence[:240]}" if d.evidence else ""))
     tail = "\n".join(text.splitlines()[-40:])
     if crash.get("exit_line"):
