@@ -17,7 +17,8 @@ EXPECTED = json.loads((LOGS / "expected.json").read_text())
 MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
 IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
        "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt", "engine-config-refused",
-       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing"}
+       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing",
+       "gpu-hardware-fault", "gpu-out-of-memory"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -46,7 +47,7 @@ def test_log_files(name):
 
 def test_every_kind_has_logs():
     kinds = {e["signature"] for e in EXPECTED.values()}
-    assert kinds == IDS | {"unclassified", None, "gpu-hardware-fault", "gpu-xid-app-fault"}
+    assert kinds == IDS | {"unclassified", None, "gpu-xid-app-fault", "process-killed"}
     assert {s.id for s in SIGNATURES} == IDS
     assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
 
@@ -339,18 +340,18 @@ def test_crlf_and_bytes_file(tmp_path):
     assert d.signature == "cuda-graph-shape-mismatch" and d.detail["got"] == 16
 
 
-@pytest.mark.parametrize("text, evidence, rank", [
+@pytest.mark.parametrize("text, evidence, rank, signature", [
     ("[2026-05-20 08:02:44 TP1] Scheduler hit an exception: ValueError: bad rope scaling\n"
      "[2026-05-20 08:02:45] Received sigquit from a child process. It usually means the child "
-     "failed.\n", "ValueError: bad rope scaling", "TP1"),
+     "failed.\n", "ValueError: bad rope scaling", "TP1", "unclassified"),
     ("[2026-05-20 08:02:45 TP4] RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
-     " Connection closed by peer [10.0.0.3]:4411\nKilled\n", "Connection closed by peer", "TP4"),
+     " Connection closed by peer [10.0.0.3]:4411\nKilled\n", "Connection closed by peer", "TP4", "unclassified"),
     ("[2026-05-20 08:02:44 TP0] Scheduler hit an exception: RuntimeError: CUDA error: out of "
-     "memory\n", "RuntimeError: CUDA error: out of memory", "TP0"),
+     "memory\n", "RuntimeError: CUDA error: out of memory", "TP0", "gpu-out-of-memory"),
 ])
-def test_single_line_wrappers_and_echo_only_logs(text, evidence, rank):
+def test_single_line_wrappers_and_echo_only_logs(text, evidence, rank, signature):
     d = classify(text)
-    assert (d.signature, d.evidence, d.rank) == ("unclassified", d.evidence, rank)
+    assert (d.signature, d.evidence, d.rank) == (signature, d.evidence, rank)
     assert evidence in d.evidence
 
 
