@@ -34,6 +34,8 @@ BENIGN = re.compile(r"Ignore import error when loading sglang\.srt\.[\w.]+|"
                     # unified-memory GPUs (GB10/Grace): nvidia-smi reports no memory, sglang falls back to
                     # torch.cuda.mem_get_info() and serves (CoralLeiCN/DGXSpark-Small-LLMs' run notes)
                     r"Failed to get GPU memory capacity from nvidia-smi|"
+                    # NVSwitch SXid lines that are no fault: non-fatal ones and their Severity/Data lines
+                    r"SXid \([^)]*\): \d+, (?:Non-fatal|Severity \d|Data \{)|"
                     # nvidia-smi -q counters: "Correctable Error : 0", "Double Bit ECC : 0" are zeros, not errors
                     r"^[A-Za-z][\w .()/-]*\b(?:Errors?|ECC|Failure Occurred)\b[\w .()/-]*:\s*(?:0|No|N/A|None|"
                     r"\[N/A\]|Not Active|Not Supported)\s*$|"

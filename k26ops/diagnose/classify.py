@@ -170,8 +170,10 @@ def _config_context(log: _Log, i: int) -> bool:
 def oom_phase(log: _Log, i: int) -> str | None:
     """The phase an OOM at line i happened in (S.OOM_PHASES, first match in the table's order), from
     the frames of its traceback and the message itself; None when they show none."""
-    first, last, _ = chains.chain(log.lines, i)
+    first, last, has_frames = chains.chain(log.lines, i)
     text = "\n".join(f"{path} {fn} {code}" for path, fn, code in chains.frames(log.lines, first, last))
+    if not has_frames:  # a traceback in another shape (IPython's "File [...], in fn(...)"): the lines above
+        text = "\n".join(line.text for line in log.lines[max(0, i - 30):i])
     for phase, rx, _where, _fix in S.OOM_PHASES:  # in the table's order: the start-up phases first
         if rx.search(text + "\n" + log.lines[i].text):
             return phase

@@ -271,7 +271,7 @@ ARGPARSE_REFUSAL = (r"^(?P<prog>[\w.\-]+(?: [\w.\-]+)?): error: (?P<argparse>unr
                     r"the following arguments are required)(?::\s*(?P<args>.*))?$")
 CONFIG_REFUSED = Signature(
     keywords=("valueerror", "assertionerror", "notimplementederror", "support", "need", "must",
-              "differ", ": error: "),
+              "differ", ": error: ", "validation error"),
     id="engine-config-refused",
     title="the engine refused its configuration at start-up",
     strong=tuple(re.compile(rx, re.IGNORECASE) for _name, rx in CONFIG_RULE_MESSAGES)
@@ -372,7 +372,8 @@ GPU_OOM = Signature(
 # phase -> (frames or words that show it, where, fix)
 OOM_PHASES = (
     ("kv-cache-init", re.compile(r"init_memory_pool|TokenToKVPool|_allocate_kv_cache|initialize_kv_cache|"
-                                 r"init_cache_engine|initialize_cache\b|KV\s+cache|cache\s+blocks", re.IGNORECASE),
+                                 r"init_cache_engine|initialize_cache\b|to allocate KV cache|"
+                                 r"memory for the cache blocks|increase --mem-fraction-static", re.IGNORECASE),
      "while allocating the KV cache pool at start-up",
      "the weights left too little room for the KV cache (or another process holds GPU memory): raise "
      "--mem-fraction-static a little if the engine says so, else lower --context-length, "
