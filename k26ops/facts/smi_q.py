@@ -56,7 +56,7 @@ def parse_tree(text: str) -> dict:
         line = raw.rstrip()
         if margin and line[:margin].strip() == "":
             line = line[margin:]
-        if not line.strip() or line.lstrip().startswith("="):
+        if not line.strip() or line.lstrip().startswith(("=", "# ", "$ ")):  # banner, pasted prompt
             continue
         m = GPU_HEADER.match(line)
         if m:
