@@ -19,7 +19,7 @@ from k26ops.facts.drafter import drafter_fact
 from k26ops.facts.engine_user import engine_user_fact
 from k26ops.facts.fabric import verdict
 from k26ops.facts.smi_q import ACTIONS, fault_lines
-from k26ops.facts.xid import ACTION_TEXT, distinct, who
+from k26ops.facts.xid import ACTION_TEXT, distinct, label, who
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
@@ -191,7 +191,7 @@ def xid_fault_lines(xid_fact: dict) -> list[str]:
         if e.get("kind") not in ("hardware", "echo") or e.get("action") not in ("reset-gpu", "reboot", "drain-and-rma"):
             continue
         what = e.get("meaning") or e.get("message") or ""
-        out.append(f"{who(e)}: Xid {e['xid']} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
+        out.append(f"{who(e)}: {label(e)} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
     return out
 
 
@@ -365,7 +365,7 @@ def health_summary(facts: dict) -> str:
     for e in (xids or {}).get("events") or [] if isinstance(xids, dict) else []:
         if e.get("kind") in ("hardware", "echo") and e.get("action") in ("reset-gpu", "reboot", "drain-and-rma"):
             per.setdefault(e.get("gpu") if e.get("gpu") is not None else e.get("pci"), []).append(
-                (e["action"], f"xid-{e['xid']}"))
+                (e["action"], label(e).split(" (")[0].lower().replace(" ", "-")))
     parts = []
     for who, items in per.items():
         worst = max((a for a, _ in items), key=ACTIONS.index)

@@ -17,7 +17,8 @@ EXPECTED = json.loads((LOGS / "expected.json").read_text())
 MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
 IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
        "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt", "engine-config-refused",
-       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing", "port-in-use"}
+       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing", "port-in-use",
+       "gpu-hardware-fault", "gpu-out-of-memory"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -46,7 +47,7 @@ def test_log_files(name):
 
 def test_every_kind_has_logs():
     kinds = {e["signature"] for e in EXPECTED.values()}
-    assert kinds == IDS | {"unclassified", None, "gpu-hardware-fault", "gpu-xid-app-fault"}
+    assert kinds == IDS | {"unclassified", None, "gpu-xid-app-fault", "process-killed"}
     assert {s.id for s in SIGNATURES} == IDS
     assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
 
@@ -347,18 +348,18 @@ def test_crlf_and_bytes_file(tmp_path):
     assert d.signature == "cuda-graph-shape-mismatch" and d.detail["got"] == 16
 
 
-@pytest.mark.parametrize("text, evidence, rank", [
+@pytest.mark.parametrize("text, evidence, rank, signature", [
     ("[2026-05-20 08:02:44 TP1] Scheduler hit an exception: ValueError: bad rope scaling\n"
      "[2026-05-20 08:02:45] Received sigquit from a child process. It usually means the child "
-     "failed.\n", "ValueError: bad rope scaling", "TP1"),
+     "failed.\n", "ValueError: bad rope scaling", "TP1", "unclassified"),
     ("[2026-05-20 08:02:45 TP4] RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
-     " Connection closed by peer [10.0.0.3]:4411\nKilled\n", "Connection closed by peer", "TP4"),
+     " Connection closed by peer [10.0.0.3]:4411\nKilled\n", "Connection closed by peer", "TP4", "unclassified"),
     ("[2026-05-20 08:02:44 TP0] Scheduler hit an exception: RuntimeError: CUDA error: out of "
-     "memory\n", "RuntimeError: CUDA error: out of memory", "TP0"),
+     "memory\n", "RuntimeError: CUDA error: out of memory", "TP0", "gpu-out-of-memory"),
 ])
-def test_single_line_wrappers_and_echo_only_logs(text, evidence, rank):
+def test_single_line_wrappers_and_echo_only_logs(text, evidence, rank, signature):
     d = classify(text)
-    assert (d.signature, d.evidence, d.rank) == ("unclassified", d.evidence, rank)
+    assert (d.signature, d.evidence, d.rank) == (signature, d.evidence, rank)
     assert evidence in d.evidence
 
 
@@ -553,3 +554,76 @@ def test_an_application_xid_keeps_the_software_name():
     d = classify(_interleave(engine, only31, 3))
     assert d.signature == "illegal-memory-access" and d.detail["xid"] == 31
 
+
+
+# ------------------------------------------------------------------ issue 46's kinds
+
+def test_vllm_engine_dead_error_after_a_requested_stop_is_no_error():
+    """vLLM's own shutdown lines (as in its journal on `systemctl stop`, vllm-project/vllm PR #43707)
+    then the output handler's EngineDeadError race (vllm-project/vllm#48745): the stop's echo.
+    CONSTRUCTED from those lines' shapes; the same EngineDeadError without a stop stays an error."""
+    stop = ("(EngineCore pid=45060) INFO 08-25 17:51:32 [core.py:1313] [shutdown] EngineCore: trigger received "
+            "signal=SIGTERM\n"
+            "(APIServer pid=44555) INFO 08-25 17:51:32 [launcher.py:100] [shutdown] API server: shutdown triggered\n")
+    dead = ("(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546] AsyncLLM output_handler failed.\n"
+            "(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546] Traceback (most recent call last):\n"
+            '(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546]   File "/usr/lib/vllm/v1/engine/'
+            'core_client.py", line 883, in get_output_async\n'
+            "(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546]     raise self._format_exception(outputs) "
+            "from None\n"
+            "(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546] vllm.v1.engine.exceptions.EngineDeadError: "
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.\n"
+            "(APIServer pid=44555) INFO:     Application shutdown complete.\n")
+    assert not classify(stop + dead).error_found
+    assert classify(dead).error_found
+
+
+def test_a_kill_that_echoes_a_requested_stop_is_not_a_kill():
+    text = ("[2026-05-20 08:02:44] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...\n"
+            "[2026-05-20 08:02:50] Subprocess scheduler_0 (pid=889) crashed with exit code -9. Triggering SIGQUIT "
+            "for cleanup...\n")
+    d = classify(text)
+    assert d.signature != "process-killed"
+
+
+def test_killed_takes_its_evidence_from_the_kill_not_a_warning():
+    d = classify_file(LOGS / "killed_oom_killer_after_warning.log")
+    assert (d.signature, d.title, d.evidence) == ("process-killed", "killed (signal 9)", "Killed")
+    d = classify_file(LOGS / "killed_oom_killer_dmesg_python.log")
+    assert d.title == "killed (signal 9) by the OOM killer" and "oom-kill:" in d.evidence
+    assert "OOM killer" in d.suggestion
+
+
+def test_oom_phase_is_named_and_capture_oom_only_in_capture():
+    """sglang's attention-backend init frames (sgl-project/sglang#18262, real) with an OOM line at
+    their end (CONSTRUCTED: the index's excerpt stops before the exception)."""
+    text = ('[2026-07-15 09:39:24] Scheduler hit an exception: Traceback (most recent call last):\n'
+            '  File "/sglang/python/sglang/srt/managers/scheduler.py", line 424, in __init__\n'
+            '    self.init_model_worker()\n'
+            '  File "/sglang/python/sglang/srt/managers/scheduler.py", line 835, in init_all_attention_backends\n'
+            '    self.tp_worker.init_attention_backends()\n'
+            '  File "/sglang/python/sglang/srt/model_executor/model_runner.py", line 908, in init_attention_backends\n'
+            '    self.init_attention_backend()\n'
+            'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n')
+    d = classify(text)
+    assert (d.signature, d.detail["phase"], d.title) == (
+        "gpu-out-of-memory", "attention-backend-init", "out of GPU memory (attention-backend-init)")
+    assert "--mem-fraction-static" in d.suggestion
+    d = classify_file(LOGS / "sglang_kv_pool_init_oom_compose.log")
+    assert d.detail["phase"] == "kv-cache-init" and "KV cache" in d.suggestion
+    assert classify_file(LOGS / "capture_oom_tp8.log").signature == "cuda-graph-capture-oom"
+
+
+def test_backend_unsupported_gpu_names_the_compute_capability_where_shown():
+    d = classify_file(LOGS / "sglang_fp8e4nv_a10_sm86.log")
+    assert d.detail["compute_capability"] == "8.6" and "8.6" in d.suggestion
+    assert "compute_capability" not in classify_file(LOGS / "vllm_no_kernel_image_engine_core.log").detail
+
+
+def test_gpu_hardware_fault_from_cuda_text_and_from_nvidia_smi_name_the_action():
+    d = classify_file(LOGS / "ecc_uncorrectable_chatglm3.log")
+    assert d.signature == "gpu-hardware-fault" and "reset the GPU" in d.suggestion
+    d = classify_file(LOGS / "nvidia_smi_device_handle_unknown_error.log")
+    assert d.detail["pci"] == "0000:0b:00" and "reboot" in d.suggestion
+    d = classify_file(LOGS / "gsp_heartbeat_timeout_journal.log")
+    assert d.detail["source"] == "gsp" and d.suggestion.startswith("the driver's GPU0: GSP")

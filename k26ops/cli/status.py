@@ -120,7 +120,7 @@ def xid_lines(events: list[dict]) -> list[str]:
     out = []
     for e in xid.distinct(events):
         at = datetime.fromtimestamp(e["time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        out.append(f"new since the engine started: {xid.who(e)} Xid {e['xid']} {e.get('meaning') or e.get('message')} "
+        out.append(f"new since the engine started: {xid.who(e)} {xid.label(e)} {e.get('meaning') or e.get('message')} "
                    f"at {at}; action: {e['action']}: {xid.ACTION_TEXT[e['action']]}")
     return out
 

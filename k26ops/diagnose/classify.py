@@ -14,7 +14,7 @@ from pathlib import Path
 
 from k26ops.diagnose import chains
 from k26ops.diagnose import signatures as S
-from k26ops.diagnose.details import detail_for
+from k26ops.diagnose.details import detail_for, oom_detail
 from k26ops.diagnose.logtext import Line, clean_lines
 from k26ops.facts import xid as X
 
@@ -56,6 +56,9 @@ class _Log:
         # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths
         self.stop_echo = {k for k in range(stop + 1, len(self.lines)) if chains.STOP_ECHO.search(
             self.lines[k].text)} if stop is not None else set()
+        for k in [k for k in self.stop_echo if chains.is_exception(self.lines[k].text)]:
+            start = chains.block_start(self.lines, k)  # the traceback that ends in an echo is one too
+            self.stop_echo.update(range(start if start is not None else k, k + 1))
         self.fatal = [k for k, line in enumerate(self.lines)
                       if chains.FATAL.search(line.text) and k not in self.stop_echo]
         self._survived: dict[int, str | bool] = {}  # line -> "request" / "served" / False
@@ -130,7 +133,7 @@ def _primary(log: _Log) -> int | None:
     exception line, else an error-ish line; echoes of other failures and errors of
     single requests the server survived skipped."""
     candidates = [k for k, line in enumerate(log.lines)
-                  if chains.is_exception(line.text) and not S.SECONDARY.search(line.text)
+                  if chains.is_exception(line.text) and not S.SECONDARY.search(line.text) and k not in log.stop_echo
                   and not (k and chains.FRAME.match(log.lines[k - 1].text)) and not survived(log, k)]
     with_tb = next((k for k in candidates if chains.block_start(log.lines, k) is not None), None)
     if with_tb is not None or candidates:
@@ -164,13 +167,30 @@ def _config_context(log: _Log, i: int) -> bool:
     return bool(found) and bool(S.CONFIG_FRAMES.search(found[-1][0]))
 
 
+def oom_phase(log: _Log, i: int) -> str | None:
+    """The phase an OOM at line i happened in (S.OOM_PHASES, first match in the table's order), from
+    the frames of its traceback and the message itself; None when they show none."""
+    first, last, has_frames = chains.chain(log.lines, i)
+    text = "\n".join(f"{path} {fn} {code}" for path, fn, code in chains.frames(log.lines, first, last))
+    if not has_frames:  # a traceback in another shape (IPython's "File [...], in fn(...)"): the lines above
+        text = "\n".join(line.text for line in log.lines[max(0, i - 30):i])
+    for phase, rx, _where, _fix in S.OOM_PHASES:  # in the table's order: the start-up phases first
+        if rx.search(text + "\n" + log.lines[i].text):
+            return phase
+    return None
+
+
 def _accept(log: _Log, sig: S.Signature, i: int, primary: int | None) -> bool:
     if sig.context == "graph":
         return _graph_context(log, i, sig)
     if sig.context == "capture":
-        return _capture_context(log, i)
+        return _capture_context(log, i) and oom_phase(log, i) is None
     if sig.context == "config":
         return _config_context(log, i)
+    if sig.context == "not-capture":  # an OOM outside graph capture (CAPTURE_OOM takes the rest)
+        return not _capture_context(log, i) or oom_phase(log, i) is not None
+    if sig.context == "startup":  # raised before the engine served anything
+        return chains.startup_state(log.marks, i) != "running" and not any(k < i for k in log.serving)
     if sig.context == "primary":
         if primary is None or i <= primary:
             return True
@@ -226,27 +246,31 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
     """The kernel's Xid lines in the log, named before the software symptom they caused: a
     hardware Xid wins over any engine error; an application Xid names the crash only when
     the engine's own lines name nothing (its software signature keeps the Xid in `detail`)."""
-    if "NVRM" not in (text or ""):
+    if not any(k in (text or "") for k in ("NVRM", "SXid", "device handle")):
         return None
     events = X.parse_kernel_text(text, bus_ids)
     if not events:
         return None
-    hardware = [e for e in events if e.kind == "hardware"]
+    hardware = [e for e in events if e.kind == "hardware" and e.action != "none"]
     pick = hardware[0] if hardware else next((e for e in events if e.kind == "application"), None)
     if pick is None:
         return None
     gpus = sorted({e.gpu for e in (hardware or [pick]) if e.gpu is not None})
-    detail = {"xid": pick.xid, "pci": pick.pci, "gpu": pick.gpu, "uuid": pick.uuid,
+    detail = {"xid": pick.xid, "pci": pick.pci, "gpu": pick.gpu, "uuid": pick.uuid, "source": pick.source,
               "action": pick.action, "meaning": pick.meaning, "events": len(events)}
     if pick.caused_by:
         detail["caused_by"] = pick.caused_by
     if len(gpus) > 1:
         detail["gpus"] = gpus
-    engine_error = soft.error_found and soft.signature and "NVRM" not in soft.evidence
+    engine_error = (soft.error_found and soft.signature and "NVRM" not in soft.evidence
+                    and soft.signature != S.GPU_ERROR_TEXT.id)
     if engine_error:
         detail["symptom"] = soft.signature
         detail["symptom_evidence"] = soft.evidence[:300]
-    where = f"GPU {pick.gpu} ({pick.pci})" if pick.gpu is not None else f"the GPU at PCI {pick.pci}"
+    where = (f"GPU {pick.gpu} ({pick.pci})" if pick.gpu is not None else f"the GPU at PCI {pick.pci}" if pick.pci
+             else f"the driver's {pick.name}" if pick.name else "a GPU")
+    if pick.source == "sxid":
+        where = f"NVSwitch {pick.name} (PCI {pick.pci})"
     said = f"The engine's own error ({soft.signature}: {soft.evidence[:120]})" if engine_error else ""
     symptom = (f"{said} is what this fault caused, not its cause. " if hardware else
                f"{said} is this fault seen from the program. ") if engine_error else ""
@@ -256,14 +280,14 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
                          detail=detail, line=pick.line + 1, rank=None, phase=soft.phase,
                          algorithm=soft.algorithm,
                          suggestion=S.GPU_FAULT_SUGGESTION.format(
-                             where=where, xid=pick.xid, meaning=pick.meaning, symptom=symptom,
+                             where=where, xid=pick.label, meaning=pick.meaning, symptom=symptom,
                              action=X.ACTION_TEXT[pick.action]))
     if soft.error_found and soft.signature != S.UNCLASSIFIED:
         soft.detail = {**soft.detail, "xid": pick.xid, "xid_pci": pick.pci}
         return soft
     return Diagnosis(signature=S.GPU_APP_FAULT, evidence=pick.text, title=S.GPU_APP_TITLE, detail=detail,
                      line=pick.line + 1, phase=soft.phase, algorithm=soft.algorithm,
-                     suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.xid, meaning=pick.meaning,
+                     suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.label, meaning=pick.meaning,
                                                             symptom=symptom))
 
 
@@ -283,10 +307,16 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
         for i, m in _first_accepted(log, sig, primary):
             first, evidence = log.span_text(m)
             detail, suggestion = detail_for(sig, m, log.lines, first, algorithm, base)
+            title = sig.title
+            if sig is S.GPU_OOM:
+                detail, suggestion = oom_detail(oom_phase(log, first), phase_at(log, first))
+                title = f"out of GPU memory ({detail['phase']})"
             return Diagnosis(signature=sig.id, evidence=evidence, phase=phase_at(log, first),
                              rank=log.lines[first].rank, algorithm=algorithm, detail=detail,
-                             suggestion=suggestion, title=sig.title,
+                             suggestion=suggestion, title=title,
                              line=log.lines[first].raw_index + 1)
+    if (killed := _killed(log, primary)) is not None:
+        return killed
     if primary is None:
         survived_n = _request_errors(log)
         return Diagnosis(None, "", suggestion=S.NO_ERROR_SUGGESTION + (
@@ -301,6 +331,26 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
                      detail={"exception": exc.group("type")} if exc else {},
                      suggestion=S.UNCLASSIFIED_SUGGESTION, title="no known crash signature",
                      line=line.raw_index + 1)
+
+
+def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
+    """A run SIGKILLed with no error text of its own (the primary line, if any, is no exception):
+    'killed (signal 9)', and 'by the OOM killer' where the kernel log or journal in the text says so.
+    Kills that echo a requested stop are not this."""
+    if primary is not None and chains.is_exception(log.lines[primary].text):
+        return None
+    kills = [k for k, line in enumerate(log.lines) if S.KILLED.search(line.text) and k not in log.stop_echo]
+    ooms = [k for k, line in enumerate(log.lines) if S.OOM_KILLER.search(line.text)]
+    if not kills and not ooms:
+        return None
+    k = ooms[0] if ooms else kills[-1]
+    oom = bool(ooms)
+    title = S.KILLED_TITLE + (" by the OOM killer" if oom else "")
+    return Diagnosis(signature=S.PROCESS_KILLED, evidence=log.lines[k].text, title=title,
+                     detail={"signal": 9, "oom_killer": oom},
+                     suggestion=S.KILLED_SUGGESTION.format(by=" (by the OOM killer)" if oom else "",
+                                                           fix=S.KILLED_FIX_OOM if oom else S.KILLED_FIX),
+                     phase=phase_at(log, k), line=log.lines[k].raw_index + 1)
 
 
 def classify_file(path: str | Path) -> Diagnosis:
