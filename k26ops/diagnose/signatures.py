@@ -459,8 +459,7 @@ GPU_APP_SUGGESTION = ("{where}: {xid}, {meaning}. This Xid usually follows a bug
 # Most specific first: the first signature with a hit names the crash.
 SIGNATURES: list[Signature] = [GPU_ERROR_TEXT, NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM, GPU_OOM,
                                ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, MODEL_PATH_MISSING, AUX_HIDDEN_CAPTURE,
-                               BACKEND_UNSUPPORTED_GPU, PORT_IN_USE, CONFIG_REFUSED, NCCL_FAILURE]
-                               BACKEND_UNSUPPORTED_GPU, CONFIG_REFUSED, SPEC_REFUSED, NCCL_FAILURE]
+                               BACKEND_UNSUPPORTED_GPU, PORT_IN_USE, CONFIG_REFUSED, SPEC_REFUSED, NCCL_FAILURE]
 
 # A run that ended by SIGKILL with no error of its own: bash's "Killed", systemd's "code=killed,
 # status=9/KILL", a parent's "exit code -9"/"exitcode=9"/"signal: killed"; and where the kernel log or
