@@ -8,10 +8,10 @@ def __getattr__(name: str):
     if name != "__version__":
         raise AttributeError(f"module 'k26ops' has no attribute {name!r}")
     try:
-        from k26ops._version import version
+        from k26ops._version import version  # lazy: only when asked, not at every CLI start
     except ImportError:
         try:
-            from importlib.metadata import version as dist_version
+            from importlib.metadata import version as dist_version  # lazy: as above
 
             version = dist_version("k26ops")
         except Exception:  # noqa: BLE001 - not installed

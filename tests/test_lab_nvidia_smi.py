@@ -125,7 +125,8 @@ def test_err_gpu_mode_fails_one_gpu_in_query_and_table():
     assert "== k26ops: table" in raw and v["count"] == 8 and v["source"] == "query"
     assert v["gpu_errors"] == ["GPU 5 (00000000:AB:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table"]
     t = gpu.parse_smi_header(*smi(K26OPS_LAB_NVIDIA_SMI="err-gpu", K26OPS_LAB_ERR_GPU="5"))
-    assert [g["name"] for g in t["gpus"]].count("ERR!") == 1 and t["gpus"][5]["name"] == "ERR!"
+    assert [g["name"] for g in t["gpus"]].count(None) == 1 and t["gpus"][5]["name"] is None  # ERR! is no name
+    assert t["gpus"][5]["errors"] == ["ERR!"] and t["gpu_errors"] == ["GPU 5 (00000000:AB:00.0): ERR! in nvidia-smi's table"]
     ok, raw = gpus_fact()
     assert "== k26ops:" not in raw and ok["gpu_errors"] == [] and ok["count"] == 8  # a clean query runs nothing more
 

@@ -55,7 +55,7 @@ class K26Group(click.Group):
 
 def _print_version(ctx, _param, value) -> None:
     if value and not ctx.resilient_parsing:
-        import k26ops
+        import k26ops  # lazy: the version is looked up for --version only
 
         click.echo(f"k26ops, version {k26ops.__version__}")
         ctx.exit()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import click
 
+from k26ops import config
+from k26ops.errors import UserError
 from k26ops.rollout import parse_batches, parse_size
+from k26ops.traffic.drain import TrafficConfig
 
 
 class BatchSizes(click.ParamType):
@@ -57,15 +60,11 @@ def default_batch(settings, batch):
     else None (all at once after the canary, as before)."""
     if batch is not None:
         return batch
-    from k26ops import config
-    from k26ops.traffic.drain import TrafficConfig
-
     conf = config.load()
     if "batch" in conf:
         try:
             return parse_batches(conf["batch"])
         except ValueError as exc:
-            from k26ops.errors import UserError
             raise UserError(f"{config.config_path()}: batch: {exc}") from None
     if any(TrafficConfig.of(h).mode in ("gateway", "hook") for h in settings.selected_hosts()):
         return parse_batches("1")

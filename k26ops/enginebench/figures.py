@@ -62,6 +62,7 @@ def direction(metric: str) -> str:
 
 NOISE = "within noise"
 ALPHA = 0.05  # the false-alarm rate a "better" or "worse" may have, per figure
+START_NOISE_PCT = 10.0  # a start-time figure (one start per side) named better/worse past this change
 
 
 def separation_p(n: int, m: int) -> float:
@@ -77,6 +78,13 @@ def judge(metric: str, base: dict, cur: dict) -> dict:
     "ranges_apart", "why"}. A change is named only when the two benches' min-max ranges do not
     overlap AND that separation is unlikely from noise (separation_p <= ALPHA); otherwise it is
     within noise, and `why` says which: the ranges overlap, or too few runs to tell."""
+    if metric in START_METRICS:  # one start on each side: no spread to test; a start's phases move
+        worse = regression_pct(metric, base["median"], cur["median"])  # by tens of percent (cold/warm)
+        if abs(worse) < START_NOISE_PCT:
+            return {"verdict": NOISE, "p_value": None, "ranges_apart": False,
+                    "why": f"one start each, changed under {START_NOISE_PCT:g}%"}
+        return {"verdict": "worse" if worse > 0 else "better", "p_value": None, "ranges_apart": True,
+                "why": f"one start each, changed {abs(worse):.0f}% (over {START_NOISE_PCT:g}%)"}
     bn, cn = int(base.get("n") or 1), int(cur.get("n") or 1)
     b_lo, b_hi = base.get("min", base["median"]), base.get("max", base["median"])
     c_lo, c_hi = cur.get("min", cur["median"]), cur.get("max", cur["median"])
