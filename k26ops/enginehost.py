@@ -14,9 +14,11 @@ step's params.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from k26ops import agents, profile as profile_mod
@@ -26,6 +28,26 @@ from k26ops.fleet import interrupt_requested
 from k26ops.hostvars import Var, declare
 from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live in layout)
     DEFAULT_ROOT, DEFAULT_UNIT, DEFAULT_PORT, UNIT_DIR, LAB_MODULE, PASS_ENV, NVLS_OFF, Layout, check_unit_name)
+
+# Lab fixture: the engine stand-in, shipped as one file with the real engine's recorded start
+# phases filled in (tests/data/standin/start-phases.json; issue 43). Never outside the lab.
+STANDIN = Path(__file__).resolve().parent / "lab" / "fixtures" / "engine_standin.py"
+STANDIN_PHASES = Path(__file__).resolve().parent.parent / "tests" / "data" / "standin" / "start-phases.json"
+_PHASES_LINE = "\nRECORDED_PHASES = None\n"
+
+
+def lab_standin_text() -> str:
+    """The stand-in's source as the lab installs it: RECORDED_PHASES set to the recording."""
+    try:
+        phases = json.dumps(json.loads(STANDIN_PHASES.read_text()), sort_keys=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"lab: the engine stand-in's recorded start phases {STANDIN_PHASES} are unreadable "
+                        f"({exc}); the lab runs from a k26ops checkout") from None
+    text = STANDIN.read_text()
+    if text.count(_PHASES_LINE) != 1:
+        raise UserError(f"lab: {STANDIN} has no `RECORDED_PHASES = None` line to fill")
+    return text.replace(_PHASES_LINE, f"\nRECORDED_PHASES = {phases!r}\n")
+
 
 declare(__name__, "the engine's unit and environment",
         Var("engine_unit", "str", DEFAULT_UNIT, "the engine's systemd unit name (NAME.service)"),

@@ -22,7 +22,8 @@ engine stand-in starts fresh with the host's boot.
 The cache key (`key`) is everything that changes what that deploy writes: the
 lab recipe's release id (engine commit, lock, patch series, toolkit), the bytes
 of the recipe, templates, playbooks, patches and the k26ops sources (steps,
-agents, unit rendering, the lab's stand-ins), and the rootfs it was built on.
+agents, unit rendering, the lab's stand-ins and the engine stand-in's recorded start
+phases), and the rootfs it was built on.
 A layer is built in a temp dir and renamed into place when complete, under a
 lock, so concurrent test runs build it once and never use a half-built one.
 """
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 
 from k26ops import resources
+from k26ops.enginehost import STANDIN_PHASES
 from k26ops.errors import UserError
 from k26ops.lab import rootfs
 from k26ops.layout import DEFAULT_ROOT, DEFAULT_UNIT, UNIT_DIR
@@ -68,6 +70,8 @@ def _sources() -> list[Path]:
              and p.suffix not in (".pyc",) and "_data" not in p.relative_to(pkg).parts[:1]]
     for sub in ("templates", "playbooks", "patches"):
         files += [p for p in (top / sub).rglob("*") if p.is_file()]
+    if STANDIN_PHASES.is_file():  # the stand-in is installed with the recorded start phases filled in
+        files.append(STANDIN_PHASES)
     return sorted(files)
 
 

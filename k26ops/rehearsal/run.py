@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from k26ops import agents, facts, units
 from k26ops.enginebench.run import BenchSpec, run_host
-from k26ops.enginehost import LAB_MODULE, EngineHost, wait_ready
+from k26ops.enginehost import LAB_MODULE, EngineHost, lab_standin_text, wait_ready
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
 from k26ops.profile import effective_recipe
@@ -32,7 +31,6 @@ from k26ops.steps.engine import SmokeStep, smoke_requests
 from k26ops.traffic import drain as drain_mod
 from k26ops.traffic.gateway import GatewayError
 
-STANDIN_FILE = "lab/fixtures/engine_standin.py"
 PROBE_STATE = "rehearse-probe-state"
 
 
@@ -165,7 +163,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     cache, env = _cache(ctx, chk.get("release_id"), argv, env, report)
     files = {}
     if eh.is_lab:  # the lab stand-in, in the temp dir: a release being rehearsed has no unit yet
-        files["lab/" + LAB_MODULE + ".py"] = (Path(__file__).resolve().parent.parent / STANDIN_FILE).read_text()
+        files["lab/" + LAB_MODULE + ".py"] = lab_standin_text()
         env["PYTHONPATH"] = plan.TMP + "/lab"
     probe = None
     if opts.probe:

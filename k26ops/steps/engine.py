@@ -32,11 +32,10 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from k26ops import preflight, units
 from k26ops.errors import UserError
-from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
+from k26ops.enginehost import UNIT_DIR, EngineHost, agent, lab_standin_text, mapping, wait_ready
 from k26ops.enginestate import exit_status_text, run_identity, start_limit_hit
 from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
@@ -48,7 +47,6 @@ from k26ops.steps.release import ReleaseDecision
 from k26ops.steps import warmstart
 
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
-STANDIN = Path(__file__).resolve().parent.parent / "lab" / "fixtures" / "engine_standin.py"
 DEFAULT_HEALTH_TIMEOUT = 1800.0
 declare(__name__, "the engine's service",
         Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit, in systemd's "
@@ -183,7 +181,7 @@ class ServiceStep(Step):
         env = eh.env()
         secret_text = units.engine_launch(profile)[1]  # profile errors before any host access
         lab_path = eh.lab_module_path if eh.is_lab else None
-        lab_text = STANDIN.read_text() if lab_path else None
+        lab_text = lab_standin_text() if lab_path else None
         settings = units.unit_settings(mapping(ctx.vars.get("unit_settings"), "unit_settings"))
         settings = traffic.unit_settings(ctx, settings)  # TimeoutStopSec > drain_timeout
 
