@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from k26ops.steps.warmstart import MILESTONES
 from labtools import free_port_block, k26ops, k26ops_json, lab_out, lab_ssh, recipe_with_extra_patch
 
 TAG = "k26-baseline-working"
@@ -178,6 +179,9 @@ def test_change_then_rollback_switches_back(lab, env):
     base = host_state(lab)
     r = deploy(env, env["changed"])
     assert r["release"] != base["release"]
+    # issue 43: a new release started without a rehearsal is a cold start, named with its phases
+    # (the stand-in's two graph kernels at start, the sampling kernels at the first sampled answer)
+    assert r["warm_start"]["verdict"] == "cold start: 3 new kernels compiled (start: 2, first sampled answer: 1)"
     changed = host_state(lab)
     assert changed["hashes"] != base["hashes"]
     st = status(env)
@@ -187,6 +191,11 @@ def test_change_then_rollback_switches_back(lab, env):
     h = data["hosts"][HOST]
     assert h["release"] == base["release"] and not h.get("release_rebuilt")
     assert h["health"]["state"] == "healthy" and h["smoke"]["ok"] and h["verified_files"] == len(base["hashes"])
+    # the rollback's restart: its time to first good token, in the restored release's own engine cache
+    # (filled by that release's earlier start), so warm
+    assert [m["name"] for m in h["ttfgt"]["milestones"]] == list(MILESTONES) and h["ttfgt"]["stop_s"] is not None
+    assert h["warm_start"]["cache_dir"].startswith(f"/opt/k26ops/engine-cache/{base['release']}/")
+    assert h["warm_start"]["compiled_new"] == 0, h["warm_start"]
     assert host_state(lab) == base
     assert TOKEN in ssh(lab, "cat /etc/k26ops/sglang.env")  # the secret came from the inventory
     assert status(env)["baseline"] == f"= {TAG}"

@@ -2,8 +2,16 @@
 the unit sets for it, and a start's time to first good token read from what the real
 engine logged and served (tests/data/rehearsal: sglang 0.5.17 on an H200).
 
+The lab stand-in's start phases: read from one recorded file (tests/data/standin/
+start-phases.json), each figure checked against the recording it names, replayed cold or
+warm by what the cache dir holds. The real-GPU cold/warm pair (tests/data/warmstart/*.json,
+recorded by bench/device/h200_warmstart.sh) is checked when present: its fields, its
+MANIFEST, 0 new kernels warm, the targets or the phase that holds them; and the stand-in
+must then replay it.
+
 The lab half (deploy --rehearse fills the new release's cache before the switch, the
-deploy reports its TTFGT, prune removes a release's cache) is in tests/test_rehearse.py.
+deploy reports its TTFGT, prune removes a release's cache) is in tests/test_rehearse.py;
+the rollback's TTFGT and a cold start's verdict in tests/test_baselines.py.
 """
 
 from __future__ import annotations
@@ -234,14 +242,27 @@ def test_the_stand_ins_phase_costs_are_the_recording_times_its_scale():
     assert engine_standin.Phases(doc, scale=0).seconds("capture", warm=False) == 0
     assert engine_standin.Phases(_phases(cold__first_greedy_s=None)).seconds("first_request", warm=False) == 0
     for bad in ({"warm__capture_s": None}, {"cold__ready_s": "fast"}, {"cold__first_sampled_s": -1}):
-        with pytest.raises(ValueError, match=list(bad)[0].replace("__", ".")):
+        with pytest.raises(ValueError, match=next(iter(bad)).replace("__", ".")):
             engine_standin.Phases(_phases(**bad))
-    # the lab installs it with the recording filled in: the same figures, wherever it runs
+
+
+def test_the_lab_installs_the_stand_in_with_the_recording_filled_in(tmp_path):
+    """The shipped file carries the recorded phases: loaded from a dir with no checkout beside
+    it (as on a lab host), it has the same figures and reads no file for them."""
+    import importlib.util
+
     from k26ops.enginehost import lab_standin_text
-    ns: dict = {"__name__": "shipped", "__file__": "/nowhere/lab/k26ops_lab_engine.py"}  # no checkout beside it
-    exec(compile(lab_standin_text(), "k26ops_lab_engine.py", "exec"), ns)
-    assert json.loads(ns["RECORDED_PHASES"]) == doc and engine_standin.RECORDED_PHASES is None
-    assert ns["Phases"].load({}).cost == ph.cost
+
+    shipped = tmp_path / "lab" / "k26ops_lab_engine.py"
+    shipped.parent.mkdir()
+    shipped.write_text(lab_standin_text())
+    spec = importlib.util.spec_from_file_location("k26ops_lab_engine_shipped", shipped)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert not Path(mod.PHASES_IN_CHECKOUT).exists()
+    doc = json.loads(PHASES_FILE.read_text())
+    assert json.loads(mod.RECORDED_PHASES) == doc and engine_standin.RECORDED_PHASES is None
+    assert mod.Phases.load({}).cost == engine_standin.Phases(doc).cost
 
 
 def test_the_lab_stand_in_compiles_once_into_the_cache_it_is_pointed_at(tmp_path, monkeypatch):
