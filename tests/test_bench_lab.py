@@ -130,7 +130,11 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env):
     rc, data = k26ops_json("--limit", "lab1", "bench", "--compare", "bench-new", "--runs", "5", env=env["env"])
     assert rc == 0, data
     cmp = data["hosts"]["lab1"]["compare"]
-    assert {r["figure"].split("@")[1] for r in cmp["rows"]} == {"c1/t0"} and cmp["settings_differ"] == [], cmp
+    # ... plus the host's last start (issue 43: METRIC@start), the deploy's, the same record on both sides
+    assert {r["figure"].split("@")[1] for r in cmp["rows"]} == {"c1/t0", "start"} and cmp["settings_differ"] == [], cmp
+    start = {r["figure"]: r for r in cmp["rows"] if r["figure"].endswith("@start")}
+    assert set(start) >= {"ttfgt_s@start", "ready_s@start", "first_sampled_s@start"}, start
+    assert all(r["change_pct"] == 0 for r in start.values()), start
     assert data["hosts"]["lab1"]["bench"]["spec"]["runs"] == 5
     assert [r for r in cmp["rows"] if r["verdict"] != "within noise"] == [], cmp["rows"]
 
