@@ -54,6 +54,17 @@ def test_the_cache_dir_is_keyed_by_release_gpu_tp_and_speculative_profile():
             engine_cache.cache_dir("/opt/k26ops", bad, ARGV, H200)
 
 
+def test_a_rehearsal_at_another_tp_size_says_it_does_not_warm_the_units_start():
+    from k26ops.rehearsal import plan
+
+    same, _ = plan.rehearsal_argv(ARGV, plan.Options(), port=1, has_draft=True)
+    assert engine_cache.other_key_note(same, ARGV, H200) is None  # port, dummy weights: the same dir
+    tp1, _ = plan.rehearsal_argv(ARGV, plan.Options(tp_size=1), port=1, has_draft=True)
+    note = engine_cache.other_key_note(tp1, ARGV, H200)
+    assert "h200-sm90-tp1-ddtree-bs8-budget32" in note and "h200-sm90-tp8-ddtree-bs8-budget32" in note
+    assert note.endswith("the unit's start stays cold")
+
+
 def test_the_variables_follow_the_releases_engine_version():
     d = "/c"
     assert engine_cache.variables("0.5.23", d) == {"SGLANG_CACHE_DIR": "/c"}

@@ -117,6 +117,16 @@ def kept_note(kept: list[str]) -> str | None:
             "(shared between releases, outside the warm-start check)")
 
 
+def other_key_note(rehearsal_argv: list[str], unit_argv: list[str], gpus: list[dict] | None) -> str | None:
+    """A rehearsal whose command line keys another cache dir than the unit's (its own --tp-size)
+    compiles for that one: the note that says the unit's start is not warmed by it; else None."""
+    mine, unit = key(rehearsal_argv, gpus), key(unit_argv, gpus)
+    if mine == unit:
+        return None
+    return (f"engine cache: the rehearsal fills {mine}, the unit's start reads {unit} (another TP size or "
+            "speculative profile compiles other kernels): the unit's start stays cold")
+
+
 def grew(before: dict | None, after: dict | None) -> dict:
     """What a start added to the cache dir: {"kernels", "files", "bytes"} (never negative)."""
     b, a = before or {}, after or {}

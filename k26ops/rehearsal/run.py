@@ -160,7 +160,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     report["argv"] = units.redact(" ".join(argv), secrets)
     report["cuda_graphs"] = plan.graphs_on(argv)
     env = dict(eh.env() if env is None else env)
-    cache, env = _cache(ctx, chk.get("release_id"), argv, env, report)
+    cache, env = _cache(ctx, chk.get("release_id"), argv, env, report, unit_argv)
     files = {}
     if eh.is_lab:  # the lab stand-in, in the temp dir: a release being rehearsed has no unit yet
         files["lab/" + LAB_MODULE + ".py"] = lab_standin_text()
@@ -228,9 +228,10 @@ def _smoke_params(ctx) -> dict:
     return dict(smoke.params) if smoke else {}
 
 
-def _cache(ctx, release_id, argv, env, report) -> tuple:
+def _cache(ctx, release_id, argv, env, report, unit_argv) -> tuple:
     """The release's engine cache for the rehearsal's command line (the dir the unit's start
-    will read), made root-only; (its plan, env with its variables)."""
+    will read, unless the rehearsal's TP size differs: a note says so), made root-only;
+    (its plan, env with its variables)."""
     if not release_id:
         return None, env
     gpus = warmstart.gpus_of(ctx.facts) or warmstart.gpus_of(facts.gather(ctx.session, ["gpus"]))
@@ -239,6 +240,9 @@ def _cache(ctx, release_id, argv, env, report) -> tuple:
     report["engine_cache"] = {**cache.to_json(), "before": got.get("cache")}
     if cache.kept:
         report["notes"].append(engine_cache.kept_note(cache.kept))
+    other = engine_cache.other_key_note(argv, unit_argv, gpus)
+    if other:
+        report["notes"].append(other)
     return cache, env
 
 
