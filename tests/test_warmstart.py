@@ -276,6 +276,22 @@ def test_the_lab_installs_the_stand_in_with_the_recording_filled_in(tmp_path):
     assert mod.Phases.load({}).cost == engine_standin.Phases(doc).cost
 
 
+def test_a_stand_in_without_its_recording_says_so_and_stops(tmp_path):
+    from labtools import Standin
+
+    bad = tmp_path / "phases.json"
+    bad.write_text(json.dumps({"cold": {"ready_s": 1}, "warm": {}}))
+    for path, why in ((tmp_path / "none.json", "No such file"), (bad, "cold.capture_s is None, not seconds")):
+        s = Standin(tmp_path, env={"K26OPS_STANDIN_PHASES": str(path)})
+        try:
+            assert s.wait_exit(15) == 2
+        finally:
+            s.stop()
+        err = s.err.read_text().strip()
+        assert err.startswith("stand-in: its recorded start phases are unreadable: ") and why in err, err
+        assert len(err.splitlines()) == 1
+
+
 def test_the_lab_stand_in_compiles_once_into_the_cache_it_is_pointed_at(tmp_path, monkeypatch):
     """Cold: a kernel missing from the cache dir costs the cold recording's seconds and is written;
     warm: one found there costs the warm recording's; another dir is cold again."""
