@@ -61,9 +61,15 @@ def host_facts(host_vars: dict) -> list:
 def engine_wanted(host_vars: dict) -> dict:
     """What this host's engine will start from: the model path (the engine profile's,
     as the unit gets it) and the drafter (`drafter_wanted`). A bad recipe raises UserError."""
-    prof = profile_for(host_vars, recipe_for(host_vars))
-    return {"model_path": str(prof.get("model_path") or expectations(host_vars)["model_path"]),
-            "drafter": drafter_wanted(host_vars)}
+    r = recipe_for(host_vars)
+    prof = profile_for(host_vars, r)
+    model_path = str(prof.get("model_path") or expectations(host_vars)["model_path"])
+    weights = None
+    if r.model is not None:  # the recipe's model manifest: check and the deploy compare the host's files with it
+        from k26ops.weights.manifest import record_path  # lazy: only for a recipe with a model manifest
+        weights = {"manifest": str(r.model.manifest), "name": r.model.name,
+                   "record": record_path(Layout.of(host_vars).state_dir, model_path)}
+    return {"model_path": model_path, "drafter": drafter_wanted(host_vars), "weights": weights}
 
 
 def drafter_wanted(host_vars: dict) -> dict | None:
@@ -107,6 +113,9 @@ def engine_facts(want: dict) -> list:
     from k26ops.facts.model import model_fact
 
     out = [model_fact(want["model_path"])]
+    if want.get("weights"):
+        from k26ops.facts.model_files import model_files_fact  # lazy: as the model fact above
+        out.append(model_files_fact(want["model_path"], want["weights"]["record"]))
     if (want.get("drafter") or {}).get("path"):
         out.append(drafter_fact(want["drafter"]["path"]))
     return out
@@ -247,6 +256,9 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
                                 f"{path}: {_gb(row['available'])} free, needs {_gb(need)}"))
     if "user" in facts:
         checks.append(root_check(facts["user"] or {}))
+    if "model_files" in facts and host_vars.get("_weights"):
+        checks.append(weights_check(facts["model_files"], host_vars["_weights"], host_vars.get("_model_path")
+                                    or str(e["model_path"])))
     if "drafter" in facts and host_vars.get("_drafter"):
         checks.append(drafter_check(facts["drafter"] or {}, host_vars["_drafter"]))
     sd = facts.get("systemd") or {}
@@ -268,9 +280,36 @@ def model_check(fact: dict, path: str) -> Check:
                  + (", index" if fact.get("index") else ""))
 
 
+def weights_check(fact: dict, want: dict, path: str) -> Check:
+    """The model's files against the recipe's manifest, no byte read (k26ops/weights/manifest.py):
+    a missing, truncated or extra file fails, naming it, the expected size and the found one;
+    so does a file changed since its last sha256 check (`k26ops model verify --full`)."""
+    from k26ops.weights import manifest as mf  # lazy: only for a recipe with a model manifest
+    try:
+        m = mf.load(want["manifest"])
+    except UserError as exc:
+        return Check("weights", False, str(exc))
+    if fact.get("error"):
+        return Check("weights", False, f"{path} {fact['error']}")
+    v = mf.compare(m, fact.get("files") or {}, fact.get("record"))
+    rec = fact.get("record") or {}
+    if v["problems"]:
+        return Check("weights", False, f"{path}: " + "; ".join(v["problems"][:3])
+                     + (f" and {len(v['problems']) - 3} more" if len(v["problems"]) > 3 else ""))
+    stale = [p for p in v["changed"] if p in (rec.get("files") or {})]
+    if stale:
+        return Check("weights", False, f"{path}: {stale[0]}" + (f" and {len(stale) - 1} more" if len(stale) > 1 else "")
+                     + " changed since its last sha256 check (size, mtime or inode differ from the record): "
+                       "run `k26ops model verify --full`")
+    last = (rec.get("last_full") or {}).get("at")
+    return Check("weights", True, f"{path}: {len(m.entries)} files, {m.total / 1e9:.1f} GB as manifest "
+                 f"{m.sha256[:12]} ({want.get('name')}); last full verify "
+                 + (f"{last}, {v['verified']} of {len(m.entries)} files unchanged since" if last else "never"))
+
+
 # What a deploy refuses before it changes a host: the checks about what it will start.
 # The driver is the cuda_toolkit step's (it plans before anything changes).
-DEPLOY_CHECKS = ("model", "drafter", "disk_model", "disk_releases", "gpu_reset")
+DEPLOY_CHECKS = ("model", "weights", "drafter", "disk_model", "disk_releases", "gpu_reset")
 # The standard facts those checks read (gpu_reset_check; the others read engine_facts and host_facts).
 DEPLOY_FACTS = ("gpus", "gpu_health")
 
@@ -296,7 +335,8 @@ def gpu_reset_check(facts: dict) -> Check:
 
 def deploy_refusals(facts: dict, host_vars: dict, want: dict) -> list[Check]:
     """The failed checks a deploy refuses a host on, before any change (DEPLOY_CHECKS)."""
-    checks = evaluate(facts, {**host_vars, "_drafter": want.get("drafter"), "_model_path": want["model_path"]})
+    checks = evaluate(facts, {**host_vars, "_drafter": want.get("drafter"), "_model_path": want["model_path"],
+                              "_weights": want.get("weights")})
     checks.append(gpu_reset_check(facts))
     return [c for c in checks if c.name in DEPLOY_CHECKS and not c.ok]
 

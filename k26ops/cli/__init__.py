@@ -15,7 +15,7 @@ from click.core import ParameterSource
 from k26ops import __version__
 from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.config
 from k26ops.cli import (baselines, bench, config, deploy, diagnose, engine, globalopts, hosts, inventory, jsonout,
-                        lab, pipe, provision, rehearse, selftest, status)
+                        lab, model, pipe, provision, rehearse, selftest, status)
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite
@@ -116,7 +116,7 @@ def _apply_config(ctx, settings: Settings) -> None:
 
 
 def _register() -> None:
-    for module in (lab, inventory, diagnose, engine):
+    for module in (lab, inventory, diagnose, engine, model):
         cli.add_command(module.group)
     cli.add_command(hosts.facts_cmd)
     cli.add_command(hosts.check_cmd)

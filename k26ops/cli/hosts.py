@@ -55,7 +55,8 @@ def check_cmd(settings):
         want = wanted[session.host.name]
         checks = [preflight.recipe_check(recipes[session.host.name])]
         checks += preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want["drafter"],
-                                                              "_model_path": want["model_path"]})
+                                                              "_model_path": want["model_path"],
+                                                              "_weights": want.get("weights")})
         failed = [c for c in checks if not c.ok]
         if failed:
             raise PreflightFailed("; ".join(f"{c.name}: {c.detail}" for c in failed))

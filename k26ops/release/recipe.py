@@ -34,7 +34,7 @@ _PY = re.compile(r"3\.\d+")
 _VERSION = re.compile(r"\d+(\.\d+)*([.+-]?[A-Za-z0-9]+)*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GPU_PINS = ("torch", "triton", "flashinfer-python")
-_TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile", "rehearsal"}
+_TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile", "rehearsal", "model"}
 # engine_profile keys understood by units.engine_argv (plus extra_args)
 PROFILE_INT = {"tp_size": 1, "speculative_ddtree_budget": 1, "speculative_dflash_block_size": 1,
                "page_size": 1, "cuda_graph_max_bs_decode": 1, "cuda_graph_max_bs_prefill": 1,
@@ -81,6 +81,15 @@ class Drafter:
 
 
 @dataclass(frozen=True)
+class Model:
+    """`model:` of a recipe: which weights the engine serves and their manifest (the
+    sha256 and size of every file, k26ops/weights/manifest.py), kept beside the recipe."""
+    name: str
+    manifest: Path
+    source: str | None = None  # where `k26ops model sync` downloads it once per site (hf://, https://, HOST:PATH)
+
+
+@dataclass(frozen=True)
 class Rehearsal:
     """`rehearsal:` of a recipe (k26ops rehearse): the model and drafter configs
     to use where the host has none (files beside the recipe, never weights),
@@ -114,6 +123,7 @@ class Recipe:
     index_urls: tuple[str, ...] = ()
     drafter: Drafter | None = None
     rehearsal: Rehearsal | None = None
+    model: Model | None = None
 
     @property
     def base(self) -> str:
@@ -420,7 +430,25 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
     return Recipe(name=name, source=path, sglang=sglang, install=install, pins=pins, extras=extras,
                   toolkit=toolkit, git=git, series=series, tags=tuple(tags), profile=profile,
                   lock_path=lock_path, python=python, index_urls=tuple(index_urls), drafter=drafter,
-                  rehearsal=_rehearsal(c, top.get("rehearsal"), path))
+                  rehearsal=_rehearsal(c, top.get("rehearsal"), path), model=_model(c, top.get("model"), path))
+
+
+def _model(c: "_Ctx", node, path: Path) -> Model | None:
+    if node is None:
+        return None
+    m = c.mapping(node, ("model",), {"name", "manifest", "source"}, required=("name", "manifest"))
+    if not isinstance(m["name"], str):
+        raise c.err(("model", "name"), f"must be a string, got {m['name']!r}")
+    rel = m["manifest"]
+    why = inputs.inside_problem(rel, "the manifest path") if isinstance(rel, str) else "must be a file name"
+    if why is None and not inputs.is_inside(path.parent / rel, path.parent):
+        why = "the manifest path leaves the recipe's directory (through a symlink)"
+    if why:
+        raise c.err(("model", "manifest"), f"{rel!r}: {why}")
+    src = m.get("source")
+    if src is not None and not (isinstance(src, str) and re.fullmatch(r"(hf://|https?://|[\w.-]+:/)\S+", src)):
+        raise c.err(("model", "source"), f"must be hf://ORG/REPO@REVISION, an http(s) URL or HOST:/PATH, got {src!r}")
+    return Model(m["name"], path.parent / rel, src)
 
 
 def _rehearsal(c: "_Ctx", node, path: Path) -> Rehearsal | None:
