@@ -18,6 +18,7 @@ a reference copy (a directory here or on a host, hashed). `compare` is the fast 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +158,7 @@ def from_hub(spec: HubSpec, token: str | None = None, api=None) -> Manifest:
         raise UserError("huggingface_hub is not installed on this control node: "
                         "pip install 'k26ops[hub]' (or make the manifest from a reference copy)") from None
     api = api or HfApi()
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # its retry warnings: the one line below says it
     entries = []
     try:
         for item in api.list_repo_tree(**hub_request(spec, token)):
