@@ -256,7 +256,7 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
                                 f"{path}: {_gb(row['available'])} free, needs {_gb(need)}"))
     if "user" in facts:
         checks.append(root_check(facts["user"] or {}))
-    if "model_files" in facts and host_vars.get("_weights"):
+    if (facts.get("model_files") or {}).get("state") == "dir" and host_vars.get("_weights"):  # else `model` says it
         checks.append(weights_check(facts["model_files"], host_vars["_weights"], host_vars.get("_model_path")
                                     or str(e["model_path"])))
     if "drafter" in facts and host_vars.get("_drafter"):
@@ -289,8 +289,6 @@ def weights_check(fact: dict, want: dict, path: str) -> Check:
         m = mf.load(want["manifest"])
     except UserError as exc:
         return Check("weights", False, str(exc))
-    if fact.get("error"):
-        return Check("weights", False, f"{path} {fact['error']}")
     v = mf.compare(m, fact.get("files") or {}, fact.get("record"))
     rec = fact.get("record") or {}
     if v["problems"]:

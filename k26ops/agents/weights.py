@@ -23,7 +23,7 @@ op "fetch" {"path", "rel", "size", "sha256", "record", "manifest", "source", "bw
   record. {"ok", "bytes" (fetched now), "seconds", "resumed"} or {"ok": false, "why"}.
 op "keygen" {"dir"}: a fresh ed25519 key for this run (its private half never leaves
   the host): {"pub"}.  op "forget" {"dir"}: remove it.
-op "authorize" {"keys": [pub], "dir": the model dir served, "marker", "expiry"}: add the
+op "authorize" {"keys": [pub], "dir": the model dir served, "marker", "ttl_s"}: add the
   keys to this login's authorized_keys as restrict + command="rrsync -ro DIR" +
   expiry-time; op "deauthorize" {"marker"}: remove the lines with the marker.
 """
@@ -333,7 +333,8 @@ def op_authorize(r):
         lines = []
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    opts = 'restrict,expiry-time="%s",command="%s -ro %s"' % (r["expiry"], rrsync, r["dir"].replace('"', ""))
+    expiry = time.strftime("%Y%m%d%H%M%S", time.localtime(time.time() + int(r["ttl_s"])))  # sshd reads local time
+    opts = 'restrict,expiry-time="%s",command="%s -ro %s"' % (expiry, rrsync, r["dir"].replace('"', ""))
     lines += ["%s %s %s\n" % (opts, " ".join(k.split()[:2]), r["marker"]) for k in r["keys"]]
     rewrite(path, lines)
     return {"ok": True}

@@ -104,18 +104,18 @@ def verify_cmd(settings, full, force, manifest):
         if fast["problems"]:
             raise StepFailed(f"{w.model_path}: " + "; ".join(fast["problems"]))
         out = Outcome(manifest=m.sha256[:12], files=len(m.entries), gb=round(m.total / 1e9, 3),
-                      changed=len(fast["changed"]), last_full=((fast["record"] or {}).get("last_full") or {}).get("at"))
+                      changed_files=len(fast["changed"]), last_full=((fast["record"] or {}).get("last_full") or {}).get("at"))
         if full or force:
             res = hostops.full(session, w, m, force=force)
             if res["bad"]:
                 raise StepFailed(f"{w.model_path}: " + "; ".join(f"{rel}: {why}" for rel, why in res["bad"]))
             out.update(hashed=res["hashed"], verify_gbps=res["verify_gbps"], read_gbps=res["read_gbps"],
-                       workers=res["workers"], last_full=(res.get("last_full") or {}).get("at"), changed=0)
+                       workers=res["workers"], last_full=(res.get("last_full") or {}).get("at"), changed_files=0)
         elif fast["changed"] and fast["record"]:
             out["note"] = f"{len(fast['changed'])} file(s) changed since their last sha256 check: run --full"
         return out
 
-    cols = [("manifest", "manifest"), ("files", "files"), ("GB", "gb"), ("changed", "changed"),
+    cols = [("manifest", "manifest"), ("files", "files"), ("GB", "gb"), ("changed", "changed_files"),
             ("last full verify", "last_full")]
     if full or force:
         cols += [("hashed", "hashed"), ("verify GB/s", "verify_gbps"), ("read GB/s", "read_gbps")]

@@ -145,7 +145,7 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
         sites: dict[str, list] = {}
         for h in ready:
             sites.setdefault(str(h.vars.get("model_site") or "default"), []).append(h)
-        expiry = time.strftime("%Y%m%d%H%M%S", time.localtime(time.time() + fleet_options.deadline + 600))
+        ttl = int(fleet_options.deadline) + 600  # the keys stop working by themselves after the run's deadline
         auth_targets = {}
         for site_hosts in sites.values():
             for h in site_hosts:
@@ -160,7 +160,7 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
         def authorize(session):
             for keys, d in auth_targets.get(session.host.name, []):
                 res = agents.run(session, "weights", "authorize", 60, what="model sync (authorize)",
-                                 keys=keys, dir=d, marker=run_id, expiry=expiry)
+                                 keys=keys, dir=d, marker=run_id, ttl_s=ttl)
                 if not res.get("ok"):
                     raise StepFailed(res["why"])
             return Outcome()
@@ -247,12 +247,15 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
                   "manifest": m.sha256, "sites": len(plans)}
         return results, totals
     finally:
-        _cleanup(conns, hosts + ([origin_host] if origin_host else []), looked, run_id)
         conns.close()
+        _cleanup(fleet_options, hosts + ([origin_host] if origin_host else []), looked, run_id)
 
 
-def _cleanup(conns: Connections, hosts: list, looked: dict, run_id: str) -> None:
-    """Remove this run's keys everywhere (after Ctrl-C too: the interrupt flag is not looked at here)."""
+def _cleanup(fleet_options, hosts: list, looked: dict, run_id: str) -> None:
+    """Remove this run's keys everywhere, over fresh connections (after Ctrl-C too: the fleet
+    closed the run's, and the interrupt flag is not looked at here)."""
+    conns = Connections(fleet_options)
+
     def one(h):
         try:
             s = conns.session(h)
@@ -271,6 +274,7 @@ def _cleanup(conns: Connections, hosts: list, looked: dict, run_id: str) -> None
         t.start()
     for t in threads:
         t.join(120)
+    conns.close()
 
 
 __all__ = ["sync", "SyncOptions", "origin_url", "split_host_path", "exit_code", "FleetInterrupted"]

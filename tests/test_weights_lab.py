@@ -1,0 +1,139 @@
+"""`k26ops model sync|verify`, `check` and `deploy` against the recipe's model manifest on
+real lab hosts (issue 44): rsync between the hosts over their real sshd, a sync cut with
+Ctrl-C and run again, one byte changed, one shard truncated.
+
+One private 3-host lab for the module; the tests run in order on it. The hosts' model
+is synced to /srv/k26/model (writable; the lab's own /models/Kimi-K2.6 is the fixture,
+bound read-only, and is the origin here: `lab1:/models/Kimi-K2.6`, a path on a host)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from labtools import REPO, k26ops_json, lab_ssh, private_lab
+
+from k26ops.lab import model_fixture
+from k26ops.weights import manifest as mf
+
+MODEL = "/srv/k26/model"
+ORIGIN = "lab1:/models/Kimi-K2.6"
+SHARD2, SHARD3 = model_fixture.FILES[3], model_fixture.FILES[4]
+M = mf.load(REPO / "playbooks/recipes/lab.model")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with private_lab(3, "weights") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory):
+    data = yaml.safe_load(lab.inventory.read_text())
+    data["vars"]["model_path"] = MODEL
+    p = tmp_path_factory.mktemp("weights") / "inventory.yml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(p)
+
+
+def sh(lab, host: str, command: str) -> str:
+    p = lab_ssh(lab.dir, lab.port(host), command)
+    assert p.returncode == 0, (command, p.stdout, p.stderr)
+    return p.stdout
+
+
+def verified(lab, host: str) -> set[str]:
+    """The shards the host's record vouches for (its sha256 checked)."""
+    rec = mf.record_path("/opt/k26ops/state", MODEL)
+    text = sh(lab, host, f"cat {rec} 2>/dev/null || true")
+    return {p for p, r in (json.loads(text)["files"] if text.strip() else {}).items() if r.get("sha256")}
+
+
+def test_a_sync_cut_with_ctrl_c_then_run_again_fetches_only_what_was_not_verified(lab, inv):
+    cmd = [sys.executable, "-m", "k26ops", "-i", inv, "model", "sync", "--origin", ORIGIN, "--bwlimit", "4"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum(len([p for p in verified(lab, h) if p.endswith(".safetensors")]) for h in ("lab1", "lab2", "lab3")) >= 2:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    before = {h: verified(lab, h) for h in ("lab1", "lab2", "lab3")}
+    assert 2 <= sum(len(v) for v in before.values()) < 15, before
+    for h in ("lab1", "lab2", "lab3"):  # this run's keys are gone from every host, the cut left its partial files
+        assert "k26ops-model-sync" not in sh(lab, h, "cat /root/.ssh/authorized_keys"), h
+        assert sh(lab, h, "ls /opt/k26ops/state/model-sync 2>/dev/null | wc -l").strip() == "0"
+    partial = sh(lab, "lab1", f"ls {MODEL}/.k26ops-partial; ls {MODEL}")
+    assert "safetensors" in partial
+    rc, doc = k26ops_json("-i", inv, "model", "sync", "--origin", ORIGIN, timeout=600)
+    assert rc == 0, doc
+    for h, have in before.items():
+        row = doc["hosts"][h]
+        assert row["have"] == len(have) and row["fetched"] == 5 - len(have), (h, row, have)
+        assert verified(lab, h) == {e.path for e in M.entries}
+    assert doc["bytes_through_control_node"] == 0
+    assert doc["bytes_from_origin"] <= M.total  # each byte from the origin at most once, the rest host to host
+    rc, doc = k26ops_json("-i", inv, "model", "sync", "--origin", ORIGIN, timeout=600)
+    assert rc == 0 and all(r["fetched"] == 0 for r in doc["hosts"].values()) and doc["bytes_from_origin"] == 0
+
+
+def test_one_byte_changed_is_named_by_verify_full_and_check_refuses_it(lab, inv):
+    rc, doc = k26ops_json("-i", inv, "model", "verify", "--full", timeout=300)
+    assert rc == 0 and all(r["hashed"] == 0 for r in doc["hosts"].values()), doc  # the sync's record vouches
+    sh(lab, "lab2", f"printf 'Z' | dd of={MODEL}/{SHARD2} bs=1 seek=4096 conv=notrunc status=none")
+    rc, doc = k26ops_json("-i", inv, "model", "verify", timeout=300)  # fast: sizes agree; the record says it changed
+    assert rc == 0 and doc["hosts"]["lab2"]["changed_files"] == 1 and doc["hosts"]["lab1"]["changed_files"] == 0
+    rc, doc = k26ops_json("-i", inv, "check", timeout=300)
+    err = doc["hosts"]["lab2"]["error"]
+    assert rc == 1 and f"weights: {MODEL}: {SHARD2} changed since its last sha256 check" in err, doc
+    assert doc["hosts"]["lab1"]["status"] != "failed" or "weights" not in (doc["hosts"]["lab1"]["error"] or "")
+    rc, doc = k26ops_json("-i", inv, "model", "verify", "--full", timeout=300)
+    err = doc["hosts"]["lab2"]["error"]
+    assert rc == 1 and err.startswith(f"{MODEL}: {SHARD2}: sha256 ") and M.by_path()[SHARD2].sha256 in err, doc
+    assert doc["hosts"]["lab1"]["status"] == "ok" and doc["hosts"]["lab1"]["hashed"] == 0
+
+
+def test_a_truncated_shard_is_refused_by_check_and_deploy_before_any_change(lab, inv):
+    size = M.by_path()[SHARD3].size
+    sh(lab, "lab3", f"truncate -s 1000000 {MODEL}/{SHARD3}")
+    line = f"weights: {MODEL}: {SHARD3} is truncated: expected {size} bytes, found 1000000"
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab3", "check", timeout=300)
+    assert rc == 1 and line in doc["hosts"]["lab3"]["error"] and "\n" not in doc["hosts"]["lab3"]["error"], doc
+    # what a deploy would change: releases, units, the model; the deploy takes the host lock and
+    # marks k26ops_root its own (.k26ops-owned) before its preflight, as every deploy does
+    state = ("ls -a /opt/k26ops /etc/systemd/system 2>&1 | grep -v '^.k26ops-owned$'; "
+             f"cat /root/.ssh/authorized_keys; ls -l --time-style=+%s {MODEL}")
+    before = sh(lab, "lab3", state)
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab3", "deploy", timeout=600)
+    assert rc == 1 and doc["hosts"]["lab3"]["error"] == f"preflight: {line}; nothing was changed", doc
+    assert sh(lab, "lab3", state) == before
+
+
+def test_sync_repairs_what_it_wrote_and_never_replaces_a_file_it_did_not_write(lab, inv, tmp_path):
+    rc, doc = k26ops_json("-i", inv, "model", "sync", "--origin", ORIGIN, timeout=600)
+    assert rc == 0, doc
+    assert doc["hosts"]["lab2"]["fetched"] == 1 and doc["hosts"]["lab3"]["fetched"] == 1  # the changed, the truncated
+    assert doc["hosts"]["lab1"]["fetched"] == 0
+    rc, doc = k26ops_json("-i", inv, "model", "verify", "--full", "--force", timeout=300)
+    assert rc == 0 and all(r["hashed"] == 5 for r in doc["hosts"].values()), doc
+    # a copy someone put there by hand, with a wrong config.json: refused, untouched
+    other = "/srv/k26/other"
+    sh(lab, "lab2", f"mkdir -p {other} && echo '{{}}' > {other}/config.json")
+    data = yaml.safe_load(open(inv).read())
+    data["vars"]["model_path"] = other
+    inv2 = tmp_path / "other.yml"
+    inv2.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, doc = k26ops_json("-i", str(inv2), "--limit", "lab2", "model", "sync", "--origin", ORIGIN, timeout=600)
+    err = doc["hosts"]["lab2"]["error"]
+    assert rc == 1 and err.startswith(f"{other}/config.json (3 bytes) is not the manifest's") \
+        and "k26ops did not write it" in err, doc
+    assert sh(lab, "lab2", f"cat {other}/config.json; ls {other}").split() == ["{}", "config.json"]
