@@ -137,3 +137,18 @@ def test_sync_repairs_what_it_wrote_and_never_replaces_a_file_it_did_not_write(l
     assert rc == 1 and err.startswith(f"{other}/config.json (3 bytes) is not the manifest's") \
         and "k26ops did not write it" in err, doc
     assert sh(lab, "lab2", f"cat {other}/config.json; ls {other}").split() == ["{}", "config.json"]
+
+
+def test_the_release_and_the_baseline_record_the_model_manifest(lab, inv, tmp_path):
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab1", "deploy", timeout=900)
+    assert rc == 0, doc
+    rel = json.loads(sh(lab, "lab1", "cat /opt/k26ops/releases/current/manifest.json"))
+    assert rel["model"] == {"name": "lab-random-f16", "manifest_sha256": M.sha256, "files": 5, "bytes": M.total}, rel
+    env = {"K26OPS_BASELINES": str(tmp_path / "baselines")}
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab1", "snapshot", "--tag", "weights-known-good", env=env,
+                          timeout=300)
+    assert rc == 0, doc
+    base = tmp_path / "baselines" / "hosts" / "lab1"
+    rec = json.loads((base / "baseline.json").read_text())
+    assert rec["model"]["manifest_sha256"] == M.sha256 == rec["model"]["release_manifest_sha256"], rec["model"]
+    assert mf.load(base / "model.manifest").sha256 == M.sha256

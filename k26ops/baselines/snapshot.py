@@ -34,6 +34,7 @@ from k26ops.multinode import serves_http
 from k26ops.shell import q
 from k26ops.steps import HostContext, engine as engine_steps
 from k26ops.steps.engine import smoke_summary
+from k26ops.weights import manifest as mf
 
 FACT_NAMES = ("gpus", "nvidia_smi", "cuda_toolkit", "os_release", "python3")
 SMOKE_PROMPT = "Say hello in one short sentence."
@@ -89,6 +90,20 @@ def _rebuild_check(recipe_text: str, recipe_path: Path, manifest: dict,
     return True, "recipe + lock + recorded patches give the same release id"
 
 
+def model_entry(recipe, manifest_text: str | None, release_manifest: dict) -> dict | None:
+    """The weights of this known-good state (issue 44): the recipe's model manifest (its
+    identity, the hash of its entry lines) beside the one the release was built with."""
+    if recipe is None or recipe.model is None:
+        return None
+    built = (release_manifest.get("model") or {}).get("manifest_sha256")
+    try:
+        sha = mf.parse(manifest_text, str(recipe.model.manifest)).sha256 if manifest_text is not None else None
+    except UserError:
+        sha = None
+    return {"name": recipe.model.name, "manifest": str(recipe.model.manifest), "manifest_sha256": sha,
+            "release_manifest_sha256": built}
+
+
 def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes], dict]:
     """One remote call; returns (report row, files for the repository, the host's record)."""
     ctx, t = host_target(session)
@@ -126,11 +141,13 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         recipe_text = Path(recipe_path).read_text()
     except OSError as exc:
         raise UserError(f"{recipe_path}: cannot read recipe: {exc.strerror}") from None
-    lock_text = None
+    lock_text = model_text = rp = None
     try:
         rp = recipe_mod.parse(recipe_text, Path(recipe_path))
         if rp.lock_path.exists():
             lock_text = rp.lock_path.read_text()
+        if rp.model is not None and rp.model.manifest.exists():
+            model_text = rp.model.manifest.read_text()
     except UserError:
         pass
     rebuildable, why = _rebuild_check(recipe_text, Path(recipe_path), m, lock_text)
@@ -160,6 +177,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         "engine_argv": m.get("engine_argv"), "cmdline": cmdline,
         "health": health_state, "smoke": smoke, "rebuildable": rebuildable, "rebuild_check": why,
         "recipe_source": str(recipe_path),
+        "model": model_entry(rp, model_text, m),
     }
     manifest = {**m, "packages": rel.get("packages") or {}}
     put("baseline.json", record)
@@ -167,6 +185,8 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     put("recipe.yml", recipe_text)
     if lock_text is not None:
         put("engine.lock", lock_text, redact=False)
+    if model_text is not None:
+        put("model.manifest", model_text, redact=False)
     for pname, text in shipped.items():
         put(f"patches/{pname}", text or "", redact=False)
     if unit_text is not None:

@@ -41,6 +41,7 @@ from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
                             recipe_for, release_override)
 from k26ops.runstate import HostState
+from k26ops.weights import manifest as mf
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
 
@@ -71,7 +72,15 @@ class Prepared:
             "wheels": [{"name": w.name, "sha256": w.sha256} for w in self.wheels],
             "patches": [{"name": p.name, "sha256": p.sha256} for p in self.patches],
             "patched_files": patchset.expected_hashes(self.patch_state),
+            **({"model": model_record(r.model)} if r.model else {}),
         }
+
+
+def model_record(model) -> dict:
+    """The weights a release is built for (the recipe's model manifest, issue 44): the
+    release's manifest.json and the baselines record its hash."""
+    m = mf.load(model.manifest)
+    return {"name": model.name, "manifest_sha256": m.sha256, "files": len(m.entries), "bytes": m.total}
 
 
 @dataclass
