@@ -152,3 +152,12 @@ def test_the_release_and_the_baseline_record_the_model_manifest(lab, inv, tmp_pa
     rec = json.loads((base / "baseline.json").read_text())
     assert rec["model"]["manifest_sha256"] == M.sha256 == rec["model"]["release_manifest_sha256"], rec["model"]
     assert mf.load(base / "model.manifest").sha256 == M.sha256
+    # status and check show the manifest and the last full verify (the repair test's verify --full --force)
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab1", "status", timeout=300)
+    w = doc["hosts"]["lab1"]["weights"]
+    assert w["release_manifest"] == M.sha256 and w["last_full"]["manifest"] == M.sha256, w
+    assert doc["hosts"]["lab1"]["weights_short"] == f"{M.sha256[:8]} full {w['last_full']['at']}"
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab1", "check", timeout=300)
+    detail = {c["check"]: c["detail"] for c in doc["hosts"]["lab1"]["checks"]}["weights"]
+    assert detail.startswith(f"{MODEL}: 5 files, 0.1 GB as manifest {M.sha256[:12]} (lab-random-f16); "
+                             f"last full verify {w['last_full']['at']}, 5 of 5 files unchanged since"), detail

@@ -390,11 +390,26 @@ def op_status(r):
                 out["bus_ids"] = o if rc == 0 else ""
         except (OSError, subprocess.SubprocessError) as exc:
             out["kernel"] = {"rc": 127, "stdout": str(exc)}
+    if r.get("weights_record"):  # the model manifest the release was built for, the host's last full verify
+        out["weights"] = weights_status(r["weights_record"], cur and os.path.join(os.path.dirname(r["current"]), cur))
     if s.get("ActiveState") == "active":
         out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"))[0]
         code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"))
         try: out["model"] = json.loads(body)["data"][0]["id"] if code == 200 else None
         except Exception: out["model"] = None
+    return out
+
+def weights_status(record_path, release):
+    """{"release_manifest": the release's model manifest sha256, "last_full": {"at", "manifest"}}."""
+    out = {"release_manifest": None, "last_full": None}
+    for path, key in ((release and os.path.join(release, "manifest.json"), "release_manifest"),
+                      (record_path, "last_full")):
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+            out[key] = (doc.get("model") or {}).get("manifest_sha256") if key == "release_manifest" else doc.get("last_full")
+        except (OSError, TypeError, ValueError, AttributeError):
+            pass
     return out
 
 def op_logs(r):

@@ -10,12 +10,13 @@ from datetime import datetime, timezone
 import click
 from rich.console import Console
 
-from k26ops import rollout, units
+from k26ops import preflight, rollout, units
 from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
 from k26ops.enginehost import EngineHost, agent
 from k26ops.enginestate import engine_state
+from k26ops.errors import UserError
 from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
 from k26ops.steps import HostContext, session_context
@@ -56,7 +57,7 @@ def status_cmd(settings, unit, baselines_dir):
         ctx = session_context(session)
         eh, name, host, port = _target(ctx, unit)
         r = agent(session, "status", unit=name, port=port, host=host, current=eh.layout.current,
-                  api_key=eh.api_key(), kernel=xid.XID_COMMAND)
+                  api_key=eh.api_key(), kernel=xid.XID_COMMAND, weights_record=_weights_record(session.host.vars))
         show = r["show"]
         active = show.get("ActiveState")
         started = show.get("ExecMainStartTimestampMonotonic") or 0
@@ -83,6 +84,7 @@ def status_cmd(settings, unit, baselines_dir):
                        model=r.get("model"), model_short=(r.get("model") or "").rstrip("/").rsplit("/", 1)[-1] or None, port=port, pid=show.get("MainPID") or None,
                        restarts=show.get("NRestarts"),
                        last_start=stamp or None, gpu_xid=xid_lines(xid.since_engine_start(r)),
+                       weights=r.get("weights"), weights_short=_weights_short(r.get("weights")),
                        started=" ".join(parts[1:3]) if len(parts) >= 3 else None)
 
     def not_serving(results) -> list:
@@ -101,7 +103,29 @@ def status_cmd(settings, unit, baselines_dir):
                    exit_with=lambda results: 1 if not_serving(results) else 0,
                    columns=[("engine", "engine_state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
-                            ("restarts", "restarts"), ("started", "started")])
+                            ("weights / last full verify", "weights_short"), ("restarts", "restarts"),
+                            ("started", "started")])
+
+
+def _weights_record(host_vars) -> str | None:
+    """Where the host keeps its model verify record, for a recipe with a model manifest."""
+    try:
+        w = preflight.engine_wanted(host_vars).get("weights")
+    except UserError:  # a recipe that does not load: status still shows the engine
+        return None
+    return w["record"] if w else None
+
+
+def _weights_short(w: dict | None) -> str | None:
+    """'902d9251 full 2026-12-07T12:00:00Z': the release's model manifest, the last full verify
+    (and the manifest it checked, when another)."""
+    if not w:
+        return None
+    rel, last = w.get("release_manifest"), w.get("last_full") or {}
+    text = (rel[:8] if rel else "-") + " " + (f"full {last['at']}" if last.get("at") else "never fully verified")
+    if last.get("manifest") and rel and last["manifest"] != rel:
+        text += f" (of {last['manifest'][:8]})"
+    return text
 
 
 def xid_lines(events: list[dict]) -> list[str]:
