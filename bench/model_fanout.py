@@ -12,9 +12,11 @@ alternates 1 and 8 hosts (same lab, same load). Per run:
   read or wrote (`/proc/self/io` rchar + wchar at its exit: sockets, pipes and files,
   its own module and inventory reads included), so an upper bound of what went through it;
 - `wall_s`: the k26ops process from start to exit;
-- `verify_gbps`, `read_gbps`: `model verify --full --force` on lab1 after the runs,
-  one host hashing on all its cores, beside its plain read of the same files (both
-  from the disk: the agent drops their page cache before each pass).
+- `verify_gbps`, `read_gbps`: `model verify --full --force` on lab1 after the runs (at
+  least 5 times), one host hashing on all its cores, beside its plain read of the same
+  files in the same call (the agent drops their page cache before each pass; pages the
+  sync just wrote may still be dirty, and then both passes read the page cache); the
+  ratio is the median of each call's hash rate over its own read rate.
 
 Every transfer is limited to `--bwlimit` MB/s (default 5): the lab's hosts share this
 machine's cores and loopback, so without a limit 8 hosts' transfers compete for the
@@ -63,9 +65,10 @@ def k26ops_io(*args: str, timeout: float = 900) -> tuple[int, dict, float, int]:
         env = {**common.installed_env(), "K26BENCH_IO": io_path}
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-c", LAUNCH, "--json", *args], capture_output=True, text=True,
-                           env=env, timeout=timeout, cwd=common.REPO)
+                           env=env, timeout=timeout, cwd=common.REPO, check=False)
         wall = time.perf_counter() - t0
-        io = dict(line.split(": ") for line in open(io_path).read().splitlines() if ": " in line)
+        with open(io_path) as f:
+            io = dict(line.split(": ") for line in f.read().splitlines() if ": " in line)
     finally:
         os.unlink(io_path)
     try:
@@ -97,7 +100,7 @@ def sync_once(b, inv, names, bwlimit) -> dict:
 
 
 def verify_once(inv) -> dict:
-    rc, doc, wall, _io = k26ops_io("-i", str(inv), "--limit", "lab1", "model", "verify", "--full", "--force")
+    rc, doc, _wall, _io = k26ops_io("-i", str(inv), "--limit", "lab1", "model", "verify", "--full", "--force")
     r = doc["hosts"]["lab1"]
     if rc != 0 or r["hashed"] != 5:
         raise RuntimeError(f"verify failed (rc {rc}): {r}")
@@ -110,7 +113,7 @@ def med(rows, key):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=int(os.environ.get("K26BENCH_REPS", 3)))
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("K26BENCH_REPS", "3")))
     ap.add_argument("--bwlimit", type=float, default=5.0, help="MB/s per transfer (0: none)")
     a = ap.parse_args()
     one_names, many_names = ["lab1"], [f"lab{i}" for i in range(1, HOSTS + 1)]
@@ -130,7 +133,7 @@ def main() -> int:
                 print(f"  rep {i + 1}: {len(names)} host(s): wall {r['wall_s']:.2f} s, from origin "
                       f"{r['bytes_from_origin'] / 1e6:.1f} MB, between hosts {r['bytes_between_hosts'] / 1e6:.1f} MB, "
                       f"through this node {r['bytes_through_control_node'] / 1e6:.1f} MB", flush=True)
-        for i in range(a.reps):
+        for i in range(max(a.reps, 5)):  # seconds each: more reps against this machine's noise
             v = verify_once(inv)
             verifies.append(v)
             print(f"  verify {i + 1}: lab1 hash {v['verify_gbps']} GB/s, plain read {v['read_gbps']} GB/s "
@@ -161,7 +164,8 @@ def main() -> int:
     one, many = summary[1], summary[HOSTS]
     ratios = {"origin_8_over_1": many["bytes_from_origin"] / one["bytes_from_origin"],
               "wall_8_over_1": many["wall_s"] / one["wall_s"],
-              "verify_over_read": v["verify_gbps"] / v["read_gbps"] if v["read_gbps"] else None}
+              # side by side: each verify's hash rate over its own read's, the median of those
+              "verify_over_read": statistics.median(x["verify_gbps"] / x["read_gbps"] for x in verifies)}
     targets = {"origin_8_over_1": 1.1, "wall_8_over_1": 2.0, "verify_over_read": 0.8}
     met = {"origin_8_over_1": ratios["origin_8_over_1"] <= 1.1, "wall_8_over_1": ratios["wall_8_over_1"] <= 2.0,
            "verify_over_read": ratios["verify_over_read"] is not None and ratios["verify_over_read"] >= 0.8}

@@ -8,15 +8,17 @@ bound read-only, and is the origin here: `lab1:/models/Kimi-K2.6`, a path on a h
 
 from __future__ import annotations
 
+import http.server
 import json
 import signal
+import threading
 import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from labtools import REPO, k26ops_json, lab_ssh, private_lab
+from labtools import REPO, k26ops, k26ops_json, lab_ssh, private_lab
 
 from k26ops.lab import model_fixture
 from k26ops.weights import manifest as mf
@@ -48,9 +50,9 @@ def sh(lab, host: str, command: str) -> str:
     return p.stdout
 
 
-def verified(lab, host: str) -> set[str]:
+def verified(lab, host: str, model: str = MODEL) -> set[str]:
     """The shards the host's record vouches for (its sha256 checked)."""
-    rec = mf.record_path("/opt/k26ops/state", MODEL)
+    rec = mf.record_path("/opt/k26ops/state", model)
     text = sh(lab, host, f"cat {rec} 2>/dev/null || true")
     return {p for p, r in (json.loads(text)["files"] if text.strip() else {}).items() if r.get("sha256")}
 
@@ -161,3 +163,76 @@ def test_the_release_and_the_baseline_record_the_model_manifest(lab, inv, tmp_pa
     detail = {c["check"]: c["detail"] for c in doc["hosts"]["lab1"]["checks"]}["weights"]
     assert detail.startswith(f"{MODEL}: 5 files, 0.1 GB as manifest {M.sha256[:12]} (lab-random-f16); "
                              f"last full verify {w['last_full']['at']}, 5 of 5 files unchanged since"), detail
+
+
+class OriginHandler(http.server.BaseHTTPRequestHandler):
+    """Test stand-in for an HTTP(S) mirror and for the Hub's download URLs (the Hub cannot be
+    reached here): the lab model's files at /mirror/PATH and /ORG/REPO/resolve/REV/PATH, with
+    `Range: bytes=N-` (what curl -C - sends to resume); it records each request's path and headers."""
+    seen: list = []
+
+    def do_GET(self):
+        parts = self.path.split("/")
+        rel = "/".join(parts[2:]) if parts[1] == "mirror" else "/".join(parts[5:])
+        OriginHandler.seen.append((self.path, dict(self.headers)))
+        f = model_fixture.cache_dir() / rel
+        if not f.is_file():
+            self.send_error(404)
+            return
+        data = f.read_bytes()
+        start = int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:])
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def origin_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OriginHandler)  # the lab hosts share loopback
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    OriginHandler.seen = []
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def _inv_at(inv: str, tmp_path, model: str) -> str:
+    data = yaml.safe_load(open(inv).read())
+    data["vars"]["model_path"] = model
+    p = tmp_path / (model.strip("/").replace("/", "-") + ".yml")
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(p)
+
+
+def test_an_http_mirror_origin_resumes_a_cut_download_with_curl(lab, inv, tmp_path, origin_server):
+    model, shard = "/srv/k26/http", model_fixture.FILES[2]
+    half = M.by_path()[shard].size // 2
+    sh(lab, "lab3", f"mkdir -p {model}/.k26ops-partial && head -c {half} /models/Kimi-K2.6/{shard}"
+                    f" > {model}/.k26ops-partial/{shard}")
+    rc, doc = k26ops_json("-i", _inv_at(inv, tmp_path, model), "--limit", "lab3", "model", "sync",
+                          "--origin", origin_server + "/mirror/", timeout=300)
+    assert rc == 0 and doc["hosts"]["lab3"]["fetched"] == 5, doc
+    assert doc["bytes_from_origin"] == M.total - half, doc  # the cut half was not fetched again
+    ranges = {p.rsplit("/", 1)[-1]: h.get("Range") for p, h in OriginHandler.seen}
+    assert ranges[shard] == f"bytes={half}-" and ranges[model_fixture.FILES[3]] is None, ranges
+    assert verified(lab, "lab3", model) == {e.path for e in M.entries}
+
+
+def test_the_hub_origin_asks_for_the_pinned_revision_with_the_token_never_in_output(lab, inv, tmp_path,
+                                                                                   origin_server):
+    model, rev, token = "/srv/k26/hub", "0123456789abcdef0123456789abcdef01234567", "hf_k26opsTestToken0123"
+    proc = k26ops("--json", "-i", _inv_at(inv, tmp_path, model), "--limit", "lab3", "model", "sync",
+                  "--origin", f"hf://moonshotai/Kimi-K2.6@{rev}", timeout=300,
+                  env={"HF_ENDPOINT": origin_server, "HF_TOKEN": token})
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["hosts"]["lab3"]["fetched"] == 5, (proc.stdout, proc.stderr)
+    assert sorted(p for p, _h in OriginHandler.seen) == sorted(
+        f"/moonshotai/Kimi-K2.6/resolve/{rev}/{e.path}" for e in M.entries)
+    assert {h.get("Authorization") for _p, h in OriginHandler.seen} == {f"Bearer {token}"}
+    assert token not in proc.stdout + proc.stderr
+    assert sh(lab, "lab3", f"grep -rl {token} /opt/k26ops /root {model} 2>/dev/null || true").strip() == ""
