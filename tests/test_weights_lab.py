@@ -236,3 +236,19 @@ def test_the_hub_origin_asks_for_the_pinned_revision_with_the_token_never_in_out
     assert {h.get("Authorization") for _p, h in OriginHandler.seen} == {f"Bearer {token}"}
     assert token not in proc.stdout + proc.stderr
     assert sh(lab, "lab3", f"grep -rl {token} /opt/k26ops /root {model} 2>/dev/null || true").strip() == ""
+
+
+def test_a_host_short_of_disk_space_is_refused_before_any_byte_moves(lab, inv, tmp_path):
+    model = "/srv/small/model"
+    sh(lab, "lab2", "mkdir -p /srv/small && mount -t tmpfs -o size=30m tmpfs /srv/small")  # 30 MB for 63 MB
+    try:
+        rc, doc = k26ops_json("-i", _inv_at(inv, tmp_path, model), "--limit", "lab2", "model", "sync",
+                              "--origin", ORIGIN, timeout=300)
+        err = doc["hosts"]["lab2"]["error"]
+        assert rc == 1 and err.startswith(f"{model}: 0.0 GB free, the 5 missing file(s) need 0.1 GB") \
+            and err.endswith("nothing fetched"), doc
+        assert doc["bytes_from_origin"] == 0 and doc.get("bytes_between_hosts") == 0
+        assert sh(lab, "lab2", f"find {model} -type f | wc -l").strip() == "0"
+        assert "k26ops-model-sync" not in sh(lab, "lab1", "cat /root/.ssh/authorized_keys")
+    finally:
+        sh(lab, "lab2", "umount /srv/small")
