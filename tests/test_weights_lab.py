@@ -252,3 +252,13 @@ def test_a_host_short_of_disk_space_is_refused_before_any_byte_moves(lab, inv, t
         assert "k26ops-model-sync" not in sh(lab, "lab1", "cat /root/.ssh/authorized_keys")
     finally:
         sh(lab, "lab2", "umount /srv/small")
+
+
+def test_the_manifest_made_from_a_copy_on_a_host_is_the_committed_one(inv, tmp_path):
+    out = tmp_path / "from-host.model"
+    rc, doc = k26ops_json("-i", inv, "model", "manifest", "lab1:/models/Kimi-K2.6", "-o", str(out), timeout=300)
+    assert rc == 0 and doc["sha256"] == M.sha256 and doc["files"] == 5, doc
+    assert mf.load(out).entries == M.entries and mf.load(out).source == "host:lab1:/models/Kimi-K2.6"
+    proc = k26ops("-i", inv, "model", "manifest", "lab1:/models/nope", timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == "k26ops: error: lab1: /models/nope is not a directory", \
+        proc.stderr
