@@ -103,7 +103,7 @@ def status_cmd(settings, unit, baselines_dir):
                    exit_with=lambda results: 1 if not_serving(results) else 0,
                    columns=[("engine", "engine_state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
-                            ("weights / last full verify", "weights_short"), ("restarts", "restarts"),
+                            ("weights", "weights_short"), ("restarts", "restarts"),
                             ("started", "started")])
 
 
