@@ -1,5 +1,5 @@
 """`k26ops model manifest|verify|sync`: the weights as part of the release
-(docs/how-to/weights.md)."""
+(docs/how-to/weights-sync.md)."""
 
 from __future__ import annotations
 

@@ -7,5 +7,5 @@
 - `hostops`: the host side (verify, fetch) driven through the `weights` agent.
 - `sync`: `k26ops model sync` over the fleet.
 
-How-to: docs/how-to/weights.md.
+How-to: docs/how-to/weights-sync.md.
 """
