@@ -206,8 +206,8 @@ def lab_recipe_copy(path: Path, series: Path | None = None) -> Path:
     if series is not None:
         doc["patches"]["series"] = str(series)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for key in ("model_config", "draft_config"):  # rehearsal configs must be beside the recipe
-        rel = (doc.get("rehearsal") or {}).get(key)
+    for section, key in (("rehearsal", "model_config"), ("rehearsal", "draft_config"), ("model", "manifest")):
+        rel = (doc.get(section) or {}).get(key)  # rehearsal configs and the model manifest: beside the recipe
         if rel:
             (path.parent / rel).parent.mkdir(parents=True, exist_ok=True)
             (path.parent / rel).write_bytes((LAB_RECIPE.parent / rel).read_bytes())

@@ -257,6 +257,13 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
             name = name if "/" not in name and not name.startswith((".", "-")) else "engine.lock"
             (d / name).write_bytes(lock)  # its own name: the rebuilt release's provenance is the same
             doc["engine"]["lock"] = name  # beside recipe.yml: a recipe's lock path stays in its directory
+        if isinstance(doc.get("model"), dict):  # the weights' manifest beside recipe.yml, as the tag kept it
+            model = repo.read(tag, f"{base}/model.manifest")
+            if model is None:  # a tag from before it was kept: the rebuilt release records no weights
+                doc.pop("model")
+            else:
+                (d / "model.manifest").write_bytes(model)
+                doc["model"]["manifest"] = "model.manifest"
         (d / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
         src = ((rec.get("engine") or {}).get("source") or {})
         override = {"recipe": str(d / "recipe.yml"), "source_url": src.get("git"),
