@@ -98,6 +98,10 @@ def test_one_byte_changed_is_named_by_verify_full_and_check_refuses_it(lab, inv)
     err = doc["hosts"]["lab2"]["error"]
     assert rc == 1 and f"weights: {MODEL}: {SHARD2} changed since its last sha256 check" in err, doc
     assert doc["hosts"]["lab1"]["status"] != "failed" or "weights" not in (doc["hosts"]["lab1"]["error"] or "")
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab2", "deploy", timeout=600)  # the deploy's preflight too
+    err = doc["hosts"]["lab2"]["error"]
+    assert rc == 1 and err.startswith(f"preflight: weights: {MODEL}: {SHARD2} changed since its last sha256 check") \
+        and err.endswith("; nothing was changed"), doc
     rc, doc = k26ops_json("-i", inv, "model", "verify", "--full", timeout=300)
     err = doc["hosts"]["lab2"]["error"]
     assert rc == 1 and err.startswith(f"{MODEL}: {SHARD2}: sha256 ") and M.by_path()[SHARD2].sha256 in err, doc
