@@ -13,6 +13,7 @@ Run from the checkout's root, so that its k26ops is the one imported.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -29,7 +30,6 @@ from k26ops.diagnose import signatures as S  # noqa: E402
 from k26ops.inventory import variables  # noqa: E402
 
 REF = ROOT / "docs" / "reference"
-WIDTH = 100  # help text wrapped at a fixed width, whatever the terminal
 
 
 def _banner(source: str) -> str:
@@ -47,20 +47,68 @@ def _commands(ctx: click.Context):
                 yield from _commands(click.Context(sub, parent=ctx, info_name=name))
 
 
+def _doc(text: str | None) -> str:
+    """A docstring or option help as Markdown paragraphs (click's own wrapping apart)."""
+    paras = inspect.cleandoc(text or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paras if p.strip())
+
+
+def _option(p: click.Parameter, ctx: click.Context) -> str:
+    names = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
+    if getattr(p, "is_flag", False) or getattr(p, "count", False):
+        return names
+    if isinstance(p.type, click.Choice):
+        meta = "|".join(map(str, p.type.choices))
+    else:
+        meta = p.metavar or p.type.name.upper()
+    return f"{names} `{meta}`"
+
+
+def _default(p: click.Parameter, ctx: click.Context) -> str:
+    shown = []
+    show = p.show_default if getattr(p, "show_default", None) is not None else ctx.show_default
+    if show and p.default is not None and not callable(p.default) and not getattr(p, "is_flag", False):
+        shown.append(str(p.default) if not isinstance(show, str) else show)
+    if isinstance(p.type, (click.IntRange, click.FloatRange)) and not getattr(p, "count", False):
+        lo = "" if p.type.min is None else f"{p.type.min}{'<' if p.type.min_open else '<='}"
+        hi = "" if p.type.max is None else f"{'<' if p.type.max_open else '<='}{p.type.max}"
+        shown.append(f"{lo}x{hi}")
+    if p.required:
+        shown.append("required")
+    if getattr(p, "envvar", None):
+        shown.append(f"env {p.envvar}")
+    return "; ".join(shown) or "-"
+
+
 def cli_page() -> str:
     out = ["# Command line\n", _banner("click's command tree (`k26ops.cli.cli`)"),
-           "Every command's `--help`, as `k26ops COMMAND --help` prints it. Options of the top level "
-           "(`-i`, `-l`, `-f`, `--json`, `-v`) are also accepted after the command name, where they "
-           "mean something ([real hosts](../how-to/real-hosts.md#global-options)).\n"]
-    root = click.Context(cli, info_name="k26ops", terminal_width=WIDTH, max_content_width=WIDTH,
-                         **cli.context_settings)
+           "Every command, its options and what they mean, as `k26ops COMMAND --help` says them. Options "
+           "of the top level (`-i`, `-l`, `-f`, `--json`, `-v`) are also accepted after the command name, "
+           "where they mean something ([real hosts](../how-to/real-hosts.md#global-options)).\n"]
+    root = click.Context(cli, info_name="k26ops", **cli.context_settings)
     for ctx in _commands(root):
-        out.append(f"## `{ctx.command_path}`\n\n```text\n{ctx.get_help().rstrip()}\n```\n")
+        cmd = ctx.command
+        usage = " ".join([ctx.command_path, *cmd.collect_usage_pieces(ctx)])
+        out.append(f"## `{ctx.command_path}`\n\n`{usage}`\n\n{_doc(cmd.help)}\n")
+        params = [p for p in cmd.get_params(ctx)
+                  if isinstance(p, click.Option) and not p.hidden and not set(p.opts) <= set(ctx.help_option_names)]
+        if params:
+            out += ["| option | meaning | default |", "|---|---|---|"]
+            out += [f"| {_option(p, ctx)} | {_cell(_doc(p.help))} | {_cell(_default(p, ctx))} |" for p in params]
+            out.append("")
+        if isinstance(cmd, click.Group):
+            subs = [(n, c) for n, c in sorted(cmd.commands.items()) if not c.hidden]
+            out += ["| command | what |", "|---|---|"]
+            out += [f"| [`{n}`](#{(ctx.command_path + ' ' + n).replace(' ', '-')}) | "
+                    f"{_cell(_doc(c.help).split(chr(10))[0])} |" for n, c in subs]
+            out.append("")
     return "\n".join(out)
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, a pipe outside a code span escaped (mkdocs keeps those inside)."""
+    parts = " ".join(text.split()).split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def signatures_page() -> str:
