@@ -76,3 +76,11 @@ def test_readme_links_lead_to_files():
     assert len(links) >= 10, "README.md: the table of where to read next"
     missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
     assert not missing, f"README.md links to files that are not there: {missing}"
+
+
+def test_readme_is_an_entrance():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: it is an entrance; move the detail to docs/"
+    first = "\n".join(lines[:60])
+    for command in ("    make demo    # ", "    make test    # "):
+        assert command in first, f"README.md: {command.strip()} within its first 60 lines"
