@@ -235,7 +235,7 @@ def test_a_failed_build_shows_its_cause_the_tail_and_the_prebuilt_way_out(tmp_pa
                           "ModuleNotFoundError: No module named 'setuptools_rust' "
                           "(Getting requirements to build wheel did not run successfully.)")
     assert "This error originates from a subprocess" not in msg.split("; output tail:")[0]
-    assert "output tail: " in msg and "engine.source.wheel {path|url, sha256}" in msg and "docs/engine-source.md" in msg
+    assert "output tail: " in msg and "engine.source.wheel {path|url, sha256}" in msg and "docs/how-to/engine-source.md" in msg
     log = Path(msg.split("the whole output: ")[1].split(";")[0])
     assert "ModuleNotFoundError: No module named 'setuptools_rust'" in log.read_text()
     assert "note: This error originates from a subprocess" in log.read_text()

@@ -38,7 +38,7 @@ CHECK = textwrap.dedent("""
         assert len(patchset.load_series(r.series, tags=["diagnose"])) == len(entries)
         if name.startswith("lab"):
             assert entries and probe.probe_patch_for(r.base).resolve().is_relative_to(target)
-        if name != "k26-tp8-ddtree":  # its lock is made on a node that reaches GitHub (docs/engine-source.md)
+        if name != "k26-tp8-ddtree":  # its lock is made on a node that reaches GitHub (docs/how-to/engine-source.md)
             assert r.lock_path.resolve().is_relative_to(target) and r.lock_path.is_file(), r.lock_path
     assert "ExecStart=/bin/true" in units.render_unit({"argv": ["/bin/true"]})
     assert "CUDA_HOME=" in units.render_env({"env": {"CUDA_HOME": "/usr/local/cuda"}})

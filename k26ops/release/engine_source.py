@@ -314,7 +314,7 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
             if missing:
                 raise UserError(f"engine source: building {url} @ {commit[:12]} needs {', '.join(missing)}, which "
                                 "this control node lacks: install it, or build the wheel elsewhere and set "
-                                "engine.source.wheel {path|url, sha256} in the recipe (docs/engine-source.md)")
+                                "engine.source.wheel {path|url, sha256} in the recipe (docs/how-to/engine-source.md)")
             progress(f"building the engine wheel from {subdir}/ @ {commit[:12]} (pip wheel, once per commit)")
             dist = Path(tmp) / "dist"
             proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
@@ -331,7 +331,7 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
                     + (f" ({stage})" if stage else "")
                     + (f"; output tail: {' | '.join(tail)[-400:]}" if tail else "")
                     + f"; the whole output: {log}; or build the wheel elsewhere and set engine.source.wheel "
-                    "{path|url, sha256} in the recipe (docs/engine-source.md)")
+                    "{path|url, sha256} in the recipe (docs/how-to/engine-source.md)")
             partial = out.with_name(out.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from k26ops import resources
 from k26ops.inventory import path_problem
@@ -468,53 +471,31 @@ def with_source_url(recipe: Recipe, url: str, what: str = "source URL") -> Recip
     return replace(recipe, git=replace(recipe.git, url=url))
 
 
-def _ver_tuple(v: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.+-]", v))
-
-
-def _satisfies(version: str, spec: str) -> bool:
-    """Tiny PEP 440 subset: ==, !=, >=, <=, >, <, ~= with comma-joined clauses."""
-    for clause in filter(None, (s.strip() for s in spec.split(","))):
-        m = re.fullmatch(r"(==|!=|>=|<=|~=|>|<)\s*([\w.*+-]+)", clause)
-        if not m:
-            continue
-        op, want = m.groups()
-        if want.endswith(".*"):
-            ok = (version + ".").startswith(want[:-1])
-            ok = ok if op == "==" else not ok
-        else:
-            a, b = _ver_tuple(version), _ver_tuple(want)
-            try:
-                ok = {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b,
-                      "~=": a >= b and a[:len(b) - 1] == b[:len(b) - 1]}[op]
-            except TypeError:
-                ok = version == want if op == "==" else True
-        if not ok:
-            return False
-    return True
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def check_requirements(recipe: Recipe, requires_dist: list[str], required_by: str) -> None:
-    """Each pinned package must satisfy `required_by`'s Requires-Dist (the wheel's METADATA).
+    """Each pinned package must satisfy `required_by`'s Requires-Dist (the wheel's METADATA),
+    as pip would judge it (`packaging`: PEP 440 versions, specifiers and requirements).
 
-    Markers are ignored (the hosts are Linux x86_64); extras-only lines are skipped."""
-    pins = {_norm(k): (k, v) for k, v in recipe.pins.items()}
+    Markers are ignored (the hosts are Linux x86_64); extras-only lines are skipped. A pin
+    is explicit, so a pre-release pin is judged as a version like any other."""
+    pins = {canonicalize_name(k): (k, v) for k, v in recipe.pins.items()}
     for line in requires_dist:
-        req, _, marker = line.partition(";")
-        if "extra ==" in marker:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue  # not a requirement k26ops can judge: pip would refuse the wheel itself
+        if req.marker is not None and "extra" in str(req.marker):
             continue
-        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*\(?([^)]*)\)?", req)
-        if not m or _norm(m.group(1)) not in pins:
+        if canonicalize_name(req.name) not in pins or not req.specifier:
             continue
-        pkg, ver = pins[_norm(m.group(1))]
-        spec = m.group(3).strip()
-        if spec and not _satisfies(ver, spec):
+        pkg, ver = pins[canonicalize_name(req.name)]
+        try:
+            ok = req.specifier.contains(Version(ver), prereleases=True)
+        except InvalidVersion:
+            raise UserError(f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {ver!r} is not a "
+                            "PEP 440 version") from None
+        if not ok:
             raise UserError(f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {pkg}=={ver} does not "
-                            f"satisfy {required_by}'s requirement {m.group(1)}{spec}")
+                            f"satisfy {required_by}'s requirement {req.name}{req.specifier}")
 
 
 def _pin_line(recipe: Recipe, pkg: str) -> int | None:
