@@ -167,7 +167,8 @@ def before_hosts(hosts) -> None:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
         installer.choice(h.vars, h.name)
-        lock_for(r)
+        for py in r.pythons or (r.python,):  # every python the recipe lists has its lock
+            lock_for(recipe_mod.for_python(r, py))
         wheelsource.settings(h)
 
 
@@ -177,13 +178,15 @@ def _host_python(ctx: HostContext) -> str:
 
 def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     """Assemble and check the release once per run on the control node (shared by hosts)."""
-    r = effective_recipe(ctx)
     ov = release_override(ctx) or {}
     py = _host_python(ctx)
+    try:  # the lock of this host's python, where the recipe lists several
+        r = recipe_mod.for_python(effective_recipe(ctx), py)
+    except UserError as exc:
+        raise StepFailed(str(exc)) from None
     lock = lock_for(r)
     if lock.meta["python"] != py:
-        raise StepFailed(f"the engine lock {lock.path.name} is for python {lock.meta['python']}, this host has "
-                         f"python {py}: set engine.python in the recipe and remake the lock")
+        raise StepFailed(recipe_mod.python_mismatch(r, lock.meta["python"], py))
     key = json.dumps([str(r.source), r.base, r.git and r.git.url, lock.sha256, list(tags), py,
                       [list(x) for x in ov.get("patches") or []]])
     with _PREP_LOCK:
