@@ -13,8 +13,9 @@ from k26ops.traffic.drain import TrafficConfig
 
 
 def _gather(session, want: dict | None = None):
-    """Every fact in one call; with `want` (preflight.engine_wanted) the model and drafter too."""
-    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) if want else [])
+    """Every fact in one call; with `want` (preflight.engine_wanted) the model, drafter and platform too."""
+    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) + [preflight.platform_fact()]
+                                                       if want else [])
     return facts_mod.gather(session, extra=extra)
 
 
@@ -56,8 +57,11 @@ def check_cmd(settings):
     def work(session):
         want = wanted[session.host.name]
         checks = [preflight.recipe_check(recipes[session.host.name])]
-        checks += preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want["drafter"],
-                                                              "_model_path": want["model_path"]})
+        gathered = _gather(session, want)
+        if recipes[session.host.name]["ok"]:  # the lock against this host (python, platform, GPUs)
+            checks.append(preflight.lock_check(session.host.vars, gathered))
+        checks += preflight.evaluate(gathered, {**session.host.vars, "_drafter": want["drafter"],
+                                                "_model_path": want["model_path"]})
         if traffic[session.host.name].configured:
             checks.append(preflight.Check("traffic", *traffic[session.host.name].check()))
         failed = [c for c in checks if not c.ok]
