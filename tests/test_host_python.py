@@ -167,7 +167,7 @@ def test_check_on_a_debian12_host_takes_the_shipped_registry_recipe(lab, tmp_pat
     shutil.copy(rc.RECIPES_DIR / f"{PROD}.py3.12.lock", d / "p.lock")
     inv = _inv(lab, tmp_path, "only312", recipe=str(d / "p.yml"))
     want = ('engine_lock: the engine lock p.lock is for python 3.12, this host has python 3.11: list "3.11" in '
-            'p.yml\'s engine.python and run `k26ops engine lock p --python 3.11`')
+            f'p.yml\'s engine.python and run `k26ops engine lock {d}/p.yml --python 3.11`')
     rc_, data = k26ops_json("-i", inv, "--limit", "lab1", "check", timeout=300)
     assert rc_ == 1 and data["hosts"]["lab1"]["error"] == want, data["hosts"]["lab1"]
     rc_, data = k26ops_json("-i", inv, "--limit", "lab1", "deploy", "--check", timeout=300)

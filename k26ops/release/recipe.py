@@ -490,14 +490,23 @@ def for_python(recipe: Recipe, python: str) -> Recipe:
     if python not in recipe.pythons:
         raise UserError(f"{recipe.source}: no engine lock for python {python} (engine.python lists "
                         f"{', '.join(recipe.pythons)}): add \"{python}\" to engine.python and run "
-                        f"`k26ops engine lock {recipe.name} --python {python}`")
+                        f"`k26ops engine lock {cli_name(recipe)} --python {python}`")
     return replace(recipe, python=python, lock_path=lock_file_for(recipe.lock_path, python))
+
+
+def cli_name(recipe: Recipe) -> str:
+    """How a command names this recipe: its NAME where that finds this file, else its path."""
+    try:
+        same = resolve(recipe.name).resolve() == Path(recipe.source).resolve()
+    except OSError:
+        same = False
+    return recipe.name if same else str(recipe.source)
 
 
 def python_mismatch(recipe: Recipe, locked: str, host: str) -> str:
     """One line for a host whose python the recipe's lock is not for (check and deploy say the same)."""
     return (f"the engine lock {recipe.lock_path.name} is for python {locked}, this host has python {host}: list "
-            f"\"{host}\" in {recipe.source.name}'s engine.python and run `k26ops engine lock {recipe.name} "
+            f"\"{host}\" in {recipe.source.name}'s engine.python and run `k26ops engine lock {cli_name(recipe)} "
             f"--python {host}`")
 
 
