@@ -157,6 +157,13 @@ def test_check_on_a_debian12_host_takes_the_shipped_registry_recipe(lab, tmp_pat
     assert checks["engine_lock"]["ok"], data["hosts"]["lab1"]
     assert checks["engine_lock"]["detail"].startswith(f"{PROD}.py3.11.lock: python 3.11, cp311 manylinux_2_35")
     assert rc_ == 0, data["hosts"]["lab1"]
+    # and the deploy plans it: --check takes the engine wheel alone (flags, the series applied to its
+    # files), not the 207 locked wheels (GBs of torch and CUDA) that only the build needs
+    rc_, data = k26ops_json("-i", _inv(lab, tmp_path, "prod2", recipe=PROD), "--limit", "lab1", "deploy", "--check",
+                            timeout=600)
+    assert rc_ == 0, data["hosts"]["lab1"]
+    release = next(st for st in data["hosts"]["lab1"]["steps"] if st["step"] == "release")
+    assert any(c.startswith("build release sglang0.5.23-") for c in release["changes"]), release
 
     d = tmp_path / "only312"
     d.mkdir()
