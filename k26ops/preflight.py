@@ -25,6 +25,8 @@ from k26ops.facts.xid import ACTION_TEXT, distinct, label, who
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
+from k26ops import units
+from k26ops.release import launch_rules
 from k26ops.release import recipe as recipe_mod
 from k26ops.ssh import BECOME_HINT
 
@@ -152,6 +154,19 @@ def lock_check(host_vars: dict, facts: dict) -> Check:
                                            f"{low[0]}.{low[1]} and newer, this host's GPUs are {', '.join(old)}")
     return Check("engine_lock", True, f"{lock.path.name}: python {py}, {plat or 'platform not recorded'}"
                                       + (f", CUDA {major} runtime" if major else ""))
+
+
+def launch_check(host_vars: dict) -> Check:
+    """The engine's own start-up rules on this host's command line (a deploy refuses these
+    before any host: k26ops/release/launch_rules.py)."""
+    try:
+        argv = units.engine_argv(profile_for(host_vars, recipe_for(host_vars)))
+    except UserError as exc:
+        return Check("launch_rules", False, str(exc))
+    bad = launch_rules.violations(argv)
+    if bad:
+        return Check("launch_rules", False, f"{bad[0].rule.name}: {bad[0]}")
+    return Check("launch_rules", True, f"the engine's {len(launch_rules.RULES)} start-up rules hold")
 
 
 def recipe_check(info: dict) -> Check:

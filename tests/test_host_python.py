@@ -84,6 +84,14 @@ def test_check_reports_what_the_release_step_would_refuse():
                                      '`k26ops engine lock lab-registry --python 3.12`')
 
 
+def test_check_reports_a_launch_rule_the_deploy_refuses():
+    hv = {"recipe": PROD, "model_path": "/models/Kimi-K2.6"}
+    ok = preflight.launch_check(hv)
+    assert ok.ok, ok
+    bad = preflight.launch_check({**hv, "extra_flags": ["--pipeline-parallel-size", "2"]})
+    assert not bad.ok and bad.detail.startswith("pp-size-1: ") and "\n" not in bad.detail, bad
+
+
 def test_a_recipe_name_is_the_operators_before_the_shipped_one(tmp_path, monkeypatch):
     mine = tmp_path / "recipes"
     mine.mkdir()

@@ -52,6 +52,7 @@ def check_cmd(settings):
 
     wanted = {h.name: preflight.engine_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2
     recipes = {h.name: preflight.recipe_lock(h.vars) for h in settings.selected_hosts()}
+    launch = {h.name: preflight.launch_check(h.vars) for h in settings.selected_hosts()}  # deploy refuses these
     traffic = {h.name: TrafficConfig.of(h) for h in settings.selected_hosts()}  # bad traffic vars: exit 2
 
     def work(session):
@@ -60,6 +61,7 @@ def check_cmd(settings):
         gathered = _gather(session, want)
         if recipes[session.host.name]["ok"]:  # the lock against this host (python, platform, GPUs)
             checks.append(preflight.lock_check(session.host.vars, gathered))
+        checks.append(launch[session.host.name])
         checks += preflight.evaluate(gathered, {**session.host.vars, "_drafter": want["drafter"],
                                                 "_model_path": want["model_path"]})
         if traffic[session.host.name].configured:
