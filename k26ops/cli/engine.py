@@ -76,13 +76,15 @@ def set_commit(text: str, path: Path, commit: str) -> str:
     return new
 
 
-def _emit(settings, data: dict, diff: str, summary: str) -> None:
+def _emit(settings, data: dict, diff: str, summary: str, r: recipe_mod.Recipe | None = None) -> None:
     if settings.as_json:
         jsonout.emit({**data, "diff": diff}, indent=1, sort_keys=True)
         return
     if diff:
         click.echo(diff.rstrip("\n"))
-    click.echo(summary)
+    others = [p for p in (r.pythons if r else ()) if p != r.python]
+    click.echo(summary + (f" (python {r.python}; engine.python also lists {', '.join(others)}: lock each "
+                          "with --python)" if others else ""))
 
 
 @group.command(name="pin")
@@ -184,7 +186,7 @@ def lock_cmd(settings, recipe, source_url, python, out, check):
                      {"name": built.name, "sha256": built.sha256}, "wheels": len(entries), "changed": bool(diff),
                      "written": bool(diff) and not check},
           diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for {g.url} @ {g.commit[:12]} "
-                f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}")
+                f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}", r)
 
 
 def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say) -> None:
@@ -206,4 +208,4 @@ def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say
                      "commit": None, "wheels": len(entries), "cuda_runtime": [{"name": n, "version": v} for n, v in cuda],
                      "changed": bool(diff), "written": bool(diff) and not check},
           diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for sglang=={r.sglang} (install: {r.install}, "
-                f"{len(cuda)} CUDA runtime wheel(s)): {what}")
+                f"{len(cuda)} CUDA runtime wheel(s)): {what}", r)
