@@ -63,6 +63,18 @@ def test_the_shipped_registry_recipe_is_locked_for_debian12_and_ubuntu2404():
         rc.for_python(r, "3.10")
 
 
+def test_a_baselines_recorded_lock_keeps_its_name_for_the_hosts_python(tmp_path):
+    """rollback writes the one lock a baseline recorded under its own name (engine.lock:
+    NAME.py3.11.lock) beside the recorded recipe: a 3.11 host's rebuild finds that file."""
+    doc = yaml.safe_load((rc.RECIPES_DIR / f"{PROD}.yml").read_text())
+    doc["engine"]["lock"] = f"{PROD}.py3.11.lock"
+    doc["patches"]["series"] = str(rc.load(PROD).series)
+    (tmp_path / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    shutil.copy(rc.RECIPES_DIR / f"{PROD}.py3.11.lock", tmp_path / f"{PROD}.py3.11.lock")
+    r = rc.for_python(rc.load(tmp_path / "recipe.yml"), "3.11")
+    assert r.lock_path == tmp_path / f"{PROD}.py3.11.lock" and lock_for(r).meta["python"] == "3.11"
+
+
 def test_check_reports_what_the_release_step_would_refuse():
     hv = {"recipe": PROD}
     ok = preflight.lock_check(hv, _facts())
