@@ -104,6 +104,18 @@ def test_check_reports_a_launch_rule_the_deploy_refuses():
     assert not bad.ok and bad.detail.startswith("pp-size-1: ") and "\n" not in bad.detail, bad
 
 
+def test_check_refuses_the_inventory_values_deploy_refuses_before_any_host(tmp_path):
+    """The example inventory names unreachable addresses: exit 2 proves no host was contacted."""
+    doc = yaml.safe_load((Path(__file__).parent.parent / "inventory/example-rtxpro6000.yml").read_text())
+    doc["vars"]["release_installer"] = "conda"
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump(doc))
+    for args in (("check",), ("deploy", "--check")):
+        proc = cli("-i", str(inv), *args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == "", (args, proc.stderr)
+        assert "inventory var release_installer: 'conda': choose one of uv, pip" in proc.stderr
+
+
 def test_a_recipe_name_is_the_operators_before_the_shipped_one(tmp_path, monkeypatch):
     mine = tmp_path / "recipes"
     mine.mkdir()

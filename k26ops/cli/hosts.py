@@ -9,6 +9,7 @@ from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report, wide_console
 from k26ops.fleet import Outcome
+from k26ops.release import installer, wheelsource
 from k26ops.traffic.drain import TrafficConfig
 
 
@@ -53,6 +54,9 @@ def check_cmd(settings):
     wanted = {h.name: preflight.engine_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2
     recipes = {h.name: preflight.recipe_lock(h.vars) for h in settings.selected_hosts()}
     launch = {h.name: preflight.launch_check(h.vars) for h in settings.selected_hosts()}  # deploy refuses these
+    for h in settings.selected_hosts():  # inventory values a deploy refuses before any host: exit 2 here too
+        installer.choice(h.vars, h.name)
+        wheelsource.settings(h)
     traffic = {h.name: TrafficConfig.of(h) for h in settings.selected_hosts()}  # bad traffic vars: exit 2
 
     def work(session):
