@@ -19,7 +19,7 @@ from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
 from k26ops.facts.engine_user import engine_user_fact
 from k26ops.facts.fabric import verdict
-from k26ops.facts.platform import platform_fact, wheel_platform_problem
+from k26ops.facts.platform import wheel_platform_problem
 from k26ops.facts.smi_q import ACTIONS, fault_lines
 from k26ops.facts.xid import ACTION_TEXT, distinct, label, who
 from k26ops.hostvars import Var, declare

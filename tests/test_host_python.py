@@ -145,7 +145,7 @@ def test_a_wheel_install_never_asks_to_write_into_site_packages(tmp_path, monkey
     with pytest.raises(UserError) as ei:
         lock_for(r)
     msg = str(ei.value)
-    assert f"`k26ops engine lock lab-registry` on a control node" in msg and f"recipes dir ({mine})" in msg
+    assert "`k26ops engine lock lab-registry` on a control node" in msg and f"recipes dir ({mine})" in msg
     assert "commit it beside" not in msg and "\n" not in msg
 
 

@@ -8,6 +8,7 @@ from rich.markup import escape
 from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report, wide_console
+from k26ops.facts.platform import platform_fact
 from k26ops.fleet import Outcome
 from k26ops.release import installer, wheelsource
 from k26ops.traffic.drain import TrafficConfig
@@ -15,7 +16,7 @@ from k26ops.traffic.drain import TrafficConfig
 
 def _gather(session, want: dict | None = None):
     """Every fact in one call; with `want` (preflight.engine_wanted) the model, drafter and platform too."""
-    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) + [preflight.platform_fact()]
+    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) + [platform_fact()]
                                                        if want else [])
     return facts_mod.gather(session, extra=extra)
 
