@@ -1,0 +1,170 @@
+"""What a report shows, from the data k26ops already stores: pure functions.
+
+Inputs:
+- a run document: what `k26ops --json bench [--compare TAG]` or `k26ops --json deploy
+  --gate TAG` printed (`{"command", "hosts": {host: result}}`);
+- a baseline's stored benches (`{host: bench}`, `snapshot --bench`), when at hand: then the
+  baseline is drawn whole; otherwise it is rebuilt from the figures the run compared with it.
+
+Optional per-host fields, drawn only when present (other features write them):
+- `ttfgt`: the restart's phases, `{"phases": [{"phase": NAME, "seconds": S}, ...],
+  "total_s": S}` (a `{NAME: S}` mapping is read too); else `health.wait_s` is shown as
+  the one phase "until /health".
+- `gpu_changes`: GPU health changes in the run's window, a list of
+  `{"gpu": ID, "change": "new Xid 79" | "ECC ..." | "row remap ...", "before": X, "after": Y}`.
+- `traffic`: requests through the gateway during the rollout, `{"gateway": URL,
+  "requests": N, "failed": N, "failed_examples": [TEXT, ...]}`.
+- in `bench.cells[i]`: `accept_by_position` (acceptance rate per draft position, 1-based).
+- in `compare.rows[i]`: `verdict` (any word), `why` (text) and `spread_pct` are shown as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from k26ops.enginebench import figures as figs
+from k26ops.enginebench.run import METRICS
+from k26ops.errors import UserError
+
+KINDS = ("bench", "compare", "gate", "deploy")
+
+
+@dataclass
+class HostView:
+    host: str
+    status: str = "ok"
+    error: str | None = None
+    bench: dict | None = None             # the new figures
+    baseline: dict | None = None          # the baseline's, same shape (cells with figures)
+    baseline_host: str | None = None
+    rows: list[dict] = field(default_factory=list)      # bench --compare's rows
+    settings_differ: list[str] = field(default_factory=list)
+    gate: dict | None = None
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    phases_what: str = ""
+    gpu_changes: list[dict] = field(default_factory=list)
+    traffic: dict | None = None
+    gpus: int = 8
+
+
+@dataclass
+class ReportView:
+    kind: str                 # bench, compare, gate, deploy
+    title: str
+    new_label: str            # "new", a release or a tag
+    baseline_label: str | None
+    hosts: list[HostView]
+    generated: str = ""       # when the page was made (the caller's clock: build_html stays pure)
+    notes: list[str] = field(default_factory=list)
+
+
+def cells_from_figures(flat: dict[str, dict]) -> dict:
+    """A bench's shape ({cells: [{concurrency, temperature, figures}]}) from {figure name: stat}."""
+    cells: dict[tuple[int, float], dict] = {}
+    for name, stat in flat.items():
+        try:
+            metric, c, t = figs.parse_figure(name)
+        except UserError:
+            continue
+        cell = cells.setdefault((c, t), {"concurrency": c, "temperature": t, "figures": {}})
+        cell["figures"][metric] = stat
+    return {"cells": [cells[k] for k in sorted(cells, key=lambda k: (k[1], k[0]))]}
+
+
+def _median_only(value) -> dict:
+    return {"median": value, "min": value, "max": value, "n": 1}
+
+
+def _phases(data: dict) -> tuple[list[tuple[str, float]], str]:
+    t = data.get("ttfgt")
+    if isinstance(t, dict):
+        raw = t.get("phases", t)
+        if isinstance(raw, dict):
+            out = [(str(k), float(v)) for k, v in raw.items() if isinstance(v, (int, float))]
+        else:
+            out = [(str(p.get("phase") or p.get("name")), float(p["seconds"])) for p in raw or []
+                   if isinstance(p, dict) and isinstance(p.get("seconds"), (int, float))]
+        if out:
+            return out, "time to first good token, by phase"
+    h = data.get("health")
+    if data.get("engine_restarted") and isinstance(h, dict) and isinstance(h.get("wait_s"), (int, float)):
+        return [("until /health", float(h["wait_s"]))], "the restart (phases not recorded: the wait for /health)"
+    return [], ""
+
+
+def host_view(host: str, data: dict, stored: dict | None = None, gpus: int = 8) -> HostView:
+    """One host's view from its run result (`data`) and, when at hand, the baseline's stored bench."""
+    v = HostView(host=host, status=data.get("status") or "ok", error=data.get("error"),
+                 bench=data.get("bench"), gpus=gpus)
+    cmp = data.get("compare") or {}
+    gate = data.get("gate")
+    v.rows = list(cmp.get("rows") or [])
+    v.settings_differ = list(cmp.get("settings_differ") or [])
+    v.baseline_host = cmp.get("baseline_host") or (gate or {}).get("baseline_host")
+    if stored:
+        v.baseline = stored
+    elif v.rows:
+        v.baseline = cells_from_figures({r["figure"]: _median_only(r["baseline"]) for r in v.rows})
+    elif gate and gate.get("checked"):
+        v.baseline = cells_from_figures({r["figure"]: _median_only(r["baseline"]) for r in gate["checked"]})
+    if stored and v.bench and not v.rows:
+        v.rows = figs.compare(v.bench, stored)
+    v.gate = gate
+    v.phases, v.phases_what = _phases(data)
+    v.gpu_changes = [c for c in data.get("gpu_changes") or [] if isinstance(c, dict)]
+    t = data.get("traffic")
+    v.traffic = t if isinstance(t, dict) and "failed" in t else None
+    return v
+
+
+def from_run(doc: dict, *, stored: dict[str, dict] | None = None, gpus: dict[str, int] | None = None,
+             generated: str = "", source: str = "the run") -> ReportView:
+    """The view of a `--json` run document (bench, bench --compare, deploy --gate)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("hosts"), dict):
+        raise UserError(f"{source}: not a k26ops --json run document (no \"hosts\" mapping); "
+                        "save one with `k26ops --json bench ... > run.json`")
+    hosts = doc["hosts"]
+    tag = next((d.get("compare", {}).get("tag") or (d.get("gate") or {}).get("tag")
+                for d in hosts.values() if isinstance(d, dict) and (d.get("compare") or d.get("gate"))), None)
+    views = []
+    for name, data in hosts.items():
+        if not isinstance(data, dict):
+            raise UserError(f"{source}: host {name!r}: not a result mapping")
+        base = (stored or {}).get(name) or (next(iter(stored.values())) if stored else None)
+        views.append(host_view(name, data, base, (gpus or {}).get(name, 8)))
+    command = str(doc.get("command") or "")
+    if any(v.gate for v in views):
+        kind = "gate"
+    elif command == "deploy":
+        kind = "deploy"
+    else:
+        kind = "compare" if tag else "bench"
+    if not any(v.bench or v.gate or v.phases or v.traffic or v.gpu_changes for v in views):
+        raise UserError(f"{source}: nothing to draw: no host has a bench, a gate, restart phases, "
+                        "GPU changes or gateway traffic")
+    title = {"gate": f"Canary gate against {tag}", "compare": f"Bench against {tag}",
+             "bench": "Engine bench", "deploy": "Deploy"}[kind]
+    return ReportView(kind=kind, title=title, new_label="new", baseline_label=tag, hosts=views,
+                      generated=generated)
+
+
+def from_baselines(old_tag: str, old: dict[str, dict], new_tag: str, new: dict[str, dict], *,
+                   gpus: dict[str, int] | None = None, generated: str = "") -> ReportView:
+    """Two baselines' stored benches side by side: NEW's figures beside OLD's, host by host."""
+    for tag, stored in ((old_tag, old), (new_tag, new)):
+        if not stored:
+            raise UserError(f"baseline {tag!r} has no bench results (take one with "
+                            "`k26ops snapshot --tag NAME --bench`)")
+    views = []
+    for host, bench in new.items():
+        base_host = host if host in old else next(iter(old))
+        v = host_view(host, {"bench": bench}, old[base_host], (gpus or {}).get(host, 8))
+        v.baseline_host = base_host
+        v.settings_differ = figs.spec_differences(bench, old[base_host])
+        views.append(v)
+    return ReportView(kind="compare", title=f"{new_tag} against {old_tag}", new_label=new_tag,
+                      baseline_label=old_tag, hosts=views, generated=generated)
+
+
+def metric_label(metric: str) -> str:
+    return METRICS[metric][1]
