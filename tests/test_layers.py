@@ -43,8 +43,9 @@ LAYERS: list[tuple[str, str, list[str]]] = [
       "k26ops.diagnose.probe"]),
     ("orchestration", "playbooks, rollouts (canary, batches), provisioning",
      ["k26ops.rollout", "k26ops.playbook", "k26ops.provision"]),
-    ("features", "baselines, rehearsal, bench gate, self-test, the lab",
-     ["k26ops.baselines", "k26ops.rehearsal", "k26ops.enginebench", "k26ops.selftest", "k26ops.lab"]),
+    ("features", "baselines, rehearsal, bench gate, self-test, the lab, report, monitoring",
+     ["k26ops.baselines", "k26ops.rehearsal", "k26ops.enginebench", "k26ops.selftest", "k26ops.lab",
+      "k26ops.report", "k26ops.monitoring"]),
     ("cli", "the only layer that prints or exits",
      ["k26ops.cli", "k26ops.__main__", "=k26ops"]),
 ]

@@ -9,7 +9,7 @@ import sys
 import click
 from rich.table import Table
 
-from k26ops.cli import tables
+from k26ops.cli import htmlreport, tables
 from k26ops.cli.report import wide_console
 from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench import figures as figs
@@ -108,8 +108,9 @@ def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict,
 @bench_options
 @click.option("--compare", "compare_tag", metavar="TAG", help="Print each figure beside this baseline's, with % change.")
 @BASELINES_OPT
+@htmlreport.report_option("the bench (written with --compare or when this is given)")
 @click.pass_obj
-def bench_cmd(settings, compare_tag, baselines_dir, **opts):
+def bench_cmd(settings, compare_tag, baselines_dir, report_path, **opts):
     """Measure the engine on each host, from the host itself (loopback): output tok/s,
     requests/s, TTFT and ITL (median, p99), spec accept length, per concurrency and temperature."""
     spec = spec_from(opts)
@@ -147,4 +148,6 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
             if compare_tag:
                 base_host, base = baseline_for(stored, r.host)
                 render_compare(r.host, base_host, compare_tag, r.data["bench"], base, con)
+    if compare_tag or report_path:
+        htmlreport.after_run(settings, results, "bench", report_path, stored=stored or None, tag=compare_tag)
     sys.exit(exit_code(results))

@@ -21,14 +21,14 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 NEW_COLOUR, BASE_COLOUR = "#1f77b4", "#8c8c8c"
 
 
-def _figure(w: float = 6.4, h: float = 3.6, cols: int = 1):
+def _figure(w: float = 6.4, h: float = 3.2, cols: int = 1):
     # lazy: matplotlib (about 0.3 s to import) only when a report is drawn
     import matplotlib
+    # lazy: as above
+    from matplotlib.figure import Figure
 
     matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "k26ops", "font.size": 9,
                                 "axes.grid": True, "grid.alpha": 0.3})
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(w, h), layout="constrained")
     axes = fig.subplots(1, cols, squeeze=False)[0]
     return fig, list(axes)

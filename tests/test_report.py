@@ -1,0 +1,174 @@
+"""k26ops.report and `k26ops report`: the page from recorded real benches (the H200's,
+tests/data/serving), with no URL, script or outside file in it; each section only with
+its data; and the page opened in headless Chromium, on a desktop and on a phone's width."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+from labtools import REPO, browse, cli, colour_pixels
+
+from k26ops.enginebench import figures as figs
+from k26ops.report import charts, model, page
+
+DATA = REPO / "tests/data/serving"
+NEW = json.loads((DATA / "h200-bench-sglang.json").read_text())    # the real engine, SGLang's benchmark
+OLD = json.loads((DATA / "h200-bench-k26ops.json").read_text())    # the same engine, k26ops' loadgen
+NB, OB = NEW["hosts"]["h200"]["bench"], OLD["hosts"]["h200"]["bench"]
+
+
+def compare_doc() -> dict:
+    """What `k26ops --json bench --compare old` prints, from the two recorded benches."""
+    doc = copy.deepcopy(NEW)
+    doc["hosts"]["h200"]["compare"] = {"tag": "k26-old", "baseline_host": "h200", "rows": figs.compare(NB, OB),
+                                       "settings_differ": figs.spec_differences(NB, OB)}
+    return doc
+
+
+def gate_doc(threshold: float) -> dict:
+    """What `k26ops --json deploy --canary 1 --gate k26-old` prints for the canary."""
+    verdict = figs.gate_verdict(NB, OB, list(figs.DEFAULT_GATE), threshold)
+    ok = verdict["ok"]
+    return {"command": "deploy", "hosts": {"h200": {
+        "status": "ok" if ok else "failed", "bench": NB,
+        "gate": {"tag": "k26-old", "baseline_host": "h200", "ok": ok,
+                 "line": None if ok else figs.gate_line("h200", verdict), **verdict}}}}
+
+
+# No reference the browser would follow: src/href/url()/@import, and no URL text at all.
+FETCHES = re.compile(r"""<script|<link|<iframe|<img|<object|<embed|@import|url\((?!#)|\bsrc=|href=(?!"#)""", re.I)
+
+
+def charts_of(html: str) -> list[str]:
+    return re.findall(r'<figure class="figure" data-chart="([^"]+)"', html)
+
+
+def test_a_compare_report_is_one_self_contained_page():
+    html = page.build_html(model.from_run(compare_doc(), generated="2026-12-07 07:00 UTC"))
+    assert "http://" not in html and "https://" not in html
+    assert not FETCHES.search(html), FETCHES.search(html)
+    assert '<meta name="viewport"' in html
+    assert charts_of(html) == ["output tok/s against concurrency",
+                               "tok/s per user against tok/s per GPU (8 GPUs), each point one concurrency",
+                               "accept length per temperature", "TTFT and ITL, p50 and p99"]
+    # new beside the baseline: both in every chart's legend, each figure in the table
+    for svg in re.findall(r"<svg.*?</svg>", html, re.S):
+        assert "k26-old" in svg and "new" in svg
+    assert html.count("<tr>") - 2 == len(NB["cells"]) + len(figs.compare(NB, OB))
+    assert "settings differ from the baseline" in html  # the two generators
+    # nothing drawn for data that is not there
+    for absent in ("The restart", "GPU health changes", "through the gateway", "draft position", "Gate "):
+        assert absent not in html
+
+
+def test_a_bench_alone_draws_no_baseline():
+    html = page.build_html(model.from_run(NEW))
+    assert len(charts_of(html)) == 4 and "baseline" not in html.lower().replace("beside the baseline", "")
+    assert "Every figure beside" not in html
+
+
+def test_the_gate_says_its_verdict_and_why():
+    html = page.build_html(model.from_run(gate_doc(5.0)))
+    line = figs.gate_line("h200", figs.gate_verdict(NB, OB, list(figs.DEFAULT_GATE), 5.0))
+    assert 'class="verdict fail" id="verdict"' in html and line.split(":")[0] in html
+    assert "tok/s@c1/t0" in html and "over" in html
+    passed = page.build_html(model.from_run(gate_doc(50.0)))
+    assert 'class="verdict pass" id="verdict">Gate passed on all 1 gated host(s)' in passed
+
+
+def test_sections_other_features_fill_appear_with_their_data():
+    """The restart's phases (`ttfgt`), GPU changes (`gpu_changes`), the gateway's failed
+    requests (`traffic`) and accept per draft position: drawn when present."""
+    doc = compare_doc()
+    h = doc["hosts"]["h200"]
+    h["ttfgt"] = {"phases": [{"phase": "stop", "seconds": 8.0}, {"phase": "load", "seconds": 20.5},
+                             {"phase": "capture", "seconds": 65.9}, {"phase": "first sampled token", "seconds": 79.3}]}
+    h["gpu_changes"] = [{"gpu": 3, "change": "new Xid 79", "before": None, "after": 79}]
+    h["traffic"] = {"gateway": "127.0.0.1:29001", "requests": 1200, "failed": 3, "failed_examples": ["502 at 07:01"]}
+    h["bench"]["cells"][0]["accept_by_position"] = [0.9, 0.7, 0.4]
+    html = page.build_html(model.from_run(doc))
+    assert "the restart" in html.lower() and "173.7 s" in html  # the total of the phases
+    assert "new Xid 79" in html and "3 of 1200 request(s) failed" in html and "502 at 07:01" in html
+    assert "acceptance rate per draft position" in charts_of(html)
+    # a restart without phases recorded: the wait for /health, said so
+    bare = page.build_html(model.from_run({"command": "deploy", "hosts": {"h": {
+        "engine_restarted": True, "health": {"state": "ok", "wait_s": 47.3}}}}))
+    assert "until /health 47.3 s" in bare and "phases not recorded" in bare
+
+
+def test_the_report_is_the_same_for_the_same_data():
+    a = page.build_html(model.from_run(compare_doc()))
+    assert a == page.build_html(model.from_run(compare_doc()))
+
+
+def test_svg_text_needs_no_namespace_urls():
+    out = charts.throughput(NB, OB, "new", "old")
+    assert out.startswith("<svg") and "xmlns" not in out and "<metadata" not in out
+    assert 'class="chart" role="img"' in out and "<title>" in out
+
+
+def test_report_command_writes_the_file_and_says_where(tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(compare_doc()))
+    out = tmp_path / "sub" / "r.html"
+    proc = cli("-i", str(tmp_path / "none.yml"), "report", str(run), "--report", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"report written to {out}"
+    assert "Bench against k26-old" in out.read_text()
+    assert [p.name for p in out.parent.iterdir()] == ["r.html"]  # no temporary file left
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "cannot read: No such file"),
+    ("{not json", "run.json:1: not JSON"),
+    ('{"hosts": []}', "not a k26ops --json run document"),
+    ('{"hosts": {"h": {"status": "ok"}}}', "nothing to draw"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, content, says):
+    run = tmp_path / "run.json"
+    if content is not None:
+        run.write_text(content)
+    out = tmp_path / "r.html"
+    proc = cli("report", str(run), "--report", str(out))
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists() and "Traceback" not in proc.stderr
+
+
+def test_report_needs_one_source():
+    proc = cli("report")
+    assert proc.returncode == 2 and "RUN.json" in proc.stderr and "--compare OLD NEW" in proc.stderr
+
+
+def test_two_baselines_side_by_side():
+    view = model.from_baselines("old", {"h200": OB}, "new-tag", {"h200": NB})
+    html = page.build_html(view)
+    assert view.kind == "compare" and "new-tag against old" in html and len(charts_of(html)) == 4
+    with pytest.raises(Exception, match="'old' has no bench results"):
+        model.from_baselines("old", {}, "new-tag", {"h200": NB})
+
+
+NEW_RGB, BASE_RGB = (0x1F, 0x77, 0xB4), (0x8C, 0x8C, 0x8C)
+
+
+def test_the_report_renders_in_chromium_on_a_desktop_and_a_phone(tmp_path):
+    """A person's view: every chart laid out at a real size with its lines and bars drawn,
+    new and baseline both painted (their colours in the screenshot), and on a phone's width
+    the page does not scroll sideways (tables scroll inside their own box)."""
+    doc = compare_doc()
+    doc["hosts"]["h200"]["ttfgt"] = {"phases": {"load": 20.0, "capture": 65.9}}
+    report = tmp_path / "report.html"
+    report.write_text(page.build_html(model.from_run(doc)))
+    laid, shot = browse(report, tmp_path / "desktop", width=1000, height=4200)
+    assert [c["name"] for c in laid["charts"]] == charts_of(report.read_text())
+    for c in laid["charts"]:
+        assert c["width"] > 500 and c["height"] > 100 and c["drawn"] > 10, c
+    assert "k26-old" in laid["charts"][0]["text"] and "concurrent requests" in laid["charts"][0]["text"]
+    assert colour_pixels(shot, NEW_RGB) > 2000 and colour_pixels(shot, BASE_RGB) > 500
+    phone, phone_shot = browse(report, tmp_path / "phone", width=390, height=1600, phone=True)
+    assert phone["scroll_width"] <= phone["inner_width"] == 390, phone["scroll_width"]
+    for c in phone["charts"]:
+        assert 300 < c["width"] <= 390 and c["drawn"] > 10, c
+    assert phone_shot.stat().st_size > 10_000
