@@ -15,7 +15,7 @@ import json
 import pytest
 import yaml
 
-from labtools import k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools import browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 HOSTS = ("lab1", "lab2")
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16
@@ -100,7 +100,7 @@ def test_bench_reports_what_the_standin_was_told(lab, env):
     assert "generator k26ops loadgen" in proc.stdout and "c1/t0" in proc.stdout and "output tok/s" in proc.stdout
 
 
-def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env):
+def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env, tmp_path):
     for tag in ("bench-old", "bench-new"):
         rc, data = k26ops_json("--limit", ",".join(HOSTS), "snapshot", "--tag", tag, "--bench",
                                "--concurrency", "1", "--temperatures", "0", "--runs", "2", *SHORT, env=env["env"])
@@ -122,9 +122,28 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env):
     assert cmp["tag"] == "bench-old" and set(rows) >= {"tok/s@c1/t0", "accept@c1/t0", "itl_p50_ms@c1/t0"}
     assert rows["tok/s@c1/t0"]["baseline"] == tok["median"] and abs(rows["tok/s@c1/t0"]["change_pct"]) < 2 * TOL * 100
     assert cmp["settings_differ"] == []
+    page = tmp_path / "bench.html"
     proc = k26ops("--limit", "lab1", "bench", "--compare", "bench-old", "--concurrency", "1", "--temperatures", "0",
-                  "--runs", "1", *SHORT, env=env["env"])
+                  "--runs", "1", *SHORT, "--report", str(page), env=env["env"])
     assert proc.returncode == 0 and "lab1 vs bench-old" in proc.stdout and "%" in proc.stdout, proc.stdout
+    assert f"report written to {page}" in proc.stderr
+    # `k26ops report` from the saved --json run; opened in a browser, new beside the baseline
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(data))
+    again = tmp_path / "again.html"
+    proc = k26ops("report", str(run), "--report", str(again), env=env["env"])
+    assert proc.returncode == 0 and proc.stdout.strip() == f"report written to {again}", proc.stderr
+    for html in (page, again):
+        text = html.read_text()
+        assert "http://" not in text and "https://" not in text and "<script" not in text
+    laid, shot = browse(again, tmp_path / "browser", width=1000, height=3000)
+    assert len(laid["charts"]) == 4 and all(c["width"] > 500 and c["drawn"] > 10 for c in laid["charts"]), laid
+    assert all("bench-old" in c["text"] and "new" in c["text"] for c in laid["charts"])
+    assert shot.stat().st_size > 20_000
+    # two baselines side by side, from the repository alone
+    both = tmp_path / "tags.html"
+    proc = k26ops("report", "--compare", "bench-old", "bench-new", "--report", str(both), env=env["env"])
+    assert proc.returncode == 0 and "bench-new against bench-old" in both.read_text(), proc.stderr
 
 
 def test_gate_passes_an_unchanged_engine_and_goes_on(lab, env):
@@ -136,10 +155,11 @@ def test_gate_passes_an_unchanged_engine_and_goes_on(lab, env):
     assert "gate" not in data["hosts"]["lab2"] and data["hosts"]["lab2"]["status"] == "ok"
 
 
-def test_gate_rolls_back_a_slower_canary(lab, env):
+def test_gate_rolls_back_a_slower_canary(lab, env, tmp_path):
     before = {h: engine_state(lab, h) for h in HOSTS}
+    page = tmp_path / "gate.html"
     proc = k26ops("--json", "-i", str(env["slower"]), "--limit", ",".join(HOSTS), "deploy", "--canary", "1",
-                  "--gate", "bench-old", env=env["env"])
+                  "--gate", "bench-old", "--report", str(page), env=env["env"])
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     data = json.loads(proc.stdout)
     # the one stop line (per-host progress lines, `lab1: failed ...`, are progress, not the verdict)
@@ -159,3 +179,7 @@ def test_gate_rolls_back_a_slower_canary(lab, env):
     assert after["lab1"]["release"] == before["lab1"]["release"]  # back on its previous release
     assert after["lab1"]["env"] == before["lab1"]["env"]  # ... and its previous speed
     assert ssh(lab, "lab1", "systemctl is-active k26-engine.service").strip() == "active"
+    # the gate's report: written, said where, with the verdict and why
+    assert f"report written to {page}" in proc.stderr.splitlines()
+    text = page.read_text()
+    assert "Gate failed on 1 of 1 host(s)" in text and "tok/s@c1/t0" in text

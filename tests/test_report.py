@@ -172,3 +172,15 @@ def test_the_report_renders_in_chromium_on_a_desktop_and_a_phone(tmp_path):
     for c in phone["charts"]:
         assert 300 < c["width"] <= 390 and c["drawn"] > 10, c
     assert phone_shot.stat().st_size > 10_000
+
+
+def test_the_default_place_is_the_data_dir(monkeypatch, tmp_path):
+    from datetime import datetime
+
+    from k26ops.report import files
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    at = datetime(2026, 12, 7, 7, 30, 5)
+    assert files.default_path("gate", "rel/2026-12", at) == tmp_path / "k26ops/reports/gate-rel_2026-12-20261207-073005.html"
+    assert files.gpus_per_host({"tp_size": 16, "nnodes": 2}) == 8 and files.gpus_per_host({}) == 8
+    assert files.gpus_per_host({"tp_size": 1}) == 1

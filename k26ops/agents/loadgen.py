@@ -4,6 +4,7 @@ agents.run like every agent (stdlib only).
 op "probe": can the release's venv run SGLang's serving benchmark
   (`python -m sglang.benchmark.serving`, before 0.5.23 `sglang.bench_serving`)?
 op "bench_serving": run it for one (concurrency, temperature) cell, read its JSONL.
+op "metrics": the engine's /metrics as served (status and text; `k26ops monitoring --verify`).
 op "loadgen": k26ops' own closed-loop load generator for the same cell, for
 releases that cannot run bench_serving (the lab's has no torch). It measures
 with bench_serving's definitions (backend `sglang`, streaming /generate):
@@ -249,6 +250,19 @@ def op_probe(r):
         lines = [l for l in (p.stderr or p.stdout).splitlines() if l.strip()]
         why = why or (lines[-1].strip()[:200] if lines else "exit %d" % p.returncode)
     return {"available": False, "why": "sglang.bench_serving does not import in the release venv: " + why}
+
+
+def op_metrics(r):
+    """GET /metrics with the engine's key; the text as served, parsed on the control node."""
+    conn = http.client.HTTPConnection(r["host"], r["port"], timeout=r.get("timeout_s", 10))
+    try:
+        conn.request("GET", "/metrics", headers=auth())
+        resp = conn.getresponse()
+        return {"status": resp.status, "text": resp.read(8 << 20).decode("utf-8", errors="replace")}
+    except Exception as e:
+        return {"status": None, "text": "", "error": "%s: %s" % (type(e).__name__, e)}
+    finally:
+        conn.close()
 
 
 def op_bench_serving(r):
