@@ -110,7 +110,7 @@ def dashboard(title: str = "k26ops: engine fleet") -> dict:
              "current": {}, "hide": 0},
             {"name": "host", "type": "query", "datasource": DS, "label": "host",
              "query": {"query": f"label_values(up{{{ENGINE_SEL}}}, host)", "refId": "hosts"},
-             "definition": f"label_values(up{{{ENGINE_SEL}}}, host)", "refresh": 2, "multi": True,
+             "refresh": 2, "multi": True,
              "includeAll": True, "current": {"text": "All", "value": "$__all"}, "sort": 1}]},
         "panels": _layout(panels()),
     }
