@@ -111,7 +111,7 @@ def pareto(new: dict, base: dict | None, new_label: str, base_label: str | None,
             ax.plot(xs, ys, color=_colour(temps, t), label=f"T={t:g} {label}", **style)
             for (c, _s), x, y in zip(pts, xs, ys):
                 ax.annotate(f"c{c}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    ax.set_xlabel(f"output tok/s per GPU ({gpus} GPUs)")
+    ax.set_xlabel(f"output tok/s per GPU ({gpus} GPU{'s' if gpus != 1 else ''})")
     ax.set_ylabel("output tok/s per user")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)

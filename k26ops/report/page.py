@@ -56,16 +56,19 @@ def _gate(v: HostView) -> str:
         return ""
     ok = bool(g.get("ok"))
     word = "passed" if ok else "failed"
-    why = g.get("line") or (f"no gated figure is worse than {g.get('threshold_pct', '?')}% of the baseline's"
-                            if ok else "")
-    out = [f'<div class="verdict {"pass" if ok else "fail"}">Gate {word} on {_h(v.host)} against '
-           f'{_h(g.get("tag") or "the baseline")}: {_h(why)}</div>']
+    line = g.get("line") or ""
+    prefix = f"gate failed on {v.host}: "
+    why = line[len(prefix):] if line.startswith(prefix) else line
+    if ok:
+        why = f"no gated figure is more than {_n(g.get('threshold_pct', '?'))}% worse than the baseline's"
+    out = [f'<div class="verdict {"pass" if ok else "fail"}">Gate {word} against '
+           f'{_h(g.get("tag") or "the baseline")}: {_h(why or v.error or "")}</div>']
     rows = []
     failed = {f.get("figure") for f in g.get("failed") or []}
     for r in g.get("checked") or []:
         bad = r.get("figure") in failed
         rows.append([_h(r.get("figure")), _h(r.get("label", "")), _n(r.get("baseline")), _n(r.get("current")),
-                     f'<span class="{"worse" if bad else ""}">{_n(r.get("worse_pct"))}%</span>',
+                     f'<span class="{"worse" if bad else ""}">{_n((r.get("worse_pct") or 0) + 0.0)}%</span>',
                      f"{_n(g.get('threshold_pct'))}%", "over" if bad else "within"])
     for f in g.get("failed") or []:
         if "why" in f:
@@ -151,7 +154,7 @@ def _host(view: ReportView, v: HostView) -> str:
     base_label = f"{base}" + (f" ({v.baseline_host})" if v.baseline_host and v.baseline_host != v.host else "")
     new, old = v.bench, v.baseline
     parts = [f'<section class="host" id="host-{_h(v.host)}"><h2>{_h(v.host)}</h2>']
-    if v.status not in ("ok", "changed"):
+    if v.status not in ("ok", "changed") and not v.gate:  # a failed gate says why below
         parts.append(f'<div class="verdict fail">{_h(v.status)}: {_h(v.error or "")}</div>')
     parts.append(_gate(v))
     if new:
@@ -160,7 +163,7 @@ def _host(view: ReportView, v: HostView) -> str:
         parts.append("<h3>Throughput</h3>")
         parts.append(_figure(charts.throughput(new, old, view.new_label, bl), "output tok/s against concurrency"))
         parts.append(_figure(charts.pareto(new, old, view.new_label, bl, v.gpus),
-                             f"tok/s per user against tok/s per GPU ({v.gpus} GPUs), each point one concurrency"))
+                             f"tok/s per user against tok/s per GPU ({v.gpus} GPU{'s' if v.gpus != 1 else ''}), each point one concurrency"))
         parts.append("<h3>Speculative decoding</h3>")
         parts.append(_figure(charts.accept(new, old, view.new_label, bl), "accept length per temperature"))
         parts.append(_figure(charts.by_position(new, old, view.new_label, bl),
