@@ -79,24 +79,65 @@ def test_the_gate_says_its_verdict_and_why():
     assert 'class="verdict pass" id="verdict">Gate passed on all 1 gated host(s)' in passed
 
 
+# A restart's TTFGT as the deploy reports it (k26ops.steps.warmstart.timeline), on the H100's
+# cold start of docs/how-to/warm-starts.md: ready 122.7 s after the process started, capture 65.9 s.
+TTFGT = {"milestones": [{"name": "stop", "at_s": 0.0, "source": "k26ops"},
+                        {"name": "process started", "at_s": 8.0, "source": "systemd"},
+                        {"name": "weights loaded", "at_s": 28.5, "source": "log"},
+                        {"name": "graphs captured", "at_s": 94.4, "source": "log"},
+                        {"name": "ready", "at_s": 130.7, "source": "log"},
+                        {"name": "first greedy answer", "at_s": 131.0, "source": "k26ops"},
+                        {"name": "first sampled answer", "at_s": 210.0, "source": "k26ops"}],
+         "clock": "host", "stop_s": 8.0, "ready_s": 122.7, "total_s": 210.0}
+# A host's drain (k26ops.traffic.drain's record) and the run's gateway watch.
+DRAIN = {"mode": "gateway", "drain_timeout_s": 300, "drain_s": 21.4, "requests": 47, "left": 2,
+         "out_of_rotation_s": 38.2, "stop_to_serving_s": 17.1, "put_back": True}
+WATCH = {"zero_worker_windows": 0, "gateways": {"127.0.0.1:29001": {"min_healthy": 1, "zero_worker_windows": 0}}}
+
+
 def test_sections_other_features_fill_appear_with_their_data():
-    """The restart's phases (`ttfgt`), GPU changes (`gpu_changes`), the gateway's failed
-    requests (`traffic`) and accept per draft position: drawn when present."""
+    """The restart's phases (`ttfgt`), GPU changes (`gpu_changes`), the drain (`traffic`), the
+    gateway watch and accept per draft position: drawn when present, in the shapes k26ops writes."""
     doc = compare_doc()
     h = doc["hosts"]["h200"]
-    h["ttfgt"] = {"phases": [{"phase": "stop", "seconds": 8.0}, {"phase": "load", "seconds": 20.5},
-                             {"phase": "capture", "seconds": 65.9}, {"phase": "first sampled token", "seconds": 79.3}]}
+    h["ttfgt"] = TTFGT
     h["gpu_changes"] = [{"gpu": 3, "change": "new Xid 79", "before": None, "after": 79}]
-    h["traffic"] = {"gateway": "127.0.0.1:29001", "requests": 1200, "failed": 3, "failed_examples": ["502 at 07:01"]}
+    h["traffic"] = DRAIN
+    doc["traffic"] = WATCH
     h["bench"]["cells"][0]["accept_by_position"] = [0.9, 0.7, 0.4]
     html = page.build_html(model.from_run(doc))
-    assert "the restart" in html.lower() and "173.7 s" in html  # the total of the phases
-    assert "new Xid 79" in html and "3 of 1200 request(s) failed" in html and "502 at 07:01" in html
+    assert "the restart" in html.lower() and ">210<" in html and ">65.9<" in html  # the total; the capture
+    assert "to graphs captured s" in html and "<title>the restart's phases</title>" in html
+    assert "new Xid 79" in html
+    assert "2 request(s) still in flight when the engine stopped (cut off)" in html and ">21.4<" in html
+    assert "no gateway ever had zero healthy workers" in html and "127.0.0.1:29001" in html
     assert "acceptance rate per draft position" in charts_of(html)
+    # a clean drain and a watch that saw a gateway empty
+    h["traffic"] = {**DRAIN, "left": 0}
+    doc["traffic"] = {**WATCH, "zero_worker_windows": 1}
+    html = page.build_html(model.from_run(doc))
+    assert "no request cut off by the restart" in html and "ZERO healthy workers 1 time(s)" in html
     # a restart without phases recorded: the wait for /health, said so
     bare = page.build_html(model.from_run({"command": "deploy", "hosts": {"h": {
         "engine_restarted": True, "health": {"state": "ok", "wait_s": 47.3}}}}))
-    assert "until /health 47.3 s" in bare and "phases not recorded" in bare
+    assert ">47.3<" in bare and "phases not recorded" in bare
+
+
+def test_a_bench_draws_its_last_start_beside_the_baselines():
+    """`bench` attaches the host's last start (startup.ttfgt), `snapshot --bench` stores it:
+    the restart drawn new beside the baseline's."""
+    new, old = copy.deepcopy(NB), copy.deepcopy(OB)
+    new["startup"] = {"release": "r2", "ttfgt": TTFGT}
+    warm = copy.deepcopy(TTFGT)
+    for m in warm["milestones"][2:]:
+        m["at_s"] = round(m["at_s"] - 60, 1)
+    old["startup"] = {"release": "r1", "ttfgt": warm}
+    view = model.from_baselines("old", {"h200": old}, "new-tag", {"h200": new})
+    assert [who for who, _ in view.hosts[0].phases] == ["old", "new-tag"]
+    html = page.build_html(view)
+    assert "<title>the restart's phases</title>" in html and ">150<" in html and ">210<" in html
+    assert model.milestone_phases(TTFGT)[0] == ("to process started", 8.0)
+    assert model.milestone_phases({"milestones": []}) == [] and model.milestone_phases(None) == []
 
 
 def test_the_report_is_the_same_for_the_same_data():
@@ -158,7 +199,7 @@ def test_the_report_renders_in_chromium_on_a_desktop_and_a_phone(tmp_path):
     new and baseline both painted (their colours in the screenshot), and on a phone's width
     the page does not scroll sideways (tables scroll inside their own box)."""
     doc = compare_doc()
-    doc["hosts"]["h200"]["ttfgt"] = {"phases": {"load": 20.0, "capture": 65.9}}
+    doc["hosts"]["h200"]["ttfgt"] = TTFGT
     report = tmp_path / "report.html"
     report.write_text(page.build_html(model.from_run(doc)))
     laid, shot = browse(report, tmp_path / "desktop", width=1000, height=4200)

@@ -194,16 +194,24 @@ def latency(new: dict, base: dict | None, new_label: str, base_label: str | None
     return svg_text(fig, "time to first token and inter-token latency percentiles")
 
 
-def phases(items: list[tuple[str, float]]) -> str | None:
-    """The restart's phases as one stacked bar, each labelled with its seconds."""
-    if not items:
+def phases(rows: list[tuple[str, list[tuple[str, float]]]]) -> str | None:
+    """The restart's phases as stacked bars, one per row (the baseline's above the new one),
+    a phase the same colour in each, labelled with its seconds."""
+    rows = [(who, items) for who, items in rows if items]
+    if not rows:
         return None
-    fig, (ax,) = _figure(h=1.6 + 0.1 * len(items))
-    left = 0.0
-    for i, (name, secs) in enumerate(items):
-        ax.barh([0], [secs], left=left, color=PALETTE[i % len(PALETTE)], label=f"{name} {secs:.1f} s")
-        left += secs
-    ax.set_yticks([])
-    ax.set_xlabel(f"seconds (total {left:.1f} s)")
-    ax.legend(fontsize=7, ncols=min(3, len(items)), loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    names = list(dict.fromkeys(name for _who, items in rows for name, _s in items))
+    fig, (ax,) = _figure(h=1.4 + 0.45 * len(rows) + 0.12 * len(names))
+    for y, (who, items) in enumerate(reversed(rows)):
+        left = 0.0
+        for name, secs in items:
+            colour = PALETTE[names.index(name) % len(PALETTE)]
+            ax.barh([y], [secs], left=left, color=colour, label=name if y == len(rows) - 1 else None)
+            if secs > 0:
+                ax.annotate(f"{secs:.1f}", (left + secs / 2, y), ha="center", va="center", fontsize=7)
+            left += secs
+        ax.annotate(f" {left:.1f} s", (left, y), va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [who for who, _items in reversed(rows)])
+    ax.set_xlabel("seconds from the stop")
+    ax.legend(fontsize=7, ncols=min(3, len(names)), loc="upper center", bbox_to_anchor=(0.5, -0.5))
     return svg_text(fig, "the restart's phases")

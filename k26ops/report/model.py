@@ -7,13 +7,17 @@ Inputs:
   baseline is drawn whole; otherwise it is rebuilt from the figures the run compared with it.
 
 Optional per-host fields, drawn only when present (other features write them):
-- `ttfgt`: the restart's phases, `{"phases": [{"phase": NAME, "seconds": S}, ...],
-  "total_s": S}` (a `{NAME: S}` mapping is read too); else `health.wait_s` is shown as
-  the one phase "until /health".
+- `ttfgt`: the restart's time to first good token as the deploy writes it
+  (k26ops.steps.warmstart.timeline: `{"milestones": [{"name", "at_s", "source"}], ...}`,
+  each `at_s` from the stop), or a bench's `startup.ttfgt` (the last start k26ops made, which
+  `snapshot --bench` stores for the baseline too); drawn as the seconds between milestones.
+  Without one, `health.wait_s` of a restart is shown as the one phase "until /health".
 - `gpu_changes`: GPU health changes in the run's window, a list of
   `{"gpu": ID, "change": "new Xid 79" | "ECC ..." | "row remap ...", "before": X, "after": Y}`.
-- `traffic`: requests through the gateway during the rollout, `{"gateway": URL,
-  "requests": N, "failed": N, "failed_examples": [TEXT, ...]}`.
+- `traffic`: the host's drain (k26ops.traffic.drain's record: `mode`, `requests` in flight at
+  the drain, `drain_s`, `left` still in flight at the stop, `out_of_rotation_s`,
+  `stop_to_serving_s`, `zero_healthy_seen`); the document's own `traffic` is the run's gateway
+  watch (`zero_worker_windows`, `gateways: {name: {min_healthy, zero_worker_windows}}`).
 - in `bench.cells[i]`: `accept_by_position` (acceptance rate per draft position, 1-based).
 - in `compare.rows[i]`: `verdict` (any word), `why` (text) and `spread_pct` are shown as given.
 """
@@ -40,7 +44,7 @@ class HostView:
     rows: list[dict] = field(default_factory=list)      # bench --compare's rows
     settings_differ: list[str] = field(default_factory=list)
     gate: dict | None = None
-    phases: list[tuple[str, float]] = field(default_factory=list)
+    phases: list[tuple[str, list[tuple[str, float]]]] = field(default_factory=list)  # (whose, phases)
     phases_what: str = ""
     gpu_changes: list[dict] = field(default_factory=list)
     traffic: dict | None = None
@@ -56,6 +60,7 @@ class ReportView:
     hosts: list[HostView]
     generated: str = ""       # when the page was made (the caller's clock: build_html stays pure)
     notes: list[str] = field(default_factory=list)
+    watch: dict | None = None  # the run's gateway watch (zero healthy workers ever?)
 
 
 def cells_from_figures(flat: dict[str, dict]) -> dict:
@@ -75,24 +80,32 @@ def _median_only(value) -> dict:
     return {"median": value, "min": value, "max": value, "n": 1}
 
 
-def _phases(data: dict) -> tuple[list[tuple[str, float]], str]:
-    t = data.get("ttfgt")
-    if isinstance(t, dict):
-        raw = t.get("phases", t)
-        if isinstance(raw, dict):
-            out = [(str(k), float(v)) for k, v in raw.items() if isinstance(v, (int, float))]
-        else:
-            out = [(str(p.get("phase") or p.get("name")), float(p["seconds"])) for p in raw or []
-                   if isinstance(p, dict) and isinstance(p.get("seconds"), (int, float))]
-        if out:
-            return out, "time to first good token, by phase"
+def milestone_phases(ttfgt) -> list[tuple[str, float]]:
+    """[(phase, seconds)] between a TTFGT record's milestones: `to weights loaded 20.5`."""
+    ms = [m for m in (ttfgt or {}).get("milestones") or []
+          if isinstance(m, dict) and isinstance(m.get("at_s"), (int, float)) and m.get("name")]
+    return [(f"to {b['name']}", round(b["at_s"] - a["at_s"], 2)) for a, b in zip(ms, ms[1:])]
+
+
+def _phases(data: dict, new_label: str, base: dict | None, base_label: str | None
+            ) -> tuple[list[tuple[str, list[tuple[str, float]]]], str]:
+    """The restart's phases: this run's (the deploy's `ttfgt`, else its bench's last start),
+    the baseline's stored bench's beside them; else a restart's wait for /health."""
+    mine = milestone_phases(data.get("ttfgt")) or milestone_phases(((data.get("bench") or {}).get("startup") or {})
+                                                                    .get("ttfgt"))
+    if mine:
+        theirs = milestone_phases(((base or {}).get("startup") or {}).get("ttfgt"))
+        rows = ([(base_label or "baseline", theirs)] if theirs else []) + [(new_label, mine)]
+        return rows, "time to first good token: seconds from the stop, between milestones"
     h = data.get("health")
     if data.get("engine_restarted") and isinstance(h, dict) and isinstance(h.get("wait_s"), (int, float)):
-        return [("until /health", float(h["wait_s"]))], "the restart (phases not recorded: the wait for /health)"
+        return ([(new_label, [("until /health", float(h["wait_s"]))])],
+                "the restart (phases not recorded: the wait for /health)")
     return [], ""
 
 
-def host_view(host: str, data: dict, stored: dict | None = None, gpus: int = 8) -> HostView:
+def host_view(host: str, data: dict, stored: dict | None = None, gpus: int = 8, new_label: str = "new",
+              base_label: str | None = None) -> HostView:
     """One host's view from its run result (`data`) and, when at hand, the baseline's stored bench."""
     v = HostView(host=host, status=data.get("status") or "ok", error=data.get("error"),
                  bench=data.get("bench"), gpus=gpus)
@@ -110,10 +123,10 @@ def host_view(host: str, data: dict, stored: dict | None = None, gpus: int = 8) 
     if stored and v.bench and not v.rows:
         v.rows = figs.compare(v.bench, stored)
     v.gate = gate
-    v.phases, v.phases_what = _phases(data)
+    v.phases, v.phases_what = _phases(data, new_label, stored, base_label)
     v.gpu_changes = [c for c in data.get("gpu_changes") or [] if isinstance(c, dict)]
     t = data.get("traffic")
-    v.traffic = t if isinstance(t, dict) and "failed" in t else None
+    v.traffic = t if isinstance(t, dict) and "mode" in t else None
     return v
 
 
@@ -131,7 +144,7 @@ def from_run(doc: dict, *, stored: dict[str, dict] | None = None, gpus: dict[str
         if not isinstance(data, dict):
             raise UserError(f"{source}: host {name!r}: not a result mapping")
         base = (stored or {}).get(name) or (next(iter(stored.values())) if stored else None)
-        views.append(host_view(name, data, base, (gpus or {}).get(name, 8)))
+        views.append(host_view(name, data, base, (gpus or {}).get(name, 8), base_label=tag))
     command = str(doc.get("command") or "")
     if any(v.gate for v in views):
         kind = "gate"
@@ -139,13 +152,14 @@ def from_run(doc: dict, *, stored: dict[str, dict] | None = None, gpus: dict[str
         kind = "deploy"
     else:
         kind = "compare" if tag else "bench"
-    if not any(v.bench or v.gate or v.phases or v.traffic or v.gpu_changes for v in views):
+    watch = doc.get("traffic") if isinstance(doc.get("traffic"), dict) else None
+    if not any(v.bench or v.gate or v.phases or v.traffic or v.gpu_changes for v in views) and not watch:
         raise UserError(f"{source}: nothing to draw: no host has a bench, a gate, restart phases, "
                         "GPU changes or gateway traffic")
     title = {"gate": f"Canary gate against {tag}", "compare": f"Bench against {tag}",
              "bench": "Engine bench", "deploy": "Deploy"}[kind]
     return ReportView(kind=kind, title=title, new_label="new", baseline_label=tag, hosts=views,
-                      generated=generated)
+                      generated=generated, watch=watch)
 
 
 def from_baselines(old_tag: str, old: dict[str, dict], new_tag: str, new: dict[str, dict], *,
@@ -158,7 +172,7 @@ def from_baselines(old_tag: str, old: dict[str, dict], new_tag: str, new: dict[s
     views = []
     for host, bench in new.items():
         base_host = host if host in old else next(iter(old))
-        v = host_view(host, {"bench": bench}, old[base_host], (gpus or {}).get(host, 8))
+        v = host_view(host, {"bench": bench}, old[base_host], (gpus or {}).get(host, 8), new_tag, old_tag)
         v.baseline_host = base_host
         v.settings_differ = figs.spec_differences(bench, old[base_host])
         views.append(v)

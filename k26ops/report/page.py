@@ -136,17 +136,51 @@ def _gpu(v: HostView) -> str:
     return "<h3>GPU health changes in the window</h3>" + _table(["GPU", "change", "before", "after"], rows)
 
 
+TRAFFIC = (("mode", "drain"), ("requests", "in flight at the drain"), ("drain_s", "drained in s"),
+           ("left", "still in flight at the stop"), ("out_of_rotation_s", "out of rotation s"),
+           ("stop_to_serving_s", "stop to serving s"))
+
+
 def _traffic(v: HostView) -> str:
+    """The host's drain around its restart: requests still in flight when the engine stopped
+    were cut off; a gateway seen with no healthy worker refused requests."""
     t = v.traffic
     if not t:
         return ""
-    failed = t.get("failed") or 0
-    cls = "fail" if failed else "pass"
-    out = (f'<h3>Requests through the gateway during the rollout</h3><div class="verdict {cls}">'
-           f'{_n(failed)} of {_n(t.get("requests"))} request(s) failed'
-           + (f' (gateway {_h(t["gateway"])})' if t.get("gateway") else "") + "</div>")
-    ex = t.get("failed_examples") or []
-    return out + ("<ul>" + "".join(f"<li class=\"note\">{_h(e)}</li>" for e in ex[:10]) + "</ul>" if ex else "")
+    left = t.get("left") or 0
+    bad = []
+    if left:
+        bad.append(f"{_n(left)} request(s) still in flight when the engine stopped (cut off)")
+    if t.get("zero_healthy_seen"):
+        bad.append("a gateway had no healthy worker while this host was out")
+    if t.get("not_registered"):
+        bad.append("not put back on " + ", ".join(map(str, t["not_registered"])))
+    verdict = "; ".join(bad) if bad else "no request cut off by the restart"
+    out = (f'<h3>Traffic during the restart</h3><div class="verdict {"fail" if bad else "pass"}">{_h(verdict)}</div>'
+           + _table([what for _k, what in TRAFFIC], [[_n(t.get(k)) for k, _what in TRAFFIC]]))
+    return out
+
+
+def _watch(view: ReportView) -> str:
+    """The run's gateway watch: did any gateway ever have zero healthy workers?"""
+    w = view.watch
+    if not w:
+        return ""
+    z = w.get("zero_worker_windows") or 0
+    gws = w.get("gateways") or {}
+    rows = [[_h(name), _n(g.get("min_healthy")), _n(g.get("zero_worker_windows")), _h(g.get("error") or "")]
+            for name, g in gws.items() if isinstance(g, dict)]
+    line = (f"a gateway had ZERO healthy workers {z} time(s): requests through it failed meanwhile" if z else
+            "no gateway ever had zero healthy workers during the rollout")
+    return (f'<h2>Requests through the gateways</h2><div class="verdict {"fail" if z else "pass"}">{_h(line)}</div>'
+            + (_table(["gateway", "fewest healthy workers", "zero-worker windows", "error"], rows) if rows else ""))
+
+
+def _phase_table(rows: list[tuple[str, list[tuple[str, float]]]]) -> str:
+    names = list(dict.fromkeys(name for _who, items in rows for name, _s in items))
+    body = [[_h(who), *[_n(dict(items).get(name)) for name in names], _n(round(sum(s for _x, s in items), 2))]
+            for who, items in rows]
+    return _table(["", *[f"{name} s" for name in names], "total s"], body)
 
 
 def _host(view: ReportView, v: HostView) -> str:
@@ -175,6 +209,7 @@ def _host(view: ReportView, v: HostView) -> str:
     if v.phases:
         parts.append("<h3>The restart</h3>")
         parts.append(_figure(charts.phases(v.phases), v.phases_what))
+        parts.append(_phase_table(v.phases))
     parts.append(_gpu(v))
     parts.append(_traffic(v))
     parts.append("</section>")
@@ -205,4 +240,4 @@ def build_html(view: ReportView) -> str:
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
             f"<title>k26ops: {_h(view.title)}</title><style>{CSS}</style></head><body>"
             f"<h1>{_h(view.title)}</h1><p class=\"meta\">k26ops {_h(view.kind)} report; {_h('; '.join(meta))}</p>"
-            f"{notes}{_summary(view)}{body}</body></html>\n")
+            f"{notes}{_summary(view)}{_watch(view)}{body}</body></html>\n")
