@@ -104,7 +104,7 @@ def test_sections_other_features_fill_appear_with_their_data():
     h["gpu_changes"] = [{"gpu": 3, "change": "new Xid 79", "before": None, "after": 79}]
     h["traffic"] = DRAIN
     doc["traffic"] = WATCH
-    h["bench"]["cells"][0]["accept_by_position"] = [0.9, 0.7, 0.4]
+    h["bench"]["cells"][0]["accept_histogram"] = [10, 20, 30, 40]
     html = page.build_html(model.from_run(doc))
     assert "the restart" in html.lower() and ">210<" in html and ">65.9<" in html  # the total; the capture
     assert "to graphs captured s" in html and "<title>the restart's phases</title>" in html

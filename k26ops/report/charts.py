@@ -15,6 +15,8 @@ from __future__ import annotations
 import io
 import re
 
+from k26ops.enginebench import accept as accept_mod
+
 NEW_STYLE = {"linestyle": "-", "marker": "o"}
 BASE_STYLE = {"linestyle": "--", "marker": "o", "markerfacecolor": "white", "alpha": 0.8}
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
@@ -148,10 +150,11 @@ def accept(new: dict, base: dict | None, new_label: str, base_label: str | None)
 
 
 def by_position(new: dict, base: dict | None, new_label: str, base_label: str | None) -> str | None:
-    """Acceptance rate per draft position, where a cell records it (`accept_by_position`)."""
+    """Acceptance rate per draft position, where a cell has the engine's histogram
+    (`accept_histogram`, k26ops.enginebench.accept)."""
     def rows(bench):
-        return [(float(c["temperature"]), int(c["concurrency"]), c["accept_by_position"])
-                for c in (bench or {}).get("cells") or [] if c.get("accept_by_position")]
+        return [(float(c["temperature"]), int(c["concurrency"]), accept_mod.by_position(c["accept_histogram"]))
+                for c in (bench or {}).get("cells") or [] if accept_mod.by_position(c.get("accept_histogram"))]
     nr, br = rows(new), rows(base)
     if not nr:
         return None

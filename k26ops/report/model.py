@@ -18,7 +18,8 @@ Optional per-host fields, drawn only when present (other features write them):
   the drain, `drain_s`, `left` still in flight at the stop, `out_of_rotation_s`,
   `stop_to_serving_s`, `zero_healthy_seen`); the document's own `traffic` is the run's gateway
   watch (`zero_worker_windows`, `gateways: {name: {min_healthy, zero_worker_windows}}`).
-- in `bench.cells[i]`: `accept_by_position` (acceptance rate per draft position, 1-based).
+- in `bench.cells[i]`: `accept_histogram` (the engine's verify steps by drafts accepted,
+  summed by k26ops' load generator; drawn as the acceptance rate per draft position).
 - in `compare.rows[i]`: `verdict` (any word), `why` (text) and `spread_pct` are shown as given.
 """
 
