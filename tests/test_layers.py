@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, str, list[str]]] = [
       "k26ops.baselines.repo", "k26ops.baselines.hostscript", "k26ops.diagnose.journal"]),
     ("steps", "idempotent steps (plan/apply), the engine bench, the None-field probe",
      ["k26ops.steps", "k26ops.rehearsal.plan", "k26ops.enginebench.run", "k26ops.enginebench.figures",
+      "k26ops.enginebench.accept",
       "k26ops.diagnose.probe"]),
     ("orchestration", "playbooks, rollouts (canary, batches), provisioning",
      ["k26ops.rollout", "k26ops.playbook", "k26ops.provision"]),
