@@ -17,6 +17,8 @@ import yaml
 
 from labtools import browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
+from k26ops.enginebench import accept
+
 HOSTS = ("lab1", "lab2")
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16
 # Stated tolerance (the stand-in sleeps to its schedule; the lab shares 2 cores with other work, and
@@ -74,6 +76,9 @@ def expected(c: int) -> dict:
 def test_bench_reports_what_the_standin_was_told(lab, env):
     rc, data = k26ops_json("--limit", ",".join(HOSTS), "deploy", env=env["env"])
     assert rc == 0, data
+    for h in HOSTS:  # the health facts gathered again after a deploy that changed the host: nothing new
+        if data["hosts"][h]["status"] == "changed":
+            assert data["hosts"][h]["gpu_changes"] == [], data["hosts"][h]
     rc, data = k26ops_json("--limit", "lab1", "bench", "--concurrency", "1,4", "--temperatures", "0,0.7",
                            "--runs", "3", *SHORT, env=env["env"])
     assert rc == 0, data
@@ -93,6 +98,12 @@ def test_bench_reports_what_the_standin_was_told(lab, env):
         assert f["ttft_p99_ms"] >= f["ttft_p50_ms"] and f["itl_p99_ms"] >= f["itl_p50_ms"]
         assert f["accept"] == pytest.approx(ACCEPT if t == 0 else ACCEPT_SAMPLED)
         assert cell["failed_requests"] == 0
+        # the engine's spec_accept_histogram, summed: tokens per verify step as told (a request's
+        # last step cut at its length), draft 1 taken at nearly every step
+        hist = cell["accept_histogram"]
+        told = ACCEPT if t == 0 else ACCEPT_SAMPLED
+        assert told - 1 < sum((i + 1) * n for i, n in enumerate(hist)) / sum(hist) <= told, (c, t, hist)
+        assert 0.8 < accept.by_position(hist)[0] <= 1.0
     # the human output says which generator ran and shows every cell
     proc = k26ops("--limit", "lab1", "bench", "--concurrency", "1", "--temperatures", "0", "--runs", "2", *SHORT,
                   env=env["env"])

@@ -12,8 +12,10 @@ Optional per-host fields, drawn only when present (other features write them):
   each `at_s` from the stop), or a bench's `startup.ttfgt` (the last start k26ops made, which
   `snapshot --bench` stores for the baseline too); drawn as the seconds between milestones.
   Without one, `health.wait_s` of a restart is shown as the one phase "until /health".
-- `gpu_changes`: GPU health changes in the run's window, a list of
-  `{"gpu": ID, "change": "new Xid 79" | "ECC ..." | "row remap ...", "before": X, "after": Y}`.
+- `gpu_changes`: GPU health changes over the run (k26ops.facts.changes: the deploy gathers
+  the GPU health facts again after its steps), a list of `{"gpu": INDEX or bus id, "change":
+  "new Xid 79: ..." | "uncorrectable ECC errors (volatile)" | "row remap pending" | ...,
+  "before": X, "after": Y}`; an empty list: compared, nothing changed.
 - `traffic`: the host's drain (k26ops.traffic.drain's record: `mode`, `requests` in flight at
   the drain, `drain_s`, `left` still in flight at the stop, `out_of_rotation_s`,
   `stop_to_serving_s`, `zero_healthy_seen`); the document's own `traffic` is the run's gateway
@@ -47,7 +49,7 @@ class HostView:
     gate: dict | None = None
     phases: list[tuple[str, list[tuple[str, float]]]] = field(default_factory=list)  # (whose, phases)
     phases_what: str = ""
-    gpu_changes: list[dict] = field(default_factory=list)
+    gpu_changes: list[dict] | None = None  # None: not compared; []: compared, nothing changed
     traffic: dict | None = None
     gpus: int = 8
 
@@ -125,7 +127,8 @@ def host_view(host: str, data: dict, stored: dict | None = None, gpus: int = 8, 
         v.rows = figs.compare(v.bench, stored)
     v.gate = gate
     v.phases, v.phases_what = _phases(data, new_label, stored, base_label)
-    v.gpu_changes = [c for c in data.get("gpu_changes") or [] if isinstance(c, dict)]
+    g = data.get("gpu_changes")
+    v.gpu_changes = [c for c in g if isinstance(c, dict)] if isinstance(g, list) else None
     t = data.get("traffic")
     v.traffic = t if isinstance(t, dict) and "mode" in t else None
     return v
@@ -154,7 +157,7 @@ def from_run(doc: dict, *, stored: dict[str, dict] | None = None, gpus: dict[str
     else:
         kind = "compare" if tag else "bench"
     watch = doc.get("traffic") if isinstance(doc.get("traffic"), dict) else None
-    if not any(v.bench or v.gate or v.phases or v.traffic or v.gpu_changes for v in views) and not watch:
+    if not any(v.bench or v.gate or v.phases or v.traffic or v.gpu_changes is not None for v in views) and not watch:
         raise UserError(f"{source}: nothing to draw: no host has a bench, a gate, restart phases, "
                         "GPU changes or gateway traffic")
     title = {"gate": f"Canary gate against {tag}", "compare": f"Bench against {tag}",

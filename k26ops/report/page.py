@@ -129,8 +129,11 @@ def _latency_table(v: HostView, base_label: str) -> str:
 
 
 def _gpu(v: HostView) -> str:
-    if not v.gpu_changes:
+    if v.gpu_changes is None:
         return ""
+    if not v.gpu_changes:
+        return ('<h3>GPU health over the run</h3><div class="verdict pass">no new Xid, ECC error, row remap '
+                'or GPU fault</div>')
     rows = [[_h(c.get("gpu", "-")), _h(c.get("change", "-")), _n(c.get("before")), _n(c.get("after"))]
             for c in v.gpu_changes]
     return "<h3>GPU health changes in the window</h3>" + _table(["GPU", "change", "before", "after"], rows)
