@@ -10,12 +10,13 @@ them: no engine unit, env file or pins (releases stay, as in test_baselines).
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 import yaml
 
-from labtools import browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools import REPO, browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 from k26ops.enginebench import accept
 
@@ -30,6 +31,7 @@ TTFT_SLACK_MS = 20
 SHORT = ["--input-len", "16", "--output-len", str(OUT), "--num-prompts", "4"]
 UNIT = "/etc/systemd/system/k26-engine.service"
 ENV_FILE = "/etc/k26ops/sglang.env"
+SMI_KNOB = "/etc/k26ops-lab/nvidia-smi.env"
 
 
 def knobs(toks: float) -> dict:
@@ -56,10 +58,16 @@ def env(lab, tmp_path_factory):
     slower = d / "slower.yml"
     slower.write_text(yaml.safe_dump(inv))
     e = {**lab.env(), "K26OPS_INVENTORY": str(base), "K26OPS_BASELINES": str(d / "baselines")}
+    # nvidia-smi -q answers as the real healthy H200 did: the deploy reads GPU health before and after
+    b64 = base64.b64encode((REPO / "tests/data/facts/h200-nvidia-smi-q.txt").read_bytes()).decode()
+    for h in HOSTS:
+        ssh(lab, h, f"mkdir -p /etc/k26ops-lab && echo {b64} | base64 -d > /etc/k26ops-lab/q.txt && "
+                    f"echo K26OPS_LAB_SMI_Q=/etc/k26ops-lab/q.txt > {SMI_KNOB}")
     yield {"env": e, "base": base, "slower": slower}
     for h in HOSTS:
         lab_ssh(lab.dir, lab.port(h), f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
-                                      "/opt/k26ops/state/pinned-releases; systemctl daemon-reload")
+                                      f"/opt/k26ops/state/pinned-releases {SMI_KNOB} /etc/k26ops-lab/q.txt; "
+                                      "systemctl daemon-reload")
 
 
 def engine_state(lab, host: str) -> dict:
@@ -148,7 +156,8 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env, tmp_pa
         text = html.read_text()
         assert "http://" not in text and "https://" not in text and "<script" not in text
     laid, shot = browse(again, tmp_path / "browser", width=1000, height=3000)
-    assert len(laid["charts"]) == 4 and all(c["width"] > 500 and c["drawn"] > 10 for c in laid["charts"]), laid
+    assert [c["name"] for c in laid["charts"]][3] == "acceptance rate per draft position"  # k26ops' loadgen has it
+    assert len(laid["charts"]) == 5 and all(c["width"] > 500 and c["drawn"] > 10 for c in laid["charts"]), laid
     assert all("bench-old" in c["text"] and "new" in c["text"] for c in laid["charts"])
     assert shot.stat().st_size > 20_000
     # two baselines side by side, from the repository alone

@@ -74,23 +74,33 @@ def _colour(temps: list[float], t: float) -> str:
     return PALETTE[temps.index(t) % len(PALETTE)] if t in temps else PALETTE[0]
 
 
-def throughput(new: dict, base: dict | None, new_label: str, base_label: str | None) -> str | None:
-    """Output tok/s against concurrency, one line per temperature, new beside baseline."""
+def _tok_lines(new: dict, base: dict | None, new_label: str, base_label: str | None):
+    """(figure, axes, [(points, colour, label, style)]) of output tok/s, one line per temperature,
+    the baseline's first; None without new figures."""
     ns, bs = series(new, "tok/s"), series(base, "tok/s")
     if not ns:
         return None
     temps = _temps(new, base)
     fig, (ax,) = _figure()
-    for data, label, style in ((bs, base_label, BASE_STYLE), (ns, new_label, NEW_STYLE)):
-        for t, pts in data.items():
-            xs = [c for c, _s in pts]
-            ys = [s["median"] for _c, s in pts]
-            lo = [s["median"] - s.get("min", s["median"]) for _c, s in pts]
-            hi = [s.get("max", s["median"]) - s["median"] for _c, s in pts]
-            ax.errorbar(xs, ys, yerr=[lo, hi], color=_colour(temps, t), capsize=2, label=f"T={t:g} {label}",
-                        **style)
+    lines = [(pts, _colour(temps, t), f"T={t:g} {label}", style)
+             for data, label, style in ((bs, base_label, BASE_STYLE), (ns, new_label, NEW_STYLE))
+             for t, pts in data.items()]
+    return fig, ax, lines
+
+
+def throughput(new: dict, base: dict | None, new_label: str, base_label: str | None) -> str | None:
+    """Output tok/s against concurrency, one line per temperature, new beside baseline."""
+    got = _tok_lines(new, base, new_label, base_label)
+    if not got:
+        return None
+    fig, ax, lines = got
+    for pts, colour, label, style in lines:
+        ys = [s["median"] for _c, s in pts]
+        lo = [s["median"] - s.get("min", s["median"]) for _c, s in pts]
+        hi = [s.get("max", s["median"]) - s["median"] for _c, s in pts]
+        ax.errorbar([c for c, _s in pts], ys, yerr=[lo, hi], color=colour, capsize=2, label=label, **style)
     ax.set_xscale("log", base=2)
-    cs = sorted({c for d in (ns, bs) for pts in d.values() for c, _s in pts})
+    cs = sorted({c for pts, *_rest in lines for c, _s in pts})
     ax.set_xticks(cs, [str(c) for c in cs])
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tok/s (median, min-max)")
@@ -101,18 +111,16 @@ def throughput(new: dict, base: dict | None, new_label: str, base_label: str | N
 
 def pareto(new: dict, base: dict | None, new_label: str, base_label: str | None, gpus: int) -> str | None:
     """tok/s per user (tok/s / concurrency) against tok/s per GPU, per temperature."""
-    ns, bs = series(new, "tok/s"), series(base, "tok/s")
-    if not ns:
+    got = _tok_lines(new, base, new_label, base_label)
+    if not got:
         return None
-    temps = _temps(new, base)
-    fig, (ax,) = _figure()
-    for data, label, style in ((bs, base_label, BASE_STYLE), (ns, new_label, NEW_STYLE)):
-        for t, pts in data.items():
-            xs = [s["median"] / gpus for _c, s in pts]
-            ys = [s["median"] / c for c, s in pts]
-            ax.plot(xs, ys, color=_colour(temps, t), label=f"T={t:g} {label}", **style)
-            for (c, _s), x, y in zip(pts, xs, ys):
-                ax.annotate(f"c{c}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    fig, ax, lines = got
+    for pts, colour, label, style in lines:
+        xs = [s["median"] / gpus for _c, s in pts]
+        ys = [s["median"] / c for c, s in pts]
+        ax.plot(xs, ys, color=colour, label=label, **style)
+        for (c, _s), x, y in zip(pts, xs, ys):
+            ax.annotate(f"c{c}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xlabel(f"output tok/s per GPU ({gpus} GPU{'s' if gpus != 1 else ''})")
     ax.set_ylabel("output tok/s per user")
     ax.set_xlim(left=0)
