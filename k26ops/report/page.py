@@ -225,8 +225,10 @@ def _summary(view: ReportView) -> str:
         return ""
     failed = [v for v in gates if not v.gate.get("ok")]
     if failed:
+        line = failed[0].gate.get("line") or ""
+        line = line[len("gate failed on "):] if line.startswith("gate failed on ") else line  # said just before
         return (f'<div class="verdict fail" id="verdict">Gate failed on {len(failed)} of {len(gates)} host(s): '
-                f'{_h(failed[0].gate.get("line") or "")}</div>')
+                f'{_h(line)}</div>')
     return f'<div class="verdict pass" id="verdict">Gate passed on all {len(gates)} gated host(s)</div>'
 
 
