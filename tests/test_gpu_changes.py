@@ -36,6 +36,8 @@ def test_ecc_row_remaps_and_new_faults_are_named_per_gpu():
     idx["gpus"][0]["index"] = 3
     assert changes.gpu_changes({"gpu_health": FAULTY}, {"gpu_health": idx}) == []
     assert {c["gpu"] for c in changes.gpu_changes({"gpu_health": HEALTHY}, {"gpu_health": idx})} == {3}
+    # counters cleared (a GPU reset clears the volatile ones) and faults gone: nothing new went wrong
+    assert changes.gpu_changes({"gpu_health": FAULTY}, {"gpu_health": HEALTHY}) == []
     gone = changes.gpu_changes({"gpu_health": HEALTHY}, {"gpu_health": {**HEALTHY, "gpus": []}})
     assert [c["change"] for c in gone] == ["gone from nvidia-smi -q"]
 
