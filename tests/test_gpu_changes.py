@@ -38,6 +38,9 @@ def test_ecc_row_remaps_and_new_faults_are_named_per_gpu():
     assert {c["gpu"] for c in changes.gpu_changes({"gpu_health": HEALTHY}, {"gpu_health": idx})} == {3}
     # counters cleared (a GPU reset clears the volatile ones) and faults gone: nothing new went wrong
     assert changes.gpu_changes({"gpu_health": FAULTY}, {"gpu_health": HEALTHY}) == []
+    fewer = copy.deepcopy(FAULTY)
+    fewer["gpus"][0]["ecc"]["volatile_uncorrectable"] = 1
+    assert changes.gpu_changes({"gpu_health": FAULTY}, {"gpu_health": fewer}) == []
     gone = changes.gpu_changes({"gpu_health": HEALTHY}, {"gpu_health": {**HEALTHY, "gpus": []}})
     assert [c["change"] for c in gone] == ["gone from nvidia-smi -q"]
 

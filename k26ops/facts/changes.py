@@ -31,6 +31,8 @@ def _health_changes(before: dict, after: dict) -> list[dict]:
             continue  # a GPU not seen before: nothing to compare with
         for key, sub, what in COUNTERS:
             a, b = (was.get(key) or {}).get(sub), (g.get(key) or {}).get(sub)
+            if isinstance(a, int) and isinstance(b, int) and b <= a:
+                continue  # a counter that went down was cleared (a GPU reset): nothing new went wrong
             if a != b and b not in (None, 0, "No", "N/A"):
                 out.append({"gpu": _who(g, bus), "change": what, "before": a, "after": b})
         seen = {f["fault"] for f in was.get("faults") or []}
