@@ -212,7 +212,7 @@ def phases(rows: list[tuple[str, list[tuple[str, float]]]]) -> str | None:
     if not rows:
         return None
     names = list(dict.fromkeys(name for _who, items in rows for name, _s in items))
-    fig, (ax,) = _figure(h=1.4 + 0.45 * len(rows) + 0.12 * len(names))
+    fig, (ax,) = _figure(h=1.3 + 0.4 * len(rows) + 0.2 * ((len(names) + 2) // 3))
     for y, (who, items) in enumerate(reversed(rows)):
         left = 0.0
         for name, secs in items:
@@ -224,5 +224,5 @@ def phases(rows: list[tuple[str, list[tuple[str, float]]]]) -> str | None:
         ax.annotate(f" {left:.1f} s", (left, y), va="center", fontsize=7)
     ax.set_yticks(range(len(rows)), [who for who, _items in reversed(rows)])
     ax.set_xlabel("seconds from the stop")
-    ax.legend(fontsize=7, ncols=min(3, len(names)), loc="upper center", bbox_to_anchor=(0.5, -0.5))
+    fig.legend(fontsize=7, ncols=min(3, len(names)), loc="outside lower center")  # below, inside the figure
     return svg_text(fig, "the restart's phases")
