@@ -10,9 +10,10 @@ them: no engine unit, env file or pins (releases stay, as in test_baselines).
 
 from __future__ import annotations
 
-import base64
 import json
 import re
+import threading
+import time
 
 import pytest
 import yaml
@@ -20,6 +21,7 @@ import yaml
 from labtools import REPO, browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 from k26ops.enginebench import accept
+from k26ops.lab import gpufaults
 
 HOSTS = ("lab1", "lab2")
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16
@@ -32,7 +34,7 @@ TTFT_SLACK_MS = 20
 SHORT = ["--input-len", "16", "--output-len", str(OUT), "--num-prompts", "4"]
 UNIT = "/etc/systemd/system/k26-engine.service"
 ENV_FILE = "/etc/k26ops/sglang.env"
-SMI_KNOB = "/etc/k26ops-lab/nvidia-smi.env"
+FACTS = REPO / "tests/data/facts"
 
 
 def knobs(toks: float) -> dict:
@@ -59,16 +61,16 @@ def env(lab, tmp_path_factory):
     slower = d / "slower.yml"
     slower.write_text(yaml.safe_dump(inv))
     e = {**lab.env(), "K26OPS_INVENTORY": str(base), "K26OPS_BASELINES": str(d / "baselines")}
-    # nvidia-smi -q answers as the real healthy H200 did: the deploy reads GPU health before and after
-    b64 = base64.b64encode((REPO / "tests/data/facts/h200-nvidia-smi-q.txt").read_bytes()).decode()
+    # nvidia-smi -q and the kernel log answer as the real healthy H200's did (lab fixtures): the deploy
+    # reads GPU health before and after its steps
     for h in HOSTS:
-        ssh(lab, h, f"mkdir -p /etc/k26ops-lab && echo {b64} | base64 -d > /etc/k26ops-lab/q.txt && "
-                    f"echo K26OPS_LAB_SMI_Q=/etc/k26ops-lab/q.txt > {SMI_KNOB}")
-    yield {"env": e, "base": base, "slower": slower}
+        ssh(lab, h, gpufaults.install(smi_q=(FACTS / "h200-nvidia-smi-q.txt").read_text(),
+                                      kernel_log=(FACTS / "h200-dmesg-nvrm-healthy.txt").read_text()))
+    yield {"env": e, "base": base, "slower": slower, "dir": d}
     for h in HOSTS:
         lab_ssh(lab.dir, lab.port(h), f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
-                                      f"/opt/k26ops/state/pinned-releases {SMI_KNOB} /etc/k26ops-lab/q.txt; "
-                                      "systemctl daemon-reload")
+                                      "/opt/k26ops/state/pinned-releases; systemctl daemon-reload; "
+                                      + gpufaults.clear())
 
 
 def engine_state(lab, host: str) -> dict:
@@ -209,3 +211,40 @@ def test_gate_rolls_back_a_slower_canary(lab, env, tmp_path):
     assert f"report written to {page}" in proc.stderr.splitlines()
     text = page.read_text()
     assert "Gate failed on 1 of 1 host(s)" in text and "tok/s@c1/t0" in text
+
+
+def test_a_new_xid_during_a_deploy_is_in_its_report(lab, env, tmp_path):
+    """The deploy reads GPU health with its first facts and again after its steps: an Xid that
+    appears in the kernel log between the two (here: as soon as the engine restarts, the recorded
+    Xid 79 of a public journal replaces the healthy H200's log) is named in `gpu_changes` and in
+    the deploy's report."""
+    inv = yaml.safe_load(env["base"].read_text())
+    inv["vars"]["engine_env"] = {**knobs(TOKS), "K26OPS_STANDIN_TTFT_MS": str(TTFT_MS + 1)}  # an env change: a restart
+    path = env["dir"] / "xid.yml"
+    path.write_text(yaml.safe_dump(inv))
+    pid = engine_state(lab, "lab1")["pid"]
+    xid79 = gpufaults.install(kernel_log=(FACTS / "pub-ogkm1151-journal-xid79.txt").read_text())
+    put = []
+
+    def xid_once_restarted():
+        end = time.monotonic() + 240
+        while time.monotonic() < end:
+            now = lab_ssh(lab.dir, lab.port("lab1"), "systemctl show -p MainPID --value k26-engine.service")
+            if now.returncode == 0 and now.stdout.strip() not in ("", "0", pid):
+                put.append(ssh(lab, "lab1", xid79) is not None)
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=xid_once_restarted, daemon=True)
+    watcher.start()
+    page = tmp_path / "deploy.html"
+    try:
+        rc, data = k26ops_json("-i", str(path), "--limit", "lab1", "deploy", "--report", str(page), env=env["env"])
+        watcher.join(10)
+        assert rc == 0 and put, (data, put)
+        got = data["hosts"]["lab1"]["gpu_changes"]
+        assert [c["change"].split(":")[0] for c in got] == ["new Xid 79"], got
+        assert got[0]["gpu"] == 0  # the recorded bus id is the lab GPU 0's (the fixture maps it)
+        assert "new Xid 79: " in page.read_text()
+    finally:
+        ssh(lab, "lab1", gpufaults.install(kernel_log=(FACTS / "h200-dmesg-nvrm-healthy.txt").read_text()))
