@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from k26ops import agents
+from k26ops.enginebench import accept
 from k26ops.enginehost import EngineHost, poll_target
 from k26ops.errors import UserError
 from k26ops.shell import q
@@ -147,7 +148,8 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: 
                               "max": round(max(vals), 4), "n": len(vals)}
         out_cells.append({"concurrency": c, "temperature": temp, "figures": figs,
                           "failed_requests": sum(m.get("failed") or 0 for m in runs),
-                          "accept_source": runs[-1].get("accept_source")})
+                          "accept_source": runs[-1].get("accept_source"),
+                          **accept.histogram_field([m.get("accept_histogram") for m in runs])})
     progress(f"bench: done ({gen})")
     out = {"generator": gen, "generator_why": why, "spec": spec.to_json(), "cells": out_cells,
            "elapsed_s": round(time.monotonic() - t0, 2)}
