@@ -52,6 +52,7 @@ class _Log:
         self.lower = self.flat.lower()
         self.marks = chains.progress_marks(self.lines)
         self.serving = [k for k, line in enumerate(self.lines) if chains.SERVING.search(line.text)]
+        self.ready = [k for k, line in enumerate(self.lines) if chains.READY.search(line.text)]
         stop = next((k for k, line in enumerate(self.lines) if chains.STOP_REQUESTED.search(line.text)), None)
         # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths
         self.stop_echo = {k for k in range(stop + 1, len(self.lines)) if chains.STOP_ECHO.search(
@@ -112,7 +113,8 @@ def _capture_context(log: _Log, i: int) -> bool:
 
 def survived(log: _Log, i: int) -> bool:
     """The error at line i was one request's: the server caught it (a request-level handler's
-    message heads its traceback), or it served before and after it and nothing says it died."""
+    message heads its traceback), or it served before and after it and nothing says it died; or it
+    came before the server said it was ready, which it then did, and nothing says it died."""
     if i in log._survived:
         return log._survived[i]
     first, _last, has_frames = chains.chain(log.lines, i)
@@ -123,7 +125,8 @@ def survived(log: _Log, i: int) -> bool:
     if not caught:
         running = chains.startup_state(log.marks, i) == "running" or any(k < first for k in log.serving)
         after = any(k > i for k in log.serving)
-        caught = "served" if running and after and not any(k > first for k in log.fatal) else False
+        started = not running and any(k > i for k in log.ready)
+        caught = "served" if (running and after or started) and not any(k > first for k in log.fatal) else False
     log._survived[i] = caught
     return bool(caught)
 
@@ -134,18 +137,19 @@ def _primary(log: _Log) -> int | None:
     single requests the server survived skipped."""
     candidates = [k for k, line in enumerate(log.lines)
                   if chains.is_exception(line.text) and not S.SECONDARY.search(line.text) and k not in log.stop_echo
-                  and not (k and chains.FRAME.match(log.lines[k - 1].text)) and not survived(log, k)]
+                  and not line.quiet and not (k and chains.FRAME.match(log.lines[k - 1].text))
+                  and not survived(log, k)]
     with_tb = next((k for k in candidates if chains.block_start(log.lines, k) is not None), None)
     if with_tb is not None or candidates:
         return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
-        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text \
+        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text and not line.quiet \
                 and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text) \
                 and k not in log.stop_echo and not survived(log, k):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
     return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text)
-                 and k not in log.stop_echo and (
+                 and k not in log.stop_echo and not line.quiet and (
                  chains.is_exception(line.text) or chains.ERRORISH.search(line.text)
                  or (line.error_level and line.text)) and not survived(log, k)), None)
 
@@ -216,6 +220,8 @@ def _first_accepted(log: _Log, sig: S.Signature, primary: int | None):
     for n, (i, weak, m) in enumerate(_hits(log, sig)):
         if (first is not None and n > 300) or n > 3000:
             break
+        if log.lines[i].quiet and primary is None and not any(not log.lines[k].quiet for k in log.fatal):
+            continue  # a warning or info line may explain a crash, never make one
         if weak and not _accept(log, sig, i, primary):
             continue
         if weak and survived(log, i):
