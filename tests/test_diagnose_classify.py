@@ -627,3 +627,66 @@ def test_gpu_hardware_fault_from_cuda_text_and_from_nvidia_smi_name_the_action()
     assert d.detail["pci"] == "0000:0b:00" and "reboot" in d.suggestion
     d = classify_file(LOGS / "gsp_heartbeat_timeout_journal.log")
     assert d.detail["source"] == "gsp" and d.suggestion.startswith("the driver's GPU0: GSP")
+
+
+# ------------------------------------------- issue 46: healthy logs stay quiet (warnings, stops, drains)
+
+@pytest.mark.parametrize("line", [
+    # vLLM's own WARNING records (vllm/_custom_ops.py's import warning; the process manager at shutdown)
+    "WARNING 05-20 08:02:44 [_custom_ops.py:21] Failed to import from vllm._C with ImportError('libcuda.so.1')",
+    "(APIServer pid=98719) WARNING 07-23 16:29:03 [utils.py:626] [shutdown] Process manager: force killing "
+    "remaining processes count=1",
+    # torch's C++ warnings (glog letter W), Python logging's and uvicorn's level words, Python warnings, NCCL INFO
+    "[W1024 10:00:00.000000 1234 socket.cpp:697] [c10d] The client socket has failed to connect to [localhost]:29500 "
+    "(errno: 99 - Cannot assign requested address).",
+    "2025-01-01 10:00:00,123 - WARNING - Failed to load the chat template, falling back to the default",
+    "WARNING:  Invalid HTTP request received.",
+    "/usr/lib/python3/site-packages/torch/amp/autocast.py:61: DeprecationWarning: `torch.cuda.amp.autocast(args...)` "
+    "is deprecated. Raising error in a future release",
+    "host:123:456 [0] NCCL INFO Failed to open libibverbs.so[.1]",
+])
+def test_a_line_its_logger_calls_a_warning_or_info_is_no_crash(line):
+    assert not classify(line + "\n").error_found
+
+
+def test_the_same_words_at_error_level_are_an_error():
+    line = "ERROR 05-20 08:02:44 [_custom_ops.py:21] Failed to import from vllm._C with ImportError('libcuda.so.1')"
+    assert classify(line + "\n").error_found
+
+
+def test_a_warning_may_explain_a_crash_it_did_not_make():
+    """verl-project/verl#316: the worker died (raylet's line); the only cause in the log is vLLM's WARNING."""
+    d = classify_file(LOGS / "verl_ray_workerdict_ima.log")
+    assert d.signature == "illegal-memory-access" and "illegal memory access" in d.evidence
+
+
+def test_an_error_line_before_the_server_said_ready_did_not_stop_the_start():
+    start = ("[2025-10-01 10:00:00 TP0] Init torch distributed begin.\n"
+             "[2025-10-01 10:00:01 TP0] Failed to load the custom allreduce kernel, fall back to NCCL.\n")
+    ready = "[2025-10-01 10:00:50] The server is fired up and ready to roll!\n"
+    assert not classify(start + ready).error_found
+    assert classify(start).error_found  # without the ready line it is the last word of a failed start
+    died = ready + "[2025-10-01 10:05:00] Received sigquit from a child process. It usually means the child failed.\n"
+    assert classify(start + died).error_found
+
+
+def test_sglang_drain_and_its_self_kill_are_a_stop():
+    """sglang's SIGTERM drain (tokenizer_manager.sigterm_watchdog) ends by SIGKILLing its own process tree:
+    the shell prints 'Killed', systemd 'code=killed, status=9/KILL'. Older builds print only the drain line."""
+    for head in ("[2026-06-26 21:18:55] SIGTERM received. signum=None frame=None. Draining requests and "
+                 "shutting down...\n", ""):
+        text = head + ("[2026-06-26 21:19:00] Gracefully exiting... Remaining number of requests 0. Remaining "
+                       "requests remaining_rids=[].\nKilled\n")
+        assert not classify(text).error_found, head
+    unit = ("Dec 07 10:00:00 h sglang[1]: [2025-01-01 10:00:05] Gracefully exiting... remaining number of requests 0\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Failed with result 'signal'.\n")
+    assert not classify(unit).error_found
+    assert classify("Killed\n").signature == "process-killed"  # without a stop, a kill is a kill
+
+
+def test_a_child_stderr_logged_at_error_takes_its_own_level():
+    """haotian-liu/LLaVA#415: '| ERROR | stderr | INFO: Uvicorn running on ...' is uvicorn's INFO."""
+    line = clean_lines("2023-09-03 13:06:49 | ERROR | stderr | INFO:     Application startup complete.")[0]
+    assert (line.text, line.level) == ("INFO:     Application startup complete.", "info")
+    assert not classify_file(LOGS / "llava_uvicorn_startup_logged_as_error_healthy.log").error_found

@@ -42,6 +42,9 @@ _PLAIN_PREFIXES = [
     # glog-style from torch C++: "[E520 08:02:44.123456 1234 ProcessGroupNCCL.cpp:616] "
     # (older torch: "[E ProcessGroupNCCL.cpp:474] "); its letter is the level (see _GLOG_LEVEL)
     re.compile(r"^\[?[EWIF](?:\d{3,4}\s+\d\d:\d\d:\d\d\.\d+\s+)?(?:\d+\s+)?[\w./-]+\.\w+:\d+\]\s*"),
+    # FastChat/LLaVA-style logging after its time stamp: "| ERROR | stderr | " (a child's stderr logged
+    # at ERROR whatever it says: the message's own level word, if any, is the line's; haotian-liu/LLaVA#415)
+    re.compile(r"^\|\s*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*\|\s*[\w.\-]+\s*\|\s?"),
     # plain logging timestamps: "2026-05-20 08:02:44,123 " / "INFO 05-20 08:02:44 "
     re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:-\s+)?"),
 ]
