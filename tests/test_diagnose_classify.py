@@ -690,3 +690,16 @@ def test_a_child_stderr_logged_at_error_takes_its_own_level():
     line = clean_lines("2023-09-03 13:06:49 | ERROR | stderr | INFO:     Application startup complete.")[0]
     assert (line.text, line.level) == ("INFO:     Application startup complete.", "info")
     assert not classify_file(LOGS / "llava_uvicorn_startup_logged_as_error_healthy.log").error_found
+
+
+def test_a_kill_after_sglangs_sigquit_cleanup_is_its_echo_not_the_cause():
+    """sglang's parent, told by a failed child (SIGQUIT), kills its own process tree: the shell's 'Killed'
+    after that is the cleanup (sgl-project/sglang#9151's tail); a scheduler SIGKILLed first is the kill."""
+    echo = ("[2025-08-13 02:01:56] Received sigquit from a child process. It usually means the child failed.\n"
+            "Killed\n")
+    d = classify(echo)
+    assert d.error_found and d.signature != "process-killed"
+    cause = ("[2026-05-20 08:02:50] Subprocess scheduler_0 (pid=889) crashed with exit code -9. Triggering SIGQUIT "
+             "for cleanup...\n" + echo)
+    d = classify(cause)
+    assert d.signature == "process-killed" and "exit code -9" in d.evidence

@@ -346,6 +346,10 @@ def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
     if primary is not None and chains.is_exception(log.lines[primary].text):
         return None
     kills = [k for k, line in enumerate(log.lines) if S.KILLED.search(line.text) and k not in log.stop_echo]
+    # sglang's cleanup after a failed child (SIGQUIT to the parent, then kill_process_tree) SIGKILLs the rest:
+    # a kill after it is that cleanup's echo; a kill that set it off ("crashed with exit code -9") is not
+    quit_at = next((k for k, line in enumerate(log.lines) if S.SIGQUIT_CLEANUP.search(line.text)), None)
+    kills = [k for k in kills if quit_at is None or k <= quit_at]
     ooms = [k for k, line in enumerate(log.lines) if S.OOM_KILLER.search(line.text)]
     if not kills and not ooms:
         return None
