@@ -703,3 +703,13 @@ def test_a_kill_after_sglangs_sigquit_cleanup_is_its_echo_not_the_cause():
              "for cleanup...\n" + echo)
     d = classify(cause)
     assert d.signature == "process-killed" and "exit code -9" in d.evidence
+
+
+def test_an_exception_python_ignored_at_exit_is_no_crash_but_what_follows_is():
+    ignored = ("Exception ignored in: <function Pool.__del__ at 0x7f2b1c0d3e20>\n"
+               "Traceback (most recent call last):\n"
+               '  File "/usr/lib/python3.10/multiprocessing/pool.py", line 268, in __del__\n'
+               "TypeError: 'NoneType' object is not callable\n")
+    assert not classify(ignored).error_found
+    d = classify(ignored + "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert d.signature == "illegal-memory-access"

@@ -77,6 +77,8 @@ STOP_ECHO = re.compile(r"crashed with exit code -(?:15|9)\b|Triggering SIGQUIT f
                        # parent), so the shell says "Killed" and systemd "code=killed, status=9/KILL"
                        r"^Killed\s*$|code=killed, status=(?:9/KILL|15/TERM)|Failed with result 'signal'|"
                        r"State 'stop-sigterm' timed out", re.IGNORECASE)
+# Python's report of an exception it ignored (in a __del__, a weakref callback, atexit), then its traceback.
+IGNORED = re.compile(r"^Exception ignored (?:in|on|while)\b")
 # Lines that say the process died or is going down.
 FATAL = re.compile(r"Received sigquit|SIGQUIT|\bKilled\b|core dumped|\bAborted\b|Fatal Python error|"
                    r"EngineDeadError|Main process exited|Failed with result|Shutting down|"

@@ -60,6 +60,13 @@ class _Log:
         for k in [k for k in self.stop_echo if chains.is_exception(self.lines[k].text)]:
             start = chains.block_start(self.lines, k)  # the traceback that ends in an echo is one too
             self.stop_echo.update(range(start if start is not None else k, k + 1))
+        for k in [k for k, line in enumerate(self.lines) if chains.IGNORED.match(line.text)]:
+            # Python's own "Exception ignored in: <...>" (a __del__ or atexit at exit): ignored by it, and by us
+            head = next((j for j in range(k + 1, min(len(self.lines), k + 4)) if chains.HEADER.match(
+                self.lines[j].text)), None)
+            end = next((j for j in range(head + 1, min(len(self.lines), head + chains.MAX_BLOCK))
+                        if chains.is_exception(self.lines[j].text)), head) if head is not None else k
+            self.stop_echo.update(range(k, end + 1))  # at exit the frames come without their code lines
         self.fatal = [k for k, line in enumerate(self.lines)
                       if chains.FATAL.search(line.text) and k not in self.stop_echo]
         self._survived: dict[int, str | bool] = {}  # line -> "request" / "served" / False
