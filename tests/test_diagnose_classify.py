@@ -713,3 +713,8 @@ def test_an_exception_python_ignored_at_exit_is_no_crash_but_what_follows_is():
     assert not classify(ignored).error_found
     d = classify(ignored + "RuntimeError: CUDA error: an illegal memory access was encountered\n")
     assert d.signature == "illegal-memory-access"
+
+
+def test_a_kill_named_by_its_exit_status_137():
+    assert classify("Exit Code: 137\n").signature == "process-killed"  # kubectl describe's Last State
+    assert not classify("Exit Code:    0\n").error_found

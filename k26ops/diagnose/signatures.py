@@ -393,7 +393,13 @@ GPU_OOM = Signature(
         r"Not" + _ + r"enough" + _ + r"memory\." + _ + r"Please" + _ + r"try" + _ + r"to" + _ + r"increase"
         + _ + r"--mem-fraction-static",
         r"Not" + _ + r"enough" + _ + r"memory" + _ + r"to" + _ + r"allocate" + _ + r"KV" + _ + r"cache",
-        r"No" + _ + r"available" + _ + r"memory" + _ + r"for" + _ + r"the" + _ + r"cache" + _ + r"blocks"),
+        r"No" + _ + r"available" + _ + r"memory" + _ + r"for" + _ + r"the" + _ + r"cache" + _ + r"blocks",
+        # vLLM V1's KV-cache sizing: "... KV cache is needed, which is larger than the available KV cache memory"
+        r"larger" + _ + r"than" + _ + r"the" + _ + r"available" + _ + r"KV" + _ + r"cache" + _ + r"memory",
+        # older vLLM: "The model's max seq len (4096) is larger than the maximum number of tokens that can be
+        # stored in KV cache (3664)"
+        r"larger" + _ + r"than" + _ + r"the" + _ + r"maximum" + _ + r"number" + _ + r"of" + _ + r"tokens" + _
+        + r"that" + _ + r"can" + _ + r"be" + _ + r"stored" + _ + r"in" + _ + r"KV" + _ + r"cache"),
     context="not-capture",
     suggestion="Out of GPU memory {where}. {fix}",
 )
@@ -401,7 +407,8 @@ GPU_OOM = Signature(
 OOM_PHASES = (
     ("kv-cache-init", re.compile(r"init_memory_pool|TokenToKVPool|_allocate_kv_cache|initialize_kv_cache|"
                                  r"init_cache_engine|initialize_cache\b|to allocate KV cache|"
-                                 r"memory for the cache blocks|increase --mem-fraction-static", re.IGNORECASE),
+                                 r"memory for the cache blocks|increase --mem-fraction-static|"
+                                 r"available KV cache memory|stored in KV cache", re.IGNORECASE),
      "while allocating the KV cache pool at start-up",
      "the weights left too little room for the KV cache (or another process holds GPU memory): raise "
      "--mem-fraction-static a little if the engine says so, else lower --context-length, "
@@ -477,7 +484,7 @@ SIGNATURES: list[Signature] = [GPU_ERROR_TEXT, NONE_FIELD, SHAPE_MISMATCH, CAPTU
 PROCESS_KILLED = "process-killed"
 KILLED = re.compile(r"^Killed\s*$|\bsignal: killed\b|code=killed, status=9/KILL|"
                     r"\b(?:exit(?:ed)?(?: with)?(?: code| status)?|exit_?code)[ =:]*-9\b|<Signals\.SIGKILL: 9>|"
-                    r"exit(?:ed)? (?:with )?(?:code |status )?137\b", re.IGNORECASE)
+                    r"exit(?:ed)?(?: with)?(?: code| status)?[ =:]*137\b", re.IGNORECASE)
 OOM_KILLER = re.compile(r"Out of memory: Killed process \d+ \([^)]*\)|\boom-kill:|invoked oom-killer|"
                         r"Failed with result 'oom-kill'|killed by the OOM killer|Memory cgroup out of memory|"
                         r"\bOOMKilled\b", re.IGNORECASE)
