@@ -718,3 +718,13 @@ def test_an_exception_python_ignored_at_exit_is_no_crash_but_what_follows_is():
 def test_a_kill_named_by_its_exit_status_137():
     assert classify("Exit Code: 137\n").signature == "process-killed"  # kubectl describe's Last State
     assert not classify("Exit Code:    0\n").error_found
+
+
+def test_systemds_account_of_a_requested_stop_is_the_stops_echo():
+    stop = "Dec 07 10:00:00 h systemd[1]: Stopping SGLang Kimi...\n"
+    tail = ("Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=exited, status=1/FAILURE\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Failed with result 'exit-code'.\n")
+    slow = ("Dec 07 10:01:30 h systemd[1]: sglang.service: State 'stop-sigterm' timed out. Killing.\n"
+            "Dec 07 10:01:30 h systemd[1]: sglang.service: Killing process 123 (python3) with signal SIGKILL.\n")
+    assert not classify(stop + tail).error_found and not classify(stop + slow).error_found
+    assert classify(tail).error_found  # the same exit without a stop asked for is a failure

@@ -76,7 +76,9 @@ STOP_ECHO = re.compile(r"crashed with exit code -(?:15|9)\b|Triggering SIGQUIT f
                        # the drain's end: sglang SIGKILLs its own process tree (kill_process_tree with the
                        # parent), so the shell says "Killed" and systemd "code=killed, status=9/KILL"
                        r"^Killed\s*$|code=killed, status=(?:9/KILL|15/TERM)|Failed with result 'signal'|"
-                       r"State 'stop-sigterm' timed out", re.IGNORECASE)
+                       r"State 'stop-sigterm' timed out|with signal SIGKILL|"
+                       # systemd's account of the stopped process's exit status: the stop's, not a crash
+                       r"Main process exited, code=exited, status=\d+|Failed with result 'exit-code'", re.IGNORECASE)
 # Python's report of an exception it ignored (in a __del__, a weakref callback, atexit), then its traceback.
 IGNORED = re.compile(r"^Exception ignored (?:in|on|while)\b")
 # Lines that say the process died or is going down.
