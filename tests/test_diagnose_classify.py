@@ -728,3 +728,14 @@ def test_systemds_account_of_a_requested_stop_is_the_stops_echo():
             "Dec 07 10:01:30 h systemd[1]: sglang.service: Killing process 123 (python3) with signal SIGKILL.\n")
     assert not classify(stop + tail).error_found and not classify(stop + slow).error_found
     assert classify(tail).error_found  # the same exit without a stop asked for is a failure
+
+
+def test_a_stop_lasts_until_the_next_start():
+    """A journal holds the restart after a stop: a kill of the new run is no echo of the old stop."""
+    stop = ("Dec 07 10:00:00 h systemd[1]: Stopping SGLang Kimi...\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n")
+    again = ("Dec 07 10:00:06 h systemd[1]: Started SGLang Kimi.\n"
+             "Dec 07 11:00:00 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n")
+    assert not classify(stop).error_found
+    d = classify(stop + again)
+    assert d.signature == "process-killed" and d.line == 4

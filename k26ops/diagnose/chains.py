@@ -67,6 +67,9 @@ STOP_REQUESTED = re.compile(r"SIGTERM received\b.*(?:Draining|shutting down)|^St
                             # sglang's drain after SIGTERM (tokenizer_manager.sigterm_watchdog; older builds
                             # print only this line): "Gracefully exiting... Remaining number of requests 0"
                             r"^Gracefully exiting\.\.\. remaining number of requests", re.IGNORECASE)
+# A (re)start after a stop: systemd's "Started <unit>." / "Starting <unit>...", the engine's first lines.
+STARTED = re.compile(r"^Started .+\.$|^Starting .+\.\.\.$|server_args=ServerArgs\(|Started server process \[\d+\]|"
+                     r"vLLM API server version")
 STOP_ECHO = re.compile(r"crashed with exit code -(?:15|9)\b|Triggering SIGQUIT for cleanup|SIGQUIT received|"
                        # vLLM's output handler meeting the engine it is stopping (vllm-project/vllm#48745)
                        r"AsyncLLM output_handler failed|EngineDeadError|EngineCore encountered an issue|"

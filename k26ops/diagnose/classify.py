@@ -53,10 +53,16 @@ class _Log:
         self.marks = chains.progress_marks(self.lines)
         self.serving = [k for k, line in enumerate(self.lines) if chains.SERVING.search(line.text)]
         self.ready = [k for k, line in enumerate(self.lines) if chains.READY.search(line.text)]
-        stop = next((k for k, line in enumerate(self.lines) if chains.STOP_REQUESTED.search(line.text)), None)
-        # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths
-        self.stop_echo = {k for k in range(stop + 1, len(self.lines)) if chains.STOP_ECHO.search(
-            self.lines[k].text)} if stop is not None else set()
+        # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths; a stop lasts
+        # until the next start (a journal holds the restart after it, and what that run did is its own)
+        self.stop_echo, stopping = set(), False
+        for k, line in enumerate(self.lines):
+            if chains.STOP_REQUESTED.search(line.text):
+                stopping = True
+            elif chains.STARTED.search(line.text):
+                stopping = False
+            elif stopping and chains.STOP_ECHO.search(line.text):
+                self.stop_echo.add(k)
         for k in [k for k in self.stop_echo if chains.is_exception(self.lines[k].text)]:
             start = chains.block_start(self.lines, k)  # the traceback that ends in an echo is one too
             self.stop_echo.update(range(start if start is not None else k, k + 1))
