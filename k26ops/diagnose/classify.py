@@ -325,6 +325,8 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
     for sig in S.SIGNATURES:
         for i, m in _first_accepted(log, sig, primary):
             first, evidence = log.span_text(m)
+            if first and _continues(log, first):  # an exception message a paste wrapped: from its start
+                first, evidence = first - 1, log.lines[first - 1].text + evidence
             detail, suggestion = detail_for(sig, m, log.lines, first, algorithm, base)
             title = sig.title
             if sig is S.GPU_OOM:
@@ -350,6 +352,15 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
                      detail={"exception": exc.group("type")} if exc else {},
                      suggestion=S.UNCLASSIFIED_SUGGESTION, title="no known crash signature",
                      line=line.raw_index + 1)
+
+
+def _continues(log: _Log, k: int) -> bool:
+    """Line k is the rest of the exception line above it, wrapped by a paste ("... (4.26 GiB KV cach" /
+    "e is needed, ..."): no record or frame of its own, the line above an exception not ending a sentence."""
+    above, line = log.lines[k - 1].text, log.lines[k]
+    return (chains.is_exception(above) and not chains.is_exception(line.text) and not line.new_record
+            and not chains.FRAME.match(line.text) and not above.rstrip().endswith((".", "!", ")", ":"))
+            and line.raw_index == log.lines[k - 1].raw_index + 1 and not line.text[:1].isupper())
 
 
 def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
