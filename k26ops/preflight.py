@@ -9,6 +9,7 @@ as root (a normal login needs `become: true`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from k26ops.errors import UserError
@@ -18,11 +19,15 @@ from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
 from k26ops.facts.engine_user import engine_user_fact
 from k26ops.facts.fabric import verdict
+from k26ops.facts.platform import wheel_platform_problem
 from k26ops.facts.smi_q import ACTIONS, fault_lines
 from k26ops.facts.xid import ACTION_TEXT, distinct, label, who
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
+from k26ops import units
+from k26ops.release import launch_rules
+from k26ops.release import recipe as recipe_mod
 from k26ops.ssh import BECOME_HINT
 
 EXPECTED = declare(
@@ -104,6 +109,64 @@ def recipe_lock(host_vars: dict) -> dict:
     except UserError as exc:
         return {**out, "ok": False, "problem": str(exc)}
     return {**out, "ok": True, "problem": None}
+
+
+# The oldest GPU each CUDA major's runtime runs on (CUDA 13.0 release notes: Maxwell, Pascal
+# and Volta, compute capability < 7.5, are no longer supported; CUDA 12: Maxwell 5.0 and newer).
+CUDA_MIN_CC = {13: (7, 5), 12: (5, 0)}
+
+
+def _cuda_major(lock) -> int | None:
+    m = re.search(r"\bnvidia-cuda-runtime(?:-cu\d+)? (\d+)\.", lock.meta.get("cuda runtime wheels") or "")
+    return int(m.group(1)) if m else None
+
+
+def lock_check(host_vars: dict, facts: dict) -> Check:
+    """What a deploy's release step would refuse on this host, known before it runs: the recipe's
+    lock for the host's python (a recipe may list several), the lock's wheel platform (glibc,
+    machine) against the host's, and its CUDA runtime against the host's GPUs."""
+    try:
+        r = recipe_for(host_vars)
+    except UserError as exc:
+        return Check("engine_lock", False, str(exc))
+    ver = (facts.get("python3") or {}).get("version")
+    if not ver:
+        return Check("engine_lock", False, f"no python3 on the host: {(facts.get('python3') or {}).get('error') or 'absent'}")
+    py = ".".join(ver.split(".")[:2])
+    try:
+        r = recipe_mod.for_python(r, py)
+        lock = lock_for(r)
+    except UserError as exc:
+        return Check("engine_lock", False, str(exc))
+    if lock.meta.get("python") != py:
+        return Check("engine_lock", False, recipe_mod.python_mismatch(r, lock.meta.get("python"), py))
+    plat = lock.meta.get("platform") or ""
+    if "platform" in facts:
+        why = wheel_platform_problem(facts["platform"], plat)
+        if why:
+            return Check("engine_lock", False, f"{lock.path.name}: {why}")
+    major, gpus = _cuda_major(lock), (facts.get("gpus") or {}).get("gpus") or []
+    low = CUDA_MIN_CC.get(major)
+    old = sorted({g["compute_cap"] for g in gpus if low and g.get("compute_cap")
+                  and tuple(int(x) for x in g["compute_cap"].split(".")[:2]) < low})
+    if old:
+        return Check("engine_lock", False, f"{lock.path.name}: the CUDA {major} runtime runs on compute capability "
+                                           f"{low[0]}.{low[1]} and newer, this host's GPUs are {', '.join(old)}")
+    return Check("engine_lock", True, f"{lock.path.name}: python {py}, {plat or 'platform not recorded'}"
+                                      + (f", CUDA {major} runtime" if major else ""))
+
+
+def launch_check(host_vars: dict) -> Check:
+    """The engine's own start-up rules on this host's command line (a deploy refuses these
+    before any host: k26ops/release/launch_rules.py)."""
+    try:
+        argv = units.engine_argv(profile_for(host_vars, recipe_for(host_vars)))
+    except UserError as exc:
+        return Check("launch_rules", False, str(exc))
+    bad = launch_rules.violations(argv)
+    if bad:
+        return Check("launch_rules", False, f"{bad[0].rule.name}: {bad[0]}")
+    return Check("launch_rules", True, f"the engine's {len(launch_rules.RULES)} start-up rules hold")
 
 
 def recipe_check(info: dict) -> Check:

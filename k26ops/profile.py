@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from k26ops import multinode, units
+from k26ops import config, multinode, units
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.layout import DEFAULT_PORT
@@ -135,8 +135,14 @@ def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock:
     """The engine's lock, which must belong to the recipe: a git source's to its commit
     and subdir, a registry release's to its version, install mode and pins."""
     where = "the repository and the package index" if r.git else "the package index"
-    how = (f"make it with `k26ops engine lock {r.source}` on a control node that reaches {where}, "
-           "then commit it beside the recipe")
+    py = f" --python {r.python}" if len(r.pythons) > 1 else ""
+    if recipe_mod.shipped(r.source):  # a wheel install: nobody writes into site-packages
+        how = (f"make it with `k26ops engine lock {r.name}{py}` on a control node that reaches {where}: it "
+               f"writes the recipe and its lock into your recipes dir ({config.recipes_dir()[0]}), "
+               "where the deploy finds them")
+    else:
+        how = (f"make it with `k26ops engine lock {r.source}{py}` on a control node that reaches {where}, "
+               "then commit it beside the recipe")
     lock = enginelock.load(r.lock_path)
     if r.git is None:
         if lock is None:

@@ -36,13 +36,15 @@ def _rx(*patterns: str) -> tuple[re.Pattern, ...]:
 class Signature:
     """One crash kind. `context`: None (the message alone is enough), "graph"
     (the failing traceback must run through CUDA-graph code), "capture" (it
-    must be graph capture), "primary" (it must be the first real error)."""
+    must be graph capture), "not-capture" (it must not be), "config" (raised in
+    the engine's argument checks), "startup" (raised before the engine served
+    anything), "primary" (it must be the first real error)."""
 
     id: str
     title: str
     patterns: tuple[re.Pattern, ...]
     suggestion: str
-    context: str | None = None  # also "config": raised in the engine's argument checks
+    context: str | None = None
     # Patterns that are enough without context (e.g. the probe's own tag).
     strong: tuple[re.Pattern, ...] = field(default=())
     # Cheap prefilter: lowercase words one of which any hit contains.

@@ -4,7 +4,7 @@ parser shared with `diagnose log`.
 Why: the commonest reason an engine dies on a fleet is the GPU under it; the driver says so
 in the kernel log ("NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."), which no
 engine log carries. The table below says what each Xid means and what to do, following
-NVIDIA's Xid catalogue (docs/gpu-facts.md names the pages and what was checked on each).
+NVIDIA's Xid catalogue (docs/reference/gpu-facts.md names the pages and what was checked on each).
 """
 
 from __future__ import annotations
