@@ -116,8 +116,12 @@ SXID_SEVERITY = re.compile(r"^(?P<sev>Non-fatal|Fatal)\b,?\s*(?P<what>.*)$", re.
 GSP_FAULTS = (
     (119, re.compile(r"_kgspIsHeartbeatTimedOut: Heartbeat timed out|GSP RM heartbeat timed out|"
                      r"LibOS heartbeat timed out"), "GSP firmware heartbeat timed out"),
-    (119, re.compile(r"Timeout waiting for RPC from GSP|rpcRecvPoll timedout|GSP RPC timeout"),
-     "GSP firmware RPC timeout"),
+    (119, re.compile(r"Timeout waiting for RPC from GSP|rpcRecvPoll timedout|GSP RPC timeout|"
+                     r"Timeout after \d+s of waiting for RPC response from \w+ GSP"), "GSP firmware RPC timeout"),
+    # the GSP firmware failing to boot (open-gpu-kernel-modules #974: "kgspBootstrap_GH100: GSP-FMC reported an
+    # error while attempting to boot GSP")
+    (120, re.compile(r"GSP-FMC reported an error|error while attempting to boot GSP|cannot proceed with booting GSP|"
+                     r"Cannot initialize GSP firmware RM"), "GSP firmware failed to boot"),
     (120, re.compile(r"Reset required \[NV_ERR_RESET_REQUIRED\]|GPU marked for reset"),
      "the driver marked the GPU for reset after a GSP fault (reset required)"),
     (120, re.compile(r"GspRmAlloc failed|rpcRmApiAlloc_GSP.*failed|RmInitAdapter failed|kgspInitRm\w*.*failed",
