@@ -64,7 +64,7 @@ def test_the_report_draws_them_or_says_none_changed():
                                                 "gpu_changes": changes.gpu_changes({"gpu_xid": QUIET},
                                                                                    {"gpu_xid": XIDS})}}}
     html = page.build_html(model.from_run(run))
-    assert "GPU health changes in the window" in html and "new Xid 109: context switch timeout" in html
+    assert "GPU health changes in the window" in html and "new Xid 109: Context Switch Timeout Error" in html
     run["hosts"]["h"]["gpu_changes"] = []
     assert "no new Xid, ECC error, row remap or GPU fault" in page.build_html(model.from_run(run))
     del run["hosts"]["h"]["gpu_changes"]
