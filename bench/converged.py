@@ -3,7 +3,7 @@
 Boots a 1-host lab, deploys it once, then REPS times each (interleaved):
   - `k26ops --json deploy` (converged): process wall time, remote commands
     (SSH exec channels, from the report's `commands`);
-  - `ansible-playbook bench/ansible/converged.yml` (same host, same state:
+  - `ansible-playbook bench/ansible_playbooks/converged.yml` (same host, same state:
     unit, env file 0600, current -> release, nvcc version, package versions
     via pip, service active + enabled, health, smoke), with Ansible's defaults
     (ssh ControlPersist on, pipelining off) and with pipelining on.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -32,21 +33,30 @@ import yaml
 
 import common
 
-PLAYBOOK = common.REPO / "bench" / "ansible" / "converged.yml"
+# Not bench/ansible/: this script's folder is sys.path[0], and a folder named `ansible` there was
+# imported as a namespace package in place of a missing ansible-core (no __version__).
+PLAYBOOK = common.REPO / "bench" / "ansible_playbooks" / "converged.yml"
 
 
-def ensure_ansible() -> str:
+INSTALL_ANSIBLE = ("bench/converged.py compares k26ops with ansible-playbook and needs ansible-core: "
+                   f"{sys.executable} -m pip install 'ansible-core>=2.16' (or: pip install -e '.[test]')")
+
+
+def ensure_ansible() -> tuple[str, str]:
+    """ansible-core's version and its ansible-playbook, from this Python's installed distribution
+    (not whatever `ansible` name is importable); exits with how to install it when missing."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        import ansible  # noqa: F401
-    except ImportError:
-        print("ansible-core missing: pip install ansible-core")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "ansible-core>=2.16"], check=True)
-    import ansible
-
+        found = version("ansible-core")
+    except PackageNotFoundError:
+        sys.exit(INSTALL_ANSIBLE)
     exe = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
     if not os.path.exists(exe):
-        exe = "ansible-playbook"
-    return ansible.__version__, exe
+        exe = shutil.which("ansible-playbook")
+        if not exe:
+            sys.exit(f"ansible-core {found} is installed but ansible-playbook is not on PATH; " + INSTALL_ANSIBLE)
+    return found, exe
 
 
 def ansible_setup(b: common.BenchLab, host: str) -> tuple[dict, dict]:

@@ -2,13 +2,15 @@
 
     inventory = "~/fleet/inventory.yml"   # default --inventory
     baselines = "~/fleet/baselines"       # baselines repository (a git repo)
+    recipes = "~/fleet/recipes"           # your recipes and locks: a recipe NAME is looked for here first
     forks = 32                            # default --forks
     deadline = 7200                       # default --deadline, seconds
     connect_timeout = 15                  # default --connect-timeout, seconds
     targets = "gpu"                       # host pattern commands act on (a playbook's hosts:)
+    batch = "1"                           # default --batch of deploy and rollback (N, P% or 1,2,25%)
 
 Precedence: command-line flag > environment variable (K26OPS_INVENTORY,
-K26OPS_BASELINES) > this file > built-in default. Paths may start with ~;
+K26OPS_BASELINES, K26OPS_RECIPES) > this file > built-in default. Paths may start with ~;
 relative ones are relative to the file's own directory, never the current
 one, so cron and another shell find the same baselines.
 `k26ops config show` prints the effective settings and where each came from.
@@ -34,8 +36,9 @@ class Key:
     high: float | None = None
 
 
-KEYS = {k.name: k for k in (Key("inventory", Path), Key("baselines", Path), Key("forks", int, 1, 512),
-                            Key("deadline", float, 1), Key("connect_timeout", float, 0.1), Key("targets", str))}
+KEYS = {k.name: k for k in (Key("inventory", Path), Key("baselines", Path), Key("recipes", Path), Key("forks", int, 1, 512),
+                            Key("deadline", float, 1), Key("connect_timeout", float, 0.1), Key("targets", str),
+                            Key("batch", str))}
 
 
 def config_path() -> Path:
@@ -94,6 +97,8 @@ def _line(text: str, name: str) -> int:
 
 def _value(where: str, path: Path, key: Key, value):
     where = f"{where}: {key.name}"
+    if key.name == "batch" and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # batch = 1: a count (the CLI parses it as --batch does)
     if key.kind is str:
         if not isinstance(value, str) or not value.strip():
             raise UserError(f"{where} must be a non-empty string (a host pattern), got {value!r}")
@@ -121,3 +126,15 @@ def baselines_dir() -> tuple[Path, str]:
     if "baselines" in conf:
         return conf["baselines"], f"config {config_path()}"
     return default_baselines(), "default"
+
+
+def recipes_dir() -> tuple[Path, str]:
+    """The operator's recipes and locks (a recipe NAME is looked for here before the shipped
+    ones; `engine lock` of a shipped recipe writes here) and where that came from."""
+    if os.environ.get("K26OPS_RECIPES"):
+        return Path(os.environ["K26OPS_RECIPES"]).expanduser(), "env K26OPS_RECIPES"
+    conf = load()
+    if "recipes" in conf:
+        return conf["recipes"], f"config {config_path()}"
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "k26ops" / "recipes", "default"

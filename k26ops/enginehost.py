@@ -171,14 +171,15 @@ class Ready:
 def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, timeout: float,
                secrets: list[str], window: float = 2.0, journal_lines: int | None = None,
                on_wait: Callable[[Ready], None] = lambda r: None, interruptible: bool = False,
-               poll: Callable[[float, dict], dict] | None = None) -> Ready:
+               poll: Callable[[float, dict], dict] | None = None, request: dict | None = None) -> Ready:
     """Wait for the engine to answer /health and /health_generate, polling from
     the host in long-poll windows (one remote command each). A crash (unit
     failed, process exited or restarted since `base`) ends the wait at once;
     `on_wait` hears each window that ended without an answer; interruptible:
     Ctrl-C/SIGTERM/SIGHUP end it between windows. `poll(window, request)`
     replaces the engine agent's `poll` (a rehearsal's engine is no unit):
-    the same answers (state healthy / crashed / loading, last_line)."""
+    the same answers (state healthy / crashed / loading, last_line). `request`: more of
+    each poll's request (the engine cache to measure once healthy)."""
     t0 = time.monotonic()
     p: dict = {}
     last = ""
@@ -187,7 +188,7 @@ def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, t
         if interruptible and interrupt_requested.is_set():
             return Ready("interrupted", el, p, base, last)
         w = max(0.5, min(window, timeout - el))
-        req = {"journal_lines": journal_lines} if journal_lines is not None else {}
+        req = dict(request or {}, **({"journal_lines": journal_lines} if journal_lines is not None else {}))
         if poll is not None:
             p = poll(w, req)
         else:

@@ -46,6 +46,34 @@ def run_identity(show: dict) -> dict:
     return {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
 
 
+# systemd.exec(5) "Process Exit Codes": what systemd itself exits the service's process with when it
+# could not set it up (before the engine ran a line). Named where a start failure is reported.
+SYSTEMD_EXIT = {200: "CHDIR", 201: "NICE", 202: "FDS", 203: "EXEC", 204: "MEMORY", 205: "LIMITS",
+                206: "OOM_ADJUST", 207: "SIGNAL_MASK", 208: "STDIN", 209: "STDOUT", 210: "CHROOT", 211: "IOPRIO",
+                212: "TIMERSLACK", 213: "SECUREBITS", 214: "SETSCHEDULER", 215: "CPUAFFINITY", 216: "GROUP",
+                217: "USER", 218: "CAPABILITIES", 219: "CGROUP", 220: "SETSID", 221: "CONFIRM", 222: "STDERR",
+                224: "PAM", 225: "NETWORK", 226: "NAMESPACE", 227: "NO_NEW_PRIVILEGES", 228: "SECCOMP",
+                229: "SELINUX_CONTEXT", 230: "PERSONALITY", 231: "APPARMOR_PROFILE", 232: "ADDRESS_FAMILIES",
+                233: "RUNTIME_DIRECTORY", 235: "CHOWN", 236: "SMACK_PROCESS_LABEL", 237: "KEYRING",
+                238: "STATE_DIRECTORY", 239: "CACHE_DIRECTORY", 240: "LOGS_DIRECTORY",
+                241: "CONFIGURATION_DIRECTORY", 242: "NUMA_POLICY", 243: "CREDENTIALS", 245: "BPF"}
+SYSTEMD_EXIT_WHY = {203: "the ExecStart program could not be run (missing or not executable for the unit's User)",
+                    217: "the unit's User= does not exist on the host", 216: "the unit's Group= does not exist",
+                    200: "the unit's WorkingDirectory= is missing or not reachable for its User"}
+
+
+def exit_status_text(status) -> str:
+    """`217/USER (the unit's User= does not exist on the host)`, `1`: systemd's own exit codes named."""
+    try:
+        n = int(status)
+    except (TypeError, ValueError):
+        return str(status)
+    if n not in SYSTEMD_EXIT:
+        return str(n)
+    why = SYSTEMD_EXIT_WHY.get(n)
+    return f"{n}/{SYSTEMD_EXIT[n]}" + (f" ({why})" if why else " (systemd could not set up the process)")
+
+
 def reset_hint(unit: str) -> str:
     return f"`systemctl reset-failed {unit}` is needed before it can start again (a `k26ops deploy` does it)"
 
@@ -64,7 +92,8 @@ def engine_state(show: dict, health: int | None, uptime_s: float | None, unit: s
         if start_limit_hit(show):
             return EngineState("failed", should, f"start-limit-hit after {restarts} restart(s): {reset_hint(unit)}")
         status = show.get("ExecMainStatus")
-        return EngineState("failed", should, f"result {result or 'unknown'}" + (f", exit status {status}" if status else "")
+        return EngineState("failed", should, f"result {result or 'unknown'}"
+                           + (f", exit status {exit_status_text(status)}" if status else "")
                            + "; `k26ops diagnose service` names the crash")
     if sub == "auto-restart" or (active == "activating" and restarts > 0):
         return EngineState("crash-looping", should, f"{restarts} restart(s), last result {result or 'unknown'}; "

@@ -47,6 +47,11 @@ class Layout:
         return f"{self.root}/state"
 
     @property
+    def last_start_file(self) -> str:
+        """The last engine start k26ops made here: its time to first good token (bench's `@start` figures)."""
+        return f"{self.state_dir}/last-start.json"
+
+    @property
     def pins_file(self) -> str:
         """Releases that baselines need: prune never removes them (one id a line)."""
         return f"{self.state_dir}/pinned-releases"

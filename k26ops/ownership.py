@@ -18,7 +18,8 @@ from k26ops.shell import q
 MARKER = ".k26ops-owned"
 RELEASE_MARKER = ".k26ops-release"
 # What k26ops itself makes under k26ops_root (a directory holding only these is ours).
-ROOT_ENTRIES = {"state", "releases", "wheelhouse", "toolchain", "lab", "store", "tools", MARKER}
+ROOT_ENTRIES = {"state", "releases", "wheelhouse", "toolchain", "lab", "store", "tools", "engine-cache", "gateway",
+                MARKER}
 
 
 def _call(session, d: str | None, kind: str | None, op: str, *names: str, **req):

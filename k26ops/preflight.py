@@ -9,6 +9,7 @@ as root (a normal login needs `become: true`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from k26ops.errors import UserError
@@ -16,12 +17,17 @@ from k26ops.facts import smi_q
 from k26ops.facts.cuda import cuda_toolkit_fact
 from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
+from k26ops.facts.engine_user import engine_user_fact
 from k26ops.facts.fabric import verdict
+from k26ops.facts.platform import wheel_platform_problem
 from k26ops.facts.smi_q import ACTIONS, fault_lines
-from k26ops.facts.xid import ACTION_TEXT, distinct, who
+from k26ops.facts.xid import ACTION_TEXT, distinct, label, who
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
+from k26ops import units
+from k26ops.release import launch_rules
+from k26ops.release import recipe as recipe_mod
 from k26ops.ssh import BECOME_HINT
 
 EXPECTED = declare(
@@ -69,7 +75,17 @@ def engine_wanted(host_vars: dict) -> dict:
         from k26ops.weights.manifest import record_path  # lazy: only for a recipe with a model manifest
         weights = {"manifest": str(r.model.manifest), "name": r.model.name,
                    "record": record_path(Layout.of(host_vars).state_dir, model_path)}
-    return {"model_path": model_path, "drafter": drafter_wanted(host_vars), "weights": weights}
+    return {"model_path": model_path, "drafter": drafter_wanted(host_vars), "weights": weights,
+            "user": engine_user(host_vars), "releases_root": str(Layout.of(host_vars).releases_root)}
+
+
+def engine_user(host_vars: dict) -> str | None:
+    """The unit's User= (unit_settings `User` or `user`), None for root (systemd's default)."""
+    settings = host_vars.get("unit_settings")
+    if not isinstance(settings, dict):
+        return None
+    user = settings.get("User", settings.get("user"))
+    return None if user in (None, "", "root", 0) else str(user)
 
 
 def drafter_wanted(host_vars: dict) -> dict | None:
@@ -101,6 +117,64 @@ def recipe_lock(host_vars: dict) -> dict:
     return {**out, "ok": True, "problem": None}
 
 
+# The oldest GPU each CUDA major's runtime runs on (CUDA 13.0 release notes: Maxwell, Pascal
+# and Volta, compute capability < 7.5, are no longer supported; CUDA 12: Maxwell 5.0 and newer).
+CUDA_MIN_CC = {13: (7, 5), 12: (5, 0)}
+
+
+def _cuda_major(lock) -> int | None:
+    m = re.search(r"\bnvidia-cuda-runtime(?:-cu\d+)? (\d+)\.", lock.meta.get("cuda runtime wheels") or "")
+    return int(m.group(1)) if m else None
+
+
+def lock_check(host_vars: dict, facts: dict) -> Check:
+    """What a deploy's release step would refuse on this host, known before it runs: the recipe's
+    lock for the host's python (a recipe may list several), the lock's wheel platform (glibc,
+    machine) against the host's, and its CUDA runtime against the host's GPUs."""
+    try:
+        r = recipe_for(host_vars)
+    except UserError as exc:
+        return Check("engine_lock", False, str(exc))
+    ver = (facts.get("python3") or {}).get("version")
+    if not ver:
+        return Check("engine_lock", False, f"no python3 on the host: {(facts.get('python3') or {}).get('error') or 'absent'}")
+    py = ".".join(ver.split(".")[:2])
+    try:
+        r = recipe_mod.for_python(r, py)
+        lock = lock_for(r)
+    except UserError as exc:
+        return Check("engine_lock", False, str(exc))
+    if lock.meta.get("python") != py:
+        return Check("engine_lock", False, recipe_mod.python_mismatch(r, lock.meta.get("python"), py))
+    plat = lock.meta.get("platform") or ""
+    if "platform" in facts:
+        why = wheel_platform_problem(facts["platform"], plat)
+        if why:
+            return Check("engine_lock", False, f"{lock.path.name}: {why}")
+    major, gpus = _cuda_major(lock), (facts.get("gpus") or {}).get("gpus") or []
+    low = CUDA_MIN_CC.get(major)
+    old = sorted({g["compute_cap"] for g in gpus if low and g.get("compute_cap")
+                  and tuple(int(x) for x in g["compute_cap"].split(".")[:2]) < low})
+    if old:
+        return Check("engine_lock", False, f"{lock.path.name}: the CUDA {major} runtime runs on compute capability "
+                                           f"{low[0]}.{low[1]} and newer, this host's GPUs are {', '.join(old)}")
+    return Check("engine_lock", True, f"{lock.path.name}: python {py}, {plat or 'platform not recorded'}"
+                                      + (f", CUDA {major} runtime" if major else ""))
+
+
+def launch_check(host_vars: dict) -> Check:
+    """The engine's own start-up rules on this host's command line (a deploy refuses these
+    before any host: k26ops/release/launch_rules.py)."""
+    try:
+        argv = units.engine_argv(profile_for(host_vars, recipe_for(host_vars)))
+    except UserError as exc:
+        return Check("launch_rules", False, str(exc))
+    bad = launch_rules.violations(argv)
+    if bad:
+        return Check("launch_rules", False, f"{bad[0].rule.name}: {bad[0]}")
+    return Check("launch_rules", True, f"the engine's {len(launch_rules.RULES)} start-up rules hold")
+
+
 def recipe_check(info: dict) -> Check:
     if not info["ok"]:
         return Check("recipe", False, info["problem"])
@@ -118,7 +192,31 @@ def engine_facts(want: dict) -> list:
         out.append(model_files_fact(want["model_path"], want["weights"]["record"]))
     if (want.get("drafter") or {}).get("path"):
         out.append(drafter_fact(want["drafter"]["path"]))
+    if want.get("user"):
+        out.append(engine_user_fact(want["user"], engine_user_paths(want)))
     return out
+
+
+def engine_user_paths(want: dict) -> list[str]:
+    """What a non-root engine must read: the model, the drafter, the releases (its venv)."""
+    drafter = (want.get("drafter") or {}).get("path")
+    return [want["model_path"], *([drafter] if drafter else []), want.get("releases_root") or Layout().releases_root]
+
+
+def engine_user_check(fact: dict, user: str) -> Check:
+    """The unit's User= exists and can read the model, drafter and releases (else 217/USER or
+    203/EXEC at every start, after the unit was replaced)."""
+    if fact.get("error"):
+        return Check("engine_user", False, f"{user}: {fact['error']}")
+    if not fact.get("exists"):
+        return Check("engine_user", False, f"user {user} (unit_settings User) does not exist on the host: the "
+                     "engine would fail with 217/USER; create it (useradd --system) or drop User")
+    if fact.get("denied"):
+        return Check("engine_user", False, f"user {user} cannot read {', '.join(fact['denied'])}: the engine "
+                     "would fail to start; give it read access (chgrp/chmod, or an ACL: setfacl -R -m u:"
+                     f"{user}:rX PATH)")
+    return Check("engine_user", True, f"user {user} (uid {fact.get('uid')}) reads "
+                 + (", ".join(fact.get("readable") or []) or "nothing checked"))
 
 
 def paths(host_vars: dict) -> list[str]:
@@ -165,7 +263,7 @@ def xid_fault_lines(xid_fact: dict) -> list[str]:
         if e.get("kind") not in ("hardware", "echo") or e.get("action") not in ("reset-gpu", "reboot", "drain-and-rma"):
             continue
         what = e.get("meaning") or e.get("message") or ""
-        out.append(f"{who(e)}: Xid {e['xid']} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
+        out.append(f"{who(e)}: {label(e)} {what} in the kernel log; action: {e['action']}: {ACTION_TEXT[e['action']]}")
     return out
 
 
@@ -261,6 +359,8 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
                                     or str(e["model_path"])))
     if "drafter" in facts and host_vars.get("_drafter"):
         checks.append(drafter_check(facts["drafter"] or {}, host_vars["_drafter"]))
+    if isinstance(facts.get("engine_user"), dict) and engine_user(host_vars):
+        checks.append(engine_user_check(facts["engine_user"], engine_user(host_vars)))
     sd = facts.get("systemd") or {}
     checks.append(Check("systemd", bool(sd.get("version")),
                         f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd")))
@@ -307,7 +407,7 @@ def weights_check(fact: dict, want: dict, path: str) -> Check:
 
 # What a deploy refuses before it changes a host: the checks about what it will start.
 # The driver is the cuda_toolkit step's (it plans before anything changes).
-DEPLOY_CHECKS = ("model", "weights", "drafter", "disk_model", "disk_releases", "gpu_reset")
+DEPLOY_CHECKS = ("model", "weights", "drafter", "disk_model", "disk_releases", "gpu_reset", "engine_user")
 # The standard facts those checks read (gpu_reset_check; the others read engine_facts and host_facts).
 DEPLOY_FACTS = ("gpus", "gpu_health")
 
@@ -366,7 +466,7 @@ def health_summary(facts: dict) -> str:
     for e in (xids or {}).get("events") or [] if isinstance(xids, dict) else []:
         if e.get("kind") in ("hardware", "echo") and e.get("action") in ("reset-gpu", "reboot", "drain-and-rma"):
             per.setdefault(e.get("gpu") if e.get("gpu") is not None else e.get("pci"), []).append(
-                (e["action"], f"xid-{e['xid']}"))
+                (e["action"], label(e).split(" (")[0].lower().replace(" ", "-")))
     parts = []
     for who, items in per.items():
         worst = max((a for a, _ in items), key=ACTIONS.index)

@@ -28,7 +28,10 @@ def provision_work(steps, *, check: bool, allow_reboot: bool, timeout: float, ac
         after, secs = reboot_verified(session, purpose="provision", accept_new=accept_new,
                                       connect_timeout=connect_timeout, timeout=timeout, progress=progress,
                                       check=lambda f: verify(f, w, session.host.vars.get("gpus_per_host")))
-        return Outcome(changed=True, steps=out.get("steps", []), reboot=f"rebooted, back in {secs:.0f}s",
-                       driver=driver_version(after)[0])
+        res = Outcome(changed=True, steps=out.get("steps", []), reboot=f"rebooted, back in {secs:.0f}s",
+                      driver=driver_version(after)[0])
+        if after.get("traffic"):  # drained around the reboot (k26ops.traffic.drain)
+            res["traffic"] = after["traffic"]
+        return res
 
     return work

@@ -26,6 +26,7 @@ from k26ops.shell import q
 from k26ops.ssh import HostKeyRefused, Session, Unreachable, connect
 from k26ops.errors import StepFailed
 from k26ops.interrupt import check as check_interrupted
+from k26ops.traffic import drain as drain_mod
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 DEFAULT_TIMEOUT = 900.0
@@ -137,7 +138,16 @@ def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect
     """Lock, reboot, wait, lock again (released cleanly), re-gather facts and
     run `check(after) -> [problems]`; StepFailed when the host came back unhealthy.
     Returns (the facts after, seconds it took)."""
-    take_lock(session, purpose)  # let go by the reboot itself
+    unit = engine_serving(session, session.host.vars)
+    drain = drain_mod.for_session(session, progress) if unit else None
+    if drain:  # out of rotation and drained before the reboot stops the engine
+        drain.take_out()
+    try:
+        take_lock(session, purpose)  # let go by the reboot itself
+    except BaseException:
+        if drain:
+            drain.put_back()  # nothing was stopped
+        raise
     failed_before = set(failed_units(session))
     new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
                                        timeout=timeout, progress=progress)
@@ -151,6 +161,9 @@ def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect
             newly = [u for u in failed_units(new) if u not in failed_before]
             if state != "degraded" or newly:
                 problems.append(f"systemd is {state} (failed: {', '.join(newly) or 'none'})")
+        if drain and not problems:  # the engine starts at boot: back into rotation once it answers
+            drain_mod.back_when_healthy(drain, new, unit, float(session.host.vars.get("health_timeout") or 1800))
+            after["traffic"] = drain.record
     finally:
         new.close()
     if problems:
@@ -173,9 +186,12 @@ def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_
                      else "would reboot")
             return Outcome(changed=False, reboot=would)
         refuse_serving(unit, allow_reboot)
-        _, secs = reboot_verified(session, purpose="reboot", accept_new=accept_new,
-                                  connect_timeout=connect_timeout, timeout=timeout, progress=progress,
-                                  check=lambda after: same_host(before, after), names=names)
-        return Outcome(changed=True, reboot=f"rebooted, back in {secs:.0f}s")
+        after, secs = reboot_verified(session, purpose="reboot", accept_new=accept_new,
+                                      connect_timeout=connect_timeout, timeout=timeout, progress=progress,
+                                      check=lambda after: same_host(before, after), names=names)
+        out = Outcome(changed=True, reboot=f"rebooted, back in {secs:.0f}s")
+        if after.get("traffic"):
+            out["traffic"] = after["traffic"]
+        return out
 
     return work

@@ -58,10 +58,18 @@ UNIT_DEFAULTS = {
     "restart_sec": 10,
     "timeout_start_sec": 3600,
     "timeout_stop_sec": 120,
-    "start_limit_interval_sec": 7200,
-    "start_limit_burst": 3,
+    # Only a crash loop trips the start limit (issue 45 item 2). systemd.unit(5): more than
+    # StartLimitBurst starts within StartLimitIntervalSec refuse the next one, and *every* start
+    # counts (Restart= ones, `systemctl restart` by hand, a deploy's). A crash loop starts once per
+    # RestartSec + time-to-crash: 6 starts in 300 s is a loop crashing within ~50 s of its start
+    # (bad flag, import error, 203/EXEC, 217/USER, OOM at load: stopped in ~5 min); an engine that
+    # loads for minutes before it crashes keeps being restarted, and `status` says crash-looping.
+    # An operator's 4-5 restarts in a few minutes stay under it (7200 s / 3 left engines failed).
+    "start_limit_interval_sec": 300,
+    "start_limit_burst": 5,
     "limit_nofile": 1048576,
     "syslog_identifier": "sglang",
+    "service_extra": (),  # unit_settings' other [Service] lines (unit_settings())
 }
 
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
@@ -167,10 +175,20 @@ def _int(profile: Mapping, key: str, minimum: int = 0) -> int | None:
 
 
 def _extra_args(extra) -> list[str]:
-    """extra_args: a list of words, or a mapping flag -> value (True: bare flag;
+    """extra_args (flag_words), none of the flags engine_argv sets itself."""
+    out = flag_words(extra, "engine profile: extra_args")
+    for word in out:
+        if word.split("=", 1)[0] in MANAGED_FLAGS:
+            raise UserError(f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
+                            "it comes from the profile's own setting")
+    return out
+
+
+def flag_words(extra, what: str) -> list[str]:
+    """Command-line words from a list of words, or a mapping flag -> value (True: bare flag;
     False/None: omitted; list: the flag once, then every item, as a `nargs='+'` flag
     such as --cuda-graph-bs-decode takes them: repeating the flag per item would
-    leave argparse with the last item only)."""
+    leave argparse with the last item only). `what` names the setting in errors."""
     if extra is None:
         return []
     out: list[str] = []
@@ -186,12 +204,9 @@ def _extra_args(extra) -> list[str]:
     elif isinstance(extra, (list, tuple)):
         out = [str(a) for a in extra]
     else:
-        raise UserError(f"engine profile: extra_args must be a list or mapping, got {extra!r}")
+        raise UserError(f"{what} must be a list or mapping, got {extra!r}")
     for word in out:
-        _check_text(word, "engine extra_args")
-        if word.split("=", 1)[0] in MANAGED_FLAGS:
-            raise UserError(f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
-                            "it comes from the profile's own setting")
+        _check_text(word, what)
     return out
 
 
@@ -352,6 +367,74 @@ def render(template: str, ctx: Mapping, templates_dir: Path | None = None) -> st
         raise UserError(f"template {template}: undefined variable: {exc.message}") from None
     except jinja2.TemplateSyntaxError as exc:
         raise UserError(f"template {exc.filename or template}:{exc.lineno}: {exc.message}") from None
+
+
+# unit_settings in systemd's spelling for the settings the template writes itself: the value
+# replaces the template's (a second `RestartSec=` line would be ambiguous to a reader).
+SETTING_ALIASES = {
+    "Description": "description", "User": "user", "Group": "group", "WorkingDirectory": "working_directory",
+    "RestartSec": "restart_sec", "TimeoutStartSec": "timeout_start_sec", "TimeoutStopSec": "timeout_stop_sec",
+    "StartLimitIntervalSec": "start_limit_interval_sec", "StartLimitBurst": "start_limit_burst",
+    "LimitNOFILE": "limit_nofile", "SyslogIdentifier": "syslog_identifier",
+}
+# What the engine's launch depends on: the profile and `env` set these, never unit_settings.
+OWNED_DIRECTIVES = {"ExecStart": "the profile", "Type": "k26ops (exec)", "EnvironmentFile": "k26ops",
+                    "Environment": "the `env` inventory variable"}
+_INT_SETTINGS = frozenset({"restart_sec", "timeout_start_sec", "timeout_stop_sec", "start_limit_interval_sec",
+                           "start_limit_burst", "limit_nofile"})
+
+
+@functools.lru_cache(maxsize=1)
+def service_directives() -> frozenset[str]:
+    """The [Service] directives systemd knows (templates/systemd-service-directives.txt, recorded from
+    systemd 252's own list)."""
+    text = resources.path("templates", "systemd-service-directives.txt").read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def _directive_value(name: str, value) -> list[str]:
+    """`Name=value` lines: a list is one line per item (Environment-like directives), a bool yes/no."""
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for v in items:
+        if isinstance(v, bool):
+            v = "yes" if v else "no"
+        if not isinstance(v, (str, int, float)) or v == "":
+            raise UserError(f"unit_settings: {name}: expected a word, number, yes/no or a list of them, got {v!r}")
+        out.append(f"{name}={unit_value(v)}")
+    return out
+
+
+def unit_settings(raw: Mapping) -> dict:
+    """The inventory's `unit_settings` as render_unit's context: any systemd [Service] directive in
+    systemd's spelling (`CPUAffinity: "0-7"`, `User: sglang`, `MemoryMax: 900G`), plus the template's
+    own settings by their lowercase names (`restart_sec: 1`). An unknown key is a one-line error
+    naming it; the host's `systemd-analyze verify` then checks the values."""
+    out: dict = {}
+    extra: list[str] = []
+    for key, value in raw.items():
+        key = str(key)
+        if key in UNIT_DEFAULTS and key not in ("release_id", "env_file"):
+            name = key
+        elif key in SETTING_ALIASES:
+            name = SETTING_ALIASES[key]
+        elif key in OWNED_DIRECTIVES:
+            raise UserError(f"unit_settings: {key}: set by {OWNED_DIRECTIVES[key]}, not by unit_settings")
+        elif key in service_directives():
+            extra.extend(_directive_value(key, value))
+            continue
+        else:
+            near = difflib.get_close_matches(key, sorted(service_directives() | set(SETTING_ALIASES)), n=1)
+            raise UserError(f"unit_settings: {key}: not a systemd [Service] directive"
+                            + (f"; did you mean {near[0]}?" if near else " (systemd.exec(5), systemd.service(5), "
+                               "systemd.resource-control(5) name them)"))
+        if name in _INT_SETTINGS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise UserError(f"unit_settings: {key}: expected a non-negative number of "
+                            f"{'seconds' if name.endswith('_sec') else 'units'}, got {value!r}")
+        out[name] = value
+    if extra:
+        out["service_extra"] = extra
+    return out
 
 
 def render_unit(ctx: Mapping, templates_dir: Path | None = None) -> str:

@@ -13,7 +13,7 @@ from k26ops.release import recipe as recipe_mod
 from k26ops.steps import release
 
 REPO = Path(__file__).resolve().parents[1]
-PLAYBOOK = REPO / "bench" / "ansible" / "converged.yml"
+PLAYBOOK = REPO / "bench" / "ansible_playbooks" / "converged.yml"
 
 
 def test_each_lab_source_gives_the_version_its_venv_reports():

@@ -17,7 +17,8 @@ EXPECTED = json.loads((LOGS / "expected.json").read_text())
 MANIFEST = json.loads((LOGS / "MANIFEST.json").read_text())
 IDS = {"cuda-graph-none-field", "cuda-graph-shape-mismatch", "illegal-memory-access",
        "cuda-graph-capture-oom", "nccl-failure", "weight-file-corrupt", "engine-config-refused",
-       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing"}
+       "backend-unsupported-gpu", "drafter-target-layers", "model-path-missing", "port-in-use",
+       "gpu-hardware-fault", "gpu-out-of-memory"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -46,7 +47,7 @@ def test_log_files(name):
 
 def test_every_kind_has_logs():
     kinds = {e["signature"] for e in EXPECTED.values()}
-    assert kinds == IDS | {"unclassified", None, "gpu-hardware-fault", "gpu-xid-app-fault"}
+    assert kinds == IDS | {"unclassified", None, "gpu-xid-app-fault", "process-killed"}
     assert {s.id for s in SIGNATURES} == IDS
     assert sum(e["signature"] == "unclassified" for e in EXPECTED.values()) >= 6
 
@@ -308,10 +309,18 @@ def test_clean_log_has_no_error(text):
     assert d.title == "no error found" and "No error" in d.suggestion
 
 
+@pytest.mark.parametrize("text", [
+    "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use\n",
+    "OSError: [Errno 98] Address already in use\n",
+    "RuntimeError: The server socket has failed to bind to 0.0.0.0:29500 (errno: 98 - Address already in use).\n",
+])
+def test_a_taken_port_is_a_port_clash(text):
+    """Was `unclassified` (issue 45 item 5): uvicorn's HTTP bind, Python's, torch's TCPStore."""
+    d = classify(text)
+    assert d.signature == "port-in-use" and "port clash" in d.title and "--rehearse-port" in d.suggestion
+
+
 @pytest.mark.parametrize("text, evidence", [
-    ("ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): "
-     "address already in use\n", "address already in use"),
-    ("OSError: [Errno 98] Address already in use\n", "OSError: [Errno 98] Address already in use"),
     ("ModuleNotFoundError: No module named 'flashinfer'\n", "No module named 'flashinfer'"),
     ("RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code "
      "is -9 (SIGKILL), a common cause is the OS OOM killer.\n", "Rank 0 scheduler died"),
@@ -339,18 +348,18 @@ def test_crlf_and_bytes_file(tmp_path):
     assert d.signature == "cuda-graph-shape-mismatch" and d.detail["got"] == 16
 
 
-@pytest.mark.parametrize("text, evidence, rank", [
+@pytest.mark.parametrize("text, evidence, rank, signature", [
     ("[2026-05-20 08:02:44 TP1] Scheduler hit an exception: ValueError: bad rope scaling\n"
      "[2026-05-20 08:02:45] Received sigquit from a child process. It usually means the child "
-     "failed.\n", "ValueError: bad rope scaling", "TP1"),
+     "failed.\n", "ValueError: bad rope scaling", "TP1", "unclassified"),
     ("[2026-05-20 08:02:45 TP4] RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
-     " Connection closed by peer [10.0.0.3]:4411\nKilled\n", "Connection closed by peer", "TP4"),
+     " Connection closed by peer [10.0.0.3]:4411\nKilled\n", "Connection closed by peer", "TP4", "unclassified"),
     ("[2026-05-20 08:02:44 TP0] Scheduler hit an exception: RuntimeError: CUDA error: out of "
-     "memory\n", "RuntimeError: CUDA error: out of memory", "TP0"),
+     "memory\n", "RuntimeError: CUDA error: out of memory", "TP0", "gpu-out-of-memory"),
 ])
-def test_single_line_wrappers_and_echo_only_logs(text, evidence, rank):
+def test_single_line_wrappers_and_echo_only_logs(text, evidence, rank, signature):
     d = classify(text)
-    assert (d.signature, d.evidence, d.rank) == ("unclassified", d.evidence, rank)
+    assert (d.signature, d.evidence, d.rank) == (signature, d.evidence, rank)
     assert evidence in d.evidence
 
 
@@ -545,3 +554,188 @@ def test_an_application_xid_keeps_the_software_name():
     d = classify(_interleave(engine, only31, 3))
     assert d.signature == "illegal-memory-access" and d.detail["xid"] == 31
 
+
+
+# ------------------------------------------------------------------ issue 46's kinds
+
+def test_vllm_engine_dead_error_after_a_requested_stop_is_no_error():
+    """vLLM's own shutdown lines (as in its journal on `systemctl stop`, vllm-project/vllm PR #43707)
+    then the output handler's EngineDeadError race (vllm-project/vllm#48745): the stop's echo.
+    CONSTRUCTED from those lines' shapes; the same EngineDeadError without a stop stays an error."""
+    stop = ("(EngineCore pid=45060) INFO 08-25 17:51:32 [core.py:1313] [shutdown] EngineCore: trigger received "
+            "signal=SIGTERM\n"
+            "(APIServer pid=44555) INFO 08-25 17:51:32 [launcher.py:100] [shutdown] API server: shutdown triggered\n")
+    dead = ("(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546] AsyncLLM output_handler failed.\n"
+            "(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546] Traceback (most recent call last):\n"
+            '(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546]   File "/usr/lib/vllm/v1/engine/'
+            'core_client.py", line 883, in get_output_async\n'
+            "(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546]     raise self._format_exception(outputs) "
+            "from None\n"
+            "(APIServer pid=44555) ERROR 08-25 17:51:32 [async_llm.py:546] vllm.v1.engine.exceptions.EngineDeadError: "
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.\n"
+            "(APIServer pid=44555) INFO:     Application shutdown complete.\n")
+    assert not classify(stop + dead).error_found
+    assert classify(dead).error_found
+
+
+def test_a_kill_that_echoes_a_requested_stop_is_not_a_kill():
+    text = ("[2026-05-20 08:02:44] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...\n"
+            "[2026-05-20 08:02:50] Subprocess scheduler_0 (pid=889) crashed with exit code -9. Triggering SIGQUIT "
+            "for cleanup...\n")
+    d = classify(text)
+    assert d.signature != "process-killed"
+
+
+def test_killed_takes_its_evidence_from_the_kill_not_a_warning():
+    d = classify_file(LOGS / "killed_oom_killer_after_warning.log")
+    assert (d.signature, d.title, d.evidence) == ("process-killed", "killed (signal 9)", "Killed")
+    d = classify_file(LOGS / "killed_oom_killer_dmesg_python.log")
+    assert d.title == "killed (signal 9) by the OOM killer" and "oom-kill:" in d.evidence
+    assert "OOM killer" in d.suggestion
+
+
+def test_oom_phase_is_named_and_capture_oom_only_in_capture():
+    """sglang's attention-backend init frames (sgl-project/sglang#18262, real) with an OOM line at
+    their end (CONSTRUCTED: the index's excerpt stops before the exception)."""
+    text = ('[2026-07-15 09:39:24] Scheduler hit an exception: Traceback (most recent call last):\n'
+            '  File "/sglang/python/sglang/srt/managers/scheduler.py", line 424, in __init__\n'
+            '    self.init_model_worker()\n'
+            '  File "/sglang/python/sglang/srt/managers/scheduler.py", line 835, in init_all_attention_backends\n'
+            '    self.tp_worker.init_attention_backends()\n'
+            '  File "/sglang/python/sglang/srt/model_executor/model_runner.py", line 908, in init_attention_backends\n'
+            '    self.init_attention_backend()\n'
+            'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n')
+    d = classify(text)
+    assert (d.signature, d.detail["phase"], d.title) == (
+        "gpu-out-of-memory", "attention-backend-init", "out of GPU memory (attention-backend-init)")
+    assert "--mem-fraction-static" in d.suggestion
+    d = classify_file(LOGS / "sglang_kv_pool_init_oom_compose.log")
+    assert d.detail["phase"] == "kv-cache-init" and "KV cache" in d.suggestion
+    assert classify_file(LOGS / "capture_oom_tp8.log").signature == "cuda-graph-capture-oom"
+
+
+def test_backend_unsupported_gpu_names_the_compute_capability_where_shown():
+    d = classify_file(LOGS / "sglang_fp8e4nv_a10_sm86.log")
+    assert d.detail["compute_capability"] == "8.6" and "8.6" in d.suggestion
+    assert "compute_capability" not in classify_file(LOGS / "vllm_no_kernel_image_engine_core.log").detail
+
+
+def test_gpu_hardware_fault_from_cuda_text_and_from_nvidia_smi_name_the_action():
+    d = classify_file(LOGS / "ecc_uncorrectable_chatglm3.log")
+    assert d.signature == "gpu-hardware-fault" and "reset the GPU" in d.suggestion
+    d = classify_file(LOGS / "nvidia_smi_device_handle_unknown_error.log")
+    assert d.detail["pci"] == "0000:0b:00" and "reboot" in d.suggestion
+    d = classify_file(LOGS / "gsp_heartbeat_timeout_journal.log")
+    assert d.detail["source"] == "gsp" and d.suggestion.startswith("the driver's GPU0: GSP")
+
+
+# ------------------------------------------- issue 46: healthy logs stay quiet (warnings, stops, drains)
+
+@pytest.mark.parametrize("line", [
+    # vLLM's own WARNING records (vllm/_custom_ops.py's import warning; the process manager at shutdown)
+    "WARNING 05-20 08:02:44 [_custom_ops.py:21] Failed to import from vllm._C with ImportError('libcuda.so.1')",
+    "(APIServer pid=98719) WARNING 07-23 16:29:03 [utils.py:626] [shutdown] Process manager: force killing "
+    "remaining processes count=1",
+    # torch's C++ warnings (glog letter W), Python logging's and uvicorn's level words, Python warnings, NCCL INFO
+    "[W1024 10:00:00.000000 1234 socket.cpp:697] [c10d] The client socket has failed to connect to [localhost]:29500 "
+    "(errno: 99 - Cannot assign requested address).",
+    "2025-01-01 10:00:00,123 - WARNING - Failed to load the chat template, falling back to the default",
+    "WARNING:  Invalid HTTP request received.",
+    "/usr/lib/python3/site-packages/torch/amp/autocast.py:61: DeprecationWarning: `torch.cuda.amp.autocast(args...)` "
+    "is deprecated. Raising error in a future release",
+    "host:123:456 [0] NCCL INFO Failed to open libibverbs.so[.1]",
+])
+def test_a_line_its_logger_calls_a_warning_or_info_is_no_crash(line):
+    assert not classify(line + "\n").error_found
+
+
+def test_the_same_words_at_error_level_are_an_error():
+    line = "ERROR 05-20 08:02:44 [_custom_ops.py:21] Failed to import from vllm._C with ImportError('libcuda.so.1')"
+    assert classify(line + "\n").error_found
+
+
+def test_a_warning_may_explain_a_crash_it_did_not_make():
+    """verl-project/verl#316: the worker died (raylet's line); the only cause in the log is vLLM's WARNING."""
+    d = classify_file(LOGS / "verl_ray_workerdict_ima.log")
+    assert d.signature == "illegal-memory-access" and "illegal memory access" in d.evidence
+
+
+def test_an_error_line_before_the_server_said_ready_did_not_stop_the_start():
+    start = ("[2025-10-01 10:00:00 TP0] Init torch distributed begin.\n"
+             "[2025-10-01 10:00:01 TP0] Failed to load the custom allreduce kernel, fall back to NCCL.\n")
+    ready = "[2025-10-01 10:00:50] The server is fired up and ready to roll!\n"
+    assert not classify(start + ready).error_found
+    assert classify(start).error_found  # without the ready line it is the last word of a failed start
+    died = ready + "[2025-10-01 10:05:00] Received sigquit from a child process. It usually means the child failed.\n"
+    assert classify(start + died).error_found
+
+
+def test_sglang_drain_and_its_self_kill_are_a_stop():
+    """sglang's SIGTERM drain (tokenizer_manager.sigterm_watchdog) ends by SIGKILLing its own process tree:
+    the shell prints 'Killed', systemd 'code=killed, status=9/KILL'. Older builds print only the drain line."""
+    for head in ("[2026-06-26 21:18:55] SIGTERM received. signum=None frame=None. Draining requests and "
+                 "shutting down...\n", ""):
+        text = head + ("[2026-06-26 21:19:00] Gracefully exiting... Remaining number of requests 0. Remaining "
+                       "requests remaining_rids=[].\nKilled\n")
+        assert not classify(text).error_found, head
+    unit = ("Dec 07 10:00:00 h sglang[1]: [2025-01-01 10:00:05] Gracefully exiting... remaining number of requests 0\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Failed with result 'signal'.\n")
+    assert not classify(unit).error_found
+    assert classify("Killed\n").signature == "process-killed"  # without a stop, a kill is a kill
+
+
+def test_a_child_stderr_logged_at_error_takes_its_own_level():
+    """haotian-liu/LLaVA#415: '| ERROR | stderr | INFO: Uvicorn running on ...' is uvicorn's INFO."""
+    line = clean_lines("2023-09-03 13:06:49 | ERROR | stderr | INFO:     Application startup complete.")[0]
+    assert (line.text, line.level) == ("INFO:     Application startup complete.", "info")
+    assert not classify_file(LOGS / "llava_uvicorn_startup_logged_as_error_healthy.log").error_found
+
+
+def test_a_kill_after_sglangs_sigquit_cleanup_is_its_echo_not_the_cause():
+    """sglang's parent, told by a failed child (SIGQUIT), kills its own process tree: the shell's 'Killed'
+    after that is the cleanup (sgl-project/sglang#9151's tail); a scheduler SIGKILLed first is the kill."""
+    echo = ("[2025-08-13 02:01:56] Received sigquit from a child process. It usually means the child failed.\n"
+            "Killed\n")
+    d = classify(echo)
+    assert d.error_found and d.signature != "process-killed"
+    cause = ("[2026-05-20 08:02:50] Subprocess scheduler_0 (pid=889) crashed with exit code -9. Triggering SIGQUIT "
+             "for cleanup...\n" + echo)
+    d = classify(cause)
+    assert d.signature == "process-killed" and "exit code -9" in d.evidence
+
+
+def test_an_exception_python_ignored_at_exit_is_no_crash_but_what_follows_is():
+    ignored = ("Exception ignored in: <function Pool.__del__ at 0x7f2b1c0d3e20>\n"
+               "Traceback (most recent call last):\n"
+               '  File "/usr/lib/python3.10/multiprocessing/pool.py", line 268, in __del__\n'
+               "TypeError: 'NoneType' object is not callable\n")
+    assert not classify(ignored).error_found
+    d = classify(ignored + "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert d.signature == "illegal-memory-access"
+
+
+def test_a_kill_named_by_its_exit_status_137():
+    assert classify("Exit Code: 137\n").signature == "process-killed"  # kubectl describe's Last State
+    assert not classify("Exit Code:    0\n").error_found
+
+
+def test_systemds_account_of_a_requested_stop_is_the_stops_echo():
+    stop = "Dec 07 10:00:00 h systemd[1]: Stopping SGLang Kimi...\n"
+    tail = ("Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=exited, status=1/FAILURE\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Failed with result 'exit-code'.\n")
+    slow = ("Dec 07 10:01:30 h systemd[1]: sglang.service: State 'stop-sigterm' timed out. Killing.\n"
+            "Dec 07 10:01:30 h systemd[1]: sglang.service: Killing process 123 (python3) with signal SIGKILL.\n")
+    assert not classify(stop + tail).error_found and not classify(stop + slow).error_found
+    assert classify(tail).error_found  # the same exit without a stop asked for is a failure
+
+
+def test_a_stop_lasts_until_the_next_start():
+    """A journal holds the restart after a stop: a kill of the new run is no echo of the old stop."""
+    stop = ("Dec 07 10:00:00 h systemd[1]: Stopping SGLang Kimi...\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n")
+    again = ("Dec 07 10:00:06 h systemd[1]: Started SGLang Kimi.\n"
+             "Dec 07 11:00:00 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n")
+    assert not classify(stop).error_found
+    d = classify(stop + again)
+    assert d.signature == "process-killed" and d.line == 4

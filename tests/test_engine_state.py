@@ -58,7 +58,7 @@ def test_states_from_systemd_properties():
 
 def _inv(lab, tmp_path) -> str:
     inv = yaml.safe_load(lab.inventory.read_text())
-    inv["vars"]["unit_settings"] = {"restart_sec": 1}  # a crash loop reaches the start limit (3) in seconds
+    inv["vars"]["unit_settings"] = {"restart_sec": 1}  # a crash loop reaches the start limit (5) in seconds
     p = tmp_path / "inv.yml"
     p.write_text(yaml.safe_dump(inv))
     return str(p)
@@ -100,13 +100,26 @@ def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(deployed_h
     rc, st = k26ops_json("-i", inv, "status", env=bl)
     assert st["hosts"]["lab1"]["baseline"] == "= t1", st
 
+    # an operator's four restarts within a minute are not a crash loop: the unit stays up (issue 45
+    # item 2: StartLimitBurst=3 in 7200 s left it failed at the fourth, manual ones counting too)
+    t0 = time.monotonic()
+    for _ in range(4):
+        ssh(f"systemctl restart {UNIT}")
+    assert time.monotonic() - t0 < 60
+    assert ssh(f"systemctl show -p ActiveState --value {UNIT}") == "active"
+    assert "Start request repeated too quickly" not in ssh(f"journalctl -u {UNIT} -n 20 -o cat --no-pager")
+
     ssh(f"systemctl stop {UNIT}")
     proc = k26ops("-i", inv, "status")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip() == f"k26ops: lab1: {UNIT} should serve but is stopped (unit inactive)", proc.stderr
+    # the table's status column and the summary say it too (issue 45 item 3: they said `ok`, `1 ok`)
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("lab1 "))
+    assert row[1:3] == ["stopped", "stopped"] and proc.stdout.splitlines()[-1] == "1 stopped", proc.stdout
     rc, st = k26ops_json("-i", inv, "status")
     h = st["hosts"]["lab1"]
     assert rc == 1 and not st["ok"] and h["engine_state"] == "stopped" and h["started"] is None, h
+    assert h["status"] == "stopped", h
 
     # a crash at every start: systemd restarts it until its start limit, then gives up
     ssh("echo 'K26OPS_STANDIN_CRASH=\"load\"' >> /etc/k26ops/sglang.env && systemctl start "

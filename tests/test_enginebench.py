@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from k26ops.enginebench import accept as accept_mod
 from k26ops.enginebench import figures as figs
 from k26ops.agents import loadgen
 from k26ops.errors import UserError
@@ -75,8 +76,29 @@ def test_standin_serves_at_the_told_speed(tmp_path, temperature, accept):
             assert want["ttft_ms"] - 1 <= m["median_ttft_ms"] <= want["ttft_ms"] * (1 + TOL) + TTFT_SLACK_MS
             assert m["p99_itl_ms"] >= m["median_itl_ms"] and m["p99_ttft_ms"] >= m["median_ttft_ms"]
             assert m["accept_length"] == pytest.approx(accept)
+            # the engine's histogram, summed: every verify step once, every token after the first
+            hist = m["accept_histogram"]
+            assert sum((i + 1) * n for i, n in enumerate(hist)) == m["total_output_tokens"] - m["completed"]
+            # accept >= 2.4 tokens a step: draft 1 taken at each step but a request's last, cut at its length
+            assert 0.8 < accept_mod.by_position(hist)[0] <= 1.0
     finally:
         s.stop()
+
+
+def test_accept_histogram_as_the_real_engine_reports_it():
+    """spec_accept_histogram of the real engine's /generate (H200, sglang 0.5.17): one bin per
+    count of drafts a verify step accepted; steps = spec_verify_ct, tokens = completion - 1."""
+    import json
+
+    meta = json.loads((Path(__file__).parent / "data/serving/h200-generate.json").read_text())["meta_info"]
+    hist = meta["spec_accept_histogram"]
+    assert sum(hist) == meta["spec_verify_ct"]
+    assert sum((i + 1) * n for i, n in enumerate(hist)) == meta["completion_tokens"] - 1
+    assert accept_mod.by_position(hist) == [0.0]  # the tiny model's drafter on dummy weights: never
+    assert accept_mod.by_position([10, 20, 30, 40]) == [0.9, 0.7, 0.4] and accept_mod.by_position([]) == []
+    assert accept_mod.summed([[1, 2], None, [0, 1, 5]]) == [1, 3, 5]
+    assert accept_mod.histogram_field([None, []]) == {} and accept_mod.histogram_field([[0, 2]]) == \
+        {"accept_histogram": [0, 2]}
 
 
 def test_standin_stream_is_sglang_shaped(tmp_path):
@@ -127,6 +149,39 @@ def test_gate_verdict_names_the_regressed_figure():
     assert figs.gate_verdict(_bench({"itl_p50_ms": 9.0}), base, ["itl_p50_ms@c1/t0"], 5.0)["ok"]
     rows = {r["figure"]: r for r in figs.compare(slow, base)}
     assert rows["tok/s@c1/t0"]["change_pct"] == -20.0 and rows["itl_p50_ms@c1/t0"]["change_pct"] == 25.0
+
+
+def _stat(median, lo, hi, n):
+    return {"median": median, "min": lo, "max": hi, "n": n}
+
+
+def test_compare_calls_a_change_only_beyond_the_runs_spread():
+    """Issue 45 item 7: -0.9 % was called worse with a ~30 % min-max spread."""
+    j = figs.judge("tok/s", _stat(1000, 850, 1150, 3), _stat(991, 840, 1140, 3))
+    assert (j["verdict"], j["ranges_apart"], j["why"]) == ("within noise", False, "ranges overlap")
+    # ranges apart, but 3 vs 3 runs: complete separation happens 1 time in 10 from noise alone
+    j = figs.judge("tok/s", _stat(1000, 990, 1010, 3), _stat(900, 890, 910, 3))
+    assert j["verdict"] == "within noise" and j["p_value"] == 0.1 and "--runs 5" in j["why"]
+    j = figs.judge("tok/s", _stat(1000, 990, 1010, 5), _stat(900, 890, 910, 5))
+    assert j["verdict"] == "worse" and j["p_value"] == round(2 / 252, 4)
+    assert figs.judge("itl_p50_ms", _stat(10, 9.9, 10.1, 5), _stat(8, 7.9, 8.1, 3))["verdict"] == "better"
+    assert figs.separation_p(5, 3) < figs.ALPHA < figs.separation_p(3, 3)
+    # the noise that gave "itl_p50_ms +1103.8% worse": one slow run widens the range over the baseline's
+    assert figs.judge("itl_p50_ms", _stat(5, 4.8, 5.2, 3), _stat(60, 4.9, 61, 3))["verdict"] == "within noise"
+    rows = figs.compare(_bench({"tok/s": 80.0}), _bench({"tok/s": 100.0}))
+    assert set(rows[0]) >= {"figure", "baseline", "current", "baseline_min", "baseline_max", "baseline_n",
+                            "current_min", "current_max", "current_n", "change_pct", "verdict", "p_value", "why"}
+
+
+def test_compare_measures_the_baselines_own_cells():
+    """Issue 45 item 7: --compare ran its own default cells, not the baseline's."""
+    base = {"concurrency": [1, 8], "temperatures": [0.0], "input_len": 64, "output_len": 32, "seed": 3,
+            "runs": 3, "num_prompts": 0, "generator": "k26ops"}
+    mine = {"concurrency": [1, 4, 16], "temperatures": [0.0, 0.7], "input_len": 1024, "output_len": 256,
+            "seed": 1, "runs": 5, "num_prompts": 0, "generator": "auto"}
+    got = figs.spec_for_compare(base, mine, set())
+    assert got == {**base, "runs": 5}  # its cells and settings; the runs ours
+    assert figs.spec_for_compare(base, mine, {"concurrency"})["concurrency"] == [1, 4, 16]  # given here: wins
 
 
 def test_figure_names_are_checked():

@@ -163,3 +163,55 @@ def test_xid_command_is_bounded_and_keeps_refusals():
     assert "journalctl -k -b" in cmd and "--since '-24h'" in cmd and cmd.count("tail -n 400") == 2
     for refusal in ("Operation not permitted", "insufficient permissions", "not seeing messages from other users"):
         assert refusal in cmd  # the grep lets the refusal through to the parser
+
+
+# ------------------------------------------------ issue 46: -q layouts of several drivers
+
+def test_real_healthy_a100_pasted_indented_reads_both_gpus_and_raises_nothing():
+    h = Q.parse_health_fact(read("pub-hpe-a100-q-ecc-555-healthy.txt"), 0)
+    assert h["error"] is None and h["faults"] == 0 and h["action"] == "none"
+    assert h["driver_version"] == "555.42.02"
+    assert [g["bus_id"] for g in h["gpus"]] == ["00000000:12:00.0", "00000000:8A:00.0"]
+    for g in h["gpus"]:
+        assert g["ecc_mode"] == "Enabled" and g["faults"] == []
+        assert g["ecc"] == {"volatile_uncorrectable": 0, "aggregate_uncorrectable": 0}
+
+
+def test_real_older_layout_double_bit_and_retired_pages_are_read():
+    text = read("pub-dcgm-exporter16-q-double-bit-healthy.txt")
+    (g,) = Q.parse_health_fact(text, 0)["gpus"]
+    assert g["faults"] == [] and g["retired_pages"] == {
+        "Single Bit ECC": "0", "Double Bit ECC": "0", "Pending Page Blacklist": "No"}
+    # the same excerpt under its ECC Errors > Volatile parents, once with the Double Bit total at 2
+    # (changed in the test, not a recording): the older layout's uncorrectable count is read
+    nested = "ECC Errors\n    Volatile\n" + text.split("    Retired Pages")[0]
+    (g,) = Q.parse_health(nested)["gpus"]
+    assert g["ecc"]["volatile_uncorrectable"] == 0 and g["faults"] == []
+    (g,) = Q.parse_health(nested.replace("Total                     : 0", "Total                     : 2"))["gpus"]
+    assert [(f["fault"], f["evidence"]) for f in g["faults"]] == [
+        ("ecc-uncorrectable", "ECC Errors, Volatile: Double Bit Total : 2")]
+    # driver 418's Retired Pages spell it "Pending"
+    (g,) = Q.parse_health("Retired Pages\n    Single Bit ECC : 0\n    Double Bit ECC : 1\n    Pending : Yes\n")["gpus"]
+    assert [f["fault"] for f in g["faults"]] == ["page-retirement-pending"]
+
+
+def test_real_a100_pending_remap_after_xid63():
+    (g,) = Q.parse_health_fact(read("pub-stas00-q-a100-remap-pending.txt"), 0)["gpus"]
+    assert g["bus_id"] == "00000000:10:1C.0"
+    assert [(f["fault"], f["action"]) for f in g["faults"]] == [("row-remap-pending", "reset-gpu")]
+    assert g["ecc"] == {"volatile_uncorrectable": 0, "aggregate_uncorrectable": 0}
+
+
+def test_a_gpu_nvidia_smi_cannot_open_is_a_health_fault_with_its_bus_id():
+    h = Q.parse_health_fact(read("pub-xxd3vin19-smi-device-handle.txt"), 0)
+    assert h["error"] is None and h["faults"] == 1 and h["action"] == "reboot"
+    (g,) = h["gpus"]
+    assert g["bus_id"] == "0000:0B:00.0" and g["faults"][0]["fault"] == "gpu-unreachable"
+    assert Q.fault_lines(h)[0].startswith("GPU (0000:0B:00.0): gpu-unreachable (nvidia-smi cannot open it: Unknown Error)")
+
+
+def test_healthy_q_outputs_are_no_crash_either():
+    from k26ops.diagnose import classify
+    for name in ("h200-nvidia-smi-q.txt", "pub-hpe-a100-q-ecc-555-healthy.txt", "pub-dcgm-exporter16-q-double-bit-healthy.txt"):
+        d = classify(read(name))
+        assert not d.error_found, (name, d.evidence)

@@ -254,7 +254,8 @@ def test_mig_devices_and_their_processes_are_not_gpus():
 
 def test_err_gpu_is_an_error_naming_index_and_bus_id():
     v = table("pub-gpu-operator559-smi-table-err.txt")
-    assert [(g["index"], g["name"], g["errors"]) for g in v["gpus"]] == [(0, "ERR!", ["ERR!"]), (1, "NVIDIA A40", [])]
+    # ERR! in the name cell is the GPU's fault, never its name (issue 46)
+    assert [(g["index"], g["name"], g["errors"]) for g in v["gpus"]] == [(0, None, ["ERR!"]), (1, "NVIDIA A40", [])]
     assert v["gpu_errors"] == ["GPU 0 (00000000:19:00.0): ERR! in nvidia-smi's table"]
     fan = table("pub-nvidia-gpu-exporter393-smi-table-err-fan.txt")  # excerpt below the header
     assert [g["index"] for g in fan["gpus"]] == [13, 14]
@@ -357,3 +358,23 @@ def test_bus_id_the_query_lacks_comes_from_the_table():
     v = gpu.parse_gpus(q + "== k26ops: table\n" + out("h200x2-smi-table.txt")[0], rc)
     assert [(g["bus_id"], g["sources"]["bus_id"], g["sources"]["name"]) for g in v["gpus"]] == \
            [("00000000:00:06.0", "table", "query"), ("00000000:00:07.0", "table", "query")]
+
+
+def test_err_in_the_name_cell_of_an_excerpt_is_no_name():
+    v = table("pub-lambda-docs-smi-table-err.txt")
+    assert [(g["index"], g["name"], g["bus_id"], g["errors"]) for g in v["gpus"]] == [
+        (4, "NVIDIA A100-SXM...", "00000000:8C:00.0", []), (5, None, "00000000:91:00.0", ["ERR!"])]
+    h = gpu.parse_smi_header(*out("pub-lambda-docs-smi-table-err.txt"))
+    assert h["gpu_names"] == ["NVIDIA A100-SXM...", None]
+    assert h["gpu_errors"] == ["GPU 5 (00000000:91:00.0): ERR! in nvidia-smi's table"]
+
+
+@pytest.mark.parametrize("name, bus, why", [("pub-xxd3vin19-smi-device-handle.txt", "0000:0B:00.0", "Unknown Error"),
+                                            ("pub-owod81-smi-device-handle-gpu-lost.txt", "0000:02:00.0", "GPU is lost")])
+def test_a_gpu_nvidia_smi_cannot_open_is_a_fault_naming_its_bus_id(name, bus, why):
+    v = gpu.parse_gpus(*out(name))
+    assert v["count"] == 0 and len(v["gpu_errors"]) == 1
+    assert v["gpu_errors"][0].startswith(f"GPU ({bus}): nvidia-smi cannot open it: {why}")
+    assert v["failed_gpus"][0]["bus_id"] == bus
+    h = gpu.parse_smi_header(*out(name))
+    assert h["gpu_errors"] == v["gpu_errors"]

@@ -78,3 +78,74 @@ def test_fact_parser_bounds_and_refusals():
     refused = X.parse_xid_fact("dmesg: read kernel buffer failed: Operation not permitted\n__K26OPS_RC=0\n", 0)
     assert refused["error"].startswith("the kernel log could not be read") and refused["events"] == []
     assert X.parse_xid_fact("", 0) == {"events": [], "count": 0, "worst_action": "none", "error": None}
+
+
+# ------------------------------------------- issue 46: NVSwitch, GSP, nvidia-smi, Xid 154
+
+LOGS = Path(__file__).parent / "data/logs"
+
+
+def log(name: str) -> str:
+    meta = json.loads((LOGS / "MANIFEST.json").read_text())[name]
+    assert meta["source"].startswith("https://")
+    return (LOGS / name).read_text()
+
+
+def test_nvswitch_sxid_fatal_and_non_fatal_with_their_detail_lines_folded():
+    quiet = X.parse_kernel_text(log("kernel_sxid_nvswitch_nonfatal_boot.log"))
+    (e,) = quiet  # its Data and Severity lines are the same SXid of the same switch
+    assert (e.source, e.xid, e.pci, e.name) == ("sxid", 22013, "0000:04:00", "nvidia-nvswitch3")
+    assert (e.kind, e.action, e.label) == ("info", "none", "SXid 22013 (non-fatal)")
+    events = X.parse_kernel_text(log("kernel_xid79_sxid20034_fatal.log"))
+    sx = [e for e in events if e.source == "sxid"]
+    assert [e.xid for e in events if e.source == "xid"] == [79]
+    assert {(e.name, e.pci) for e in sx} >= {("nvidia-nvswitch1", "0000:06:00"), ("nvidia-nvswitch0", "0000:05:00")}
+    assert all((e.kind, e.action) == ("hardware", "reboot") for e in sx if "fatal" in e.label and "non" not in e.label)
+    assert "Link 48 LTSSM Fault Up" in sx[0].meaning and sx[0].label == "SXid 20034 (fatal)"
+
+
+def test_gsp_firmware_faults_are_hardware_with_a_reset():
+    (e,) = X.parse_kernel_text(log("gsp_heartbeat_timeout_journal.log"))  # two lines, one fault
+    assert (e.source, e.xid, e.kind, e.action, e.pci, e.name) == ("gsp", 119, "hardware", "reset-gpu", None, "GPU0")
+    assert "heartbeat" in e.meaning
+    events = X.parse_kernel_text(log("gsp_rpc_timeout_reset_required_kern.log"))
+    assert [(e.label, e.action) for e in events] == [("GSP", "reset-gpu"), ("Xid 154", "reset-gpu"), ("GSP", "reset-gpu")]
+    assert {e.message for e in events if e.source == "gsp"} == {
+        "the driver marked the GPU for reset after a GSP fault (reset required)", "GSP firmware RPC timeout"}
+
+
+def test_xid154_takes_the_action_its_line_names():
+    (e,) = [e for e in X.parse_kernel_text(log("gsp_heartbeat_then_xid154_consumer.log")) if e.xid == 154]
+    assert (e.kind, e.action) == ("hardware", "reset-gpu")
+    # the other values NVIDIA's catalogue lists for Xid 154's line
+    line = "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+    assert X.parse_kernel_text(line)[0].action == "reboot"
+    line = "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+    assert (X.parse_kernel_text(line)[0].kind, X.parse_kernel_text(line)[0].action) == ("info", "none")
+
+
+@pytest.mark.parametrize("name, pci, action", [("nvidia_smi_device_handle_unknown_error.log", "0000:0b:00", "reboot"),
+                                               ("nvidia_smi_device_handle_nospace.log", "0000:4f:00", "reboot"),
+                                               ("nvidia_smi_device_handle_gpu_lost.log", "0000:02:00", "reboot")])
+def test_nvidia_smi_device_handle_failure_is_a_fault_of_that_bus_id(name, pci, action):
+    (e,) = X.parse_kernel_text(log(name))
+    assert (e.source, e.pci, e.kind, e.action, e.xid) == ("nvidia-smi", pci, "hardware", action, None)
+    assert X.who(e.to_json()) == f"GPU ({pci})" and X.label(e.to_json()) == "nvidia-smi"
+
+
+def test_xid_command_keeps_the_new_lines():
+    for word in ("SXid", "kgsp", "GSP", "Reset required"):
+        assert word in X.XID_COMMAND
+
+
+def test_gsp_boot_failures_and_rpc_timeouts_without_an_xid_line():
+    """The driver's own words when the GSP firmware cannot boot (open-gpu-kernel-modules #974's title,
+    #1230) or an RPC to it times out, with no Xid line beside them."""
+    lines = ("NVRM: GPU0 kgspBootstrap_GH100: GSP-FMC reported an error while attempting to boot GSP.\n"
+             "NVRM: GPU1 _kgspRpcRecvPoll: Timeout after 6s of waiting for RPC response from GPU1 GSP!\n")
+    events = X.parse_kernel_text(lines)
+    assert [(e.source, e.name, e.message, e.action) for e in events] == [
+        ("gsp", "GPU0", "GSP firmware failed to boot", "reset-gpu"),
+        ("gsp", "GPU1", "GSP firmware RPC timeout", "reset-gpu")]
+    (boot, *_rest) = [e for e in X.parse_kernel_text(log("gsp_boot_wpr2_rminitadapter_failed.log")) if e.name]
+    assert (boot.name, boot.message) == ("GPU6", "GSP firmware failed to boot")

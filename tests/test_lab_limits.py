@@ -116,15 +116,15 @@ def test_two_labs_put_a_limit_back_whichever_goes_down_first():
     """Lab A raises inotify instances, lab B (more hosts) raises it again; A goes
     down first. The limit stays while B runs, and B's down puts back the machine's
     own value (it used to stay at A's raise for good)."""
-    use = limits.in_use()[INOTIFY]
-    old = use + 40  # 1 host (use + 32 + 12) needs a raise; 3 hosts need more again
+    use = limits.in_use()  # read once: other tests boot hosts meanwhile (CI failed on a live re-read)
+    old = use[INOTIFY] + 40  # 1 host (use + 32 + 12) needs a raise; 3 hosts need more again
     for first, second in (("A", "B"), ("B", "A")):
         proc_sys = _sys_copy(old)
         inotify = proc_sys / limits.LIMITS[0].path
         try:
             said = []
-            a = limits.ensure(1, may_raise=True, proc_sys=proc_sys, log=said.append, lab="A")
-            b = limits.ensure(3, may_raise=True, proc_sys=proc_sys, log=said.append, lab="B")
+            a = limits.ensure(1, may_raise=True, proc_sys=proc_sys, log=said.append, lab="A", use=use)
+            b = limits.ensure(3, may_raise=True, proc_sys=proc_sys, log=said.append, lab="B", use=use)
             assert a[INOTIFY][0] == old and b[INOTIFY][0] == a[INOTIFY][1] < b[INOTIFY][1], (a, b)
             limits.release(first, proc_sys, log=said.append)
             assert int(inotify.read_text()) == b[INOTIFY][1], said  # the other lab still runs on it

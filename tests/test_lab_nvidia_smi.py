@@ -125,7 +125,8 @@ def test_err_gpu_mode_fails_one_gpu_in_query_and_table():
     assert "== k26ops: table" in raw and v["count"] == 8 and v["source"] == "query"
     assert v["gpu_errors"] == ["GPU 5 (00000000:AB:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table"]
     t = gpu.parse_smi_header(*smi(K26OPS_LAB_NVIDIA_SMI="err-gpu", K26OPS_LAB_ERR_GPU="5"))
-    assert [g["name"] for g in t["gpus"]].count("ERR!") == 1 and t["gpus"][5]["name"] == "ERR!"
+    assert [g["name"] for g in t["gpus"]].count(None) == 1 and t["gpus"][5]["name"] is None  # ERR! is no name
+    assert t["gpus"][5]["errors"] == ["ERR!"] and t["gpu_errors"] == ["GPU 5 (00000000:AB:00.0): ERR! in nvidia-smi's table"]
     ok, raw = gpus_fact()
     assert "== k26ops:" not in raw and ok["gpu_errors"] == [] and ok["count"] == 8  # a clean query runs nothing more
 
@@ -159,8 +160,20 @@ def test_check_on_a_lab_host_with_a_failed_gpu_names_it(scratch_lab):
 def test_q_replays_a_recorded_output_with_the_lab_gpus_bus_ids_or_refuses():
     from k26ops.facts import smi_q
 
+    text, rc = smi("-q", K26OPS_LAB_SMI_Q="none")
+    assert rc == 255 and "Option -q is not recognized" in text
+    # unset: the recorded healthy H200 -q (a byte copy beside the fixture), one GPU block per lab GPU
+    # (issue 45 item 6: every lab host showed "ok, -q unread" and an ok line with ERROR in it)
+    recorded_q = (DATA / "h200-nvidia-smi-q.txt").read_text()
+    assert (FIXTURE.parent / "nvidia-smi-q.txt").read_text() == recorded_q
     text, rc = smi("-q")
-    assert rc == 255 and "Option -q is not recognized" in text  # no -q output is made up
+    h = smi_q.parse_health_fact(text, rc)
+    assert rc == 0 and h["faults"] == 0 and not h.get("error"), h
+    assert [g["bus_id"] for g in h["gpus"]] == ["00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0",
+                                         "00000000:5D:00.0", "00000000:9A:00.0", "00000000:AB:00.0",
+                                         "00000000:BA:00.0", "00000000:DB:00.0"]
+    block = recorded_q.split("\nGPU ", 1)[1].split("\n", 1)[1]  # the recorded GPU block after its bus id line
+    assert text.count(block.replace("NVIDIA H200", "NVIDIA RTX PRO 6000 Blackwell Server Edition")) == 8
     text, rc = smi("-q", K26OPS_LAB_SMI_Q=str(DATA / "h200-nvidia-smi-q.txt"))
     recorded_q = (DATA / "h200-nvidia-smi-q.txt").read_text()
     assert rc == 0 and text == recorded_q.replace("GPU 00000000:00:06.0\n", "GPU 00000000:18:00.0\n")
@@ -201,3 +214,24 @@ def test_check_and_facts_on_a_lab_host_replaying_recorded_q_outputs(scratch_lab)
     assert "; action: reset-gpu: drain the host" in err
     proc = k26ops("facts", env=scratch_lab.env())
     assert "GPU 0 reset-gpu" in proc.stdout, proc.stdout
+
+
+def test_a_lab_host_reads_its_recorded_q_and_check_prints_only_what_is_not_ok(scratch_lab):
+    """Issue 45 item 6: every lab host showed "ok, -q unread" (the stand-in refused -q) and `check`
+    printed 11 ok lines per host, one of them with the refusal's ERROR in it."""
+    from labtools import k26ops, k26ops_json, lab_ssh
+
+    res = lab_ssh(scratch_lab.dir, scratch_lab.base_port, "rm -f /etc/k26ops-lab/nvidia-smi.env")
+    assert res.returncode == 0, res.stderr
+    rc, data = k26ops_json("facts", env=scratch_lab.env())
+    host = data["hosts"]["lab1"]
+    assert rc == 0 and "-q unread" not in host["health"], host["health"]
+    assert len(host["facts"]["gpu_health"]["gpus"]) == 8
+    rc, data = k26ops_json("check", env=scratch_lab.env())
+    checks = data["hosts"]["lab1"].get("checks") or []
+    assert not any("ERROR" in c["detail"] for c in checks), checks
+    proc = k26ops("check", env=scratch_lab.env())
+    assert not [line for line in proc.stdout.splitlines() if ": ok " in line], proc.stdout
+    if rc == 0:  # a passing host: -v lists what passed
+        proc = k26ops("-v", "check", env=scratch_lab.env())
+        assert "lab1: ok gpu_health: no GPU reports an error" in proc.stdout, proc.stdout

@@ -13,7 +13,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # What the build reads: pyproject.toml names README.md, the package and the data.
-BUILD_INPUTS = ["pyproject.toml", "README.md", "k26ops", "playbooks", "templates", "patches"]
+BUILD_INPUTS = ["pyproject.toml", "README.md", "LICENSE", "k26ops", "playbooks", "templates", "patches"]
+TAG = "v9.8.7"  # a tag made in the copy only: the test needs no tag in the real repository
 
 CHECK = textwrap.dedent("""
     import sys
@@ -37,7 +38,7 @@ CHECK = textwrap.dedent("""
         assert len(patchset.load_series(r.series, tags=["diagnose"])) == len(entries)
         if name.startswith("lab"):
             assert entries and probe.probe_patch_for(r.base).resolve().is_relative_to(target)
-        if name != "k26-tp8-ddtree":  # its lock is made on a node that reaches GitHub (docs/engine-source.md)
+        if name != "k26-tp8-ddtree":  # its lock is made on a node that reaches GitHub (docs/how-to/engine-source.md)
             assert r.lock_path.resolve().is_relative_to(target) and r.lock_path.is_file(), r.lock_path
     assert "ExecStart=/bin/true" in units.render_unit({"argv": ["/bin/true"]})
     assert "CUDA_HOME=" in units.render_env({"env": {"CUDA_HOME": "/usr/local/cuda"}})
@@ -47,7 +48,7 @@ CHECK = textwrap.dedent("""
 
 def _copy_sources(dst: Path) -> None:
     """Build from a copy: an in-tree build would write build/ and egg-info into the checkout."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_data")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_data", "_version.py")
     for name in BUILD_INPUTS:
         src = REPO / name
         if src.is_dir():
@@ -63,6 +64,10 @@ def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
     _copy_sources(src)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "K26OPS_TEMPLATES")}
     env["PIP_NO_INDEX"] = "1"  # nothing is downloaded
+    git = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull}
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "release"], ["tag", TAG]):
+        subprocess.run(["git", *cmd], cwd=src, env=git, check=True, timeout=60)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(wheels), str(src)], check=True, env=env, cwd=tmp_path, timeout=120)
     wheel, = wheels.glob("k26ops-*.whl")
@@ -80,9 +85,37 @@ def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "k26ops", "--help"], cwd=elsewhere, env=run_env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the version is the git tag's (setuptools-scm), in the wheel's name, metadata and --version
+    assert wheel.name.startswith(f"k26ops-{TAG[1:]}-"), wheel.name
+    assert f"k26ops-{TAG[1:]}.dist-info/licenses/LICENSE" in names, sorted(n for n in names if "dist-info" in n)
+    proc = subprocess.run([sys.executable, "-m", "k26ops", "--version"], cwd=elsewhere, env=run_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == f"k26ops, version {TAG[1:]}", proc.stdout + proc.stderr
     # The shipped copies equal the checkout's files.
     for top in ("playbooks", "templates", "patches"):
         for f in (REPO / top).rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts:
                 shipped = target / "k26ops" / "_data" / f.relative_to(REPO)
                 assert shipped.is_file() and shipped.read_bytes() == f.read_bytes(), shipped
+    # A shipped recipe without its lock (issue 45 item 1): installed from a wheel, the refusal points
+    # at the operator's recipes dir, never at site-packages
+    (target / "k26ops/_data/playbooks/recipes/lab-registry.lock").unlink()
+    mine = tmp_path / "my-recipes"
+    code = ("from k26ops.profile import lock_for; from k26ops.release import recipe as r; x = r.load('lab-registry')\n"
+            "print(r.shipped(x.source))\ntry:\n    lock_for(x)\nexcept Exception as e:\n    print(e)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env={**run_env, "K26OPS_RECIPES": str(mine)},
+                          capture_output=True, text=True, timeout=60)
+    shipped, msg = proc.stdout.strip().split("\n")
+    assert shipped == "True" and f"writes the recipe and its lock into your recipes dir ({mine})" in msg, proc
+    assert "commit it beside" not in msg and "`k26ops engine lock lab-registry`" in msg, msg
+
+
+def test_version_without_git_metadata_is_the_fallback(tmp_path):
+    """A tree without git (a tarball) still builds, as pyproject.toml's fallback_version."""
+    import tomllib
+
+    from setuptools_scm import get_version
+
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools_scm"]
+    (tmp_path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    assert get_version(root=str(tmp_path), fallback_version=conf["fallback_version"]) == conf["fallback_version"]

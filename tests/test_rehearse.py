@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ import yaml
 
 from k26ops import units
 from k26ops.rehearsal import plan
-from labtools import cli_json, free_port_block, k26ops, k26ops_json, lab_ssh
+from k26ops.steps.warmstart import MILESTONES
+from labtools import cli, cli_json, free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 DATA = Path(__file__).resolve().parent / "data" / "rehearsal"
 PROFILE = {"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/Kimi-K2.6-DFlash",
@@ -188,6 +190,21 @@ def test_local_rehearsal_names_a_first_request_crash(local_host):
     assert h["rehearsal"]["cleanup"]["left"] == [] and _left_rehearsal_processes() == []
 
 
+def test_local_rehearsal_on_a_taken_port_names_the_option_to_change(local_host):
+    """Issue 45 item 5: the refusal named `--port`; the option is --rehearse-port."""
+    import socket
+
+    inv = local_host["inventory"]()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", local_host["port"]))
+        held.listen()
+        proc = cli("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]), timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert f"port {local_host['port']} on the host is taken" in out and "with --rehearse-port" in out, out
+    assert "--port " not in out.replace("--rehearse-port", ""), out
+
+
 def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
     inv = local_host["inventory"]()
     doc = yaml.safe_load(inv.read_text())
@@ -237,7 +254,12 @@ def test_lab_rehearse_refuses_beside_a_serving_engine_then_runs_alongside(labhos
     assert rc == 0, data
     pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
     rport = str(h["port"] + 1)
-    proc = k26ops("-i", inv, "rehearse", "--rehearse-port", rport, timeout=300)
+    # the port is taken too (the lab shares this machine's loopback): the refusal a user acts on first is the
+    # serving engine's (--alongside / --stop-serving), not the port (issue 45 item 5)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", int(rport)))
+        held.listen()
+        proc = k26ops("-i", inv, "rehearse", "--rehearse-port", rport, timeout=300)
     assert proc.returncode == 1 and "rehearsal refused: the serving engine" in proc.stdout + proc.stderr
     rc, data = k26ops_json("-i", inv, "rehearse", "--alongside", "--rehearse-port", rport, "--no-bench",
                            timeout=600)
@@ -283,6 +305,48 @@ def test_lab_deploy_rehearse_keeps_the_old_engine_serving_and_names_the_crash(la
     assert _remote(h, "systemctl is-active k26-engine.service") == "active"
     assert _remote(h, "sha256sum /etc/k26ops/sglang.env") == env_before  # the crashing env never went in
     assert _remote(h, "systemctl list-units --all --no-legend 'k26ops-rehearse-*' | wc -l") == "0"
+
+
+WARM_PLAYBOOK = "name: warm\nsteps:\n  - release: {keep: 2}\n  - service: {}\n  - health: {}\n  - smoke: {}\n"
+
+
+def test_lab_deploy_rehearse_fills_the_new_release_cache_then_the_start_compiles_nothing(labhost):
+    """Issue 43: the rehearsal runs in the NEW release's engine cache (before `current` moves) and
+    compiles what the real start needs (graphs, then the sampling kernels of the smoke's sampled
+    request); the restart then compiles nothing and the report has its time to first good token.
+    Two releases get two cache dirs; keep 2 prunes the lab's first release and its cache."""
+    h = labhost
+    pb = h["dir"] / "warm.yml"
+    pb.write_text(WARM_PLAYBOOK)
+    dirs = {}
+    for label in ("w1", "w2"):
+        inv = Path(_inv(h, label))
+        doc = yaml.safe_load(inv.read_text())
+        doc["hosts"][h["name"]]["vars"]["recipe"] = str(recipe_with_extra_patch(h["dir"] / label, label))
+        inv.write_text(yaml.safe_dump(doc))
+        rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), "--rehearse", "--rehearse-port",
+                               str(h["port"] + 1), timeout=900)
+        assert rc == 0, data
+        r = data["hosts"][h["name"]]
+        rid, rep = r["release"], r["rehearsal"]
+        cache = rep["engine_cache"]
+        assert rep["release"].endswith("/releases/" + rid)  # its own dir, not `current`: before the switch
+        assert cache["dir"].startswith(f"/opt/k26ops/engine-cache/{rid}/") and cache["variables"] == ["SGLANG_CACHE_DIR"]
+        assert (cache["before"] or {}).get("kernels", 0) == 0 and cache["filled"]["kernels"] >= 3, cache
+        assert r["engine_cache"]["dir"] == cache["dir"]  # the unit reads the dir the rehearsal filled
+        assert f'SGLANG_CACHE_DIR="{cache["dir"]}"' in _remote(h, "cat /etc/k26ops/sglang.env")
+        assert r["warm_start"]["compiled_new"] == 0, r["warm_start"]
+        assert r["warm_start"]["verdict"] == "warm start: no new kernel compiled"
+        t = r["ttfgt"]
+        assert [m["name"] for m in t["milestones"]] == list(MILESTONES)
+        assert {m["name"]: m["source"] for m in t["milestones"]}["graphs captured"] == "log"
+        assert t["stop_s"] is not None and t["total_s"] >= t["ready_s"] >= 0
+        assert rep["ttfgt"]["first_sampled_s"] is not None  # the rehearsal's own, cold
+        dirs[rid] = cache["dir"]
+    assert len(set(dirs.values())) == 2  # two releases never share a cache dir
+    assert _remote(h, "stat -c %a /opt/k26ops/engine-cache") == "700"
+    # keep 2: the lab's own release went, and its engine cache with it
+    assert set(_remote(h, "ls /opt/k26ops/engine-cache").split()) == set(dirs)
 
 
 # ---------------------------------------------------------------- recorded: the real engine on an H200
@@ -399,3 +463,21 @@ def test_recorded_real_rehearsal_with_fewer_layers_serves():
     assert rep["state"] == "served" and rep["layers"] == 3
     assert "drafter target_layer_ids [1, 2] -> [0, 1] (spread over the outputs of target layers 0..1)" in rep["notes"]
     assert [c["graph"] for c in rep["capture"]["captures"]] == ["target verify", "draft verify"]
+
+
+def test_deploy_prints_one_rehearsal_line_per_host(capsys):
+    """deploy --rehearse printed nothing about a passing rehearsal unless --json (issue 45 item 5);
+    each figure has one format, the rehearse table's too."""
+    from k26ops.cli.deploy import render_changes
+    from k26ops.cli.rehearse import _columns
+    from k26ops.fleet import HostResult
+    from k26ops.rehearsal import summary
+
+    rep = _recorded("h200-qwen3-dflash-final.json")["rehearsal"]
+    assert summary.line(rep) == "rehearsed: ready 150 s, capture 83 s, accept 1.03"
+    assert _columns(rep) == {"_state": "served", "_ready": "150 s", "_capture": "83 s", "_accept": "1.03",
+                             "_toks": "297"}
+    render_changes([HostResult("h200", "changed", data={"rehearsal": rep, "steps": []}),
+                    HostResult("h2", "failed", data={"rehearsal": {"state": "crashed"}})], check=False, diff=False)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  h200: rehearsed: ready 150 s, capture 83 s, accept 1.03", "  h2: rehearsal crashed"], out

@@ -194,7 +194,7 @@ def test_piped_deploy_prints_one_line_per_host_event(lab, engine):
     assert re.fullmatch(rf"{lab1}: done ok \d+\.\ds", events[4]) and len(events) == 5, proc.stderr
 
 def test_logs_json_is_one_document_and_follow_is_ndjson_of_new_lines_only(lab, engine):
-    """docs/json.md: `logs --json` one document; `logs -f --json` a record only when a host has lines."""
+    """docs/reference/json.md: `logs --json` one document; `logs -f --json` a record only when a host has lines."""
     import jsonschema
     from jsonshape import schema
 

@@ -312,7 +312,7 @@ def test_engine_argv_bad_profiles_are_user_errors(bad, needle):
 
 def test_render_unit_contents():
     text = units.render_unit({"profile": PROFILE, "release_id": "r-abc", "user": "sglang"})
-    for line in ["Type=exec", "Restart=on-failure", "StartLimitBurst=3", "StartLimitIntervalSec=7200",
+    for line in ["Type=exec", "Restart=on-failure", "StartLimitBurst=5", "StartLimitIntervalSec=300",
                  "TimeoutStartSec=3600", "LimitNOFILE=1048576", "User=sglang",
                  "EnvironmentFile=/etc/k26ops/sglang.env", "WantedBy=multi-user.target"]:
         assert line in text.splitlines()

@@ -23,7 +23,9 @@ ln -sfn h200-dflash-0.5.17 /opt/k26ops/releases/current
 el "release installed ($(du -sh "$SP" | cut -f1)); sglang $("$REL/venv/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
 fi
 SP=$("$REL/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-mkdir -p /tmp/cache
+# No cache variables here: k26ops points the engine's (TRITON_CACHE_DIR, FLASHINFER_WORKSPACE_BASE,
+# TVM_FFI_CACHE_DIR, CUDA_CACHE_PATH, TORCHINDUCTOR_CACHE_DIR, XDG_CACHE_HOME for 0.5.17) at the
+# release's own cache dir, /opt/k26ops/engine-cache/<release>/<gpu-sm-tp-spec> (an engine_env setting would win).
 cat > /tmp/h200.yml <<INV
 hosts:
   h200:
@@ -31,6 +33,5 @@ hosts:
     vars:
       recipe: h200-dflash-0.5.17
       model_path: /models/tiny-qwen3
-      engine_env: {HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", XDG_CACHE_HOME: /tmp/cache,
-                   TRITON_CACHE_DIR: /tmp/cache/triton, TVM_FFI_CACHE_DIR: /tmp/cache/tvm-ffi}
+      engine_env: {HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"}
 INV

@@ -167,6 +167,51 @@ def died(unit, base, wait):
             return why, s
         time.sleep(0.1)
 
+def cache_stat(c):
+    """What the engine's cache dir holds ({"files", "kernels", "bytes"}; None when absent).
+    `c`: the request's "cache" ({"dir", "suffixes": what a compiled kernel's file name ends with})."""
+    if not c or not os.path.isdir(c["dir"]):
+        return None
+    files = kernels = size = 0
+    ends = tuple(c.get("suffixes") or ())
+    for root, _dirs, names in os.walk(c["dir"]):
+        for n in names:
+            try: size += os.lstat(os.path.join(root, n)).st_size
+            except OSError: continue
+            files += 1
+            kernels += n.endswith(ends)
+    return {"files": files, "kernels": kernels, "bytes": size}
+
+def make_cache(c):
+    """The cache dir, root-only: its top (`c["top"]`, k26ops_root/engine-cache) and every
+    directory down to it mode 0700 (cached objects are loaded into the engine); owned by
+    the unit's User= where it has one (`c["owner"]`), else root."""
+    top, d = c["top"], c["dir"]
+    rel = os.path.relpath(d, top)
+    if rel.startswith(".."):
+        raise ValueError("engine cache %s is not under %s" % (d, top))
+    uid = gid = None
+    if c.get("owner"):
+        import pwd
+        pw = pwd.getpwnam(c["owner"])
+        uid, gid = pw.pw_uid, pw.pw_gid
+    path = top
+    for part in [""] + rel.split(os.sep):
+        path = os.path.join(path, part) if part else path
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if mode(path) != 0o700: os.chmod(path, 0o700)
+        if uid is not None and path != top: os.chown(path, uid, gid)
+    if uid is not None: os.chmod(top, 0o711)  # the user passes through to its own dir only
+
+def started_at(s):
+    """The wall time the unit's main process started (systemd's monotonic stamp, on this host's clock)."""
+    mono = s.get("ExecMainStartTimestampMonotonic") or 0
+    return time.time() - (time.monotonic() - mono / 1e6) if mono else None
+
+def op_cache(r):
+    if r.get("make"): make_cache(r["cache"])
+    return {"cache": cache_stat(r["cache"]), "at": time.time()}
+
 def op_read(r):
     cur = None
     try: cur = os.readlink(r["current"])
@@ -191,8 +236,11 @@ def op_apply(r):
         write(staged, r["unit_text"], 0o644)
         if shutil.which("systemd-analyze"):
             rc, out, err = sh(["systemd-analyze", "verify", staged], timeout=120)
-            if rc != 0:
-                return {"ok": False, "error": "verify", "output": (err + out).strip()[-3000:]}
+            # exit 0 on a setting it ignores ("Unknown key 'Bogus'", "Failed to parse nice priority"):
+            # systemd would start the unit without it, so it is refused like an error
+            ignored = [l for l in (err + out).splitlines() if l.startswith(staged + ":") and ", ignoring" in l]
+            if rc != 0 or ignored:
+                return {"ok": False, "error": "verify", "output": "\n".join(ignored) or (err + out).strip()[-3000:]}
     # Keep the files in place now, for a rollback (manifest says which existed).
     spath = r.get("secrets_path")
     manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
@@ -217,11 +265,16 @@ def op_apply(r):
     if r.get("enable"):
         rc, out, err = sh(["systemctl", "enable", unit])
         if rc: return {"ok": False, "error": "enable", "output": err.strip()[-500:]}
+    warm = {}
+    if r.get("cache"):  # the release's engine cache: made root-only, and what it holds before the start
+        make_cache(r["cache"])
+        warm["cache_before"] = cache_stat(r["cache"])
     if r.get("restart") or r.get("start"):
         sh(["systemctl", "reset-failed", unit])
+        warm["stop_at"] = time.time()  # the old engine stops serving here (time to first good token from here)
         rc, out, err = sh(["systemctl", "restart" if r.get("restart") else "start", unit], timeout=600)
         if rc: return {"ok": False, "error": "restart", "output": err.strip()[-500:], "show": show(unit)}
-    return {"ok": True, "show": show(unit), "manifest": manifest}
+    return {"ok": True, "show": show(unit), "manifest": manifest, **warm}
 
 def op_rollback(r):
     unit, upath, epath = r["unit"], r["unit_path"], r["env_path"]
@@ -275,11 +328,39 @@ def op_poll(r):
         if code == 200:
             code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host)
             if code2 == 200:
-                return {"state": "healthy", "show": s, "base": base}
+                return {"state": "healthy", "show": s, "base": base, "at": time.time(),
+                        **({"cache": cache_stat(r["cache"])} if r.get("cache") else {})}
         if time.monotonic() >= end:
             j = journal(unit, 30, base.get("InvocationID"))
             return {"state": "loading" if code in (0, 503) else "unhealthy", "health": code,
                     "last_line": last_meaningful(j), "show": s, "base": base}
+        time.sleep(r.get("interval", 0.25))
+
+def inflight_now(port, host):
+    """(status, running, queued) from the engine's /metrics: sglang:num_running_reqs and
+    sglang:num_queue_reqs summed over their samples (one per scheduler); None where not served."""
+    code, text = http(port, "/metrics", timeout=5.0, host=host)
+    if code != 200:
+        return code, None, None
+    got = {"sglang:num_running_reqs": None, "sglang:num_queue_reqs": None}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in got:
+            try: got[name] = (got[name] or 0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError): pass
+    return code, got["sglang:num_running_reqs"], got["sglang:num_queue_reqs"]
+
+def op_inflight(r):
+    """Long-poll (r["window"] s) until the engine has no request running or queued; answers
+    {"status", "running", "queued", "metrics": False where /metrics does not count them}."""
+    end = time.monotonic() + r.get("window", 2.0)
+    while True:
+        code, running, queued = inflight_now(r["port"], r.get("host", "127.0.0.1"))
+        if running is None:
+            return {"status": code, "metrics": False, "running": None, "queued": None}
+        n = int(running + (queued or 0))
+        if n == 0 or time.monotonic() >= end:
+            return {"status": code, "metrics": True, "running": int(running), "queued": int(queued or 0)}
         time.sleep(r.get("interval", 0.25))
 
 def generate(r, name, sampling):
@@ -290,7 +371,7 @@ def generate(r, name, sampling):
     try: data = json.loads(text)
     except ValueError: data = None
     return {"name": name, "sampling": sampling, "status": code, "latency_s": round(latency, 4),
-            "body": data if isinstance(data, dict) else text[:300]}
+            "body": data if isinstance(data, dict) else text[:300], "at": time.time()}
 
 def answered(res):
     body = res["body"]
@@ -307,6 +388,8 @@ def op_smoke(r):
     results = []
     for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
         res = generate(r, req["name"], req["sampling"])
+        if r.get("cache"):
+            res["cache"] = cache_stat(r["cache"])
         results.append(res)
         if answered(res):
             continue
@@ -320,7 +403,23 @@ def op_smoke(r):
                 out["alive"] = {"MainPID": s.get("MainPID"), "state": s.get("ActiveState")}
                 out["journal"] = journal(unit, 40, base.get("InvocationID"))
         return out
-    return {"results": results, "failed": None, "crash": None}
+    out = {"results": results, "failed": None, "crash": None}
+    if r.get("startup"):  # this run's start-up, for its time to first good token
+        out["startup"] = startup(unit, base, r["startup"], r)
+    return out
+
+def startup(unit, base, want, r):
+    """The engine's start-up as it told it: the unit's start time, its log lines that
+    mark a phase (`want["lines"]`: what they contain) and its start-up metrics."""
+    s = show(unit) if unit else {}
+    text = journal(unit, want.get("max_lines", 20000), base.get("InvocationID")) if unit else ""
+    lines = [l for l in text.splitlines() if any(k in l for k in want["lines"])]
+    code, metrics = http(r["port"], "/metrics", timeout=10.0, host=r.get("host", "127.0.0.1"))
+    keep = [l for l in metrics.splitlines() if not l.startswith("#") and any(k in l for k in want["metrics"])] \
+        if code == 200 else []
+    return {"started_at": started_at(s), "log": "\n".join(lines[-400:]), "metrics": "\n".join(keep),
+            "tz_offset": time.localtime().tm_gmtoff}
+
 def sha256(text):
     return hashlib.sha256(text.encode()).hexdigest() if text is not None else None
 

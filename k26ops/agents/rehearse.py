@@ -60,6 +60,8 @@ def op_check(r):
         out["serving"] = unit_state(r["unit"]).get("ActiveState")
     py = r.get("python")
     out["python_exists"] = bool(py) and os.path.exists(py)
+    if r.get("release"):  # `current` resolved: the release id its engine cache is kept under
+        out["release_id"] = os.path.basename(os.path.realpath(r["release"]))
     return out
 
 def copy_model_files(src, dst, notes):
@@ -123,6 +125,7 @@ def op_start(r):
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the release stays as it was built
         deadline = int(r["deadline_s"])
+        started = {"at": time.time(), "tz_offset": time.localtime().tm_gmtoff}  # its start, on this host's clock
         if has_systemd() and not r.get("no_systemd"):
             unit = "k26ops-rehearse-%s.service" % os.path.basename(tmp).split("-")[-1].replace("_", "")
             envfile = os.path.join(tmp, "env")
@@ -136,7 +139,8 @@ def op_start(r):
             if rc != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return {"ok": False, "error": "systemd-run: " + (err or out).strip()[-300:]}
-            return {"ok": True, "handle": {"kind": "unit", "unit": unit, "tmp": tmp, "log": log}, "notes": notes}
+            return {"ok": True, "handle": {"kind": "unit", "unit": unit, "tmp": tmp, "log": log}, "notes": notes,
+                    **started}
         full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         full.update(env)  # as the unit's: the env file's variables over a clean login environment
         with open(log, "ab") as fh:
@@ -144,7 +148,7 @@ def op_start(r):
                                  stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                  start_new_session=True)
         return {"ok": True, "handle": {"kind": "pgroup", "pid": p.pid, "pgid": p.pid, "tmp": tmp, "log": log},
-                "notes": notes}
+                "notes": notes, **started}
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         return {"ok": False, "error": "%s: %s" % (e.__class__.__name__, e)}
@@ -243,7 +247,7 @@ def op_poll(r):
         if code == 200:
             code2, _ = http(port, "/health_generate", timeout=r.get("generate_timeout", 120.0))
             if code2 == 200:
-                return {"state": "healthy", "base": {}}
+                return {"state": "healthy", "base": {}, "at": time.time()}
         if time.monotonic() >= end:
             return {"state": "loading" if code in (0, 503) else "unhealthy", "health": code,
                     "last_line": last_meaningful(tail(h["log"], 60)), "base": {}}
@@ -271,7 +275,7 @@ def op_smoke(r):
         try: data = json.loads(text)
         except ValueError: data = None
         res = {"name": q["name"], "sampling": q["sampling"], "status": code, "latency_s": round(lat, 4),
-               "body": data if isinstance(data, dict) else text[:300]}
+               "body": data if isinstance(data, dict) else text[:300], "at": time.time()}
         results.append(res)
         if code == 200 and generated(data):
             continue

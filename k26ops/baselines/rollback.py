@@ -38,6 +38,7 @@ from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps
 from k26ops.steps.release import ReleaseDecision
+from k26ops.steps.traffic import TrafficStep
 
 
 def _b(step: Step, ctx: HostContext) -> dict:
@@ -212,7 +213,7 @@ def steps(baselines: dict) -> list[Step]:
     verify. `baselines`: host_baselines' answer, the tag's steps' input."""
     tagged = {"baselines": baselines}
     return [BaselineRelease(tagged), BaselineService(tagged), engine_steps.HealthStep(), engine_steps.SmokeStep(),
-            BaselineVerify(tagged)]
+            BaselineVerify(tagged), TrafficStep()]  # back into rotation only once verified healthy
 
 
 def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -> dict:

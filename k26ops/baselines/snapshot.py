@@ -144,6 +144,9 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     lock_text = model_text = rp = None
     try:
         rp = recipe_mod.parse(recipe_text, Path(recipe_path))
+        py = ((facts["python3"] or {}).get("version") or "").split(".")[:2]
+        if len(py) == 2 and ".".join(py) in rp.pythons:  # the lock this host's release was made from
+            rp = recipe_mod.for_python(rp, ".".join(py))
         if rp.lock_path.exists():
             lock_text = rp.lock_path.read_text()
         if rp.model is not None and rp.model.manifest.exists():

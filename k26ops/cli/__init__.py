@@ -12,10 +12,9 @@ import sys
 import click
 from click.core import ParameterSource
 
-from k26ops import __version__
 from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.config
-from k26ops.cli import (baselines, bench, config, deploy, diagnose, engine, globalopts, hosts, inventory, jsonout,
-                        lab, model, pipe, provision, rehearse, selftest, status)
+from k26ops.cli import (baselines, bench, config, deploy, diagnose, engine, gateway, globalopts, hosts, inventory,
+                        jsonout, lab, model, monitoring, pipe, provision, rehearse, reportcmd, selftest, status)
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite
@@ -54,8 +53,17 @@ class K26Group(click.Group):
             sys.exit(EXIT_INTERRUPTED)
 
 
+def _print_version(ctx, _param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        import k26ops  # lazy: the version is looked up for --version only
+
+        click.echo(f"k26ops, version {k26ops.__version__}")
+        ctx.exit()
+
+
 @click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="k26ops")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version (from the git tag it was built from) and exit.")
 @click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
               help="Inventory YAML (default: $K26OPS_INVENTORY, else the config file's, else the running lab's).")
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts or groups (Ansible host pattern).",
@@ -116,7 +124,7 @@ def _apply_config(ctx, settings: Settings) -> None:
 
 
 def _register() -> None:
-    for module in (lab, inventory, diagnose, engine, model):
+    for module in (lab, inventory, diagnose, engine, gateway, model):
         cli.add_command(module.group)
     cli.add_command(hosts.facts_cmd)
     cli.add_command(hosts.check_cmd)
@@ -127,6 +135,8 @@ def _register() -> None:
     cli.add_command(provision.provision_cmd)
     cli.add_command(provision.reboot_cmd)
     cli.add_command(bench.bench_cmd)
+    cli.add_command(reportcmd.report_cmd)
+    cli.add_command(monitoring.monitoring_cmd)
     cli.add_command(baselines.snapshot_cmd)
     cli.add_command(baselines.rollback_cmd)
     cli.add_command(baselines.group)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from k26ops.cli import jsonout, tables
+from k26ops.cli.batchopts import batch_option, default_batch, max_fail_option
 from k26ops.cli.bench import baselines_option, bench_options, render_bench, spec_from
 from k26ops.cli.complete import baseline_tags
 from k26ops.cli.deploy import render_changes
@@ -68,9 +69,14 @@ def snapshot_cmd(settings, tag, message, force, allow_unhealthy, baselines_dir, 
 @click.option("--tag", required=True, metavar="TAG", help="Baseline tag to return to.", shell_complete=baseline_tags)
 @click.option("--check", is_flag=True, help="Change nothing; say what would change.")
 @click.option("--diff", is_flag=True, help="Show text diffs of the unit and env file it restores (secrets redacted).")
+@click.option("--canary", type=click.IntRange(0), default=0, metavar="N",
+              help="Roll back N hosts first; go on with the rest only if they all succeed.")
+@batch_option(help_more=" Default: the config file's `batch`, else one host at a time where the inventory names "
+                        "a model_gateway or drain_hook, else all at once.")
+@max_fail_option()
 @BASELINES_OPT
 @click.pass_obj
-def rollback_cmd(settings, tag, check, diff, baselines_dir):
+def rollback_cmd(settings, tag, check, diff, canary, batch, max_fail, baselines_dir):
     """Bring the hosts back to a tagged baseline: release (rebuilt if gone), unit, env file; verified."""
     # lazy: the baselines package (GitPython aside, about 60 ms) only for the commands that use it
     from k26ops.baselines import rollback
@@ -78,7 +84,9 @@ def rollback_cmd(settings, tag, check, diff, baselines_dir):
     repo = rollback.open_repo(tag, baselines_dir)
     hosts = [h.name for h in settings.selected_hosts()]
     with rollback.prepared(repo, tag, hosts, check=check) as work:
-        results = run_rollout(settings, work, canary=0, title=f"rollback --tag {tag}" + (" --check" if check else ""),
+        results = run_rollout(settings, work, canary=canary, batch=default_batch(settings, batch),
+                              max_fail=max_fail, stopped="not rolled back",
+                              title=f"rollback --tag {tag}" + (" --check" if check else ""),
                               columns=rollback.COLUMNS, exit=False)
     if not settings.as_json:
         render_changes(results, check=check, diff=diff)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import click
 
+from k26ops import config
+from k26ops.errors import UserError
 from k26ops.rollout import parse_batches, parse_size
+from k26ops.traffic.drain import TrafficConfig
 
 
 class BatchSizes(click.ParamType):
@@ -49,3 +52,20 @@ def max_fail_option():
                         help="Failed hosts a batch after the canary may have and the rollout still go on "
                              "(N hosts or P% of the batch; default 0: any failure stops it). "
                              "The canary must always succeed.")
+
+
+def default_batch(settings, batch):
+    """`--batch` when not given: the config file's `batch`, else one host at a time where any selected
+    host drains through a gateway or hook (k26ops.traffic: a rollout keeps the others serving),
+    else None (all at once after the canary, as before)."""
+    if batch is not None:
+        return batch
+    conf = config.load()
+    if "batch" in conf:
+        try:
+            return parse_batches(conf["batch"])
+        except ValueError as exc:
+            raise UserError(f"{config.config_path()}: batch: {exc}") from None
+    if any(TrafficConfig.of(h).mode in ("gateway", "hook") for h in settings.selected_hosts()):
+        return parse_batches("1")
+    return None

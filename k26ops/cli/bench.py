@@ -7,9 +7,10 @@ import functools
 import sys
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
-from k26ops.cli import tables
+from k26ops.cli import htmlreport, tables
 from k26ops.cli.report import wide_console
 from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench import figures as figs
@@ -46,8 +47,9 @@ def bench_options(fn):
         click.option("--num-prompts", type=click.IntRange(0), default=0, metavar="N",
                      help="Requests per cell (default: 4 x concurrency, at least 8)."),
         click.option("--seed", type=int, default=1, show_default=True, help="Prompt seed (run i uses seed + i)."),
-        click.option("--runs", type=click.IntRange(1, 100), default=3, show_default=True,
-                     help="Repeats; each figure is their median, with min-max."),
+        click.option("--runs", type=click.IntRange(1, 100), default=5, show_default=True,
+                     help="Repeats; each figure is their median, with min-max. 5: the fewest with which "
+                          "--compare can tell a change from noise (enginebench/figures.py judge)."),
         click.option("--generator", type=click.Choice(GENERATORS), default="auto", show_default=True,
                      help="auto: SGLang's serving benchmark when the release venv imports it, else k26ops' own."),
     ]
@@ -84,6 +86,8 @@ def render_bench(host: str, bench: dict, con=None) -> None:
     for cell in bench.get("cells") or []:
         f = cell.get("figures") or {}
         table.add_row(cell_key(cell["concurrency"], cell["temperature"]), *[_stat(f.get(m)) for m in METRICS])
+    for col in table.columns:
+        col.overflow = "fold"  # a terminal folds a long range, never cuts it with "…"
     tables.print_table(con, table)
 
 
@@ -91,14 +95,22 @@ def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict,
     con = con or wide_console()
     rows = figs.compare(bench, base)
     title = f"{host} vs {tag}" + (f" (baseline host {base_host})" if base_host != host else "")
-    table = Table("figure", "what", f"{tag}", "now", "change", "verdict", title=title, box=None)
+    table = Table("figure", "what", f"{tag}", "now", "change", "verdict", "why", title=title, box=None)
     for r in rows:
         pct = "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
-        word = r["verdict"] if r["verdict"] == "same" else f"{r['verdict']} ({r['better']} is better)"
+        word = r["verdict"] if r["verdict"] == figs.NOISE else f"{r['verdict']} ({r['better']} is better)"
         style = {"worse": "red", "better": "green"}.get(r["verdict"], "")
-        table.add_row(r["figure"], r["label"], figs.plain_number(r["baseline"]), figs.plain_number(r["current"]),
-                      pct, f"[{style}]{word}[/]" if style else word)
+        table.add_row(r["figure"], r["label"],
+                      _stat({"median": r["baseline"], "min": r["baseline_min"], "max": r["baseline_max"],
+                             "n": r["baseline_n"]}),
+                      _stat({"median": r["current"], "min": r["current_min"], "max": r["current_max"],
+                             "n": r["current_n"]}),
+                      pct, f"[{style}]{word}[/]" if style else word, r["why"])
+    for col in table.columns:
+        col.overflow = "fold"  # a terminal folds a long range, never cuts it with "…"
     tables.print_table(con, table)
+    con.print(f"median (min-max) of each side's runs; better or worse only when the ranges do not overlap and "
+              f"that is unlikely from noise (exact rank test, p <= {figs.ALPHA:g})", highlight=False, markup=False)
     for d in figs.spec_differences(bench, base):
         con.print(f"note: {host}: settings differ from the baseline's ({d}): figures may not compare",
                   highlight=False, markup=False)
@@ -106,10 +118,13 @@ def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict,
 
 @click.command(name="bench")
 @bench_options
-@click.option("--compare", "compare_tag", metavar="TAG", help="Print each figure beside this baseline's, with % change.")
+@click.option("--compare", "compare_tag", metavar="TAG",
+              help="Measure the baseline's own cells and settings (options given here win) and set each figure "
+                   "beside its, with % change; better or worse only beyond the runs' spread, else within noise.")
 @BASELINES_OPT
+@htmlreport.report_option("the bench (written with --compare or when this is given)")
 @click.pass_obj
-def bench_cmd(settings, compare_tag, baselines_dir, **opts):
+def bench_cmd(settings, compare_tag, baselines_dir, report_path, **opts):
     """Measure the engine on each host, from the host itself (loopback): output tok/s,
     requests/s, TTFT and ITL (median, p99), spec accept length, per concurrency and temperature."""
     spec = spec_from(opts)
@@ -117,15 +132,25 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
     if compare_tag and not stored:
         raise UserError(f"baseline {compare_tag!r} has no bench results (take one with "
                         f"`k26ops snapshot --tag NAME --bench`)")
+    # --compare measures the baseline's own cells and settings, except what the command line gives
+    src = click.get_current_context().get_parameter_source
+    given = {k: opts[k] for k in BENCH_KEYS if src(k) == ParameterSource.COMMANDLINE}
+
+    def spec_for(host: str) -> BenchSpec:
+        if not compare_tag:
+            return spec
+        base = baseline_for(stored, host)[1].get("spec") or {}
+        return BenchSpec.from_json(figs.spec_for_compare(base, spec.to_json(), set(given)))
 
     def work(session, progress):
         ctx = HostContext(session=session, host=session.host, vars=dict(session.host.vars), facts={})
         if not serves_http(ctx.vars):
             return Outcome(generator=f"- (node rank {ctx.vars.get('node_rank')}: benched on rank 0)")
-        b = run_host(ctx, spec, progress)
+        hs = spec_for(session.host.name)
+        b = run_host(ctx, hs, progress)
         out = Outcome(bench=b, generator=b["generator"])
         f = figs.flatten(b)
-        first = cell_key(spec.concurrency[0], spec.temperatures[0])
+        first = cell_key(hs.concurrency[0], hs.temperatures[0])
         out["tok_s"] = round((f.get(f"tok/s@{first}") or {}).get("median") or 0, 1) or None
         out["accept"] = (f.get(f"accept@{first}") or {}).get("median")
         if compare_tag:
@@ -134,7 +159,9 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
                               "settings_differ": figs.spec_differences(b, got[1])}
         return out
 
-    first = cell_key(spec.concurrency[0], spec.temperatures[0])
+    hosts = settings.selected_hosts()
+    shown = spec_for(hosts[0].name) if hosts else spec  # the first cell the table shows
+    first = cell_key(shown.concurrency[0], shown.temperatures[0])
     results = run_rollout(settings, work, canary=0, title="engine bench", exit=False,
                           columns=[("generator", "generator"), (f"tok/s {first}", "tok_s"),
                                    (f"accept {first}", "accept")])
@@ -147,4 +174,6 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
             if compare_tag:
                 base_host, base = baseline_for(stored, r.host)
                 render_compare(r.host, base_host, compare_tag, r.data["bench"], base, con)
+    if compare_tag or report_path:
+        htmlreport.after_run(settings, results, "bench", report_path, stored=stored or None, tag=compare_tag)
     sys.exit(exit_code(results))

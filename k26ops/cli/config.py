@@ -28,11 +28,16 @@ def effective(settings: Settings) -> dict:
                             "source": "the running lab's" if lab_inv.exists() else "none (no lab running)"}
     path, source = config.baselines_dir()
     out["baselines"] = {"value": str(path), "source": source}
+    path, source = config.recipes_dir()
+    out["recipes"] = {"value": str(path), "source": source}
     for name in ("forks", "deadline", "connect_timeout"):
         out[name] = {"value": getattr(settings, name), "source": settings.sources.get(name, "default")}
     pattern = config.load().get("targets")
     out["targets"] = {"value": pattern, "source": f"config {config.config_path()}" if pattern else
                       "default (the hosts that set gpus_per_host, else every host)"}
+    batch = config.load().get("batch")
+    out["batch"] = {"value": batch, "source": f"config {config.config_path()}" if batch else
+                    "default (deploy/rollback: one host at a time where a gateway or drain_hook is set, else all)"}
     return out
 
 

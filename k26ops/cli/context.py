@@ -62,6 +62,7 @@ class Settings:
     warnings: tuple = ()  # the loaded inventory's warnings, for --json output
     sources: dict = field(default_factory=dict)  # setting -> "--forks", "config PATH", "default"...
     said: set = field(default_factory=set, repr=False)  # warnings already printed (a command selects often)
+    loaded: dict = field(default_factory=dict, repr=False)  # (path, mtime, size) -> Inventory: one read per command
 
     @property
     def lab_path(self) -> Path:
@@ -110,7 +111,18 @@ class Settings:
         """(inventory, its hosts matching `pattern` with their multi-node vars filled);
         the inventory's warnings go to stderr, each once per command. The one place
         hosts are selected."""
-        inv = inventory.load(self.inventory_path())
+        path = self.inventory_path()
+        try:
+            st = path.stat()
+            key = (str(path), st.st_mtime_ns, st.st_size)
+        except OSError:
+            key = None  # inventory.load names the problem
+        inv = self.loaded.get(key) if key else None
+        if inv is None:
+            inv = inventory.load(path)
+            if key:
+                self.loaded.clear()
+                self.loaded[key] = inv
         for w in getattr(inv, "warnings", []):
             if w not in self.said:
                 self.said.add(w)

@@ -10,13 +10,15 @@ from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE, parse_figure
 from k26ops.enginebench.gate import BenchGate, plan_gate
 from k26ops.enginebench.run import METRICS
-from k26ops.cli.batchopts import batch_option, max_fail_option
+from k26ops.cli import htmlreport
+from k26ops.cli.batchopts import batch_option, default_batch, max_fail_option
 from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
 from k26ops.cli.rehearse import options_from, rehearsal_options
 from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
 from k26ops.fleet import exit_code
+from k26ops.rehearsal import summary as rehearsal_summary
 from k26ops.rehearsal.run import Gate
 from k26ops.cli.rollout import run_rollout
 from k26ops.rollout import canary_batches, playbook_work
@@ -48,6 +50,8 @@ def render_changes(results, *, check: bool, diff: bool) -> None:
             if diff:
                 for d in s.get("diffs", []):
                     click.echo(colour_diff(d.rstrip("\n")))  # never wrapped; colour on a terminal only
+        if r.data.get("rehearsal"):  # deploy --rehearse: what the rehearsal measured, one line
+            con.print(f"  {r.host}: {rehearsal_summary.line(r.data['rehearsal'])}", highlight=False)
         if r.data.get("stale_lock"):
             o = r.data["stale_lock"]
             con.print(f"  {r.host}: note: a run that died held this host "
@@ -78,7 +82,8 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Playbook to run (playbooks/NAME.yml).")
 @click.option("--canary", type=click.IntRange(0), default=0, metavar="N",
               help="Deploy to N hosts first; go on with the rest only if they all succeed.")
-@batch_option(help_more=" Default: the rest at once.")
+@batch_option(help_more=" Default: the config file's `batch`, else one host at a time where the inventory names "
+                        "a model_gateway or drain_hook, else the rest at once.")
 @max_fail_option()
 @click.option("--gate", "gate_tag", metavar="TAG",
               help="With --canary N: bench the canaries (with --batch: every host, batch by batch) and go on "
@@ -93,23 +98,26 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Before a host's engine is switched or restarted, rehearse the new one on dummy weights "
                    "beside it (k26ops rehearse); a failed rehearsal leaves the serving engine untouched.")
 @rehearsal_options
+@htmlreport.report_option("the deploy (written with --gate or when this is given)")
 @click.pass_obj
 def deploy_cmd(settings, check, diff, name, canary, batch, max_fail, gate_tag, gate_threshold, gate_figures,
-               baselines_dir, rehearse, **rkw):
+               baselines_dir, rehearse, report_path, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
     options = RunOptions(rehearse=Gate(options_from(rkw, bench=False)) if rehearse else None)
+    batch = default_batch(settings, batch)
     if gate_tag is None:
-        run_playbook(settings, name, check=check, diff=diff, canary=canary, options=options, batch=batch,
-                     max_fail=max_fail)
-        return
+        results = run_playbook(settings, name, check=check, diff=diff, canary=canary, options=options,
+                               batch=batch, max_fail=max_fail, exit=report_path is None)
+        htmlreport.after_run(settings, results, "deploy", report_path)
+        sys.exit(exit_code(results))
     gated_deploy(settings, name, check=check, diff=diff, canary=canary, batch=batch, max_fail=max_fail,
                  tag=gate_tag, threshold=gate_threshold,
                  figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir,
-                 options=options)
+                 options=options, report_path=report_path)
 
 
 def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, options=None,
-                 batch=None, max_fail=None):
+                 batch=None, max_fail=None, report_path=None):
     """The deploy with the bench gate on its canary batch, and with --batch on
     every later batch too (enginebench/gate.py)."""
     if not canary and not batch:
@@ -146,4 +154,6 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
         elif not settings.as_json:
             checked = "; ".join(f"{c['figure']} {c['current']:g} vs {c['baseline']:g}" for c in g["checked"])
             click.echo(f"gate passed on {r.host} against {tag} (median of {spec.runs} run(s)): {checked}")
+    if not check:
+        htmlreport.after_run(settings, results, "deploy", report_path, stored=stored, tag=tag)
     sys.exit(exit_code(results))

@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from k26ops.cli import jsonout
+from k26ops.cli import jsonout, tables
 from k26ops.cli.context import default_lab_dir, remember_lab_dir
 from k26ops.lab import DEFAULT_BASE_PORT
 
@@ -72,7 +72,7 @@ def status(ctx, directory):
     for r in rows:
         table.add_row(r["name"], str(r["port"]), str(r["engine_port"]), str(r["pid"]),
                       "yes" if r["running"] else "NO", "answers" if r["ssh"] else "NO")
-    Console().print(table)
+    tables.print_table(Console(), table)  # piped: never wrapped
 
 
 @group.command()

@@ -10,5 +10,6 @@ from k26ops import enginehost, inventory, layout, multinode, preflight, profile 
 from k26ops.cli import selftest  # noqa: F401 (declarations)
 from k26ops.inventory import fields, variables  # noqa: F401 (declarations)
 from k26ops.release import installer, wheelsource  # noqa: F401 (declarations)
-from k26ops.steps import driver, engine, toolchain  # noqa: F401 (declarations)
+from k26ops.steps import driver, engine, gateway_spec, toolchain  # noqa: F401 (declarations)
+from k26ops.traffic import drain  # noqa: F401 (declarations)
 from k26ops.weights import sync  # noqa: F401 (declarations)

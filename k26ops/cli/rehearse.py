@@ -13,7 +13,7 @@ from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench.run import parse_list
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome
-from k26ops.rehearsal import plan
+from k26ops.rehearsal import plan, summary
 from k26ops.rehearsal.run import rehearse
 from k26ops.steps import session_context
 
@@ -101,10 +101,9 @@ def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, co
 
 
 def _columns(rep: dict) -> dict:
-    cap = (rep.get("capture") or {}).get("total_s")
-    return {"_state": rep.get("state"), "_ready": f"{rep['ready_s']:.0f}s" if rep.get("ready_s") is not None else None,
-            "_capture": f"{cap:g}s" if cap is not None else ("off" if not rep.get("cuda_graphs") else None),
-            "_accept": rep.get("accept_length"), "_toks": rep.get("tok_s")}
+    f = summary.figures(rep)  # the one format of each figure, also the deploy's rehearsal line
+    return {"_state": f["state"], "_ready": f["ready"], "_capture": f["capture"], "_accept": f["accept"],
+            "_toks": f["tok/s"]}
 
 
 def _save(out: Path | None, host: str, rep: dict) -> None:
@@ -134,13 +133,15 @@ def _render(results) -> None:
         for c in (rep.get("capture") or {}).get("captures") or []:
             con.print(f"  CUDA graph capture ({c['graph']}): {c['seconds']:g} s", highlight=False)
         for name, s in (rep.get("smoke") or {}).items():
+            acc = summary.figures({"accept_length": s.get("spec_accept_length")})["accept"]
             con.print(f"  smoke {name}: HTTP {s.get('status')}, {s.get('latency_s', 0) * 1000:.0f} ms, "
-                      f"{s.get('completion_tokens')} tokens, accept {s.get('spec_accept_length')}", highlight=False)
+                      f"{s.get('completion_tokens')} tokens, accept {acc or '-'}", highlight=False)
         for cell in (rep.get("bench") or {}).get("cells") or []:
             f = cell["figures"]
+            shown = summary.figures({"accept_length": (f.get("accept") or {}).get("median"),
+                                     "tok_s": (f.get("tok/s") or {}).get("median")})
             con.print(f"  bench c{cell['concurrency']}/t{cell['temperature']:g}: "
-                      f"{(f.get('tok/s') or {}).get('median')} tok/s, accept {(f.get('accept') or {}).get('median')}",
-                      highlight=False)
+                      f"{shown['tok/s'] or '-'} tok/s, accept {shown['accept'] or '-'}", highlight=False)
         probe = rep.get("probe")
         if probe:
             con.print(f"  probe {probe.get('patch')}: watched {probe.get('watched') or 'nothing'}; "

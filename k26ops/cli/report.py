@@ -14,13 +14,14 @@ from k26ops.cli.pipe import quiet
 from k26ops.fleet import HostResult, exit_code
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red",
-         "interrupted": "magenta", "skipped": "magenta"}
+         "interrupted": "magenta", "skipped": "magenta"}  # any other status (an engine state: stopped ...) is red
 
 # Columns whose values an operator acts on: never wrapped, cut or hidden.
 KEEP = {"unit", "health", "release", "verdict", "signature", "engine"}
 
 
-def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None) -> None:
+def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None,
+                   host_status=None) -> None:
     """Run `work` over the selected hosts (k26ops.rollout.run, one batch), print,
     and exit with the fleet's code.
 
@@ -29,9 +30,14 @@ def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_
     narrow widths (k26ops.cli.tables); the others wrap, then hide, rightmost first.
     `render(results)` may print extra human detail after the table.
     `exit_with(results)` may raise the exit code (the higher one wins).
+    `host_status(result)` may name a host that ran fine but is not ok (status: an enabled
+    engine that does not serve): that word replaces `ok` in the table, summary and JSON.
     (Playbooks with progress and canaries go through `k26ops.cli.rollout`.)
     """
     run = rollout.run(settings.selected_hosts(), work, settings.fleet_options(), on_event=verbose_events(settings))
+    for r in run.results if host_status else ():
+        if r.status == "ok":
+            r.status = host_status(r) or r.status
     if run.interrupted:
         print_results(settings, run.results, title, columns, code=run.code)
         click.echo(f"k26ops: {run.interrupted}", err=True)
@@ -63,7 +69,7 @@ def print_results(settings, results: list[HostResult], title: str, columns=(), c
         return
     cols = [tables.Col("host", keep=True), tables.Col("status", keep=True),
             *[tables.Col(c[0], keep=c[2] if len(c) > 2 else c[0] in KEEP) for c in columns], tables.Col("time", justify="right")]
-    rows = [[r.host, f"[{STYLE.get(r.status, 'white')}]{r.status}[/]",
+    rows = [[r.host, f"[{STYLE.get(r.status, 'red')}]{r.status}[/]",
              *[_cell(r.data.get(c[1])) for c in columns], f"{r.elapsed:.1f}s"] for r in results]
     tables.show(wide_console(), title, cols, rows, [r.error for r in results],
                 box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)  # no vertical rules: more fits at 80

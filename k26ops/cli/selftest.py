@@ -61,7 +61,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from k26ops import preflight, rollout
-from k26ops.cli import jsonout
+from k26ops.cli import jsonout, tables
 from k26ops.cli.report import verbose_events
 from k26ops.layout import Layout
 from k26ops.errors import EXIT_HOST_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, UserError
@@ -258,9 +258,12 @@ def render(results: list[HostResult], console: Console | None = None) -> None:
     for r in results:
         doc = r.data.get("selftest")
         if doc and doc.get("status") != "no-gpu":
-            table_con = Console(width=max(120, con.width)) if console is None else con
             seen = doc.get("host")
-            table_con.print(checks_table(doc, title=r.host if seen in (None, r.host) else f"{r.host} ({seen})"))
+            table = checks_table(doc, title=r.host if seen in (None, r.host) else f"{r.host} ({seen})")
+            if console is None:  # piped: as wide as its content, never wrapped
+                tables.print_table(Console(width=max(120, con.width)) if con.is_terminal else con, table)
+            else:
+                con.print(table)
     counts: dict[str, int] = {}
     for r in results:
         s = SHOWN.get(r.status, r.status)

@@ -101,6 +101,7 @@ def status_cmd(settings, unit, baselines_dir):
 
     run_and_report(settings, work, title="engine status", render=render,
                    exit_with=lambda results: 1 if not_serving(results) else 0,
+                   host_status=host_status,
                    columns=[("engine", "engine_state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
                             ("weights", "weights_short"), ("restarts", "restarts"),
@@ -128,6 +129,14 @@ def _weights_short(w: dict | None) -> str | None:
     return text
 
 
+def host_status(result) -> str | None:
+    """A host whose enabled engine does not serve is not `ok`: its status is the engine's state
+    (stopped, failed, crash-looping, starting, unhealthy, stopping), the one vocabulary of the
+    engine column, so the table, the summary line and `--json`'s host status all say it."""
+    data = result.data or {}
+    return data.get("engine_state") if data.get("serving_ok") is False else None
+
+
 def xid_lines(events: list[dict]) -> list[str]:
     """One line per GPU and Xid the running engine has lived through (the kernel log since the
     unit became active): 'new since the engine started: GPU 0 (0000:18:00) Xid 79 GPU has fallen
@@ -135,7 +144,7 @@ def xid_lines(events: list[dict]) -> list[str]:
     out = []
     for e in xid.distinct(events):
         at = datetime.fromtimestamp(e["time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        out.append(f"new since the engine started: {xid.who(e)} Xid {e['xid']} {e.get('meaning') or e.get('message')} "
+        out.append(f"new since the engine started: {xid.who(e)} {xid.label(e)} {e.get('meaning') or e.get('message')} "
                    f"at {at}; action: {e['action']}: {xid.ACTION_TEXT[e['action']]}")
     return out
 

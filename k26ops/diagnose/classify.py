@@ -14,7 +14,7 @@ from pathlib import Path
 
 from k26ops.diagnose import chains
 from k26ops.diagnose import signatures as S
-from k26ops.diagnose.details import detail_for
+from k26ops.diagnose.details import detail_for, oom_detail
 from k26ops.diagnose.logtext import Line, clean_lines
 from k26ops.facts import xid as X
 
@@ -52,10 +52,27 @@ class _Log:
         self.lower = self.flat.lower()
         self.marks = chains.progress_marks(self.lines)
         self.serving = [k for k, line in enumerate(self.lines) if chains.SERVING.search(line.text)]
-        stop = next((k for k, line in enumerate(self.lines) if chains.STOP_REQUESTED.search(line.text)), None)
-        # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths
-        self.stop_echo = {k for k in range(stop + 1, len(self.lines)) if chains.STOP_ECHO.search(
-            self.lines[k].text)} if stop is not None else set()
+        self.ready = [k for k, line in enumerate(self.lines) if chains.READY.search(line.text)]
+        # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths; a stop lasts
+        # until the next start (a journal holds the restart after it, and what that run did is its own)
+        self.stop_echo, stopping = set(), False
+        for k, line in enumerate(self.lines):
+            if chains.STOP_REQUESTED.search(line.text):
+                stopping = True
+            elif chains.STARTED.search(line.text):
+                stopping = False
+            elif stopping and chains.STOP_ECHO.search(line.text):
+                self.stop_echo.add(k)
+        for k in [k for k in self.stop_echo if chains.is_exception(self.lines[k].text)]:
+            start = chains.block_start(self.lines, k)  # the traceback that ends in an echo is one too
+            self.stop_echo.update(range(start if start is not None else k, k + 1))
+        for k in [k for k, line in enumerate(self.lines) if chains.IGNORED.match(line.text)]:
+            # Python's own "Exception ignored in: <...>" (a __del__ or atexit at exit): ignored by it, and by us
+            head = next((j for j in range(k + 1, min(len(self.lines), k + 4)) if chains.HEADER.match(
+                self.lines[j].text)), None)
+            end = next((j for j in range(head + 1, min(len(self.lines), head + chains.MAX_BLOCK))
+                        if chains.is_exception(self.lines[j].text)), head) if head is not None else k
+            self.stop_echo.update(range(k, end + 1))  # at exit the frames come without their code lines
         self.fatal = [k for k, line in enumerate(self.lines)
                       if chains.FATAL.search(line.text) and k not in self.stop_echo]
         self._survived: dict[int, str | bool] = {}  # line -> "request" / "served" / False
@@ -109,7 +126,8 @@ def _capture_context(log: _Log, i: int) -> bool:
 
 def survived(log: _Log, i: int) -> bool:
     """The error at line i was one request's: the server caught it (a request-level handler's
-    message heads its traceback), or it served before and after it and nothing says it died."""
+    message heads its traceback), or it served before and after it and nothing says it died; or it
+    came before the server said it was ready, which it then did, and nothing says it died."""
     if i in log._survived:
         return log._survived[i]
     first, _last, has_frames = chains.chain(log.lines, i)
@@ -120,7 +138,8 @@ def survived(log: _Log, i: int) -> bool:
     if not caught:
         running = chains.startup_state(log.marks, i) == "running" or any(k < first for k in log.serving)
         after = any(k > i for k in log.serving)
-        caught = "served" if running and after and not any(k > first for k in log.fatal) else False
+        started = not running and any(k > i for k in log.ready)
+        caught = "served" if (running and after or started) and not any(k > first for k in log.fatal) else False
     log._survived[i] = caught
     return bool(caught)
 
@@ -130,19 +149,20 @@ def _primary(log: _Log) -> int | None:
     exception line, else an error-ish line; echoes of other failures and errors of
     single requests the server survived skipped."""
     candidates = [k for k, line in enumerate(log.lines)
-                  if chains.is_exception(line.text) and not S.SECONDARY.search(line.text)
-                  and not (k and chains.FRAME.match(log.lines[k - 1].text)) and not survived(log, k)]
+                  if chains.is_exception(line.text) and not S.SECONDARY.search(line.text) and k not in log.stop_echo
+                  and not line.quiet and not (k and chains.FRAME.match(log.lines[k - 1].text))
+                  and not survived(log, k)]
     with_tb = next((k for k in candidates if chains.block_start(log.lines, k) is not None), None)
     if with_tb is not None or candidates:
         return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
-        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text \
+        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text and not line.quiet \
                 and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text) \
                 and k not in log.stop_echo and not survived(log, k):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
     return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text)
-                 and k not in log.stop_echo and (
+                 and k not in log.stop_echo and not line.quiet and (
                  chains.is_exception(line.text) or chains.ERRORISH.search(line.text)
                  or (line.error_level and line.text)) and not survived(log, k)), None)
 
@@ -164,13 +184,30 @@ def _config_context(log: _Log, i: int) -> bool:
     return bool(found) and bool(S.CONFIG_FRAMES.search(found[-1][0]))
 
 
+def oom_phase(log: _Log, i: int) -> str | None:
+    """The phase an OOM at line i happened in (S.OOM_PHASES, first match in the table's order), from
+    the frames of its traceback and the message itself; None when they show none."""
+    first, last, has_frames = chains.chain(log.lines, i)
+    text = "\n".join(f"{path} {fn} {code}" for path, fn, code in chains.frames(log.lines, first, last))
+    if not has_frames:  # a traceback in another shape (IPython's "File [...], in fn(...)"): the lines above
+        text = "\n".join(line.text for line in log.lines[max(0, i - 30):i])
+    for phase, rx, _where, _fix in S.OOM_PHASES:  # in the table's order: the start-up phases first
+        if rx.search(text + "\n" + log.lines[i].text):
+            return phase
+    return None
+
+
 def _accept(log: _Log, sig: S.Signature, i: int, primary: int | None) -> bool:
     if sig.context == "graph":
         return _graph_context(log, i, sig)
     if sig.context == "capture":
-        return _capture_context(log, i)
+        return _capture_context(log, i) and oom_phase(log, i) is None
     if sig.context == "config":
         return _config_context(log, i)
+    if sig.context == "not-capture":  # an OOM outside graph capture (CAPTURE_OOM takes the rest)
+        return not _capture_context(log, i) or oom_phase(log, i) is not None
+    if sig.context == "startup":  # raised before the engine served anything
+        return chains.startup_state(log.marks, i) != "running" and not any(k < i for k in log.serving)
     if sig.context == "primary":
         if primary is None or i <= primary:
             return True
@@ -196,6 +233,8 @@ def _first_accepted(log: _Log, sig: S.Signature, primary: int | None):
     for n, (i, weak, m) in enumerate(_hits(log, sig)):
         if (first is not None and n > 300) or n > 3000:
             break
+        if log.lines[i].quiet and primary is None and not any(not log.lines[k].quiet for k in log.fatal):
+            continue  # a warning or info line may explain a crash, never make one
         if weak and not _accept(log, sig, i, primary):
             continue
         if weak and survived(log, i):
@@ -226,27 +265,31 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
     """The kernel's Xid lines in the log, named before the software symptom they caused: a
     hardware Xid wins over any engine error; an application Xid names the crash only when
     the engine's own lines name nothing (its software signature keeps the Xid in `detail`)."""
-    if "NVRM" not in (text or ""):
+    if not any(k in (text or "") for k in ("NVRM", "SXid", "device handle")):
         return None
     events = X.parse_kernel_text(text, bus_ids)
     if not events:
         return None
-    hardware = [e for e in events if e.kind == "hardware"]
+    hardware = [e for e in events if e.kind == "hardware" and e.action != "none"]
     pick = hardware[0] if hardware else next((e for e in events if e.kind == "application"), None)
     if pick is None:
         return None
     gpus = sorted({e.gpu for e in (hardware or [pick]) if e.gpu is not None})
-    detail = {"xid": pick.xid, "pci": pick.pci, "gpu": pick.gpu, "uuid": pick.uuid,
+    detail = {"xid": pick.xid, "pci": pick.pci, "gpu": pick.gpu, "uuid": pick.uuid, "source": pick.source,
               "action": pick.action, "meaning": pick.meaning, "events": len(events)}
     if pick.caused_by:
         detail["caused_by"] = pick.caused_by
     if len(gpus) > 1:
         detail["gpus"] = gpus
-    engine_error = soft.error_found and soft.signature and "NVRM" not in soft.evidence
+    engine_error = (soft.error_found and soft.signature and "NVRM" not in soft.evidence
+                    and soft.signature != S.GPU_ERROR_TEXT.id)
     if engine_error:
         detail["symptom"] = soft.signature
         detail["symptom_evidence"] = soft.evidence[:300]
-    where = f"GPU {pick.gpu} ({pick.pci})" if pick.gpu is not None else f"the GPU at PCI {pick.pci}"
+    where = (f"GPU {pick.gpu} ({pick.pci})" if pick.gpu is not None else f"the GPU at PCI {pick.pci}" if pick.pci
+             else f"the driver's {pick.name}" if pick.name else "a GPU")
+    if pick.source == "sxid":
+        where = f"NVSwitch {pick.name} (PCI {pick.pci})"
     said = f"The engine's own error ({soft.signature}: {soft.evidence[:120]})" if engine_error else ""
     symptom = (f"{said} is what this fault caused, not its cause. " if hardware else
                f"{said} is this fault seen from the program. ") if engine_error else ""
@@ -256,14 +299,14 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
                          detail=detail, line=pick.line + 1, rank=None, phase=soft.phase,
                          algorithm=soft.algorithm,
                          suggestion=S.GPU_FAULT_SUGGESTION.format(
-                             where=where, xid=pick.xid, meaning=pick.meaning, symptom=symptom,
+                             where=where, xid=pick.label, meaning=pick.meaning, symptom=symptom,
                              action=X.ACTION_TEXT[pick.action]))
     if soft.error_found and soft.signature != S.UNCLASSIFIED:
         soft.detail = {**soft.detail, "xid": pick.xid, "xid_pci": pick.pci}
         return soft
     return Diagnosis(signature=S.GPU_APP_FAULT, evidence=pick.text, title=S.GPU_APP_TITLE, detail=detail,
                      line=pick.line + 1, phase=soft.phase, algorithm=soft.algorithm,
-                     suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.xid, meaning=pick.meaning,
+                     suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.label, meaning=pick.meaning,
                                                             symptom=symptom))
 
 
@@ -282,11 +325,19 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
     for sig in S.SIGNATURES:
         for i, m in _first_accepted(log, sig, primary):
             first, evidence = log.span_text(m)
+            if first and _continues(log, first):  # an exception message a paste wrapped: from its start
+                first, evidence = first - 1, log.lines[first - 1].text + evidence
             detail, suggestion = detail_for(sig, m, log.lines, first, algorithm, base)
+            title = sig.title
+            if sig is S.GPU_OOM:
+                detail, suggestion = oom_detail(oom_phase(log, first), phase_at(log, first))
+                title = f"out of GPU memory ({detail['phase']})"
             return Diagnosis(signature=sig.id, evidence=evidence, phase=phase_at(log, first),
                              rank=log.lines[first].rank, algorithm=algorithm, detail=detail,
-                             suggestion=suggestion, title=sig.title,
+                             suggestion=suggestion, title=title,
                              line=log.lines[first].raw_index + 1)
+    if (killed := _killed(log, primary)) is not None:
+        return killed
     if primary is None:
         survived_n = _request_errors(log)
         return Diagnosis(None, "", suggestion=S.NO_ERROR_SUGGESTION + (
@@ -301,6 +352,39 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
                      detail={"exception": exc.group("type")} if exc else {},
                      suggestion=S.UNCLASSIFIED_SUGGESTION, title="no known crash signature",
                      line=line.raw_index + 1)
+
+
+def _continues(log: _Log, k: int) -> bool:
+    """Line k is the rest of the exception line above it, wrapped by a paste ("... (4.26 GiB KV cach" /
+    "e is needed, ..."): no record or frame of its own, the line above an exception not ending a sentence."""
+    above, line = log.lines[k - 1].text, log.lines[k]
+    return (chains.is_exception(above) and not chains.is_exception(line.text) and not line.new_record
+            and not chains.FRAME.match(line.text) and not above.rstrip().endswith((".", "!", ")", ":"))
+            and line.raw_index == log.lines[k - 1].raw_index + 1 and not line.text[:1].isupper())
+
+
+def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
+    """A run SIGKILLed with no error text of its own (the primary line, if any, is no exception):
+    'killed (signal 9)', and 'by the OOM killer' where the kernel log or journal in the text says so.
+    Kills that echo a requested stop are not this."""
+    if primary is not None and chains.is_exception(log.lines[primary].text):
+        return None
+    kills = [k for k, line in enumerate(log.lines) if S.KILLED.search(line.text) and k not in log.stop_echo]
+    # sglang's cleanup after a failed child (SIGQUIT to the parent, then kill_process_tree) SIGKILLs the rest:
+    # a kill after it is that cleanup's echo; a kill that set it off ("crashed with exit code -9") is not
+    quit_at = next((k for k, line in enumerate(log.lines) if S.SIGQUIT_CLEANUP.search(line.text)), None)
+    kills = [k for k in kills if quit_at is None or k <= quit_at]
+    ooms = [k for k, line in enumerate(log.lines) if S.OOM_KILLER.search(line.text)]
+    if not kills and not ooms:
+        return None
+    k = ooms[0] if ooms else kills[-1]
+    oom = bool(ooms)
+    title = S.KILLED_TITLE + (" by the OOM killer" if oom else "")
+    return Diagnosis(signature=S.PROCESS_KILLED, evidence=log.lines[k].text, title=title,
+                     detail={"signal": 9, "oom_killer": oom},
+                     suggestion=S.KILLED_SUGGESTION.format(by=" (by the OOM killer)" if oom else "",
+                                                           fix=S.KILLED_FIX_OOM if oom else S.KILLED_FIX),
+                     phase=phase_at(log, k), line=log.lines[k].raw_index + 1)
 
 
 def classify_file(path: str | Path) -> Diagnosis:

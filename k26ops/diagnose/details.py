@@ -97,6 +97,29 @@ def _config(evidence: str, sig: S.Signature) -> tuple[dict, str]:
     return ({"exception": exc.group("type")} if exc else {}), sig.suggestion
 
 
+def compute_capability(text: str) -> str | None:
+    """The GPU's compute capability where the log shows it ("8.6"), else None."""
+    for rx in S.COMPUTE_CAPABILITY:
+        if m := rx.search(text):
+            if m.groupdict().get("cc"):
+                return m.group("cc")
+            sm = m.group("sm")
+            return f"{sm[:-1]}.{sm[-1]}"
+    return None
+
+
+def oom_detail(phase: str | None, fallback: str | None) -> tuple[dict, str]:
+    """(detail, suggestion) of an OOM outside capture, by the phase the traceback shows."""
+    for name, _rx, where, fix in S.OOM_PHASES:
+        if name == phase:
+            return {"phase": name}, S.GPU_OOM.suggestion.format(where=where, fix=fix[0].upper() + fix[1:] + ".")
+    where = "while serving" if fallback == "replay" else "at start-up" if fallback is None else f"({fallback})"
+    return ({"phase": "serving" if fallback == "replay" else "startup"},
+            S.GPU_OOM.suggestion.format(where=where, fix="Lower --mem-fraction-static, --max-running-requests or "
+                                        "--chunked-prefill-size, or use more GPUs; check `nvidia-smi` for other "
+                                        "processes on these GPUs."))
+
+
 def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
                algorithm: str | None, base: str | None = None) -> tuple[dict, str]:
     """(detail, suggestion) for a hit of `sig` at line i."""
@@ -143,5 +166,13 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         detail = {"requirement": re.sub(r"\s+", " ", m.group("requirement")).strip()}
         if exc:
             detail["exception"] = exc.group("type")
-        return detail, sig.suggestion
+        if cc := compute_capability("\n".join(line.text for line in lines)):
+            detail["compute_capability"] = cc
+        return detail, sig.suggestion + (f" This GPU's compute capability: {cc}." if cc else "")
+    if sig is S.GPU_ERROR_TEXT:
+        what = re.sub(r"\s+", " ", m.group("what")).strip()
+        return {"error": "nvlink" if "nvlink" in what.lower() else "uncorrectable-ecc", "reported_by": "cuda",
+                "action": "reset-gpu"}, sig.suggestion
+    if sig is S.SPEC_REFUSED:
+        return {"exception": m.group("exc").split(".")[-1]}, sig.suggestion
     return {}, sig.suggestion

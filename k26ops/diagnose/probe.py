@@ -33,10 +33,12 @@ from k26ops import agents, resources, units
 from k26ops.diagnose.signatures import PROBE_WATCHED
 from k26ops.diagnose.classify import classify
 from k26ops.enginehost import EngineHost, agent as engine_agent, wait_ready
-from k26ops.errors import UserError
+from k26ops.errors import StepFailed, UserError
 from k26ops.release import patchset
 from k26ops.hostlock import HostLock, HostLocked
 from k26ops.steps import session_context
+from k26ops.traffic import drain as drain_mod
+from k26ops.traffic.gateway import GatewayError
 
 PATCHES = resources.path("patches")
 PROBE_GUARD = "diagnose"
@@ -164,6 +166,7 @@ class ProbeReport:
     engine_after: dict = field(default_factory=dict)
     interrupted: bool = False
     plan: list = field(default_factory=list)  # --check: what would be done
+    traffic: dict | None = None  # the drain around the restart (k26ops.traffic.drain), where the host drains
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -209,7 +212,8 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
         rep.graphs_enabled_by_dropin = exec_start is not None
         try:
             _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
-                      ready_timeout, requests, progress, classify, api_key=eh.api_key())
+                      ready_timeout, requests, progress, classify, api_key=eh.api_key(),
+                      drain=drain_mod.for_session(session, progress))
         except BaseException as exc:  # restored already; let the caller say how the restore went
             exc.probe_report = rep
             raise
@@ -272,7 +276,7 @@ def describe_drift(drift: list) -> str:
 
 
 def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
-              ready_timeout, requests, progress, classify, api_key=None) -> None:
+              ready_timeout, requests, progress, classify, api_key=None, drain=None) -> None:
     restarted = False
     try:
         progress(f"applying the probe patch to release {st['release_id']}")
@@ -280,6 +284,8 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
                     probe_state=PROBE_STATE, base=st.get("base"))
         if not res.get("ok"):
             raise ProbeFailed(f"the probe patch does not apply to release {st['release_id']}: {res.get('error')}")
+        if was_active and drain is not None:  # out of rotation and drained before the restart
+            drain.take_out()
         progress("restarting the engine with CUDA graphs on"
                  + (" (temporary drop-in without --disable-cuda-graph)" if exec_start else ""))
         r = agent(session, "restart", timeout=700, unit=uname, dropin=DROPIN_NAME,
@@ -332,11 +338,11 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
             rep.diagnosis = d.to_json()
     finally:
         _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
-                 ready_timeout)
+                 ready_timeout, drain if restarted else None)
 
 
 def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
-             ready_timeout):
+             ready_timeout, drain=None):
     """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this."""
     interrupted = []
     old = None
@@ -367,6 +373,13 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
                                                       f"{w.elapsed:.0f}s"))
             if w.state == "healthy":
                 rep.restored.append(f"the engine is healthy again ({w.elapsed:.0f}s)")
+                if drain is not None:  # back into rotation only once the restored engine answers
+                    try:
+                        drain.put_back()
+                        rep.restored.append("back in rotation")
+                    except (StepFailed, GatewayError) as exc:
+                        rep.restore_errors.append(f"not put back in rotation: {exc}")
+                    rep.traffic = drain.record
             elif w.state == "crashed":
                 rep.restore_errors.append(f"the restored engine crashed: {w.poll.get('why')}")
             else:

@@ -36,13 +36,15 @@ def _rx(*patterns: str) -> tuple[re.Pattern, ...]:
 class Signature:
     """One crash kind. `context`: None (the message alone is enough), "graph"
     (the failing traceback must run through CUDA-graph code), "capture" (it
-    must be graph capture), "primary" (it must be the first real error)."""
+    must be graph capture), "not-capture" (it must not be), "config" (raised in
+    the engine's argument checks), "startup" (raised before the engine served
+    anything), "primary" (it must be the first real error)."""
 
     id: str
     title: str
     patterns: tuple[re.Pattern, ...]
     suggestion: str
-    context: str | None = None  # also "config": raised in the engine's argument checks
+    context: str | None = None
     # Patterns that are enough without context (e.g. the probe's own tag).
     strong: tuple[re.Pattern, ...] = field(default=())
     # Cheap prefilter: lowercase words one of which any hit contains.
@@ -267,15 +269,18 @@ CONFIG_RULE_MESSAGES = (
 # argparse's own refusal, as launch_server prints it before anything starts:
 # "launch_server.py: error: unrecognized arguments: --reasoning_parser kimi_k2" (sgl-project/sglang#12818).
 ARGPARSE_REFUSAL = (r"^(?P<prog>[\w.\-]+(?: [\w.\-]+)?): error: (?P<argparse>unrecognized arguments|"
-                    r"argument (?P<arg>[-\w/]+): (?:invalid|expected|ambiguous|not allowed)[^:]*|"
+                    r"argument (?P<arg>[-\w/]+): (?:invalid|expected|ambiguous|not allowed|\d+ validation errors? for)[^:]*|"
                     r"the following arguments are required)(?::\s*(?P<args>.*))?$")
 CONFIG_REFUSED = Signature(
     keywords=("valueerror", "assertionerror", "notimplementederror", "support", "need", "must",
-              "differ", ": error: "),
+              "differ", ": error: ", "validation error"),
     id="engine-config-refused",
     title="the engine refused its configuration at start-up",
     strong=tuple(re.compile(rx, re.IGNORECASE) for _name, rx in CONFIG_RULE_MESSAGES)
-    + (re.compile(ARGPARSE_REFUSAL, re.MULTILINE),),
+    + (re.compile(ARGPARSE_REFUSAL, re.MULTILINE),)
+    + (re.compile(r"(?:\d+" + _ + r"validation" + _ + r"errors?" + _ + r"for" + _ + r"\w*(?:Config|Args|Arguments)"
+                  + r"\s*\n\s*(?:[\w.]+\s*\n\s*)?)?(?P<pydantic>(?:Value" + _ + r"error,|Assertion" + _
+                  + r"failed,)[^\n]*\[type=(?:value_error|assertion_error)[^\n]*)", re.IGNORECASE),),
     # Any other refusal raised by the engine's own argument checks.
     patterns=(re.compile(r"^(?P<exc>ValueError|AssertionError|NotImplementedError|TypeError):"
                          r"\s*(?P<msg>\S.*)$", re.MULTILINE),),
@@ -300,13 +305,30 @@ CONFIG_FRAMES = re.compile(r"server_args\.py|/arg_groups/|speculative_hook\.py|v
 # B300 (sgl-project/sglang#25564: "AssertionError: Only SM 10.x and 11.x are supported") and
 # flashinfer's SM120 kernel on SM121 (flashinfer-ai/flashinfer#4600).
 BACKEND_UNSUPPORTED_GPU = Signature(
-    keywords=("sm",),
+    keywords=("sm", "kernel image", "fp8e4nv", "architecture", "flashattention", "compute capability"),
     id="backend-unsupported-gpu",
     title="a kernel or attention backend does not support this GPU",
     strong=_rx(r"(?P<requirement>Only" + _ + r"SM" + _ + r"[\d.x]+(?:" + _ + r"and" + _ + r"[\d.x]+)?"
                + _ + r"(?:is|are)" + _ + r"supported)",
                r"(?P<requirement>(?P<kernel>\w+)" + _ + r"is" + _ + r"only" + _ + r"supported" + _ + r"on"
-               + _ + r"SM\s*\d+[^\n]*)"),
+               + _ + r"SM\s*\d+[^\n]*)",
+               # CUDA: the build has no kernel for this architecture (vllm-project/vllm#14452, #19185)
+               r"(?P<requirement>no" + _ + r"kernel" + _ + r"image" + _ + r"is" + _ + r"available" + _ + r"for"
+               + _ + r"execution" + _ + r"on" + _ + r"the" + _ + r"device)",
+               r"(?P<requirement>cudaErrorNoKernelImageForDevice|CUDA_ERROR_NO_BINARY_FOR_GPU)",
+               # Triton: an fp8 dtype the architecture lacks (sgl-project/sglang#5871 on sm_86)
+               r"(?P<requirement>type" + _ + r"fp8e4nv" + _ + r"not" + _ + r"supported" + _ + r"in" + _ + r"this"
+               + _ + r"architecture)",
+               r"(?P<requirement>fp8e4nv" + _ + r"data" + _ + r"type" + _ + r"is" + _ + r"not" + _ + r"supported"
+               + _ + r"on" + _ + r"CUDA" + _ + r"arch" + _ + r"<" + _ + r"\d+)",
+               # flash-attn 2 on a pre-Ampere GPU (V100, T4): its own check's words
+               r"(?P<requirement>FlashAttention" + _ + r"only" + _ + r"supports" + _ + r"(?:Ampere|Hopper|Turing)"
+               + _ + r"GPUs" + _ + r"or" + _ + r"newer)",
+               # vLLM's dtype check: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0.
+               # Your Tesla T4 GPU has compute capability 7.5."
+               r"(?P<requirement>\w+" + _ + r"is" + _ + r"only" + _ + r"supported" + _ + r"on" + _ + r"GPUs" + _
+               + r"with" + _ + r"compute" + _ + r"capability" + _ + r"of" + _ + r"at" + _ + r"least" + _
+               + r"\d+\.\d+)"),
     patterns=(),
     suggestion=("The kernel or attention backend the engine chose does not run on this GPU's "
                 "architecture (its compute capability; `k26ops facts` shows it). Choose another "
@@ -314,22 +336,169 @@ BACKEND_UNSUPPORTED_GPU = Signature(
                 "whose kernels support this GPU, then restart. Nothing is wrong with the GPU."),
 )
 
+# A port the engine binds is taken: uvicorn's line for the HTTP port ("[Errno 98] error while attempting
+# to bind on address ('::', 2242, 0, 0): address already in use", dphnAI/sonar#621), Python's own
+# OSError, or torch's TCPStore for the dist-init port ("failed to bind to 0.0.0.0:29500 (errno: 98 -
+# Address already in use)", huggingface/text-generation-inference#1156).
+PORT_IN_USE = Signature(
+    keywords=("already in use",),
+    id="port-in-use",
+    title="a port the engine listens on is taken (port clash)",
+    patterns=_rx(r"error" + _ + r"while" + _ + r"attempting" + _ + r"to" + _ + r"bind" + _ + r"on" + _
+                 + r"address" + _ + r"\((?P<address>[^)\n]*)\):" + _ + r"address" + _ + r"already" + _ + r"in" + _ + r"use",
+                 r"failed" + _ + r"to" + _ + r"bind" + _ + r"to" + _ + r"(?P<address>\S+)" + _
+                 + r"\(errno:" + _ + r"98" + _ + r"-" + _ + r"Address" + _ + r"already" + _ + r"in" + _ + r"use",
+                 r"\[Errno" + _ + r"98\]" + _ + r"Address" + _ + r"already" + _ + r"in" + _ + r"use"),
+    suggestion=("Another process holds a port this engine binds (the HTTP port, or --dist-init-addr's / the NCCL "
+                "port): `ss -ltnp` on the host names it. Stop it (an engine left running outside the unit, a "
+                "second unit) or give this engine another port: engine_port, or --rehearse-port for a "
+                "rehearsal. Under systemd it restarts into the same clash until the port is free."),
+)
+
+# Where a log shows the GPU's compute capability (torch's warnings, sglang/vllm env dumps, triton's
+# metadata): "... with CUDA capability sm_120 is not compatible", "which is of cuda capability 7.0",
+# "GPU 0,1 Compute Capability: 8.6", "compute_cap\n8.6", "deepseek-v4-flash with sm80".
+COMPUTE_CAPABILITY = (
+    re.compile(r"CUDA\s+capability\s+sm_(?P<sm>\d{2,3})\b", re.IGNORECASE),
+    re.compile(r"cuda\s+capability\s+(?P<cc>\d+\.\d+)", re.IGNORECASE),
+    re.compile(r"Compute\s+Capability:\s*(?P<cc>\d+\.\d+)", re.IGNORECASE),
+    re.compile(r"GPU\s+has\s+compute\s+capability\s+(?P<cc>\d+\.\d+)", re.IGNORECASE),
+    re.compile(r"^compute_cap\s*\n\s*(?P<cc>\d+\.\d+)\s*$", re.MULTILINE),
+    re.compile(r"\bsm_?(?P<sm>[5-9]\d|1[0-2]\d)a?\b"),
+)
+
+# CUDA's own words for a GPU memory or link fault, inside the engine's log: the GPU's fault, not
+# the engine's (vllm-project/vllm#5222, verl-project/verl#407, huggingface/accelerate#1192).
+GPU_ERROR_TEXT = Signature(
+    keywords=("ecc", "nvlink error"),
+    id="gpu-hardware-fault",
+    title="CUDA reported a GPU hardware error (uncorrectable ECC or NVLink) to the engine",
+    strong=_rx(r"(?P<what>uncorrectable" + _ + r"ECC" + _ + r"error" + _ + r"encountered)",
+               r"(?P<what>CUDA_ERROR_ECC_UNCORRECTABLE|cudaErrorECCUncorrectable)",
+               r"(?P<what>uncorrectable" + _ + r"NVLink" + _ + r"error" + _ + r"detected)"),
+    patterns=(),
+    suggestion=("CUDA says the GPU hit an uncorrectable memory (ECC) or NVLink error: the hardware, "
+                "not the engine. Drain the host, stop GPU processes and reset the GPU (nvidia-smi -r -i N) "
+                "or reboot; read the kernel log's Xid (48, 94, 95, 74) and `nvidia-smi -q` (ECC Errors, "
+                "Remapped Rows) for which GPU; if it repeats on the same GPU, RMA it. Restarting the "
+                "engine on the same GPU first is likely to fail again."),
+)
+
+# Out of GPU memory outside CUDA-graph capture, named by the phase the traceback shows: the KV cache
+# pool (sgl-project/sglang#12496, vllm _allocate_kv_cache), the attention backend's buffers
+# (sgl-project/sglang#18262), loading weights, or serving.
+GPU_OOM = Signature(
+    keywords=("memory", "calloc"),
+    id="gpu-out-of-memory",
+    title="out of GPU memory (outside CUDA-graph capture)",
+    patterns=CAPTURE_OOM.patterns + _rx(
+        r"Not" + _ + r"enough" + _ + r"memory\." + _ + r"Please" + _ + r"try" + _ + r"to" + _ + r"increase"
+        + _ + r"--mem-fraction-static",
+        r"Not" + _ + r"enough" + _ + r"memory" + _ + r"to" + _ + r"allocate" + _ + r"KV" + _ + r"cache",
+        r"No" + _ + r"available" + _ + r"memory" + _ + r"for" + _ + r"the" + _ + r"cache" + _ + r"blocks",
+        # vLLM V1's KV-cache sizing: "... KV cache is needed, which is larger than the available KV cache memory"
+        r"larger" + _ + r"than" + _ + r"the" + _ + r"available" + _ + r"KV" + _ + r"cache" + _ + r"memory",
+        # older vLLM: "The model's max seq len (4096) is larger than the maximum number of tokens that can be
+        # stored in KV cache (3664)"
+        r"larger" + _ + r"than" + _ + r"the" + _ + r"maximum" + _ + r"number" + _ + r"of" + _ + r"tokens" + _
+        + r"that" + _ + r"can" + _ + r"be" + _ + r"stored" + _ + r"in" + _ + r"KV" + _ + r"cache"),
+    context="not-capture",
+    suggestion="Out of GPU memory {where}. {fix}",
+)
+# phase -> (frames or words that show it, where, fix)
+OOM_PHASES = (
+    ("kv-cache-init", re.compile(r"init_memory_pool|TokenToKVPool|_allocate_kv_cache|initialize_kv_cache|"
+                                 r"init_cache_engine|initialize_cache\b|to allocate KV cache|"
+                                 r"memory for the cache blocks|increase --mem-fraction-static|"
+                                 r"available KV cache memory|stored in KV cache", re.IGNORECASE),
+     "while allocating the KV cache pool at start-up",
+     "the weights left too little room for the KV cache (or another process holds GPU memory): raise "
+     "--mem-fraction-static a little if the engine says so, else lower --context-length, "
+     "--max-running-requests or --cuda-graph-max-bs, use a larger TP, and check `nvidia-smi` for "
+     "other processes on these GPUs"),
+    ("attention-backend-init", re.compile(r"init_attention_backend|/attention/\S+ __init__|attn_backend\S* __init__|"
+                                          r"workspace_buffer"),
+     "while the attention backend allocated its buffers at start-up",
+     "the KV cache pool took the memory the attention backend's workspace needs: lower "
+     "--mem-fraction-static (e.g. by 0.02-0.05) or choose another --attention-backend"),
+    ("weight-load", re.compile(r"load_model|load_weights|weight_loader|model_loader", re.IGNORECASE),
+     "while loading the weights", "the model does not fit: use more GPUs (--tp) or a smaller/quantized model"),
+    ("memory-profiling", re.compile(r"profile_run|determine_available_memory|determine_num_available_blocks|"
+                                    r"profile_max_num_token"),
+     "while the engine profiled its peak memory at start-up",
+     "lower the memory the engine may take (--mem-fraction-static / --gpu-memory-utilization) or the batch "
+     "it profiles with (--max-num-batched-tokens / --chunked-prefill-size)"),
+    ("serving", re.compile(r"\bexecute_model\b|worker_busy_loop|forward_batch_generation|\brun_batch\b|"
+                           r"event_loop|sample_tokens"),
+     "while serving", "lower --mem-fraction-static (more room for activations), --max-running-requests or "
+     "--chunked-prefill-size"),
+)
+
+# Refusals raised by the engines' speculative-decoding and attention-backend checks at start-up, in
+# their own exception types and words: "AssertionError: Currently HybridAttentionBackend does not
+# support speculative decoding." (sgl-project/sglang#9330), "AssertionError: multi-layer EAGLE requires
+# speculative_num_draft_tokens == ..." (#36536), "AssertionError: Speculative decoding not yet
+# supported for RayGPU backend." (vllm-project/vllm#4358).
+_SPEC_WORDS = (r"speculative|EAGLE\d?|MTP|NEXTN|DFLASH|DDTREE|draft|ngram|"
+               r"attention[ _-]?backend|attn[ _-]?backend")
+_REFUSAL_WORDS = (r"not\s+(?:yet\s+)?supported|does\s+not\s+support|doesn't\s+support|do\s+not\s+support|"
+                  r"unsupported|requires?|must\s+(?:be|match)|only\s+supports?|incompatible|cannot\s+be\s+used")
+SPEC_REFUSED = Signature(
+    keywords=("speculative", "eagle", "draft", "backend", "mtp", "nextn", "dflash", "ngram"),
+    id="engine-config-refused",
+    title="the engine refused its configuration at start-up",
+    patterns=(re.compile(r"^(?P<exc>(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)):\s*(?P<msg>"
+                         r"(?=.*\b(?:" + _SPEC_WORDS + r"))(?=.*\b(?:" + _REFUSAL_WORDS + r")\b).+)$",
+                         re.MULTILINE | re.IGNORECASE),),
+    context="startup",
+    suggestion=("The engine's speculative-decoding or attention-backend checks refused this combination "
+                "at start-up; under systemd it restarts into the same refusal. Change the flag the message "
+                "names (the attention backend, the speculative algorithm or its step/draft-token counts), "
+                "then restart."),
+)
+# pydantic/dataclass validation of the engine's config classes ("1 validation error for ModelConfig\n
+# Value error, ..." in vllm-project/vllm#26161, zai-org/GLM-V#9): the message after "Value error,".
+PYDANTIC_REFUSAL = (r"(?P<count>\d+)" + _ + r"validation" + _ + r"errors?" + _ + r"for" + _
+                    + r"(?P<config>\w*(?:Config|Args|Arguments))\s*\n\s*(?:(?P<field>[\w.]+)\s*\n\s*)?"
+                    r"(?P<msg>(?:Value" + _ + r"error|Assertion" + _ + r"failed|Input" + _ + r"should)[^\n]*)")
+
 # Named by the kernel's NVRM lines in the log, not by a regex over the engine's text
 # (k26ops/facts/xid.py parses them; classify puts a hardware Xid before any software symptom).
 GPU_HARDWARE_FAULT = "gpu-hardware-fault"
 GPU_APP_FAULT = "gpu-xid-app-fault"
-GPU_HARDWARE_TITLE = "the GPU failed under the engine (kernel NVRM Xid)"
+GPU_HARDWARE_TITLE = "the GPU failed under the engine (kernel NVRM Xid, GSP, NVSwitch SXid or nvidia-smi)"
 GPU_APP_TITLE = "the GPU reported a fault of the program running on it (kernel NVRM Xid)"
-GPU_FAULT_SUGGESTION = ("{where}: Xid {xid}, {meaning}. Action: {action}. {symptom}"
+GPU_FAULT_SUGGESTION = ("{where}: {xid}, {meaning}. Action: {action}. {symptom}"
                         "NVIDIA's Xid catalogue: " + "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html")
-GPU_APP_SUGGESTION = ("{where}: Xid {xid}, {meaning}. This Xid usually follows a bug in the program on the "
+GPU_APP_SUGGESTION = ("{where}: {xid}, {meaning}. This Xid usually follows a bug in the program on the "
                       "GPU (an out-of-bounds access, a bad kernel); if it repeats across programs, "
                       "treat the GPU as suspect. {symptom}")
 
 # Most specific first: the first signature with a hit names the crash.
-SIGNATURES: list[Signature] = [NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM,
+SIGNATURES: list[Signature] = [GPU_ERROR_TEXT, NONE_FIELD, SHAPE_MISMATCH, CAPTURE_OOM, GPU_OOM,
                                ILLEGAL_MEMORY_ACCESS, WEIGHT_FILE_CORRUPT, MODEL_PATH_MISSING, AUX_HIDDEN_CAPTURE,
-                               BACKEND_UNSUPPORTED_GPU, CONFIG_REFUSED, NCCL_FAILURE]
+                               BACKEND_UNSUPPORTED_GPU, PORT_IN_USE, CONFIG_REFUSED, SPEC_REFUSED, NCCL_FAILURE]
+
+# A run that ended by SIGKILL with no error of its own: bash's "Killed", systemd's "code=killed,
+# status=9/KILL", a parent's "exit code -9"/"exitcode=9"/"signal: killed"; and where the kernel log or
+# journal says so, the OOM killer ("Out of memory: Killed process 6154 (python)", "oom-kill:",
+# systemd's "Failed with result 'oom-kill'").
+PROCESS_KILLED = "process-killed"
+KILLED = re.compile(r"^Killed\s*$|\bsignal: killed\b|code=killed, status=9/KILL|"
+                    r"\b(?:exit(?:ed)?(?: with)?(?: code| status)?|exit_?code)[ =:]*-9\b|<Signals\.SIGKILL: 9>|"
+                    r"exit(?:ed)?(?: with)?(?: code| status)?[ =:]*137\b", re.IGNORECASE)
+OOM_KILLER = re.compile(r"Out of memory: Killed process \d+ \([^)]*\)|\boom-kill:|invoked oom-killer|"
+                        r"Failed with result 'oom-kill'|killed by the OOM killer|Memory cgroup out of memory|"
+                        r"\bOOMKilled\b", re.IGNORECASE)
+# sglang's cleanup once a child failed: the parent gets SIGQUIT and kills its whole process tree
+SIGQUIT_CLEANUP = re.compile(r"Received sigquit from a child process|SIGQUIT received|Triggering SIGQUIT", re.IGNORECASE)
+KILLED_TITLE = "killed (signal 9)"
+KILLED_SUGGESTION = ("The process was killed with SIGKILL and left no error of its own{by}. {fix}")
+KILLED_FIX_OOM = ("The kernel's OOM killer ended it: the host ran out of RAM (CPU memory), typically while "
+                  "loading weights. Give the host or container more RAM or swap, load fewer shards at once, "
+                  "or stop what else uses the memory; `journalctl -k | grep -i oom` shows what it killed.")
+KILLED_FIX = ("Something sent SIGKILL: the OOM killer (read `journalctl -k | grep -i -e oom -e 'Killed process'`), "
+              "a container or cgroup memory limit, systemd's stop timeout, or a person.")
 
 NO_ERROR_SUGGESTION = ("No error in this log: no exception, no error line. If the engine "
                        "still died, read the lines before it stopped (or the kernel log: "

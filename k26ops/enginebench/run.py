@@ -4,13 +4,16 @@ median with its min-max (noise shown, not hidden)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
 from k26ops import agents
+from k26ops.enginebench import accept
 from k26ops.enginehost import EngineHost, poll_target
 from k26ops.errors import UserError
+from k26ops.shell import q
 from k26ops.steps import StepFailed
 
 GENERATORS = ("auto", "sglang", "k26ops")
@@ -25,6 +28,14 @@ METRICS = {
     "itl_p50_ms": ("median_itl_ms", "ITL median ms", -1),
     "itl_p99_ms": ("p99_itl_ms", "ITL p99 ms", -1),
     "accept": ("accept_length", "spec accept length", 1),
+}
+# start-up figures (`ready_s@start`): the last start k26ops made on the host (its time to first good
+# token, Layout.last_start_file) -> (key in its ttfgt record, label, -1: lower is better)
+START_METRICS = {
+    "ttfgt_s": ("total_s", "time to first good token s", -1),
+    "ready_s": ("ready_s", "start to ready s", -1),
+    "first_sampled_s": ("first_sampled_s", "ready to first sampled answer s", -1),
+    "capture_s": ("capture_s", "CUDA-graph capture s", -1),
 }
 
 
@@ -137,7 +148,22 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: 
                               "max": round(max(vals), 4), "n": len(vals)}
         out_cells.append({"concurrency": c, "temperature": temp, "figures": figs,
                           "failed_requests": sum(m.get("failed") or 0 for m in runs),
-                          "accept_source": runs[-1].get("accept_source")})
+                          "accept_source": runs[-1].get("accept_source"),
+                          **accept.histogram_field([m.get("accept_histogram") for m in runs])})
     progress(f"bench: done ({gen})")
-    return {"generator": gen, "generator_why": why, "spec": spec.to_json(), "cells": out_cells,
-            "elapsed_s": round(time.monotonic() - t0, 2)}
+    out = {"generator": gen, "generator_why": why, "spec": spec.to_json(), "cells": out_cells,
+           "elapsed_s": round(time.monotonic() - t0, 2)}
+    start = None if target_override else last_start(ctx)
+    if start:
+        out["startup"] = start
+    return out
+
+
+def last_start(ctx) -> dict | None:
+    """The host's record of the last engine start k26ops made (deploy, rollback), or None."""
+    res = ctx.session.run(f"cat {q(EngineHost(ctx).layout.last_start_file)} 2>/dev/null")
+    try:
+        rec = json.loads(res.stdout) if res.ok and res.stdout.strip() else None
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("ttfgt"), dict) else None

@@ -130,6 +130,17 @@ def gpu_errors(gpus: list[dict]) -> list[str]:
             for g in gpus if g.get("error")]
 
 
+_HANDLE = re.compile(r"Unable to determine the device handle for GPU ?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+                     r"[0-9A-Fa-f]{2}\.[0-7]): ([^\n]*)")
+
+
+def handle_failures(stdout: str) -> list[dict]:
+    """GPUs nvidia-smi could not open ("Unable to determine the device handle for GPU
+    0000:03:00.0: Unknown Error"): a fault of that GPU, named by its bus id."""
+    return [{"bus_id": m.group(1), "error": f"nvidia-smi cannot open it: {m.group(2).strip()}"}
+            for m in _HANDLE.finditer(stdout or "")]
+
+
 @safe
 def parse_gpus(stdout: str, rc: int) -> dict:
     """{"count", "gpus": [{index, name, memory_mib, driver_version, compute_cap, uuid, bus_id,
@@ -143,6 +154,9 @@ def parse_gpus(stdout: str, rc: int) -> dict:
     secs = split_sections(stdout)
     refused = refused_field(secs["query"])
     err = None if refused else nvidia_smi_error(secs["query"], rc)
+    if failed := handle_failures(stdout):  # one GPU nvidia-smi cannot open: its fault, not "no GPUs"
+        return {"count": 0, "gpus": [], "error": err, "gpu_errors": [
+            f"GPU ({f['bus_id']}): {f['error']}" for f in failed], "failed_gpus": failed}
     if err:
         return {"count": 0, "gpus": [], "error": err}
     table = parse_table(secs[TABLE_SECTION]) if TABLE_SECTION in secs else None
@@ -239,7 +253,8 @@ def parse_smi_header(stdout: str, rc: int) -> dict:
     """
     err = nvidia_smi_error(stdout, rc)
     if err:
-        return {"driver_version": None, "cuda_version": None, "smi_version": None, "error": err}
+        return {"driver_version": None, "cuda_version": None, "smi_version": None, "error": err,
+                "gpu_errors": [f"GPU ({f['bus_id']}): {f['error']}" for f in handle_failures(stdout)]}
     out = {"error": None}
     for key, pat in _HEADER_RES.items():
         m = re.search(pat, stdout)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from k26ops.facts.base import Fact, safe, strip_ansi
-from k26ops.facts.gpu import nvidia_smi_error
+from k26ops.facts.gpu import handle_failures, nvidia_smi_error
 
 # Mildest first: a GPU's action is its worst fault's.
 ACTIONS = ("none", "check-cooling", "restart-app", "reset-gpu", "reboot", "drain-and-rma")
@@ -48,9 +48,15 @@ def parse_tree(text: str) -> dict:
     out = {"driver_version": None, "cuda_version": None, "gpus": []}
     cur = None
     stack: list[tuple[int, dict]] = []  # open sections: (indent of their title, their dict)
-    for raw in strip_ansi(text).splitlines():
+    raw_lines = strip_ansi(text).splitlines()
+    # a paste indented as a whole (a markdown code block): its GPU lines set the left margin
+    margins = [len(x) - len(x.lstrip()) for x in raw_lines if GPU_HEADER.match(x.strip())]
+    margin = min(margins) if margins else 0
+    for raw in raw_lines:
         line = raw.rstrip()
-        if not line.strip() or line.lstrip().startswith("="):
+        if margin and line[:margin].strip() == "":
+            line = line[margin:]
+        if not line.strip() or line.lstrip().startswith(("=", "# ", "$ ")):  # banner, pasted prompt
             continue
         m = GPU_HEADER.match(line)
         if m:
@@ -123,10 +129,18 @@ def gpu_health(gpu: dict) -> dict:
     t, faults = gpu["tree"], []
     ecc = _sec(t, "ECC Errors")
     volatile, aggregate = _flat(_sec(ecc, "Volatile")), _flat(_sec(ecc, "Aggregate"))
-    def uncorrectable(counters):
-        return {k: _int(v) for k, v in counters.items()
-                if ("Uncorrectable" in k or "Double Bit" in k) and _int(v) is not None}
-    vol_unc, agg_unc = uncorrectable(volatile), uncorrectable(aggregate)
+    def uncorrectable(section):
+        """Uncorrectable counters: "DRAM Uncorrectable : 0" (Ampere+) or the "Double Bit" section's
+        "Total" (older drivers, where Single Bit and Double Bit hold the same keys)."""
+        out = {k: _int(v) for k, v in section.items() if not isinstance(v, dict)
+               and ("Uncorrectable" in k or "Double Bit" in k) and _int(v) is not None}
+        double = section.get("Double Bit")
+        if isinstance(double, dict):
+            total = _int(double.get("Total"))
+            out.update({"Double Bit Total": total} if total is not None else
+                       {f"Double Bit {k}": _int(v) for k, v in double.items() if _int(v) is not None})
+        return out
+    vol_unc, agg_unc = uncorrectable(_sec(ecc, "Volatile")), uncorrectable(_sec(ecc, "Aggregate"))
     for k, n in vol_unc.items():
         if n:
             _fault(faults, "ecc-uncorrectable", f"ECC Errors, Volatile: {k} : {n}", "reset-gpu")
@@ -140,9 +154,9 @@ def gpu_health(gpu: dict) -> dict:
         _fault(faults, "unrepairable-memory", "ECC Errors: Unrepairable Memory : Yes", "drain-and-rma")
 
     retired = _sec(t, "Retired Pages")
-    pend_ret = retired.get("Pending Page Blacklist", retired.get("Pending Page Retirement"))
-    if str(pend_ret or "").strip() == "Yes":
-        _fault(faults, "page-retirement-pending", "Retired Pages: Pending Page Blacklist : Yes", "reset-gpu")
+    pend_key = next((k for k in ("Pending Page Blacklist", "Pending Page Retirement", "Pending") if k in retired), None)
+    if pend_key and str(retired[pend_key]).strip() == "Yes":
+        _fault(faults, "page-retirement-pending", f"Retired Pages: {pend_key} : Yes", "reset-gpu")
 
     rows = _sec(t, "Remapped Rows")
     if str(rows.get("Remapping Failure Occurred", "")).strip() == "Yes":
@@ -221,9 +235,19 @@ def parse_health(text: str) -> dict:
 @safe
 def parse_health_fact(stdout: str, rc: int) -> dict:
     err = nvidia_smi_error(stdout, rc)
-    if err and not GPU_HEADER.search(stdout or ""):
+    failed = [{"bus_id": f["bus_id"], "faults": [{"fault": "gpu-unreachable", "evidence": f["error"],
+                                                 "action": "reboot"}], "action": "reboot"}
+              for f in handle_failures(stdout)]  # nvidia-smi cannot open that GPU: its fault
+    if err and not re.search(r"^\s*GPU [0-9A-Fa-f]{4,8}:", stdout or "", re.MULTILINE):
+        if failed:
+            return {"driver_version": None, "gpus": failed, "faults": len(failed), "action": "reboot", "error": None}
         return {"driver_version": None, "gpus": [], "faults": 0, "action": "none", "error": err}
-    return parse_health(stdout)
+    health = parse_health(stdout)
+    if failed:
+        health["gpus"] += failed
+        health["faults"] += len(failed)
+        health["action"] = max([health["action"], "reboot"], key=ACTIONS.index)
+    return health
 
 
 def norm_bus(bus: str | None) -> str | None:

@@ -59,8 +59,9 @@ def parse_table(text: str) -> dict:
         if section in ("gpus", None):  # a pasted excerpt may start below the header
             m = _GPU_ROW.match(line)
             if m:
-                cur = {"index": int(m.group(1)), "name": m.group(2).strip(), "bus_id": m.group(4),
-                       "memory_used_mib": None, "memory_mib": None, "errors": _markers(line)}
+                name = m.group(2).strip()  # "ERR!" in the name cell is the GPU's fault, never its name
+                cur = {"index": int(m.group(1)), "name": None if name in ERROR_MARKERS else name,
+                       "bus_id": m.group(4), "memory_used_mib": None, "memory_mib": None, "errors": _markers(line)}
                 gpus.append(cur)
             elif cur is not None and line.startswith("|"):
                 mem = _MEM.search(line)

@@ -4,7 +4,7 @@ parser shared with `diagnose log`.
 Why: the commonest reason an engine dies on a fleet is the GPU under it; the driver says so
 in the kernel log ("NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."), which no
 engine log carries. The table below says what each Xid means and what to do, following
-NVIDIA's Xid catalogue (docs/gpu-facts.md names the pages and what was checked on each).
+NVIDIA's Xid catalogue (docs/reference/gpu-facts.md names the pages and what was checked on each).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
+from k26ops.facts import xid_table
 from k26ops.facts.base import Fact, command_missing, safe
 
 # Actions, mildest first (an event's action; a host's is its worst).
@@ -25,47 +26,8 @@ ACTION_TEXT = {
     "drain-and-rma": "drain the host, reset the GPU, run diagnostics; if it repeats, RMA the GPU",
 }
 
-# xid -> (meaning, kind, action). kind: "hardware" (the GPU, its memory, links or firmware),
-# "application" (usually the program on the GPU; hardware only if it repeats across programs),
-# "echo" (a consequence of an earlier Xid).
-XID_TABLE: dict[int, tuple[str, str, str]] = {
-    8: ("GPU stopped processing (channel idle timeout)", "application", "restart-app"),
-    13: ("graphics engine exception (an SM fault: illegal instruction/address in a kernel)",
-         "application", "restart-app"),
-    31: ("GPU memory page fault (MMU fault: a kernel touched an unmapped address)", "application",
-         "restart-app"),
-    32: ("invalid or corrupted push buffer stream", "application", "restart-app"),
-    43: ("GPU stopped processing (the channel was reset after a fault of the program)", "application",
-         "restart-app"),
-    45: ("preemptive cleanup after an earlier error", "echo", "none"),
-    46: ("GPU stopped processing", "hardware", "reset-gpu"),
-    48: ("double-bit ECC error (uncorrectable memory error)", "hardware", "drain-and-rma"),
-    61: ("internal micro-controller breakpoint/warning", "hardware", "reset-gpu"),
-    62: ("internal micro-controller halt", "hardware", "reset-gpu"),
-    63: ("ECC page retirement or row remapping recorded (takes effect at the next GPU reset)",
-         "hardware", "reset-gpu"),
-    64: ("ECC page retirement or row remapping failed to record", "hardware", "drain-and-rma"),
-    74: ("NVLink error", "hardware", "reset-gpu"),
-    79: ("GPU has fallen off the bus (no longer reachable over PCIe)", "hardware", "reboot"),
-    92: ("high single-bit ECC error rate", "hardware", "none"),
-    94: ("contained uncorrectable ECC error (only the programs using that memory were stopped)",
-         "hardware", "restart-app"),
-    95: ("uncontained uncorrectable ECC error (every program on the GPU was stopped)", "hardware",
-         "reset-gpu"),
-    109: ("context switch timeout", "application", "restart-app"),
-    119: ("GSP firmware RPC timeout", "hardware", "reset-gpu"),
-    120: ("GSP firmware error", "hardware", "reset-gpu"),
-    136: ("uncorrectable memory error in an internal SRAM/engine", "hardware", "reset-gpu"),
-    140: ("unrecovered ECC error", "hardware", "reset-gpu"),
-    144: ("NVLink error (SAW)", "hardware", "reset-gpu"),
-    145: ("NVLink error (RLW)", "hardware", "reset-gpu"),
-    146: ("NVLink error (TLW)", "hardware", "reset-gpu"),
-    147: ("NVLink error (TREX)", "hardware", "reset-gpu"),
-    148: ("NVLink error (NVLPW)", "hardware", "reset-gpu"),
-    149: ("NVLink error (NETIR)", "hardware", "reset-gpu"),
-    150: ("NVLink error (MSE)", "hardware", "reset-gpu"),
-    154: ("GPU recovery action changed (nvidia-smi -q names the action)", "hardware", "reset-gpu"),
-}
+# xid -> (meaning, kind, action): NVIDIA's whole catalogue, in xid_table.py
+XID_TABLE = xid_table.XID_TABLE
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
 # "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus." / older drivers "Xid (0000:01:00): 3, ..."
@@ -100,27 +62,34 @@ def line_time(line: str) -> float | None:
 
 @dataclass
 class XidEvent:
-    xid: int                 # 79 for a "fallen off the bus" line without an Xid number
-    pci: str                 # normalised "0000:2b:00" (domain:bus:device)
+    xid: int | None          # None for nvidia-smi's own error; 79 for a "fallen off the bus" line without an Xid number
+    pci: str | None          # None when a GSP line names only the driver's GPUn; normalised "0000:2b:00" (domain:bus:device)
     message: str
     line: int                # 0-based line in the input
     text: str                # the kernel line from "NVRM:" on
     pid: str | None = None
     name: str | None = None
     meaning: str = ""
-    kind: str = "unknown"    # hardware / application / echo / unknown
+    kind: str = "unknown"    # hardware / application / echo / info / unused / unknown (xid_table.py)
     action: str = "none"
     uuid: str | None = None
     gpu: int | None = None   # index, when nvidia-smi's bus ids are known
     caused_by: int | None = None  # "... caused by previous Xid 149": the Xid this one echoes
     time: float | None = None  # epoch seconds, where the line has a full time stamp (journalctl -o short-iso)
+    # what reported it: "xid" (NVRM Xid or fallen-off-the-bus), "sxid" (an NVSwitch; `xid` is the
+    # SXid), "gsp" (the GSP firmware's own NVRM lines; `xid` is the catalogue's 119/120),
+    # "nvidia-smi" (a GPU nvidia-smi cannot open; `xid` None)
+    source: str = "xid"
+    label: str = ""          # how to name it: "Xid 79", "SXid 12028 (fatal)", "GSP", "nvidia-smi"
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def norm_pci(value: str) -> str:
-    """"PCI:0000:2b:00", "00000000:2B:00.0", "2b:00" -> "0000:2b:00"."""
+def norm_pci(value: str | None) -> str | None:
+    """"PCI:0000:2b:00", "00000000:2B:00.0", "2b:00" -> "0000:2b:00"; None stays None."""
+    if value is None:
+        return None
     value = value.strip().lower().removeprefix("pci:")
     value = value.split(".")[0]
     parts = value.split(":")
@@ -132,6 +101,37 @@ def norm_pci(value: str) -> str:
 
 UNKNOWN_XID = ("not in k26ops' table: see NVIDIA's Xid catalogue", "unknown", "none")
 CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
+# Xid 154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+RECOVERY = re.compile(r"recovery action changed from .*? to \S+ \(([^)]+)\)")
+RECOVERY_ACTIONS = {"none": "none", "gpu reset required": "reset-gpu", "drain and reset": "reset-gpu",
+                    "drain p2p": "reset-gpu", "node reboot required": "reboot"}
+
+_PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+# NVSwitch: "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ
+# interrupt", followed by its "Severity ..." and "Data {...}" lines (the same SXid, same switch)
+SXID_LINE = re.compile(r"(?P<switch>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<pci>" + _PCI + r")(?:\.\d)?\): "
+                       r"(?P<sxid>\d+), (?P<rest>.*?)\s*$")
+SXID_SEVERITY = re.compile(r"^(?P<sev>Non-fatal|Fatal)\b,?\s*(?P<what>.*)$", re.IGNORECASE)
+# The GSP firmware's faults, in the driver's own words (open-gpu-kernel-modules #446, #1080, #1200)
+GSP_FAULTS = (
+    (119, re.compile(r"_kgspIsHeartbeatTimedOut: Heartbeat timed out|GSP RM heartbeat timed out|"
+                     r"LibOS heartbeat timed out"), "GSP firmware heartbeat timed out"),
+    (119, re.compile(r"Timeout waiting for RPC from GSP|rpcRecvPoll timedout|GSP RPC timeout|"
+                     r"Timeout after \d+s of waiting for RPC response from \w+ GSP"), "GSP firmware RPC timeout"),
+    # the GSP firmware failing to boot (open-gpu-kernel-modules #974: "kgspBootstrap_GH100: GSP-FMC reported an
+    # error while attempting to boot GSP")
+    (120, re.compile(r"GSP-FMC reported an error|error while attempting to boot GSP|cannot proceed with booting GSP|"
+                     r"Cannot initialize GSP firmware RM"), "GSP firmware failed to boot"),
+    (120, re.compile(r"Reset required \[NV_ERR_RESET_REQUIRED\]|GPU marked for reset"),
+     "the driver marked the GPU for reset after a GSP fault (reset required)"),
+    (120, re.compile(r"GspRmAlloc failed|rpcRmApiAlloc_GSP.*failed|RmInitAdapter failed|kgspInitRm\w*.*failed",
+                     re.IGNORECASE), "GSP firmware RPC or allocation failure"),
+)
+GSP_GPU = re.compile(r"NVRM: (?:(?P<drv>GPU\d+) |GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r")(?:\.\d)?:? )")
+# nvidia-smi failing for one GPU: "Unable to determine the device handle for GPU 0000:03:00.0: Unknown Error"
+# (also "GPU0000:4F:00.0" without the space, and "...: GPU is lost. Reboot the system to recover this GPU")
+SMI_HANDLE = re.compile(r"Unable to determine the device handle for GPU ?(?P<pci>" + _PCI + r")(?:\.\d)?: "
+                        r"(?P<why>.*?)\s*$")
 
 
 def _event(xid: int, pci: str, message: str, line: int, text: str, pid=None, name=None) -> XidEvent:
@@ -140,12 +140,71 @@ def _event(xid: int, pci: str, message: str, line: int, text: str, pid=None, nam
     if cause:  # an echo names its cause: the cause's kind and action are what to act on
         cmeaning, kind, action = XID_TABLE.get(int(cause.group(1)), UNKNOWN_XID)
         meaning = f"{meaning}, caused by Xid {cause.group(1)}: {cmeaning}"
+    if (recovery := RECOVERY.search(message)) and xid == 154:  # the line names the action
+        action = RECOVERY_ACTIONS.get(recovery.group(1).strip().lower(), action)
+        kind = "hardware" if action != "none" else "info"
     unknown = ("<unknown>", "")
     return XidEvent(xid=xid, pci=norm_pci(pci), message=message.strip().rstrip(")").strip(), line=line,
                     text=text, pid=None if (pid or "").strip("'") in unknown else pid.strip("'"),
                     name=None if (name or "").strip() in unknown else name.strip(),
                     meaning=meaning, kind=kind, action=action,
-                    caused_by=int(cause.group(1)) if cause else None)
+                    caused_by=int(cause.group(1)) if cause else None, label=f"Xid {xid}")
+
+
+def _gsp_event(raw: str, at: str, i: int, events: list[XidEvent]) -> XidEvent | None:
+    """A GSP firmware fault line, once per GPU and fault (its lines repeat)."""
+    for xid, rx, what in GSP_FAULTS:
+        if rx.search(raw):
+            g = GSP_GPU.search(raw)
+            pci = norm_pci(g.group("pci")) if g and g.group("pci") else None
+            drv = g.group("drv") if g and g.group("drv") else None
+            if any(e.source == "gsp" and e.message == what and e.pci == pci and e.name == drv for e in events):
+                return None
+            return XidEvent(xid=xid, pci=pci, message=what, line=i, text=at, name=drv,
+                            meaning=f"{what} ({XID_TABLE[xid][0]})", kind="hardware", action="reset-gpu",
+                            time=line_time(raw), source="gsp", label="GSP")
+    return None
+
+
+def _other_event(raw: str, i: int, events: list[XidEvent]) -> XidEvent | None:
+    """An NVSwitch SXid (its Severity/Data lines fold into the event of that switch and SXid)
+    or nvidia-smi failing to open one GPU."""
+    if "SXid" in raw and (m := SXID_LINE.search(raw)):
+        pci, sxid, rest = norm_pci(m.group("pci")), int(m.group("sxid")), m.group("rest")
+        sev = SXID_SEVERITY.match(rest)
+        prev = next((e for e in reversed(events[-6:]) if e.source == "sxid" and e.pci == pci and e.xid == sxid
+                     and i - e.line <= 6), None)
+        if prev is not None and (not sev or prev.kind == "unknown"):
+            if sev:
+                _sxid_severity(prev, sev)
+            return None
+        e = XidEvent(xid=sxid, pci=pci, message=rest, line=i, text=raw[raw.index(m.group("switch")):].strip(),
+                     name=m.group("switch"), time=line_time(raw), source="sxid",
+                     meaning=f"NVSwitch SXid {sxid}: severity not in these lines (see the fabric manager "
+                             f"guide's SXid table)", kind="unknown", label=f"SXid {sxid}")
+        if sev:
+            _sxid_severity(e, sev)
+        return e
+    if "device handle" in raw and (m := SMI_HANDLE.search(raw)):
+        why = m.group("why")
+        return XidEvent(xid=None, pci=norm_pci(m.group("pci")), message=why, line=i,
+                        text=raw[raw.index("Unable"):].strip(), time=line_time(raw), source="nvidia-smi",
+                        meaning=f"nvidia-smi cannot open this GPU ({why})", kind="hardware", action="reboot",
+                        label="nvidia-smi")
+    return None
+
+
+def _sxid_severity(e: XidEvent, sev: re.Match) -> None:
+    fatal = sev.group("sev").lower() == "fatal"
+    e.kind, e.action = ("hardware", "reboot") if fatal else ("info", "none")
+    e.label = f"SXid {e.xid} ({'fatal' if fatal else 'non-fatal'})"
+    e.meaning = (f"NVSwitch SXid {e.xid}, {'fatal' if fatal else 'non-fatal'}: {sev.group('what')}"
+                 + (" (fatal NVSwitch errors need the GPUs and NVSwitches reset: a reboot)" if fatal else ""))
+
+
+def label(event: dict) -> str:
+    """'Xid 79', 'SXid 12028 (fatal)', 'GSP', 'nvidia-smi' (events recorded before labels: Xid N)."""
+    return event.get("label") or f"Xid {event.get('xid')}"
 
 
 def parse_kernel_text(text: str, bus_ids: dict | None = None, limit: int = MAX_EVENTS) -> list[XidEvent]:
@@ -159,6 +218,8 @@ def parse_kernel_text(text: str, bus_ids: dict | None = None, limit: int = MAX_E
     lines = (text or "").splitlines()
     for i, raw in enumerate(lines):
         if "NVRM" not in raw:
+            if (e := _other_event(raw, i, events)) is not None:
+                events.append(e)
             continue
         at = raw[raw.index("NVRM"):].strip()
         if m := GPU_AT.search(raw):
@@ -178,6 +239,9 @@ def parse_kernel_text(text: str, bus_ids: dict | None = None, limit: int = MAX_E
                 continue
             events.append(_event(79, pci, "GPU has fallen off the bus", i, at))
             events[-1].time = line_time(raw)
+            continue
+        if (e := _gsp_event(raw, at, i, events)) is not None:
+            events.append(e)
     for e in events:
         e.uuid = uuids.get(e.pci)
         e.gpu = bus.get(e.pci)
@@ -244,7 +308,8 @@ def worst_action(events: list[XidEvent]) -> str:
 # journal, else dmesg. Reading the kernel log may need root (dmesg_restrict, the journal's
 # groups): the refusal's own line passes the filter, so it is reported, not hidden.
 _REFUSALS = "Operation not permitted|insufficient permissions|No journal files|not seeing messages from other users"
-XID_COMMAND = ("F='NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus|dmesg: not found|" + _REFUSALS + "'; "
+XID_COMMAND = ("F='NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus|SXid|kgsp|GSP|Reset required|"
+               "dmesg: not found|" + _REFUSALS + "'; "
                "if command -v journalctl >/dev/null 2>&1 && ! journalctl -k -b -n 1 --no-pager 2>&1 "
                "| grep -q 'No journal files were found'; then "
                "journalctl -k -b -o short-iso --since '-24h' --no-pager 2>&1 | grep -E \"$F\" | tail -n 400; "

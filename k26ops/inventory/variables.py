@@ -4,7 +4,7 @@ A setting nothing reads is worse than an error: an operator who writes
 `releases_dir:` (the code reads `releases_root`) builds on the wrong disk. So
 each key an inventory defines is looked up among the variables the reading
 modules declared (k26ops.hostvars); an unknown one is a warning naming the
-nearest known name (an error with --strict). docs/inventory.md is generated
+nearest known name (an error with --strict). docs/reference/inventory.md is generated
 from the declarations (`k26ops inventory vars --markdown`).
 """
 
@@ -78,7 +78,7 @@ def unknown_keys(graph, shape: str) -> list[tuple[int | None, str, str]]:
 
 
 def markdown() -> str:
-    """docs/inventory.md, generated from the declarations: one table per declaring module and topic."""
+    """docs/reference/inventory.md, generated from the declarations: one table per declaring module and topic."""
     def row(v: Var) -> str:
         cells = (f"`{v.name}`", v.type, v.shown_default,
                  v.meaning + (" (informational: nothing reads it)" if v.informational else ""))

@@ -163,17 +163,19 @@ def _now(proc_sys: Path, name: str) -> int | None:
         return None
 
 
-def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print, lab: str = "") -> dict[str, list[int]]:
+def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print, lab: str = "",
+           use: dict[str, int] | None = None) -> dict[str, list[int]]:
     """Check the limits for `count` hosts; raise the short ones when allowed
     (root, and /proc/sys writable), else refuse with one line. Returns what
     was changed: {sysctl: [old, new]}. `lab` (its directory) becomes a holder
     of every limit that labs raised and that it now runs on; `release(lab)`
-    puts them back once no lab holds them."""
+    puts them back once no lab holds them. `use`: what the machine's processes
+    hold now (read live when not given)."""
     avail = mem_available()
     if avail is not None and avail < count * MEM_PER_HOST:
         raise UserError(f"a lab of {count} hosts needs about {count * MEM_PER_HOST >> 20} MB of memory, "
                         f"{avail >> 20} MB is available: boot fewer hosts (--hosts)")
-    short = needed(count, read(proc_sys), in_use())
+    short = needed(count, read(proc_sys), in_use() if use is None else use)
     if short and not may_raise:
         raise UserError(short[0].line(count))
     changed: dict[str, list[int]] = {}

@@ -243,7 +243,8 @@ class Lab:
             f"--bind-ro={hdir / 'hostname'}:/etc/hostname",
             f"--bind-ro={hdir / 'hosts'}:/etc/hosts",
         ]
-        for tool in ("nvidia-smi", "journalctl", "nv-fabricmanager"):  # GPU stand-ins: fixtures/, gpufaults.py
+        # GPU stand-ins: fixtures/, gpufaults.py (nvidia-smi-q.txt: the recorded -q nvidia-smi replays)
+        for tool in ("nvidia-smi", "nvidia-smi-q.txt", "journalctl", "nv-fabricmanager"):
             if (FIXTURES / tool).exists():
                 binds.append(f"--bind-ro={FIXTURES / tool}:/usr/local/bin/{tool}")
         drafter = self.dir / "drafter"

@@ -17,16 +17,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import agents, units
+from k26ops import agents, facts, units
 from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.enginehost import LAB_MODULE, EngineHost, wait_ready
 from k26ops.errors import UserError
+from k26ops.facts import engine_cache
 from k26ops.profile import effective_recipe
 from k26ops.rehearsal import plan
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import HostContext, StepFailed
-from k26ops.steps.engine import smoke_requests
+from k26ops.steps import warmstart
+from k26ops.steps.engine import SmokeStep, smoke_requests
+from k26ops.traffic import drain as drain_mod
+from k26ops.traffic.gateway import GatewayError
 
 STANDIN_FILE = "lab/fixtures/engine_standin.py"
 PROBE_STATE = "rehearse-probe-state"
@@ -138,23 +142,27 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     report: dict = {"release": release_dir, "notes": [], "options": opts.to_json(), "state": "starting"}
     secrets = eh.secrets()
 
-    chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0])
+    chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0], release=release_dir)
     if not chk.get("python_exists"):
         raise StepFailed(f"rehearsal: no engine python at {unit_argv[0]} (release {release_dir} not built?)")
-    if not chk.get("port_free"):
-        raise StepFailed(f"rehearsal: port {port} on the host is taken; pick another with --port")
+    # the refusals in the order a user acts on them: which engine holds the GPUs decides the
+    # options (--alongside, --stop-serving) before the port matters
     serving = chk.get("serving") in ("active", "activating", "reloading")
     report["serving_engine"] = chk.get("serving")
     if serving and opts.serving == "refuse":
         raise StepFailed(f"rehearsal refused: the serving engine {eh.unit} is {chk.get('serving')} and holds "
                          "the GPUs; nothing changed. Pass --alongside to rehearse beside it in the GPUs' free "
                          "memory, or --stop-serving to stop it for the rehearsal (it is started again after)")
+    if not chk.get("port_free"):
+        raise StepFailed(f"rehearsal: port {port} on the host is taken (the rehearsal engine listens on the "
+                         f"serving port + 100 unless told); nothing changed. Pick a free one with --rehearse-port")
     model, draft = _configs(ctx, profile, recipe, opts, report)
     argv, changes = plan.rehearsal_argv(unit_argv, opts, port=port, has_draft=draft is not None)
     report["changes"] = changes
     report["argv"] = units.redact(" ".join(argv), secrets)
     report["cuda_graphs"] = plan.graphs_on(argv)
     env = dict(eh.env() if env is None else env)
+    cache, env = _cache(ctx, chk.get("release_id"), argv, env, report)
     files = {}
     if eh.is_lab:  # the lab stand-in, in the temp dir: a release being rehearsed has no unit yet
         files["lab/" + LAB_MODULE + ".py"] = (Path(__file__).resolve().parent.parent / STANDIN_FILE).read_text()
@@ -163,11 +171,14 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     if opts.probe:
         probe = _apply_probe(ctx, release_dir, report, progress)
     stopped_serving = False
-    handle = None
+    handle = drain = None
     try:
         if serving and opts.serving == "stop":
+            drain = drain_mod.for_session(ctx.session, progress, ctx.vars)
+            if drain:  # out of rotation and drained before the stop; back once it serves again
+                drain.take_out()
             progress(f"stopping the serving engine {eh.unit} for the rehearsal")
-            ctx.run(f"systemctl stop {q(eh.unit)}", check=True, timeout=300)
+            ctx.run(f"systemctl stop {q(eh.unit)}", check=True, timeout=drain_stop_timeout(drain))
             stopped_serving = True
         progress(f"starting the engine on dummy weights (port {port})")
         st = agent(ctx.session, "start", argv=argv, env=env, model=model, draft=draft, files=files,
@@ -175,10 +186,11 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
         if not st.get("ok"):
             raise StepFailed(f"rehearsal: the engine could not be started: {units.redact(st.get('error') or '', secrets)}")
         handle = st["handle"]
+        report["started_at"], report["tz_offset"] = st.get("at"), st.get("tz_offset") or 0
         report["runner"] = "transient unit " + handle["unit"] if handle["kind"] == "unit" else \
             f"process group {handle['pgid']} (no systemd)"
         report["notes"] += st.get("notes") or []
-        _serve(ctx, opts, report, handle, port, model, secrets, progress, smoke_requests({}), t0)
+        _serve(ctx, opts, report, handle, port, model, secrets, progress, smoke_requests(_smoke_params(ctx)), t0)
     finally:
         if handle:
             progress("stopping the rehearsal engine and removing its temp dir")
@@ -192,10 +204,11 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
                 d = classify(log, recipe.base)
                 report["diagnosis"] = d.to_json()
             report["_log"] = log
+            _filled(ctx, cache, report, log)
         if probe is not None:
             _revert_probe(ctx, probe, report, report.get("_log") or "")
         if stopped_serving:
-            _restart_serving(ctx, eh, secrets, report, progress)
+            _restart_serving(ctx, eh, secrets, report, progress, drain)
     report["elapsed_s"] = round(time.monotonic() - t0, 1)
     if report["state"] != "served":
         d = report.get("diagnosis") or {}
@@ -210,6 +223,46 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     return report
 
 
+def _smoke_params(ctx) -> dict:
+    """The deploy's own smoke step's settings (its sampled request), so that the rehearsal
+    compiles what the real start's first requests need; {} outside a deploy."""
+    smoke = next((s for s in getattr(ctx, "steps", None) or () if isinstance(s, SmokeStep)), None)
+    return dict(smoke.params) if smoke else {}
+
+
+def _cache(ctx, release_id, argv, env, report) -> tuple:
+    """The release's engine cache for the rehearsal's command line (the dir the unit's start
+    will read), made root-only; (its plan, env with its variables)."""
+    if not release_id:
+        return None, env
+    gpus = warmstart.gpus_of(ctx.facts) or warmstart.gpus_of(facts.gather(ctx.session, ["gpus"]))
+    cache, env = warmstart.cache_for(ctx.vars, warmstart.engine_version_for(ctx), release_id, argv, gpus, env)
+    got = agents.run(ctx.session, "engine", "cache", what="host agent", cache=cache.request(), make=True)
+    report["engine_cache"] = {**cache.to_json(), "before": got.get("cache")}
+    if cache.kept:
+        report["notes"].append(engine_cache.kept_note(cache.kept))
+    return cache, env
+
+
+def _filled(ctx, cache, report, log: str) -> None:
+    """After the rehearsal: what it left in the release's cache for the real start, and its
+    own time to first good token (from its start: there was no stop)."""
+    smoke = report.get("smoke") or {}
+    report["ttfgt"] = warmstart.timeline(
+        stop_at=None, started_at=report.pop("started_at", None), ready_at=report.pop("ready_at", None),
+        greedy_at=(smoke.get("greedy") or {}).get("at"), sampled_at=(smoke.get("sampled") or {}).get("at"),
+        log=log, tz_offset=report.pop("tz_offset", 0), metrics=report.get("metrics"), started_source="k26ops")
+    if cache is None:
+        return
+    try:
+        after = agents.run(ctx.session, "engine", "cache", what="host agent", cache=cache.request()).get("cache")
+    except StepFailed:
+        after = None
+    c = report["engine_cache"]
+    c["after"] = after
+    c["filled"] = engine_cache.grew(c.get("before"), after)
+
+
 def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, t0) -> None:
     """Ready-wait, smoke, bench: fills the report; sets state 'served' only when all answered."""
     def poll(window, req):
@@ -220,6 +273,7 @@ def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, 
                    on_wait=lambda r: progress(f"waiting for the engine: {r.poll.get('state')} {r.elapsed:.0f}s"
                                               + (f": {r.last_line}" if r.last_line else "")))
     report["ready_s"] = round(w.elapsed, 1)
+    report["ready_at"] = w.poll.get("at")
     if w.state != "healthy":
         report["state"] = "crashed" if w.state == "crashed" else w.state
         report["why"] = (f"the engine crashed while starting ({w.poll.get('why')}) after {w.elapsed:.0f}s"
@@ -254,7 +308,7 @@ def _smoke_record(r: dict) -> dict:
     meta = body.get("meta_info") or {}
     keep = ("spec_accept_length", "spec_verify_ct", "completion_tokens", "prompt_tokens", "spec_accept_rate",
             "spec_num_correct_drafts", "spec_num_proposed_drafts", "finish_reason")
-    return {"status": r["status"], "latency_s": r["latency_s"], "sampling": r["sampling"],
+    return {"status": r["status"], "latency_s": r["latency_s"], "sampling": r["sampling"], "at": r.get("at"),
             **{k: meta.get(k) for k in keep if k in meta},
             "output_ids": (body.get("output_ids") or [])[:16]}
 
@@ -274,17 +328,8 @@ def _bench(ctx, opts, report, port, model, progress) -> None:
 
 def _metrics(text: str) -> dict:
     """The few Prometheus lines a rehearsal reports (spec accept, graph capture time)."""
-    keep = ("spec_accept_length", "startup_cuda_graph_time_seconds", "spec_verify_calls_total", "cuda_graph_passes")
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not any(k in line for k in keep):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            continue
-    return out
+    return warmstart.parse_metrics(text, ("spec_accept_length", "spec_verify_calls_total", "cuda_graph_passes")
+                                   + warmstart.METRIC_NAMES)
 
 
 # ---------------------------------------------------------------- --probe
@@ -325,7 +370,12 @@ def _revert_probe(ctx, probe: dict, report: dict, log: str) -> None:
                            differ=differ[:10], error=r.get("error"))
 
 
-def _restart_serving(ctx, eh, secrets, report, progress) -> None:
+def drain_stop_timeout(drain) -> float:
+    """`systemctl stop`'s wait: longer than the unit's TimeoutStopSec where the host drains."""
+    return 300.0 if drain is None else max(300.0, float(drain.cfg.timeout_stop_sec() or 0) + 30)
+
+
+def _restart_serving(ctx, eh, secrets, report, progress, drain=None) -> None:
     progress(f"starting the serving engine {eh.unit} again")
     ctx.run(f"systemctl start {q(eh.unit)}", timeout=600)
     host, port = eh.target()
@@ -333,7 +383,17 @@ def _restart_serving(ctx, eh, secrets, report, progress) -> None:
                    on_wait=lambda r: progress(f"waiting for the serving engine: {r.poll['state']} {r.elapsed:.0f}s"))
     report["serving_after"] = w.state
     if w.state != "healthy":
-        report.setdefault("notes", []).append(f"the serving engine {eh.unit} is {w.state} after the rehearsal")
+        report.setdefault("notes", []).append(f"the serving engine {eh.unit} is {w.state} after the rehearsal"
+                                              + ("; left out of rotation" if drain else ""))
+    elif drain is not None:
+        try:
+            if drain.cfg.mode in ("gateway", "hook"):
+                drain.put_back()
+            else:
+                drain.serving_again()
+        except (StepFailed, GatewayError) as exc:
+            report.setdefault("notes", []).append(f"not put back in rotation: {exc}")
+        report["traffic"] = drain.record
 
 
 # ---------------------------------------------------------------- deploy --rehearse

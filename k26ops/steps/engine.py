@@ -35,20 +35,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26ops import preflight, units
+from k26ops.errors import UserError
 from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
-from k26ops.enginestate import run_identity, start_limit_hit
+from k26ops.enginestate import exit_status_text, run_identity, start_limit_hit
 from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
 from k26ops.multinode import serves_http
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
+from k26ops.steps import traffic
 from k26ops.steps.release import ReleaseDecision
+from k26ops.steps import warmstart
 
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
 STANDIN = Path(__file__).resolve().parent.parent / "lab" / "fixtures" / "engine_standin.py"
 DEFAULT_HEALTH_TIMEOUT = 1800.0
 declare(__name__, "the engine's service",
-        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit"),
+        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit, in systemd's "
+            "spelling (CPUAffinity, User, MemoryMax, Nice, ...; docs/how-to/engine-unit.md)"),
         Var("health_timeout", "number (s)", DEFAULT_HEALTH_TIMEOUT, "seconds to wait for the engine's /health"),
         Var("rollback_health_timeout", "number (s)", None, "seconds to wait for /health after a rollback",
             "health_timeout"))
@@ -154,6 +158,14 @@ class ServiceStep(Step):
     def facts(self, host_vars: dict) -> list:
         return preflight.engine_facts(preflight.engine_wanted(host_vars)) if self.preflight else []
 
+    def before_hosts(self, hosts) -> None:
+        """Every selected host's unit_settings, before anything runs (a bad key: exit 2)."""
+        for h in hosts:
+            try:
+                units.unit_settings(mapping(h.vars.get("unit_settings"), "unit_settings"))
+            except UserError as exc:
+                raise UserError(f"{h.name}: {exc}") from None
+
     def check_host(self, ctx: HostContext) -> None:
         """Before any step prepares or changes anything: refuse the host when what the engine would start
         is not there (model, drafter of the profile's block size, disk) or a GPU needs a reset."""
@@ -172,12 +184,19 @@ class ServiceStep(Step):
         secret_text = units.engine_launch(profile)[1]  # profile errors before any host access
         lab_path = eh.lab_module_path if eh.is_lab else None
         lab_text = STANDIN.read_text() if lab_path else None
-        settings = {k: v for k, v in mapping(ctx.vars.get("unit_settings"), "unit_settings").items()
-                    if k in units.UNIT_DEFAULTS}
+        settings = units.unit_settings(mapping(ctx.vars.get("unit_settings"), "unit_settings"))
+        settings = traffic.unit_settings(ctx, settings)  # TimeoutStopSec > drain_timeout
+
+        cache = []  # the release's engine cache, once render knows the release
 
         def render(release_id):
+            full = env
+            if release_id:
+                c, full = warmstart.cache_for(ctx.vars, warmstart.engine_version_for(ctx), release_id,
+                                              units.engine_argv(profile), warmstart.gpus_of(ctx.facts), env)
+                cache[:] = [c]
             return (units.render_unit({**settings, "profile": profile, "release_id": release_id, "env_file": epath}),
-                    units.render_env({"env": env}))
+                    units.render_env({"env": full}))
 
         host, port = eh.target()
         api_key = eh.api_key()
@@ -222,6 +241,11 @@ class ServiceStep(Step):
             todo["lab_module_text"] = lab_text
             reasons.append("lab engine module")
         changes = plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
+        if cache:
+            warmstart.WarmStart(cache=cache[0]).put(ctx)
+            ctx.report["engine_cache"] = cache[0].to_json()
+            if todo.get("restart") or todo.get("start"):
+                todo["cache"] = cache[0].request(settings.get("user"))
         if cur.get("converged") and not changes:
             # what the health and smoke steps would have asked, already answered by the same call
             LookedAhead(poll=cur.get("poll"), poll_s=cur.get("poll_s"), smoke=cur.get("smoke")).put(ctx)
@@ -233,6 +257,13 @@ class ServiceStep(Step):
         rehearse = ctx.options.rehearse  # deploy --rehearse: rehearsal.run.Gate, before the restart
         if rehearse and (todo.get("restart") or todo.get("start")):
             rehearse(ctx)
+        ws = warmstart.WarmStart.of(ctx)
+        if ws.cache is None and todo.get("env_text") and (todo.get("restart") or todo.get("start")):
+            ws.cache = warmstart.cache_in_env(ctx.vars, todo["env_text"])  # a rollback's baseline env file
+            if ws.cache:
+                todo["cache"] = ws.cache.request()
+        if todo.get("restart") or todo.get("start"):  # out of rotation and drained before any signal
+            traffic.before_stop(ctx, svc, restart=bool(todo.get("restart")))
         ctx.progress(f"service: installing {svc.unit}")
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
@@ -252,6 +283,8 @@ class ServiceStep(Step):
                              f"{' '.join(out.split())[-300:]}")
         svc.changed = True
         svc.restarted = bool(todo.get("restart") or todo.get("start"))
+        if svc.restarted:  # the time to first good token counts from here (health and smoke finish it)
+            ws.stop_at, ws.before = res.get("stop_at"), res.get("cache_before")
         show = res["show"]
         if svc.restarted:
             svc.base = run_identity(show)
@@ -261,7 +294,7 @@ class ServiceStep(Step):
         """The previous unit, env file and `current` in one agent call (the restart
         must run the previous release), when this run changed any of them."""
         svc = ServiceState.get(ctx)
-        if svc is None or not (svc.changed or ReleaseDecision.of(ctx).changed):
+        if svc is None or not svc.changed:  # the engine was not touched: the release step puts `current` back
             return None
         return rollback(ctx, svc)
 
@@ -413,7 +446,7 @@ def name_crash(ctx: HostContext, svc: ServiceState, crash: dict, when: str):
     text, bus_ids = crash_text(crash, svc.secrets)
     d = _classify(ctx, text, bus_ids)
     status = (crash.get("show") or {}).get("ExecMainStatus")
-    msg = (f"{svc.unit} crashed {when} ({crash['why']}" + (f", exit status {status}" if status else "")
+    msg = (f"{svc.unit} crashed {when} ({crash['why']}" + (f", exit status {exit_status_text(status)}" if status else "")
            + f"): {crash_label(d)}" + (f": {d.evidence[:240]}" if d.evidence else ""))
     tail = "\n".join(text.splitlines()[-40:])
     if crash.get("exit_line"):
@@ -471,9 +504,10 @@ class HealthStep(Step):
             ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
         timeout = float(self.params.get("timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
+        ws = warmstart.WarmStart.get(ctx) if svc.restarted else None
         w = wait_ready(ctx.session, svc.unit, svc.host, svc.port, base=svc.base,
                        timeout=timeout, secrets=svc.secrets, window=self.window(),
-                       interruptible=True,
+                       interruptible=True, request={"cache": ws.cache.request()} if ws and ws.cache else None,
                        on_wait=lambda w: ctx.progress(f"health: {w.poll['state']} {w.elapsed:.0f}s"
                                                       + (f": {w.last_line}" if w.last_line else "")))
         el, r, last = w.elapsed, w.poll, w.last_line
@@ -481,6 +515,8 @@ class HealthStep(Step):
             fail_and_roll_back(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
         if w.state == "healthy":
             svc.base = w.base  # the smoke step tells a crash from this run's MainPID
+            if ws:
+                ws.ready_at, ws.ready_cache = w.poll.get("at"), w.poll.get("cache")
             ctx.progress(f"health: healthy after {el:.0f}s")
             ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
@@ -548,6 +584,28 @@ def smoke_summary(s: dict) -> str:
     return out
 
 
+def record_start(ctx: HostContext, ws: "warmstart.WarmStart", r: dict) -> None:
+    """The restart's time to first good token and, with the release's cache, what it compiled:
+    into the host's report (`ttfgt`, `warm_start`) and one progress line each."""
+    st = r["startup"]
+    at = {x["name"]: x.get("at") for x in r["results"]}
+    t = warmstart.timeline(stop_at=ws.stop_at, started_at=st.get("started_at"), ready_at=ws.ready_at,
+                           greedy_at=at.get("greedy"), sampled_at=at.get("sampled"), log=st.get("log") or "",
+                           tz_offset=st.get("tz_offset") or 0, metrics=warmstart.parse_metrics(st.get("metrics")))
+    ctx.report["ttfgt"] = t
+    ctx.progress(warmstart.summary(t))
+    if ws.cache:
+        cached = {x["name"]: x.get("cache") for x in r["results"]}
+        c = warmstart.compiled(ws.before, [("start", ws.ready_cache), ("first greedy answer", cached.get("greedy")),
+                                           ("first sampled answer", cached.get("sampled"))])
+        ctx.report["warm_start"] = {**c, "cache_dir": ws.cache.dir}
+        ctx.progress(c["verdict"])
+    # kept on the host for `bench` (its `@start` figures: compare, gate, snapshot --bench)
+    rec = {"release": ReleaseDecision.of(ctx).release_id, "stop_at": ws.stop_at, "ttfgt": t,
+           "warm_start": ctx.report.get("warm_start")}
+    ctx.session.put((json.dumps(rec, sort_keys=True) + "\n").encode(), ctx.layout.last_start_file, mode=0o600)
+
+
 class SmokeStep(Step):
     """Greedy and sampled /generate must return text; record latency and spec_accept_length.
     A failed request is named: the engine died of it (its crash, classified) or
@@ -561,14 +619,19 @@ class SmokeStep(Step):
             return []
         svc = ServiceState.of(ctx, self.params)
         r = LookedAhead.of(ctx).smoke  # answered by the service step's converge call
+        ws = warmstart.WarmStart.get(ctx) if svc.restarted else None
         if r is None:
             body, timeout = self.request()
+            if ws:  # a start this run made: its phases, and what it compiled per request
+                body.update(startup=warmstart.STARTUP_REQUEST, **({"cache": ws.cache.request()} if ws.cache else {}))
             r = agent(ctx.session, "smoke", timeout=timeout, port=svc.port, host=svc.host,
                       unit=svc.unit, base=svc.base, api_key=svc.api_key, **body)
         if r["failed"]:
             self._failed(ctx, svc, r)
         rec = smoke_outcome(r["results"])
         ctx.report["smoke"] = rec
+        if ws and r.get("startup"):
+            record_start(ctx, ws, r)
         ctx.progress("smoke: " + ", ".join(f"{k} {v['latency_s'] * 1000:.0f} ms accept {v['spec_accept_length']}"
                                            for k, v in rec.items() if isinstance(v, dict) and "latency_s" in v))
         return []

@@ -34,6 +34,7 @@ from k26ops.release import (engine_flags, engine_source, enginelock, installer, 
                             prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
+from k26ops.facts import engine_cache
 from k26ops.facts.base import Fact, safe
 from k26ops.layout import Layout, switch_current
 from k26ops.shell import q
@@ -60,6 +61,7 @@ class Prepared:
     requirements: str  # the host's pip requirements file: every wheel with its sha256
     patch_state: dict  # from applying the series to the control node's copy
     sources: Path  # site-packages tree on the control node (sglang/ inside)
+    complete: bool = True  # False: --check's, the engine wheel only (never built on a host)
 
     def manifest(self) -> dict:
         r = self.recipe
@@ -175,7 +177,8 @@ def before_hosts(hosts) -> None:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
         installer.choice(h.vars, h.name)
-        lock_for(r)
+        for py in r.pythons or (r.python,):  # every python the recipe lists has its lock
+            lock_for(recipe_mod.for_python(r, py))
         wheelsource.settings(h)
 
 
@@ -185,18 +188,23 @@ def _host_python(ctx: HostContext) -> str:
 
 def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     """Assemble and check the release once per run on the control node (shared by hosts)."""
-    r = effective_recipe(ctx)
     ov = release_override(ctx) or {}
     py = _host_python(ctx)
+    try:  # the lock of this host's python, where the recipe lists several
+        r = recipe_mod.for_python(effective_recipe(ctx), py)
+    except UserError as exc:
+        raise StepFailed(str(exc)) from None
     lock = lock_for(r)
     if lock.meta["python"] != py:
-        raise StepFailed(f"the engine lock {lock.path.name} is for python {lock.meta['python']}, this host has "
-                         f"python {py}: set engine.python in the recipe and remake the lock")
+        raise StepFailed(recipe_mod.python_mismatch(r, lock.meta["python"], py))
     key = json.dumps([str(r.source), r.base, r.git and r.git.url, lock.sha256, list(tags), py,
                       [list(x) for x in ov.get("patches") or []]])
+    # --check plans from the engine wheel alone (its flags, the series applied to its files): the
+    # locked dependency wheels (GBs for a full registry closure) are fetched by the run that builds
+    only_engine = bool(ctx.check)
     with _PREP_LOCK:
-        if key in _PREP:
-            return _PREP[key]
+        if (key, only_engine) in _PREP:
+            return _PREP[(key, only_engine)]
         if ov.get("patches"):  # [(name as recorded, file)]: same names + contents -> same release id
             patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
         else:
@@ -207,14 +215,20 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             g = r.git
             built = engine_source.wheel_for(r, ctx.progress)
             engine = wheelhouse.Wheel(built.name, built.sha256, built.size, built.path)
-            ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
-            deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
+            if only_engine:
+                deps = []
+            else:
+                ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
+                deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py,
+                                         hashes=True)
             wheels = [engine] + deps
             source = {"git": g.url, "commit": g.commit, "subdir": g.subdir,
                       "built": "prebuilt wheel" if g.wheel_sha256 else "pip wheel on the control node"}
         else:  # the locked set, the sglang wheel among it: exactly those files, nothing resolved here
-            ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
-            wheels = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
+            entries = [e for e in lock.entries if enginelock._norm(e[0]) == "sglang"] if only_engine else lock.entries
+            ctx.progress(f"downloading {'the sglang wheel (--check)' if only_engine else f'the {len(entries)} locked wheels'}"
+                         f" for {rid} (once for all hosts)")
+            wheels = wheelhouse.ensure(enginelock.requirement_lines(entries), no_deps=True, python=py, hashes=True)
             sg = [w for w in wheels if wheelhouse.wheel_name_version(w.name)[0].lower() == "sglang"]
             if not sg:
                 raise UserError(f"{lock.path}: no sglang wheel among the locked wheels")
@@ -229,8 +243,8 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
         prepcache.used(work)
         pstate = patchset.load_state(work / "patch-state")
         prep = Prepared(rid, r, provenance, engine, lock, patches, pdir, wheels,
-                        wheelhouse.requirements_file(wheels), pstate, site)
-        _PREP[key] = prep
+                        wheelhouse.requirements_file(wheels), pstate, site, complete=not only_engine)
+        _PREP[(key, only_engine)] = prep
         return prep
 
 
@@ -357,12 +371,15 @@ class Release(Step):
 
     def _build(self, ctx: HostContext, prep: Prepared) -> None:
         rid, rel = prep.release_id, ctx.releases_root
+        if not prep.complete:  # a planning run's release has only the engine wheel
+            raise StepFailed(f"release {rid} was prepared for --check only; run the deploy again")
         d = f"{rel}/{rid}"
         wh = f"{ctx.root}/wheelhouse"
         # the venv unpacks the wheels: about three times their size (a rough floor, said as such)
         wheelhouse.need_free(ctx.session, rel, 3 * sum(w.size for w in prep.wheels),
                              f"release {rid} (about 3x its {len(prep.wheels)} wheels)")
-        ctx.run(f"rm -rf {q(d)} && mkdir -p {q(d)}/k26ops/patches && "
+        # a release built again starts with an empty engine cache: two builds never share compiled objects
+        ctx.run(f"rm -rf {q(d)} {q(engine_cache.release_cache(ctx.root, rid))} && mkdir -p {q(d)}/k26ops/patches && "
                 f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
         how = installer.choice(ctx.vars, ctx.host.name)
         tools = [installer.uv_wheel()] if how == "uv" else []
@@ -423,6 +440,8 @@ def prune(session, releases_root: str, root: str, names: list[str]) -> dict:
     gone = ownership.delete(session, releases_root, names)
     if not gone:
         return {"deleted": [], "removed": 0, "freed": 0}
+    # each release's engine cache goes with it (k26ops_root/engine-cache/<id>: ids are checked names)
+    session.run("rm -rf " + " ".join(q(engine_cache.release_cache(root, n)) for n in gone), check=True)
     gc = agents.run(session, "store", "gc", 600, what="store agent", store=installer.store_dir(root))
     return {"deleted": gone, **gc}
 
