@@ -1,0 +1,81 @@
+"""systemd never SIGKILLs a drain k26ops started (issue 41, item 2.3): every engine unit k26ops
+writes has a TimeoutStopSec larger than the host's drain_timeout, whether the deploy renders it
+(templates/sglang.service.j2 through the service step's settings) or a rollback writes a tag's
+recorded unit (k26ops.baselines.rollback: the tag's TimeoutStopSec is raised where it is not)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from k26ops import units
+from k26ops.inventory.model import Host
+from k26ops.steps import StepFailed
+from k26ops.steps import traffic
+
+GW = {"model_gateway": "http://127.0.0.1:30080"}
+
+
+def ctx(**v) -> SimpleNamespace:
+    return SimpleNamespace(host=Host(name="lab1", address="127.0.0.1", vars=v), vars=v)
+
+
+def stop_sec(unit_text: str) -> int:
+    service = unit_text.split("[Service]", 1)[1].split("\n[", 1)[0]
+    vals = [ln.split("=", 1)[1] for ln in service.splitlines() if ln.startswith("TimeoutStopSec=")]
+    assert vals, unit_text
+    return int(vals[-1])  # systemd: the last assignment wins
+
+
+def rendered(c, inventory_settings: dict | None = None) -> str:
+    """The engine unit as the service step renders it (k26ops.steps.engine.ServiceStep.plan)."""
+    settings = traffic.unit_settings(c, units.unit_settings(inventory_settings or {}))
+    return units.render_unit({**settings, "argv": ["/usr/bin/python3", "-m", "sglang.launch_server"]})
+
+
+@pytest.mark.parametrize("hv", [{**GW}, {**GW, "drain_timeout": 900}, {**GW, "drain_timeout": 0.5},
+                                {"drain_hook": "/bin/true"}, {"drain": "plain", "drain_timeout": 1800}],
+                         ids=["gateway-default", "gateway-900", "gateway-0.5", "hook", "plain-1800"])
+def test_a_rendered_engine_unit_stops_later_than_the_drain(hv):
+    c = ctx(**hv)
+    cfg = traffic.config(c)
+    assert stop_sec(rendered(c)) > cfg.drain_timeout
+    assert stop_sec(rendered(c)) == cfg.timeout_stop_sec()
+
+
+def test_without_traffic_the_unit_keeps_its_default():
+    assert stop_sec(rendered(ctx())) == 120
+
+
+def test_an_inventory_timeout_stop_sec_not_above_the_drain_is_refused_in_one_line():
+    c = ctx(**GW, drain_timeout=300)
+    with pytest.raises(StepFailed) as exc:
+        rendered(c, {"TimeoutStopSec": 300})
+    msg = str(exc.value)
+    assert "\n" not in msg and "300" in msg and "drain_timeout" in msg and "nothing was changed" in msg
+    assert stop_sec(rendered(c, {"TimeoutStopSec": 301})) == 301  # a larger one is the user's to set
+
+
+TAG_UNIT = ("[Unit]\nDescription=engine\n\n[Service]\nType=exec\nExecStart=/bin/true\n{stop}KillMode=mixed\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+
+
+@pytest.mark.parametrize("recorded,want,changed", [
+    ("TimeoutStopSec=120\n", 360, True),  # a tag from before the drain: raised
+    ("TimeoutStopSec=2min\n", 360, True),
+    ("", 360, True),  # systemd's default (90 s): one added
+    ("TimeoutStopSec=301\n", 301, False),  # already larger: verbatim
+    ("TimeoutStopSec=10min\n", None, False),
+    ("TimeoutStopSec=infinity\n", None, False),
+])
+def test_a_rollbacks_recorded_unit_gets_a_stop_timeout_above_the_drain(recorded, want, changed):
+    text = TAG_UNIT.format(stop=recorded)
+    out, note = traffic.unit_text_stop_timeout(ctx(**GW), text)
+    assert (note is not None) == changed and (out != text) == changed
+    if want is not None:
+        assert stop_sec(out) == want
+    if changed:
+        assert "drain_timeout" in note
+        assert out.replace(f"TimeoutStopSec={want}\n", "", 1) == text.replace(recorded, "", 1)  # nothing else
+    assert traffic.unit_text_stop_timeout(ctx(), text) == (text, None)  # no traffic: verbatim
