@@ -11,8 +11,7 @@ import pytest
 
 from k26ops import units
 from k26ops.inventory.model import Host
-from k26ops.steps import StepFailed
-from k26ops.steps import traffic
+from k26ops.steps import StepFailed, traffic
 
 GW = {"model_gateway": "http://127.0.0.1:30080"}
 

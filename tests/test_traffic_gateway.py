@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from k26ops.inventory.model import Host
 from k26ops.ssh import LocalSession
 from k26ops.traffic.drain import Drain, TrafficConfig
 from k26ops.traffic.gateway import Gateway, GatewayError, Watch
-from labtools import free_port
+from labtools import free_port, sglang_router
 
 STANDIN = Path(__file__).resolve().parent.parent / "k26ops/lab/fixtures/engine_standin.py"
 pytest.importorskip("sglang_router")
@@ -64,17 +63,8 @@ class Proc:
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
-    d = tmp_path_factory.mktemp("router")
-    port, key = free_port(), secrets.token_hex(12)
-    r = Proc([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn",
-              "--control-plane-api-keys", f"t:test:admin:{key}"],
-             env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}, log=d / "router.log")
-    try:
-        wait_http(port, "/health")
-        yield {"url": f"http://127.0.0.1:{port}", "key": key, "log": d / "router.log"}
-    finally:
-        r.stop()
+    with sglang_router(tmp_path_factory.mktemp("router")) as r:
+        yield r
 
 
 def standin(tmp_path: Path, name: str, **env) -> tuple[Proc, int]:
