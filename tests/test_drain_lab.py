@@ -30,6 +30,7 @@ pytest.importorskip("sglang_router")
 
 UNIT = "k26-engine.service"
 DRAIN_S = 20
+JSON = {"Content-Type": "application/json"}
 ENV = {"K26OPS_STANDIN_DECODE_TOKS": "20", "K26OPS_STANDIN_DRAIN_POLL_S": "0.5"}
 
 
@@ -93,7 +94,7 @@ class Client(threading.Thread):
         n = 40 if stream else 3
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         c.request("POST", "/generate", body=json.dumps({"text": "hi", "stream": stream,
-                                                         "sampling_params": {"max_new_tokens": n}}))
+                                                         "sampling_params": {"max_new_tokens": n}}), headers=JSON)
         r = c.getresponse()
         body = r.read()
         c.close()
@@ -112,6 +113,7 @@ class Client(threading.Thread):
             except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
                 self.failed.append(f"{type(exc).__name__}: {exc}")
             i += 1
+            self.stop_ev.wait(0.05)
 
     def __enter__(self):
         self.start()
@@ -209,7 +211,7 @@ def test_ctrl_c_during_a_deploys_drain_puts_the_worker_back_and_the_old_engine_s
     def stream():  # 300 tokens at 20/s: 15 s in flight on the host's engine itself
         c = http.client.HTTPConnection("127.0.0.1", int(dl["urls"][host].rsplit(":", 1)[1]), timeout=60)
         c.request("POST", "/generate", body=json.dumps({"text": "x", "stream": True,
-                                                         "sampling_params": {"max_new_tokens": 300}}))
+                                                         "sampling_params": {"max_new_tokens": 300}}), headers=JSON)
         got.append(c.getresponse().read())
 
     t = threading.Thread(target=stream, daemon=True)

@@ -5,6 +5,7 @@ recorded unit (k26ops.baselines.rollback: the tag's TimeoutStopSec is raised whe
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -78,3 +79,34 @@ def test_a_rollbacks_recorded_unit_gets_a_stop_timeout_above_the_drain(recorded,
         assert "drain_timeout" in note
         assert out.replace(f"TimeoutStopSec={want}\n", "", 1) == text.replace(recorded, "", 1)  # nothing else
     assert traffic.unit_text_stop_timeout(ctx(), text) == (text, None)  # no traffic: verbatim
+
+
+def _snapshot(repo, tag: str, hosts: dict) -> None:
+    """A tag whose hosts stored a bench with these p99 end-to-end latencies (ms per cell), or none."""
+    files = {"baseline.json": json.dumps({"hosts": {h: {"release_id": "r1"} for h in hosts}}).encode()}
+    for h, p99s in hosts.items():
+        if p99s:
+            cells = [{"concurrency": c, "temperature": 0.0,
+                      "figures": {"e2e_p99_ms": {"median": v, "min": v, "max": v, "n": 3}}} for c, v in enumerate(p99s, 1)]
+            files[f"hosts/{h}/bench.json"] = json.dumps({"spec": {}, "cells": cells}).encode()
+    repo.commit_snapshot(files, f"test {tag}", tag, f"test {tag}")
+
+
+def test_the_default_drain_timeout_is_the_p99_of_the_hosts_newest_stored_bench(tmp_path, monkeypatch):
+    from k26ops.baselines import Baselines
+    from k26ops.traffic.drain import TrafficConfig
+
+    monkeypatch.setenv("K26OPS_BASELINES", str(tmp_path / "b"))
+    h = ctx(**GW).host
+    assert TrafficConfig.of(h).drain_timeout_from == "default"  # no repository yet
+    repo = Baselines(tmp_path / "b")
+    _snapshot(repo, "a-old", {"lab1": [1000.0], "lab2": [5000.0]})
+    _snapshot(repo, "b-new", {"lab1": [2500.0, 41250.0], "lab2": None})
+    cfg = TrafficConfig.of(h)
+    assert cfg.drain_timeout == 41.25 and "b-new" in cfg.drain_timeout_from  # the largest cell of the newest
+    assert cfg.timeout_stop_sec() > cfg.drain_timeout
+    lab2 = Host(name="lab2", address="127.0.0.1", vars=GW)
+    assert TrafficConfig.of(lab2).drain_timeout == 5.0  # its newest tag stored no bench: the one before
+    assert TrafficConfig.of(Host(name="lab3", address="127.0.0.1", vars=GW)).drain_timeout == 300
+    assert TrafficConfig.of(Host(name="lab1", address="127.0.0.1", vars={**GW, "drain_timeout": 9})).drain_timeout == 9
+    assert "41.25s (p99 end-to-end latency in baseline b-new)" in cfg.summary()

@@ -72,6 +72,43 @@ declare(__name__, "traffic: gateways and the drain",
             "healthy workers every gateway keeps while a host is out of rotation (at least 1)"))
 
 
+BENCH_FIGURE = "e2e_p99_ms"  # k26ops.enginebench.run.METRICS: the requests' p99 end-to-end latency
+_P99: dict = {}  # (repository, its tags' mtimes, host) -> (seconds, where) or None
+
+
+def bench_p99_of(host: str) -> tuple[float, str] | None:
+    """The default drain_timeout of `host`: the p99 end-to-end latency (s) of the newest bench a baseline
+    stores for it (`snapshot --bench`), the largest of its cells, and where it comes from; None where
+    there is none (or the baselines repository cannot be read: the drain then uses the default)."""
+    # cycle: k26ops.baselines' package imports its rollback -> k26ops.steps.traffic -> this module
+    from k26ops.baselines.repo import Baselines, default_dir
+
+    path = default_dir()
+    stamp = tuple((path / ".git" / f).stat().st_mtime_ns if (path / ".git" / f).exists() else 0
+                  for f in ("refs/tags", "packed-refs"))
+    key = (str(path), stamp, host)
+    with _GUARD:
+        if key in _P99:
+            return _P99[key]
+    found = None
+    repo = Baselines(path)
+    try:
+        for tag in reversed(repo.tags() if repo.exists() else []):  # newest first
+            if tag.error or host not in ((tag.index or {}).get("hosts") or {}):
+                continue
+            bench = repo.host_bench(tag.commit, host) or {}
+            p99 = [c["figures"][BENCH_FIGURE]["median"] for c in bench.get("cells") or []
+                   if BENCH_FIGURE in (c.get("figures") or {})]
+            if p99:
+                found = (round(max(p99) / 1000.0, 3), f"baseline {tag.name}")
+                break
+    except (UserError, OSError, ValueError):
+        found = None
+    with _GUARD:
+        _P99[key] = found
+    return found
+
+
 def _number(hvars: dict, name: str, host: str, default: float, *, least: float, integer: bool = False):
     v = hvars.get(name)
     if v is None:
@@ -98,8 +135,9 @@ class TrafficConfig:
     configured: bool = False  # the inventory said anything about traffic
 
     @classmethod
-    def of(cls, host, hvars: dict | None = None, bench_p99: tuple[float, str] | None = None) -> "TrafficConfig":
-        """From the host's vars; `bench_p99`: (seconds, where) of its stored bench, the default drain_timeout."""
+    def of(cls, host, hvars: dict | None = None, bench_p99: tuple[float, str] | None | bool = True) -> "TrafficConfig":
+        """From the host's vars; `bench_p99`: (seconds, where) of its stored bench, the default drain_timeout
+        (True: looked up, k26ops.traffic.drain.bench_p99; None: there is none)."""
         hv = host.vars if hvars is None else hvars
         name = host.name
         raw = hv.get("model_gateway")
@@ -137,10 +175,12 @@ class TrafficConfig:
             wurl = check_url(wurl, "worker_url")
         except ValueError as exc:
             raise UserError(f"{name}: {exc}") from None
+        if bench_p99 is True:
+            bench_p99 = bench_p99_of(name) if mode != "none" and hv.get("drain_timeout") is None else None
         if hv.get("drain_timeout") is not None:
             dt, dt_from = _number(hv, "drain_timeout", name, DEFAULT_DRAIN_TIMEOUT, least=0), "inventory"
         elif bench_p99:
-            dt, dt_from = float(bench_p99[0]), f"p99 end-to-end latency of {bench_p99[1]}"
+            dt, dt_from = float(bench_p99[0]), f"p99 end-to-end latency in {bench_p99[1]}"
         else:
             dt, dt_from = DEFAULT_DRAIN_TIMEOUT, "default"
         ms = _number(hv, "min_serving", name, DEFAULT_MIN_SERVING, least=1, integer=True)
