@@ -250,3 +250,25 @@ def test_modes_defaults_and_the_stop_timeout_is_larger_than_the_drain():
     assert p.mode == "plain" and p.timeout_stop_sec() > 900
     b = TrafficConfig.of(host("h", 1, model_gateway="http://gw:1"), bench_p99=(42.5, "tag v1"))
     assert b.drain_timeout == 42.5 and "tag v1" in b.drain_timeout_from
+
+
+def test_a_worker_is_put_back_only_after_its_own_smoke_request_answers(router, tmp_path):
+    """reboot, diagnose cuda-graph and rehearse --stop-serving (drain.back_when_healthy and the
+    restores) run the smoke request on the worker itself before putting it back."""
+    from k26ops.traffic.drain import smoke_before_put_back
+
+    bad, bad_port = standin(tmp_path, "bad", K26OPS_STANDIN_REQUEST_ERROR="500")  # /health 200, /generate 500
+    good, good_port = standin(tmp_path, "good")
+    try:
+        lines = []
+        d = drain_for(router, "bad", bad_port, progress=lines.append)
+        with pytest.raises(StepFailed) as exc:
+            smoke_before_put_back(d, d.session, None)
+        assert str(exc.value) == ("the engine answers /health but not its smoke request (HTTP 500): "
+                                  "left out of rotation"), exc.value
+        g = drain_for(router, "good", good_port, progress=lines.append)
+        smoke_before_put_back(g, g.session, None)
+        assert lines == ["smoke before putting it back: failed", "smoke before putting it back: answered"]
+    finally:
+        bad.stop()
+        good.stop()

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from k26ops import agents
-from k26ops.enginehost import EngineHost, wait_ready
+from k26ops.enginehost import EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.hostvars import Var, declare
 from k26ops.interrupt import requested as interrupt_requested
@@ -48,6 +48,7 @@ DEFAULT_MIN_SERVING = 1
 STOP_MARGIN_S = 60  # TimeoutStopSec = drain_timeout + this: the stop's own SGLang drain after ours
 MODES = ("gateway", "hook", "plain", "none")
 HOOK_TIMEOUT_S = 120.0
+SMOKE_TIMEOUT_S = 300.0  # a cold engine's first request may JIT-build kernels (k26ops.steps.engine)
 PUT_BACK_TIMEOUT_S = 300.0  # the gateway's registration workflow checks the worker before it serves
 
 declare(__name__, "traffic: gateways and the drain",
@@ -446,16 +447,30 @@ def for_session(session, progress: Callable[[str], None] = lambda m: None,
                  progress=progress, secrets=eh.secrets())
 
 
+def smoke_before_put_back(d: Drain, session, unit: str | None) -> None:
+    """One greedy /generate on the worker itself (the deploy's smoke request, k26ops.steps.engine) before
+    it goes back into rotation; StepFailed (left out of rotation) when it does not answer with text."""
+    r = engine_agent(session, "smoke", timeout=SMOKE_TIMEOUT_S + 30, port=d.engine_port, host=d.engine_host,
+                     unit=unit, api_key=d.engine_api_key, prompt="Say hello in one short sentence.",
+                     max_new_tokens=8, timeout_s=SMOKE_TIMEOUT_S)
+    d.progress("smoke before putting it back: " + ("failed" if r.get("failed") else "answered"))
+    if r.get("failed"):
+        last = (r.get("results") or [{}])[-1]
+        why = f"HTTP {last.get('status')}" if last.get("status") else "no answer"
+        raise StepFailed(f"the engine answers /health but not its smoke request ({why}): left out of rotation")
+
+
 def back_when_healthy(d: Drain, session, unit: str, timeout: float) -> None:
     """After a stop made outside a deploy: wait until the engine answers /health and /health_generate
-    on the host (`session`: a new one after a reboot), then put it back; StepFailed (left out of
-    rotation) when it does not."""
+    on the host (`session`: a new one after a reboot) and a smoke request, then put it back; StepFailed
+    (left out of rotation) when it does not."""
     d.session = session
     w = wait_ready(session, unit, d.engine_host, d.engine_port, base=None, timeout=timeout, secrets=d.secrets,
                    on_wait=lambda r: d.progress(f"waiting for the engine before putting it back: "
                                                 f"{r.poll['state']} {r.elapsed:.0f}s"))
     if w.state != "healthy":
         raise StepFailed(f"the engine is {w.state} after {w.elapsed:.0f}s: left out of rotation")
+    smoke_before_put_back(d, session, unit)
     if d.cfg.mode in ("gateway", "hook"):
         d.put_back()
     else:
