@@ -110,3 +110,29 @@ def test_the_default_drain_timeout_is_the_p99_of_the_hosts_newest_stored_bench(t
     assert TrafficConfig.of(Host(name="lab3", address="127.0.0.1", vars=GW)).drain_timeout == 300
     assert TrafficConfig.of(Host(name="lab1", address="127.0.0.1", vars={**GW, "drain_timeout": 9})).drain_timeout == 9
     assert "41.25s (p99 end-to-end latency in baseline b-new)" in cfg.summary()
+
+
+def test_rolling_is_the_default_where_traffic_is_set_and_the_config_file_can_set_the_batch(tmp_path, monkeypatch):
+    from k26ops.cli.batchopts import default_batch
+    from k26ops.errors import UserError
+    from k26ops.rollout import parse_batches
+
+    conf = tmp_path / "config.toml"
+    monkeypatch.setenv("K26OPS_CONFIG", str(conf))
+    conf.write_text("")
+    plain = [Host(name=n, address="127.0.0.1", vars={}) for n in ("lab1", "lab2")]
+    routed = [*plain, Host(name="lab3", address="127.0.0.1", vars=dict(GW))]
+    settings = lambda hosts: SimpleNamespace(selected_hosts=lambda: hosts)  # noqa: E731
+    assert default_batch(settings(plain), None) is None  # as before: the rest at once
+    assert default_batch(settings(routed), None) == parse_batches("1")  # one host at a time
+    assert default_batch(settings(routed), parse_batches("2")) == parse_batches("2")  # --batch wins
+    hooked = [Host(name="h", address="127.0.0.1", vars={"drain_hook": "/bin/true"})]
+    assert default_batch(settings(hooked), None) == parse_batches("1")
+    conf.write_text('batch = "1,25%"\n')
+    assert default_batch(settings(plain), None) == parse_batches("1,25%")  # the config file's
+    conf.write_text("batch = 2\n")
+    assert default_batch(settings(routed), None) == parse_batches("2")
+    conf.write_text('batch = "0"\n')
+    with pytest.raises(UserError) as exc:
+        default_batch(settings(plain), None)
+    assert str(exc.value).startswith(f"{conf}: batch") and "\n" not in str(exc.value)
