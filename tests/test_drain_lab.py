@@ -24,7 +24,7 @@ import time
 
 import pytest
 import yaml
-from labtools import REPO, k26ops_json, lab_ssh, private_lab, sglang_router
+from labtools import REPO, k26ops, k26ops_json, lab_ssh, private_lab, sglang_router
 
 pytest.importorskip("sglang_router")
 
@@ -148,6 +148,23 @@ def test_deploy_registers_renders_the_stop_timeout_and_rolls_with_no_request_los
     assert doc["traffic"]["gateways"][dl["gw"].name]["min_healthy"] >= 1
     assert client.failed == [] and client.ok > 20, (client.ok, client.failed[:5])
     assert healthy(dl) == {n: True for n in dl["names"]}
+
+
+def test_check_says_what_a_stop_does_to_traffic_per_host_or_once_when_nothing_is_set(dl):
+    from k26ops.traffic.gateway import shown_url
+
+    inv = inventory(dl, "second", env={"K26OPS_STANDIN_TTFT_MS": "1"})
+    p = k26ops("-v", "-i", inv, "check", env=dl["env"], timeout=300)
+    out = " ".join(p.stdout.split())
+    for n in dl["names"]:
+        assert (f"{n}: ok traffic: out of rotation at {shown_url(dl['router']['url'])} before a stop, min_serving 1; "
+                f"drain_timeout 20s (inventory), TimeoutStopSec 80; {shown_url(dl['router']['url'])}: "
+                f"{dl['urls'][n]} healthy") in out, p.stdout + p.stderr
+    assert dl["router"]["key"] not in p.stdout + p.stderr
+    assert "no host names a model_gateway" not in out
+    p = k26ops("-i", str(dl["lab"].inventory), "check", env=dl["env"], timeout=300)  # the lab's own: nothing set
+    assert " ".join(p.stdout.split()).count("traffic: no host names a model_gateway, drain_hook or drain mode: "
+                                            "an engine restart drops its in-flight requests, as before") == 1
 
 
 def test_a_host_that_fails_its_smoke_test_is_not_put_back_and_a_good_deploy_puts_it_back(dl):

@@ -136,3 +136,14 @@ def test_rolling_is_the_default_where_traffic_is_set_and_the_config_file_can_set
     with pytest.raises(UserError) as exc:
         default_batch(settings(plain), None)
     assert str(exc.value).startswith(f"{conf}: batch") and "\n" not in str(exc.value)
+
+
+def test_the_table_says_per_host_what_the_drain_did():
+    from k26ops.cli.rollout import traffic_cell
+
+    back = {"mode": "gateway", "drain_s": 20.7, "requests": 18, "out_of_rotation_s": 36.1, "stop_to_serving_s": 15.4,
+            "put_back": True}
+    assert traffic_cell(back) == "drained 21s (18 req), out 36s, stop->serving 15s"
+    failed = {**back, "out_of_rotation_s": None, "stop_to_serving_s": None, "put_back": False}
+    assert traffic_cell(failed) == "drained 21s (18 req), left out of rotation"
+    assert traffic_cell({"mode": "plain", "drain_s": None, "requests": 2, "stop_to_serving_s": 9.0}) == "stop->serving 9s"
