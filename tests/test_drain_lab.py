@@ -193,8 +193,8 @@ def test_rollback_goes_through_the_drain_and_raises_the_tags_stop_timeout(dl):
     assert rc == 0, doc
     with Client(dl) as client:  # the tag's unit says TimeoutStopSec=80: not above a drain_timeout of 100
         rc, doc = cli(dl, inventory(dl, "rollback", env={"K26OPS_STANDIN_TTFT_MS": "2"}, drain_timeout=100),
-                      "rollback", "--tag", "drain-t1")
-    assert rc == 0, doc
+                      "rollback", "--tag", "drain-t1", "--canary", "1", "--batch", "1", "--max-fail", "0")
+    assert rc == 0 and doc["canary"] == 1, doc
     assert_drained_and_back(doc, dl["names"])
     assert client.failed == [], client.failed[:5]
     for n in dl["names"]:

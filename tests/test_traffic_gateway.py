@@ -272,3 +272,36 @@ def test_a_worker_is_put_back_only_after_its_own_smoke_request_answers(router, t
     finally:
         bad.stop()
         good.stop()
+
+
+def test_a_drain_hook_runs_out_before_and_in_after_and_a_failing_one_stops_nothing(tmp_path):
+    """drain_hook (HAProxy, nginx, Envoy users): run on the control node without a shell, with
+    K26OPS_DRAIN=out before the stop and =in after; the in-flight wait between is the same."""
+    log, fail = tmp_path / "hook.log", tmp_path / "fail"
+    hook = tmp_path / "lb-drain"
+    hook.write_text(f'#!/bin/sh\necho "$K26OPS_DRAIN $K26OPS_HOST $K26OPS_WORKER_URL $#" >> {log}\n'
+                    f'if [ -e {fail} ]; then echo "lb: no such backend" >&2; exit 3; fi\n')
+    hook.chmod(0o755)
+    p, port = standin(tmp_path, "hooked", K26OPS_STANDIN_DECODE_TOKS="20")
+    try:
+        h = host("h1", port, drain_hook=f"{hook} 'two words'")
+        got = []
+        t = threading.Thread(target=stream, args=(port, 30, got))  # 1.5 s in flight
+        t.start()
+        time.sleep(0.4)
+        d = Drain(TrafficConfig.of(h), "h1", LocalSession(h), engine_port=port)
+        d.take_out()
+        assert log.read_text() == f"out h1 http://127.0.0.1:{port} 1\n"
+        assert d.record["requests"] == 1 and d.record["left"] == 0 and d.record["drain_s"] >= 0.5, d.record
+        t.join(30)
+        d.put_back()
+        assert log.read_text().splitlines()[-1] == f"in h1 http://127.0.0.1:{port} 1"
+        assert d.record["put_back"] is True and d.record["out_of_rotation_s"] is not None
+        fail.touch()
+        with pytest.raises(StepFailed) as exc:
+            Drain(TrafficConfig.of(h), "h1", LocalSession(h), engine_port=port).take_out()
+        assert str(exc.value) == (f"drain: drain_hook (out) {hook} exited 3: lb: no such backend; nothing was "
+                                  "taken out of rotation; the engine was not stopped")
+        assert p.p.poll() is None and got == [(30, True)]
+    finally:
+        p.stop()
