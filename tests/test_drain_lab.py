@@ -7,7 +7,8 @@ through the gateway:
 - deploy registers the engines, renders TimeoutStopSec above drain_timeout (systemctl show),
   rolls one host at a time by default and no client request fails;
 - a host that fails its smoke test is never put back (and the next good deploy puts it back);
-- rollback --tag, reboot and diagnose cuda-graph take the host out and put it back the same way;
+- rollback --tag, reboot, diagnose cuda-graph and rehearse --stop-serving take the host out and put
+  it back the same way;
 - Ctrl-C during a deploy's drain puts the worker back and leaves the old engine serving.
 """
 
@@ -24,7 +25,7 @@ import time
 
 import pytest
 import yaml
-from labtools import REPO, k26ops, k26ops_json, lab_ssh, private_lab, sglang_router
+from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh, private_lab, sglang_router
 
 pytest.importorskip("sglang_router")
 
@@ -216,6 +217,21 @@ def test_reboot_and_diagnose_cuda_graph_go_through_the_drain(dl):
     t = rep["traffic"]
     assert t["drain_s"] is not None and t["put_back"] is True, rep
     assert "back in rotation" in rep["restored"], rep["restored"]
+    assert client.failed == [], client.failed[:5]
+    assert healthy(dl) == {n: True for n in dl["names"]}
+
+
+def test_rehearse_stop_serving_goes_through_the_drain(dl):
+    inv = inventory(dl, "second", env={"K26OPS_STANDIN_TTFT_MS": "1"})
+    host = dl["names"][1]
+    with Client(dl) as client:
+        rc, doc = cli(dl, inv, "--limit", host, "rehearse", "--stop-serving", "--rehearse-port",
+                      str(free_port_block(1, start=35000, stop=39000)), "--no-bench")
+    assert rc == 0, doc
+    rep = doc["hosts"][host]["rehearsal"]
+    assert rep["serving_after"] == "healthy" and rep["traffic"]["put_back"] is True, rep
+    assert rep["traffic"]["drain_s"] is not None and rep["traffic"]["out_of_rotation_s"] > 0, rep["traffic"]
+    assert doc["traffic"]["zero_worker_windows"] == 0
     assert client.failed == [], client.failed[:5]
     assert healthy(dl) == {n: True for n in dl["names"]}
 
