@@ -404,6 +404,42 @@ class RunningLab:
 
 
 @contextlib.contextmanager
+def sglang_router(workdir: Path, *extra: str):
+    """The real SGLang Model Gateway (PyPI sglang-router) on loopback, with an admin key for
+    its worker API: {"url", "port", "key", "log"}; stopped (its process group) after the block."""
+    import secrets
+    import signal
+    import time
+    import urllib.request
+
+    port, key, log = free_port(), secrets.token_hex(12), workdir / "router.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # loopback only
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                              "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                              str(free_port()), "--log-level", "warn", "--control-plane-api-keys",
+                              f"t:test:admin:{key}", *extra], env=env, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > end or p.poll() is not None:
+                raise AssertionError(f"sglang-router did not answer /health: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield {"url": f"http://127.0.0.1:{port}", "port": port, "key": key, "log": log}
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+@contextlib.contextmanager
 def private_lab(count: int, tag: str, deployed: bool = False):
     """Boot a lab of `count` hosts for the duration of the block; always torn
     down (also on failure, Ctrl-C, or, through atexit, a dying interpreter).

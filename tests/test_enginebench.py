@@ -75,6 +75,9 @@ def test_standin_serves_at_the_told_speed(tmp_path, temperature, accept):
             assert m["median_itl_ms"] == pytest.approx(want["itl_ms"], rel=TOL)
             assert want["ttft_ms"] - 1 <= m["median_ttft_ms"] <= want["ttft_ms"] * (1 + TOL) + TTFT_SLACK_MS
             assert m["p99_itl_ms"] >= m["median_itl_ms"] and m["p99_ttft_ms"] >= m["median_ttft_ms"]
+            # a whole answer: first token, then OUT - 1 paced tokens (the default drain_timeout reads it)
+            e2e_ms = want["ttft_ms"] + (OUT - 1) * want["itl_ms"]
+            assert e2e_ms * (1 - SLOW) <= m["p99_e2e_latency_ms"] <= e2e_ms * (1 + TOL) + TTFT_SLACK_MS + 100
             assert m["accept_length"] == pytest.approx(accept)
             # the engine's histogram, summed: every verify step once, every token after the first
             hist = m["accept_histogram"]

@@ -68,6 +68,7 @@ def metrics(outputs, duration_s, server_accept=None):
             "output_throughput": out_tokens / dur, "request_throughput": len(ok) / dur,
             "median_ttft_ms": percentile(ttfts, 50) * 1000, "p99_ttft_ms": percentile(ttfts, 99) * 1000,
             "median_itl_ms": percentile(itls, 50) * 1000, "p99_itl_ms": percentile(itls, 99) * 1000,
+            "p99_e2e_latency_ms": percentile([o["latency"] for o in ok], 99) * 1000,
             "accept_length": accept,
             "accept_source": "meta_info.spec_accept_length" if accepts else ("/server_info" if accept else None),
             "accept_histogram": hist or None}
@@ -300,7 +301,7 @@ def op_bench_serving(r):
             return {"ok": False, "error": "sglang.bench_serving exited %d: %s" % (p.returncode, lines[-1][:300] if lines else "")}
         res = rows[-1]
         keys = ("completed", "duration", "total_output_tokens", "output_throughput", "request_throughput",
-                "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "accept_length")
+                "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "p99_e2e_latency_ms", "accept_length")
         m = {k: res.get(k) for k in keys}
         m["duration_s"] = m.pop("duration")
         m["accept_lifetime"] = m.get("accept_length")

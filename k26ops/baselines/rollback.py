@@ -6,7 +6,9 @@ Per host (under the host lock, through the playbook runner):
                     it; otherwise rebuild it from the tag (its recipe file,
                     recorded lock, shipped patches under their recorded names:
                     the same commit and release id), then switch.
-  baseline_service  the tag's unit file as recorded; its env file with the
+  baseline_service  the tag's unit file as recorded (its TimeoutStopSec raised
+                    above the host's drain_timeout where it is not: systemd
+                    never SIGKILLs a drain, k26ops.steps.traffic); its env file with the
                     secrets filled in from the inventory / environment (as a
                     deploy does), and the secret-flags file its unit reads
                     (--config) from the inventory's flags: a baseline never
@@ -38,6 +40,7 @@ from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps
 from k26ops.steps.release import ReleaseDecision
+from k26ops.steps import traffic as traffic_step
 from k26ops.steps.traffic import TrafficStep
 
 
@@ -53,6 +56,21 @@ class BaselineCheck(HostState):
     probe: dict  # the host script's probe: the release, `current`, the unit and env file
     mode: str  # "switch" (the release is there as recorded) or "rebuild"
     damage: str  # what is wrong with it on the host, said in the plan and messages
+
+
+@dataclass
+class BaselineUnit(HostState):
+    """The tag's unit text as this rollback writes it (None: the tag has none), and what differs
+    from the recorded one (the TimeoutStopSec a drain needs), or None."""
+
+    text: str | None
+    note: str | None = None
+
+
+def baseline_unit(ctx: HostContext, b: dict) -> BaselineUnit:
+    if b["unit_text"] is None:
+        return BaselineUnit(None)
+    return BaselineUnit(*traffic_step.unit_text_stop_timeout(ctx, b["unit_text"]))
 
 
 @dataclass
@@ -157,15 +175,16 @@ class BaselineService(engine_steps.ServiceStep):
                                               port=b.get("port"), show=show, secrets_path=spath).put(ctx)
         changes, todo, reasons = [], {}, []
         secret_text = None
+        bu = baseline_unit(ctx, b).put(ctx)
         if b["unit_text"] is not None and f"--config {spath}" in b["unit_text"]:
             secret_text = units.engine_launch(eh.profile())[1]
             if secret_text is None:
                 raise StepFailed(f"the baseline's unit reads secret engine flags from {spath}: set them "
                                  "(extra_flags: api-key ...) in the inventory as for a deploy")
         engine_steps.plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
-        if b["unit_text"] is not None:
-            engine_steps.plan_file(cur, "unit", upath, b["unit_text"], f"restore {upath} from the baseline",
-                                   secrets, changes, todo, reasons)
+        if bu.text is not None:
+            engine_steps.plan_file(cur, "unit", upath, bu.text, f"restore {upath} from the baseline"
+                                   + (f" ({bu.note})" if bu.note else ""), secrets, changes, todo, reasons)
         if env_text is not None:
             engine_steps.plan_file(cur, "env", epath, env_text,
                                    f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
@@ -194,7 +213,8 @@ class BaselineVerify(Step):
         bad = sorted(k for k, h in rec["patched_files"].items() if r["hashes"].get(k) != h)
         if bad:
             why.append(f"patched files differ: {', '.join(bad[:3])}")
-        if b["unit_text"] is not None and p["unit"] != b["unit_text"]:
+        want_unit = (BaselineUnit.get(ctx) or baseline_unit(ctx, b)).text
+        if want_unit is not None and p["unit"] != want_unit:
             why.append("unit file differs")
         if why:
             engine_steps.fail_and_roll_back(ctx, engine_steps.ServiceState.of(ctx),

@@ -27,6 +27,7 @@ METRICS = {
     "ttft_p99_ms": ("p99_ttft_ms", "TTFT p99 ms", -1),
     "itl_p50_ms": ("median_itl_ms", "ITL median ms", -1),
     "itl_p99_ms": ("p99_itl_ms", "ITL p99 ms", -1),
+    "e2e_p99_ms": ("p99_e2e_latency_ms", "end-to-end p99 ms", -1),  # the default drain_timeout (k26ops.traffic)
     "accept": ("accept_length", "spec accept length", 1),
 }
 # start-up figures (`ready_s@start`): the last start k26ops made on the host (its time to first good

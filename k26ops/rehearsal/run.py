@@ -387,6 +387,7 @@ def _restart_serving(ctx, eh, secrets, report, progress, drain=None) -> None:
                                               + ("; left out of rotation" if drain else ""))
     elif drain is not None:
         try:
+            drain_mod.smoke_before_put_back(drain, ctx.session, eh.unit)
             if drain.cfg.mode in ("gateway", "hook"):
                 drain.put_back()
             else:
