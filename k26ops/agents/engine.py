@@ -64,17 +64,116 @@ def write(path, text, perm):
 # The engine's --api-key, when it has one (the request's "api_key"; never in an answer).
 # SGLang asks for it on every path but /health*, /ready* and /metrics*.
 API_KEY = []
+# The engine's unit (the request's "unit"): every request to the port goes only to a listener of its
+# process tree (MainPID, its descendants, its cgroup), never to a stand-in another user bound there.
+UNIT = []
+
+
+class Foreign(Exception):
+    """The port's listener is not the engine's: `holder` names it (pid, user, command)."""
+
+    def __init__(self, holder):
+        super().__init__(holder.get("pid"))
+        self.holder = holder
+
+
+def port_sockets(port):
+    """Inodes of the TCP sockets listening on `port` (any address, IPv4 and IPv6)."""
+    found = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as fh: rows = fh.read().splitlines()[1:]
+        except OSError: continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f[9])
+    found.discard("0")
+    return found
+
+def pid_sockets(pid):
+    out = set()
+    try: fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError: return out
+    for fd in fds:
+        try: link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError: continue
+        if link.startswith("socket:["): out.add(link[8:-1])
+    return out
+
+def proc_line(pid, name):
+    try:
+        with open("/proc/%d/%s" % (pid, name), "rb") as fh: return fh.read()
+    except OSError: return b""
+
+def holder(pid):
+    """pid, user and command of a process (what a refusal names)."""
+    import pwd
+    uid = None
+    for line in proc_line(pid, "status").decode(errors="replace").splitlines():
+        if line.startswith("Uid:"): uid = int(line.split()[1])
+    try: user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
+    except KeyError: user = str(uid)
+    cmd = proc_line(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+    return {"pid": pid, "user": user, "command": cmd[:120] or "?"}
+
+def pids():
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+def in_tree(pid, main):
+    """Is `pid` the engine's MainPID, a descendant of it, or in the same cgroup (the unit's)?"""
+    seen, p = 0, pid
+    while p > 1 and seen < 64:
+        if p == main: return True
+        stat = proc_line(p, "stat").decode(errors="replace")
+        try: p = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (ValueError, IndexError): break
+        seen += 1
+    cg = proc_line(main, "cgroup").strip()
+    unit = (UNIT[0] if UNIT and UNIT[0] else "").encode()
+    return bool(unit) and cg.endswith(b"/" + unit) and cg == proc_line(pid, "cgroup").strip()
+
+def check_listener(port, main):
+    """Raise Foreign unless every listener on `port` belongs to the engine (`main`: its MainPID).
+    Nothing listening passes (a request then finds no one). A socket no process here holds
+    (another network namespace's) is foreign too."""
+    socks = port_sockets(port)
+    if not socks: return
+    if main: socks -= pid_sockets(main)  # the fast case: the engine's own process listens
+    if not socks: return
+    everyone = pids()
+    for pid in everyone:
+        mine = pid_sockets(pid) & socks
+        if not mine: continue
+        if main and in_tree(pid, main):
+            socks -= mine
+            continue
+        raise Foreign(holder(pid))
+    if socks:
+        raise Foreign({"pid": None, "user": "?", "command": "a socket no process of this host holds "
+                       "(another network namespace's)"})
+
+def main_pid(unit):
+    _, out, _ = sh(["systemctl", "show", unit, "-p", "MainPID", "--value"])
+    try: return int(out.strip() or 0)
+    except ValueError: return 0
 
 def auth_headers(path):
     if API_KEY and API_KEY[0] and not path.startswith(("/health", "/ready", "/metrics")):
         return {"Authorization": "Bearer " + API_KEY[0]}
     return {}
 
-def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
+def http(port, path, body=None, timeout=5.0, host="127.0.0.1", pid=None):
     """(status, body) of one GET (POST with `body`); a status outside 2xx keeps 300 chars of
     its body; no answer is (0, "Error: why"). http.client, imported here: ops without HTTP
     (read, apply) skip its ~17 ms of host CPU, and urllib.request's ~5 ms more buy nothing
-    for one plain request to the engine on this host (no redirects, proxies or cookies)."""
+    for one plain request to the engine on this host (no redirects, proxies or cookies).
+    With a unit (UNIT), the listener is checked first (`pid`: its MainPID, when the caller
+    just read it): Foreign, and nothing is sent, when another process holds the port."""
+    if UNIT and UNIT[0]:
+        check_listener(port, main_pid(UNIT[0]) if pid is None else pid)
+    elif auth_headers(path):
+        raise Foreign({"pid": None, "user": "?", "command": "no engine unit to match the listener against"})
     from http.client import HTTPConnection
     # Marked as k26ops' own (health, smoke), so `k26ops logs` can hide them; engines ignore the query.
     url = "%s%sfrom=k26ops" % (path, "&" if "?" in path else "?")
@@ -185,6 +284,9 @@ def op_apply(r):
     unit, upath, epath = r["unit"], r["unit_path"], r["env_path"]
     sdir = os.path.join(r["state_dir"], "service")
     new, prev = os.path.join(sdir, "new"), os.path.join(sdir, "prev")
+    if r.get("port") and (r.get("restart") or r.get("start")):
+        try: check_listener(r["port"], main_pid(unit))  # before anything changes: the engine could not bind
+        except Foreign as e: return {"ok": False, "error": "port", "holder": e.holder}
     for d in (new, prev): os.makedirs(d, mode=0o700, exist_ok=True)
     if r.get("unit_text") is not None:
         staged = os.path.join(new, unit)
@@ -271,11 +373,16 @@ def op_poll(r):
         why = crashed(s, base)
         if why:
             return dict(crash_report(unit, base, why, r.get("journal_lines", 400)), state="crashed", base=base)
-        code, _ = http(port, "/health", timeout=2.0, host=host)
-        if code == 200:
-            code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host)
-            if code2 == 200:
-                return {"state": "healthy", "show": s, "base": base}
+        try:
+            code, _ = http(port, "/health", timeout=2.0, host=host, pid=s.get("MainPID") or 0)
+            if code == 200:
+                code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host,
+                                    pid=s.get("MainPID") or 0)
+                if code2 == 200:
+                    check_listener(port, s.get("MainPID") or 0)  # still the engine's after the answers
+                    return {"state": "healthy", "show": s, "base": base}
+        except Foreign as e:
+            return {"state": "foreign", "holder": e.holder, "show": s, "base": base}
         if time.monotonic() >= end:
             j = journal(unit, 30, base.get("InvocationID"))
             return {"state": "loading" if code in (0, 503) else "unhealthy", "health": code,
@@ -284,8 +391,10 @@ def op_poll(r):
 
 def generate(r, name, sampling):
     body = {"text": r["prompt"], "sampling_params": dict(sampling, max_new_tokens=r["max_new_tokens"])}
+    pid = main_pid(UNIT[0]) if UNIT and UNIT[0] else None  # read before the clock starts
     t0 = time.monotonic()
-    code, text = http(r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"))
+    code, text = http(r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"),
+                      pid=pid)
     latency = time.monotonic() - t0
     try: data = json.loads(text)
     except ValueError: data = None
@@ -306,7 +415,9 @@ def op_smoke(r):
         base = run_id(s0)
     results = []
     for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
-        res = generate(r, req["name"], req["sampling"])
+        try: res = generate(r, req["name"], req["sampling"])
+        except Foreign as e:  # nothing was sent to it, the api key least of all
+            return {"results": results, "failed": req["name"], "crash": None, "foreign": e.holder}
         results.append(res)
         if answered(res):
             continue
@@ -391,8 +502,13 @@ def op_status(r):
         except (OSError, subprocess.SubprocessError) as exc:
             out["kernel"] = {"rc": 127, "stdout": str(exc)}
     if s.get("ActiveState") == "active":
-        out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"))[0]
-        code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"))
+        try:
+            out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"),
+                                 pid=s.get("MainPID") or 0)[0]
+            code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"),
+                              pid=s.get("MainPID") or 0)
+        except Foreign as e:
+            out["health"], out["foreign"], code, body = None, e.holder, 0, ""
         try: out["model"] = json.loads(body)["data"][0]["id"] if code == 200 else None
         except Exception: out["model"] = None
     return out
@@ -416,6 +532,7 @@ def op_logs(r):
 def handle(req):
     """One request (agents.run's, or agents/hub.py's): its api_key kept for http(), then its op."""
     API_KEY[:] = [req.pop("api_key", None)]
+    UNIT[:] = [req.get("unit")]
     return globals()["op_" + req.pop("op")](req)
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from k26ops import rollout, units
 from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
-from k26ops.enginehost import EngineHost, agent
-from k26ops.enginestate import engine_state
+from k26ops.enginehost import EngineHost, agent, foreign_listener
+from k26ops.enginestate import EngineState, engine_state
 from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
 from k26ops.steps import HostContext, session_context
@@ -71,12 +71,14 @@ def status_cmd(settings, unit, baselines_dir):
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
         d = drift_mod.with_engine(d, r.get("engine_releases"))
+        if r.get("foreign"):  # another process holds the engine's port: nothing was asked of it
+            es = EngineState("unhealthy", True, foreign_listener(port, name, r["foreign"], eh.secrets()))
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
                        unit=name, state=active or "unknown", substate=show.get("SubState"),
                        engine_state=es.state, engine_detail=es.detail, engine_label=es.label(),
                        should_serve=es.should_serve, serving_ok=es.ok, result=show.get("Result") or None,
                        enabled=show.get("UnitFileState") or None,
-                       health=("healthy" if health == 200 else f"HTTP {health}" if health else
+                       health=("FOREIGN LISTENER" if r.get("foreign") else "healthy" if health == 200 else f"HTTP {health}" if health else
                                "no answer" if health == 0 else "-"),
                        release=r["current"].rsplit("/", 1)[-1] if r.get("current") else None,
                        uptime_s=round(uptime, 1) if uptime is not None else None, uptime=_ago(uptime),

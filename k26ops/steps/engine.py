@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k26ops import preflight, units
-from k26ops.enginehost import UNIT_DIR, EngineHost, agent, mapping, wait_ready
+from k26ops.enginehost import UNIT_DIR, EngineHost, agent, foreign_listener, mapping, wait_ready
 from k26ops.enginestate import run_identity, start_limit_hit
 from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
@@ -237,11 +237,14 @@ class ServiceStep(Step):
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
                         env_path=svc.env_path, secrets_path=svc.secrets_path, state_dir=ctx.state_dir,
-                        lab_module=EngineHost(ctx).lab_module_path, **todo)
+                        lab_module=EngineHost(ctx).lab_module_path, port=svc.port, **todo)
         except StepFailed:
             svc.changed = True  # it may have replaced files before it failed (a full disk): roll back
             raise
         if not res.get("ok"):
+            if res.get("error") == "port":  # checked before anything was written
+                raise StepFailed(f"refusing to start {svc.unit}: "
+                                 f"{foreign_listener(svc.port, svc.unit, res['holder'], svc.secrets)}; nothing changed")
             out = units.redact(res.get("output") or "", svc.secrets)
             if res.get("error") == "verify":
                 lines = [l for l in out.splitlines() if l.strip()]
@@ -371,6 +374,8 @@ def rollback(ctx: HostContext, svc: ServiceState) -> str:
     if w.state == "healthy":
         what = "unit, env file" + (" and release" if prev else "")
         return f"rolled back the {what}; the previous engine is healthy again"
+    if w.state == "foreign":
+        return "rolled back, but " + foreign_listener(svc.port, svc.unit, w.poll["holder"], svc.secrets)
     if w.state == "crashed":
         r = w.poll
         d, _msg, _tail = name_crash(ctx, svc, r, "after the rollback")
@@ -479,6 +484,9 @@ class HealthStep(Step):
         el, r, last = w.elapsed, w.poll, w.last_line
         if w.state == "interrupted":
             fail_and_roll_back(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
+        if w.state == "foreign":
+            ctx.report["health"] = {"state": "foreign", "wait_s": round(el, 2), "holder": r["holder"]}
+            fail_and_roll_back(ctx, svc, foreign_listener(svc.port, svc.unit, r["holder"], svc.secrets))
         if w.state == "healthy":
             svc.base = w.base  # the smoke step tells a crash from this run's MainPID
             ctx.progress(f"health: healthy after {el:.0f}s")
@@ -584,6 +592,10 @@ class SmokeStep(Step):
         return body, per * len(reqs) + 30
 
     def _failed(self, ctx: HostContext, svc: ServiceState, r: dict) -> None:
+        if r.get("foreign"):
+            ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": None, "crashed": False,
+                                   "holder": r["foreign"]}
+            fail_and_roll_back(ctx, svc, foreign_listener(svc.port, svc.unit, r["foreign"], svc.secrets))
         last = r["results"][-1]
         what = f"the {r['failed']} smoke request (temperature {last['sampling'].get('temperature')})"
         if r.get("crash"):
