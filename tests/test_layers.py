@@ -24,7 +24,7 @@ PKG = ROOT / "k26ops"
 LAYERS: list[tuple[str, str, list[str]]] = [
     ("base", "errors, where files live, shell quoting, the interrupt flag, config, declared inventory variables, typed run state",
      ["k26ops.errors", "k26ops.layout", "k26ops.shell", "k26ops.interrupt", "k26ops.resources",
-      "k26ops.config", "k26ops.hostvars", "k26ops.runstate"]),
+      "k26ops.config", "k26ops.hostvars", "k26ops.runstate", "k26ops.safefiles"]),
     ("data", "inventory, recipes, locks' data, units, flag tables, parsers, crash signatures",
      ["k26ops.inventory", "k26ops.units", "k26ops.release.recipe", "k26ops.release.inputs",
       "k26ops.release.engine_flags", "k26ops.release.launch_rules", "k26ops.release.patchset", "=k26ops.release",

@@ -4,7 +4,6 @@ line on dummy weights, serve a few requests, stop it (k26ops.rehearsal)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -15,6 +14,7 @@ from k26ops.errors import UserError
 from k26ops.fleet import Outcome
 from k26ops.rehearsal import plan
 from k26ops.rehearsal.run import rehearse
+from k26ops.safefiles import OutDir
 from k26ops.steps import session_context
 
 
@@ -77,7 +77,7 @@ def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, co
                         input_len=input_len, output_len=output_len, num_prompts=num_prompts)
     if release is not None and (not release or "/" in release or release.startswith(".")):
         raise UserError(f"--release: not a release id: {release!r}")
-    out = Path(save_log) if save_log else None
+    out = OutDir.open(save_log, "--save-log") if save_log else None  # refused before any host is touched
 
     def work(session, progress):
         ctx = session_context(session)
@@ -107,12 +107,11 @@ def _columns(rep: dict) -> dict:
             "_accept": rep.get("accept_length"), "_toks": rep.get("tok_s")}
 
 
-def _save(out: Path | None, host: str, rep: dict) -> None:
+def _save(out: OutDir | None, host: str, rep: dict) -> None:
     if out is None:
         return
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{host}.log").write_text(rep.get("_log") or "")
-    (out / f"{host}.json").write_text(json.dumps({k: v for k, v in rep.items() if k != "_log"}, indent=1) + "\n")
+    out.write(f"{host}.log", rep.get("_log") or "")
+    out.write(f"{host}.json", json.dumps({k: v for k, v in rep.items() if k != "_log"}, indent=1) + "\n")
 
 
 def _render(results) -> None:
