@@ -99,8 +99,11 @@ def status_cmd(settings, unit, baselines_dir):
         for r in not_serving(results):
             click.echo(f"k26ops: {r.host}: {r.data['unit']} should serve but is {r.data['engine_label']}", err=True)
 
+    def drifted(results) -> list:  # a release's bytes changed (a probe left applied, an edit): not canonical
+        return [r for r in results if r.data and (r.data.get("drift") or {}).get("drifted_files")]
+
     run_and_report(settings, work, title="engine status", render=render,
-                   exit_with=lambda results: 1 if not_serving(results) else 0,
+                   exit_with=lambda results: 1 if not_serving(results) or drifted(results) else 0,
                    columns=[("engine", "engine_state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
                             ("restarts", "restarts"), ("started", "started")])

@@ -365,32 +365,64 @@ class Release(Step):
                                  sha256=tools[0].sha256, dest=installer.uv_path(ctx.root))
                 if not got.get("ok"):
                     raise StepFailed(f"installing uv: {got.get('error')}")
+            link_mode = store_ready(ctx) if tools else None
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
             ctx.session.put(prep.requirements.encode(), f"{d}/k26ops/requirements.txt")
-            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels)")
+            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels"
+                         + (f", {link_mode} from the store)" if link_mode else ")"))
             no_deps = prep.recipe.git is None and prep.recipe.no_deps
             script = (
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
-                f"{installer.install_command(how, ctx.root, wh, no_deps)}; "
+                f"{installer.install_command(how, ctx.root, wh, no_deps, link_mode or 'hardlink')}; "
                 "SP=$(venv/bin/python k26ops/patchset.py site); "
                 f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
                 "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
                 "echo \"SITE=$SP\"")
-            res = ctx.run(tied_to_channel(script), timeout=3600)
-            if not res.ok:
-                lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
-                raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
-            site = res.stdout.rsplit("SITE=", 1)[1].strip()
+            for attempt in (1, 2):
+                res = ctx.run(tied_to_channel(script), timeout=3600)
+                if not res.ok:
+                    lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
+                    raise StepFailed(f"building release {rid} failed: "
+                                     f"{disk_full(ctx, rel, lines) or (lines[-1] if lines else 'no output')}")
+                site = res.stdout.rsplit("SITE=", 1)[1].strip()
+                if not tools:
+                    break
+                # uv's lock files 0600, the store's files read-only (shared with the release's links)
+                agents.run(ctx.session, "store", "seal", 600, what="store agent", store=installer.store_dir(ctx.root),
+                           locks=[f"{d}/venv/.lock"])
+                if not self._store_damage(ctx, prep, site, rid, attempt):
+                    break
+                ctx.run(f"cd {q(d)} && rm -rf venv patch-state", check=True)
             self._verify_hashes(ctx, prep, site)
             manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ReleaseDecision.of(ctx).engine_argv,
-                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip"}
+                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip", "link_mode": link_mode}
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{d}/manifest.json")
         except BaseException:
             ctx.run(f"rm -rf {q(d)}")
             raise
+
+    def _store_damage(self, ctx, prep: Prepared, site: str, rid: str, attempt: int) -> bool:
+        """The new release's files against their wheels' RECORD (there, of their size): a file
+        deleted from or changed in the store would be missing or changed here. Its store
+        entries are dropped so the install runs again and uv unpacks those wheels from the
+        wheelhouse (True); a second failure is the host's to explain."""
+        v = agents.run(ctx.session, "baseline", "verify", 600, what="release verify", site=site,
+                       skip=sorted(patchset.expected_hashes(prep.patch_state)))
+        bad = v["bad"]
+        if not bad:
+            return False
+        what = ", ".join(f"{b['path']} ({b['why']})" for b in bad[:3])
+        if attempt > 1:
+            raise StepFailed(f"release {rid}: {len(bad)} file(s) differ from their wheels' RECORD after "
+                             f"re-unpacking them: {what}")
+        ctx.progress(f"the release store is damaged ({len(bad)} file(s): {what}); unpacking those wheels again")
+        agents.run(ctx.session, "store", "evict", 600, what="store agent", store=installer.store_dir(ctx.root),
+                   inodes=[b["ino"] for b in bad if b.get("ino")], dists=sorted({b["dist"] for b in bad}))
+        ctx.report.setdefault("store_repaired", []).extend(b["path"] for b in bad)
+        return True
 
     def _verify_hashes(self, ctx, prep: Prepared, site: str) -> None:
         """The host's patched files must equal the control node's (same bytes)."""
@@ -404,6 +436,33 @@ class Release(Step):
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
+
+
+def disk_full(ctx: HostContext, path: str, lines: list[str]) -> str | None:
+    """A build that failed for want of space, named as such: its output says so (not always on
+    the last line), or the filesystem has under 64 MiB left (venv's ensurepip swallows pip's
+    own words and says only `exit status 1`)."""
+    hit = [ln for ln in lines if "No space left on device" in ln or "Disk quota exceeded" in ln]
+    df = ctx.run(f"df -Pk {q(path)} | tail -1")
+    try:
+        free_kb = int(df.stdout.split()[3])
+    except (IndexError, ValueError):
+        free_kb = None
+    if hit or (free_kb is not None and free_kb < 64 * 1024):
+        return (f"disk full ({free_kb // 1024 if free_kb is not None else '?'} MiB free on {path}): "
+                + (hit[-1].strip()[:160] if hit else (lines[-1] if lines else "no output")))
+    return None
+
+
+def store_ready(ctx: HostContext) -> str:
+    """Before uv runs: the store private (0700), no lock of it held (named: pid, user, command,
+    rather than a deploy that waits on it for an hour), and the link mode its filesystem offers."""
+    got = agents.run(ctx.session, "store", "prepare", 120, what="store agent", store=installer.store_dir(ctx.root))
+    if got["held"]:
+        h = got["held"][0]
+        raise StepFailed(f"the release store's lock {h['path']} is held by pid {h['pid']} (user {h['user']}: "
+                         f"{h['command'][:80]}); uv would wait for it: stop that process; nothing was installed")
+    return got["link_mode"]
 
 
 def prune(session, releases_root: str, root: str, names: list[str]) -> dict:
