@@ -501,6 +501,14 @@ def op_status(r):
                 out["bus_ids"] = o if rc == 0 else ""
         except (OSError, subprocess.SubprocessError) as exc:
             out["kernel"] = {"rc": 127, "stdout": str(exc)}
+    if r.get("rehearsal_record"):  # a killed rehearsal's handle (agents/rehearse.py op_leftovers removes it)
+        try:
+            with open(r["rehearsal_record"]) as fh: h = json.load(fh)
+            out["rehearsal_left"] = ([h["unit"]] if h.get("unit") and show(h["unit"]).get("ActiveState") not in
+                                     ("inactive", "failed", "", None) else []) + \
+                ([h["tmp"]] if os.path.isdir(h.get("tmp") or "") else [])
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
     if s.get("ActiveState") == "active":
         try:
             out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"),

@@ -95,6 +95,16 @@ def write_env(path, env):
                 v = v.replace(ch, "\\" + ch)
             fh.write('%s="%s"\n' % (k, v))
 
+def record(handle, r):
+    """The running engine's handle in `r["record"]` (the state dir's, 0600): a run killed before
+    its stop leaves it for the next rehearse (op_leftovers) and status to find."""
+    if r.get("record"):
+        os.makedirs(os.path.dirname(r["record"]), mode=0o700, exist_ok=True)
+        fd = os.open(r["record"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh: json.dump(handle, fh)
+        os.replace(r["record"] + ".tmp", r["record"])
+    return handle
+
 def op_start(r):
     """Make the temp dir (0700), write the configs, start the engine; return its handle."""
     tmp = tempfile.mkdtemp(prefix="k26ops-rehearse-", dir=r.get("tmp_root") or None)
@@ -136,14 +146,15 @@ def op_start(r):
             if rc != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return {"ok": False, "error": "systemd-run: " + (err or out).strip()[-300:]}
-            return {"ok": True, "handle": {"kind": "unit", "unit": unit, "tmp": tmp, "log": log}, "notes": notes}
+            return {"ok": True, "handle": record({"kind": "unit", "unit": unit, "tmp": tmp, "log": log}, r),
+                    "notes": notes}
         full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         full.update(env)  # as the unit's: the env file's variables over a clean login environment
         with open(log, "ab") as fh:
             p = subprocess.Popen(["timeout", "-s", "TERM", "-k", "30", str(deadline)] + argv, cwd=tmp, env=full,
                                  stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                  start_new_session=True)
-        return {"ok": True, "handle": {"kind": "pgroup", "pid": p.pid, "pgid": p.pid, "tmp": tmp, "log": log},
+        return {"ok": True, "handle": record({"kind": "pgroup", "pid": p.pid, "pgid": p.pid, "tmp": tmp, "log": log}, r),
                 "notes": notes}
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -364,7 +375,32 @@ def op_stop(r):
         left.append("temp dir " + h["tmp"])
     else:
         done.append("removed " + h["tmp"])
+    if r.get("record") and not left:
+        try: os.unlink(r["record"])
+        except OSError: pass
     return {"done": done, "left": left, "log": log, "gpu_apps_after": apps}
+
+def op_leftovers(r):
+    """What a killed rehearsal left: the handle its start recorded in `record` (the state dir's;
+    its stop removes it), whose unit or process group and temp dir may still be there (the
+    deadline stops them only later). Called under the host lock, so no rehearsal of ours
+    runs: a record is a dead run's. `remove`: stopped, removed, the record too.
+    {"handle": {...} | None, "alive": [...], "removed": {"done", "left"} | None}."""
+    h = read_json(r["record"])
+    if not isinstance(h, dict) or h.get("kind") not in ("unit", "pgroup"):
+        return {"handle": None, "alive": [], "removed": None}
+    alive = []
+    if h["kind"] == "unit" and unit_state(h["unit"]).get("ActiveState") not in ("inactive", "failed", "", None):
+        alive.append("unit " + h["unit"])
+    if h["kind"] == "pgroup" and group_pids(h["pgid"]):
+        alive.append("process group %d" % h["pgid"])
+    if os.path.isdir(h.get("tmp") or ""):
+        alive.append("temp dir " + h["tmp"])
+    removed = None
+    if r.get("remove"):
+        removed = op_stop({"handle": h, "record": r["record"]})
+        removed.pop("gpu_apps_after", None); removed.pop("log", None)
+    return {"handle": h, "alive": alive, "removed": removed}
 
 if __name__ == "__main__":
     req = json.loads(sys.stdin.read())

@@ -12,10 +12,11 @@ from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench.run import parse_list
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome
+from k26ops.hostlock import HostLock, HostLocked
 from k26ops.rehearsal import plan
 from k26ops.rehearsal.run import rehearse
 from k26ops.safefiles import OutDir
-from k26ops.steps import session_context
+from k26ops.steps import StepFailed, session_context
 
 
 def rehearsal_options(fn):
@@ -82,6 +83,12 @@ def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, co
     def work(session, progress):
         ctx = session_context(session)
         ctx.progress = progress
+        # the host lock, as a deploy's: no deploy starts the serving engine while the rehearsal holds the GPUs
+        lock = HostLock(session, ctx.state_dir, "rehearse")
+        try:
+            lock.acquire()
+        except HostLocked as exc:
+            raise StepFailed(f"rehearsal not started: {exc}") from None
         try:
             rep = rehearse(ctx, opts, progress=progress)
         except Exception as exc:
@@ -90,6 +97,8 @@ def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, co
                 _save(out, session.host.name, rep)
                 rep.pop("_log", None)
             raise
+        finally:
+            lock.release()
         _save(out, session.host.name, rep)
         rep.pop("_log", None)
         return Outcome(False, rehearsal=rep, **_columns(rep))

@@ -18,6 +18,7 @@ from k26ops.enginehost import EngineHost, agent, foreign_listener
 from k26ops.enginestate import EngineState, engine_state
 from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
+from k26ops.rehearsal import plan as rehearsal_plan
 from k26ops.steps import HostContext, session_context
 
 
@@ -56,7 +57,8 @@ def status_cmd(settings, unit, baselines_dir):
         ctx = session_context(session)
         eh, name, host, port = _target(ctx, unit)
         r = agent(session, "status", unit=name, port=port, host=host, current=eh.layout.current,
-                  api_key=eh.api_key(), kernel=xid.XID_COMMAND)
+                  api_key=eh.api_key(), kernel=xid.XID_COMMAND,
+                  rehearsal_record=rehearsal_plan.record_path(eh.layout.state_dir))
         show = r["show"]
         active = show.get("ActiveState")
         started = show.get("ExecMainStartTimestampMonotonic") or 0
@@ -74,6 +76,7 @@ def status_cmd(settings, unit, baselines_dir):
         if r.get("foreign"):  # another process holds the engine's port: nothing was asked of it
             es = EngineState("unhealthy", True, foreign_listener(port, name, r["foreign"], eh.secrets()))
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
+                       rehearsal_left=r.get("rehearsal_left") or None,
                        unit=name, state=active or "unknown", substate=show.get("SubState"),
                        engine_state=es.state, engine_detail=es.detail, engine_label=es.label(),
                        should_serve=es.should_serve, serving_ok=es.ok, result=show.get("Result") or None,
@@ -98,6 +101,10 @@ def status_cmd(settings, unit, baselines_dir):
                 click.echo(f"  {res.host}: {line}")
         for r in not_serving(results):
             click.echo(f"k26ops: {r.host}: {r.data['unit']} should serve but is {r.data['engine_label']}", err=True)
+        for r in results:
+            if (r.data or {}).get("rehearsal_left"):
+                click.echo(f"k26ops: {r.host}: a rehearsal's engine or temp dir is there ({', '.join(r.data['rehearsal_left'])}): "
+                           "a rehearsal running now, or a killed one's, which the next `rehearse` removes", err=True)
 
     def drifted(results) -> list:  # a release's bytes changed (a probe left applied, an edit): not canonical
         return [r for r in results if r.data and (r.data.get("drift") or {}).get("drifted_files")]
