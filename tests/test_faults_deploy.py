@@ -425,3 +425,41 @@ def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(sol
     assert ssh(solo, "lab1", f"sha256sum {UNIT_PATH}") == before["unit"]
     assert ssh(solo, "lab1", f"readlink {RELEASES}/current") == before["current"]
     assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
+
+
+# ------------------------------------------------------------------ 4b: the host agents killed in the health wait
+
+def test_host_agents_killed_in_the_health_wait_restore_the_previous_env(solo, solo_inv, tmp_path):
+    """Before: `host agent (poll) exited -1: no output` and the new env file stayed, the engine
+    crash-looping on it (the health wait runs in the step's plan, outside the restore). Now a
+    plan's failure after the host changed gets the same restore as a failed apply."""
+    pb = playbook(tmp_path, FULL, "full")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}")}
+    doc = yaml.safe_load(solo_inv.read_text())
+    doc["vars"]["engine_env"] = {"K26OPS_STANDIN_LOAD_SECONDS": "600"}  # the new engine never gets ready
+    slow = tmp_path / "slow.yml"
+    slow.write_text(yaml.safe_dump(doc))
+    proc = start("-i", str(slow), "--json", "deploy", "--playbook", str(pb))
+    try:
+        deadline = time.monotonic() + 180
+        while "K26OPS_STANDIN_LOAD_SECONDS" not in ssh(solo, "lab1", "cat /etc/k26ops/sglang.env"):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.3)
+        time.sleep(3)  # inside the health wait: its poll agent runs (a long-poll window)
+        for _ in range(50):  # SIGKILL the host agents (python3 -S -c ...) once one runs; then leave it
+            if ssh(solo, "lab1", "pkill -KILL -f '^python3 -S -c' && echo killed || true").strip() == "killed":
+                break
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, (proc.returncode, out, err)
+    assert "Traceback" not in out + err
+    host = json.loads(out)["hosts"]["lab1"]
+    assert "host agent (poll)" in host["error"] and "rolled back the unit, env file" in host["error"], host
+    assert ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env") == before["env"]
+    assert ssh(solo, "lab1", f"sha256sum {UNIT_PATH}") == before["unit"]
+    assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
