@@ -21,6 +21,8 @@ def txt(path):
 def sha(b):
     return None if b is None else hashlib.sha256(b).hexdigest()
 
+PROBE_DIRS = ("probe-state", "rehearse-probe-state")  # diagnose/probe.py's, rehearsal/run.py's PROBE_STATE
+
 RECORD_SKIP = (".dist-info/RECORD", ".dist-info/INSTALLER", ".dist-info/REQUESTED", ".dist-info/direct_url.json",
                ".dist-info/uv_cache.json")
 
@@ -70,25 +72,28 @@ def release(root, rid=None, content=False, verify=None):
     out["manifest"] = m
     if not isinstance(m, dict): return out
     site = m.get("site_packages") or ""
-    if verify and site:
+    # a probe left applied (diagnose cuda-graph's or rehearse --probe's state dir is in the
+    # release): the files it patched differ from what the release shipped, even those the
+    # manifest does not list; deploy and rollback revert it (PROBE_DIRS there)
+    out["probe_files"], out["probe_dirs"] = [], []
+    for sdir in PROBE_DIRS:
+        try: pst = json.loads(txt(os.path.join(d, sdir, "state.json")) or "null")
+        except ValueError: pst = None
+        if isinstance(pst, dict): out["probe_dirs"].append(sdir)
+        for p in (pst or {}).get("patches", []) if isinstance(pst, dict) else []:
+            for rel, h in (p.get("files") or {}).items():
+                if sha(rd(os.path.join(site, rel))) != h.get("before") and rel not in out["probe_files"]:
+                    out["probe_files"].append(rel)
+    if verify and site:  # a probe's files aside: they are the probe's (reverted, not rebuilt)
         try: since = os.stat(os.path.join(d, "manifest.json")).st_mtime
         except OSError: since = None
-        out["record_bad"], out["record_files"] = record_check(site, set(m.get("patched_files") or {}), since,
-                                                              verify == "full")
+        out["record_bad"], out["record_files"] = record_check(site, set(m.get("patched_files") or {}) |
+                                                              set(out["probe_files"]), since, verify == "full")
     files = {}
     for rel in sorted(m.get("patched_files") or {}):
         b = rd(os.path.join(site, rel))
         out["hashes"][rel] = sha(b)
         if content and b is not None: files[rel] = base64.b64encode(b).decode()
-    # a diagnose probe left applied (its state dir is in the release): the files it
-    # patched differ from what the release shipped, even those the manifest does not list
-    out["probe_files"] = []
-    try: pst = json.loads(txt(os.path.join(d, "probe-state", "state.json")) or "null")
-    except ValueError: pst = None
-    for p in (pst or {}).get("patches", []) if isinstance(pst, dict) else []:
-        for rel, h in (p.get("files") or {}).items():
-            if sha(rd(os.path.join(site, rel))) != h.get("before") and rel not in out["probe_files"]:
-                out["probe_files"].append(rel)
     if content:
         out["files"] = files
         pdir = os.path.join(d, "k26ops", "patches")

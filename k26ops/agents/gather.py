@@ -49,9 +49,13 @@ def os_release():
     return None if data is None else ok(data)
 
 
+PROBE_DIRS = ("probe-state", "rehearse-probe-state")  # steps/release.py's
+
+
 def release_current(root, release):
     """`cd ROOT 2>/dev/null && { readlink current; echo ===; test -f RELEASE/manifest.json &&
-    echo complete; }; true` (facts: steps/release.py's current_fact)."""
+    echo complete; echo ===; for f in current/probe-state/state.json ...; do test -f "$f" &&
+    echo "$f"; done; }; true` (facts: steps/release.py's current_fact)."""
     if not os.path.isdir(root):
         return None if os.path.lexists(root) else ok(b"")
     try:
@@ -59,7 +63,9 @@ def release_current(root, release):
     except OSError:  # readlink prints nothing on any error (no -v)
         link = b""
     done = os.path.isfile(os.path.join(root, release, "manifest.json"))
-    return ok(link + b"===\n" + (b"complete\n" if done else b""))
+    probes = b"".join(b"current/%s/state.json\n" % d.encode() for d in PROBE_DIRS
+                      if os.path.isfile(os.path.join(root, "current", d, "state.json")))
+    return ok(link + b"===\n" + (b"complete\n" if done else b"") + b"===\n" + probes)
 
 
 def toolchains_verified(tc, marker):

@@ -104,7 +104,7 @@ def describe(d: dict) -> str:
         runs = d["engine_release"] if isinstance(d["engine_release"], str) else ", ".join(d["engine_release"])
         return f"ENGINE NOT FROM current: it runs {runs} (restart it, or deploy/roll back again)"
     if d["drifted_files"]:
-        why = "a diagnose probe is still applied; " if d.get("probe_left") else ""
+        why = "a probe (diagnose cuda-graph, rehearse --probe) is still applied; " if d.get("probe_left") else ""
         what = "the release manifest" + (" and their wheels' RECORD" if d.get("record_bad") else "")
         return (f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from {what}: "
                 + ", ".join(d["drifted_files"][:3]))

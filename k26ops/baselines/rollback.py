@@ -76,7 +76,8 @@ class BaselineRelease(Step):
                                 unit_path=rec["unit"]["path"], env_path=rec["env"]["path"], timeout=1800)
         r = probe["release"]
         m = r.get("manifest") or {}
-        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h)
+        probe = set(r.get("probe_files") or [])  # a probe a killed run left: reverted by apply, not rebuilt
+        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h and p not in probe)
         damaged = r.get("record_bad") or []
         ok = (r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"]
               and not bad and not damaged)
@@ -107,6 +108,9 @@ class BaselineRelease(Step):
         changes = []
         if found.mode == "rebuild":
             changes.append(Change(f"rebuild release {rid} from the baseline ({found.damage} on the host)"))
+        elif found.probe["release"].get("probe_dirs"):
+            changes.append(Change(f"revert the probe left applied in release {rid} "
+                                  f"({', '.join(found.probe['release']['probe_dirs'])})", action="unprobe"))
         if cur != rid or changes:
             changes.append(Change(f"switch current: {cur or '(none)'} -> {rid}"))
         return changes
@@ -122,6 +126,9 @@ class BaselineRelease(Step):
                            store=installer.store_dir(ctx.root), inodes=inodes)
             release_step.Release()._build(ctx, d.prepared)
             ctx.report["release_rebuilt"] = True
+        elif any(c.action == "unprobe" for c in changes):
+            ctx.report["probe_reverted"] = release_step.revert_probes(ctx, f"{ctx.releases_root}/{rid}",
+                                                                      found.probe["release"]["probe_dirs"])
         release_step.point_current(ctx, rid)
         d.changed = True
 

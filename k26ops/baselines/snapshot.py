@@ -193,7 +193,8 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
                   accept=(smoke or {}).get("spec_accept_length"),
                   latency_ms=round(smoke["latency_s"] * 1000) if smoke and smoke.get("latency_s") is not None else None,
                   files=len(rel.get("files") or {}), rebuildable=rebuildable, drift=drift)
-    return row, files, {"record": record, "secrets": secrets, "why": health.get("why")}
+    return row, files, {"record": record, "secrets": secrets, "why": health.get("why"),
+                        "probe": rel.get("probe_files") or rel.get("probe_dirs") or []}
 
 
 def _summary_line(host: str, rec: dict) -> str:
@@ -251,6 +252,10 @@ def snapshot(repo: Baselines, hosts, options, tag: str, message: str | None = No
         if failed:
             raise UserError("snapshot refused, nothing was written: " +
                             "; ".join(f"{r.host}: {r.status}: {r.error}" for r in failed))
+        probed = [f"{h}: a probe is left applied to release {i['record']['release_id']} ({', '.join(i['probe'][:3])}): "
+                  "`k26ops deploy` or `rollback` reverts it" for h, i in records.items() if i.get("probe")]
+        if probed:  # what runs is not the release's: never a baseline, --allow-unhealthy or not
+            raise UserError("snapshot refused, nothing was written: " + "; ".join(probed))
         bad = [f"{h}: {i['record']['health']}" + (f" ({i['why']})" if i.get("why") else "")
                for h, i in records.items() if i["record"]["health"] != "healthy"]
         bad += [f"{h}: files differ from release manifest ({', '.join(i['record']['drift'][:3])})"

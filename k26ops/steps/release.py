@@ -88,6 +88,7 @@ class ReleaseDecision(HostState):
     changed: bool = False  # this run moved `current`
     claim_root: bool = False  # releases_root is not k26ops' yet: claimed before the first write
     prune: list[str] = field(default_factory=list)  # old releases apply deletes
+    probes: list[str] = field(default_factory=list)  # probe state dirs a killed run left in current
 
     def prepare(self, ctx: HostContext, prep: Prepared) -> None:
         """The release to deploy, with its command line checked (release and baseline_release steps)."""
@@ -260,16 +261,38 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
 CURRENT_FACT = "release_current"
 
 
+# the state dirs of a probe applied to a release (diagnose cuda-graph's, rehearse --probe's): one a
+# killed run left stays applied until a deploy or rollback reverts it (agents/baseline.py reads the same)
+PROBE_DIRS = ("probe-state", "rehearse-probe-state")
+
+
 def _read_current(releases_root: str, release: str) -> str:
     """Where `current` points, then whether `release` (a name in releases_root) is complete
-    (its manifest.json, written last); read by `_current_and_complete`."""
+    (its manifest.json, written last), then the probes left applied to `current`; read by
+    `_current_and_complete`."""
+    probes = " ".join(f"current/{d}/state.json" for d in PROBE_DIRS)
     return (f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
-            f"test -f {q(release)}/manifest.json && echo complete; }}; true")
+            f"test -f {q(release)}/manifest.json && echo complete; echo ===; "
+            f"for f in {probes}; do test -f \"$f\" && echo \"$f\"; done; }}; true")
 
 
 def _current_and_complete(out: str, rc: int = 0) -> dict:
     target, _, rest = out.partition("===")
-    return {"current": target.strip() or None, "complete": "complete" in rest}
+    rest, _, probes = rest.partition("===")
+    return {"current": target.strip() or None, "complete": "complete" in rest,
+            "probes": [ln.split("/")[1] for ln in probes.split() if ln.count("/") == 2]}
+
+
+def revert_probes(ctx: HostContext, release_dir: str, dirs: list[str]) -> list[str]:
+    """Revert the probes a killed run left applied in `release_dir` (byte-exact, from their
+    pristine copies: the probe agent's revert); the files put back."""
+    man = json.loads(ctx.run(f"cat {q(release_dir + '/manifest.json')}", check=True).stdout)
+    done = []
+    for sdir in dirs:
+        r = agents.run(ctx.session, "probe", "revert", 300, what="probe agent", release=release_dir,
+                       site=man["site_packages"], probe_state=sdir)
+        done += r.get("done") or []
+    return done
 
 
 def current_fact(releases_root: str) -> Fact:
@@ -307,12 +330,12 @@ class Release(Step):
         seen = ctx.facts.get(CURRENT_FACT)
         if isinstance(seen, dict) and "current" in seen and seen["current"] == rid and seen["complete"]:
             d.previous = rid  # read in the fact-gathering call: nothing to do
-            return []
+            return self._unprobe(d, rid, seen.get("probes"))
         found = _current_and_complete(ctx.run(_read_current(rel, rid)).stdout)
         current = d.previous = found["current"]
         complete = found["complete"]  # of the release to deploy (the fact's was of `current`)
         if current == rid and complete:
-            return []
+            return self._unprobe(d, rid, found.get("probes"))
         changes = []
         if not complete:
             lock = f", lock {prep.lock.sha256[:12]}" if prep.lock else ""
@@ -328,10 +351,22 @@ class Release(Step):
                                   + ", ".join(prune), action="prune"))
         return changes
 
+    @staticmethod
+    def _unprobe(d, rid: str, probes: list[str] | None) -> list[Change]:
+        """The release is current, but a probe a killed run left is applied to it: reverted, and
+        the engine restarted on the release's own files (as after a switch)."""
+        d.probes = list(probes or [])
+        return [Change(f"revert the probe left applied in release {rid} ({', '.join(d.probes)}) and restart "
+                       "the engine on the release's own files", action="unprobe")] if d.probes else []
+
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         d = ReleaseDecision.of(ctx)
         prep = d.prepared
         rid, rel = prep.release_id, ctx.releases_root
+        if [c.action for c in changes] == ["unprobe"]:
+            ctx.report["probe_reverted"] = revert_probes(ctx, f"{rel}/{rid}", d.probes)
+            d.changed = True  # the engine restarts (the service step), as after a switch
+            return
         if d.claim_root:
             ownership.claim(ctx.session, rel)
         if any(c.action == "build" for c in changes):
