@@ -25,6 +25,7 @@ snapshot is refused before anything is written.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import socket
@@ -37,6 +38,7 @@ from k26ops.baselines import validate
 from k26ops.errors import UserError
 
 OWNED = ("baseline.json", "hosts")
+PENDING = "k26ops-snapshot-pending.json"  # in .git: a snapshot between its commit and its work-tree sync
 ZERO = "0" * 40
 _TAG_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*")
 
@@ -266,6 +268,7 @@ class Baselines:
 
         if any(not (p == OWNED[0] or p.startswith(OWNED[1] + "/")) for p in files):
             raise ValueError("snapshot files must live under the owned paths")
+        self.finish_interrupted()
         dirty = self.dirty_owned()
         if dirty:
             raise UserError(f"{self.path} has uncommitted changes in files a snapshot writes: "
@@ -306,20 +309,66 @@ class Baselines:
             msgf = Path(tmp) / "msg"
             msgf.write_text(message.rstrip() + "\n")
             commit = g.commit_tree(tree, *(["-p", old] if old else []), "-F", str(msgf), env=env)
-            g.update_ref("-m", f"k26ops snapshot {tag}", branch, commit, old or ZERO, env=env)
-            tagf = Path(tmp) / "tagmsg"
-            tagf.write_text(tag_message.rstrip() + "\n")
-            g.tag("-a", *(["-f"] if force else []), "-F", str(tagf), "--", tag, commit, env=env)
-        # Bring the owned paths (clean, checked above) in line with the new commit; nothing else.
-        for p in old_paths - set(files):
-            (self.path / p).unlink(missing_ok=True)
-            _prune_empty(self.path, (self.path / p).parent)
-        for p, data in files.items():
-            dst = self.path / p
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(data)
-        g.reset("-q", commit, "--", *[p for p in OWNED if (p in files or any(f.startswith(p + "/") for f in files)
-                                                          or any(o.startswith(p) for o in old_paths))], env=env)
+        # from here to the work tree's sync, an interrupted run is finished by the next one
+        pending = {"commit": commit, "old": old, "branch": branch, "tag": tag, "tag_message": tag_message,
+                   "force": force}
+        _write_atomic(self._pending_file, json.dumps(pending).encode())
+        self._finish(pending)
+        return commit
+
+    @property
+    def _pending_file(self) -> Path:
+        return self.path / ".git" / PENDING
+
+    def finish_interrupted(self) -> str | None:
+        """A snapshot killed between its commit and the end of its work-tree sync (its
+        pending record in .git): finished (tag, branch, owned files and index at the new
+        commit) as it would have been; its commit, or None when there was none."""
+        try:
+            pending = json.loads(self._pending_file.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{self._pending_file}: an interrupted snapshot's record cannot be read ({exc}); "
+                            "remove it once `git log` and `git tag` look right") from None
+        return self._finish(pending)
+
+    def _finish(self, p: dict) -> str | None:
+        """The snapshot's tag, then its branch update, then the owned paths of the work tree
+        and the index; each step skipped when already done (a re-run finishes a killed one)."""
+        git = _git()
+        g, env, commit, old = self.repo.git, self._identity_env(), p["commit"], p["old"]
+        try:
+            head = g.rev_parse("--verify", "-q", p["branch"])
+        except git.GitCommandError:
+            head = None
+        if head not in (old, commit):  # the branch moved on meanwhile: not ours to finish
+            self._pending_file.unlink(missing_ok=True)
+            return None
+        try:
+            tagged = g.rev_parse("--verify", "-q", f"refs/tags/{p['tag']}^{{commit}}")
+        except git.GitCommandError:
+            tagged = None
+        if tagged != commit:
+            with tempfile.TemporaryDirectory(prefix="k26ops-baseline-") as tmp:
+                tagf = Path(tmp) / "tagmsg"
+                tagf.write_text(p["tag_message"].rstrip() + "\n")
+                g.tag("-a", *(["-f"] if p["force"] or tagged else []), "-F", str(tagf), "--", p["tag"], commit,
+                      env=env)
+        if head != commit:
+            g.update_ref("-m", f"k26ops snapshot {p['tag']}", p["branch"], commit, old or ZERO, env=env)
+        # Bring the owned paths (clean when the snapshot began) in line with the new commit; nothing else.
+        new_paths = set(g.ls_tree("-r", "--name-only", commit, "--", *OWNED).splitlines())
+        old_paths = set(g.ls_tree("-r", "--name-only", old, "--", *OWNED).splitlines()) if old else set()
+        for path in old_paths - new_paths:
+            (self.path / path).unlink(missing_ok=True)
+            _prune_empty(self.path, (self.path / path).parent)
+        if new_paths:
+            g.checkout(commit, "--", *[o for o in OWNED if any(n == o or n.startswith(o + "/") for n in new_paths)],
+                       env=env)
+        g.reset("-q", commit, "--", *[o for o in OWNED if any(n == o or n.startswith(o + "/")
+                                                              for n in new_paths | old_paths)], env=env)
+        self._pending_file.unlink(missing_ok=True)
         return commit
 
     def delete_tags(self, tags: list[str]) -> None:
@@ -337,6 +386,12 @@ class Baselines:
         """Every object's text (history, tags) for secret checks in tests and `doctor`s."""
         g = self.repo.git
         return g.log("-p", "--all", "--format=fuller") + "\n" + g.for_each_ref("--format=%(contents)", "refs/tags")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _prune_empty(root: Path, d: Path) -> None:
