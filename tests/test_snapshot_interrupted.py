@@ -10,11 +10,20 @@ have reverted the untagged snapshot. Now the next snapshot finishes the interrup
 
 from __future__ import annotations
 
+import json
+
 import git
 import pytest
 
 from k26ops.baselines.repo import PENDING, Baselines
-from test_baselines_corrupt import take
+
+
+def take(repo: Baselines, tag: str, hosts=("lab1",)) -> None:
+    """A snapshot of `hosts` as `tag`: owned files of the shape `snapshot` writes (their content aside)."""
+    files = {f"hosts/{h}/baseline.json": json.dumps({"host": h, "tag": tag}).encode() for h in hosts}
+    files.update({f"hosts/{h}/unit/k26-engine.service": b"[Service]\nExecStart=/bin/true\n" for h in hosts})
+    files["baseline.json"] = json.dumps({"tag": tag, "hosts": {h: {} for h in hosts}}).encode()
+    repo.commit_snapshot(files, f"snapshot {tag}", tag, f"baseline {tag}")
 
 
 @pytest.mark.parametrize("killed_at", ["tag", "update_ref", "checkout"])
@@ -48,4 +57,4 @@ def test_the_next_snapshot_finishes_an_interrupted_one(tmp_path, monkeypatch, ki
     assert repo.dirty_owned() == []
     assert g.status("--porcelain") == ""
     assert not (tmp_path / "baselines" / "hosts" / "lab2").exists()  # the second snapshot dropped lab2
-    assert repo.host_record("second", "lab1")["tag"] == "second"
+    assert json.loads(repo.read("second", "hosts/lab1/baseline.json"))["tag"] == "second"

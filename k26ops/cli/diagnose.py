@@ -23,6 +23,7 @@ from k26ops import units
 from k26ops.cli import jsonout, tables
 from k26ops.cli.pipe import quiet
 from k26ops.cli.report import run_and_report
+from k26ops.diagnose import logread
 from k26ops.enginehost import EngineHost
 from k26ops.enginestate import START_LIMIT, reset_hint, start_limit_hit
 from k26ops.errors import EXIT_INTERRUPTED, UserError
@@ -41,8 +42,6 @@ def group():
 def _read(path: str):
     """The log, read in bounded memory and time (k26ops.diagnose.logread: its first and last
     MiBs, lines cut at 4 KiB): a logread.Read."""
-    from k26ops.diagnose import logread
-
     if path == "-":
         return logread.read_bounded(sys.stdin.buffer if hasattr(sys.stdin, "buffer") else
                                     io.BytesIO(sys.stdin.read().encode("utf-8", "replace")))
