@@ -132,15 +132,20 @@ class Baselines:
         if not self.exists():
             return out
         for ref in self.repo.tags:
-            t = ref.tag
-            commit = ref.commit
+            try:  # a damaged git object spoils only its own tag (TagInfo.error), never the listing
+                t = ref.tag
+                commit = ref.commit
+                date, message, sha = float(t.tagged_date if t else commit.committed_date), \
+                    (t.message if t else commit.message).strip(), commit.hexsha
+            except _damage() as exc:
+                out.append(TagInfo(ref.name, 0.0, "", "", {}, self._damaged(ref.name, exc)))
+                continue
             index, error = {}, None
             try:  # a corrupt index spoils only its own tag (TagInfo.error), never the listing
                 index = self._index(commit, ref.name)
             except validate.BaselineCorrupt as exc:
                 error = str(exc)
-            out.append(TagInfo(ref.name, float(t.tagged_date if t else commit.committed_date),
-                               (t.message if t else commit.message).strip(), commit.hexsha, index, error))
+            out.append(TagInfo(ref.name, date, message, sha, index, error))
         return sorted(out, key=lambda t: (t.date, t.name))
 
     def tag(self, tag: str) -> TagInfo:
@@ -170,24 +175,37 @@ class Baselines:
         return out
 
     def read(self, tag_or_commit: str, path: str) -> bytes | None:
-        commit = self.repo.commit(tag_or_commit)
         try:
+            commit = self.repo.commit(tag_or_commit)
             return commit.tree[path].data_stream.read()
         except KeyError:
             return None
+        except _damage() as exc:
+            raise validate.BaselineCorrupt(self._damaged(self._name(tag_or_commit), exc, path)) from None
+
+    def _damaged(self, tag: str, exc: Exception, path: str | None = None) -> str:
+        """One line: which tag (and file) a damaged git object spoils, and how to see more."""
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
+        return (f"baseline tag {tag}" + (f": {path}" if path else "") + f": a git object of {self.path} cannot be "
+                f"read ({said}); `git -C {self.path} fsck` names the damage")
 
     def _index(self, commit, tag: str) -> dict:
         try:
             data = commit.tree["baseline.json"].data_stream.read()
         except KeyError:
             return {}
+        except _damage() as exc:
+            raise validate.BaselineCorrupt(self._damaged(tag, exc, "baseline.json")) from None
         return validate.index(data, tag)
 
     def _name(self, tag_or_commit: str) -> str:
         """A tag's name for messages: callers pass a tag or its commit."""
         if tag_or_commit in self.tag_names():
             return tag_or_commit
-        return next((t.name for t in self.repo.tags if t.commit.hexsha == tag_or_commit), tag_or_commit[:12])
+        try:
+            return next((t.name for t in self.repo.tags if t.commit.hexsha == tag_or_commit), tag_or_commit[:12])
+        except _damage():  # a tag's commit that does not read: the id is the name then
+            return tag_or_commit[:12]
 
     def host_record(self, tag: str, host: str) -> dict | None:
         """The host's record, checked (validate.host_record), or None when there is none."""
@@ -203,15 +221,17 @@ class Baselines:
 
     def files_under(self, tag: str, prefix: str) -> dict[str, bytes]:
         """{path relative to prefix: bytes} of the tag's files under `prefix/`."""
-        commit = self.repo.commit(tag)
         try:
+            commit = self.repo.commit(tag)
             tree = commit.tree[prefix.rstrip("/")]
+            out = {}
+            for item in tree.traverse():
+                if item.type == "blob":
+                    out[item.path[len(prefix.rstrip("/")) + 1:]] = item.data_stream.read()
         except KeyError:
             return {}
-        out = {}
-        for item in tree.traverse():
-            if item.type == "blob":
-                out[item.path[len(prefix.rstrip("/")) + 1:]] = item.data_stream.read()
+        except _damage() as exc:
+            raise validate.BaselineCorrupt(self._damaged(self._name(tag), exc, prefix)) from None
         return out
 
     # ---------------------------------------------------------------- writing
@@ -386,6 +406,15 @@ class Baselines:
         """Every object's text (history, tags) for secret checks in tests and `doctor`s."""
         g = self.repo.git
         return g.log("-p", "--all", "--format=fuller") + "\n" + g.for_each_ref("--format=%(contents)", "refs/tags")
+
+
+def _damage() -> tuple:
+    """What GitPython raises on a damaged or missing object (a loose object overwritten, a
+    pack cut short): ValueError ("could not be resolved"), gitdb's ODBError, git's GitError."""
+    git = _git()
+    from gitdb.exc import ODBError  # lazy: with GitPython, as _git
+
+    return (ValueError, OSError, ODBError, git.GitError)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
