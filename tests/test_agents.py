@@ -575,6 +575,8 @@ def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
     (rel / "r1").mkdir()
     (rel / "current").symlink_to("r1")
     assert same(current_fact(str(rel))) == "r1\n===\n===\n"
+    (rel / "r1" / "manifest.json").write_text('{"release_id": "r1", "site_p')  # truncated (issue 42)
+    assert same(current_fact(str(rel))) == "r1\n===\n===\n"
     (rel / "r1" / "manifest.json").write_text("{}")
     assert same(current_fact(str(rel))) == "r1\n===\ncomplete\n===\n"
     (rel / "r1" / "rehearse-probe-state").mkdir()  # a probe a killed rehearsal left applied (issue 42)

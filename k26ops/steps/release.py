@@ -102,7 +102,11 @@ def point_current(ctx: HostContext, rid: str, *, restoring: bool = False) -> Non
     release this run found current (as it was: no manifest test), also after an
     interrupt (ctx.run would refuse then)."""
     run = ctx.session.run if restoring else ctx.run
-    run(switch_current(ctx.releases_root, rid, require_manifest=not restoring), check=True)
+    res = run(switch_current(ctx.releases_root, rid, require_manifest=not restoring))
+    if not res.ok:  # one line: what the host said (`current` a directory, no manifest), not the script
+        said = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        raise StepFailed(f"switching {ctx.releases_root}/current to {rid} failed: "
+                         + (said[-1][:300] if said else f"exit {res.exited} (is its manifest.json there?)"))
 
 
 def undo_switch(ctx: HostContext) -> str | None:
@@ -268,11 +272,13 @@ PROBE_DIRS = ("probe-state", "rehearse-probe-state")
 
 def _read_current(releases_root: str, release: str) -> str:
     """Where `current` points, then whether `release` (a name in releases_root) is complete
-    (its manifest.json, written last), then the probes left applied to `current`; read by
+    (its manifest.json, written last, whole: a JSON object ends in `}`; a truncated one is
+    rebuilt, not taken as the release), then the probes left applied to `current`; read by
     `_current_and_complete`."""
     probes = " ".join(f"current/{d}/state.json" for d in PROBE_DIRS)
     return (f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
-            f"test -f {q(release)}/manifest.json && echo complete; echo ===; "
+            f"test -f {q(release)}/manifest.json && tail -c 1 {q(release)}/manifest.json | grep -q '}}' && "
+            "echo complete; echo ===; "
             f"for f in {probes}; do test -f \"$f\" && echo \"$f\"; done; }}; true")
 
 
