@@ -463,3 +463,23 @@ def test_host_agents_killed_in_the_health_wait_restore_the_previous_env(solo, so
     assert ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env") == before["env"]
     assert ssh(solo, "lab1", f"sha256sum {UNIT_PATH}") == before["unit"]
     assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
+
+
+# ------------------------------------------------------------------ 5: a truncated manifest of the current release
+
+def test_a_truncated_manifest_of_current_is_rebuilt_not_ok_nothing(solo, solo_inv, tmp_path):
+    """Before: a manifest.json cut short read as "differs from probed" in status and the deploy
+    said `ok nothing`. Now it is not a complete release: the deploy builds it again."""
+    pb = playbook(tmp_path, FULL, "full")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    man = f"{RELEASES}/current/manifest.json"
+    whole = ssh(solo, "lab1", f"cat {man}")
+    ssh(solo, "lab1", f"truncate -s 100 $(readlink -f {man})")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0 and data["hosts"]["lab1"]["status"] == "changed", data
+    assert any("build release" in c for s in data["hosts"]["lab1"]["steps"] for c in s["changes"]), data
+    again = json.loads(ssh(solo, "lab1", f"cat {man}"))  # whole again (engine_argv: this inventory's)
+    assert again["release_id"] == json.loads(whole)["release_id"] and again["site_packages"]
+    assert_consistent(solo, "lab1")
+    assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
