@@ -483,3 +483,42 @@ def test_a_truncated_manifest_of_current_is_rebuilt_not_ok_nothing(solo, solo_in
     assert again["release_id"] == json.loads(whole)["release_id"] and again["site_packages"]
     assert_consistent(solo, "lab1")
     assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
+
+
+# ------------------------------------------------------------------ 4g: a deploy killed after its install
+
+def test_a_deploy_killed_after_its_install_is_rolled_back_by_the_rerun(solo, solo_inv, tmp_path):
+    """SIGKILL of a deploy whose new config crashes, once it installed the new env file: the
+    re-run used to say `nothing to roll back` (it changed nothing itself) although prev/ held
+    the good files. The install stays unsettled until its engine answers healthy, so the
+    re-run's failure restores what ran before it."""
+    pb = playbook(tmp_path, FULL, "full")
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    good = ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env")
+    doc = yaml.safe_load(solo_inv.read_text())
+    doc["vars"]["engine_env"] = {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_LOAD_SECONDS": "5"}
+    bad = tmp_path / "crash.yml"
+    bad.write_text(yaml.safe_dump(doc))
+    proc = start("-i", str(bad), "--json", "deploy", "--playbook", str(pb))
+    try:
+        deadline = time.monotonic() + 180
+        while "K26OPS_STANDIN_CRASH" not in ssh(solo, "lab1", "cat /etc/k26ops/sglang.env"):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)  # no restore at all
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env") != good
+    rc, data = k26ops_json("-i", str(bad), "deploy", "--playbook", str(pb), timeout=600)
+    host = data["hosts"]["lab1"]
+    assert rc == 1 and "rolled back the unit, env file" in host["error"], host
+    assert "nothing to roll back" not in host["error"]
+    assert ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env") == good
+    assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
+    # back to good and healthy: a later failure that changed nothing has nothing of a killed run to undo
+    rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
+    assert rc == 0, data
+    assert json.loads(ssh(solo, "lab1", f"cat {STATE}/service/prev/manifest.json"))["settled"] is True

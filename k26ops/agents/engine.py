@@ -275,9 +275,30 @@ def op_read(r):
     if lab and os.path.exists(lab):
         with open(lab, "rb") as fh: sha = hashlib.sha256(fh.read()).hexdigest()
     spath = r.get("secrets_path")
-    return {"unit": read(r["unit_path"]), "env": read(r["env_path"]), "env_mode": mode(r["env_path"]),
+    return {"prev_unsettled": unsettled(r.get("state_dir")),
+            "unit": read(r["unit_path"]), "env": read(r["env_path"]), "env_mode": mode(r["env_path"]),
             "secrets": read(spath) if spath else None, "secrets_mode": mode(spath) if spath else None,
             "current": cur, "lab_module_sha": sha, "show": show(r["unit"])}
+
+def prev_manifest(state_dir):
+    try:
+        with open(os.path.join(state_dir, "service", "prev", "manifest.json")) as fh: return json.load(fh)
+    except (OSError, ValueError, TypeError):
+        return None
+
+def unsettled(state_dir):
+    """An install whose engine was never seen healthy (its run killed mid-install): prev/ still
+    holds what ran before it, which a failed run restores (op_settle marks it seen)."""
+    m = prev_manifest(state_dir) if state_dir else None
+    return isinstance(m, dict) and m.get("settled") is False
+
+def op_settle(r):
+    """The engine of the last install answered healthy: prev/ is its own run's to restore no more."""
+    m = prev_manifest(r["state_dir"])
+    if isinstance(m, dict) and m.get("settled") is False:
+        m["settled"] = True
+        write(os.path.join(r["state_dir"], "service", "prev", "manifest.json"), json.dumps(m), 0o600)
+    return {"ok": True}
 
 def op_apply(r):
     import shutil
@@ -295,17 +316,21 @@ def op_apply(r):
             rc, out, err = sh(["systemd-analyze", "verify", staged], timeout=120)
             if rc != 0:
                 return {"ok": False, "error": "verify", "output": (err + out).strip()[-3000:]}
-    # Keep the files in place now, for a rollback (manifest says which existed).
+    # Keep the files in place now, for a rollback (manifest says which existed); not when an
+    # install killed before its engine was seen healthy left them: prev/ holds what ran before it
     spath = r.get("secrets_path")
-    manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
-                "was_enabled": show(unit).get("UnitFileState") == "enabled", "time": time.time()}
-    if spath:
-        manifest["secrets_existed"] = os.path.exists(spath)
-    for src, name in ((upath, "unit"), (epath, "env"), (spath, "secrets")):
-        dst = os.path.join(prev, name)
-        if src and os.path.exists(src): shutil.copy2(src, dst)
-        elif os.path.exists(dst): os.unlink(dst)
-    write(os.path.join(prev, "manifest.json"), json.dumps(manifest), 0o600)
+    manifest = prev_manifest(r["state_dir"]) if unsettled(r["state_dir"]) else None
+    if manifest is None:
+        manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
+                    "was_enabled": show(unit).get("UnitFileState") == "enabled", "time": time.time(),
+                    "settled": False}
+        if spath:
+            manifest["secrets_existed"] = os.path.exists(spath)
+        for src, name in ((upath, "unit"), (epath, "env"), (spath, "secrets")):
+            dst = os.path.join(prev, name)
+            if src and os.path.exists(src): shutil.copy2(src, dst)
+            elif os.path.exists(dst): os.unlink(dst)
+        write(os.path.join(prev, "manifest.json"), json.dumps(manifest), 0o600)
     if r.get("env_text") is not None: write(epath, r["env_text"], 0o600)
     elif os.path.exists(epath) and mode(epath) != 0o600: os.chmod(epath, 0o600)
     if r.get("secrets_text") is not None: write(spath, r["secrets_text"], 0o600)

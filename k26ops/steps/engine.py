@@ -87,6 +87,7 @@ class ServiceState(HostState):
     todo: dict = field(default_factory=dict, repr=False)  # what apply asks the agent (file texts: secrets)
     restart_reasons: list[str] = field(default_factory=list)
     restarted: bool = False
+    unsettled: bool = False  # a killed run's install, never seen healthy: prev/ holds what ran before it
 
     @classmethod
     def build(cls, eh: EngineHost, *, secrets: list[str] | None = None, unit: str | None = None,
@@ -182,7 +183,7 @@ class ServiceStep(Step):
         host, port = eh.target()
         api_key = eh.api_key()
         req = {"unit": unit, "unit_path": upath, "env_path": epath, "current": eh.layout.current,
-               "lab_module": lab_path, "secrets_path": spath}
+               "lab_module": lab_path, "secrets_path": spath, "state_dir": ctx.state_dir}
         release = ReleaseDecision.of(ctx)
         texts = render(release.release_id) if release.release_id else None
         ahead = looked_ahead(ctx, self, host, port)
@@ -203,6 +204,7 @@ class ServiceStep(Step):
         show = cur["show"]
         svc = ServiceState.build(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port,
                                  show=show, secrets_path=spath).put(ctx)
+        svc.unsettled = bool(cur.get("prev_unsettled"))
 
         changes: list[Change] = []
         todo: dict = {}
@@ -351,7 +353,7 @@ def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, uni
 def rollback(ctx: HostContext, svc: ServiceState) -> str:
     """Put back the previous unit, env file and `current`, restart; a short phrase for the report."""
     release = ReleaseDecision.of(ctx)
-    if not (svc.changed or release.changed):
+    if not (svc.changed or release.changed or svc.unsettled):
         return "nothing to roll back (this run changed neither unit, env file nor release)"
     prev = release.previous if release.changed else None
     ctx.progress("rolling back to the previous unit, env file and release")
@@ -454,6 +456,14 @@ def fail_and_roll_back(ctx: HostContext, svc: ServiceState, message: str, journa
     raise EngineFailed(f"{message}; {back}", journal, diag, ctx.report)
 
 
+def settle(ctx: HostContext, svc: ServiceState) -> None:
+    """The installed unit and env file answered healthy: the prev/ copies stop being a killed
+    run's to restore (one call, only after an install or when a killed one left it unsettled)."""
+    if svc.changed or svc.unsettled:
+        agent(ctx.session, "settle", state_dir=ctx.state_dir)
+        svc.unsettled = False
+
+
 class HealthStep(Step):
     """Wait until the engine answers /health and /health_generate; fail at once on a crash."""
 
@@ -471,6 +481,7 @@ class HealthStep(Step):
         early = ahead.poll or {}
         if early.get("state") == "healthy":  # the service step's converge call found it healthy
             svc.base = early["base"]
+            settle(ctx, svc)
             el = float(ahead.poll_s or 0.0)
             ctx.progress(f"health: healthy after {el:.0f}s")
             ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
@@ -489,6 +500,7 @@ class HealthStep(Step):
             fail_and_roll_back(ctx, svc, foreign_listener(svc.port, svc.unit, r["holder"], svc.secrets))
         if w.state == "healthy":
             svc.base = w.base  # the smoke step tells a crash from this run's MainPID
+            settle(ctx, svc)
             ctx.progress(f"health: healthy after {el:.0f}s")
             ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
