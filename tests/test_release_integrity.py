@@ -95,6 +95,12 @@ def test_store_is_private_and_damage_is_found_and_repaired(lab, tmp_path):
         site2 = manifest(r2)["site_packages"]
         ino = lambda p: ssh(f"stat -c %i {q(p)}").strip()  # noqa: E731
         assert ino(f"{site}/{victim}") == ino(f"{site2}/{victim}")  # hard links: one inode
+        # the build's patch (sglang/version.py) broke the link first: r2's file is its own, r1's bytes as built
+        for rel, h in m1["patched_files"].items():
+            assert ino(f"{site}/{rel}") != ino(f"{site2}/{rel}"), rel
+            assert ssh(f"sha256sum {q(site + '/' + rel)}").split()[0] == h, rel
+        assert "sglang/version.py" in manifest(r2)["patched_files"]
+        assert ino(f"{site}/sglang/version.py") != ino(f"{site2}/sglang/version.py")
 
         # an in-place edit by root: status names it against the RECORD, exit 1
         ssh(f"echo '# hand edit' >> {q(site2 + '/' + victim)}")
@@ -125,6 +131,19 @@ def test_store_is_private_and_damage_is_found_and_repaired(lab, tmp_path):
         r3 = ssh(f"readlink {ROOT}/releases/current").strip()
         site3 = manifest(r3)["site_packages"]
         assert "# hand edit" not in ssh(f"cat {q(site3 + '/' + victim)}")  # unpacked again from the wheel
+
+        # an edit of the same size with its mtime put back: sizes and mtimes say nothing, --verify reads it
+        other = next(p for p in ssh(f"cd {q(site3)} && ls sglang/*.py").split()
+                     if p not in manifest(r3)["patched_files"] and p != victim
+                     and int(ssh(f"stat -c %s {q(site3 + '/' + p)}")) > 10)
+        path = q(site3 + "/" + other)
+        ssh(f"t=$(stat -c %Y {path}); printf '#' | dd of={path} bs=1 seek=0 conv=notrunc 2>/dev/null; "
+            f"touch -d @$t {path}")
+        env3 = {**lab.env(), "K26OPS_INVENTORY": str(inv("c", r3_recipe))}
+        rc, st = k26ops_json("--limit", host, "status", env=env3)
+        assert st["hosts"][host]["drift"]["drifted_files"] == [], st  # cheap: same size, same mtime
+        rc, st = k26ops_json("--limit", host, "status", "--verify", env=env3)
+        assert rc == 1 and st["hosts"][host]["drift"]["drifted_files"] == [f"{other} (sha256 differs from RECORD)"], st
         assert ssh(f"find {ROOT} /etc/k26ops -perm -o+w ! -type l 2>/dev/null || true") == ""
     finally:
         lab_ssh(lab.dir, lab.port(host), f"pkill -xf 'sleep 600'; rm -rf {ROOT}", timeout=300)

@@ -44,11 +44,14 @@ def tag_file(state_dir: str) -> str:
 
 
 def host_drift(session, releases_root: str, unit_path: str, env_path: str, index: list,
-               state_dir: str | None = None) -> dict:
+               state_dir: str | None = None, verify: str = "cheap") -> dict:
     """The first (newest) tag whose record matches what runs; the tag a rollback
-    recorded on the host first, when it matches too (several tags may hold the same content)."""
-    p = hostscript.call(session, "probe", releases_root=releases_root, release=None, verify="cheap",
-                        unit_path=unit_path, env_path=env_path, tag_file=tag_file(state_dir) if state_dir else None)
+    recorded on the host first, when it matches too (several tags may hold the same content).
+    `verify`: the release's files against their wheels' RECORD by size and mtime ("cheap"),
+    or every byte ("full": `status --verify`)."""
+    p = hostscript.call(session, "probe", 1800 if verify == "full" else 300, releases_root=releases_root,
+                        release=None, verify=verify, unit_path=unit_path, env_path=env_path,
+                        tag_file=tag_file(state_dir) if state_dir else None)
     recorded = p.get("recorded_tag")
     index = sorted(index, key=lambda item: item[0] != recorded)  # stable: newest first otherwise
     r = p["release"]

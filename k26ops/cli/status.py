@@ -43,8 +43,11 @@ def _ago(seconds: float | None) -> str:
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
 @click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
               help="Baselines repository to compare with (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
+@click.option("--verify", "verify_full", is_flag=True,
+              help="Read every file of the current release against its wheels' RECORD (sha256); "
+                   "by default only sizes and mtimes are compared.")
 @click.pass_obj
-def status_cmd(settings, unit, baselines_dir):
+def status_cmd(settings, unit, baselines_dir, verify_full):
     """Per host: what the engine is (serving, starting, stopped, failed, crash-looping), health,
     release, uptime, model, last restart; and drift: which tagged baseline runs, or which files
     differ from the release manifest. Exit 1 when an enabled engine does not serve."""
@@ -69,7 +72,7 @@ def status_cmd(settings, unit, baselines_dir):
         parts = stamp.split() if active in ("active", "activating", "reloading") else []  # a dead run's is stale
         try:  # one more call: patched files vs the release manifest, and vs the tagged baselines
             d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index,
-                                     state_dir=eh.layout.state_dir)
+                                     state_dir=eh.layout.state_dir, verify="full" if verify_full else "cheap")
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
         d = drift_mod.with_engine(d, r.get("engine_releases"))
