@@ -316,8 +316,8 @@ def op_apply(r):
             rc, out, err = sh(["systemd-analyze", "verify", staged], timeout=120)
             if rc != 0:
                 return {"ok": False, "error": "verify", "output": (err + out).strip()[-3000:]}
-    # Keep the files in place now, for a rollback (manifest says which existed); not when an
-    # install killed before its engine was seen healthy left them: prev/ holds what ran before it
+    # Keep the files in place now, for a rollback (manifest says which existed).
+    # Not when an install killed before its engine was seen healthy left them: prev/ holds what ran before it
     spath = r.get("secrets_path")
     manifest = prev_manifest(r["state_dir"]) if unsettled(r["state_dir"]) else None
     if manifest is None:

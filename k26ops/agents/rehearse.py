@@ -95,17 +95,18 @@ def write_env(path, env):
                 v = v.replace(ch, "\\" + ch)
             fh.write('%s="%s"\n' % (k, v))
 
-def record(handle, r):
-    """The running engine's handle in `r["record"]` (the state dir's, 0600): a run killed before
-    its stop leaves it for the next rehearse (op_leftovers) and status to find."""
-    if r.get("record"):
+def op_start(r):
+    """start, and the running engine's handle kept in `r["record"]` (the state dir's, 0600): a run
+    killed before its stop leaves it for the next rehearse (op_leftovers) and status to find."""
+    out = start(r)
+    if out.get("ok") and r.get("record"):
         os.makedirs(os.path.dirname(r["record"]), mode=0o700, exist_ok=True)
         fd = os.open(r["record"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh: json.dump(handle, fh)
+        with os.fdopen(fd, "w") as fh: json.dump(out["handle"], fh)
         os.replace(r["record"] + ".tmp", r["record"])
-    return handle
+    return out
 
-def op_start(r):
+def start(r):
     """Make the temp dir (0700), write the configs, start the engine; return its handle."""
     tmp = tempfile.mkdtemp(prefix="k26ops-rehearse-", dir=r.get("tmp_root") or None)
     os.chmod(tmp, 0o700)
@@ -146,15 +147,14 @@ def op_start(r):
             if rc != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return {"ok": False, "error": "systemd-run: " + (err or out).strip()[-300:]}
-            return {"ok": True, "handle": record({"kind": "unit", "unit": unit, "tmp": tmp, "log": log}, r),
-                    "notes": notes}
+            return {"ok": True, "handle": {"kind": "unit", "unit": unit, "tmp": tmp, "log": log}, "notes": notes}
         full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         full.update(env)  # as the unit's: the env file's variables over a clean login environment
         with open(log, "ab") as fh:
             p = subprocess.Popen(["timeout", "-s", "TERM", "-k", "30", str(deadline)] + argv, cwd=tmp, env=full,
                                  stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                  start_new_session=True)
-        return {"ok": True, "handle": record({"kind": "pgroup", "pid": p.pid, "pgid": p.pid, "tmp": tmp, "log": log}, r),
+        return {"ok": True, "handle": {"kind": "pgroup", "pid": p.pid, "pgid": p.pid, "tmp": tmp, "log": log},
                 "notes": notes}
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)

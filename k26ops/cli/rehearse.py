@@ -11,8 +11,8 @@ from k26ops.cli.report import wide_console
 from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench.run import parse_list
 from k26ops.errors import UserError
-from k26ops.fleet import Outcome
 from k26ops.hostlock import HostLock, HostLocked
+from k26ops.fleet import Outcome
 from k26ops.rehearsal import plan
 from k26ops.rehearsal.run import rehearse
 from k26ops.safefiles import OutDir

@@ -49,14 +49,6 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
     sys.exit(run.code)
 
 
-def names_brief(names: list[str], first: int = 20) -> str:
-    """A host list for one line: all of it when short, else the first `first` names and a
-    count (10,000 hosts at --batch 1% made a 100,000-character line); --json has them all."""
-    if len(names) <= first + 1:
-        return ", ".join(names)
-    return f"{', '.join(names[:first])} and {len(names) - first} more ({len(names)} hosts)"
-
-
 def print_rollout(settings, results: list[HostResult], title: str, columns=(), canary=0,
                   code: int | None = None) -> None:
     """The results table (or JSON), then each failed host's diagnosis and journal tail."""
@@ -91,3 +83,11 @@ def print_rollout(settings, results: list[HostResult], title: str, columns=(), c
             if diag.get("suggestion"):
                 console.print(f"suggestion: {diag['suggestion']}", highlight=False)
         console.print(tail, markup=False, highlight=False)
+
+
+def names_brief(names: list[str], first: int = 20) -> str:
+    """A host list for one line: all of it when short, else the first `first` names and a
+    count (10,000 hosts at --batch 1% made a 100,000-character line); --json has them all."""
+    if len(names) <= first + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:first])} and {len(names) - first} more ({len(names)} hosts)"

@@ -137,12 +137,12 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     t0 = time.monotonic()
     report: dict = {"release": release_dir, "notes": [], "options": opts.to_json(), "state": "starting"}
     secrets = eh.secrets()
-
     record = plan.record_path(layout.state_dir)
     # a killed rehearsal's engine, temp dir and secrets' env file (callers hold the host lock: it is dead)
     old = agent(ctx.session, "leftovers", record=record, remove=True, timeout=300)
     if old.get("alive"):
         report["notes"].append("removed what a killed rehearsal left: " + ", ".join(old["alive"]))
+
     chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0])
     if not chk.get("python_exists"):
         raise StepFailed(f"rehearsal: no engine python at {unit_argv[0]} (release {release_dir} not built?)")

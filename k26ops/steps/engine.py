@@ -500,8 +500,8 @@ class HealthStep(Step):
             fail_and_roll_back(ctx, svc, foreign_listener(svc.port, svc.unit, r["holder"], svc.secrets))
         if w.state == "healthy":
             svc.base = w.base  # the smoke step tells a crash from this run's MainPID
-            settle(ctx, svc)
             ctx.progress(f"health: healthy after {el:.0f}s")
+            settle(ctx, svc)
             ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
         if w.state == "crashed":
