@@ -76,8 +76,8 @@ class BaselineRelease(Step):
                                 unit_path=rec["unit"]["path"], env_path=rec["env"]["path"], timeout=1800)
         r = probe["release"]
         m = r.get("manifest") or {}
-        probe = set(r.get("probe_files") or [])  # a probe a killed run left: reverted by apply, not rebuilt
-        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h and p not in probe)
+        probed = set(r.get("probe_files") or [])  # a probe a killed run left: reverted by apply, not rebuilt
+        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h and p not in probed)
         damaged = r.get("record_bad") or []
         ok = (r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"]
               and not bad and not damaged)
