@@ -55,9 +55,20 @@ def default_baselines() -> Path:
     return Path(base) / "k26ops" / "baselines"
 
 
+BYPASS = "; to run without the file: K26OPS_CONFIG=/dev/null k26ops ..."
+
+
 def load(path: Path | None = None) -> dict:
     """The file's settings ({} when there is none); any problem is one line naming
-    the file and line (`PATH:LINE: ...`), exit 2."""
+    the file and line (`PATH:LINE: ...`) and how to run without it, exit 2 (a broken file
+    stops every command, `config show` and `lab status` too)."""
+    try:
+        return _load(path)
+    except UserError as exc:
+        raise UserError(f"{exc}{BYPASS}") from None
+
+
+def _load(path: Path | None) -> dict:
     path = path or config_path()
     explicit = bool(os.environ.get("K26OPS_CONFIG"))
     try:

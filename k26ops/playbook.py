@@ -168,7 +168,16 @@ def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions
             step.prepare(ctx)
         for i, step in enumerate(steps, 1):
             progress(step_message(i, len(steps), step.name, "planning"))
-            changes = step.plan(ctx)
+            try:
+                changes = step.plan(ctx)
+            except (Interrupted, StepFailed) as exc:
+                # a plan that waits on what an earlier step changed (health, smoke) and fails without
+                # restoring it (its host agent died, a read failed): the same restore as a failed apply
+                back = None if check or ctx.report.get("rollback") else restore(ctx)
+                if back is None:
+                    raise
+                ctx.report["rollback"] = back
+                raise StepFailed(f"{exc}; {back}") from None
             if changes and not check:
                 progress(step_message(i, len(steps), step.name, f"applying {len(changes)} change(s)"))
                 try:

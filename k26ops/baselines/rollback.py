@@ -29,11 +29,12 @@ from pathlib import Path
 
 import yaml
 
-from k26ops import profile, units
+from k26ops import agents, profile, units
 from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
+from k26ops.release import installer
 from k26ops.rollout import playbook_work
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed
@@ -89,15 +90,22 @@ class BaselineRelease(Step):
         b = _b(self, ctx)
         rec = b["record"]
         rid = rec["release_id"]
-        probe = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=rid,
-                                unit_path=rec["unit"]["path"], env_path=rec["env"]["path"])
+        # full: every file of the release read against its wheels' RECORD (what it switches to runs these bytes)
+        probe = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=rid, verify="full",
+                                unit_path=rec["unit"]["path"], env_path=rec["env"]["path"], timeout=1800)
         r = probe["release"]
         m = r.get("manifest") or {}
-        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h)
-        ok = r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"] and not bad
+        probed = set(r.get("probe_files") or [])  # a probe a killed run left: reverted by apply, not rebuilt
+        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h and p not in probed)
+        damaged = r.get("record_bad") or []
+        ok = (r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"]
+              and not bad and not damaged)
         found = BaselineCheck(probe, "switch" if ok else "rebuild",
                               "missing" if not r["exists"] else "no manifest" if not m
-                              else f"{len(bad)} file(s) differ" if bad else "manifest differs").put(ctx)
+                              else f"{len(bad)} file(s) differ" if bad else
+                              f"{len(damaged)} file(s) differ from their wheels' RECORD "
+                              f"({', '.join(d['path'] + ': ' + d['why'] for d in damaged[:2])})" if damaged
+                              else "manifest differs").put(ctx)
         if ok:
             return
         if not rec.get("rebuildable"):
@@ -119,6 +127,9 @@ class BaselineRelease(Step):
         changes = []
         if found.mode == "rebuild":
             changes.append(Change(f"rebuild release {rid} from the baseline ({found.damage} on the host)"))
+        elif found.probe["release"].get("probe_dirs"):
+            changes.append(Change(f"revert the probe left applied in release {rid} "
+                                  f"({', '.join(found.probe['release']['probe_dirs'])})", action="unprobe"))
         if cur != rid or changes:
             changes.append(Change(f"switch current: {cur or '(none)'} -> {rid}"))
         return changes
@@ -126,9 +137,17 @@ class BaselineRelease(Step):
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         rid = _b(self, ctx)["record"]["release_id"]
         d = ReleaseDecision.of(ctx)
-        if BaselineCheck.of(ctx).mode == "rebuild":
+        found = BaselineCheck.of(ctx)
+        if found.mode == "rebuild":
+            inodes = [x["ino"] for x in found.probe["release"].get("record_bad") or [] if x.get("ino")]
+            if inodes:  # the damaged files' store entries (hard links share the inode): unpacked again
+                agents.run(ctx.session, "store", "evict", 600, what="store agent",
+                           store=installer.store_dir(ctx.root), inodes=inodes)
             release_step.Release()._build(ctx, d.prepared)
             ctx.report["release_rebuilt"] = True
+        elif any(c.action == "unprobe" for c in changes):
+            ctx.report["probe_reverted"] = release_step.revert_probes(ctx, f"{ctx.releases_root}/{rid}",
+                                                                      found.probe["release"]["probe_dirs"])
         release_step.point_current(ctx, rid)
         d.changed = True
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from k26ops import facts as facts_mod
-from k26ops.enginehost import EngineHost, agent
+from k26ops.enginehost import EngineHost, agent, foreign_listener
 from k26ops.enginebench.run import run_host
 from k26ops.release import engine_source
 from k26ops.release import recipe as recipe_mod
@@ -53,6 +53,9 @@ def run_smoke(session, t: dict) -> dict:
     """The deploy's smoke requests (greedy, then sampled), as the deploy records them."""
     r = agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"], api_key=t.get("api_key"),
               prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=engine_steps.smoke_requests({}))
+    if r.get("foreign"):
+        return {"ok": False, "failed": r["failed"], "status": None, "crashed": False,
+                "why": foreign_listener(t["port"], t["unit"], r["foreign"])}
     if r["failed"]:
         last = r["results"][-1]
         return {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": bool(r.get("crash"))}
@@ -165,7 +168,13 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     health_state = health["state"]
     if health_state == "healthy" and not (smoke or {}).get("ok"):
         health_state = "unhealthy"
-        health["why"] = f"smoke /generate failed (HTTP {(smoke or {}).get('status')})"
+        st = (smoke or {}).get("status")
+        health["why"] = (smoke or {}).get("why") or (
+            f"smoke /generate failed (HTTP {st}" + (": the engine wants its api key; is extra_flags api-key in "
+                                                     "this inventory?)" if st == 401 else ")"))
+    elif health_state != "healthy" and not health.get("why"):
+        health["why"] = (f"unit {health_state}" if health_state == "inactive" else
+                         f"/health {health.get('health')}, /health_generate {health.get('health_generate')}")
     cmdline = raw.get("cmdline") or m.get("engine_argv")
     unit_file = f"unit/{t['unit']}"
     env_file = f"env/{Path(t['env_path']).name}"
@@ -207,7 +216,8 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
                   accept=(smoke or {}).get("spec_accept_length"),
                   latency_ms=round(smoke["latency_s"] * 1000) if smoke and smoke.get("latency_s") is not None else None,
                   files=len(rel.get("files") or {}), rebuildable=rebuildable, drift=drift)
-    return row, files, {"record": record, "secrets": secrets}
+    return row, files, {"record": record, "secrets": secrets, "why": health.get("why"),
+                        "probe": rel.get("probe_files") or rel.get("probe_dirs") or []}
 
 
 def _summary_line(host: str, rec: dict) -> str:
@@ -265,7 +275,12 @@ def snapshot(repo: Baselines, hosts, options, tag: str, message: str | None = No
         if failed:
             raise UserError("snapshot refused, nothing was written: " +
                             "; ".join(f"{r.host}: {r.status}: {r.error}" for r in failed))
-        bad = [f"{h}: {i['record']['health']}" for h, i in records.items() if i["record"]["health"] != "healthy"]
+        probed = [f"{h}: a probe is left applied to release {i['record']['release_id']} ({', '.join(i['probe'][:3])}): "
+                  "`k26ops deploy` or `rollback` reverts it" for h, i in records.items() if i.get("probe")]
+        if probed:  # what runs is not the release's: never a baseline, --allow-unhealthy or not
+            raise UserError("snapshot refused, nothing was written: " + "; ".join(probed))
+        bad = [f"{h}: {i['record']['health']}" + (f" ({i['why']})" if i.get("why") else "")
+               for h, i in records.items() if i["record"]["health"] != "healthy"]
         bad += [f"{h}: files differ from release manifest ({', '.join(i['record']['drift'][:3])})"
                 for h, i in records.items() if i["record"]["drift"]]
         if bad and not allow_unhealthy:

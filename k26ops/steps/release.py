@@ -99,6 +99,7 @@ class ReleaseDecision(HostState):
     changed: bool = False  # this run moved `current`
     claim_root: bool = False  # releases_root is not k26ops' yet: claimed before the first write
     prune: list[str] = field(default_factory=list)  # old releases apply deletes
+    probes: list[str] = field(default_factory=list)  # probe state dirs a killed run left in current
 
     def prepare(self, ctx: HostContext, prep: Prepared) -> None:
         """The release to deploy, with its command line checked (release and baseline_release steps)."""
@@ -112,7 +113,11 @@ def point_current(ctx: HostContext, rid: str, *, restoring: bool = False) -> Non
     release this run found current (as it was: no manifest test), also after an
     interrupt (ctx.run would refuse then)."""
     run = ctx.session.run if restoring else ctx.run
-    run(switch_current(ctx.releases_root, rid, require_manifest=not restoring), check=True)
+    res = run(switch_current(ctx.releases_root, rid, require_manifest=not restoring))
+    if not res.ok:  # one line: what the host said (`current` a directory, no manifest), not the script
+        said = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        raise StepFailed(f"switching {ctx.releases_root}/current to {rid} failed: "
+                         + (said[-1][:300] if said else f"exit {res.exited} (is its manifest.json there?)"))
 
 
 def undo_switch(ctx: HostContext) -> str | None:
@@ -283,16 +288,40 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
 CURRENT_FACT = "release_current"
 
 
+# the state dirs of a probe applied to a release (diagnose cuda-graph's, rehearse --probe's): one a
+# killed run left stays applied until a deploy or rollback reverts it (agents/baseline.py reads the same)
+PROBE_DIRS = ("probe-state", "rehearse-probe-state")
+
+
 def _read_current(releases_root: str, release: str) -> str:
     """Where `current` points, then whether `release` (a name in releases_root) is complete
-    (its manifest.json, written last); read by `_current_and_complete`."""
+    (its manifest.json, written last, whole: a JSON object ends in `}`; a truncated one is
+    rebuilt, not taken as the release), then the probes left applied to `current`; read by
+    `_current_and_complete`."""
+    probes = " ".join(f"current/{d}/state.json" for d in PROBE_DIRS)
     return (f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
-            f"test -f {q(release)}/manifest.json && echo complete; }}; true")
+            f"test -f {q(release)}/manifest.json && tail -c 1 {q(release)}/manifest.json | grep -q '}}' && "
+            "echo complete; echo ===; "
+            f"for f in {probes}; do test -f \"$f\" && echo \"$f\"; done; }}; true")
 
 
 def _current_and_complete(out: str, rc: int = 0) -> dict:
     target, _, rest = out.partition("===")
-    return {"current": target.strip() or None, "complete": "complete" in rest}
+    rest, _, probes = rest.partition("===")
+    return {"current": target.strip() or None, "complete": "complete" in rest,
+            "probes": [ln.split("/")[1] for ln in probes.split() if ln.count("/") == 2]}
+
+
+def revert_probes(ctx: HostContext, release_dir: str, dirs: list[str]) -> list[str]:
+    """Revert the probes a killed run left applied in `release_dir` (byte-exact, from their
+    pristine copies: the probe agent's revert); the files put back."""
+    man = json.loads(ctx.run(f"cat {q(release_dir + '/manifest.json')}", check=True).stdout)
+    done = []
+    for sdir in dirs:
+        r = agents.run(ctx.session, "probe", "revert", 300, what="probe agent", release=release_dir,
+                       site=man["site_packages"], probe_state=sdir)
+        done += r.get("done") or []
+    return done
 
 
 def current_fact(releases_root: str) -> Fact:
@@ -330,12 +359,12 @@ class Release(Step):
         seen = ctx.facts.get(CURRENT_FACT)
         if isinstance(seen, dict) and "current" in seen and seen["current"] == rid and seen["complete"]:
             d.previous = rid  # read in the fact-gathering call: nothing to do
-            return []
+            return self._unprobe(d, rid, seen.get("probes"))
         found = _current_and_complete(ctx.run(_read_current(rel, rid)).stdout)
         current = d.previous = found["current"]
         complete = found["complete"]  # of the release to deploy (the fact's was of `current`)
         if current == rid and complete:
-            return []
+            return self._unprobe(d, rid, found.get("probes"))
         changes = []
         if not complete:
             lock = f", lock {prep.lock.sha256[:12]}" if prep.lock else ""
@@ -351,10 +380,22 @@ class Release(Step):
                                   + ", ".join(prune), action="prune"))
         return changes
 
+    @staticmethod
+    def _unprobe(d, rid: str, probes: list[str] | None) -> list[Change]:
+        """The release is current, but a probe a killed run left is applied to it: reverted, and
+        the engine restarted on the release's own files (as after a switch)."""
+        d.probes = list(probes or [])
+        return [Change(f"revert the probe left applied in release {rid} ({', '.join(d.probes)}) and restart "
+                       "the engine on the release's own files", action="unprobe")] if d.probes else []
+
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         d = ReleaseDecision.of(ctx)
         prep = d.prepared
         rid, rel = prep.release_id, ctx.releases_root
+        if [c.action for c in changes] == ["unprobe"]:
+            ctx.report["probe_reverted"] = revert_probes(ctx, f"{rel}/{rid}", d.probes)
+            d.changed = True  # the engine restarts (the service step), as after a switch
+            return
         if d.claim_root:
             ownership.claim(ctx.session, rel)
         if any(c.action == "build" for c in changes):
@@ -391,32 +432,64 @@ class Release(Step):
                                  sha256=tools[0].sha256, dest=installer.uv_path(ctx.root))
                 if not got.get("ok"):
                     raise StepFailed(f"installing uv: {got.get('error')}")
+            link_mode = store_ready(ctx) if tools else None
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
             ctx.session.put(prep.requirements.encode(), f"{d}/k26ops/requirements.txt")
-            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels)")
+            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels"
+                         + (f", {link_mode} from the store)" if link_mode else ")"))
             no_deps = prep.recipe.git is None and prep.recipe.no_deps
             script = (
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
-                f"{installer.install_command(how, ctx.root, wh, no_deps)}; "
+                f"{installer.install_command(how, ctx.root, wh, no_deps, link_mode or 'hardlink')}; "
                 "SP=$(venv/bin/python k26ops/patchset.py site); "
                 f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
                 "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
                 "echo \"SITE=$SP\"")
-            res = ctx.run(tied_to_channel(script), timeout=3600)
-            if not res.ok:
-                lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
-                raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
-            site = res.stdout.rsplit("SITE=", 1)[1].strip()
+            for attempt in (1, 2):
+                res = ctx.run(tied_to_channel(script), timeout=3600)
+                if not res.ok:
+                    lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
+                    raise StepFailed(f"building release {rid} failed: "
+                                     f"{disk_full(ctx, rel, lines) or (lines[-1] if lines else 'no output')}")
+                site = res.stdout.rsplit("SITE=", 1)[1].strip()
+                if not tools:
+                    break
+                # uv's lock files 0600, the store's files read-only (shared with the release's links)
+                agents.run(ctx.session, "store", "seal", 600, what="store agent", store=installer.store_dir(ctx.root),
+                           locks=[f"{d}/venv/.lock"])
+                if not self._store_damage(ctx, prep, site, rid, attempt):
+                    break
+                ctx.run(f"cd {q(d)} && rm -rf venv patch-state", check=True)
             self._verify_hashes(ctx, prep, site)
             manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ReleaseDecision.of(ctx).engine_argv,
-                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip"}
+                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip", "link_mode": link_mode}
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{d}/manifest.json")
         except BaseException:
             ctx.run(f"rm -rf {q(d)}")
             raise
+
+    def _store_damage(self, ctx, prep: Prepared, site: str, rid: str, attempt: int) -> bool:
+        """The new release's files against their wheels' RECORD (there, of their size): a file
+        deleted from or changed in the store would be missing or changed here. Its store
+        entries are dropped so the install runs again and uv unpacks those wheels from the
+        wheelhouse (True); a second failure is the host's to explain."""
+        v = agents.run(ctx.session, "baseline", "verify", 600, what="release verify", site=site,
+                       skip=sorted(patchset.expected_hashes(prep.patch_state)))
+        bad = v["bad"]
+        if not bad:
+            return False
+        what = ", ".join(f"{b['path']} ({b['why']})" for b in bad[:3])
+        if attempt > 1:
+            raise StepFailed(f"release {rid}: {len(bad)} file(s) differ from their wheels' RECORD after "
+                             f"re-unpacking them: {what}")
+        ctx.progress(f"the release store is damaged ({len(bad)} file(s): {what}); unpacking those wheels again")
+        agents.run(ctx.session, "store", "evict", 600, what="store agent", store=installer.store_dir(ctx.root),
+                   inodes=[b["ino"] for b in bad if b.get("ino")], dists=sorted({b["dist"] for b in bad}))
+        ctx.report.setdefault("store_repaired", []).extend(b["path"] for b in bad)
+        return True
 
     def _verify_hashes(self, ctx, prep: Prepared, site: str) -> None:
         """The host's patched files must equal the control node's (same bytes)."""
@@ -430,6 +503,33 @@ class Release(Step):
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
+
+
+def disk_full(ctx: HostContext, path: str, lines: list[str]) -> str | None:
+    """A build that failed for want of space, named as such: its output says so (not always on
+    the last line), or the filesystem has under 64 MiB left (venv's ensurepip swallows pip's
+    own words and says only `exit status 1`)."""
+    hit = [ln for ln in lines if "No space left on device" in ln or "Disk quota exceeded" in ln]
+    df = ctx.run(f"df -Pk {q(path)} | tail -1")
+    try:
+        free_kb = int(df.stdout.split()[3])
+    except (IndexError, ValueError):
+        free_kb = None
+    if hit or (free_kb is not None and free_kb < 64 * 1024):
+        return (f"disk full ({free_kb // 1024 if free_kb is not None else '?'} MiB free on {path}): "
+                + (hit[-1].strip()[:160] if hit else (lines[-1] if lines else "no output")))
+    return None
+
+
+def store_ready(ctx: HostContext) -> str:
+    """Before uv runs: the store private (0700), no lock of it held (named: pid, user, command,
+    rather than a deploy that waits on it for an hour), and the link mode its filesystem offers."""
+    got = agents.run(ctx.session, "store", "prepare", 120, what="store agent", store=installer.store_dir(ctx.root))
+    if got["held"]:
+        h = got["held"][0]
+        raise StepFailed(f"the release store's lock {h['path']} is held by pid {h['pid']} (user {h['user']}: "
+                         f"{h['command'][:80]}); uv would wait for it: stop that process; nothing was installed")
+    return got["link_mode"]
 
 
 def prune(session, releases_root: str, root: str, names: list[str]) -> dict:
