@@ -1,4 +1,4 @@
-"""`diagnose log` on huge or hostile input (issue 42): bounded memory and time.
+"""`diagnose log` on huge or hostile input (issue 42): bounded memory (its time: bench/diagnose_log.py).
 
 Before: 200 MB of random bytes died with MemoryError at 4.4 GB, and one 1 GB line gave no
 answer in 300 s. Now the input is streamed (its first 1 MiB and last 3 MiB of lines kept, each
@@ -11,10 +11,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from k26ops.diagnose import logread
@@ -23,16 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 
 
-def _run(path: Path) -> tuple[subprocess.CompletedProcess, float, float]:
-    """k26ops --json diagnose log PATH in a child: (result, seconds, peak RSS of the child in MiB)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "k26ops", "--json", "diagnose", "log", str(path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
-    el = time.monotonic() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB, the largest child so far
-    assert peak >= before
-    return p, el, peak / 1024
+def _run(path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """k26ops --json diagnose log PATH in a child: (result, peak RSS of that child in MiB). The
+    child runs under a fresh wrapper whose RUSAGE_CHILDREN is that child's alone (this worker's
+    own counts every child it ever had: another test's larger one would hide ours)."""
+    wrapper = ("import json, resource, subprocess, sys\n"
+               "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+               "print(json.dumps({'rc': p.returncode, 'out': p.stdout, 'err': p.stderr,\n"
+               "                  'peak': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n")
+    w = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "k26ops", "--json", "diagnose", "log",
+                        str(path)], cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
+    r = json.loads(w.stdout)
+    return subprocess.CompletedProcess([], r["rc"], r["out"], r["err"]), r["peak"] / 1024  # KiB -> MiB
 
 
 def test_random_bytes_and_one_huge_line_answer_in_bounded_memory(tmp_path):
@@ -40,23 +40,21 @@ def test_random_bytes_and_one_huge_line_answer_in_bounded_memory(tmp_path):
     with open(rnd, "wb") as fh:
         for _ in range(64):
             fh.write(os.urandom(1 << 20))  # 64 MiB
-    p, el, peak = _run(rnd)
+    p, peak = _run(rnd)
     assert p.returncode in (0, 1), (p.stdout, p.stderr)
     doc = json.loads(p.stdout)
     assert doc["read"]["left_out"] > 0 and "left out" in doc["read"]["note"], doc["read"]
     assert peak < 400, peak  # MiB: the whole file decoded would be over 600
-    assert el < 120, el  # seconds on a loaded 2-core machine (about 10 s quiet)
 
     one = tmp_path / "one-line.log"
     with open(one, "wb") as fh:
         for _ in range(256):
             fh.write(b"x" * (1 << 20))  # 256 MiB, no newline
-    p, el, peak = _run(one)
+    p, peak = _run(one)
     assert p.returncode == 0, (p.stdout, p.stderr)
     doc = json.loads(p.stdout)
     assert doc["error_found"] is False and doc["read"]["cut"] == 1, doc
-    assert peak < 200, peak
-    assert el < 60, el
+    assert peak < 200, peak  # (the time it takes: bench/diagnose_log.py)
 
 
 def test_the_crash_at_the_end_of_a_huge_log_is_named_at_its_own_line():
