@@ -7,8 +7,10 @@ PIP ?= $(PY) -m pip
 system-deps:
 	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v ssh >/dev/null \
 	  && command -v patch >/dev/null && command -v git >/dev/null \
+	  && command -v chromium >/dev/null && command -v promtool >/dev/null \
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      systemd-container debootstrap openssh-client git make patch >/dev/null)
+	      systemd-container debootstrap openssh-client git make patch \
+	      chromium prometheus >/dev/null)  # the report in a browser, promtool: tests/test_report.py, test_monitoring.py
 
 python-deps:
 	$(PIP) install -q -e '.[test]'

@@ -1,6 +1,6 @@
 """Case: a real engine release installed on a host, pip vs uv (issue 31.3).
 
-The real sglang 0.5.23 lock (playbooks/recipes/k26-tp8-dflash-0.5.23.lock:
+The real sglang 0.5.23 lock (playbooks/recipes/k26-tp8-dflash-0.5.23.py3.12.lock:
 206 wheels, ~4.3 GB, cp312) on one lab host. Not a test: it needs the wheels
 (downloaded once on the control node into WHEELS, `pip download --no-deps
 --require-hashes -r`) and minutes of host time.
@@ -10,7 +10,7 @@ The real sglang 0.5.23 lock (playbooks/recipes/k26-tp8-dflash-0.5.23.lock:
 WHEELS holds wheels/ (the locked files), alt/ (one other wheel: the second
 release differs from the first by it) and uvwheel/ (uv's PyPI wheel: its
 static binary is what hosts run), made once with
-    grep -v '^#' playbooks/recipes/k26-tp8-dflash-0.5.23.lock > req.txt
+    grep -v '^#' playbooks/recipes/k26-tp8-dflash-0.5.23.py3.12.lock > req.txt
     pip download --no-deps --require-hashes -r req.txt -d WHEELS/wheels --only-binary=:all: \
         --implementation cp --python-version 3.12 --platform manylinux_2_35_x86_64 (... _2_17 to _2_39)
     pip download --no-deps tqdm==4.67.1 -d WHEELS/alt
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import common
 
-LOCK = common.REPO / "playbooks/recipes/k26-tp8-dflash-0.5.23.lock"
+LOCK = common.REPO / "playbooks/recipes/k26-tp8-dflash-0.5.23.py3.12.lock"
 PY = "/root/.pyenv/versions/3.12.1"
 ROOT = "/opt/k26bench"
 WH = f"{ROOT}/wheelhouse"

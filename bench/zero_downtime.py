@@ -285,7 +285,7 @@ def run_mode(b: common.BenchLab, mode: str, recipe_new: str, recipe_old: str | N
                 "drain_requests": {h: t.get("requests") for h, t in tr.items()},
                 "out_of_rotation_s": {h: t.get("out_of_rotation_s") for h, t in tr.items()},
                 "stop_to_serving_s": {h: t.get("stop_to_serving_s") for h, t in tr.items()},
-                "k26ops_zero_healthy": (out.get("traffic") or {}).get("zero_healthy_seen"),
+                "k26ops_zero_worker_windows": (out.get("traffic") or {}).get("zero_worker_windows"),
                 "deploy_wall_s": round(wall, 1), "deploy_exit": proc.returncode,
                 "deploy_error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [""])[-1][:300]}
     finally:

@@ -2,6 +2,7 @@
 
     inventory = "~/fleet/inventory.yml"   # default --inventory
     baselines = "~/fleet/baselines"       # baselines repository (a git repo)
+    recipes = "~/fleet/recipes"           # your recipes and locks: a recipe NAME is looked for here first
     forks = 32                            # default --forks
     deadline = 7200                       # default --deadline, seconds
     connect_timeout = 15                  # default --connect-timeout, seconds
@@ -9,7 +10,7 @@
     batch = "1"                           # default --batch of deploy and rollback (N, P% or 1,2,25%)
 
 Precedence: command-line flag > environment variable (K26OPS_INVENTORY,
-K26OPS_BASELINES) > this file > built-in default. Paths may start with ~;
+K26OPS_BASELINES, K26OPS_RECIPES) > this file > built-in default. Paths may start with ~;
 relative ones are relative to the file's own directory, never the current
 one, so cron and another shell find the same baselines.
 `k26ops config show` prints the effective settings and where each came from.
@@ -35,7 +36,7 @@ class Key:
     high: float | None = None
 
 
-KEYS = {k.name: k for k in (Key("inventory", Path), Key("baselines", Path), Key("forks", int, 1, 512),
+KEYS = {k.name: k for k in (Key("inventory", Path), Key("baselines", Path), Key("recipes", Path), Key("forks", int, 1, 512),
                             Key("deadline", float, 1), Key("connect_timeout", float, 0.1), Key("targets", str),
                             Key("batch", str))}
 
@@ -54,9 +55,20 @@ def default_baselines() -> Path:
     return Path(base) / "k26ops" / "baselines"
 
 
+BYPASS = "; to run without the file: K26OPS_CONFIG=/dev/null k26ops ..."
+
+
 def load(path: Path | None = None) -> dict:
     """The file's settings ({} when there is none); any problem is one line naming
-    the file and line (`PATH:LINE: ...`), exit 2."""
+    the file and line (`PATH:LINE: ...`) and how to run without it, exit 2 (a broken file
+    stops every command, `config show` and `lab status` too)."""
+    try:
+        return _load(path)
+    except UserError as exc:
+        raise UserError(f"{exc}{BYPASS}") from None
+
+
+def _load(path: Path | None) -> dict:
     path = path or config_path()
     explicit = bool(os.environ.get("K26OPS_CONFIG"))
     try:
@@ -125,3 +137,15 @@ def baselines_dir() -> tuple[Path, str]:
     if "baselines" in conf:
         return conf["baselines"], f"config {config_path()}"
     return default_baselines(), "default"
+
+
+def recipes_dir() -> tuple[Path, str]:
+    """The operator's recipes and locks (a recipe NAME is looked for here before the shipped
+    ones; `engine lock` of a shipped recipe writes here) and where that came from."""
+    if os.environ.get("K26OPS_RECIPES"):
+        return Path(os.environ["K26OPS_RECIPES"]).expanduser(), "env K26OPS_RECIPES"
+    conf = load()
+    if "recipes" in conf:
+        return conf["recipes"], f"config {config_path()}"
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "k26ops" / "recipes", "default"

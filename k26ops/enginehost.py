@@ -178,10 +178,20 @@ def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
     return agents.run(session, "engine", op, timeout, what="host agent", **req)
 
 
+def foreign_listener(port: int, unit: str, holder: dict, secrets: list[str] | None = None) -> str:
+    """One line naming what holds the engine's port instead of `unit`'s process tree (the agent's
+    `foreign` answer): pid, user, command; nothing was sent to it, the api key least of all."""
+    what = (f"pid {holder.get('pid')} (user {holder.get('user')}: "
+            f"{units.redact(str(holder.get('command') or '?'), secrets or [])})") if holder.get("pid") else (
+        str(holder.get("command") or "an unknown process"))
+    return f"port {port} is held by {what}, not by {unit}'s engine; no request was sent to it"
+
+
 @dataclass
 class Ready:
     """Where a ready-wait stands: `state` is healthy, crashed (then `poll` is the
-    agent's crash report), timeout, interrupted, or waiting (passed to on_wait)."""
+    agent's crash report), foreign (another process holds the port: `poll["holder"]`),
+    timeout, interrupted, or waiting (passed to on_wait)."""
 
     state: str
     elapsed: float
@@ -217,7 +227,7 @@ def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, t
             p = agent(session, "poll", timeout=w + 90, unit=unit, port=port, host=host, base=base, window=w, **req)
         base = p.get("base") or base
         el = time.monotonic() - t0
-        if p["state"] in ("healthy", "crashed"):
+        if p["state"] in ("healthy", "crashed", "foreign"):
             return Ready(p["state"], el, p, base, last)
         if p.get("last_line"):
             last = units.redact(p["last_line"], secrets)

@@ -5,7 +5,7 @@ that code: its type, the default the code really uses (the same constant, not a
 copy as text) and what it means. The declarations register here, in the base
 layer, so a reader of any layer can declare without importing upward;
 k26ops.inventory.variables checks an inventory's keys against them and
-docs/inventory.md is generated from them.
+docs/reference/inventory.md is generated from them.
 
 The registry holds what the imported modules declared. The CLI makes it whole
 (`complete_with`): k26ops.cli.readers imports every declaring module the first time

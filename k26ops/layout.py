@@ -82,5 +82,10 @@ def switch_current(releases_root: str, release: str, require_manifest: bool = Tr
     the old release or the new one, never none). `require_manifest`: refuse a release whose
     build did not finish (it writes manifest.json last)."""
     check = f"test -f {q(release)}/manifest.json; " if require_manifest else ""
-    return (f"set -e; cd {q(releases_root)}; {check}ln -sfn {q(release)} .current.tmp; "
-            "mv -T .current.tmp current")
+    # `current` that is not a symlink (a directory someone made): named, nothing switched, no
+    # .current.tmp left (mv -T would say only "cannot overwrite directory")
+    where = q(f"{releases_root}/current")
+    return (f"set -e; cd {q(releases_root)}; {check}"
+            f"if [ -e current ] && [ ! -L current ]; then echo {where}' is not a symlink (a directory or file "
+            "made by hand?): move it aside; current was not switched' >&2; exit 3; fi; "
+            f"ln -sfn {q(release)} .current.tmp; mv -T .current.tmp current || {{ rm -f .current.tmp; exit 1; }}")

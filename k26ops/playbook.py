@@ -17,6 +17,7 @@ import yaml
 from k26ops import facts as facts_mod
 from k26ops import ownership, preflight, resources
 from k26ops.agenthub import Hub
+from k26ops.facts.changes import gpu_changes
 from k26ops.layout import Layout
 from k26ops.errors import UserError
 from k26ops.fleet import Outcome, reporter
@@ -27,6 +28,22 @@ from k26ops.steps import HostContext, Interrupted, RunOptions, Step, StepFailed
 from k26ops.steps.release import ReleaseDecision
 
 PLAYBOOKS_DIR = resources.path("playbooks")
+
+
+GPU_HEALTH_FACTS = ("gpus", "gpu_health", "gpu_xid")
+
+
+def gpu_changes_since(session, facts: dict, progress) -> list[dict] | None:
+    """The GPU health changes since `facts` were gathered (new Xids, ECC errors, row remaps,
+    faults): the health facts gathered again and compared; None when they could not be."""
+    if not any(isinstance(facts.get(n), dict) for n in GPU_HEALTH_FACTS[1:]):
+        return None
+    progress("gathering GPU health again")
+    try:
+        after = facts_mod.gather(session, list(GPU_HEALTH_FACTS))
+    except facts_mod.GatherError:
+        return None
+    return gpu_changes(facts, after)
 
 
 def fact_names(steps: list[Step]) -> list[str] | None:
@@ -134,7 +151,13 @@ def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions
         extra = preflight.host_facts(host.vars)
         for step in steps:  # the steps' own facts (the engine's model and drafter), in the same call
             extra += [f for f in step.facts(host.vars) if f.name not in {e.name for e in extra}]
-        facts = facts_mod.gather(session, fact_names(steps), extra=extra)
+        names = fact_names(steps)
+        # the kernel's Xid log too where the steps read GPU health, to name new Xids after the run;
+        # kept out of the steps' facts (preflight would then refuse a host with any Xid of the day)
+        xid_aside = names is not None and "gpu_health" in names and "gpu_xid" not in names
+        facts = facts_mod.gather(session, [*names, "gpu_xid"] if xid_aside else names, extra=extra)
+        health_before = {"gpu_health": facts.get("gpu_health"),
+                         "gpu_xid": facts.pop("gpu_xid", None) if xid_aside else facts.get("gpu_xid")}
         ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts, check=check,
                           progress=progress, steps=list(steps), options=options or RunOptions(),
                           releases_root_state=rel_st)
@@ -145,7 +168,16 @@ def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions
             step.prepare(ctx)
         for i, step in enumerate(steps, 1):
             progress(step_message(i, len(steps), step.name, "planning"))
-            changes = step.plan(ctx)
+            try:
+                changes = step.plan(ctx)
+            except (Interrupted, StepFailed) as exc:
+                # a plan that waits on what an earlier step changed (health, smoke) and fails without
+                # restoring it (its host agent died, a read failed): the same restore as a failed apply
+                back = None if check or ctx.report.get("rollback") else restore(ctx)
+                if back is None:
+                    raise
+                ctx.report["rollback"] = back
+                raise StepFailed(f"{exc}; {back}") from None
             if changes and not check:
                 progress(step_message(i, len(steps), step.name, f"applying {len(changes)} change(s)"))
                 try:
@@ -165,6 +197,10 @@ def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions
                            "diffs": [c.diff for c in changes if c.diff]})
         out = Outcome(changed=changed, steps=report, release=ReleaseDecision.of(ctx).release_id)
         out.update(ctx.report)  # steps' report data (health, smoke, ...)
+        if changed and not check:
+            seen = gpu_changes_since(session, health_before, progress)
+            if seen is not None:
+                out["gpu_changes"] = seen
         if lock and lock.stale:
             out["stale_lock"] = lock.stale
         return out

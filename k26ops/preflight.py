@@ -9,6 +9,7 @@ as root (a normal login needs `become: true`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from k26ops.errors import UserError
@@ -18,11 +19,15 @@ from k26ops.facts.disk import disk_free_fact
 from k26ops.facts.drafter import drafter_fact
 from k26ops.facts.engine_user import engine_user_fact
 from k26ops.facts.fabric import verdict
+from k26ops.facts.platform import wheel_platform_problem
 from k26ops.facts.smi_q import ACTIONS, fault_lines
 from k26ops.facts.xid import ACTION_TEXT, distinct, label, who
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
+from k26ops import units
+from k26ops.release import launch_rules
+from k26ops.release import recipe as recipe_mod
 from k26ops.ssh import BECOME_HINT
 
 EXPECTED = declare(
@@ -62,10 +67,16 @@ def host_facts(host_vars: dict) -> list:
 def engine_wanted(host_vars: dict) -> dict:
     """What this host's engine will start from: the model path (the engine profile's,
     as the unit gets it) and the drafter (`drafter_wanted`). A bad recipe raises UserError."""
-    prof = profile_for(host_vars, recipe_for(host_vars))
-    return {"model_path": str(prof.get("model_path") or expectations(host_vars)["model_path"]),
-            "drafter": drafter_wanted(host_vars), "user": engine_user(host_vars),
-            "releases_root": str(Layout.of(host_vars).releases_root)}
+    r = recipe_for(host_vars)
+    prof = profile_for(host_vars, r)
+    model_path = str(prof.get("model_path") or expectations(host_vars)["model_path"])
+    weights = None
+    if r.model is not None:  # the recipe's model manifest: check and the deploy compare the host's files with it
+        from k26ops.weights.manifest import record_path  # lazy: only for a recipe with a model manifest
+        weights = {"manifest": str(r.model.manifest), "name": r.model.name,
+                   "record": record_path(Layout.of(host_vars).state_dir, model_path)}
+    return {"model_path": model_path, "drafter": drafter_wanted(host_vars), "weights": weights,
+            "user": engine_user(host_vars), "releases_root": str(Layout.of(host_vars).releases_root)}
 
 
 def engine_user(host_vars: dict) -> str | None:
@@ -106,6 +117,64 @@ def recipe_lock(host_vars: dict) -> dict:
     return {**out, "ok": True, "problem": None}
 
 
+# The oldest GPU each CUDA major's runtime runs on (CUDA 13.0 release notes: Maxwell, Pascal
+# and Volta, compute capability < 7.5, are no longer supported; CUDA 12: Maxwell 5.0 and newer).
+CUDA_MIN_CC = {13: (7, 5), 12: (5, 0)}
+
+
+def _cuda_major(lock) -> int | None:
+    m = re.search(r"\bnvidia-cuda-runtime(?:-cu\d+)? (\d+)\.", lock.meta.get("cuda runtime wheels") or "")
+    return int(m.group(1)) if m else None
+
+
+def lock_check(host_vars: dict, facts: dict) -> Check:
+    """What a deploy's release step would refuse on this host, known before it runs: the recipe's
+    lock for the host's python (a recipe may list several), the lock's wheel platform (glibc,
+    machine) against the host's, and its CUDA runtime against the host's GPUs."""
+    try:
+        r = recipe_for(host_vars)
+    except UserError as exc:
+        return Check("engine_lock", False, str(exc))
+    ver = (facts.get("python3") or {}).get("version")
+    if not ver:
+        return Check("engine_lock", False, f"no python3 on the host: {(facts.get('python3') or {}).get('error') or 'absent'}")
+    py = ".".join(ver.split(".")[:2])
+    try:
+        r = recipe_mod.for_python(r, py)
+        lock = lock_for(r)
+    except UserError as exc:
+        return Check("engine_lock", False, str(exc))
+    if lock.meta.get("python") != py:
+        return Check("engine_lock", False, recipe_mod.python_mismatch(r, lock.meta.get("python"), py))
+    plat = lock.meta.get("platform") or ""
+    if "platform" in facts:
+        why = wheel_platform_problem(facts["platform"], plat)
+        if why:
+            return Check("engine_lock", False, f"{lock.path.name}: {why}")
+    major, gpus = _cuda_major(lock), (facts.get("gpus") or {}).get("gpus") or []
+    low = CUDA_MIN_CC.get(major)
+    old = sorted({g["compute_cap"] for g in gpus if low and g.get("compute_cap")
+                  and tuple(int(x) for x in g["compute_cap"].split(".")[:2]) < low})
+    if old:
+        return Check("engine_lock", False, f"{lock.path.name}: the CUDA {major} runtime runs on compute capability "
+                                           f"{low[0]}.{low[1]} and newer, this host's GPUs are {', '.join(old)}")
+    return Check("engine_lock", True, f"{lock.path.name}: python {py}, {plat or 'platform not recorded'}"
+                                      + (f", CUDA {major} runtime" if major else ""))
+
+
+def launch_check(host_vars: dict) -> Check:
+    """The engine's own start-up rules on this host's command line (a deploy refuses these
+    before any host: k26ops/release/launch_rules.py)."""
+    try:
+        argv = units.engine_argv(profile_for(host_vars, recipe_for(host_vars)))
+    except UserError as exc:
+        return Check("launch_rules", False, str(exc))
+    bad = launch_rules.violations(argv)
+    if bad:
+        return Check("launch_rules", False, f"{bad[0].rule.name}: {bad[0]}")
+    return Check("launch_rules", True, f"the engine's {len(launch_rules.RULES)} start-up rules hold")
+
+
 def recipe_check(info: dict) -> Check:
     if not info["ok"]:
         return Check("recipe", False, info["problem"])
@@ -118,6 +187,9 @@ def engine_facts(want: dict) -> list:
     from k26ops.facts.model import model_fact
 
     out = [model_fact(want["model_path"])]
+    if want.get("weights"):
+        from k26ops.facts.model_files import model_files_fact  # lazy: as the model fact above
+        out.append(model_files_fact(want["model_path"], want["weights"]["record"]))
     if (want.get("drafter") or {}).get("path"):
         out.append(drafter_fact(want["drafter"]["path"]))
     if want.get("user"):
@@ -282,6 +354,9 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
                                 f"{path}: {_gb(row['available'])} free, needs {_gb(need)}"))
     if "user" in facts:
         checks.append(root_check(facts["user"] or {}))
+    if (facts.get("model_files") or {}).get("state") == "dir" and host_vars.get("_weights"):  # else `model` says it
+        checks.append(weights_check(facts["model_files"], host_vars["_weights"], host_vars.get("_model_path")
+                                    or str(e["model_path"])))
     if "drafter" in facts and host_vars.get("_drafter"):
         checks.append(drafter_check(facts["drafter"] or {}, host_vars["_drafter"]))
     if isinstance(facts.get("engine_user"), dict) and engine_user(host_vars):
@@ -305,9 +380,34 @@ def model_check(fact: dict, path: str) -> Check:
                  + (", index" if fact.get("index") else ""))
 
 
+def weights_check(fact: dict, want: dict, path: str) -> Check:
+    """The model's files against the recipe's manifest, no byte read (k26ops/weights/manifest.py):
+    a missing, truncated or extra file fails, naming it, the expected size and the found one;
+    so does a file changed since its last sha256 check (`k26ops model verify --full`)."""
+    from k26ops.weights import manifest as mf  # lazy: only for a recipe with a model manifest
+    try:
+        m = mf.load(want["manifest"])
+    except UserError as exc:
+        return Check("weights", False, str(exc))
+    v = mf.compare(m, fact.get("files") or {}, fact.get("record"))
+    rec = fact.get("record") or {}
+    if v["problems"]:
+        return Check("weights", False, f"{path}: " + "; ".join(v["problems"][:3])
+                     + (f" and {len(v['problems']) - 3} more" if len(v["problems"]) > 3 else ""))
+    stale = [p for p in v["changed"] if p in (rec.get("files") or {})]
+    if stale:
+        return Check("weights", False, f"{path}: {stale[0]}" + (f" and {len(stale) - 1} more" if len(stale) > 1 else "")
+                     + " changed since its last sha256 check (size, mtime or inode differ from the record): "
+                       "run `k26ops model verify --full`")
+    last = (rec.get("last_full") or {}).get("at")
+    return Check("weights", True, f"{path}: {len(m.entries)} files, {m.total / 1e9:.1f} GB as manifest "
+                 f"{m.sha256[:12]} ({want.get('name')}); last full verify "
+                 + (f"{last}, {v['verified']} of {len(m.entries)} files unchanged since" if last else "never"))
+
+
 # What a deploy refuses before it changes a host: the checks about what it will start.
 # The driver is the cuda_toolkit step's (it plans before anything changes).
-DEPLOY_CHECKS = ("model", "drafter", "disk_model", "disk_releases", "gpu_reset", "engine_user")
+DEPLOY_CHECKS = ("model", "weights", "drafter", "disk_model", "disk_releases", "gpu_reset", "engine_user")
 # The standard facts those checks read (gpu_reset_check; the others read engine_facts and host_facts).
 DEPLOY_FACTS = ("gpus", "gpu_health")
 
@@ -333,7 +433,8 @@ def gpu_reset_check(facts: dict) -> Check:
 
 def deploy_refusals(facts: dict, host_vars: dict, want: dict) -> list[Check]:
     """The failed checks a deploy refuses a host on, before any change (DEPLOY_CHECKS)."""
-    checks = evaluate(facts, {**host_vars, "_drafter": want.get("drafter"), "_model_path": want["model_path"]})
+    checks = evaluate(facts, {**host_vars, "_drafter": want.get("drafter"), "_model_path": want["model_path"],
+                              "_weights": want.get("weights")})
     checks.append(gpu_reset_check(facts))
     return [c for c in checks if c.name in DEPLOY_CHECKS and not c.ok]
 

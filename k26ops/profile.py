@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from k26ops import multinode, units
+from k26ops import config, multinode, units
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.layout import DEFAULT_PORT
@@ -50,7 +50,10 @@ declare(__name__, "the engine",
         Var("engine_source_mirrors", "mapping", {}, "a recipe's git URL -> mirror URL to fetch the engine source from"),
         Var("engine_profile", "mapping", {}, "engine flags over the recipe's profile (tp_size, page_size, ...)"),
         Var("engine_port", "int", DEFAULT_PORT, "the engine's HTTP port (--port)", f"the recipe's port ({DEFAULT_PORT})"),
-        Var("extra_flags", "list", [], "extra engine command-line flags"))
+        Var("extra_flags", "list", [], "extra engine command-line flags"),
+        Var("monitoring", "bool or mapping", False,
+            "scrape this host: the engine runs with --enable-metrics and `k26ops monitoring` writes its "
+            "Prometheus targets; a mapping sets dcgm_port (9400; 0: none) and gateway (HOST:PORT)"))
 # Taken into the engine profile as they are, over the recipe's.
 PROFILE_VARS = declare(__name__, "the engine",
                        Var("model_path", "path", DEFAULT_MODEL_PATH, "the model's weights directory (--model-path)"),
@@ -122,9 +125,19 @@ def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
         prof["port"] = vars["engine_port"]
     if vars.get("extra_flags"):
         prof["extra_args"] = vars["extra_flags"]
+    if vars.get("monitoring"):
+        prof["extra_args"] = with_metrics(prof.get("extra_args"))
     if vars.get("engine_env_file"):  # the secret flags' --config file lives beside it (EngineHost.secrets_path)
         prof["secrets_file"] = units.secrets_file_beside(vars["engine_env_file"])
     return prof
+
+
+def with_metrics(extra):
+    """extra_args with --enable-metrics (the inventory's `monitoring`), unless already there."""
+    if isinstance(extra, dict):
+        return extra if extra.get("--enable-metrics") or extra.get("enable-metrics") else {**extra, "--enable-metrics": True}
+    words = list(extra or [])
+    return words if "--enable-metrics" in words else [*words, "--enable-metrics"]
 
 
 def engine_profile(ctx, r: recipe_mod.Recipe | None = None) -> dict:
@@ -135,8 +148,14 @@ def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock:
     """The engine's lock, which must belong to the recipe: a git source's to its commit
     and subdir, a registry release's to its version, install mode and pins."""
     where = "the repository and the package index" if r.git else "the package index"
-    how = (f"make it with `k26ops engine lock {r.source}` on a control node that reaches {where}, "
-           "then commit it beside the recipe")
+    py = f" --python {r.python}" if len(r.pythons) > 1 else ""
+    if recipe_mod.shipped(r.source):  # a wheel install: nobody writes into site-packages
+        how = (f"make it with `k26ops engine lock {r.name}{py}` on a control node that reaches {where}: it "
+               f"writes the recipe and its lock into your recipes dir ({config.recipes_dir()[0]}), "
+               "where the deploy finds them")
+    else:
+        how = (f"make it with `k26ops engine lock {r.source}{py}` on a control node that reaches {where}, "
+               "then commit it beside the recipe")
     lock = enginelock.load(r.lock_path)
     if r.git is None:
         if lock is None:

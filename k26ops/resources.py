@@ -23,6 +23,11 @@ def root() -> Path:
     return _SHIPPED
 
 
+def installed() -> bool:
+    """Running from an installed wheel (the files are the package's read-only copies)."""
+    return root() == _SHIPPED
+
+
 def path(*parts: str) -> Path:
     """`path("playbooks", "deploy.yml")`: a file under root()."""
     return root().joinpath(*parts)

@@ -206,8 +206,8 @@ def lab_recipe_copy(path: Path, series: Path | None = None) -> Path:
     if series is not None:
         doc["patches"]["series"] = str(series)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for key in ("model_config", "draft_config"):  # rehearsal configs must be beside the recipe
-        rel = (doc.get("rehearsal") or {}).get(key)
+    for section, key in (("rehearsal", "model_config"), ("rehearsal", "draft_config"), ("model", "manifest")):
+        rel = (doc.get(section) or {}).get(key)  # rehearsal configs and the model manifest: beside the recipe
         if rel:
             (path.parent / rel).parent.mkdir(parents=True, exist_ok=True)
             (path.parent / rel).write_bytes((LAB_RECIPE.parent / rel).read_bytes())
@@ -404,6 +404,42 @@ class RunningLab:
 
 
 @contextlib.contextmanager
+def sglang_router(workdir: Path, *extra: str):
+    """The real SGLang Model Gateway (PyPI sglang-router) on loopback, with an admin key for
+    its worker API: {"url", "port", "key", "log"}; stopped (its process group) after the block."""
+    import secrets
+    import signal
+    import time
+    import urllib.request
+
+    port, key, log = free_port(), secrets.token_hex(12), workdir / "router.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # loopback only
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                              "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                              str(free_port()), "--log-level", "warn", "--control-plane-api-keys",
+                              f"t:test:admin:{key}", *extra], env=env, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > end or p.poll() is not None:
+                raise AssertionError(f"sglang-router did not answer /health: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield {"url": f"http://127.0.0.1:{port}", "port": port, "key": key, "log": log}
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+@contextlib.contextmanager
 def private_lab(count: int, tag: str, deployed: bool = False):
     """Boot a lab of `count` hosts for the duration of the block; always torn
     down (also on failure, Ctrl-C, or, through atexit, a dying interpreter).
@@ -464,3 +500,77 @@ def whole_file_seconds(run: dict[str, float], args: list[str], selected: bool) -
     parts = {arg.split("::")[0] for arg in args if "::" in arg}
     return {path: round(sec, 1) for path, sec in run.items()
             if not any(path == p or p.endswith("/" + path) or path.endswith(p) for p in parts)}
+
+
+# --- The HTML report in a real browser (Debian's chromium, headless) --------------------------
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars")
+# Injected into a copy of the page (the report itself has no script): what the browser laid out.
+_MEASURE = """<script>
+const charts = [...document.querySelectorAll('figure[data-chart]')].map(f => {
+  const svg = f.querySelector('svg'); const box = svg.getBoundingClientRect();
+  const drawn = [...svg.querySelectorAll('path,use,rect')].filter(e => {
+    const b = e.getBoundingClientRect(); return b.width > 0 || b.height > 0; }).length;
+  return {name: f.dataset.chart, width: box.width, height: box.height, drawn: drawn,
+          text: svg.textContent};
+});
+const pre = document.createElement('pre'); pre.id = 'k26-measure';
+pre.textContent = JSON.stringify({charts: charts, scroll_width: document.documentElement.scrollWidth,
+                                  inner_width: window.innerWidth});
+document.body.appendChild(pre);
+</script>"""
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def browse(page: Path, work: Path, width: int = 1000, height: int = 2400, phone: bool = False) -> tuple[dict, Path]:
+    """Open `page` in headless Chromium at width x height (a fresh profile, no network):
+    (what it laid out: each chart's size and drawn elements, the page's scroll width;
+    a screenshot PNG of the page as it is, without the measuring script).
+    phone: headless Chromium's window is at least 500 px wide, so the page is laid out in
+    a frame of `width` px inside a wider window (as a phone's browser would show it)."""
+    exe = chromium()
+    if not exe:
+        pytest.skip("chromium is not installed (Debian package `chromium`; `make system-deps` installs it)")
+    work.mkdir(parents=True, exist_ok=True)
+    measured = work / f"measured-{width}.html"
+    measured.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        profile = tempfile.mkdtemp(prefix="chromium-", dir=work)
+        cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": profile})
+
+    target, shown = measured, page
+    if phone:
+        frame = ('<!DOCTYPE html><html><body style="margin:0">'
+                 f'<iframe id="f" src="{{}}" style="width:{width}px;height:{height}px;border:0"></iframe>'
+                 "<script>addEventListener('load', () => document.body.appendChild("
+                 "document.importNode(frames[0].document.getElementById('k26-measure'), true)));</script>"
+                 "</body></html>")
+        target, shown = work / "phone-measured.html", work / "phone.html"
+        target.write_text(frame.format(measured.name))
+        shown.write_text(frame.format(page.as_uri()).replace("<script>", "<!--").replace("</script>", "-->"))
+        width = max(width, 500)
+    proc = run("--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom", target.as_uri())
+    import html as html_mod
+    import re
+
+    m = re.search(r'<pre id="k26-measure">(.*?)</pre>', proc.stdout, re.S)
+    assert m, f"chromium ran no layout (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    shot = work / f"screenshot-{width}.png"
+    proc = run(f"--screenshot={shot}", shown.as_uri())
+    assert shot.exists(), f"chromium wrote no screenshot (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    return json.loads(html_mod.unescape(m.group(1))), shot
+
+
+def colour_pixels(png: Path, rgb: tuple[int, int, int], tol: int = 12) -> int:
+    """How many pixels of the screenshot are within `tol` of colour `rgb`."""
+    from PIL import Image
+
+    img = Image.open(png).convert("RGB")
+    colours = img.getcolors(maxcolors=img.width * img.height)
+    return sum(n for n, px in colours if all(abs(a - b) <= tol for a, b in zip(px, rgb)))

@@ -571,12 +571,20 @@ def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
     rel = root / "releases"
     assert same(current_fact(str(rel))) == ""  # no releases root
     rel.mkdir(parents=True)
-    assert same(current_fact(str(rel))) == "===\n"
+    assert same(current_fact(str(rel))) == "===\n===\n"
     (rel / "r1").mkdir()
     (rel / "current").symlink_to("r1")
-    assert same(current_fact(str(rel))) == "r1\n===\n"
+    assert same(current_fact(str(rel))) == "r1\n===\n===\n"
+    (rel / "r1" / "manifest.json").write_text('{"release_id": "r1", "site_p')  # truncated (issue 42)
+    assert same(current_fact(str(rel))) == "r1\n===\n===\n"
     (rel / "r1" / "manifest.json").write_text("{}")
-    assert same(current_fact(str(rel))) == "r1\n===\ncomplete\n"
+    assert same(current_fact(str(rel))) == "r1\n===\ncomplete\n===\n"
+    (rel / "r1" / "rehearse-probe-state").mkdir()  # a probe a killed rehearsal left applied (issue 42)
+    (rel / "r1" / "rehearse-probe-state" / "state.json").write_text("{}")
+    assert same(current_fact(str(rel))) == "r1\n===\ncomplete\n===\ncurrent/rehearse-probe-state/state.json\n"
+    from k26ops.steps.release import _current_and_complete
+    assert _current_and_complete("r1\n===\ncomplete\n===\ncurrent/rehearse-probe-state/state.json\n") == {
+        "current": "r1", "complete": True, "probes": ["rehearse-probe-state"]}
 
     tc = root / "toolchain"
     assert same(verified_fact(str(root))) == ""  # no toolchain dir

@@ -187,3 +187,27 @@ def test_baselines_list_shows_every_tag_and_names_the_broken_one(repo):
     assert rows["good"]["hosts"] == ["lab1"] and "error" not in rows["good"]
     assert rows["bad"]["error"] == "baseline 'bad': baseline.json: host lab1: `release_id` is missing or not a string"
     assert proc.stderr.strip() == "k26ops: warning: " + rows["bad"]["error"]
+
+
+def test_a_damaged_git_object_is_one_line_and_spoils_only_its_tag(repo, tmp_path):
+    """A loose object of one tag overwritten (a disk fault, a bad copy): `baselines show` and
+    `rollback --tag` of that tag say one line naming it (issue 42: a traceback before), the
+    listing and status's index go on with the other tags."""
+    take(repo, "later")
+    g = repo.repo.git
+    blob = g.rev_parse("later:hosts/lab1/baseline.json")
+    assert blob != g.rev_parse("good:hosts/lab1/baseline.json")
+    obj = repo.path / ".git" / "objects" / blob[:2] / blob[2:]
+    obj.chmod(0o644)
+    obj.write_bytes(b"garbage")
+    for args in (["baselines", "show", "later"], ["rollback", "--tag", "later"]):
+        proc = cli("-i", str(inventory(tmp_path)), *args, "--baselines", str(repo.path), timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "baseline tag later: hosts/lab1/baseline.json: a git object of" in lines[0], \
+            (args, proc.stderr)
+        assert f"git -C {repo.path} fsck" in lines[0]
+    warned = []
+    index = drift.load_index(repo.path, warn=warned.append)
+    assert [t for t, _ in index] == ["later", "good"] and index[0][1] == {} and index[1][1], index
+    assert len(warned) == 1 and "baseline tag later" in warned[0], warned

@@ -66,6 +66,17 @@ def test_without_a_file_baselines_are_in_the_home_directory_never_the_cwd(tmp_pa
     assert s["baselines"] == {"value": str(tmp_path / ".local/share/k26ops/baselines"), "source": "default"}
 
 
+def test_the_recipes_dir_from_the_file_the_environment_or_the_default(conf, tmp_path, monkeypatch):
+    monkeypatch.delenv("K26OPS_RECIPES", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert _show()["settings"]["recipes"] == {"value": str(tmp_path / "home/.config/k26ops/recipes"),
+                                              "source": "default"}
+    conf.write_text(conf.read_text() + 'recipes = "recipes"\n')
+    assert _show()["settings"]["recipes"] == {"value": str(conf.parent / "recipes"), "source": f"config {conf}"}
+    s = _show(env={"K26OPS_RECIPES": str(tmp_path / "r")})["settings"]
+    assert s["recipes"] == {"value": str(tmp_path / "r"), "source": "env K26OPS_RECIPES"}
+
+
 @pytest.mark.parametrize("text,needle", [
     ("fork = 4\n", "unknown setting 'fork' (did you mean forks?)"),
     ("forks = 0\n", "forks must be 1..512, got 0"),
@@ -104,7 +115,8 @@ def test_lab_down_and_help_work_with_a_bad_config_file_others_refuse(tmp_path, m
     assert "Usage: k26ops deploy" in k26("deploy", "--help").stdout
     res = k26("facts")
     assert res.returncode == 2 and res.stderr == f"k26ops: error: {path}:2: not valid TOML: " \
-        "Invalid value (at end of document)\n", res.stderr
+        "Invalid value (at end of document); to run without the file: K26OPS_CONFIG=/dev/null k26ops ...\n", \
+        res.stderr  # the way round it said (issue 42)
 
 
 def test_a_named_config_file_that_is_missing_is_an_error(tmp_path, monkeypatch):

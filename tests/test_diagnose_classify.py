@@ -627,3 +627,115 @@ def test_gpu_hardware_fault_from_cuda_text_and_from_nvidia_smi_name_the_action()
     assert d.detail["pci"] == "0000:0b:00" and "reboot" in d.suggestion
     d = classify_file(LOGS / "gsp_heartbeat_timeout_journal.log")
     assert d.detail["source"] == "gsp" and d.suggestion.startswith("the driver's GPU0: GSP")
+
+
+# ------------------------------------------- issue 46: healthy logs stay quiet (warnings, stops, drains)
+
+@pytest.mark.parametrize("line", [
+    # vLLM's own WARNING records (vllm/_custom_ops.py's import warning; the process manager at shutdown)
+    "WARNING 05-20 08:02:44 [_custom_ops.py:21] Failed to import from vllm._C with ImportError('libcuda.so.1')",
+    "(APIServer pid=98719) WARNING 07-23 16:29:03 [utils.py:626] [shutdown] Process manager: force killing "
+    "remaining processes count=1",
+    # torch's C++ warnings (glog letter W), Python logging's and uvicorn's level words, Python warnings, NCCL INFO
+    "[W1024 10:00:00.000000 1234 socket.cpp:697] [c10d] The client socket has failed to connect to [localhost]:29500 "
+    "(errno: 99 - Cannot assign requested address).",
+    "2025-01-01 10:00:00,123 - WARNING - Failed to load the chat template, falling back to the default",
+    "WARNING:  Invalid HTTP request received.",
+    "/usr/lib/python3/site-packages/torch/amp/autocast.py:61: DeprecationWarning: `torch.cuda.amp.autocast(args...)` "
+    "is deprecated. Raising error in a future release",
+    "host:123:456 [0] NCCL INFO Failed to open libibverbs.so[.1]",
+])
+def test_a_line_its_logger_calls_a_warning_or_info_is_no_crash(line):
+    assert not classify(line + "\n").error_found
+
+
+def test_the_same_words_at_error_level_are_an_error():
+    line = "ERROR 05-20 08:02:44 [_custom_ops.py:21] Failed to import from vllm._C with ImportError('libcuda.so.1')"
+    assert classify(line + "\n").error_found
+
+
+def test_a_warning_may_explain_a_crash_it_did_not_make():
+    """verl-project/verl#316: the worker died (raylet's line); the only cause in the log is vLLM's WARNING."""
+    d = classify_file(LOGS / "verl_ray_workerdict_ima.log")
+    assert d.signature == "illegal-memory-access" and "illegal memory access" in d.evidence
+
+
+def test_an_error_line_before_the_server_said_ready_did_not_stop_the_start():
+    start = ("[2025-10-01 10:00:00 TP0] Init torch distributed begin.\n"
+             "[2025-10-01 10:00:01 TP0] Failed to load the custom allreduce kernel, fall back to NCCL.\n")
+    ready = "[2025-10-01 10:00:50] The server is fired up and ready to roll!\n"
+    assert not classify(start + ready).error_found
+    assert classify(start).error_found  # without the ready line it is the last word of a failed start
+    died = ready + "[2025-10-01 10:05:00] Received sigquit from a child process. It usually means the child failed.\n"
+    assert classify(start + died).error_found
+
+
+def test_sglang_drain_and_its_self_kill_are_a_stop():
+    """sglang's SIGTERM drain (tokenizer_manager.sigterm_watchdog) ends by SIGKILLing its own process tree:
+    the shell prints 'Killed', systemd 'code=killed, status=9/KILL'. Older builds print only the drain line."""
+    for head in ("[2026-06-26 21:18:55] SIGTERM received. signum=None frame=None. Draining requests and "
+                 "shutting down...\n", ""):
+        text = head + ("[2026-06-26 21:19:00] Gracefully exiting... Remaining number of requests 0. Remaining "
+                       "requests remaining_rids=[].\nKilled\n")
+        assert not classify(text).error_found, head
+    unit = ("Dec 07 10:00:00 h sglang[1]: [2025-01-01 10:00:05] Gracefully exiting... remaining number of requests 0\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Failed with result 'signal'.\n")
+    assert not classify(unit).error_found
+    assert classify("Killed\n").signature == "process-killed"  # without a stop, a kill is a kill
+
+
+def test_a_child_stderr_logged_at_error_takes_its_own_level():
+    """haotian-liu/LLaVA#415: '| ERROR | stderr | INFO: Uvicorn running on ...' is uvicorn's INFO."""
+    line = clean_lines("2023-09-03 13:06:49 | ERROR | stderr | INFO:     Application startup complete.")[0]
+    assert (line.text, line.level) == ("INFO:     Application startup complete.", "info")
+    assert not classify_file(LOGS / "llava_uvicorn_startup_logged_as_error_healthy.log").error_found
+
+
+def test_a_kill_after_sglangs_sigquit_cleanup_is_its_echo_not_the_cause():
+    """sglang's parent, told by a failed child (SIGQUIT), kills its own process tree: the shell's 'Killed'
+    after that is the cleanup (sgl-project/sglang#9151's tail); a scheduler SIGKILLed first is the kill."""
+    echo = ("[2025-08-13 02:01:56] Received sigquit from a child process. It usually means the child failed.\n"
+            "Killed\n")
+    d = classify(echo)
+    assert d.error_found and d.signature != "process-killed"
+    cause = ("[2026-05-20 08:02:50] Subprocess scheduler_0 (pid=889) crashed with exit code -9. Triggering SIGQUIT "
+             "for cleanup...\n" + echo)
+    d = classify(cause)
+    assert d.signature == "process-killed" and "exit code -9" in d.evidence
+
+
+def test_an_exception_python_ignored_at_exit_is_no_crash_but_what_follows_is():
+    ignored = ("Exception ignored in: <function Pool.__del__ at 0x7f2b1c0d3e20>\n"
+               "Traceback (most recent call last):\n"
+               '  File "/usr/lib/python3.10/multiprocessing/pool.py", line 268, in __del__\n'
+               "TypeError: 'NoneType' object is not callable\n")
+    assert not classify(ignored).error_found
+    d = classify(ignored + "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert d.signature == "illegal-memory-access"
+
+
+def test_a_kill_named_by_its_exit_status_137():
+    assert classify("Exit Code: 137\n").signature == "process-killed"  # kubectl describe's Last State
+    assert not classify("Exit Code:    0\n").error_found
+
+
+def test_systemds_account_of_a_requested_stop_is_the_stops_echo():
+    stop = "Dec 07 10:00:00 h systemd[1]: Stopping SGLang Kimi...\n"
+    tail = ("Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=exited, status=1/FAILURE\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Failed with result 'exit-code'.\n")
+    slow = ("Dec 07 10:01:30 h systemd[1]: sglang.service: State 'stop-sigterm' timed out. Killing.\n"
+            "Dec 07 10:01:30 h systemd[1]: sglang.service: Killing process 123 (python3) with signal SIGKILL.\n")
+    assert not classify(stop + tail).error_found and not classify(stop + slow).error_found
+    assert classify(tail).error_found  # the same exit without a stop asked for is a failure
+
+
+def test_a_stop_lasts_until_the_next_start():
+    """A journal holds the restart after a stop: a kill of the new run is no echo of the old stop."""
+    stop = ("Dec 07 10:00:00 h systemd[1]: Stopping SGLang Kimi...\n"
+            "Dec 07 10:00:05 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n")
+    again = ("Dec 07 10:00:06 h systemd[1]: Started SGLang Kimi.\n"
+             "Dec 07 11:00:00 h systemd[1]: sglang.service: Main process exited, code=killed, status=9/KILL\n")
+    assert not classify(stop).error_found
+    d = classify(stop + again)
+    assert d.signature == "process-killed" and d.line == 4

@@ -155,9 +155,31 @@ def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
     rc, data = k26ops_json("-i", inv, "status")
     d = data["hosts"][host["name"]]["drift"]
     assert d["canonical"] is False and d["probe_left"] is True, d
-    assert "a diagnose probe is still applied" in data["hosts"][host["name"]]["baseline"]
+    assert rc == 1, data  # drift is not a healthy answer (issue 42)
+    assert "a probe (diagnose cuda-graph, rehearse --probe) is still applied" in data["hosts"][host["name"]]["baseline"]
+    # a snapshot would record the probed files as the release's: refused, --allow-unhealthy or not
+    snap = k26ops("-i", inv, "snapshot", "--tag", "probed", "-m", "x", "--allow-unhealthy",
+                  env={"K26OPS_BASELINES": str(host["dir"] / "baselines")})
+    assert snap.returncode != 0 and "a probe is left applied to release" in snap.stdout + snap.stderr, \
+        (snap.stdout, snap.stderr)
     proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert "reverted a probe left by an earlier run" in proc.stdout + proc.stderr
+    # killed again: the next deploy (nothing else to change) reverts the probe and restarts the engine
+    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host",
+                          host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    t0 = time.monotonic()
+    for line in p.stderr:
+        if "waiting for ready" in line:
+            break
+        assert time.monotonic() - t0 < 120
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate(timeout=30)
+    rc, data = k26ops_json("-i", inv, "deploy", "--playbook", str(host["dir"] / "engine.yml"))
+    assert rc == 0 and data["hosts"][host["name"]].get("probe_reverted"), data
+    rc, data = k26ops_json("-i", inv, "status")
+    assert data["hosts"][host["name"]]["drift"]["canonical"] is True, data
+    remote(host, "rm -f /run/systemd/system/k26-engine.service.d/zz-k26ops-probe.conf; systemctl daemon-reload")  # its drop-in
     deploy(host, BASE_ENV, "after-kill")
     rc, data = k26ops_json("-i", inv, "status")
     assert data["hosts"][host["name"]]["drift"]["canonical"] is True

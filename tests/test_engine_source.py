@@ -84,8 +84,23 @@ def test_fetch_builds_the_commit_not_the_branch(tmp_path, cache, real_index):
     assert engine_source.resolve_ref(repo.as_uri(), "refs/heads/main") == c2
     with pytest.raises(UserError, match="not a full 40-hex commit"):
         engine_source.fetch(repo.as_uri(), "main")
-    with pytest.raises(UserError, match=f"commit {'0' * 40} not found"):
-        engine_source.fetch(repo.as_uri(), "0" * 40)
+    # the server answered and has no such commit: said so, with what was tried and the mirror way
+    with pytest.raises(UserError) as ei:
+        engine_source.fetch(repo.as_uri(), "0" * 40, ref="refs/heads/main")
+    msg = str(ei.value)
+    assert msg.startswith(f"engine source: {repo.as_uri()} has no commit {'0' * 40} (tried the commit by sha: "
+                          f"fatal: remote error: upload-pack: not our ref {'0' * 40}; refs/heads/main: fetched, "
+                          "the commit is not on it): "), msg
+    assert f"engine_source_mirrors: {{{repo.as_uri()}: MIRROR_URL}}" in msg and "--source-url" in msg
+    # a server this node cannot reach is not "commit not found": git's cause, not its closing advice
+    gone = (tmp_path / "gone").as_uri()
+    with pytest.raises(UserError) as ei:
+        engine_source.fetch(gone, c1, ref="refs/pull/29907/head")
+    msg = str(ei.value)
+    assert msg.startswith(f"engine source: cannot fetch commit {c1[:12]} from {gone} (tried the commit by sha: "
+                          f"fatal: '{tmp_path}/gone' does not appear to be a git repository; refs/pull/29907/head: "
+                          "fatal: "), msg
+    assert "has no commit" not in msg and "--source-url MIRROR_URL" in msg and "\n" not in msg
 
 
 def test_a_commit_without_the_subdir_or_with_a_missing_toolchain_is_one_line(tmp_path, cache):
@@ -235,7 +250,7 @@ def test_a_failed_build_shows_its_cause_the_tail_and_the_prebuilt_way_out(tmp_pa
                           "ModuleNotFoundError: No module named 'setuptools_rust' "
                           "(Getting requirements to build wheel did not run successfully.)")
     assert "This error originates from a subprocess" not in msg.split("; output tail:")[0]
-    assert "output tail: " in msg and "engine.source.wheel {path|url, sha256}" in msg and "docs/engine-source.md" in msg
+    assert "output tail: " in msg and "engine.source.wheel {path|url, sha256}" in msg and "docs/how-to/engine-source.md" in msg
     log = Path(msg.split("the whole output: ")[1].split(";")[0])
     assert "ModuleNotFoundError: No module named 'setuptools_rust'" in log.read_text()
     assert "note: This error originates from a subprocess" in log.read_text()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from k26ops.enginebench import accept as accept_mod
 from k26ops.enginebench import figures as figs
 from k26ops.agents import loadgen
 from k26ops.errors import UserError
@@ -74,9 +75,33 @@ def test_standin_serves_at_the_told_speed(tmp_path, temperature, accept):
             assert m["median_itl_ms"] == pytest.approx(want["itl_ms"], rel=TOL)
             assert want["ttft_ms"] - 1 <= m["median_ttft_ms"] <= want["ttft_ms"] * (1 + TOL) + TTFT_SLACK_MS
             assert m["p99_itl_ms"] >= m["median_itl_ms"] and m["p99_ttft_ms"] >= m["median_ttft_ms"]
+            # a whole answer: first token, then OUT - 1 paced tokens (the default drain_timeout reads it)
+            e2e_ms = want["ttft_ms"] + (OUT - 1) * want["itl_ms"]
+            assert e2e_ms * (1 - SLOW) <= m["p99_e2e_latency_ms"] <= e2e_ms * (1 + TOL) + TTFT_SLACK_MS + 100
             assert m["accept_length"] == pytest.approx(accept)
+            # the engine's histogram, summed: every verify step once, every token after the first
+            hist = m["accept_histogram"]
+            assert sum((i + 1) * n for i, n in enumerate(hist)) == m["total_output_tokens"] - m["completed"]
+            # accept >= 2.4 tokens a step: draft 1 taken at each step but a request's last, cut at its length
+            assert 0.8 < accept_mod.by_position(hist)[0] <= 1.0
     finally:
         s.stop()
+
+
+def test_accept_histogram_as_the_real_engine_reports_it():
+    """spec_accept_histogram of the real engine's /generate (H200, sglang 0.5.17): one bin per
+    count of drafts a verify step accepted; steps = spec_verify_ct, tokens = completion - 1."""
+    import json
+
+    meta = json.loads((Path(__file__).parent / "data/serving/h200-generate.json").read_text())["meta_info"]
+    hist = meta["spec_accept_histogram"]
+    assert sum(hist) == meta["spec_verify_ct"]
+    assert sum((i + 1) * n for i, n in enumerate(hist)) == meta["completion_tokens"] - 1
+    assert accept_mod.by_position(hist) == [0.0]  # the tiny model's drafter on dummy weights: never
+    assert accept_mod.by_position([10, 20, 30, 40]) == [0.9, 0.7, 0.4] and accept_mod.by_position([]) == []
+    assert accept_mod.summed([[1, 2], None, [0, 1, 5]]) == [1, 3, 5]
+    assert accept_mod.histogram_field([None, []]) == {} and accept_mod.histogram_field([[0, 2]]) == \
+        {"accept_histogram": [0, 2]}
 
 
 def test_standin_stream_is_sglang_shaped(tmp_path):

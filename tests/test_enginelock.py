@@ -109,7 +109,8 @@ def test_registry_deploy_without_its_lock_refuses_in_one_line_before_any_host(tm
     for args in (("deploy", "--check"), ("deploy",)):
         proc = cli("-i", str(inv), *args, timeout=60)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr
-        assert f"no dependency lock for sglang==0.5.23 ({tmp_path}/r/reg.lock is missing)" in proc.stderr
+        # the recipe lists 3.11 and 3.12: each python's lock is looked for, the first missing named
+        assert f"no dependency lock for sglang==0.5.23 ({tmp_path}/r/reg.py3.11.lock is missing)" in proc.stderr
         assert f"k26ops engine lock {recipe}" in proc.stderr
 
 
@@ -154,7 +155,7 @@ def test_engine_lock_is_byte_identical_from_311_and_312_control_nodes(tmp_path, 
     recipe = _registry_recipe(tmp_path / "r")
     proc = cli("engine", "lock", str(recipe), timeout=300)  # this interpreter: 3.11
     assert proc.returncode == 0, proc.stderr
-    lock = recipe.with_suffix(".lock")
+    lock = recipe.with_name("reg.py3.12.lock")  # the last python the recipe lists
     made_by_311 = lock.read_bytes()
     assert made_by_311.count(b"--hash=sha256:") == len(enginelock.load(lock).entries) > 150
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -136,3 +136,16 @@ def test_nvidia_smi_device_handle_failure_is_a_fault_of_that_bus_id(name, pci, a
 def test_xid_command_keeps_the_new_lines():
     for word in ("SXid", "kgsp", "GSP", "Reset required"):
         assert word in X.XID_COMMAND
+
+
+def test_gsp_boot_failures_and_rpc_timeouts_without_an_xid_line():
+    """The driver's own words when the GSP firmware cannot boot (open-gpu-kernel-modules #974's title,
+    #1230) or an RPC to it times out, with no Xid line beside them."""
+    lines = ("NVRM: GPU0 kgspBootstrap_GH100: GSP-FMC reported an error while attempting to boot GSP.\n"
+             "NVRM: GPU1 _kgspRpcRecvPoll: Timeout after 6s of waiting for RPC response from GPU1 GSP!\n")
+    events = X.parse_kernel_text(lines)
+    assert [(e.source, e.name, e.message, e.action) for e in events] == [
+        ("gsp", "GPU0", "GSP firmware failed to boot", "reset-gpu"),
+        ("gsp", "GPU1", "GSP firmware RPC timeout", "reset-gpu")]
+    (boot, *_rest) = [e for e in X.parse_kernel_text(log("gsp_boot_wpr2_rminitadapter_failed.log")) if e.name]
+    assert (boot.name, boot.message) == ("GPU6", "GSP firmware failed to boot")

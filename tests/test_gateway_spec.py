@@ -150,3 +150,39 @@ def test_gateway_lock_writes_a_lock_the_deploy_reads(tmp_path, monkeypatch):
     assert r.returncode == 2 and "cannot write the lock" in r.stderr and "Traceback" not in r.stderr
     r = cli("gateway", "lock", "latest")
     assert r.returncode == 2 and "expected VERSION like 0.3.2" in r.stderr
+
+
+def test_engines_that_name_a_managed_gateway_drain_through_it(tmp_path):
+    """`gateways: [gw1]` is enough for the drain (issue 41 item 4: the managed gateway works as an
+    existing one): the selected hosts' model_gateway and admin key come from the gateway host."""
+    from k26ops import inventory
+    from k26ops.steps.gateway import drain_targets
+    from k26ops.traffic.drain import TrafficConfig
+
+    inv_path = tmp_path / "inventory.yml"
+    inv_path.write_text(yaml.safe_dump({
+        "hosts": {"gw1": {"address": "10.0.0.9", "vars": {"gateway_port": 8080, "gateway_admin_key": KEY}},
+                  "gw2": {"address": "10.0.0.10", "vars": {"gateway_admin_key": "other-key"}},
+                  "e1": {"address": "10.0.0.1", "vars": {"gateways": ["gw1"]}},
+                  "e2": {"address": "10.0.0.2", "vars": {"gateways": ["gw1", "http://lb.example:9000"]}},
+                  "e3": {"address": "10.0.0.3", "vars": {"gateways": ["gw1"], "model_gateway": "http://mine:1"}},
+                  "e4": {"address": "10.0.0.4"}},
+        "groups": {"gateway": {"hosts": ["gw1", "gw2"]}}}))
+    inv = inventory.load(inv_path, ssh_config=None)
+    hosts = [inv.host(n) for n in ("e1", "e2", "e3", "e4")]
+    drain_targets(inv, hosts)
+    cfg = {h.name: TrafficConfig.of(h, bench_p99=None) for h in hosts}
+    assert cfg["e1"].mode == "gateway" and cfg["e1"].gateways == ("http://10.0.0.9:8080",)
+    assert cfg["e1"].api_key == KEY and KEY not in repr(cfg["e1"])
+    assert cfg["e2"].gateways == ("http://10.0.0.9:8080", "http://lb.example:9000")
+    assert cfg["e3"].gateways == ("http://mine:1",) and cfg["e3"].api_key is None  # the inventory's own wins
+    assert cfg["e4"].mode == "none"
+    drain_targets(inv, hosts)  # again (the CLI selects more than once): the same
+    assert TrafficConfig.of(hosts[0], bench_p99=None) == cfg["e1"]
+    bad = inventory.load(inv_path, ssh_config=None)
+    bad.host("e1").vars["gateways"] = ["gw1", "gw2"]
+    with pytest.raises(UserError, match=r"^e1: inventory var gateways: gw1, gw2 have different admin keys"):
+        drain_targets(bad, [bad.host("e1")])
+    bad.host("e1").vars["gateways"] = ["e4"]
+    with pytest.raises(UserError, match=r"^e1: inventory var gateways: 'e4' is not in the group `gateway`"):
+        drain_targets(bad, [bad.host("e1")])

@@ -101,6 +101,11 @@ CASES = {
                               "        ansible_group_priority: high\n",
                               ":5: group 'g': ansible_group_priority must be an integer, "
                               "got 'high'"),
+    # issue 42: `check` said ok, deploy said `invalid literal for int()` naming nothing
+    "engine_port not a number": ("hosts:\n  gpu1:\n    address: 10.0.0.1\n    vars: {engine_port: abc}\n",
+                                 ":4: host gpu1: engine_port: 'abc' is not a whole number"),
+    "number var not a number": ("vars:\n  selftest_min_tflops: fast\nhosts:\n  gpu1: {address: 10.0.0.1}\n",
+                                ":2: vars: selftest_min_tflops: 'fast' is not a number"),
 }
 
 

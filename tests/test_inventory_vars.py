@@ -1,5 +1,5 @@
 """Every inventory setting is known: the variables each reading module declares
-(k26ops.hostvars) cover what the code reads, docs/inventory.md is generated from
+(k26ops.hostvars) cover what the code reads, docs/reference/inventory.md is generated from
 them, and a key nothing reads is a warning naming the nearest known one (an error
 with --strict)."""
 
@@ -30,8 +30,8 @@ def _run(*args):
 
 
 def test_docs_inventory_md_is_generated_from_the_registry():
-    doc = (ROOT / "docs/inventory.md").read_text()
-    assert doc == variables.markdown(), "regenerate: k26ops inventory vars --markdown > docs/inventory.md"
+    doc = (ROOT / "docs/reference/inventory.md").read_text()
+    assert doc == variables.markdown(), "regenerate: k26ops inventory vars --markdown > docs/reference/inventory.md"
     assert _run("inventory", "vars", "--markdown").stdout == doc
 
 

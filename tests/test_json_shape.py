@@ -1,4 +1,4 @@
-"""One JSON shape for every command (docs/json.md): the envelope and each
+"""One JSON shape for every command (docs/reference/json.md): the envelope and each
 command's schema, errors included, through the real CLI. (Commands that need
 hosts are checked the same way by labtools.k26ops_json in their own tests.)"""
 

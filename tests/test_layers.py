@@ -24,27 +24,32 @@ PKG = ROOT / "k26ops"
 LAYERS: list[tuple[str, str, list[str]]] = [
     ("base", "errors, where files live, shell quoting, the interrupt flag, config, declared inventory variables, typed run state",
      ["k26ops.errors", "k26ops.layout", "k26ops.shell", "k26ops.interrupt", "k26ops.resources",
-      "k26ops.config", "k26ops.hostvars", "k26ops.runstate"]),
+      "k26ops.config", "k26ops.hostvars", "k26ops.runstate", "k26ops.safefiles"]),
     ("data", "inventory, recipes, locks' data, units, flag tables, parsers, crash signatures",
      ["k26ops.inventory", "k26ops.units", "k26ops.release.recipe", "k26ops.release.inputs",
       "k26ops.release.engine_flags", "k26ops.release.launch_rules", "k26ops.release.patchset", "=k26ops.release",
       "k26ops.multinode", "k26ops.diagnose.chains", "k26ops.diagnose.signatures", "k26ops.diagnose.details",
-      "k26ops.diagnose.classify", "k26ops.diagnose.logtext", "=k26ops.diagnose", "k26ops.facts",
-      "k26ops.steps.driver_plan", "k26ops.enginestate", "k26ops.baselines.validate"]),
+      "k26ops.diagnose.classify", "k26ops.diagnose.logtext", "k26ops.diagnose.logread", "=k26ops.diagnose",
+      "k26ops.facts",
+      "k26ops.steps.driver_plan", "k26ops.enginestate", "k26ops.baselines.validate",
+      "k26ops.weights.manifest", "k26ops.weights.plan"]),
     ("transport", "ssh sessions, the agent protocol, the fleet runner",
      ["k26ops.ssh", "k26ops.agents", "k26ops.agenthub", "k26ops.fleet", "k26ops.traffic.gateway"]),
     ("host", "one host: engine layout and profile, facts gathered, preflight, lock, ownership, release I/O",
      ["=k26ops.facts", "k26ops.enginehost", "k26ops.profile", "k26ops.preflight", "k26ops.ownership",
       "k26ops.hostlock", "k26ops.reboot", "k26ops.release.wheelhouse", "k26ops.release.wheelsource",
       "k26ops.release.engine_source", "k26ops.release.prepcache", "k26ops.release.enginelock", "k26ops.release.installer",
-      "k26ops.baselines.repo", "k26ops.baselines.hostscript", "k26ops.diagnose.journal", "k26ops.traffic"]),
+      "k26ops.baselines.repo", "k26ops.baselines.hostscript", "k26ops.diagnose.journal", "k26ops.traffic",
+      "k26ops.weights"]),
     ("steps", "idempotent steps (plan/apply), the engine bench, the None-field probe",
      ["k26ops.steps", "k26ops.rehearsal.plan", "k26ops.enginebench.run", "k26ops.enginebench.figures",
+      "k26ops.enginebench.accept",
       "k26ops.diagnose.probe"]),
     ("orchestration", "playbooks, rollouts (canary, batches), provisioning",
-     ["k26ops.rollout", "k26ops.playbook", "k26ops.provision"]),
-    ("features", "baselines, rehearsal, bench gate, self-test, the lab",
-     ["k26ops.baselines", "k26ops.rehearsal", "k26ops.enginebench", "k26ops.selftest", "k26ops.lab"]),
+     ["k26ops.rollout", "k26ops.playbook", "k26ops.provision", "k26ops.weights.sync"]),
+    ("features", "baselines, rehearsal, bench gate, self-test, the lab, report, monitoring",
+     ["k26ops.baselines", "k26ops.rehearsal", "k26ops.enginebench", "k26ops.selftest", "k26ops.lab",
+      "k26ops.report", "k26ops.monitoring"]),
     ("cli", "the only layer that prints or exits",
      ["k26ops.cli", "k26ops.__main__", "=k26ops"]),
 ]
@@ -56,6 +61,8 @@ def _modules() -> dict[str, Path]:
         rel = p.relative_to(ROOT)
         if ("agents" in rel.parts and p.name != "__init__.py") or "fixtures" in rel.parts:
             continue
+        if rel.as_posix() == "k26ops/_version.py":  # setuptools-scm writes it at install (git-ignored; CI's
+            continue                                 # `pip install -e` makes it): generated, imports nothing
         name = ".".join(rel.with_suffix("").parts)
         mods[name.removesuffix(".__init__")] = p
     return mods

@@ -28,3 +28,18 @@ def test_switch_moves_current_and_refuses_an_unfinished_release(tmp_path):
     # the playbook's restore after an interrupt points back without asking for a manifest
     assert _sh(switch_current(str(rel), "r3", require_manifest=False)).returncode == 0
     assert os.readlink(rel / "current") == "r3"
+
+
+def test_a_current_that_is_a_directory_is_named_and_nothing_is_left(tmp_path):
+    """`current` made a real directory by hand: one line naming it, exit 3, no .current.tmp
+    left (issue 42: a raw `mv: cannot overwrite directory` and a stray .current.tmp)."""
+    rel = tmp_path / "releases"
+    (rel / "r1").mkdir(parents=True)
+    (rel / "r1" / "manifest.json").write_text("{}")
+    (rel / "current").mkdir()
+    (rel / "current" / "keep").write_text("x")
+    p = _sh(switch_current(str(rel), "r1"))
+    assert p.returncode == 3
+    assert p.stderr == f"{rel}/current is not a symlink (a directory or file made by hand?): move it aside; " \
+        "current was not switched\n"
+    assert sorted(os.listdir(rel)) == ["current", "r1"] and (rel / "current" / "keep").exists()

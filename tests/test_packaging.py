@@ -38,7 +38,7 @@ CHECK = textwrap.dedent("""
         assert len(patchset.load_series(r.series, tags=["diagnose"])) == len(entries)
         if name.startswith("lab"):
             assert entries and probe.probe_patch_for(r.base).resolve().is_relative_to(target)
-        if name != "k26-tp8-ddtree":  # its lock is made on a node that reaches GitHub (docs/engine-source.md)
+        if name != "k26-tp8-ddtree":  # its lock is made on a node that reaches GitHub (docs/how-to/engine-source.md)
             assert r.lock_path.resolve().is_relative_to(target) and r.lock_path.is_file(), r.lock_path
     assert "ExecStart=/bin/true" in units.render_unit({"argv": ["/bin/true"]})
     assert "CUDA_HOME=" in units.render_env({"env": {"CUDA_HOME": "/usr/local/cuda"}})
@@ -97,6 +97,17 @@ def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
             if f.is_file() and "__pycache__" not in f.parts:
                 shipped = target / "k26ops" / "_data" / f.relative_to(REPO)
                 assert shipped.is_file() and shipped.read_bytes() == f.read_bytes(), shipped
+    # A shipped recipe without its lock (issue 45 item 1): installed from a wheel, the refusal points
+    # at the operator's recipes dir, never at site-packages
+    (target / "k26ops/_data/playbooks/recipes/lab-registry.lock").unlink()
+    mine = tmp_path / "my-recipes"
+    code = ("from k26ops.profile import lock_for; from k26ops.release import recipe as r; x = r.load('lab-registry')\n"
+            "print(r.shipped(x.source))\ntry:\n    lock_for(x)\nexcept Exception as e:\n    print(e)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env={**run_env, "K26OPS_RECIPES": str(mine)},
+                          capture_output=True, text=True, timeout=60)
+    shipped, msg = proc.stdout.strip().split("\n")
+    assert shipped == "True" and f"writes the recipe and its lock into your recipes dir ({mine})" in msg, proc
+    assert "commit it beside" not in msg and "`k26ops engine lock lab-registry`" in msg, msg
 
 
 def test_version_without_git_metadata_is_the_fallback(tmp_path):

@@ -4,6 +4,7 @@ errors name file/line/key, and the release id follows content only."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -184,3 +185,22 @@ def test_release_id_is_content_derived():
     assert rrid != rc.release_id(reg, "4" * 64, patches)  # its lock: registry releases are locked too
     with pytest.raises(UserError, match="lock is not loaded"):
         rc.release_id(reg, None, patches)
+
+
+@pytest.mark.parametrize("pin, requirement, ok", [
+    ("2.9.0rc1", "torch>=2.9.1", False),  # a pre-release comes before its release (the hand-written subset said yes)
+    ("2.9.0rc1", "torch>=2.8", True),  # an explicit pin may be a pre-release
+    ("2.14.1", "torch==2.14.*", True),
+    ("2.14.1", "torch!=2.14.*", False),
+    ("2.14.1", "torch (>=2.14,<2.15)", True),  # the old parenthesised Requires-Dist form
+    ("2.14.1.post1", "torch==2.14.1", False),
+    ("2.14.1+cu130", "torch==2.14.1", True),  # a local version matches a specifier without one
+    ("2.14.1", "torch~=2.13.0", False),
+])
+def test_pins_are_judged_as_pip_judges_pep_440(pin, requirement, ok):
+    recipe = rc.parse(REG.read_text().replace('torch: "2.14.1"', f'torch: "{pin}"'), REG)
+    if ok:
+        rc.check_requirements(recipe, [requirement], "sglang 0.5.23")
+    else:
+        with pytest.raises(UserError, match=rf"torch=={re.escape(pin)} does not satisfy"):
+            rc.check_requirements(recipe, [requirement], "sglang 0.5.23")

@@ -156,6 +156,11 @@ def _left_rehearsal_processes() -> list[str]:
 
 def test_local_rehearsal_serves_and_leaves_nothing(local_host):
     inv = local_host["inventory"]()
+    logs = local_host["tmp"] / "logs"
+    logs.mkdir(mode=0o700)
+    victim = local_host["tmp"] / "victim"
+    victim.write_text("not yours\n")
+    (logs / "here.log").symlink_to(victim)  # a planted link is replaced, never written through
     rc, data = cli_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
                            "--concurrency", "1,2", "--temperatures", "0,0.7",
                            "--save-log", str(local_host["tmp"] / "logs"), timeout=300)
@@ -177,6 +182,29 @@ def test_local_rehearsal_serves_and_leaves_nothing(local_host):
     assert "safetensors" not in log  # dummy weights: no shard was read
     saved = json.loads((local_host["tmp"] / "logs" / "here.json").read_text())
     assert saved["state"] == "served" and "_log" not in saved
+    assert victim.read_text() == "not yours\n" and not (logs / "here.log").is_symlink()
+    assert oct((logs / "here.log").stat().st_mode & 0o777) == "0o600"
+
+
+def test_save_log_into_a_directory_another_user_prepared_is_refused(tmp_path):
+    """`--save-log DIR` where another user (nobody) made DIR, with DIR/<host>.log planted as a symlink:
+    one line naming the owner, before any host is touched, and nothing written through the link."""
+    import pwd
+    nobody = pwd.getpwnam("nobody").pw_uid
+    dest = tmp_path / "shared"
+    dest.mkdir(mode=0o777)
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    (dest / "here.log").symlink_to(victim)
+    os.chown(dest, nobody, -1)
+    link = tmp_path / "link"
+    link.symlink_to(dest)
+    for target, why in ((dest, "belongs to user nobody, not to you"), (link, "is a symlink"),
+                        (dest / "sub", "belongs to user nobody, who could redirect")):
+        rc, data = cli_json("-i", "/nonexistent/inventory.yml", "rehearse", "--save-log", str(target))
+        assert rc == 2 and why in data["error"] and "nothing was written" in data["error"], data
+        assert "\n" not in data["error"]
+    assert victim.read_text() == "root's\n" and not (dest / "sub").exists()
 
 
 def test_local_rehearsal_names_a_first_request_crash(local_host):

@@ -89,3 +89,14 @@ def test_bad_batch_options_are_one_usage_line(tmp_path, args):
         proc = cli("-i", str(inv), cmd, *args)
         assert proc.returncode == 2, (cmd, args, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr and args[1] in proc.stderr, proc.stderr
+
+
+def test_a_stopped_rollout_names_at_most_twenty_untouched_hosts():
+    """10,000 hosts at --batch 1% printed a 100,108-character `untouched:` line (issue 42)."""
+    from k26ops.cli.rollout import names_brief
+
+    names = [f"gpu{i:05d}" for i in range(9900)]
+    line = names_brief(names)
+    assert line.startswith("gpu00000, gpu00001, ") and line.endswith("gpu00019 and 9880 more (9900 hosts)")
+    assert len(line) < 300
+    assert names_brief(names[:21]) == ", ".join(names[:21])  # "and 1 more" would say less than the name

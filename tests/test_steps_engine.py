@@ -194,7 +194,7 @@ def test_piped_deploy_prints_one_line_per_host_event(lab, engine):
     assert re.fullmatch(rf"{lab1}: done ok \d+\.\ds", events[4]) and len(events) == 5, proc.stderr
 
 def test_logs_json_is_one_document_and_follow_is_ndjson_of_new_lines_only(lab, engine):
-    """docs/json.md: `logs --json` one document; `logs -f --json` a record only when a host has lines."""
+    """docs/reference/json.md: `logs --json` one document; `logs -f --json` a record only when a host has lines."""
     import jsonschema
     from jsonshape import schema
 
@@ -462,3 +462,72 @@ def test_a_failed_deploy_puts_the_previous_secrets_file_back(lab, engine):
     assert old in before and new not in before
     res, _ = deploy(inventory(engine, "base"))  # back to the common state
     assert res[bad].status == "changed", res[bad].error
+
+
+FOREIGN = r'''
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+log = sys.argv[2]
+class H(BaseHTTPRequestHandler):
+    def answer(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(n)
+        with open(log, "a") as fh:
+            fh.write(json.dumps({"path": self.path, "headers": dict(self.headers)}) + "\n")
+        body = json.dumps({"text": "hello from a stand-in", "meta_info": {}, "data": [{"id": "x"}]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = answer
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def foreign_listener(lab, host: str, port: int) -> tuple[int, str]:
+    """A user (nobody) serving on the engine's port, answering 200 to everything and logging what
+    it receives: (its pid, its log's path on the host)."""
+    log = f"/tmp/foreign-{port}.log"
+    ssh(lab, host, f"rm -f {log}; cat > /tmp/foreign.py <<'PY'\n{FOREIGN}\nPY\n"
+                   f"touch {log}; chown nobody {log}; cd /; setsid runuser -u nobody -- python3 /tmp/foreign.py {port} {log} "
+                   f"</dev/null >/dev/null 2>&1 & "
+                   f"for i in $(seq 50); do ss -ltn 'sport = :{port}' | grep -q LISTEN && break; sleep 0.1; done")
+    pid = int(ssh(lab, host, f"pgrep -u nobody -f 'foreign.py {port}'").split()[0])
+    return pid, log
+
+
+def test_a_listener_of_another_user_on_the_engine_port_gets_no_request(lab, engine, capsys):
+    """A local user (nobody) listens on the engine's port while the engine is down: the deploy
+    refuses to start it in one line naming the listener (pid, user, command), and the health,
+    smoke and status requests of the engine agent (the api key with them) never reach it."""
+    lab1 = engine["names"][0]
+    port = engine["ports"][lab1]
+    key = "sk-lab-APIKEY-foreign-51c2"
+    inv = inventory(engine, "foreign-port", **{lab1: {"extra_flags": {"api-key": key}}})
+    res, _ = deploy(inv)
+    assert res[lab1].status in ("changed", "ok"), res[lab1].error
+    ssh(lab, lab1, f"systemctl stop {UNIT}")
+    pid, log = foreign_listener(lab, lab1, port)
+    try:
+        res, out = deploy(inv, capsys=capsys)
+        r = res[lab1]
+        assert r.status == "failed", r.data
+        assert (f"refusing to start {UNIT}: port {port} is held by pid {pid} (user nobody: python3 /tmp/foreign.py"
+                in r.error and "nothing changed" in r.error), r.error
+        assert "\n" not in r.error
+        # the agent's own ops, as the health wait, the smoke and status run them on a running unit
+        # (a transient one here: its process tree does not hold the port)
+        ssh(lab, lab1, "systemd-run --unit=k26-foreign-test.service sleep 300")
+        src = (REPO / "k26ops/agents/engine.py").read_text()
+        for op, extra in (("poll", {"window": 1.0}), ("smoke", {"prompt": "hi", "max_new_tokens": 4}),
+                          ("status", {"current": "/nonexistent/current"})):
+            req = {"op": op, "unit": "k26-foreign-test.service", "port": port, "api_key": key, **extra}
+            ans = json.loads(ssh(lab, lab1, f"echo {q(json.dumps(req))} | python3 -S -c {q(src)}").splitlines()[-1])
+            holder = ans.get("holder") or ans.get("foreign")
+            assert holder and holder["pid"] == pid and holder["user"] == "nobody", (op, ans)
+            assert ans.get("state", "foreign") == "foreign" and ans.get("health") is None, ans
+        seen = ssh(lab, lab1, f"cat {log}")
+        assert seen == "", seen  # not one request, let alone one carrying the key
+    finally:
+        ssh(lab, lab1, f"kill {pid}; systemctl stop k26-foreign-test.service 2>/dev/null; true")
+    res, _ = deploy(inventory(engine, "base"))
+    assert res[lab1].status == "changed", res[lab1].error

@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from k26ops.inventory.model import Host
 from k26ops.ssh import LocalSession
 from k26ops.traffic.drain import Drain, TrafficConfig
 from k26ops.traffic.gateway import Gateway, GatewayError, Watch
-from labtools import free_port
+from labtools import free_port, sglang_router
 
 STANDIN = Path(__file__).resolve().parent.parent / "k26ops/lab/fixtures/engine_standin.py"
 pytest.importorskip("sglang_router")
@@ -64,17 +63,8 @@ class Proc:
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
-    d = tmp_path_factory.mktemp("router")
-    port, key = free_port(), secrets.token_hex(12)
-    r = Proc([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn",
-              "--control-plane-api-keys", f"t:test:admin:{key}"],
-             env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}, log=d / "router.log")
-    try:
-        wait_http(port, "/health")
-        yield {"url": f"http://127.0.0.1:{port}", "key": key, "log": d / "router.log"}
-    finally:
-        r.stop()
+    with sglang_router(tmp_path_factory.mktemp("router")) as r:
+        yield r
 
 
 def standin(tmp_path: Path, name: str, **env) -> tuple[Proc, int]:
@@ -260,3 +250,58 @@ def test_modes_defaults_and_the_stop_timeout_is_larger_than_the_drain():
     assert p.mode == "plain" and p.timeout_stop_sec() > 900
     b = TrafficConfig.of(host("h", 1, model_gateway="http://gw:1"), bench_p99=(42.5, "tag v1"))
     assert b.drain_timeout == 42.5 and "tag v1" in b.drain_timeout_from
+
+
+def test_a_worker_is_put_back_only_after_its_own_smoke_request_answers(router, tmp_path):
+    """reboot, diagnose cuda-graph and rehearse --stop-serving (drain.back_when_healthy and the
+    restores) run the smoke request on the worker itself before putting it back."""
+    from k26ops.traffic.drain import smoke_before_put_back
+
+    bad, bad_port = standin(tmp_path, "bad", K26OPS_STANDIN_REQUEST_ERROR="500")  # /health 200, /generate 500
+    good, good_port = standin(tmp_path, "good")
+    try:
+        lines = []
+        d = drain_for(router, "bad", bad_port, progress=lines.append)
+        with pytest.raises(StepFailed) as exc:
+            smoke_before_put_back(d, d.session, None)
+        assert str(exc.value) == ("the engine answers /health but not its smoke request (HTTP 500): "
+                                  "left out of rotation"), exc.value
+        g = drain_for(router, "good", good_port, progress=lines.append)
+        smoke_before_put_back(g, g.session, None)
+        assert lines == ["smoke before putting it back: failed", "smoke before putting it back: answered"]
+    finally:
+        bad.stop()
+        good.stop()
+
+
+def test_a_drain_hook_runs_out_before_and_in_after_and_a_failing_one_stops_nothing(tmp_path):
+    """drain_hook (HAProxy, nginx, Envoy users): run on the control node without a shell, with
+    K26OPS_DRAIN=out before the stop and =in after; the in-flight wait between is the same."""
+    log, fail = tmp_path / "hook.log", tmp_path / "fail"
+    hook = tmp_path / "lb-drain"
+    hook.write_text(f'#!/bin/sh\necho "$K26OPS_DRAIN $K26OPS_HOST $K26OPS_WORKER_URL $#" >> {log}\n'
+                    f'if [ -e {fail} ]; then echo "lb: no such backend" >&2; exit 3; fi\n')
+    hook.chmod(0o755)
+    p, port = standin(tmp_path, "hooked", K26OPS_STANDIN_DECODE_TOKS="20")
+    try:
+        h = host("h1", port, drain_hook=f"{hook} 'two words'")
+        got = []
+        t = threading.Thread(target=stream, args=(port, 30, got))  # 1.5 s in flight
+        t.start()
+        time.sleep(0.4)
+        d = Drain(TrafficConfig.of(h), "h1", LocalSession(h), engine_port=port)
+        d.take_out()
+        assert log.read_text() == f"out h1 http://127.0.0.1:{port} 1\n"
+        assert d.record["requests"] == 1 and d.record["left"] == 0 and d.record["drain_s"] >= 0.5, d.record
+        t.join(30)
+        d.put_back()
+        assert log.read_text().splitlines()[-1] == f"in h1 http://127.0.0.1:{port} 1"
+        assert d.record["put_back"] is True and d.record["out_of_rotation_s"] is not None
+        fail.touch()
+        with pytest.raises(StepFailed) as exc:
+            Drain(TrafficConfig.of(h), "h1", LocalSession(h), engine_port=port).take_out()
+        assert str(exc.value) == (f"drain: drain_hook (out) {hook} exited 3: lb: no such backend; nothing was "
+                                  "taken out of rotation; the engine was not stopped")
+        assert p.p.poll() is None and got == [(30, True)]
+    finally:
+        p.stop()

@@ -217,9 +217,13 @@ def drain(a, proc, port, via=None, tag="drain"):
     while s.chunks < 5 and s.end is None:
         time.sleep(0.05)
     time.sleep(2.0)
-    rec = {"stream_port": target, "engine_port": port, "chunks_before_sigterm": s.chunks}
+    rec = {"stream_port": target, "engine_port": port, "chunks_before_sigterm": s.chunks,
+           "sigterm_to": "process group" if a.signal_group else "main process"}
     t_term = now()
-    os.killpg(proc.pid, signal.SIGTERM)
+    if a.signal_group:  # systemd's KillMode=control-group: every process of the engine gets SIGTERM
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:  # KillMode=mixed (the unit k26ops renders): SIGTERM to the main process only
+        os.kill(proc.pid, signal.SIGTERM)
     log(f"{tag}: SIGTERM sent ({s.chunks} chunks in)")
     polls, news, sent = [], [], set()
     while proc.poll() is None and now() - t_term < a.drain_watch:
@@ -326,6 +330,8 @@ def main():
     ap.add_argument("--stream-tokens", type=int, default=3800)
     ap.add_argument("--drain-watch", type=float, default=90)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--signal-group", action="store_true",
+                    help="SIGTERM the whole process group (KillMode=control-group), not the main process")
     ap.add_argument("engine_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     a.engine_args = [x for x in a.engine_args if x != "--"]

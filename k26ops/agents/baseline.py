@@ -21,7 +21,44 @@ def txt(path):
 def sha(b):
     return None if b is None else hashlib.sha256(b).hexdigest()
 
-def release(root, rid=None, content=False):
+PROBE_DIRS = ("probe-state", "rehearse-probe-state")  # diagnose/probe.py's, rehearsal/run.py's PROBE_STATE
+
+RECORD_SKIP = (".dist-info/RECORD", ".dist-info/INSTALLER", ".dist-info/REQUESTED", ".dist-info/direct_url.json",
+               ".dist-info/uv_cache.json")
+
+def record_check(site, skip, since, full, limit=50):
+    """A release's files against its wheels' RECORD (path, sha256, size), the files a patch
+    changed (`skip`: the manifest's, checked against it) aside. Cheap (not `full`): each
+    file is there, of its size, and not modified after `since` (the manifest's mtime: the
+    build's last write); full: its sha256 too. [{path, why, ino}], at most `limit`; and the
+    number of files checked."""
+    import base64 as b64
+    bad, n = [], 0
+    for rec in sorted(glob.glob(os.path.join(site, "*.dist-info", "RECORD"))):
+        for line in (txt(rec) or "").splitlines():
+            parts = line.rsplit(",", 2)
+            if len(parts) != 3 or not parts[1].startswith("sha256=") or parts[0].startswith(".."):
+                continue
+            path, h, size = parts[0].strip('"'), parts[1][7:], parts[2]
+            if path in skip or path.endswith(RECORD_SKIP):
+                continue
+            n += 1
+            full_path = os.path.join(site, path)
+            try: st = os.lstat(full_path)
+            except OSError:
+                bad.append({"path": path, "why": "missing", "ino": None, "dist": os.path.basename(os.path.dirname(rec))})
+            else:
+                why = None
+                if size.isdigit() and st.st_size != int(size): why = "size %d, RECORD %s" % (st.st_size, size)
+                elif since and st.st_mtime > since + 1: why = "modified after the release was built"
+                elif full:
+                    got = b64.urlsafe_b64encode(hashlib.sha256(rd(full_path) or b"").digest()).rstrip(b"=").decode()
+                    if got != h: why = "sha256 differs from RECORD"
+                if why: bad.append({"path": path, "why": why, "ino": st.st_ino, "dist": os.path.basename(os.path.dirname(rec))})
+            if len(bad) >= limit: return bad, n
+    return bad, n
+
+def release(root, rid=None, content=False, verify=None):
     cur = None
     try: cur = os.readlink(os.path.join(root, "current"))
     except OSError: pass
@@ -35,20 +72,28 @@ def release(root, rid=None, content=False):
     out["manifest"] = m
     if not isinstance(m, dict): return out
     site = m.get("site_packages") or ""
+    # a probe left applied (diagnose cuda-graph's or rehearse --probe's state dir is in the
+    # release): the files it patched differ from what the release shipped, even those the
+    # manifest does not list; deploy and rollback revert it (PROBE_DIRS there)
+    out["probe_files"], out["probe_dirs"] = [], []
+    for sdir in PROBE_DIRS:
+        try: pst = json.loads(txt(os.path.join(d, sdir, "state.json")) or "null")
+        except ValueError: pst = None
+        if isinstance(pst, dict): out["probe_dirs"].append(sdir)
+        for p in (pst or {}).get("patches", []) if isinstance(pst, dict) else []:
+            for rel, h in (p.get("files") or {}).items():
+                if sha(rd(os.path.join(site, rel))) != h.get("before") and rel not in out["probe_files"]:
+                    out["probe_files"].append(rel)
+    if verify and site:  # a probe's files aside: they are the probe's (reverted, not rebuilt)
+        try: since = os.stat(os.path.join(d, "manifest.json")).st_mtime
+        except OSError: since = None
+        out["record_bad"], out["record_files"] = record_check(site, set(m.get("patched_files") or {}) |
+                                                              set(out["probe_files"]), since, verify == "full")
     files = {}
     for rel in sorted(m.get("patched_files") or {}):
         b = rd(os.path.join(site, rel))
         out["hashes"][rel] = sha(b)
         if content and b is not None: files[rel] = base64.b64encode(b).decode()
-    # a diagnose probe left applied (its state dir is in the release): the files it
-    # patched differ from what the release shipped, even those the manifest does not list
-    out["probe_files"] = []
-    try: pst = json.loads(txt(os.path.join(d, "probe-state", "state.json")) or "null")
-    except ValueError: pst = None
-    for p in (pst or {}).get("patches", []) if isinstance(pst, dict) else []:
-        for rel, h in (p.get("files") or {}).items():
-            if sha(rd(os.path.join(site, rel))) != h.get("before") and rel not in out["probe_files"]:
-                out["probe_files"].append(rel)
     if content:
         out["files"] = files
         pdir = os.path.join(d, "k26ops", "patches")
@@ -105,8 +150,14 @@ def op_snapshot(r):
     out["health"] = h  # the smoke requests follow as the service agent's own (one implementation)
     return out
 
+def op_verify(r):
+    """A just-built release's files against their wheels' RECORD (cheap: there, of their size)."""
+    bad, n = record_check(r["site"], set(r.get("skip") or []), None, bool(r.get("full")))
+    return {"bad": bad, "files": n}
+
 def op_probe(r):
-    out = {"release": release(r["releases_root"], r.get("release")), "unit": txt(r["unit_path"]), "env": txt(r["env_path"])}
+    out = {"release": release(r["releases_root"], r.get("release"), verify=r.get("verify")),
+           "unit": txt(r["unit_path"]), "env": txt(r["env_path"])}
     if r.get("tag_file"):  # the tag a rollback brought the host to (written by it, read by status)
         if r.get("record_tag") is not None:
             os.makedirs(os.path.dirname(r["tag_file"]), exist_ok=True)

@@ -64,17 +64,116 @@ def write(path, text, perm):
 # The engine's --api-key, when it has one (the request's "api_key"; never in an answer).
 # SGLang asks for it on every path but /health*, /ready* and /metrics*.
 API_KEY = []
+# The engine's unit (the request's "unit"): every request to the port goes only to a listener of its
+# process tree (MainPID, its descendants, its cgroup), never to a stand-in another user bound there.
+UNIT = []
+
+
+class Foreign(Exception):
+    """The port's listener is not the engine's: `holder` names it (pid, user, command)."""
+
+    def __init__(self, holder):
+        super().__init__(holder.get("pid"))
+        self.holder = holder
+
+
+def port_sockets(port):
+    """Inodes of the TCP sockets listening on `port` (any address, IPv4 and IPv6)."""
+    found = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as fh: rows = fh.read().splitlines()[1:]
+        except OSError: continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f[9])
+    found.discard("0")
+    return found
+
+def pid_sockets(pid):
+    out = set()
+    try: fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError: return out
+    for fd in fds:
+        try: link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError: continue
+        if link.startswith("socket:["): out.add(link[8:-1])
+    return out
+
+def proc_line(pid, name):
+    try:
+        with open("/proc/%d/%s" % (pid, name), "rb") as fh: return fh.read()
+    except OSError: return b""
+
+def holder(pid):
+    """pid, user and command of a process (what a refusal names)."""
+    import pwd
+    uid = None
+    for line in proc_line(pid, "status").decode(errors="replace").splitlines():
+        if line.startswith("Uid:"): uid = int(line.split()[1])
+    try: user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
+    except KeyError: user = str(uid)
+    cmd = proc_line(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+    return {"pid": pid, "user": user, "command": cmd[:120] or "?"}
+
+def pids():
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+def in_tree(pid, main):
+    """Is `pid` the engine's MainPID, a descendant of it, or in the same cgroup (the unit's)?"""
+    seen, p = 0, pid
+    while p > 1 and seen < 64:
+        if p == main: return True
+        stat = proc_line(p, "stat").decode(errors="replace")
+        try: p = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (ValueError, IndexError): break
+        seen += 1
+    cg = proc_line(main, "cgroup").strip()
+    unit = (UNIT[0] if UNIT and UNIT[0] else "").encode()
+    return bool(unit) and cg.endswith(b"/" + unit) and cg == proc_line(pid, "cgroup").strip()
+
+def check_listener(port, main):
+    """Raise Foreign unless every listener on `port` belongs to the engine (`main`: its MainPID).
+    Nothing listening passes (a request then finds no one). A socket no process here holds
+    (another network namespace's) is foreign too."""
+    socks = port_sockets(port)
+    if not socks: return
+    if main: socks -= pid_sockets(main)  # the fast case: the engine's own process listens
+    if not socks: return
+    everyone = pids()
+    for pid in everyone:
+        mine = pid_sockets(pid) & socks
+        if not mine: continue
+        if main and in_tree(pid, main):
+            socks -= mine
+            continue
+        raise Foreign(holder(pid))
+    if socks:
+        raise Foreign({"pid": None, "user": "?", "command": "a socket no process of this host holds "
+                       "(another network namespace's)"})
+
+def main_pid(unit):
+    _, out, _ = sh(["systemctl", "show", unit, "-p", "MainPID", "--value"])
+    try: return int(out.strip() or 0)
+    except ValueError: return 0
 
 def auth_headers(path):
     if API_KEY and API_KEY[0] and not path.startswith(("/health", "/ready", "/metrics")):
         return {"Authorization": "Bearer " + API_KEY[0]}
     return {}
 
-def http(port, path, body=None, timeout=5.0, host="127.0.0.1"):
+def http(port, path, body=None, timeout=5.0, host="127.0.0.1", pid=None):
     """(status, body) of one GET (POST with `body`); a status outside 2xx keeps 300 chars of
     its body; no answer is (0, "Error: why"). http.client, imported here: ops without HTTP
     (read, apply) skip its ~17 ms of host CPU, and urllib.request's ~5 ms more buy nothing
-    for one plain request to the engine on this host (no redirects, proxies or cookies)."""
+    for one plain request to the engine on this host (no redirects, proxies or cookies).
+    With a unit (UNIT), the listener is checked first (`pid`: its MainPID, when the caller
+    just read it): Foreign, and nothing is sent, when another process holds the port."""
+    if UNIT and UNIT[0]:
+        check_listener(port, main_pid(UNIT[0]) if pid is None else pid)
+    elif auth_headers(path):
+        raise Foreign({"pid": None, "user": "?", "command": "no engine unit to match the listener against"})
     from http.client import HTTPConnection
     # Marked as k26ops' own (health, smoke), so `k26ops logs` can hide them; engines ignore the query.
     url = "%s%sfrom=k26ops" % (path, "&" if "?" in path else "?")
@@ -221,15 +320,39 @@ def op_read(r):
     if lab and os.path.exists(lab):
         with open(lab, "rb") as fh: sha = hashlib.sha256(fh.read()).hexdigest()
     spath = r.get("secrets_path")
-    return {"unit": read(r["unit_path"]), "env": read(r["env_path"]), "env_mode": mode(r["env_path"]),
+    return {"prev_unsettled": unsettled(r.get("state_dir")),
+            "unit": read(r["unit_path"]), "env": read(r["env_path"]), "env_mode": mode(r["env_path"]),
             "secrets": read(spath) if spath else None, "secrets_mode": mode(spath) if spath else None,
             "current": cur, "lab_module_sha": sha, "show": show(r["unit"])}
+
+def prev_manifest(state_dir):
+    try:
+        with open(os.path.join(state_dir, "service", "prev", "manifest.json")) as fh: return json.load(fh)
+    except (OSError, ValueError, TypeError):
+        return None
+
+def unsettled(state_dir):
+    """An install whose engine was never seen healthy (its run killed mid-install): prev/ still
+    holds what ran before it, which a failed run restores (op_settle marks it seen)."""
+    m = prev_manifest(state_dir) if state_dir else None
+    return isinstance(m, dict) and m.get("settled") is False
+
+def op_settle(r):
+    """The engine of the last install answered healthy: prev/ is its own run's to restore no more."""
+    m = prev_manifest(r["state_dir"])
+    if isinstance(m, dict) and m.get("settled") is False:
+        m["settled"] = True
+        write(os.path.join(r["state_dir"], "service", "prev", "manifest.json"), json.dumps(m), 0o600)
+    return {"ok": True}
 
 def op_apply(r):
     import shutil
     unit, upath, epath = r["unit"], r["unit_path"], r["env_path"]
     sdir = os.path.join(r["state_dir"], "service")
     new, prev = os.path.join(sdir, "new"), os.path.join(sdir, "prev")
+    if r.get("port") and (r.get("restart") or r.get("start")):
+        try: check_listener(r["port"], main_pid(unit))  # before anything changes: the engine could not bind
+        except Foreign as e: return {"ok": False, "error": "port", "holder": e.holder}
     for d in (new, prev): os.makedirs(d, mode=0o700, exist_ok=True)
     if r.get("unit_text") is not None:
         staged = os.path.join(new, unit)
@@ -242,16 +365,20 @@ def op_apply(r):
             if rc != 0 or ignored:
                 return {"ok": False, "error": "verify", "output": "\n".join(ignored) or (err + out).strip()[-3000:]}
     # Keep the files in place now, for a rollback (manifest says which existed).
+    # Not when an install killed before its engine was seen healthy left them: prev/ holds what ran before it
     spath = r.get("secrets_path")
-    manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
-                "was_enabled": show(unit).get("UnitFileState") == "enabled", "time": time.time()}
-    if spath:
-        manifest["secrets_existed"] = os.path.exists(spath)
-    for src, name in ((upath, "unit"), (epath, "env"), (spath, "secrets")):
-        dst = os.path.join(prev, name)
-        if src and os.path.exists(src): shutil.copy2(src, dst)
-        elif os.path.exists(dst): os.unlink(dst)
-    write(os.path.join(prev, "manifest.json"), json.dumps(manifest), 0o600)
+    manifest = prev_manifest(r["state_dir"]) if unsettled(r["state_dir"]) else None
+    if manifest is None:
+        manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
+                    "was_enabled": show(unit).get("UnitFileState") == "enabled", "time": time.time(),
+                    "settled": False}
+        if spath:
+            manifest["secrets_existed"] = os.path.exists(spath)
+        for src, name in ((upath, "unit"), (epath, "env"), (spath, "secrets")):
+            dst = os.path.join(prev, name)
+            if src and os.path.exists(src): shutil.copy2(src, dst)
+            elif os.path.exists(dst): os.unlink(dst)
+        write(os.path.join(prev, "manifest.json"), json.dumps(manifest), 0o600)
     if r.get("env_text") is not None: write(epath, r["env_text"], 0o600)
     elif os.path.exists(epath) and mode(epath) != 0o600: os.chmod(epath, 0o600)
     if r.get("secrets_text") is not None: write(spath, r["secrets_text"], 0o600)
@@ -324,12 +451,17 @@ def op_poll(r):
         why = crashed(s, base)
         if why:
             return dict(crash_report(unit, base, why, r.get("journal_lines", 400)), state="crashed", base=base)
-        code, _ = http(port, "/health", timeout=2.0, host=host)
-        if code == 200:
-            code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host)
-            if code2 == 200:
-                return {"state": "healthy", "show": s, "base": base, "at": time.time(),
-                        **({"cache": cache_stat(r["cache"])} if r.get("cache") else {})}
+        try:
+            code, _ = http(port, "/health", timeout=2.0, host=host, pid=s.get("MainPID") or 0)
+            if code == 200:
+                code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host,
+                                    pid=s.get("MainPID") or 0)
+                if code2 == 200:
+                    check_listener(port, s.get("MainPID") or 0)  # still the engine's after the answers
+                    return {"state": "healthy", "show": s, "base": base, "at": time.time(),
+                            **({"cache": cache_stat(r["cache"])} if r.get("cache") else {})}
+        except Foreign as e:
+            return {"state": "foreign", "holder": e.holder, "show": s, "base": base}
         if time.monotonic() >= end:
             j = journal(unit, 30, base.get("InvocationID"))
             return {"state": "loading" if code in (0, 503) else "unhealthy", "health": code,
@@ -365,8 +497,10 @@ def op_inflight(r):
 
 def generate(r, name, sampling):
     body = {"text": r["prompt"], "sampling_params": dict(sampling, max_new_tokens=r["max_new_tokens"])}
+    pid = main_pid(UNIT[0]) if UNIT and UNIT[0] else None  # read before the clock starts
     t0 = time.monotonic()
-    code, text = http(r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"))
+    code, text = http(r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"),
+                      pid=pid)
     latency = time.monotonic() - t0
     try: data = json.loads(text)
     except ValueError: data = None
@@ -387,7 +521,9 @@ def op_smoke(r):
         base = run_id(s0)
     results = []
     for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
-        res = generate(r, req["name"], req["sampling"])
+        try: res = generate(r, req["name"], req["sampling"])
+        except Foreign as e:  # nothing was sent to it, the api key least of all
+            return {"results": results, "failed": req["name"], "crash": None, "foreign": e.holder}
         if r.get("cache"):
             res["cache"] = cache_stat(r["cache"])
         results.append(res)
@@ -489,11 +625,39 @@ def op_status(r):
                 out["bus_ids"] = o if rc == 0 else ""
         except (OSError, subprocess.SubprocessError) as exc:
             out["kernel"] = {"rc": 127, "stdout": str(exc)}
+    if r.get("weights_record"):  # the model manifest the release was built for, the host's last full verify
+        out["weights"] = weights_status(r["weights_record"], cur and os.path.join(os.path.dirname(r["current"]), cur))
+    if r.get("rehearsal_record"):  # a killed rehearsal's handle (agents/rehearse.py op_leftovers removes it)
+        try:
+            with open(r["rehearsal_record"]) as fh: h = json.load(fh)
+            out["rehearsal_left"] = ([h["unit"]] if h.get("unit") and show(h["unit"]).get("ActiveState") not in
+                                     ("inactive", "failed", "", None) else []) + \
+                ([h["tmp"]] if os.path.isdir(h.get("tmp") or "") else [])
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
     if s.get("ActiveState") == "active":
-        out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"))[0]
-        code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"))
+        try:
+            out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"),
+                                 pid=s.get("MainPID") or 0)[0]
+            code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"),
+                              pid=s.get("MainPID") or 0)
+        except Foreign as e:
+            out["health"], out["foreign"], code, body = None, e.holder, 0, ""
         try: out["model"] = json.loads(body)["data"][0]["id"] if code == 200 else None
         except Exception: out["model"] = None
+    return out
+
+def weights_status(record_path, release):
+    """{"release_manifest": the release's model manifest sha256, "last_full": {"at", "manifest"}}."""
+    out = {"release_manifest": None, "last_full": None}
+    for path, key in ((release and os.path.join(release, "manifest.json"), "release_manifest"),
+                      (record_path, "last_full")):
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+            out[key] = (doc.get("model") or {}).get("manifest_sha256") if key == "release_manifest" else doc.get("last_full")
+        except (OSError, TypeError, ValueError, AttributeError):
+            pass
     return out
 
 def op_logs(r):
@@ -515,6 +679,7 @@ def op_logs(r):
 def handle(req):
     """One request (agents.run's, or agents/hub.py's): its api_key kept for http(), then its op."""
     API_KEY[:] = [req.pop("api_key", None)]
+    UNIT[:] = [req.get("unit")]
     return globals()["op_" + req.pop("op")](req)
 
 if __name__ == "__main__":

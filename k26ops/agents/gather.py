@@ -49,17 +49,31 @@ def os_release():
     return None if data is None else ok(data)
 
 
+PROBE_DIRS = ("probe-state", "rehearse-probe-state")  # steps/release.py's
+
+
 def release_current(root, release):
     """`cd ROOT 2>/dev/null && { readlink current; echo ===; test -f RELEASE/manifest.json &&
-    echo complete; }; true` (facts: steps/release.py's current_fact)."""
+    tail -c 1 RELEASE/manifest.json | grep -q '}' && echo complete; echo ===; for f in current/probe-state/state.json ...; do test -f "$f" &&
+    echo "$f"; done; }; true` (facts: steps/release.py's current_fact)."""
     if not os.path.isdir(root):
         return None if os.path.lexists(root) else ok(b"")
     try:
         link = os.readlink(os.path.join(root, "current").encode()) + b"\n"
     except OSError:  # readlink prints nothing on any error (no -v)
         link = b""
-    done = os.path.isfile(os.path.join(root, release, "manifest.json"))
-    return ok(link + b"===\n" + (b"complete\n" if done else b""))
+    done = False
+    try:  # `tail -c 1 | grep -q }`: a whole JSON object (a truncated manifest is not complete)
+        with open(os.path.join(root, release, "manifest.json"), "rb") as fh:
+            fh.seek(0, 2)
+            if fh.tell():
+                fh.seek(-1, 2)
+                done = fh.read(1) == b"}"
+    except OSError:
+        pass
+    probes = b"".join(b"current/%s/state.json\n" % d.encode() for d in PROBE_DIRS
+                      if os.path.isfile(os.path.join(root, "current", d, "state.json")))
+    return ok(link + b"===\n" + (b"complete\n" if done else b"") + b"===\n" + probes)
 
 
 def toolchains_verified(tc, marker):

@@ -4,6 +4,7 @@ agents.run like every agent (stdlib only).
 op "probe": can the release's venv run SGLang's serving benchmark
   (`python -m sglang.benchmark.serving`, before 0.5.23 `sglang.bench_serving`)?
 op "bench_serving": run it for one (concurrency, temperature) cell, read its JSONL.
+op "metrics": the engine's /metrics as served (status and text; `k26ops monitoring --verify`).
 op "loadgen": k26ops' own closed-loop load generator for the same cell, for
 releases that cannot run bench_serving (the lab's has no torch). It measures
 with bench_serving's definitions (backend `sglang`, streaming /generate):
@@ -14,6 +15,8 @@ with bench_serving's definitions (backend `sglang`, streaming /generate):
   p50/p99   median and 99th percentile with linear interpolation (numpy's default)
   accept    mean meta_info.spec_accept_length over requests, else /server_info's
             internal_states[0].avg_spec_accept_length
+  accept_histogram  meta_info.spec_accept_histogram summed over requests: [n] = verify
+            steps that accepted exactly n draft tokens (tokenizer_manager.py); None without it
 Accept figures of op "bench_serving" are per cell: bench_serving's own `accept_length`
 is /server_info internal_states[0].avg_spec_accept_length, counted since the engine
 started (sglang 0.5.23 managers/scheduler_components/internal_state.py
@@ -54,14 +57,21 @@ def metrics(outputs, duration_s, server_accept=None):
     accepts = [o["accept"] for o in ok if o.get("accept") is not None]
     accept = sum(accepts) / len(accepts) if accepts else server_accept
     out_tokens = sum(o["output_len"] for o in ok)
+    hist = []
+    for o in ok:  # verify steps by draft tokens accepted, summed over the requests
+        for i, n in enumerate(o.get("accept_histogram") or []):
+            hist += [0] * (i + 1 - len(hist))
+            hist[i] += n
     dur = max(duration_s, 1e-9)
     return {"completed": len(ok), "failed": len(outputs) - len(ok), "duration_s": duration_s,
             "total_output_tokens": out_tokens,
             "output_throughput": out_tokens / dur, "request_throughput": len(ok) / dur,
             "median_ttft_ms": percentile(ttfts, 50) * 1000, "p99_ttft_ms": percentile(ttfts, 99) * 1000,
             "median_itl_ms": percentile(itls, 50) * 1000, "p99_itl_ms": percentile(itls, 99) * 1000,
+            "p99_e2e_latency_ms": percentile([o["latency"] for o in ok], 99) * 1000,
             "accept_length": accept,
-            "accept_source": "meta_info.spec_accept_length" if accepts else ("/server_info" if accept else None)}
+            "accept_source": "meta_info.spec_accept_length" if accepts else ("/server_info" if accept else None),
+            "accept_histogram": hist or None}
 
 
 def prompt(rng, n):
@@ -113,6 +123,8 @@ def one_request(host, port, text, output_len, temperature, timeout):
             n = int(meta.get("completion_tokens") or 0)
             if meta.get("spec_accept_length") is not None:
                 out["accept"] = float(meta["spec_accept_length"])
+            if isinstance(meta.get("spec_accept_histogram"), list):  # the request's so far: the last one counts
+                out["accept_histogram"] = [int(x) for x in meta["spec_accept_histogram"]]
             if out["ttft"] == 0.0:
                 out["ttft"] = now - st
             else:
@@ -251,6 +263,19 @@ def op_probe(r):
     return {"available": False, "why": "sglang.bench_serving does not import in the release venv: " + why}
 
 
+def op_metrics(r):
+    """GET /metrics with the engine's key; the text as served, parsed on the control node."""
+    conn = http.client.HTTPConnection(r["host"], r["port"], timeout=r.get("timeout_s", 10))
+    try:
+        conn.request("GET", "/metrics", headers=auth())
+        resp = conn.getresponse()
+        return {"status": resp.status, "text": resp.read(8 << 20).decode("utf-8", errors="replace")}
+    except Exception as e:
+        return {"status": None, "text": "", "error": "%s: %s" % (type(e).__name__, e)}
+    finally:
+        conn.close()
+
+
 def op_bench_serving(r):
     with tempfile.TemporaryDirectory(prefix="k26ops-bench-") as d:
         out = os.path.join(d, "result.jsonl")
@@ -276,7 +301,7 @@ def op_bench_serving(r):
             return {"ok": False, "error": "sglang.bench_serving exited %d: %s" % (p.returncode, lines[-1][:300] if lines else "")}
         res = rows[-1]
         keys = ("completed", "duration", "total_output_tokens", "output_throughput", "request_throughput",
-                "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "accept_length")
+                "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "p99_e2e_latency_ms", "accept_length")
         m = {k: res.get(k) for k in keys}
         m["duration_s"] = m.pop("duration")
         m["accept_lifetime"] = m.get("accept_length")

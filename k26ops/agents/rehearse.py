@@ -98,6 +98,17 @@ def write_env(path, env):
             fh.write('%s="%s"\n' % (k, v))
 
 def op_start(r):
+    """start, and the running engine's handle kept in `r["record"]` (the state dir's, 0600): a run
+    killed before its stop leaves it for the next rehearse (op_leftovers) and status to find."""
+    out = start(r)
+    if out.get("ok") and r.get("record"):
+        os.makedirs(os.path.dirname(r["record"]), mode=0o700, exist_ok=True)
+        fd = os.open(r["record"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh: json.dump(out["handle"], fh)
+        os.replace(r["record"] + ".tmp", r["record"])
+    return out
+
+def start(r):
     """Make the temp dir (0700), write the configs, start the engine; return its handle."""
     tmp = tempfile.mkdtemp(prefix="k26ops-rehearse-", dir=r.get("tmp_root") or None)
     os.chmod(tmp, 0o700)
@@ -368,7 +379,32 @@ def op_stop(r):
         left.append("temp dir " + h["tmp"])
     else:
         done.append("removed " + h["tmp"])
+    if r.get("record") and not left:
+        try: os.unlink(r["record"])
+        except OSError: pass
     return {"done": done, "left": left, "log": log, "gpu_apps_after": apps}
+
+def op_leftovers(r):
+    """What a killed rehearsal left: the handle its start recorded in `record` (the state dir's;
+    its stop removes it), whose unit or process group and temp dir may still be there (the
+    deadline stops them only later). Called under the host lock, so no rehearsal of ours
+    runs: a record is a dead run's. `remove`: stopped, removed, the record too.
+    {"handle": {...} | None, "alive": [...], "removed": {"done", "left"} | None}."""
+    h = read_json(r["record"])
+    if not isinstance(h, dict) or h.get("kind") not in ("unit", "pgroup"):
+        return {"handle": None, "alive": [], "removed": None}
+    alive = []
+    if h["kind"] == "unit" and unit_state(h["unit"]).get("ActiveState") not in ("inactive", "failed", "", None):
+        alive.append("unit " + h["unit"])
+    if h["kind"] == "pgroup" and group_pids(h["pgid"]):
+        alive.append("process group %d" % h["pgid"])
+    if os.path.isdir(h.get("tmp") or ""):
+        alive.append("temp dir " + h["tmp"])
+    removed = None
+    if r.get("remove"):
+        removed = op_stop({"handle": h, "record": r["record"]})
+        removed.pop("gpu_apps_after", None); removed.pop("log", None)
+    return {"handle": h, "alive": alive, "removed": removed}
 
 if __name__ == "__main__":
     req = json.loads(sys.stdin.read())

@@ -44,21 +44,27 @@ def tag_file(state_dir: str) -> str:
 
 
 def host_drift(session, releases_root: str, unit_path: str, env_path: str, index: list,
-               state_dir: str | None = None) -> dict:
+               state_dir: str | None = None, verify: str = "cheap") -> dict:
     """The first (newest) tag whose record matches what runs; the tag a rollback
-    recorded on the host first, when it matches too (several tags may hold the same content)."""
-    p = hostscript.call(session, "probe", releases_root=releases_root, release=None,
-                        unit_path=unit_path, env_path=env_path, tag_file=tag_file(state_dir) if state_dir else None)
+    recorded on the host first, when it matches too (several tags may hold the same content).
+    `verify`: the release's files against their wheels' RECORD by size and mtime ("cheap"),
+    or every byte ("full": `status --verify`)."""
+    p = hostscript.call(session, "probe", 1800 if verify == "full" else 300, releases_root=releases_root,
+                        release=None, verify=verify, unit_path=unit_path, env_path=env_path,
+                        tag_file=tag_file(state_dir) if state_dir else None)
     recorded = p.get("recorded_tag")
     index = sorted(index, key=lambda item: item[0] != recorded)  # stable: newest first otherwise
     r = p["release"]
     m = r.get("manifest") or {}
     changed = sorted(k for k, h in (m.get("patched_files") or {}).items() if r["hashes"].get(k) != h)
     changed = sorted(set(changed) | set(r.get("probe_files") or []))  # a probe left applied is drift too
+    record_bad = [f"{b['path']} ({b['why']})" for b in r.get("record_bad") or []]  # vs the wheels' RECORD
+    changed += [x for x in record_bad if x.split(" (")[0] not in changed]
     unit_sha = sha256(p.get("unit"))
     env_sha = sha256(units.env_for_baseline(p["env"])) if p.get("env") is not None else None
     out = {"release": r["current"], "canonical": bool(m) and not changed,
-           "drifted_files": changed, "probe_left": bool(r.get("probe_files")), "baseline": None, "differs_from": None, "engine": m.get("engine")}
+           "drifted_files": changed, "probe_left": bool(r.get("probe_files")), "record_bad": len(record_bad),
+           "baseline": None, "differs_from": None, "engine": m.get("engine")}
     name = session.host.name
     for tag, recs in index:
         rec = recs.get(name)
@@ -66,7 +72,8 @@ def host_drift(session, releases_root: str, unit_path: str, env_path: str, index
             continue
         diff = []
         bad = sorted(k for k, h in rec["patched_files"].items() if r["hashes"].get(k) != h)
-        if bad:
+        if bad or record_bad:
+            bad += record_bad
             diff.append(f"{len(bad)} file(s): {', '.join(bad[:3])}")
         if rec["unit"].get("sha256") != unit_sha:
             diff.append("unit")
@@ -100,8 +107,9 @@ def describe(d: dict) -> str:
         runs = d["engine_release"] if isinstance(d["engine_release"], str) else ", ".join(d["engine_release"])
         return f"ENGINE NOT FROM current: it runs {runs} (restart it, or deploy/roll back again)"
     if d["drifted_files"]:
-        why = "a diagnose probe is still applied; " if d.get("probe_left") else ""
-        return (f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from the release manifest: "
+        why = "a probe (diagnose cuda-graph, rehearse --probe) is still applied; " if d.get("probe_left") else ""
+        what = "the release manifest" + (" and their wheels' RECORD" if d.get("record_bad") else "")
+        return (f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from {what}: "
                 + ", ".join(d["drifted_files"][:3]))
     if d["baseline"]:
         return f"= {d['baseline']}"

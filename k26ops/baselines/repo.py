@@ -25,6 +25,7 @@ snapshot is refused before anything is written.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import socket
@@ -37,6 +38,7 @@ from k26ops.baselines import validate
 from k26ops.errors import UserError
 
 OWNED = ("baseline.json", "hosts")
+PENDING = "k26ops-snapshot-pending.json"  # in .git: a snapshot between its commit and its work-tree sync
 ZERO = "0" * 40
 _TAG_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+/-]*")
 
@@ -130,15 +132,20 @@ class Baselines:
         if not self.exists():
             return out
         for ref in self.repo.tags:
-            t = ref.tag
-            commit = ref.commit
+            try:  # a damaged git object spoils only its own tag (TagInfo.error), never the listing
+                t = ref.tag
+                commit = ref.commit
+                date, message, sha = float(t.tagged_date if t else commit.committed_date), \
+                    (t.message if t else commit.message).strip(), commit.hexsha
+            except _damage() as exc:
+                out.append(TagInfo(ref.name, 0.0, "", "", {}, self._damaged(ref.name, exc)))
+                continue
             index, error = {}, None
             try:  # a corrupt index spoils only its own tag (TagInfo.error), never the listing
                 index = self._index(commit, ref.name)
             except validate.BaselineCorrupt as exc:
                 error = str(exc)
-            out.append(TagInfo(ref.name, float(t.tagged_date if t else commit.committed_date),
-                               (t.message if t else commit.message).strip(), commit.hexsha, index, error))
+            out.append(TagInfo(ref.name, date, message, sha, index, error))
         return sorted(out, key=lambda t: (t.date, t.name))
 
     def tag(self, tag: str) -> TagInfo:
@@ -168,24 +175,37 @@ class Baselines:
         return out
 
     def read(self, tag_or_commit: str, path: str) -> bytes | None:
-        commit = self.repo.commit(tag_or_commit)
         try:
+            commit = self.repo.commit(tag_or_commit)
             return commit.tree[path].data_stream.read()
         except KeyError:
             return None
+        except _damage() as exc:
+            raise validate.BaselineCorrupt(self._damaged(self._name(tag_or_commit), exc, path)) from None
+
+    def _damaged(self, tag: str, exc: Exception, path: str | None = None) -> str:
+        """One line: which tag (and file) a damaged git object spoils, and how to see more."""
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
+        return (f"baseline tag {tag}" + (f": {path}" if path else "") + f": a git object of {self.path} cannot be "
+                f"read ({said}); `git -C {self.path} fsck` names the damage")
 
     def _index(self, commit, tag: str) -> dict:
         try:
             data = commit.tree["baseline.json"].data_stream.read()
         except KeyError:
             return {}
+        except _damage() as exc:
+            raise validate.BaselineCorrupt(self._damaged(tag, exc, "baseline.json")) from None
         return validate.index(data, tag)
 
     def _name(self, tag_or_commit: str) -> str:
         """A tag's name for messages: callers pass a tag or its commit."""
         if tag_or_commit in self.tag_names():
             return tag_or_commit
-        return next((t.name for t in self.repo.tags if t.commit.hexsha == tag_or_commit), tag_or_commit[:12])
+        try:
+            return next((t.name for t in self.repo.tags if t.commit.hexsha == tag_or_commit), tag_or_commit[:12])
+        except _damage():  # a tag's commit that does not read: the id is the name then
+            return tag_or_commit[:12]
 
     def host_record(self, tag: str, host: str) -> dict | None:
         """The host's record, checked (validate.host_record), or None when there is none."""
@@ -201,15 +221,17 @@ class Baselines:
 
     def files_under(self, tag: str, prefix: str) -> dict[str, bytes]:
         """{path relative to prefix: bytes} of the tag's files under `prefix/`."""
-        commit = self.repo.commit(tag)
         try:
+            commit = self.repo.commit(tag)
             tree = commit.tree[prefix.rstrip("/")]
+            out = {}
+            for item in tree.traverse():
+                if item.type == "blob":
+                    out[item.path[len(prefix.rstrip("/")) + 1:]] = item.data_stream.read()
         except KeyError:
             return {}
-        out = {}
-        for item in tree.traverse():
-            if item.type == "blob":
-                out[item.path[len(prefix.rstrip("/")) + 1:]] = item.data_stream.read()
+        except _damage() as exc:
+            raise validate.BaselineCorrupt(self._damaged(self._name(tag), exc, prefix)) from None
         return out
 
     # ---------------------------------------------------------------- writing
@@ -266,6 +288,7 @@ class Baselines:
 
         if any(not (p == OWNED[0] or p.startswith(OWNED[1] + "/")) for p in files):
             raise ValueError("snapshot files must live under the owned paths")
+        self.finish_interrupted()
         dirty = self.dirty_owned()
         if dirty:
             raise UserError(f"{self.path} has uncommitted changes in files a snapshot writes: "
@@ -306,20 +329,66 @@ class Baselines:
             msgf = Path(tmp) / "msg"
             msgf.write_text(message.rstrip() + "\n")
             commit = g.commit_tree(tree, *(["-p", old] if old else []), "-F", str(msgf), env=env)
-            g.update_ref("-m", f"k26ops snapshot {tag}", branch, commit, old or ZERO, env=env)
-            tagf = Path(tmp) / "tagmsg"
-            tagf.write_text(tag_message.rstrip() + "\n")
-            g.tag("-a", *(["-f"] if force else []), "-F", str(tagf), "--", tag, commit, env=env)
-        # Bring the owned paths (clean, checked above) in line with the new commit; nothing else.
-        for p in old_paths - set(files):
-            (self.path / p).unlink(missing_ok=True)
-            _prune_empty(self.path, (self.path / p).parent)
-        for p, data in files.items():
-            dst = self.path / p
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(data)
-        g.reset("-q", commit, "--", *[p for p in OWNED if (p in files or any(f.startswith(p + "/") for f in files)
-                                                          or any(o.startswith(p) for o in old_paths))], env=env)
+        # from here to the work tree's sync, an interrupted run is finished by the next one
+        pending = {"commit": commit, "old": old, "branch": branch, "tag": tag, "tag_message": tag_message,
+                   "force": force}
+        _write_atomic(self._pending_file, json.dumps(pending).encode())
+        self._finish(pending)
+        return commit
+
+    @property
+    def _pending_file(self) -> Path:
+        return self.path / ".git" / PENDING
+
+    def finish_interrupted(self) -> str | None:
+        """A snapshot killed between its commit and the end of its work-tree sync (its
+        pending record in .git): finished (tag, branch, owned files and index at the new
+        commit) as it would have been; its commit, or None when there was none."""
+        try:
+            pending = json.loads(self._pending_file.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{self._pending_file}: an interrupted snapshot's record cannot be read ({exc}); "
+                            "remove it once `git log` and `git tag` look right") from None
+        return self._finish(pending)
+
+    def _finish(self, p: dict) -> str | None:
+        """The snapshot's tag, then its branch update, then the owned paths of the work tree
+        and the index; each step skipped when already done (a re-run finishes a killed one)."""
+        git = _git()
+        g, env, commit, old = self.repo.git, self._identity_env(), p["commit"], p["old"]
+        try:
+            head = g.rev_parse("--verify", "-q", p["branch"])
+        except git.GitCommandError:
+            head = None
+        if head not in (old, commit):  # the branch moved on meanwhile: not ours to finish
+            self._pending_file.unlink(missing_ok=True)
+            return None
+        try:
+            tagged = g.rev_parse("--verify", "-q", f"refs/tags/{p['tag']}^{{commit}}")
+        except git.GitCommandError:
+            tagged = None
+        if tagged != commit:
+            with tempfile.TemporaryDirectory(prefix="k26ops-baseline-") as tmp:
+                tagf = Path(tmp) / "tagmsg"
+                tagf.write_text(p["tag_message"].rstrip() + "\n")
+                g.tag("-a", *(["-f"] if p["force"] or tagged else []), "-F", str(tagf), "--", p["tag"], commit,
+                      env=env)
+        if head != commit:
+            g.update_ref("-m", f"k26ops snapshot {p['tag']}", p["branch"], commit, old or ZERO, env=env)
+        # Bring the owned paths (clean when the snapshot began) in line with the new commit; nothing else.
+        new_paths = set(g.ls_tree("-r", "--name-only", commit, "--", *OWNED).splitlines())
+        old_paths = set(g.ls_tree("-r", "--name-only", old, "--", *OWNED).splitlines()) if old else set()
+        for path in old_paths - new_paths:
+            (self.path / path).unlink(missing_ok=True)
+            _prune_empty(self.path, (self.path / path).parent)
+        if new_paths:
+            g.checkout(commit, "--", *[o for o in OWNED if any(n == o or n.startswith(o + "/") for n in new_paths)],
+                       env=env)
+        g.reset("-q", commit, "--", *[o for o in OWNED if any(n == o or n.startswith(o + "/")
+                                                              for n in new_paths | old_paths)], env=env)
+        self._pending_file.unlink(missing_ok=True)
         return commit
 
     def delete_tags(self, tags: list[str]) -> None:
@@ -337,6 +406,21 @@ class Baselines:
         """Every object's text (history, tags) for secret checks in tests and `doctor`s."""
         g = self.repo.git
         return g.log("-p", "--all", "--format=fuller") + "\n" + g.for_each_ref("--format=%(contents)", "refs/tags")
+
+
+def _damage() -> tuple:
+    """What GitPython raises on a damaged or missing object (a loose object overwritten, a
+    pack cut short): ValueError ("could not be resolved"), gitdb's ODBError, git's GitError."""
+    git = _git()
+    from gitdb.exc import ODBError  # lazy: with GitPython, as _git
+
+    return (ValueError, OSError, ODBError, git.GitError)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _prune_empty(root: Path, d: Path) -> None:

@@ -6,7 +6,9 @@ Per host (under the host lock, through the playbook runner):
                     it; otherwise rebuild it from the tag (its recipe file,
                     recorded lock, shipped patches under their recorded names:
                     the same commit and release id), then switch.
-  baseline_service  the tag's unit file as recorded; its env file with the
+  baseline_service  the tag's unit file as recorded (its TimeoutStopSec raised
+                    above the host's drain_timeout where it is not: systemd
+                    never SIGKILLs a drain, k26ops.steps.traffic); its env file with the
                     secrets filled in from the inventory / environment (as a
                     deploy does), and the secret-flags file its unit reads
                     (--config) from the inventory's flags: a baseline never
@@ -27,17 +29,19 @@ from pathlib import Path
 
 import yaml
 
-from k26ops import profile, units
+from k26ops import agents, profile, units
 from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.enginehost import EngineHost
 from k26ops.errors import UserError
+from k26ops.release import installer
 from k26ops.rollout import playbook_work
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps
 from k26ops.steps.release import ReleaseDecision
+from k26ops.steps import traffic as traffic_step
 from k26ops.steps.traffic import TrafficStep
 
 
@@ -56,6 +60,21 @@ class BaselineCheck(HostState):
 
 
 @dataclass
+class BaselineUnit(HostState):
+    """The tag's unit text as this rollback writes it (None: the tag has none), and what differs
+    from the recorded one (the TimeoutStopSec a drain needs), or None."""
+
+    text: str | None
+    note: str | None = None
+
+
+def baseline_unit(ctx: HostContext, b: dict) -> BaselineUnit:
+    if b["unit_text"] is None:
+        return BaselineUnit(None)
+    return BaselineUnit(*traffic_step.unit_text_stop_timeout(ctx, b["unit_text"]))
+
+
+@dataclass
 class BaselineEnv(HostState):
     """The tag's env file with its secrets filled in from the inventory (None: the tag has none)."""
 
@@ -71,15 +90,22 @@ class BaselineRelease(Step):
         b = _b(self, ctx)
         rec = b["record"]
         rid = rec["release_id"]
-        probe = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=rid,
-                                unit_path=rec["unit"]["path"], env_path=rec["env"]["path"])
+        # full: every file of the release read against its wheels' RECORD (what it switches to runs these bytes)
+        probe = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=rid, verify="full",
+                                unit_path=rec["unit"]["path"], env_path=rec["env"]["path"], timeout=1800)
         r = probe["release"]
         m = r.get("manifest") or {}
-        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h)
-        ok = r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"] and not bad
+        probed = set(r.get("probe_files") or [])  # a probe a killed run left: reverted by apply, not rebuilt
+        bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h and p not in probed)
+        damaged = r.get("record_bad") or []
+        ok = (r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"]
+              and not bad and not damaged)
         found = BaselineCheck(probe, "switch" if ok else "rebuild",
                               "missing" if not r["exists"] else "no manifest" if not m
-                              else f"{len(bad)} file(s) differ" if bad else "manifest differs").put(ctx)
+                              else f"{len(bad)} file(s) differ" if bad else
+                              f"{len(damaged)} file(s) differ from their wheels' RECORD "
+                              f"({', '.join(d['path'] + ': ' + d['why'] for d in damaged[:2])})" if damaged
+                              else "manifest differs").put(ctx)
         if ok:
             return
         if not rec.get("rebuildable"):
@@ -101,6 +127,9 @@ class BaselineRelease(Step):
         changes = []
         if found.mode == "rebuild":
             changes.append(Change(f"rebuild release {rid} from the baseline ({found.damage} on the host)"))
+        elif found.probe["release"].get("probe_dirs"):
+            changes.append(Change(f"revert the probe left applied in release {rid} "
+                                  f"({', '.join(found.probe['release']['probe_dirs'])})", action="unprobe"))
         if cur != rid or changes:
             changes.append(Change(f"switch current: {cur or '(none)'} -> {rid}"))
         return changes
@@ -108,9 +137,17 @@ class BaselineRelease(Step):
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         rid = _b(self, ctx)["record"]["release_id"]
         d = ReleaseDecision.of(ctx)
-        if BaselineCheck.of(ctx).mode == "rebuild":
+        found = BaselineCheck.of(ctx)
+        if found.mode == "rebuild":
+            inodes = [x["ino"] for x in found.probe["release"].get("record_bad") or [] if x.get("ino")]
+            if inodes:  # the damaged files' store entries (hard links share the inode): unpacked again
+                agents.run(ctx.session, "store", "evict", 600, what="store agent",
+                           store=installer.store_dir(ctx.root), inodes=inodes)
             release_step.Release()._build(ctx, d.prepared)
             ctx.report["release_rebuilt"] = True
+        elif any(c.action == "unprobe" for c in changes):
+            ctx.report["probe_reverted"] = release_step.revert_probes(ctx, f"{ctx.releases_root}/{rid}",
+                                                                      found.probe["release"]["probe_dirs"])
         release_step.point_current(ctx, rid)
         d.changed = True
 
@@ -157,15 +194,16 @@ class BaselineService(engine_steps.ServiceStep):
                                               port=b.get("port"), show=show, secrets_path=spath).put(ctx)
         changes, todo, reasons = [], {}, []
         secret_text = None
+        bu = baseline_unit(ctx, b).put(ctx)
         if b["unit_text"] is not None and f"--config {spath}" in b["unit_text"]:
             secret_text = units.engine_launch(eh.profile())[1]
             if secret_text is None:
                 raise StepFailed(f"the baseline's unit reads secret engine flags from {spath}: set them "
                                  "(extra_flags: api-key ...) in the inventory as for a deploy")
         engine_steps.plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
-        if b["unit_text"] is not None:
-            engine_steps.plan_file(cur, "unit", upath, b["unit_text"], f"restore {upath} from the baseline",
-                                   secrets, changes, todo, reasons)
+        if bu.text is not None:
+            engine_steps.plan_file(cur, "unit", upath, bu.text, f"restore {upath} from the baseline"
+                                   + (f" ({bu.note})" if bu.note else ""), secrets, changes, todo, reasons)
         if env_text is not None:
             engine_steps.plan_file(cur, "env", epath, env_text,
                                    f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
@@ -194,7 +232,8 @@ class BaselineVerify(Step):
         bad = sorted(k for k, h in rec["patched_files"].items() if r["hashes"].get(k) != h)
         if bad:
             why.append(f"patched files differ: {', '.join(bad[:3])}")
-        if b["unit_text"] is not None and p["unit"] != b["unit_text"]:
+        want_unit = (BaselineUnit.get(ctx) or baseline_unit(ctx, b)).text
+        if want_unit is not None and p["unit"] != want_unit:
             why.append("unit file differs")
         if why:
             engine_steps.fail_and_roll_back(ctx, engine_steps.ServiceState.of(ctx),
@@ -258,6 +297,13 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
             name = name if "/" not in name and not name.startswith((".", "-")) else "engine.lock"
             (d / name).write_bytes(lock)  # its own name: the rebuilt release's provenance is the same
             doc["engine"]["lock"] = name  # beside recipe.yml: a recipe's lock path stays in its directory
+        if isinstance(doc.get("model"), dict):  # the weights' manifest beside recipe.yml, as the tag kept it
+            model = repo.read(tag, f"{base}/model.manifest")
+            if model is None:  # a tag from before it was kept: the rebuilt release records no weights
+                doc.pop("model")
+            else:
+                (d / "model.manifest").write_bytes(model)
+                doc["model"]["manifest"] = "model.manifest"
         (d / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
         src = ((rec.get("engine") or {}).get("source") or {})
         override = {"recipe": str(d / "recipe.yml"), "source_url": src.get("git"),

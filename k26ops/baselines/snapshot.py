@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from k26ops import facts as facts_mod
-from k26ops.enginehost import EngineHost, agent
+from k26ops.enginehost import EngineHost, agent, foreign_listener
 from k26ops.enginebench.run import run_host
 from k26ops.release import engine_source
 from k26ops.release import recipe as recipe_mod
@@ -34,6 +34,7 @@ from k26ops.multinode import serves_http
 from k26ops.shell import q
 from k26ops.steps import HostContext, engine as engine_steps
 from k26ops.steps.engine import smoke_summary
+from k26ops.weights import manifest as mf
 
 FACT_NAMES = ("gpus", "nvidia_smi", "cuda_toolkit", "os_release", "python3")
 SMOKE_PROMPT = "Say hello in one short sentence."
@@ -52,6 +53,9 @@ def run_smoke(session, t: dict) -> dict:
     """The deploy's smoke requests (greedy, then sampled), as the deploy records them."""
     r = agent(session, "smoke", timeout=300, port=t["port"], host=t["host"], unit=t["unit"], api_key=t.get("api_key"),
               prompt=SMOKE_PROMPT, max_new_tokens=16, timeout_s=120.0, requests=engine_steps.smoke_requests({}))
+    if r.get("foreign"):
+        return {"ok": False, "failed": r["failed"], "status": None, "crashed": False,
+                "why": foreign_listener(t["port"], t["unit"], r["foreign"])}
     if r["failed"]:
         last = r["results"][-1]
         return {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": bool(r.get("crash"))}
@@ -87,6 +91,20 @@ def _rebuild_check(recipe_text: str, recipe_path: Path, manifest: dict,
         return False, (f"the recipe file {recipe_path} (and its lock) now give release {rid}, not "
                        f"{manifest.get('release_id')}: they changed since the release was built")
     return True, "recipe + lock + recorded patches give the same release id"
+
+
+def model_entry(recipe, manifest_text: str | None, release_manifest: dict) -> dict | None:
+    """The weights of this known-good state (issue 44): the recipe's model manifest (its
+    identity, the hash of its entry lines) beside the one the release was built with."""
+    if recipe is None or recipe.model is None:
+        return None
+    built = (release_manifest.get("model") or {}).get("manifest_sha256")
+    try:
+        sha = mf.parse(manifest_text, str(recipe.model.manifest)).sha256 if manifest_text is not None else None
+    except UserError:
+        sha = None
+    return {"name": recipe.model.name, "manifest": str(recipe.model.manifest), "manifest_sha256": sha,
+            "release_manifest_sha256": built}
 
 
 def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes], dict]:
@@ -126,11 +144,16 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         recipe_text = Path(recipe_path).read_text()
     except OSError as exc:
         raise UserError(f"{recipe_path}: cannot read recipe: {exc.strerror}") from None
-    lock_text = None
+    lock_text = model_text = rp = None
     try:
         rp = recipe_mod.parse(recipe_text, Path(recipe_path))
+        py = ((facts["python3"] or {}).get("version") or "").split(".")[:2]
+        if len(py) == 2 and ".".join(py) in rp.pythons:  # the lock this host's release was made from
+            rp = recipe_mod.for_python(rp, ".".join(py))
         if rp.lock_path.exists():
             lock_text = rp.lock_path.read_text()
+        if rp.model is not None and rp.model.manifest.exists():
+            model_text = rp.model.manifest.read_text()
     except UserError:
         pass
     rebuildable, why = _rebuild_check(recipe_text, Path(recipe_path), m, lock_text)
@@ -145,7 +168,13 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     health_state = health["state"]
     if health_state == "healthy" and not (smoke or {}).get("ok"):
         health_state = "unhealthy"
-        health["why"] = f"smoke /generate failed (HTTP {(smoke or {}).get('status')})"
+        st = (smoke or {}).get("status")
+        health["why"] = (smoke or {}).get("why") or (
+            f"smoke /generate failed (HTTP {st}" + (": the engine wants its api key; is extra_flags api-key in "
+                                                     "this inventory?)" if st == 401 else ")"))
+    elif health_state != "healthy" and not health.get("why"):
+        health["why"] = (f"unit {health_state}" if health_state == "inactive" else
+                         f"/health {health.get('health')}, /health_generate {health.get('health_generate')}")
     cmdline = raw.get("cmdline") or m.get("engine_argv")
     unit_file = f"unit/{t['unit']}"
     env_file = f"env/{Path(t['env_path']).name}"
@@ -160,6 +189,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         "engine_argv": m.get("engine_argv"), "cmdline": cmdline,
         "health": health_state, "smoke": smoke, "rebuildable": rebuildable, "rebuild_check": why,
         "recipe_source": str(recipe_path),
+        "model": model_entry(rp, model_text, m),
     }
     manifest = {**m, "packages": rel.get("packages") or {}}
     put("baseline.json", record)
@@ -167,6 +197,8 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
     put("recipe.yml", recipe_text)
     if lock_text is not None:
         put("engine.lock", lock_text, redact=False)
+    if model_text is not None:
+        put("model.manifest", model_text, redact=False)
     for pname, text in shipped.items():
         put(f"patches/{pname}", text or "", redact=False)
     if unit_text is not None:
@@ -184,7 +216,8 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
                   accept=(smoke or {}).get("spec_accept_length"),
                   latency_ms=round(smoke["latency_s"] * 1000) if smoke and smoke.get("latency_s") is not None else None,
                   files=len(rel.get("files") or {}), rebuildable=rebuildable, drift=drift)
-    return row, files, {"record": record, "secrets": secrets}
+    return row, files, {"record": record, "secrets": secrets, "why": health.get("why"),
+                        "probe": rel.get("probe_files") or rel.get("probe_dirs") or []}
 
 
 def _summary_line(host: str, rec: dict) -> str:
@@ -242,7 +275,12 @@ def snapshot(repo: Baselines, hosts, options, tag: str, message: str | None = No
         if failed:
             raise UserError("snapshot refused, nothing was written: " +
                             "; ".join(f"{r.host}: {r.status}: {r.error}" for r in failed))
-        bad = [f"{h}: {i['record']['health']}" for h, i in records.items() if i["record"]["health"] != "healthy"]
+        probed = [f"{h}: a probe is left applied to release {i['record']['release_id']} ({', '.join(i['probe'][:3])}): "
+                  "`k26ops deploy` or `rollback` reverts it" for h, i in records.items() if i.get("probe")]
+        if probed:  # what runs is not the release's: never a baseline, --allow-unhealthy or not
+            raise UserError("snapshot refused, nothing was written: " + "; ".join(probed))
+        bad = [f"{h}: {i['record']['health']}" + (f" ({i['why']})" if i.get("why") else "")
+               for h, i in records.items() if i["record"]["health"] != "healthy"]
         bad += [f"{h}: files differ from release manifest ({', '.join(i['record']['drift'][:3])})"
                 for h, i in records.items() if i["record"]["drift"]]
         if bad and not allow_unhealthy:

@@ -14,7 +14,7 @@ from click.core import ParameterSource
 
 from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.config
 from k26ops.cli import (baselines, bench, config, deploy, diagnose, engine, gateway, globalopts, hosts, inventory,
-                        jsonout, lab, pipe, provision, rehearse, selftest, status)
+                        jsonout, lab, model, monitoring, pipe, provision, rehearse, reportcmd, selftest, status)
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite
@@ -124,7 +124,7 @@ def _apply_config(ctx, settings: Settings) -> None:
 
 
 def _register() -> None:
-    for module in (lab, inventory, diagnose, engine, gateway):
+    for module in (lab, inventory, diagnose, engine, gateway, model):
         cli.add_command(module.group)
     cli.add_command(hosts.facts_cmd)
     cli.add_command(hosts.check_cmd)
@@ -135,6 +135,8 @@ def _register() -> None:
     cli.add_command(provision.provision_cmd)
     cli.add_command(provision.reboot_cmd)
     cli.add_command(bench.bench_cmd)
+    cli.add_command(reportcmd.report_cmd)
+    cli.add_command(monitoring.monitoring_cmd)
     cli.add_command(baselines.snapshot_cmd)
     cli.add_command(baselines.rollback_cmd)
     cli.add_command(baselines.group)

@@ -10,7 +10,7 @@ import click
 from click.core import ParameterSource
 from rich.table import Table
 
-from k26ops.cli import tables
+from k26ops.cli import htmlreport, tables
 from k26ops.cli.report import wide_console
 from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench import figures as figs
@@ -122,8 +122,9 @@ def render_compare(host: str, base_host: str, tag: str, bench: dict, base: dict,
               help="Measure the baseline's own cells and settings (options given here win) and set each figure "
                    "beside its, with % change; better or worse only beyond the runs' spread, else within noise.")
 @BASELINES_OPT
+@htmlreport.report_option("the bench (written with --compare or when this is given)")
 @click.pass_obj
-def bench_cmd(settings, compare_tag, baselines_dir, **opts):
+def bench_cmd(settings, compare_tag, baselines_dir, report_path, **opts):
     """Measure the engine on each host, from the host itself (loopback): output tok/s,
     requests/s, TTFT and ITL (median, p99), spec accept length, per concurrency and temperature."""
     spec = spec_from(opts)
@@ -173,4 +174,6 @@ def bench_cmd(settings, compare_tag, baselines_dir, **opts):
             if compare_tag:
                 base_host, base = baseline_for(stored, r.host)
                 render_compare(r.host, base_host, compare_tag, r.data["bench"], base, con)
+    if compare_tag or report_path:
+        htmlreport.after_run(settings, results, "bench", report_path, stored=stored or None, tag=compare_tag)
     sys.exit(exit_code(results))

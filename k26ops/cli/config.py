@@ -28,6 +28,8 @@ def effective(settings: Settings) -> dict:
                             "source": "the running lab's" if lab_inv.exists() else "none (no lab running)"}
     path, source = config.baselines_dir()
     out["baselines"] = {"value": str(path), "source": source}
+    path, source = config.recipes_dir()
+    out["recipes"] = {"value": str(path), "source": source}
     for name in ("forks", "deadline", "connect_timeout"):
         out[name] = {"value": getattr(settings, name), "source": settings.sources.get(name, "default")}
     pattern = config.load().get("targets")

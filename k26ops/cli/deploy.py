@@ -10,6 +10,7 @@ from k26ops import playbook
 from k26ops.enginebench.figures import DEFAULT_GATE, parse_figure
 from k26ops.enginebench.gate import BenchGate, plan_gate
 from k26ops.enginebench.run import METRICS
+from k26ops.cli import htmlreport
 from k26ops.cli.batchopts import batch_option, default_batch, max_fail_option
 from k26ops.cli.bench import baselines_option
 from k26ops.cli.report import wide_console
@@ -97,24 +98,26 @@ def run_playbook(settings, name: str, *, check: bool, diff: bool, canary: int = 
               help="Before a host's engine is switched or restarted, rehearse the new one on dummy weights "
                    "beside it (k26ops rehearse); a failed rehearsal leaves the serving engine untouched.")
 @rehearsal_options
+@htmlreport.report_option("the deploy (written with --gate or when this is given)")
 @click.pass_obj
 def deploy_cmd(settings, check, diff, name, canary, batch, max_fail, gate_tag, gate_threshold, gate_figures,
-               baselines_dir, rehearse, **rkw):
+               baselines_dir, rehearse, report_path, **rkw):
     """Provision hosts: CUDA 13 toolchain, patched TP8 DDTree engine release, service, health."""
     options = RunOptions(rehearse=Gate(options_from(rkw, bench=False)) if rehearse else None)
     batch = default_batch(settings, batch)
     if gate_tag is None:
-        run_playbook(settings, name, check=check, diff=diff, canary=canary, options=options, batch=batch,
-                     max_fail=max_fail)
-        return
+        results = run_playbook(settings, name, check=check, diff=diff, canary=canary, options=options,
+                               batch=batch, max_fail=max_fail, exit=report_path is None)
+        htmlreport.after_run(settings, results, "deploy", report_path)
+        sys.exit(exit_code(results))
     gated_deploy(settings, name, check=check, diff=diff, canary=canary, batch=batch, max_fail=max_fail,
                  tag=gate_tag, threshold=gate_threshold,
                  figures=[f.strip() for f in gate_figures.split(",") if f.strip()], baselines_dir=baselines_dir,
-                 options=options)
+                 options=options, report_path=report_path)
 
 
 def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures, baselines_dir, options=None,
-                 batch=None, max_fail=None):
+                 batch=None, max_fail=None, report_path=None):
     """The deploy with the bench gate on its canary batch, and with --batch on
     every later batch too (enginebench/gate.py)."""
     if not canary and not batch:
@@ -151,4 +154,6 @@ def gated_deploy(settings, name, *, check, diff, canary, tag, threshold, figures
         elif not settings.as_json:
             checked = "; ".join(f"{c['figure']} {c['current']:g} vs {c['baseline']:g}" for c in g["checked"])
             click.echo(f"gate passed on {r.host} against {tag} (median of {spec.runs} run(s)): {checked}")
+    if not check:
+        htmlreport.after_run(settings, results, "deploy", report_path, stored=stored, tag=tag)
     sys.exit(exit_code(results))

@@ -10,6 +10,7 @@ the log holds no error at all: "no crash found"), 1 an error (or, for
 
 from __future__ import annotations
 
+import io
 import sys
 from datetime import datetime
 import time
@@ -22,6 +23,7 @@ from k26ops import units
 from k26ops.cli import jsonout, tables
 from k26ops.cli.pipe import quiet
 from k26ops.cli.report import run_and_report
+from k26ops.diagnose import logread
 from k26ops.enginehost import EngineHost
 from k26ops.enginestate import START_LIMIT, reset_hint, start_limit_hit
 from k26ops.errors import EXIT_INTERRUPTED, UserError
@@ -37,13 +39,15 @@ def group():
     """Recognise known SGLang crash signatures and say what to do."""
 
 
-def _read(path: str) -> str:
+def _read(path: str):
+    """The log, read in bounded memory and time (k26ops.diagnose.logread: its first and last
+    MiBs, lines cut at 4 KiB): a logread.Read."""
     if path == "-":
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
-        return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        return logread.read_bounded(sys.stdin.buffer if hasattr(sys.stdin, "buffer") else
+                                    io.BytesIO(sys.stdin.read().encode("utf-8", "replace")))
     try:
         with open(path, "rb") as fh:
-            return fh.read().decode("utf-8", "replace")
+            return logread.read_bounded(fh)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -92,11 +96,18 @@ def log_cmd(ctx, file, base):
             patchset.parse_base(base)
         except patchset.PatchError as exc:
             raise UserError(f"--base: {exc}") from None
-    diagnosis = classify(_read(file), base)
+    got = _read(file)
+    diagnosis = classify(got.text, base)
+    diagnosis.line = got.input_line(diagnosis.line)
+    note = got.note()
     settings = ctx.find_root().obj
     if getattr(settings, "as_json", False):
-        jsonout.emit(diagnosis.to_json(), exit_code(diagnosis), indent=2)
+        jsonout.emit({**diagnosis.to_json(), **({"read": {"note": note, "lines": got.lines, "left_out": got.left_out,
+                                                          "cut": got.cut}} if note else {})},
+                     exit_code(diagnosis), indent=2)
     else:
+        if note:
+            click.echo(f"k26ops: {file}: {note}", err=True)
         _print_human(diagnosis)
     sys.exit(exit_code(diagnosis))
 

@@ -9,11 +9,13 @@ the lock) and prints its diff. A deploy only reads what they wrote.
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 from pathlib import Path
 
 import click
 import yaml
 
+from k26ops import config
 from k26ops.cli import jsonout
 from k26ops.release import enginelock, engine_source, inputs
 from k26ops.release import recipe as recipe_mod
@@ -74,13 +76,15 @@ def set_commit(text: str, path: Path, commit: str) -> str:
     return new
 
 
-def _emit(settings, data: dict, diff: str, summary: str) -> None:
+def _emit(settings, data: dict, diff: str, summary: str, r: recipe_mod.Recipe | None = None) -> None:
     if settings.as_json:
         jsonout.emit({**data, "diff": diff}, indent=1, sort_keys=True)
         return
     if diff:
         click.echo(diff.rstrip("\n"))
-    click.echo(summary)
+    others = [p for p in (r.pythons if r else ()) if p != r.python]
+    click.echo(summary + (f" (python {r.python}; engine.python also lists {', '.join(others)}: lock each "
+                          "with --python)" if others else ""))
 
 
 @group.command(name="pin")
@@ -114,18 +118,54 @@ def pin_cmd(settings, recipe, ref, source_url, check):
           diff, f"{path}: {ref} is {commit}: {what}{lock_note}")
 
 
+def _for_python(r: recipe_mod.Recipe, python: str | None) -> recipe_mod.Recipe:
+    listed = r.pythons or (r.python,)
+    if python is None:
+        return r
+    if python not in listed:
+        raise UserError(f"--python {python}: {r.source} locks for python {', '.join(listed)}: add \"{python}\" "
+                        "to its engine.python (a list: one lock each) first")
+    return recipe_mod.for_python(r, python)
+
+
+def _placed(r: recipe_mod.Recipe, out: Path | None, check: bool) -> recipe_mod.Recipe:
+    """Where the lock goes: beside the recipe, or in `out` (default for a recipe shipped inside
+    an installed wheel: the recipes dir, never site-packages), with a copy of the recipe
+    there so that the recipe NAME finds both."""
+    if out is None and not recipe_mod.shipped(r.source):
+        return r
+    out = Path(out) if out is not None else config.recipes_dir()[0]
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: not a directory")
+    copy = out / Path(r.source).name
+    text = Path(r.source).read_text()
+    if copy.resolve() != Path(r.source).resolve():
+        if copy.exists() and copy.read_text() != text:
+            raise UserError(f"{copy} exists and differs from {r.source}: lock that one (`k26ops engine lock {copy}`)")
+        if not check:
+            out.mkdir(parents=True, exist_ok=True)
+            copy.write_text(text)
+    return replace(r, source=copy, lock_path=out / r.lock_path.name)
+
+
 @group.command(name="lock")
 @click.argument("recipe", metavar="RECIPE")
 @click.option("--source-url", metavar="URL", help="Fetch from this URL instead of the recipe's (a mirror).")
+@click.option("--python", "python", metavar="X.Y",
+              help="Lock for this python, one of the recipe's engine.python (default: the last listed).")
+@click.option("--out", metavar="DIR", type=click.Path(path_type=Path),
+              help="Write the lock (and a copy of the recipe) into DIR, not beside the recipe. Default for a "
+                   "recipe shipped in an installed wheel: your recipes dir (config `recipes`, $K26OPS_RECIPES).")
 @click.option("--check", is_flag=True, help="Show the change; write nothing.")
 @click.pass_obj
-def lock_cmd(settings, recipe, source_url, check):
+def lock_cmd(settings, recipe, source_url, python, out, check):
     """Lock the engine's wheels for the hosts' python and platform (with a diff).
 
     A git source: build the engine wheel from the pinned commit and lock what it
     needs. A registry release: lock sglang==VERSION and, for `install: full`, its
-    whole dependency closure with the recipe's pins and extras."""
-    r = _recipe(recipe, source_url, registry_ok=True)
+    whole dependency closure with the recipe's pins and extras. A recipe whose
+    engine.python lists several pythons has one lock each (NAME.py3.11.lock)."""
+    r = _placed(_for_python(_recipe(recipe, source_url, registry_ok=True), python), out, check)
     say = (lambda m: None) if settings.as_json else (lambda m: click.echo(f"  {m}", err=True))
     if r.git is None:
         return _lock_registry(settings, recipe, r, check, say)
@@ -146,7 +186,7 @@ def lock_cmd(settings, recipe, source_url, check):
                      {"name": built.name, "sha256": built.sha256}, "wheels": len(entries), "changed": bool(diff),
                      "written": bool(diff) and not check},
           diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for {g.url} @ {g.commit[:12]} "
-                f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}")
+                f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}", r)
 
 
 def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say) -> None:
@@ -168,4 +208,4 @@ def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say
                      "commit": None, "wheels": len(entries), "cuda_runtime": [{"name": n, "version": v} for n, v in cuda],
                      "changed": bool(diff), "written": bool(diff) and not check},
           diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for sglang=={r.sglang} (install: {r.install}, "
-                f"{len(cuda)} CUDA runtime wheel(s)): {what}")
+                f"{len(cuda)} CUDA runtime wheel(s)): {what}", r)

@@ -8,13 +8,16 @@ from rich.markup import escape
 from k26ops import facts as facts_mod
 from k26ops import preflight
 from k26ops.cli.report import run_and_report, wide_console
+from k26ops.facts.platform import platform_fact
 from k26ops.fleet import Outcome
+from k26ops.release import installer, wheelsource
 from k26ops.traffic.drain import TrafficConfig
 
 
 def _gather(session, want: dict | None = None):
-    """Every fact in one call; with `want` (preflight.engine_wanted) the model and drafter too."""
-    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) if want else [])
+    """Every fact in one call; with `want` (preflight.engine_wanted) the model, drafter and platform too."""
+    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) + [platform_fact()]
+                                                       if want else [])
     return facts_mod.gather(session, extra=extra)
 
 
@@ -51,13 +54,22 @@ def check_cmd(settings):
 
     wanted = {h.name: preflight.engine_wanted(h.vars) for h in settings.selected_hosts()}  # bad recipe: exit 2
     recipes = {h.name: preflight.recipe_lock(h.vars) for h in settings.selected_hosts()}
+    launch = {h.name: preflight.launch_check(h.vars) for h in settings.selected_hosts()}  # deploy refuses these
+    for h in settings.selected_hosts():  # inventory values a deploy refuses before any host: exit 2 here too
+        installer.choice(h.vars, h.name)
+        wheelsource.settings(h)
     traffic = {h.name: TrafficConfig.of(h) for h in settings.selected_hosts()}  # bad traffic vars: exit 2
 
     def work(session):
         want = wanted[session.host.name]
         checks = [preflight.recipe_check(recipes[session.host.name])]
-        checks += preflight.evaluate(_gather(session, want), {**session.host.vars, "_drafter": want["drafter"],
-                                                              "_model_path": want["model_path"]})
+        gathered = _gather(session, want)
+        if recipes[session.host.name]["ok"]:  # the lock against this host (python, platform, GPUs)
+            checks.append(preflight.lock_check(session.host.vars, gathered))
+        checks.append(launch[session.host.name])
+        checks += preflight.evaluate(gathered, {**session.host.vars, "_drafter": want["drafter"],
+                                                "_model_path": want["model_path"],
+                                                "_weights": want.get("weights")})
         if traffic[session.host.name].configured:
             checks.append(preflight.Check("traffic", *traffic[session.host.name].check()))
         failed = [c for c in checks if not c.ok]

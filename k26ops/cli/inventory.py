@@ -259,7 +259,7 @@ def show_cmd(settings: Settings, inventory, as_json, host):
 
 
 @group.command("vars")
-@click.option("--markdown", is_flag=True, help="As docs/inventory.md (generated from this table).")
+@click.option("--markdown", is_flag=True, help="As docs/reference/inventory.md (generated from this table).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def vars_cmd(settings: Settings, markdown, as_json):

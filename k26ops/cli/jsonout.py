@@ -1,4 +1,4 @@
-"""One JSON shape for every command's --json (docs/json.md, docs/json/*.schema.json).
+"""One JSON shape for every command's --json (docs/reference/json.md, docs/json/*.schema.json).
 
     {"command": "status", "ok": true, "exit_code": 0, "hosts": {name: {...}}, ...}
 

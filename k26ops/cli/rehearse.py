@@ -4,7 +4,6 @@ line on dummy weights, serve a few requests, stop it (k26ops.rehearsal)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -12,10 +11,12 @@ from k26ops.cli.report import wide_console
 from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench.run import parse_list
 from k26ops.errors import UserError
+from k26ops.hostlock import HostLock, HostLocked
 from k26ops.fleet import Outcome
 from k26ops.rehearsal import plan, summary
 from k26ops.rehearsal.run import rehearse
-from k26ops.steps import session_context
+from k26ops.safefiles import OutDir
+from k26ops.steps import StepFailed, session_context
 
 
 def rehearsal_options(fn):
@@ -77,11 +78,17 @@ def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, co
                         input_len=input_len, output_len=output_len, num_prompts=num_prompts)
     if release is not None and (not release or "/" in release or release.startswith(".")):
         raise UserError(f"--release: not a release id: {release!r}")
-    out = Path(save_log) if save_log else None
+    out = OutDir.open(save_log, "--save-log") if save_log else None  # refused before any host is touched
 
     def work(session, progress):
         ctx = session_context(session)
         ctx.progress = progress
+        # the host lock, as a deploy's: no deploy starts the serving engine while the rehearsal holds the GPUs
+        lock = HostLock(session, ctx.state_dir, "rehearse")
+        try:
+            lock.acquire()
+        except HostLocked as exc:
+            raise StepFailed(f"rehearsal not started: {exc}") from None
         try:
             rep = rehearse(ctx, opts, progress=progress)
         except Exception as exc:
@@ -90,6 +97,8 @@ def rehearse_cmd(settings, release, alongside, stop_serving, probe, no_bench, co
                 _save(out, session.host.name, rep)
                 rep.pop("_log", None)
             raise
+        finally:
+            lock.release()
         _save(out, session.host.name, rep)
         rep.pop("_log", None)
         return Outcome(False, rehearsal=rep, **_columns(rep))
@@ -106,12 +115,11 @@ def _columns(rep: dict) -> dict:
             "_toks": f["tok/s"]}
 
 
-def _save(out: Path | None, host: str, rep: dict) -> None:
+def _save(out: OutDir | None, host: str, rep: dict) -> None:
     if out is None:
         return
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{host}.log").write_text(rep.get("_log") or "")
-    (out / f"{host}.json").write_text(json.dumps({k: v for k, v in rep.items() if k != "_log"}, indent=1) + "\n")
+    out.write(f"{host}.log", rep.get("_log") or "")
+    out.write(f"{host}.json", json.dumps({k: v for k, v in rep.items() if k != "_log"}, indent=1) + "\n")
 
 
 def _render(results) -> None:

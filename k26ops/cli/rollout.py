@@ -45,7 +45,7 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
         render(run.results)
     if run.stopped:
         click.echo(f"k26ops: rollout stopped: {run.stopped.host}: {run.stopped.error}; "
-                   f"untouched: {', '.join(run.stopped.untouched)}", err=True)
+                   f"untouched: {names_brief(run.stopped.untouched)}", err=True)
     if not exit:
         return run.results
     if run.interrupted:
@@ -124,3 +124,11 @@ def print_rollout(settings, results: list[HostResult], title: str, columns=(), c
             if diag.get("suggestion"):
                 console.print(f"suggestion: {diag['suggestion']}", highlight=False)
         console.print(tail, markup=False, highlight=False)
+
+
+def names_brief(names: list[str], first: int = 20) -> str:
+    """A host list for one line: all of it when short, else the first `first` names and a
+    count (10,000 hosts at --batch 1% made a 100,000-character line); --json has them all."""
+    if len(names) <= first + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:first])} and {len(names) - first} more ({len(names)} hosts)"

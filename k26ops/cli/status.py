@@ -10,14 +10,16 @@ from datetime import datetime, timezone
 import click
 from rich.console import Console
 
-from k26ops import rollout, units
+from k26ops import preflight, rollout, units
 from k26ops.cli import logview
 from k26ops.cli import jsonout
 from k26ops.cli.report import run_and_report
-from k26ops.enginehost import EngineHost, agent
-from k26ops.enginestate import engine_state
+from k26ops.enginehost import EngineHost, agent, foreign_listener
+from k26ops.enginestate import EngineState, engine_state
+from k26ops.errors import UserError
 from k26ops.facts import xid
 from k26ops.fleet import Connections, Outcome
+from k26ops.rehearsal import plan as rehearsal_plan
 from k26ops.steps import HostContext, session_context
 
 
@@ -42,8 +44,11 @@ def _ago(seconds: float | None) -> str:
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
 @click.option("--baselines", "baselines_dir", metavar="DIR", envvar="K26OPS_BASELINES",
               help="Baselines repository to compare with (default: $K26OPS_BASELINES, else the config file's, else ~/.local/share/k26ops/baselines).")
+@click.option("--verify", "verify_full", is_flag=True,
+              help="Read every file of the current release against its wheels' RECORD (sha256); "
+                   "by default only sizes and mtimes are compared.")
 @click.pass_obj
-def status_cmd(settings, unit, baselines_dir):
+def status_cmd(settings, unit, baselines_dir, verify_full):
     """Per host: what the engine is (serving, starting, stopped, failed, crash-looping), health,
     release, uptime, model, last restart; and drift: which tagged baseline runs, or which files
     differ from the release manifest. Exit 1 when an enabled engine does not serve."""
@@ -56,7 +61,8 @@ def status_cmd(settings, unit, baselines_dir):
         ctx = session_context(session)
         eh, name, host, port = _target(ctx, unit)
         r = agent(session, "status", unit=name, port=port, host=host, current=eh.layout.current,
-                  api_key=eh.api_key(), kernel=xid.XID_COMMAND)
+                  api_key=eh.api_key(), kernel=xid.XID_COMMAND, weights_record=_weights_record(session.host.vars),
+                  rehearsal_record=rehearsal_plan.record_path(eh.layout.state_dir))
         show = r["show"]
         active = show.get("ActiveState")
         started = show.get("ExecMainStartTimestampMonotonic") or 0
@@ -67,22 +73,26 @@ def status_cmd(settings, unit, baselines_dir):
         parts = stamp.split() if active in ("active", "activating", "reloading") else []  # a dead run's is stale
         try:  # one more call: patched files vs the release manifest, and vs the tagged baselines
             d = drift_mod.host_drift(session, ctx.releases_root, eh.unit_path, eh.env_path, index,
-                                     state_dir=eh.layout.state_dir)
+                                     state_dir=eh.layout.state_dir, verify="full" if verify_full else "cheap")
         except Exception as exc:  # drift is advisory: never fail `status` for it
             d = {"error": str(exc).splitlines()[0][:200]}
         d = drift_mod.with_engine(d, r.get("engine_releases"))
+        if r.get("foreign"):  # another process holds the engine's port: nothing was asked of it
+            es = EngineState("unhealthy", True, foreign_listener(port, name, r["foreign"], eh.secrets()))
         return Outcome(drift=d, baseline=drift_mod.describe(d), engine=d.get("engine"),
+                       rehearsal_left=r.get("rehearsal_left") or None,
                        unit=name, state=active or "unknown", substate=show.get("SubState"),
                        engine_state=es.state, engine_detail=es.detail, engine_label=es.label(),
                        should_serve=es.should_serve, serving_ok=es.ok, result=show.get("Result") or None,
                        enabled=show.get("UnitFileState") or None,
-                       health=("healthy" if health == 200 else f"HTTP {health}" if health else
+                       health=("FOREIGN LISTENER" if r.get("foreign") else "healthy" if health == 200 else f"HTTP {health}" if health else
                                "no answer" if health == 0 else "-"),
                        release=r["current"].rsplit("/", 1)[-1] if r.get("current") else None,
                        uptime_s=round(uptime, 1) if uptime is not None else None, uptime=_ago(uptime),
                        model=r.get("model"), model_short=(r.get("model") or "").rstrip("/").rsplit("/", 1)[-1] or None, port=port, pid=show.get("MainPID") or None,
                        restarts=show.get("NRestarts"),
                        last_start=stamp or None, gpu_xid=xid_lines(xid.since_engine_start(r)),
+                       weights=r.get("weights"), weights_short=_weights_short(r.get("weights")),
                        started=" ".join(parts[1:3]) if len(parts) >= 3 else None)
 
     def not_serving(results) -> list:
@@ -96,13 +106,42 @@ def status_cmd(settings, unit, baselines_dir):
                 click.echo(f"  {res.host}: {line}")
         for r in not_serving(results):
             click.echo(f"k26ops: {r.host}: {r.data['unit']} should serve but is {r.data['engine_label']}", err=True)
+        for r in results:
+            if (r.data or {}).get("rehearsal_left"):
+                click.echo(f"k26ops: {r.host}: a rehearsal's engine or temp dir is there ({', '.join(r.data['rehearsal_left'])}): "
+                           "a rehearsal running now, or a killed one's, which the next `rehearse` removes", err=True)
+
+    def drifted(results) -> list:  # a release's bytes changed (a probe left applied, an edit): not canonical
+        return [r for r in results if r.data and (r.data.get("drift") or {}).get("drifted_files")]
 
     run_and_report(settings, work, title="engine status", render=render,
-                   exit_with=lambda results: 1 if not_serving(results) else 0,
+                   exit_with=lambda results: 1 if not_serving(results) or drifted(results) else 0,
                    host_status=host_status,
                    columns=[("engine", "engine_state"), ("health", "health"), ("release", "release"),
                             ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
-                            ("restarts", "restarts"), ("started", "started")])
+                            ("weights", "weights_short"), ("restarts", "restarts"),
+                            ("started", "started")])
+
+
+def _weights_record(host_vars) -> str | None:
+    """Where the host keeps its model verify record, for a recipe with a model manifest."""
+    try:
+        w = preflight.engine_wanted(host_vars).get("weights")
+    except UserError:  # a recipe that does not load: status still shows the engine
+        return None
+    return w["record"] if w else None
+
+
+def _weights_short(w: dict | None) -> str | None:
+    """'902d9251 full 2026-12-07T12:00:00Z': the release's model manifest, the last full verify
+    (and the manifest it checked, when another)."""
+    if not w:
+        return None
+    rel, last = w.get("release_manifest"), w.get("last_full") or {}
+    text = (rel[:8] if rel else "-") + " " + (f"full {last['at']}" if last.get("at") else "never fully verified")
+    if last.get("manifest") and rel and last["manifest"] != rel:
+        text += f" (of {last['manifest'][:8]})"
+    return text
 
 
 def host_status(result) -> str | None:

@@ -48,6 +48,9 @@ BENIGN = re.compile(r"Ignore import error when loading sglang\.srt\.[\w.]+|"
 # handler). Seen in vllm-project/vllm#15018 and PR #21391.
 REQUEST_LEVEL = re.compile(r"Error in preprocessing prompt inputs|^Error with model object=|"
                            r"^Exception in ASGI application$")
+# Lines that say the server finished starting and listens: an error line before one of them did not
+# stop the start (sglang's "The server is fired up and ready to roll!", uvicorn's own lines).
+READY = re.compile(r"fired up and ready to roll|Application startup complete|Uvicorn running on")
 # Lines that say the server served a request or ran a batch.
 SERVING = re.compile(r'"(?:POST|GET) /\S* HTTP/[\d.]+" 2\d\d\b|\b(?:Prefill|Decode) batch[.,]|'
                      r"Avg prompt throughput: .*Running: \d+ reqs")
@@ -60,13 +63,27 @@ STOP_REQUESTED = re.compile(r"SIGTERM received\b.*(?:Draining|shutting down)|^St
                             r"\[shutdown\] (?:API server: shutdown triggered|EngineCore: trigger received "
                             r"signal=SIG(?:TERM|INT))|"
                             # systemd stopping a unit by its description: "Stopping vLLM Qwen3 (...)..."
-                            r"^Stopping .+\.\.\.$", re.IGNORECASE)
+                            r"^Stopping .+\.\.\.$|"
+                            # sglang's drain after SIGTERM (tokenizer_manager.sigterm_watchdog; older builds
+                            # print only this line): "Gracefully exiting... Remaining number of requests 0"
+                            r"^Gracefully exiting\.\.\. remaining number of requests", re.IGNORECASE)
+# A (re)start after a stop: systemd's "Started <unit>." / "Starting <unit>...", the engine's first lines.
+STARTED = re.compile(r"^Started .+\.$|^Starting .+\.\.\.$|server_args=ServerArgs\(|Started server process \[\d+\]|"
+                     r"vLLM API server version")
 STOP_ECHO = re.compile(r"crashed with exit code -(?:15|9)\b|Triggering SIGQUIT for cleanup|SIGQUIT received|"
                        # vLLM's output handler meeting the engine it is stopping (vllm-project/vllm#48745)
                        r"AsyncLLM output_handler failed|EngineDeadError|EngineCore encountered an issue|"
                        r"force killing remaining process|"
                        r"Received sigquit|before crash diagnostics|No live scheduler processes found|"
-                       r"kill_process_tree called", re.IGNORECASE)
+                       r"kill_process_tree called|"
+                       # the drain's end: sglang SIGKILLs its own process tree (kill_process_tree with the
+                       # parent), so the shell says "Killed" and systemd "code=killed, status=9/KILL"
+                       r"^Killed\s*$|code=killed, status=(?:9/KILL|15/TERM)|Failed with result 'signal'|"
+                       r"State 'stop-sigterm' timed out|with signal SIGKILL|"
+                       # systemd's account of the stopped process's exit status: the stop's, not a crash
+                       r"Main process exited, code=exited, status=\d+|Failed with result 'exit-code'", re.IGNORECASE)
+# Python's report of an exception it ignored (in a __del__, a weakref callback, atexit), then its traceback.
+IGNORED = re.compile(r"^Exception ignored (?:in|on|while)\b")
 # Lines that say the process died or is going down.
 FATAL = re.compile(r"Received sigquit|SIGQUIT|\bKilled\b|core dumped|\bAborted\b|Fatal Python error|"
                    r"EngineDeadError|Main process exited|Failed with result|Shutting down|"

@@ -52,13 +52,27 @@ class _Log:
         self.lower = self.flat.lower()
         self.marks = chains.progress_marks(self.lines)
         self.serving = [k for k, line in enumerate(self.lines) if chains.SERVING.search(line.text)]
-        stop = next((k for k, line in enumerate(self.lines) if chains.STOP_REQUESTED.search(line.text)), None)
-        # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths
-        self.stop_echo = {k for k in range(stop + 1, len(self.lines)) if chains.STOP_ECHO.search(
-            self.lines[k].text)} if stop is not None else set()
+        self.ready = [k for k, line in enumerate(self.lines) if chains.READY.search(line.text)]
+        # the echoes of an orderly stop someone asked for (SIGTERM): neither errors nor deaths; a stop lasts
+        # until the next start (a journal holds the restart after it, and what that run did is its own)
+        self.stop_echo, stopping = set(), False
+        for k, line in enumerate(self.lines):
+            if chains.STOP_REQUESTED.search(line.text):
+                stopping = True
+            elif chains.STARTED.search(line.text):
+                stopping = False
+            elif stopping and chains.STOP_ECHO.search(line.text):
+                self.stop_echo.add(k)
         for k in [k for k in self.stop_echo if chains.is_exception(self.lines[k].text)]:
             start = chains.block_start(self.lines, k)  # the traceback that ends in an echo is one too
             self.stop_echo.update(range(start if start is not None else k, k + 1))
+        for k in [k for k, line in enumerate(self.lines) if chains.IGNORED.match(line.text)]:
+            # Python's own "Exception ignored in: <...>" (a __del__ or atexit at exit): ignored by it, and by us
+            head = next((j for j in range(k + 1, min(len(self.lines), k + 4)) if chains.HEADER.match(
+                self.lines[j].text)), None)
+            end = next((j for j in range(head + 1, min(len(self.lines), head + chains.MAX_BLOCK))
+                        if chains.is_exception(self.lines[j].text)), head) if head is not None else k
+            self.stop_echo.update(range(k, end + 1))  # at exit the frames come without their code lines
         self.fatal = [k for k, line in enumerate(self.lines)
                       if chains.FATAL.search(line.text) and k not in self.stop_echo]
         self._survived: dict[int, str | bool] = {}  # line -> "request" / "served" / False
@@ -112,7 +126,8 @@ def _capture_context(log: _Log, i: int) -> bool:
 
 def survived(log: _Log, i: int) -> bool:
     """The error at line i was one request's: the server caught it (a request-level handler's
-    message heads its traceback), or it served before and after it and nothing says it died."""
+    message heads its traceback), or it served before and after it and nothing says it died; or it
+    came before the server said it was ready, which it then did, and nothing says it died."""
     if i in log._survived:
         return log._survived[i]
     first, _last, has_frames = chains.chain(log.lines, i)
@@ -123,7 +138,8 @@ def survived(log: _Log, i: int) -> bool:
     if not caught:
         running = chains.startup_state(log.marks, i) == "running" or any(k < first for k in log.serving)
         after = any(k > i for k in log.serving)
-        caught = "served" if running and after and not any(k > first for k in log.fatal) else False
+        started = not running and any(k > i for k in log.ready)
+        caught = "served" if (running and after or started) and not any(k > first for k in log.fatal) else False
     log._survived[i] = caught
     return bool(caught)
 
@@ -134,18 +150,19 @@ def _primary(log: _Log) -> int | None:
     single requests the server survived skipped."""
     candidates = [k for k, line in enumerate(log.lines)
                   if chains.is_exception(line.text) and not S.SECONDARY.search(line.text) and k not in log.stop_echo
-                  and not (k and chains.FRAME.match(log.lines[k - 1].text)) and not survived(log, k)]
+                  and not line.quiet and not (k and chains.FRAME.match(log.lines[k - 1].text))
+                  and not survived(log, k)]
     with_tb = next((k for k in candidates if chains.block_start(log.lines, k) is not None), None)
     if with_tb is not None or candidates:
         return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
-        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text \
+        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text and not line.quiet \
                 and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text) \
                 and k not in log.stop_echo and not survived(log, k):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
     return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text)
-                 and k not in log.stop_echo and (
+                 and k not in log.stop_echo and not line.quiet and (
                  chains.is_exception(line.text) or chains.ERRORISH.search(line.text)
                  or (line.error_level and line.text)) and not survived(log, k)), None)
 
@@ -216,6 +233,8 @@ def _first_accepted(log: _Log, sig: S.Signature, primary: int | None):
     for n, (i, weak, m) in enumerate(_hits(log, sig)):
         if (first is not None and n > 300) or n > 3000:
             break
+        if log.lines[i].quiet and primary is None and not any(not log.lines[k].quiet for k in log.fatal):
+            continue  # a warning or info line may explain a crash, never make one
         if weak and not _accept(log, sig, i, primary):
             continue
         if weak and survived(log, i):
@@ -306,6 +325,8 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
     for sig in S.SIGNATURES:
         for i, m in _first_accepted(log, sig, primary):
             first, evidence = log.span_text(m)
+            if first and _continues(log, first):  # an exception message a paste wrapped: from its start
+                first, evidence = first - 1, log.lines[first - 1].text + evidence
             detail, suggestion = detail_for(sig, m, log.lines, first, algorithm, base)
             title = sig.title
             if sig is S.GPU_OOM:
@@ -333,6 +354,15 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
                      line=line.raw_index + 1)
 
 
+def _continues(log: _Log, k: int) -> bool:
+    """Line k is the rest of the exception line above it, wrapped by a paste ("... (4.26 GiB KV cach" /
+    "e is needed, ..."): no record or frame of its own, the line above an exception not ending a sentence."""
+    above, line = log.lines[k - 1].text, log.lines[k]
+    return (chains.is_exception(above) and not chains.is_exception(line.text) and not line.new_record
+            and not chains.FRAME.match(line.text) and not above.rstrip().endswith((".", "!", ")", ":"))
+            and line.raw_index == log.lines[k - 1].raw_index + 1 and not line.text[:1].isupper())
+
+
 def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
     """A run SIGKILLed with no error text of its own (the primary line, if any, is no exception):
     'killed (signal 9)', and 'by the OOM killer' where the kernel log or journal in the text says so.
@@ -340,6 +370,10 @@ def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
     if primary is not None and chains.is_exception(log.lines[primary].text):
         return None
     kills = [k for k, line in enumerate(log.lines) if S.KILLED.search(line.text) and k not in log.stop_echo]
+    # sglang's cleanup after a failed child (SIGQUIT to the parent, then kill_process_tree) SIGKILLs the rest:
+    # a kill after it is that cleanup's echo; a kill that set it off ("crashed with exit code -9") is not
+    quit_at = next((k for k, line in enumerate(log.lines) if S.SIGQUIT_CLEANUP.search(line.text)), None)
+    kills = [k for k in kills if quit_at is None or k <= quit_at]
     ooms = [k for k, line in enumerate(log.lines) if S.OOM_KILLER.search(line.text)]
     if not kills and not ooms:
         return None

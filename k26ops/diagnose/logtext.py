@@ -40,8 +40,11 @@ _PLAIN_PREFIXES = [
     # docker-compose "name  | " (also "name-1  | ")
     re.compile(r"^[A-Za-z0-9][\w.\-]*\s*\|\s?(?=.)"),
     # glog-style from torch C++: "[E520 08:02:44.123456 1234 ProcessGroupNCCL.cpp:616] "
-    # (older torch: "[E ProcessGroupNCCL.cpp:474] ")
+    # (older torch: "[E ProcessGroupNCCL.cpp:474] "); its letter is the level (see _GLOG_LEVEL)
     re.compile(r"^\[?[EWIF](?:\d{3,4}\s+\d\d:\d\d:\d\d\.\d+\s+)?(?:\d+\s+)?[\w./-]+\.\w+:\d+\]\s*"),
+    # FastChat/LLaVA-style logging after its time stamp: "| ERROR | stderr | " (a child's stderr logged
+    # at ERROR whatever it says: the message's own level word, if any, is the line's; haotian-liu/LLaVA#415)
+    re.compile(r"^\|\s*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*\|\s*[\w.\-]+\s*\|\s?"),
     # plain logging timestamps: "2026-05-20 08:02:44,123 " / "INFO 05-20 08:02:44 "
     re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:-\s+)?"),
 ]
@@ -59,6 +62,16 @@ _NAME_RANKS = re.compile(r"_(?P<kind>TP|EP|DP|PP)(?P<n>\d+)")
 # vLLM log records: "ERROR 06-05 06:18:13 [multiproc_executor.py:470] ", "INFO 08-19 07:51:03 model_runner.py:732] "
 _VLLM_RECORD = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+"
                           r"\d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[[\w./-]+:\d+\]|[\w./-]+\.py:\d+\])\s?")
+# The level a line's logger gave it, where its words show one: glog's letter ("[W508 00:41:45.80 ...
+# ProcessGroupNCCL.cpp:1496]"), Python logging's and uvicorn's level word at the start ("WARNING:  ...",
+# "WARNING - ...", "[WARNING] ...", Ray's "WARNING utils.py:580 -- ..."), a Python warning ("x.py:61:
+# FutureWarning: ...", "UserWarning: ..."), NCCL's "NCCL INFO" lines. None: the line does not say.
+_GLOG_LEVEL = re.compile(r"^\[?(?P<letter>[EWIF])(?:\d{3,4}\s+\d\d:\d\d:\d\d\.\d+\s+)?(?:\d+\s+)?[\w./-]+\.\w+:\d+\]")
+_LEVEL_WORD = re.compile(r"^(?:-\s+)?\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?(?::|\s+-+\s|\s+[\w./-]+\.py:\d+|\s)")
+_PY_WARNING = re.compile(r"^(?:\S+:\d+:\s+)?[A-Z]\w*Warning:\s")
+_NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+_LEVELS = {"E": "error", "F": "error", "W": "warning", "I": "info", "DEBUG": "debug", "INFO": "info",
+           "WARNING": "warning", "WARN": "warning", "ERROR": "error", "CRITICAL": "error", "FATAL": "error"}
 _NCCL_RANK = re.compile(r"\[(?:PG[^\]]*?\s)?Rank\s+(?P<n>\d+)\]")
 # "Scheduler hit an exception: Traceback ..." / "... hit an exception: ValueError: x"
 _SPLIT_AT = re.compile(r"(?<=\S)\s*(?=Traceback \(most recent call last\):)|"
@@ -72,6 +85,12 @@ class Line:
     raw_index: int     # index of the source line in the input
     new_record: bool = False  # began with an SGLang "[time RANK]" prefix
     error_level: bool = False  # its logger prefix said ERROR/CRITICAL
+    level: str | None = None   # debug / info / warning / error, where the line shows it (level_of)
+
+    @property
+    def quiet(self) -> bool:
+        """Its logger called it info, debug or a warning: the engine's own words that it is no error."""
+        return self.level in ("debug", "info", "warning")
 
 
 def _process_rank(m: re.Match) -> str | None:
@@ -81,14 +100,32 @@ def _process_rank(m: re.Match) -> str | None:
     return " ".join(kind + n for kind, n in found) or None
 
 
+def level_of(text: str) -> str | None:
+    """The level a (prefix-stripped or raw) line's own words give it, else None."""
+    if m := _LEVEL_WORD.match(text):
+        return _LEVELS[m.group("level")]
+    if _PY_WARNING.match(text):
+        return "warning"
+    if "NCCL INFO" in text and _NCCL_INFO.search(text):
+        return "info"
+    return None
+
+
 def strip_prefixes(line: str) -> tuple[str, str | None, bool, bool]:
     """Remove known prefixes; return (text, rank found in them, whether an
     SGLang record prefix was among them, whether a logger prefix said ERROR)."""
-    rank, record, error = None, False, False
+    text, rank, record, level = _strip(line)
+    return text, rank, record, level == "error"
+
+
+def _strip(line: str) -> tuple[str, str | None, bool, str | None]:
+    rank, record, level = None, False, None
     text = ANSI.sub("", line).replace("\r", "").rstrip()
     for _ in range(8):
         before = text
         stripped = text.lstrip()
+        if level is None and (m := _GLOG_LEVEL.match(stripped)):
+            level = _LEVELS[m.group("letter")]
         m = _TORCHRUN.match(stripped)
         if m:
             rank = rank or m.group("rank")
@@ -101,7 +138,7 @@ def strip_prefixes(line: str) -> tuple[str, str | None, bool, bool]:
             continue
         m = _VLLM_RECORD.match(stripped)
         if m:
-            error = error or m.group("level") in ("ERROR", "CRITICAL")
+            level = level or _LEVELS[m.group("level")]
             text = stripped[m.end():]
             continue
         m = _SGLANG.match(stripped)
@@ -117,7 +154,8 @@ def strip_prefixes(line: str) -> tuple[str, str | None, bool, bool]:
                 break
         if text == before:
             break
-    return text.strip(), rank, record, error
+    text = text.strip()
+    return text, rank, record, level or level_of(text)
 
 
 def clean_lines(text: str) -> list[Line]:
@@ -126,7 +164,7 @@ def clean_lines(text: str) -> list[Line]:
     out: list[Line] = []
     current = None
     for i, raw in enumerate(text.splitlines()):
-        body, rank, record, error = strip_prefixes(raw)
+        body, rank, record, level = _strip(raw)
         if rank is None:
             m = _NCCL_RANK.search(body)
             if m:
@@ -137,5 +175,5 @@ def clean_lines(text: str) -> list[Line]:
             continue
         parts = _SPLIT_AT.split(body) if "Traceback" in body or "hit an" in body else [body]
         for n, part in enumerate(parts):
-            out.append(Line(part.strip(), current, i, record and n == 0, error))
+            out.append(Line(part.strip(), current, i, record and n == 0, level == "error", level))
     return out

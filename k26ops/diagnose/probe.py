@@ -375,6 +375,7 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
                 rep.restored.append(f"the engine is healthy again ({w.elapsed:.0f}s)")
                 if drain is not None:  # back into rotation only once the restored engine answers
                     try:
+                        drain_mod.smoke_before_put_back(drain, session, uname)
                         drain.put_back()
                         rep.restored.append("back in rotation")
                     except (StepFailed, GatewayError) as exc:

@@ -36,13 +36,15 @@ def _rx(*patterns: str) -> tuple[re.Pattern, ...]:
 class Signature:
     """One crash kind. `context`: None (the message alone is enough), "graph"
     (the failing traceback must run through CUDA-graph code), "capture" (it
-    must be graph capture), "primary" (it must be the first real error)."""
+    must be graph capture), "not-capture" (it must not be), "config" (raised in
+    the engine's argument checks), "startup" (raised before the engine served
+    anything), "primary" (it must be the first real error)."""
 
     id: str
     title: str
     patterns: tuple[re.Pattern, ...]
     suggestion: str
-    context: str | None = None  # also "config": raised in the engine's argument checks
+    context: str | None = None
     # Patterns that are enough without context (e.g. the probe's own tag).
     strong: tuple[re.Pattern, ...] = field(default=())
     # Cheap prefilter: lowercase words one of which any hit contains.
@@ -303,7 +305,7 @@ CONFIG_FRAMES = re.compile(r"server_args\.py|/arg_groups/|speculative_hook\.py|v
 # B300 (sgl-project/sglang#25564: "AssertionError: Only SM 10.x and 11.x are supported") and
 # flashinfer's SM120 kernel on SM121 (flashinfer-ai/flashinfer#4600).
 BACKEND_UNSUPPORTED_GPU = Signature(
-    keywords=("sm", "kernel image", "fp8e4nv", "architecture"),
+    keywords=("sm", "kernel image", "fp8e4nv", "architecture", "flashattention", "compute capability"),
     id="backend-unsupported-gpu",
     title="a kernel or attention backend does not support this GPU",
     strong=_rx(r"(?P<requirement>Only" + _ + r"SM" + _ + r"[\d.x]+(?:" + _ + r"and" + _ + r"[\d.x]+)?"
@@ -318,7 +320,15 @@ BACKEND_UNSUPPORTED_GPU = Signature(
                r"(?P<requirement>type" + _ + r"fp8e4nv" + _ + r"not" + _ + r"supported" + _ + r"in" + _ + r"this"
                + _ + r"architecture)",
                r"(?P<requirement>fp8e4nv" + _ + r"data" + _ + r"type" + _ + r"is" + _ + r"not" + _ + r"supported"
-               + _ + r"on" + _ + r"CUDA" + _ + r"arch" + _ + r"<" + _ + r"\d+)"),
+               + _ + r"on" + _ + r"CUDA" + _ + r"arch" + _ + r"<" + _ + r"\d+)",
+               # flash-attn 2 on a pre-Ampere GPU (V100, T4): its own check's words
+               r"(?P<requirement>FlashAttention" + _ + r"only" + _ + r"supports" + _ + r"(?:Ampere|Hopper|Turing)"
+               + _ + r"GPUs" + _ + r"or" + _ + r"newer)",
+               # vLLM's dtype check: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0.
+               # Your Tesla T4 GPU has compute capability 7.5."
+               r"(?P<requirement>\w+" + _ + r"is" + _ + r"only" + _ + r"supported" + _ + r"on" + _ + r"GPUs" + _
+               + r"with" + _ + r"compute" + _ + r"capability" + _ + r"of" + _ + r"at" + _ + r"least" + _
+               + r"\d+\.\d+)"),
     patterns=(),
     suggestion=("The kernel or attention backend the engine chose does not run on this GPU's "
                 "architecture (its compute capability; `k26ops facts` shows it). Choose another "
@@ -352,6 +362,7 @@ COMPUTE_CAPABILITY = (
     re.compile(r"CUDA\s+capability\s+sm_(?P<sm>\d{2,3})\b", re.IGNORECASE),
     re.compile(r"cuda\s+capability\s+(?P<cc>\d+\.\d+)", re.IGNORECASE),
     re.compile(r"Compute\s+Capability:\s*(?P<cc>\d+\.\d+)", re.IGNORECASE),
+    re.compile(r"GPU\s+has\s+compute\s+capability\s+(?P<cc>\d+\.\d+)", re.IGNORECASE),
     re.compile(r"^compute_cap\s*\n\s*(?P<cc>\d+\.\d+)\s*$", re.MULTILINE),
     re.compile(r"\bsm_?(?P<sm>[5-9]\d|1[0-2]\d)a?\b"),
 )
@@ -384,7 +395,13 @@ GPU_OOM = Signature(
         r"Not" + _ + r"enough" + _ + r"memory\." + _ + r"Please" + _ + r"try" + _ + r"to" + _ + r"increase"
         + _ + r"--mem-fraction-static",
         r"Not" + _ + r"enough" + _ + r"memory" + _ + r"to" + _ + r"allocate" + _ + r"KV" + _ + r"cache",
-        r"No" + _ + r"available" + _ + r"memory" + _ + r"for" + _ + r"the" + _ + r"cache" + _ + r"blocks"),
+        r"No" + _ + r"available" + _ + r"memory" + _ + r"for" + _ + r"the" + _ + r"cache" + _ + r"blocks",
+        # vLLM V1's KV-cache sizing: "... KV cache is needed, which is larger than the available KV cache memory"
+        r"larger" + _ + r"than" + _ + r"the" + _ + r"available" + _ + r"KV" + _ + r"cache" + _ + r"memory",
+        # older vLLM: "The model's max seq len (4096) is larger than the maximum number of tokens that can be
+        # stored in KV cache (3664)"
+        r"larger" + _ + r"than" + _ + r"the" + _ + r"maximum" + _ + r"number" + _ + r"of" + _ + r"tokens" + _
+        + r"that" + _ + r"can" + _ + r"be" + _ + r"stored" + _ + r"in" + _ + r"KV" + _ + r"cache"),
     context="not-capture",
     suggestion="Out of GPU memory {where}. {fix}",
 )
@@ -392,7 +409,8 @@ GPU_OOM = Signature(
 OOM_PHASES = (
     ("kv-cache-init", re.compile(r"init_memory_pool|TokenToKVPool|_allocate_kv_cache|initialize_kv_cache|"
                                  r"init_cache_engine|initialize_cache\b|to allocate KV cache|"
-                                 r"memory for the cache blocks|increase --mem-fraction-static", re.IGNORECASE),
+                                 r"memory for the cache blocks|increase --mem-fraction-static|"
+                                 r"available KV cache memory|stored in KV cache", re.IGNORECASE),
      "while allocating the KV cache pool at start-up",
      "the weights left too little room for the KV cache (or another process holds GPU memory): raise "
      "--mem-fraction-static a little if the engine says so, else lower --context-length, "
@@ -468,10 +486,12 @@ SIGNATURES: list[Signature] = [GPU_ERROR_TEXT, NONE_FIELD, SHAPE_MISMATCH, CAPTU
 PROCESS_KILLED = "process-killed"
 KILLED = re.compile(r"^Killed\s*$|\bsignal: killed\b|code=killed, status=9/KILL|"
                     r"\b(?:exit(?:ed)?(?: with)?(?: code| status)?|exit_?code)[ =:]*-9\b|<Signals\.SIGKILL: 9>|"
-                    r"exit(?:ed)? (?:with )?(?:code |status )?137\b", re.IGNORECASE)
+                    r"exit(?:ed)?(?: with)?(?: code| status)?[ =:]*137\b", re.IGNORECASE)
 OOM_KILLER = re.compile(r"Out of memory: Killed process \d+ \([^)]*\)|\boom-kill:|invoked oom-killer|"
                         r"Failed with result 'oom-kill'|killed by the OOM killer|Memory cgroup out of memory|"
                         r"\bOOMKilled\b", re.IGNORECASE)
+# sglang's cleanup once a child failed: the parent gets SIGQUIT and kills its whole process tree
+SIGQUIT_CLEANUP = re.compile(r"Received sigquit from a child process|SIGQUIT received|Triggering SIGQUIT", re.IGNORECASE)
 KILLED_TITLE = "killed (signal 9)"
 KILLED_SUGGESTION = ("The process was killed with SIGKILL and left no error of its own{by}. {fix}")
 KILLED_FIX_OOM = ("The kernel's OOM killer ended it: the host ran out of RAM (CPU memory), typically while "

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from k26ops import agents
+from k26ops.enginebench import accept
 from k26ops.enginehost import EngineHost, poll_target
 from k26ops.errors import UserError
 from k26ops.shell import q
@@ -26,6 +27,7 @@ METRICS = {
     "ttft_p99_ms": ("p99_ttft_ms", "TTFT p99 ms", -1),
     "itl_p50_ms": ("median_itl_ms", "ITL median ms", -1),
     "itl_p99_ms": ("p99_itl_ms", "ITL p99 ms", -1),
+    "e2e_p99_ms": ("p99_e2e_latency_ms", "end-to-end p99 ms", -1),  # the default drain_timeout (k26ops.traffic)
     "accept": ("accept_length", "spec accept length", 1),
 }
 # start-up figures (`ready_s@start`): the last start k26ops made on the host (its time to first good
@@ -147,7 +149,8 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: 
                               "max": round(max(vals), 4), "n": len(vals)}
         out_cells.append({"concurrency": c, "temperature": temp, "figures": figs,
                           "failed_requests": sum(m.get("failed") or 0 for m in runs),
-                          "accept_source": runs[-1].get("accept_source")})
+                          "accept_source": runs[-1].get("accept_source"),
+                          **accept.histogram_field([m.get("accept_histogram") for m in runs])})
     progress(f"bench: done ({gen})")
     out = {"generator": gen, "generator_why": why, "spec": spec.to_json(), "cells": out_cells,
            "elapsed_s": round(time.monotonic() - t0, 2)}

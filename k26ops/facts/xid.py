@@ -4,7 +4,7 @@ parser shared with `diagnose log`.
 Why: the commonest reason an engine dies on a fleet is the GPU under it; the driver says so
 in the kernel log ("NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."), which no
 engine log carries. The table below says what each Xid means and what to do, following
-NVIDIA's Xid catalogue (docs/gpu-facts.md names the pages and what was checked on each).
+NVIDIA's Xid catalogue (docs/reference/gpu-facts.md names the pages and what was checked on each).
 """
 
 from __future__ import annotations
@@ -116,8 +116,12 @@ SXID_SEVERITY = re.compile(r"^(?P<sev>Non-fatal|Fatal)\b,?\s*(?P<what>.*)$", re.
 GSP_FAULTS = (
     (119, re.compile(r"_kgspIsHeartbeatTimedOut: Heartbeat timed out|GSP RM heartbeat timed out|"
                      r"LibOS heartbeat timed out"), "GSP firmware heartbeat timed out"),
-    (119, re.compile(r"Timeout waiting for RPC from GSP|rpcRecvPoll timedout|GSP RPC timeout"),
-     "GSP firmware RPC timeout"),
+    (119, re.compile(r"Timeout waiting for RPC from GSP|rpcRecvPoll timedout|GSP RPC timeout|"
+                     r"Timeout after \d+s of waiting for RPC response from \w+ GSP"), "GSP firmware RPC timeout"),
+    # the GSP firmware failing to boot (open-gpu-kernel-modules #974: "kgspBootstrap_GH100: GSP-FMC reported an
+    # error while attempting to boot GSP")
+    (120, re.compile(r"GSP-FMC reported an error|error while attempting to boot GSP|cannot proceed with booting GSP|"
+                     r"Cannot initialize GSP firmware RM"), "GSP firmware failed to boot"),
     (120, re.compile(r"Reset required \[NV_ERR_RESET_REQUIRED\]|GPU marked for reset"),
      "the driver marked the GPU for reset after a GSP fault (reset required)"),
     (120, re.compile(r"GspRmAlloc failed|rpcRmApiAlloc_GSP.*failed|RmInitAdapter failed|kgspInitRm\w*.*failed",

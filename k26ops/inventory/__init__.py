@@ -72,6 +72,8 @@ def _load(path: Path | str, ssh_config) -> Inventory:
     unknown = [f"{file_of(line, path)}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"
                for line, where, msg in variables.unknown_keys(graph, shape)]
     warnings.extend(unknown)
+    for line, where, msg in variables.bad_values(graph)[:1]:  # bad input: one line, nothing runs
+        raise UserError(oneline(f"{file_of(line, path)}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"))
     ssh = SSHConfig(default_path() if ssh_config is True
                     else Path(ssh_config) if ssh_config else None)
     notes: dict = {}

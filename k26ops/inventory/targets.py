@@ -3,8 +3,8 @@
 An Ansible inventory holds more than GPU hosts (the bastion, the Prometheus
 box); deploying the engine to them is never what was meant. The default target
 is, in order: the `targets` host pattern of the config file; else the hosts
-that set `gpus_per_host` (at any level: the GPU group's vars, as the README's
-examples write it), when any does; else every host (an inventory of GPU hosts
+that set `gpus_per_host` (at any level: the GPU group's vars, as the example
+inventory writes it), when any does; else every host (an inventory of GPU hosts
 only, as the lab's). `--limit` then narrows the targets, as Ansible's --limit
 narrows a play's hosts. `inventory list` shows the targets and why.
 """

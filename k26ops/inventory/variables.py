@@ -4,7 +4,7 @@ A setting nothing reads is worse than an error: an operator who writes
 `releases_dir:` (the code reads `releases_root`) builds on the wrong disk. So
 each key an inventory defines is looked up among the variables the reading
 modules declared (k26ops.hostvars); an unknown one is a warning naming the
-nearest known name (an error with --strict). docs/inventory.md is generated
+nearest known name (an error with --strict). docs/reference/inventory.md is generated
 from the declarations (`k26ops inventory vars --markdown`).
 """
 
@@ -77,8 +77,48 @@ def unknown_keys(graph, shape: str) -> list[tuple[int | None, str, str]]:
     return out
 
 
+def value_error(var: Var, value) -> str | None:
+    """Why `value` cannot be variable `var` (declared int or number), or None. A digit string
+    is an int (an INI inventory has only strings); a Jinja expression is not judged here."""
+    if value is None or var.type not in ("int", "number"):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if "{{" in text:
+            return None
+        try:
+            num = int(text) if var.type == "int" else float(text)
+        except ValueError:
+            num = None
+        if num is not None and (var.type == "int" or num == num and abs(num) != float("inf")):
+            return None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return None
+    elif var.type == "number" and isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return None
+    want = "a whole number" if var.type == "int" else "a number"
+    return f"{var.name}: {str(value)[:60]!r} is not {want}"
+
+
+def bad_values(graph) -> list[tuple[int | None, str, str]]:
+    """(line, where, message) for each value of a declared int/number variable that is not one
+    (`engine_port: abc` said `invalid literal for int()` at deploy time, naming nothing)."""
+    want = {v.name: v for v in declared() if v.type in ("int", "number") and v.module != "k26ops.inventory.fields"
+            and not v.name.startswith("ansible_")}  # the connection's fields say their own range (fields.py)
+    out = []
+    nodes = [("vars" if g == "all" else f"group {g}", n) for g, n in graph.groups.items()]
+    nodes += [(f"host {h}", n) for h, n in graph.hosts.items()]
+    for where, node in nodes:
+        for layer, lines in ((node.vars, node.var_lines), (node.file_vars, node.file_lines)):
+            for key, value in layer.items():
+                why = value_error(want[key], value) if key in want else None
+                if why:
+                    out.append((lines.get(key), where, why))
+    return out
+
+
 def markdown() -> str:
-    """docs/inventory.md, generated from the declarations: one table per declaring module and topic."""
+    """docs/reference/inventory.md, generated from the declarations: one table per declaring module and topic."""
     def row(v: Var) -> str:
         cells = (f"`{v.name}`", v.type, v.shown_default,
                  v.meaning + (" (informational: nothing reads it)" if v.informational else ""))

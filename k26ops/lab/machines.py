@@ -11,7 +11,6 @@ Layout of a lab dir:
                       holds what the host wrote; see overlay_boot), with the
                       cached deployed layer between them for `up(deployed=True)`
   drafter/config.json the lab drafter's config, bound into every host
-  model/              the lab model: its config.json, weight index and empty shards
 `lab down --purge` removes exactly these (Lab.purge).
 """
 
@@ -33,9 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from k26ops import resources
 from k26ops.errors import UserError
-from k26ops.lab import DEFAULT_BASE_PORT, engine_source_fixture, limits, rootfs
+from k26ops.lab import DEFAULT_BASE_PORT, engine_source_fixture, limits, model_fixture, rootfs
 from k26ops.lab import deployed as deployed_layer
 from k26ops.layout import DEFAULT_ROOT, DEFAULT_UNIT, UNIT_DIR
 from k26ops.shell import q
@@ -49,12 +47,12 @@ LAB_SOURCE_URL = "file:///var/lib/k26ops-lab/sglang-0.5.23-ddtree-lab"  # the la
 DRAFTER_CONFIG = ('{"k26ops_lab_fixture": "a DFlash drafter config for the lab; no weights",\n'
                   ' "architectures": ["DFlashDraftModel"], "num_hidden_layers": 6,\n'
                   ' "dflash_config": {"block_size": 8}}\n')
-# Lab fixture: the lab model at the lab inventory's model_path: the recipe's K2.6 config.json,
-# a weight index and two EMPTY shard files (the engine stand-in reads no weights); what a
-# deploy's preflight looks for (k26ops/facts/model.py), so that a lab deploy passes it.
+# Lab fixture: the lab model at the lab inventory's model_path: a real small model (the
+# recipe's K2.6 config.json, an index and three safetensors shards of random tensors,
+# k26ops/lab/model_fixture.py; the engine stand-in reads no weights), the bytes the lab
+# recipe's model manifest (playbooks/recipes/lab.model) lists.
 LAB_MODEL = "/models/Kimi-K2.6"
-LAB_MODEL_FILES = ("config.json", "model.safetensors.index.json",
-                   "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+LAB_MODEL_FILES = model_fixture.FILES
 # Hosts share this machine's network: each engine listens on its own loopback
 # port, derived from the host's sshd port so that two labs never clash.
 ENGINE_PORT_OFFSET = 20000
@@ -242,7 +240,6 @@ class Lab:
         binds = [
             f"--bind-ro={hdir / 'sshd.conf'}:/etc/ssh/sshd_config.d/k26ops-lab.conf",
             f"--bind={hdir / 'ssh'}:/etc/ssh/k26ops",
-            f"--bind-ro={self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys",
             f"--bind-ro={hdir / 'hostname'}:/etc/hostname",
             f"--bind-ro={hdir / 'hosts'}:/etc/hosts",
         ]
@@ -266,6 +263,14 @@ class Lab:
         (root / "upper" / "etc").mkdir()
         (root / "upper" / "etc" / "machine-id").write_text(uuid.uuid4().hex + "\n")
         (root / "upper" / "etc" / "machine-id").chmod(0o444)
+        # The lab's client key, in the host's own writable authorized_keys (as on a real host,
+        # where `k26ops model sync` adds and removes its one-run restricted keys).
+        ssh_dir = root / "upper" / "root" / ".ssh"
+        ssh_dir.mkdir(parents=True)
+        (root / "upper" / "root").chmod(0o700)
+        ssh_dir.chmod(0o700)
+        shutil.copyfile(self.dir / "authorized_keys", ssh_dir / "authorized_keys")
+        (ssh_dir / "authorized_keys").chmod(0o600)
         lower = str(image)
         if layer is not None:  # overlayfs stacks lower dirs, leftmost on top
             deployed_layer.place_host_unit(layer, root / "upper", engine_port)
@@ -281,18 +286,8 @@ class Lab:
         return LabHost(name, port, proc.pid, _proc_start(proc.pid) or "", engine_port), key_line
 
     def _model_fixture(self) -> Path:
-        """The lab model dir (LAB_MODEL_FILES), written once per lab dir."""
-        model = self.dir / "model"
-        if not (model / "config.json").exists():
-            model.mkdir(exist_ok=True)
-            for name in LAB_MODEL_FILES[2:]:
-                (model / name).write_bytes(b"")
-            index = {"k26ops_lab_fixture": "no weights: the shards are empty files",
-                     "metadata": {"total_size": 0}, "weight_map": {}}
-            (model / LAB_MODEL_FILES[1]).write_text(json.dumps(index) + "\n")
-            shutil.copyfile(resources.path("playbooks", "recipes", "models", "kimi-k2.6", "config.json"),
-                            model / "config.json")
-        return model
+        """The lab model dir (LAB_MODEL_FILES): built once per machine, shared read-only."""
+        return model_fixture.ensure()
 
     def _machine(self, name: str) -> str:
         return f"k26lab-{self.dir.name[-8:]}-{name}".replace("_", "-")

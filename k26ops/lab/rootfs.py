@@ -26,6 +26,7 @@ SUITE = "bookworm"
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
     "ca-certificates", "tar", "git", "iproute2", "procps", "g++", "curl", "sudo",
+    "rsync",  # `k26ops model sync` moves shards host to host with it (docs/how-to/weights-sync.md)
 ]
 CUSTOMISE_VERSION = 2  # bump when _customise changes
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

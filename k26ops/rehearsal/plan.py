@@ -23,6 +23,12 @@ from dataclasses import dataclass, field
 from k26ops.errors import UserError
 
 TMP = "{TMP}"  # the agent puts the rehearsal's temp dir here
+
+
+def record_path(state_dir: str) -> str:
+    """Where a running rehearsal's handle is kept on the host (its stop removes it): what a
+    killed run left is found there by the next rehearse (removed) and by status (shown)."""
+    return f"{state_dir}/rehearsal.json"
 DROP_WITH_VALUE = ("--nnodes", "--node-rank", "--dist-init-addr", "--api-key", "--load-format",
                    "--speculative-draft-load-format", "--tokenizer-path", "--port", "--host",
                    "--mem-fraction-static", "--model-path", "--speculative-draft-model-path")

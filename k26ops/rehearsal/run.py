@@ -139,6 +139,11 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     t0 = time.monotonic()
     report: dict = {"release": release_dir, "notes": [], "options": opts.to_json(), "state": "starting"}
     secrets = eh.secrets()
+    record = plan.record_path(layout.state_dir)
+    # a killed rehearsal's engine, temp dir and secrets' env file (callers hold the host lock: it is dead)
+    old = agent(ctx.session, "leftovers", record=record, remove=True, timeout=300)
+    if old.get("alive"):
+        report["notes"].append("removed what a killed rehearsal left: " + ", ".join(old["alive"]))
 
     chk = agent(ctx.session, "check", port=port, unit=eh.unit, python=unit_argv[0], release=release_dir)
     if not chk.get("python_exists"):
@@ -176,11 +181,11 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
             if drain:  # out of rotation and drained before the stop; back once it serves again
                 drain.take_out()
             progress(f"stopping the serving engine {eh.unit} for the rehearsal")
+            stopped_serving = True  # before: an interrupt during the stop still starts it again
             ctx.run(f"systemctl stop {q(eh.unit)}", check=True, timeout=drain_stop_timeout(drain))
-            stopped_serving = True
         progress(f"starting the engine on dummy weights (port {port})")
         st = agent(ctx.session, "start", argv=argv, env=env, model=model, draft=draft, files=files,
-                   deadline_s=opts.deadline_s)
+                   deadline_s=opts.deadline_s, record=record)
         if not st.get("ok"):
             raise StepFailed(f"rehearsal: the engine could not be started: {units.redact(st.get('error') or '', secrets)}")
         handle = st["handle"]
@@ -192,7 +197,7 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     finally:
         if handle:
             progress("stopping the rehearsal engine and removing its temp dir")
-            stop = agent(ctx.session, "stop", timeout=300, handle=handle, with_log=True)
+            stop = agent(ctx.session, "stop", timeout=300, handle=handle, with_log=True, record=record)
             log = units.redact(stop.get("log") or "", secrets)
             report["cleanup"] = {"done": stop.get("done"), "left": stop.get("left")}
             report["capture"] = plan.capture_times(log, report.get("metrics"))
@@ -379,7 +384,9 @@ def drain_stop_timeout(drain) -> float:
 
 def _restart_serving(ctx, eh, secrets, report, progress, drain=None) -> None:
     progress(f"starting the serving engine {eh.unit} again")
-    ctx.run(f"systemctl start {q(eh.unit)}", timeout=600)
+    # the session's own run: ctx.run refuses once interrupted, and this is the restore (an interrupt
+    # must not leave the host without its engine)
+    ctx.session.run(f"systemctl start {q(eh.unit)}", timeout=600)
     host, port = eh.target()
     w = wait_ready(ctx.session, eh.unit, host, port, base=None, timeout=1800, secrets=secrets,
                    on_wait=lambda r: progress(f"waiting for the serving engine: {r.poll['state']} {r.elapsed:.0f}s"))
@@ -389,6 +396,7 @@ def _restart_serving(ctx, eh, secrets, report, progress, drain=None) -> None:
                                               + ("; left out of rotation" if drain else ""))
     elif drain is not None:
         try:
+            drain_mod.smoke_before_put_back(drain, ctx.session, eh.unit)
             if drain.cfg.mode in ("gateway", "hook"):
                 drain.put_back()
             else:

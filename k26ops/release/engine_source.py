@@ -99,11 +99,6 @@ def _fetch(d: Path, url: str, what: str, depth: int | None) -> subprocess.Comple
     return _git(d, *args, "--", url, f"+{what}:{local}", check=False)  # `--`: the URL is never an option
 
 
-def _last_line(proc: subprocess.CompletedProcess) -> str:
-    lines = (proc.stderr or proc.stdout or "").strip().splitlines()
-    return lines[-1].strip() if lines else f"git exited {proc.returncode}"
-
-
 def resolve_ref(url: str, ref: str) -> str:
     """The commit a branch/PR ref points at *now* (for `engine pin` only)."""
     _check_url(url)
@@ -111,7 +106,8 @@ def resolve_ref(url: str, ref: str) -> str:
     d = _repo(url)
     proc = _fetch(d, url, ref, depth=1)
     if proc.returncode != 0:
-        raise UserError(f"engine source: cannot fetch {ref} from {url}: {_last_line(proc)}")
+        raise UserError(f"engine source: cannot fetch {ref} from {url}: {git_error(proc)}; "
+                        f"{MIRROR_HINT.format(url=url)}")
     local = "refs/k26ops/" + hashlib.sha256(ref.encode()).hexdigest()[:16]
     return _git(d, "rev-parse", f"{local}^{{commit}}").stdout.strip()
 
@@ -129,13 +125,34 @@ def fetch(url: str, commit: str, ref: str | None = None) -> Path:
     d = _repo(url)
     if _has_commit(d, commit):
         return d
-    proc = _fetch(d, url, commit, depth=1)
-    if proc.returncode != 0 and ref:
-        proc = _fetch(d, url, ref, depth=None)
+    tried = [("the commit by sha", _fetch(d, url, commit, depth=1))]
+    if tried[0][1].returncode != 0 and ref:
+        tried.append((ref, _fetch(d, url, ref, depth=None)))
     if not _has_commit(d, commit):
-        why = _last_line(proc) if proc.returncode != 0 else f"{ref or 'the fetched ref'} does not contain it"
-        raise UserError(f"engine source: commit {commit} not found at {url}: {why}")
+        what = "; ".join(f"{name}: {git_error(p) if p.returncode else 'fetched, the commit is not on it'}"
+                         for name, p in tried)
+        answered = all(p.returncode == 0 or _ANSWERED.search(p.stderr or "") for _, p in tried)
+        if answered:  # the server is there and says it has no such commit (or ref)
+            raise UserError(f"engine source: {url} has no commit {commit} (tried {what}): check the recipe's "
+                            f"engine.source commit and ref; {MIRROR_HINT.format(url=url)}")
+        raise UserError(f"engine source: cannot fetch commit {commit[:12]} from {url} (tried {what}); "
+                        f"{MIRROR_HINT.format(url=url)}")
     return d
+
+
+# git's words for a server that answered but has no such object or ref
+_ANSWERED = re.compile(r"not our ref|couldn't find remote ref|no such remote ref|unadvertised object")
+
+
+def git_error(proc: subprocess.CompletedProcess) -> str:
+    """git's first `fatal:`/`error:` line (the cause; the last line is often its advice), else the last line."""
+    lines = [ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
+    first = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), None)
+    return first or (lines[-1] if lines else f"git exited {proc.returncode}")
+
+
+MIRROR_HINT = ("from a mirror of it, set the inventory's engine_source_mirrors: {{{url}: MIRROR_URL}} "
+               "or pass --source-url MIRROR_URL to `k26ops engine lock`/`pin`")
 
 
 def export(url: str, commit: str, dest: Path) -> Path:
@@ -314,7 +331,7 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
             if missing:
                 raise UserError(f"engine source: building {url} @ {commit[:12]} needs {', '.join(missing)}, which "
                                 "this control node lacks: install it, or build the wheel elsewhere and set "
-                                "engine.source.wheel {path|url, sha256} in the recipe (docs/engine-source.md)")
+                                "engine.source.wheel {path|url, sha256} in the recipe (docs/how-to/engine-source.md)")
             progress(f"building the engine wheel from {subdir}/ @ {commit[:12]} (pip wheel, once per commit)")
             dist = Path(tmp) / "dist"
             proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
@@ -331,7 +348,7 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
                     + (f" ({stage})" if stage else "")
                     + (f"; output tail: {' | '.join(tail)[-400:]}" if tail else "")
                     + f"; the whole output: {log}; or build the wheel elsewhere and set engine.source.wheel "
-                    "{path|url, sha256} in the recipe (docs/engine-source.md)")
+                    "{path|url, sha256} in the recipe (docs/how-to/engine-source.md)")
             partial = out.with_name(out.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()

@@ -64,13 +64,15 @@ def uv_path(root: str) -> str:
     return f"{root}/tools/uv-{UV_VERSION}-{UV_SHA256[:12]}/uv"
 
 
-def install_command(installer: str, root: str, wheelhouse_dir: str, no_deps: bool) -> str:
+def install_command(installer: str, root: str, wheelhouse_dir: str, no_deps: bool, link_mode: str = "hardlink") -> str:
     """The shell command (run in the release dir, venv/ made) that installs
-    k26ops/requirements.txt: only the hashed wheels, from the wheelhouse, no index."""
+    k26ops/requirements.txt: only the hashed wheels, from the wheelhouse, no index.
+    `link_mode`: clone (copy-on-write reflinks, where the store's filesystem has them: a
+    release's file is its own) or hardlink (one inode shared by the store and its releases)."""
     nd = "--no-deps " if no_deps else ""
     if installer == "pip":
         return (f"venv/bin/python -m pip install -q --disable-pip-version-check --no-index "
                 f"--find-links {q(wheelhouse_dir)} --require-hashes {nd}-r k26ops/requirements.txt")
     return (f"UV_CACHE_DIR={q(store_dir(root))} UV_NO_CONFIG=1 {q(uv_path(root))} pip install -q --offline "
-            f"--no-index --find-links {q(wheelhouse_dir)} --require-hashes {nd}--link-mode hardlink "
+            f"--no-index --find-links {q(wheelhouse_dir)} --require-hashes {nd}--link-mode {q(link_mode)} "
             f"--python venv/bin/python -r k26ops/requirements.txt")

@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
-from k26ops import resources
+from k26ops import config, resources
 from k26ops.inventory import path_problem
 from k26ops.release import inputs, patchset
 from k26ops.errors import UserError
@@ -34,7 +37,7 @@ _PY = re.compile(r"3\.\d+")
 _VERSION = re.compile(r"\d+(\.\d+)*([.+-]?[A-Za-z0-9]+)*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GPU_PINS = ("torch", "triton", "flashinfer-python")
-_TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile", "rehearsal"}
+_TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile", "rehearsal", "model"}
 # engine_profile keys understood by units.engine_argv (plus extra_args)
 PROFILE_INT = {"tp_size": 1, "speculative_ddtree_budget": 1, "speculative_dflash_block_size": 1,
                "page_size": 1, "cuda_graph_max_bs_decode": 1, "cuda_graph_max_bs_prefill": 1,
@@ -81,6 +84,15 @@ class Drafter:
 
 
 @dataclass(frozen=True)
+class Model:
+    """`model:` of a recipe: which weights the engine serves and their manifest (the
+    sha256 and size of every file, k26ops/weights/manifest.py), kept beside the recipe."""
+    name: str
+    manifest: Path
+    source: str | None = None  # where `k26ops model sync` downloads it once per site (hf://, https://, HOST:PATH)
+
+
+@dataclass(frozen=True)
 class Rehearsal:
     """`rehearsal:` of a recipe (k26ops rehearse): the model and drafter configs
     to use where the host has none (files beside the recipe, never weights),
@@ -110,10 +122,12 @@ class Recipe:
     tags: tuple[str, ...]
     profile: dict[str, Any] = field(default_factory=dict)
     lock_path: Path | None = None  # the engine's lock beside the recipe (engine.lock, default <stem>.lock)
-    python: str = "3.11"  # the hosts' python (a lock is for one)
+    python: str = "3.11"  # the hosts' python this recipe is read for (a lock is for one)
+    pythons: tuple[str, ...] = ()  # every python the recipe is locked for (engine.python: a list)
     index_urls: tuple[str, ...] = ()
     drafter: Drafter | None = None
     rehearsal: Rehearsal | None = None
+    model: Model | None = None
 
     @property
     def base(self) -> str:
@@ -218,11 +232,20 @@ def _find_repo_root(path: Path) -> Path:
 
 
 def resolve(name_or_path: str | Path | None = None) -> Path:
-    """A recipe name (playbooks/recipes/NAME.yml) or a path; default: the production recipe."""
+    """A recipe name or a path; default: the production recipe. A name is the operator's
+    recipe (<recipes dir>/NAME.yml: config `recipes`, $K26OPS_RECIPES) where there is one,
+    else the shipped one (playbooks/recipes/NAME.yml)."""
     p = Path(name_or_path or DEFAULT_RECIPE)
     if p.suffix in (".yml", ".yaml") or p.exists():
         return p
-    return RECIPES_DIR / f"{p}.yml"
+    mine = config.recipes_dir()[0] / f"{p}.yml"
+    return mine if mine.is_file() else RECIPES_DIR / f"{p}.yml"
+
+
+def shipped(path: Path) -> bool:
+    """Is this recipe file one installed inside the package (a wheel install's site-packages)?
+    Nobody writes there: `engine lock` puts its lock in the recipes dir instead."""
+    return resources.installed() and inputs.is_inside(Path(path), RECIPES_DIR)
 
 
 # Recipes already parsed in this process: (path, text, check_series_base) -> (series text, Recipe).
@@ -297,9 +320,15 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
         if not isinstance(ex, list) or not all(isinstance(e, str) and _NAME.fullmatch(e) for e in ex):
             raise c.err(("engine", "extras", pkg), "must be a list of extra names")
         extras[pkg] = list(ex)
-    python = str(eng.get("python", "3.11"))
-    if not _PY.fullmatch(python):
-        raise c.err(("engine", "python"), f"must be a quoted python version like \"3.12\", got {eng.get('python')!r}")
+    raw_py = eng.get("python", "3.11")
+    pythons = tuple(str(v) for v in raw_py) if isinstance(raw_py, list) else (str(raw_py),)
+    if not pythons or not all(isinstance(v, str) and _PY.fullmatch(v)
+                              for v in (raw_py if isinstance(raw_py, list) else [raw_py])):
+        raise c.err(("engine", "python"), "must be a quoted python version like \"3.12\" or a list of them "
+                    f"(one lock each), got {raw_py!r}")
+    if len(set(pythons)) != len(pythons):
+        raise c.err(("engine", "python"), f"lists a python twice: {raw_py!r}")
+    python = pythons[-1]
     index_urls = eng.get("index_urls") or []
     if not isinstance(index_urls, list) or not all(isinstance(u, str) and re.match(r"https?://\S+$", u)
                                                    for u in index_urls):
@@ -347,6 +376,8 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
     # symlink out of the recipe's directory)
     why = inputs.inside_problem(lock_rel, "the lock path")
     lock_path = path.parent / lock_rel
+    if len(pythons) > 1:  # one lock per python: <stem>.py3.11.lock
+        lock_path = lock_file_for(lock_path, python)
     if why is None and not inputs.is_inside(lock_path, path.parent):
         why = "the lock path leaves the recipe's directory (through a symlink)"
     if why:
@@ -419,8 +450,26 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
         drafter = Drafter(dr.get("path"), bs, dr.get("repo"), rev)
     return Recipe(name=name, source=path, sglang=sglang, install=install, pins=pins, extras=extras,
                   toolkit=toolkit, git=git, series=series, tags=tuple(tags), profile=profile,
-                  lock_path=lock_path, python=python, index_urls=tuple(index_urls), drafter=drafter,
-                  rehearsal=_rehearsal(c, top.get("rehearsal"), path))
+                  lock_path=lock_path, python=python, pythons=pythons, index_urls=tuple(index_urls), drafter=drafter,
+                  rehearsal=_rehearsal(c, top.get("rehearsal"), path), model=_model(c, top.get("model"), path))
+
+
+def _model(c: "_Ctx", node, path: Path) -> Model | None:
+    if node is None:
+        return None
+    m = c.mapping(node, ("model",), {"name", "manifest", "source"}, required=("name", "manifest"))
+    if not isinstance(m["name"], str):
+        raise c.err(("model", "name"), f"must be a string, got {m['name']!r}")
+    rel = m["manifest"]
+    why = inputs.inside_problem(rel, "the manifest path") if isinstance(rel, str) else "must be a file name"
+    if why is None and not inputs.is_inside(path.parent / rel, path.parent):
+        why = "the manifest path leaves the recipe's directory (through a symlink)"
+    if why:
+        raise c.err(("model", "manifest"), f"{rel!r}: {why}")
+    src = m.get("source")
+    if src is not None and not (isinstance(src, str) and re.fullmatch(r"(hf://|https?://|[\w.-]+:/)\S+", src)):
+        raise c.err(("model", "source"), f"must be hf://ORG/REPO@REVISION, an http(s) URL or HOST:/PATH, got {src!r}")
+    return Model(m["name"], path.parent / rel, src)
 
 
 def _rehearsal(c: "_Ctx", node, path: Path) -> Rehearsal | None:
@@ -456,6 +505,42 @@ def _rehearsal(c: "_Ctx", node, path: Path) -> Rehearsal | None:
                      float(ls) if ls is not None else None, flag)
 
 
+def lock_file_for(lock_path: Path, python: str) -> Path:
+    """The lock of one python where a recipe lists several: `k26.lock` -> `k26.py3.11.lock`."""
+    name = lock_path.name
+    stem = re.sub(r"\.py3\.\d+$", "", name[:-len(".lock")] if name.endswith(".lock") else name)
+    return lock_path.with_name(f"{stem}.py{python}.lock")
+
+
+def for_python(recipe: Recipe, python: str) -> Recipe:
+    """The recipe read for hosts with `python` (X.Y): that python's lock. A recipe of one
+    python is returned as it is (its lock is checked against the host by the caller);
+    a python the recipe does not list is a UserError saying how to add it."""
+    if python == recipe.python or len(recipe.pythons) <= 1:
+        return recipe
+    if python not in recipe.pythons:
+        raise UserError(f"{recipe.source}: no engine lock for python {python} (engine.python lists "
+                        f"{', '.join(recipe.pythons)}): add \"{python}\" to engine.python and run "
+                        f"`k26ops engine lock {cli_name(recipe)} --python {python}`")
+    return replace(recipe, python=python, lock_path=lock_file_for(recipe.lock_path, python))
+
+
+def cli_name(recipe: Recipe) -> str:
+    """How a command names this recipe: its NAME where that finds this file, else its path."""
+    try:
+        same = resolve(recipe.name).resolve() == Path(recipe.source).resolve()
+    except OSError:
+        same = False
+    return recipe.name if same else str(recipe.source)
+
+
+def python_mismatch(recipe: Recipe, locked: str, host: str) -> str:
+    """One line for a host whose python the recipe's lock is not for (check and deploy say the same)."""
+    return (f"the engine lock {recipe.lock_path.name} is for python {locked}, this host has python {host}: list "
+            f"\"{host}\" in {recipe.source.name}'s engine.python and run `k26ops engine lock {cli_name(recipe)} "
+            f"--python {host}`")
+
+
 def with_source_url(recipe: Recipe, url: str, what: str = "source URL") -> Recipe:
     """The same commit fetched from another URL (a mirror; the lab's local repository).
 
@@ -468,53 +553,31 @@ def with_source_url(recipe: Recipe, url: str, what: str = "source URL") -> Recip
     return replace(recipe, git=replace(recipe.git, url=url))
 
 
-def _ver_tuple(v: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.+-]", v))
-
-
-def _satisfies(version: str, spec: str) -> bool:
-    """Tiny PEP 440 subset: ==, !=, >=, <=, >, <, ~= with comma-joined clauses."""
-    for clause in filter(None, (s.strip() for s in spec.split(","))):
-        m = re.fullmatch(r"(==|!=|>=|<=|~=|>|<)\s*([\w.*+-]+)", clause)
-        if not m:
-            continue
-        op, want = m.groups()
-        if want.endswith(".*"):
-            ok = (version + ".").startswith(want[:-1])
-            ok = ok if op == "==" else not ok
-        else:
-            a, b = _ver_tuple(version), _ver_tuple(want)
-            try:
-                ok = {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b,
-                      "~=": a >= b and a[:len(b) - 1] == b[:len(b) - 1]}[op]
-            except TypeError:
-                ok = version == want if op == "==" else True
-        if not ok:
-            return False
-    return True
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def check_requirements(recipe: Recipe, requires_dist: list[str], required_by: str) -> None:
-    """Each pinned package must satisfy `required_by`'s Requires-Dist (the wheel's METADATA).
+    """Each pinned package must satisfy `required_by`'s Requires-Dist (the wheel's METADATA),
+    as pip would judge it (`packaging`: PEP 440 versions, specifiers and requirements).
 
-    Markers are ignored (the hosts are Linux x86_64); extras-only lines are skipped."""
-    pins = {_norm(k): (k, v) for k, v in recipe.pins.items()}
+    Markers are ignored (the hosts are Linux x86_64); extras-only lines are skipped. A pin
+    is explicit, so a pre-release pin is judged as a version like any other."""
+    pins = {canonicalize_name(k): (k, v) for k, v in recipe.pins.items()}
     for line in requires_dist:
-        req, _, marker = line.partition(";")
-        if "extra ==" in marker:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue  # not a requirement k26ops can judge: pip would refuse the wheel itself
+        if req.marker is not None and "extra" in str(req.marker):
             continue
-        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*\(?([^)]*)\)?", req)
-        if not m or _norm(m.group(1)) not in pins:
+        if canonicalize_name(req.name) not in pins or not req.specifier:
             continue
-        pkg, ver = pins[_norm(m.group(1))]
-        spec = m.group(3).strip()
-        if spec and not _satisfies(ver, spec):
+        pkg, ver = pins[canonicalize_name(req.name)]
+        try:
+            ok = req.specifier.contains(Version(ver), prereleases=True)
+        except InvalidVersion:
+            raise UserError(f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {ver!r} is not a "
+                            "PEP 440 version") from None
+        if not ok:
             raise UserError(f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {pkg}=={ver} does not "
-                            f"satisfy {required_by}'s requirement {m.group(1)}{spec}")
+                            f"satisfy {required_by}'s requirement {req.name}{req.specifier}")
 
 
 def _pin_line(recipe: Recipe, pkg: str) -> int | None:

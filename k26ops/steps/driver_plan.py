@@ -1,7 +1,7 @@
 """Which NVIDIA driver packages a host needs, from where: pure functions.
 
 Supported: Ubuntu 22.04 and 24.04, Debian 12. Two sources
-(`nvidia_driver_source`), see docs/driver.md for the NVIDIA pages each fact
+(`nvidia_driver_source`), see docs/how-to/driver.md for the NVIDIA pages each fact
 was checked against:
 
 - `distro` (Ubuntu's default): Ubuntu's restricted archive,

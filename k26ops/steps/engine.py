@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from k26ops import preflight, units
 from k26ops.errors import UserError
-from k26ops.enginehost import UNIT_DIR, EngineHost, agent, lab_standin_text, mapping, wait_ready
+from k26ops.enginehost import UNIT_DIR, EngineHost, agent, foreign_listener, lab_standin_text, mapping, wait_ready
 from k26ops.enginestate import exit_status_text, run_identity, start_limit_hit
 from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
@@ -89,6 +89,7 @@ class ServiceState(HostState):
     todo: dict = field(default_factory=dict, repr=False)  # what apply asks the agent (file texts: secrets)
     restart_reasons: list[str] = field(default_factory=list)
     restarted: bool = False
+    unsettled: bool = False  # a killed run's install, never seen healthy: prev/ holds what ran before it
 
     @classmethod
     def build(cls, eh: EngineHost, *, secrets: list[str] | None = None, unit: str | None = None,
@@ -199,7 +200,7 @@ class ServiceStep(Step):
         host, port = eh.target()
         api_key = eh.api_key()
         req = {"unit": unit, "unit_path": upath, "env_path": epath, "current": eh.layout.current,
-               "lab_module": lab_path, "secrets_path": spath}
+               "lab_module": lab_path, "secrets_path": spath, "state_dir": ctx.state_dir}
         release = ReleaseDecision.of(ctx)
         texts = render(release.release_id) if release.release_id else None
         ahead = looked_ahead(ctx, self, host, port)
@@ -220,6 +221,7 @@ class ServiceStep(Step):
         show = cur["show"]
         svc = ServiceState.build(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port,
                                  show=show, secrets_path=spath).put(ctx)
+        svc.unsettled = bool(cur.get("prev_unsettled"))
 
         changes: list[Change] = []
         todo: dict = {}
@@ -266,11 +268,14 @@ class ServiceStep(Step):
         try:
             res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
                         env_path=svc.env_path, secrets_path=svc.secrets_path, state_dir=ctx.state_dir,
-                        lab_module=EngineHost(ctx).lab_module_path, **todo)
+                        lab_module=EngineHost(ctx).lab_module_path, port=svc.port, **todo)
         except StepFailed:
             svc.changed = True  # it may have replaced files before it failed (a full disk): roll back
             raise
         if not res.get("ok"):
+            if res.get("error") == "port":  # checked before anything was written
+                raise StepFailed(f"refusing to start {svc.unit}: "
+                                 f"{foreign_listener(svc.port, svc.unit, res['holder'], svc.secrets)}; nothing changed")
             out = units.redact(res.get("output") or "", svc.secrets)
             if res.get("error") == "verify":
                 lines = [l for l in out.splitlines() if l.strip()]
@@ -379,7 +384,7 @@ def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, uni
 def rollback(ctx: HostContext, svc: ServiceState) -> str:
     """Put back the previous unit, env file and `current`, restart; a short phrase for the report."""
     release = ReleaseDecision.of(ctx)
-    if not (svc.changed or release.changed):
+    if not (svc.changed or release.changed or svc.unsettled):
         return "nothing to roll back (this run changed neither unit, env file nor release)"
     prev = release.previous if release.changed else None
     ctx.progress("rolling back to the previous unit, env file and release")
@@ -402,6 +407,8 @@ def rollback(ctx: HostContext, svc: ServiceState) -> str:
     if w.state == "healthy":
         what = "unit, env file" + (" and release" if prev else "")
         return f"rolled back the {what}; the previous engine is healthy again"
+    if w.state == "foreign":
+        return "rolled back, but " + foreign_listener(svc.port, svc.unit, w.poll["holder"], svc.secrets)
     if w.state == "crashed":
         r = w.poll
         d, _msg, _tail = name_crash(ctx, svc, r, "after the rollback")
@@ -480,6 +487,14 @@ def fail_and_roll_back(ctx: HostContext, svc: ServiceState, message: str, journa
     raise EngineFailed(f"{message}; {back}", journal, diag, ctx.report)
 
 
+def settle(ctx: HostContext, svc: ServiceState) -> None:
+    """The installed unit and env file answered healthy: the prev/ copies stop being a killed
+    run's to restore (one call, only after an install or when a killed one left it unsettled)."""
+    if svc.changed or svc.unsettled:
+        agent(ctx.session, "settle", state_dir=ctx.state_dir)
+        svc.unsettled = False
+
+
 class HealthStep(Step):
     """Wait until the engine answers /health and /health_generate; fail at once on a crash."""
 
@@ -497,6 +512,7 @@ class HealthStep(Step):
         early = ahead.poll or {}
         if early.get("state") == "healthy":  # the service step's converge call found it healthy
             svc.base = early["base"]
+            settle(ctx, svc)
             el = float(ahead.poll_s or 0.0)
             ctx.progress(f"health: healthy after {el:.0f}s")
             ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
@@ -511,11 +527,15 @@ class HealthStep(Step):
         el, r, last = w.elapsed, w.poll, w.last_line
         if w.state == "interrupted":
             fail_and_roll_back(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
+        if w.state == "foreign":
+            ctx.report["health"] = {"state": "foreign", "wait_s": round(el, 2), "holder": r["holder"]}
+            fail_and_roll_back(ctx, svc, foreign_listener(svc.port, svc.unit, r["holder"], svc.secrets))
         if w.state == "healthy":
             svc.base = w.base  # the smoke step tells a crash from this run's MainPID
             if ws:
                 ws.ready_at, ws.ready_cache = w.poll.get("at"), w.poll.get("cache")
             ctx.progress(f"health: healthy after {el:.0f}s")
+            settle(ctx, svc)
             ctx.report["health"] = {"state": "healthy", "wait_s": round(el, 2)}
             return []
         if w.state == "crashed":
@@ -645,6 +665,10 @@ class SmokeStep(Step):
         return body, per * len(reqs) + 30
 
     def _failed(self, ctx: HostContext, svc: ServiceState, r: dict) -> None:
+        if r.get("foreign"):
+            ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": None, "crashed": False,
+                                   "holder": r["foreign"]}
+            fail_and_roll_back(ctx, svc, foreign_listener(svc.port, svc.unit, r["foreign"], svc.secrets))
         last = r["results"][-1]
         what = f"the {r['failed']} smoke request (temperature {last['sampling'].get('temperature')})"
         if r.get("crash"):

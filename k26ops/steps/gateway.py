@@ -34,8 +34,8 @@ from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.steps.engine import foreign_unit, plan_file
-from k26ops.steps.gateway_spec import (ENV_FILE, LAUNCHER, GatewayHost, engines_of, load_lock, lock_path,
-                                       release_id)
+from k26ops.steps.gateway_spec import (ENV_FILE, GROUP, LAUNCHER, GatewayHost, engines_of, load_lock, lock_path,
+                                       named_gateways, release_id)
 from k26ops.steps.release import prune
 
 DEFAULT_TIMEOUT = 120.0
@@ -410,6 +410,30 @@ class GatewayWorkers(Step):
         ctx.report["gateway"] = {"url": gw.url, "workers": len(engines), **got, "readiness": status}
         if got["unhealthy"]:
             ctx.progress(f"gateway: not healthy there after {timeout:.0f}s: {', '.join(got['unhealthy'])}")
+
+
+def drain_targets(inv, hosts) -> None:
+    """An engine host that names managed gateways (`gateways`) and no `model_gateway` drains through
+    them (k26ops.traffic.drain): their URLs become its model_gateway and their admin key its
+    model_gateway_api_key, filled into its vars as multinode.assign fills a node's. UserError (one
+    line) for a name that is no gateway host, or gateways with different admin keys."""
+    gw_hosts = {h.name: h for h in (inv.host(n) for n in inv.groups.get(GROUP) or [])}
+    for h in hosts:
+        names = named_gateways(h)
+        if not names or h.vars.get("model_gateway") is not None:
+            continue
+        check_engines([{"name": h.name, "gateways": names}], gw_hosts.values(), set(inv.hosts))
+        urls, keys = [], set()
+        for g in names:
+            gh = GatewayHost.of(gw_hosts[g]) if g in gw_hosts else None
+            urls.append(gh.url if gh else g)
+            keys |= {gh.admin_key} if gh and gh.admin_key else set()
+        if len(keys) > 1 and h.vars.get("model_gateway_api_key") is None:
+            raise UserError(f"{h.name}: inventory var gateways: {', '.join(names)} have different admin keys: "
+                            "give the host model_gateway_api_key (one key all of them accept)")
+        h.vars["model_gateway"] = urls
+        if keys and h.vars.get("model_gateway_api_key") is None:
+            h.vars["model_gateway_api_key"] = keys.pop()
 
 
 def check_engines(engines: list[dict], gateway_hosts, all_names: set[str]) -> None:

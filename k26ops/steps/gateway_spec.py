@@ -57,7 +57,8 @@ declare(__name__, "the managed gateway (hosts of the group `gateway`)",
         Var("gateway_admin_key", "str (secret)", None, "the gateway's admin API key (control plane; never in argv)"),
         Var("gateway_health_timeout", "number (s)", 120.0, "seconds to wait for the gateway's /health and its "
             "registered workers"),
-        Var("gateways", "list", [], "an engine host's gateways: names of `gateway` group hosts, or URLs"))
+        Var("gateways", "list", [], "an engine host's gateways: names of `gateway` group hosts, or URLs; where "
+            "model_gateway is not set, the drain goes through them (their URLs and admin key)"))
 
 
 def _int(hvars: dict, key: str, default: int, host: str) -> int:

@@ -42,6 +42,7 @@ from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
                             recipe_for, release_override)
 from k26ops.runstate import HostState
+from k26ops.weights import manifest as mf
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
 
@@ -60,6 +61,7 @@ class Prepared:
     requirements: str  # the host's pip requirements file: every wheel with its sha256
     patch_state: dict  # from applying the series to the control node's copy
     sources: Path  # site-packages tree on the control node (sglang/ inside)
+    complete: bool = True  # False: --check's, the engine wheel only (never built on a host)
 
     def manifest(self) -> dict:
         r = self.recipe
@@ -72,7 +74,15 @@ class Prepared:
             "wheels": [{"name": w.name, "sha256": w.sha256} for w in self.wheels],
             "patches": [{"name": p.name, "sha256": p.sha256} for p in self.patches],
             "patched_files": patchset.expected_hashes(self.patch_state),
+            **({"model": model_record(r.model)} if r.model else {}),
         }
+
+
+def model_record(model) -> dict:
+    """The weights a release is built for (the recipe's model manifest, issue 44): the
+    release's manifest.json and the baselines record its hash."""
+    m = mf.load(model.manifest)
+    return {"name": model.name, "manifest_sha256": m.sha256, "files": len(m.entries), "bytes": m.total}
 
 
 @dataclass
@@ -89,6 +99,7 @@ class ReleaseDecision(HostState):
     changed: bool = False  # this run moved `current`
     claim_root: bool = False  # releases_root is not k26ops' yet: claimed before the first write
     prune: list[str] = field(default_factory=list)  # old releases apply deletes
+    probes: list[str] = field(default_factory=list)  # probe state dirs a killed run left in current
 
     def prepare(self, ctx: HostContext, prep: Prepared) -> None:
         """The release to deploy, with its command line checked (release and baseline_release steps)."""
@@ -102,7 +113,11 @@ def point_current(ctx: HostContext, rid: str, *, restoring: bool = False) -> Non
     release this run found current (as it was: no manifest test), also after an
     interrupt (ctx.run would refuse then)."""
     run = ctx.session.run if restoring else ctx.run
-    run(switch_current(ctx.releases_root, rid, require_manifest=not restoring), check=True)
+    res = run(switch_current(ctx.releases_root, rid, require_manifest=not restoring))
+    if not res.ok:  # one line: what the host said (`current` a directory, no manifest), not the script
+        said = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        raise StepFailed(f"switching {ctx.releases_root}/current to {rid} failed: "
+                         + (said[-1][:300] if said else f"exit {res.exited} (is its manifest.json there?)"))
 
 
 def undo_switch(ctx: HostContext) -> str | None:
@@ -167,7 +182,8 @@ def before_hosts(hosts) -> None:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
         installer.choice(h.vars, h.name)
-        lock_for(r)
+        for py in r.pythons or (r.python,):  # every python the recipe lists has its lock
+            lock_for(recipe_mod.for_python(r, py))
         wheelsource.settings(h)
 
 
@@ -177,18 +193,23 @@ def _host_python(ctx: HostContext) -> str:
 
 def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     """Assemble and check the release once per run on the control node (shared by hosts)."""
-    r = effective_recipe(ctx)
     ov = release_override(ctx) or {}
     py = _host_python(ctx)
+    try:  # the lock of this host's python, where the recipe lists several
+        r = recipe_mod.for_python(effective_recipe(ctx), py)
+    except UserError as exc:
+        raise StepFailed(str(exc)) from None
     lock = lock_for(r)
     if lock.meta["python"] != py:
-        raise StepFailed(f"the engine lock {lock.path.name} is for python {lock.meta['python']}, this host has "
-                         f"python {py}: set engine.python in the recipe and remake the lock")
+        raise StepFailed(recipe_mod.python_mismatch(r, lock.meta["python"], py))
     key = json.dumps([str(r.source), r.base, r.git and r.git.url, lock.sha256, list(tags), py,
                       [list(x) for x in ov.get("patches") or []]])
+    # --check plans from the engine wheel alone (its flags, the series applied to its files): the
+    # locked dependency wheels (GBs for a full registry closure) are fetched by the run that builds
+    only_engine = bool(ctx.check)
     with _PREP_LOCK:
-        if key in _PREP:
-            return _PREP[key]
+        if (key, only_engine) in _PREP:
+            return _PREP[(key, only_engine)]
         if ov.get("patches"):  # [(name as recorded, file)]: same names + contents -> same release id
             patches = [patchset.parse_patch(Path(f).read_text(), name) for name, f in ov["patches"]]
         else:
@@ -199,14 +220,20 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
             g = r.git
             built = engine_source.wheel_for(r, ctx.progress)
             engine = wheelhouse.Wheel(built.name, built.sha256, built.size, built.path)
-            ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
-            deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
+            if only_engine:
+                deps = []
+            else:
+                ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
+                deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py,
+                                         hashes=True)
             wheels = [engine] + deps
             source = {"git": g.url, "commit": g.commit, "subdir": g.subdir,
                       "built": "prebuilt wheel" if g.wheel_sha256 else "pip wheel on the control node"}
         else:  # the locked set, the sglang wheel among it: exactly those files, nothing resolved here
-            ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
-            wheels = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True)
+            entries = [e for e in lock.entries if enginelock._norm(e[0]) == "sglang"] if only_engine else lock.entries
+            ctx.progress(f"downloading {'the sglang wheel (--check)' if only_engine else f'the {len(entries)} locked wheels'}"
+                         f" for {rid} (once for all hosts)")
+            wheels = wheelhouse.ensure(enginelock.requirement_lines(entries), no_deps=True, python=py, hashes=True)
             sg = [w for w in wheels if wheelhouse.wheel_name_version(w.name)[0].lower() == "sglang"]
             if not sg:
                 raise UserError(f"{lock.path}: no sglang wheel among the locked wheels")
@@ -221,8 +248,8 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
         prepcache.used(work)
         pstate = patchset.load_state(work / "patch-state")
         prep = Prepared(rid, r, provenance, engine, lock, patches, pdir, wheels,
-                        wheelhouse.requirements_file(wheels), pstate, site)
-        _PREP[key] = prep
+                        wheelhouse.requirements_file(wheels), pstate, site, complete=not only_engine)
+        _PREP[(key, only_engine)] = prep
         return prep
 
 
@@ -261,16 +288,40 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
 CURRENT_FACT = "release_current"
 
 
+# the state dirs of a probe applied to a release (diagnose cuda-graph's, rehearse --probe's): one a
+# killed run left stays applied until a deploy or rollback reverts it (agents/baseline.py reads the same)
+PROBE_DIRS = ("probe-state", "rehearse-probe-state")
+
+
 def _read_current(releases_root: str, release: str) -> str:
     """Where `current` points, then whether `release` (a name in releases_root) is complete
-    (its manifest.json, written last); read by `_current_and_complete`."""
+    (its manifest.json, written last, whole: a JSON object ends in `}`; a truncated one is
+    rebuilt, not taken as the release), then the probes left applied to `current`; read by
+    `_current_and_complete`."""
+    probes = " ".join(f"current/{d}/state.json" for d in PROBE_DIRS)
     return (f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
-            f"test -f {q(release)}/manifest.json && echo complete; }}; true")
+            f"test -f {q(release)}/manifest.json && tail -c 1 {q(release)}/manifest.json | grep -q '}}' && "
+            "echo complete; echo ===; "
+            f"for f in {probes}; do test -f \"$f\" && echo \"$f\"; done; }}; true")
 
 
 def _current_and_complete(out: str, rc: int = 0) -> dict:
     target, _, rest = out.partition("===")
-    return {"current": target.strip() or None, "complete": "complete" in rest}
+    rest, _, probes = rest.partition("===")
+    return {"current": target.strip() or None, "complete": "complete" in rest,
+            "probes": [ln.split("/")[1] for ln in probes.split() if ln.count("/") == 2]}
+
+
+def revert_probes(ctx: HostContext, release_dir: str, dirs: list[str]) -> list[str]:
+    """Revert the probes a killed run left applied in `release_dir` (byte-exact, from their
+    pristine copies: the probe agent's revert); the files put back."""
+    man = json.loads(ctx.run(f"cat {q(release_dir + '/manifest.json')}", check=True).stdout)
+    done = []
+    for sdir in dirs:
+        r = agents.run(ctx.session, "probe", "revert", 300, what="probe agent", release=release_dir,
+                       site=man["site_packages"], probe_state=sdir)
+        done += r.get("done") or []
+    return done
 
 
 def current_fact(releases_root: str) -> Fact:
@@ -308,12 +359,12 @@ class Release(Step):
         seen = ctx.facts.get(CURRENT_FACT)
         if isinstance(seen, dict) and "current" in seen and seen["current"] == rid and seen["complete"]:
             d.previous = rid  # read in the fact-gathering call: nothing to do
-            return []
+            return self._unprobe(d, rid, seen.get("probes"))
         found = _current_and_complete(ctx.run(_read_current(rel, rid)).stdout)
         current = d.previous = found["current"]
         complete = found["complete"]  # of the release to deploy (the fact's was of `current`)
         if current == rid and complete:
-            return []
+            return self._unprobe(d, rid, found.get("probes"))
         changes = []
         if not complete:
             lock = f", lock {prep.lock.sha256[:12]}" if prep.lock else ""
@@ -329,10 +380,22 @@ class Release(Step):
                                   + ", ".join(prune), action="prune"))
         return changes
 
+    @staticmethod
+    def _unprobe(d, rid: str, probes: list[str] | None) -> list[Change]:
+        """The release is current, but a probe a killed run left is applied to it: reverted, and
+        the engine restarted on the release's own files (as after a switch)."""
+        d.probes = list(probes or [])
+        return [Change(f"revert the probe left applied in release {rid} ({', '.join(d.probes)}) and restart "
+                       "the engine on the release's own files", action="unprobe")] if d.probes else []
+
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         d = ReleaseDecision.of(ctx)
         prep = d.prepared
         rid, rel = prep.release_id, ctx.releases_root
+        if [c.action for c in changes] == ["unprobe"]:
+            ctx.report["probe_reverted"] = revert_probes(ctx, f"{rel}/{rid}", d.probes)
+            d.changed = True  # the engine restarts (the service step), as after a switch
+            return
         if d.claim_root:
             ownership.claim(ctx.session, rel)
         if any(c.action == "build" for c in changes):
@@ -349,6 +412,8 @@ class Release(Step):
 
     def _build(self, ctx: HostContext, prep: Prepared) -> None:
         rid, rel = prep.release_id, ctx.releases_root
+        if not prep.complete:  # a planning run's release has only the engine wheel
+            raise StepFailed(f"release {rid} was prepared for --check only; run the deploy again")
         d = f"{rel}/{rid}"
         wh = f"{ctx.root}/wheelhouse"
         # the venv unpacks the wheels: about three times their size (a rough floor, said as such)
@@ -367,32 +432,64 @@ class Release(Step):
                                  sha256=tools[0].sha256, dest=installer.uv_path(ctx.root))
                 if not got.get("ok"):
                     raise StepFailed(f"installing uv: {got.get('error')}")
+            link_mode = store_ready(ctx) if tools else None
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
             ctx.session.put(prep.requirements.encode(), f"{d}/k26ops/requirements.txt")
-            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels)")
+            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels"
+                         + (f", {link_mode} from the store)" if link_mode else ")"))
             no_deps = prep.recipe.git is None and prep.recipe.no_deps
             script = (
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
-                f"{installer.install_command(how, ctx.root, wh, no_deps)}; "
+                f"{installer.install_command(how, ctx.root, wh, no_deps, link_mode or 'hardlink')}; "
                 "SP=$(venv/bin/python k26ops/patchset.py site); "
                 f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
                 "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
                 "echo \"SITE=$SP\"")
-            res = ctx.run(tied_to_channel(script), timeout=3600)
-            if not res.ok:
-                lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
-                raise StepFailed(f"building release {rid} failed: {lines[-1] if lines else 'no output'}")
-            site = res.stdout.rsplit("SITE=", 1)[1].strip()
+            for attempt in (1, 2):
+                res = ctx.run(tied_to_channel(script), timeout=3600)
+                if not res.ok:
+                    lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
+                    raise StepFailed(f"building release {rid} failed: "
+                                     f"{disk_full(ctx, rel, lines) or (lines[-1] if lines else 'no output')}")
+                site = res.stdout.rsplit("SITE=", 1)[1].strip()
+                if not tools:
+                    break
+                # uv's lock files 0600, the store's files read-only (shared with the release's links)
+                agents.run(ctx.session, "store", "seal", 600, what="store agent", store=installer.store_dir(ctx.root),
+                           locks=[f"{d}/venv/.lock"])
+                if not self._store_damage(ctx, prep, site, rid, attempt):
+                    break
+                ctx.run(f"cd {q(d)} && rm -rf venv patch-state", check=True)
             self._verify_hashes(ctx, prep, site)
             manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ReleaseDecision.of(ctx).engine_argv,
-                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip"}
+                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip", "link_mode": link_mode}
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{d}/manifest.json")
         except BaseException:
             ctx.run(f"rm -rf {q(d)}")
             raise
+
+    def _store_damage(self, ctx, prep: Prepared, site: str, rid: str, attempt: int) -> bool:
+        """The new release's files against their wheels' RECORD (there, of their size): a file
+        deleted from or changed in the store would be missing or changed here. Its store
+        entries are dropped so the install runs again and uv unpacks those wheels from the
+        wheelhouse (True); a second failure is the host's to explain."""
+        v = agents.run(ctx.session, "baseline", "verify", 600, what="release verify", site=site,
+                       skip=sorted(patchset.expected_hashes(prep.patch_state)))
+        bad = v["bad"]
+        if not bad:
+            return False
+        what = ", ".join(f"{b['path']} ({b['why']})" for b in bad[:3])
+        if attempt > 1:
+            raise StepFailed(f"release {rid}: {len(bad)} file(s) differ from their wheels' RECORD after "
+                             f"re-unpacking them: {what}")
+        ctx.progress(f"the release store is damaged ({len(bad)} file(s): {what}); unpacking those wheels again")
+        agents.run(ctx.session, "store", "evict", 600, what="store agent", store=installer.store_dir(ctx.root),
+                   inodes=[b["ino"] for b in bad if b.get("ino")], dists=sorted({b["dist"] for b in bad}))
+        ctx.report.setdefault("store_repaired", []).extend(b["path"] for b in bad)
+        return True
 
     def _verify_hashes(self, ctx, prep: Prepared, site: str) -> None:
         """The host's patched files must equal the control node's (same bytes)."""
@@ -406,6 +503,33 @@ class Release(Step):
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
+
+
+def disk_full(ctx: HostContext, path: str, lines: list[str]) -> str | None:
+    """A build that failed for want of space, named as such: its output says so (not always on
+    the last line), or the filesystem has under 64 MiB left (venv's ensurepip swallows pip's
+    own words and says only `exit status 1`)."""
+    hit = [ln for ln in lines if "No space left on device" in ln or "Disk quota exceeded" in ln]
+    df = ctx.run(f"df -Pk {q(path)} | tail -1")
+    try:
+        free_kb = int(df.stdout.split()[3])
+    except (IndexError, ValueError):
+        free_kb = None
+    if hit or (free_kb is not None and free_kb < 64 * 1024):
+        return (f"disk full ({free_kb // 1024 if free_kb is not None else '?'} MiB free on {path}): "
+                + (hit[-1].strip()[:160] if hit else (lines[-1] if lines else "no output")))
+    return None
+
+
+def store_ready(ctx: HostContext) -> str:
+    """Before uv runs: the store private (0700), no lock of it held (named: pid, user, command,
+    rather than a deploy that waits on it for an hour), and the link mode its filesystem offers."""
+    got = agents.run(ctx.session, "store", "prepare", 120, what="store agent", store=installer.store_dir(ctx.root))
+    if got["held"]:
+        h = got["held"][0]
+        raise StepFailed(f"the release store's lock {h['path']} is held by pid {h['pid']} (user {h['user']}: "
+                         f"{h['command'][:80]}); uv would wait for it: stop that process; nothing was installed")
+    return got["link_mode"]
 
 
 def prune(session, releases_root: str, root: str, names: list[str]) -> dict:

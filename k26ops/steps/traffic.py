@@ -7,18 +7,26 @@
 - `traffic`, the playbook's last step (after health and smoke, and a rollback's verify),
   puts the host back and waits until every gateway lists it healthy; a host whose engine
   failed never gets here (health and smoke fail the host), so it is never put back.
-- `unit_settings(ctx, settings)`: the unit's TimeoutStopSec, larger than drain_timeout.
+  Where this run did not restart the engine, the step still converges: a healthy engine that
+  a gateway does not list (a new model_gateway, a host a failed run left out) is registered
+  (`--check` shows it as a change).
+- `unit_settings(ctx, settings)`: the unit's TimeoutStopSec, larger than drain_timeout;
+  `unit_text_stop_timeout(ctx, text)` the same for a unit k26ops did not render now (a rollback's tag).
 The host's report gets `traffic` (the drain's record: seconds, requests, out of rotation).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, replace
 
+from k26ops.enginehost import EngineHost
 from k26ops.multinode import serves_http
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.traffic.drain import Drain, TrafficConfig
+from k26ops.traffic.gateway import Gateway, GatewayError
 
 
 @dataclass
@@ -47,6 +55,49 @@ def unit_settings(ctx: HostContext, settings: dict) -> dict:
     return {**settings, "timeout_stop_sec": want}
 
 
+_SPAN = re.compile(r"(?:(\d+)\s*(?:min|m))?\s*(?:(\d+)\s*s?)?")
+
+
+def _stop_seconds(value: str) -> float | None:
+    """TimeoutStopSec's value in seconds (`120`, `120s`, `2min`, `1min 30s`, `infinity`); None: unreadable."""
+    v = value.strip()
+    if v == "infinity":
+        return math.inf
+    m = _SPAN.fullmatch(v)
+    if not v or not m:
+        return None
+    return int(m[1] or 0) * 60 + int(m[2] or 0)
+
+
+def unit_text_stop_timeout(ctx: HostContext, text: str) -> tuple[str, str | None]:
+    """A unit written elsewhere (a rollback's tag, recorded verbatim) with its TimeoutStopSec raised
+    above this host's drain_timeout where it is not (systemd would SIGKILL the drain): (text, what
+    was changed, or None)."""
+    want = config(ctx).timeout_stop_sec()
+    if want is None:
+        return text, None
+    lines = text.splitlines(keepends=True)
+    section, service_at, found = None, None, []
+    for i, line in enumerate(lines):
+        st = line.strip()
+        if st.startswith("[") and st.endswith("]"):
+            section = st
+            service_at = i if st == "[Service]" else service_at
+        elif section == "[Service]" and st.split("=", 1)[0].strip() == "TimeoutStopSec":
+            found.append(i)
+    if service_at is None:
+        return text, None
+    if found:
+        have = _stop_seconds(lines[found[-1]].split("=", 1)[1])  # systemd: the last assignment wins
+        if have is not None and have > config(ctx).drain_timeout:
+            return text, None
+        old = lines[found[-1]].strip()
+        lines[found[-1]] = f"TimeoutStopSec={want}\n"
+        return "".join(lines), f"{old} -> TimeoutStopSec={want} (larger than drain_timeout)"
+    lines.insert(service_at + 1, f"TimeoutStopSec={want}\n")
+    return "".join(lines), f"TimeoutStopSec={want} added (larger than drain_timeout)"
+
+
 def before_stop(ctx: HostContext, svc, *, restart: bool) -> None:
     """Before the service step restarts (restart=True) or starts the engine: take the host out
     of rotation and drain it (a start has nothing to drain; the traffic step registers it)."""
@@ -69,7 +120,9 @@ class TrafficStep(Step):
 
     def plan(self, ctx: HostContext) -> list[Change]:
         rot = Rotation.get(ctx)
-        if ctx.check or rot is None or rot.drain is None:
+        if rot is None or rot.drain is None:
+            return self._unlisted(ctx)
+        if ctx.check:
             return []
         d = rot.drain
         if d.cfg.mode in ("gateway", "hook"):
@@ -80,5 +133,26 @@ class TrafficStep(Step):
         ctx.report["traffic"] = d.record
         return []
 
-    def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes
-        pass
+    def _unlisted(self, ctx: HostContext) -> list[Change]:
+        """Gateways that do not list this host's (not restarted, healthy) engine: a change each."""
+        cfg = config(ctx)
+        if cfg.mode != "gateway" or not serves_http(ctx.vars):
+            return []
+        out = []
+        for url in cfg.gateways:
+            gw = Gateway(url, cfg.api_key)
+            try:
+                listed = gw.find(cfg.worker_url) is not None
+            except GatewayError as exc:
+                raise StepFailed(f"traffic: {exc}") from None
+            if not listed:
+                out.append(Change(f"register {cfg.worker_url} at gateway {gw.name} (POST /workers)", action=url))
+        return out
+
+    def apply(self, ctx: HostContext, changes: list[Change]) -> None:
+        eh = EngineHost(ctx)
+        host, port = eh.target()
+        d = Drain(replace(config(ctx), gateways=tuple(c.action for c in changes)), ctx.host.name, ctx.session,
+                  engine_host=host, engine_port=port, engine_api_key=eh.api_key(), progress=ctx.progress)
+        d.put_back()
+        ctx.report["traffic"] = {**d.record, "registered": [Gateway(c.action).name for c in changes]}

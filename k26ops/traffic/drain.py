@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from k26ops import agents
-from k26ops.enginehost import EngineHost, wait_ready
+from k26ops.enginehost import EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.hostvars import Var, declare
 from k26ops.interrupt import requested as interrupt_requested
@@ -48,6 +48,7 @@ DEFAULT_MIN_SERVING = 1
 STOP_MARGIN_S = 60  # TimeoutStopSec = drain_timeout + this: the stop's own SGLang drain after ours
 MODES = ("gateway", "hook", "plain", "none")
 HOOK_TIMEOUT_S = 120.0
+SMOKE_TIMEOUT_S = 300.0  # a cold engine's first request may JIT-build kernels (k26ops.steps.engine)
 PUT_BACK_TIMEOUT_S = 300.0  # the gateway's registration workflow checks the worker before it serves
 
 declare(__name__, "traffic: gateways and the drain",
@@ -70,6 +71,43 @@ declare(__name__, "traffic: gateways and the drain",
             f"p99 end-to-end latency of the host's stored bench, else {DEFAULT_DRAIN_TIMEOUT:g}"),
         Var("min_serving", "int", DEFAULT_MIN_SERVING,
             "healthy workers every gateway keeps while a host is out of rotation (at least 1)"))
+
+
+BENCH_FIGURE = "e2e_p99_ms"  # k26ops.enginebench.run.METRICS: the requests' p99 end-to-end latency
+_P99: dict = {}  # (repository, its tags' mtimes, host) -> (seconds, where) or None
+
+
+def bench_p99_of(host: str) -> tuple[float, str] | None:
+    """The default drain_timeout of `host`: the p99 end-to-end latency (s) of the newest bench a baseline
+    stores for it (`snapshot --bench`), the largest of its cells, and where it comes from; None where
+    there is none (or the baselines repository cannot be read: the drain then uses the default)."""
+    # cycle: k26ops.baselines' package imports its rollback -> k26ops.steps.traffic -> this module
+    from k26ops.baselines.repo import Baselines, default_dir
+
+    path = default_dir()
+    stamp = tuple((path / ".git" / f).stat().st_mtime_ns if (path / ".git" / f).exists() else 0
+                  for f in ("refs/tags", "packed-refs"))
+    key = (str(path), stamp, host)
+    with _GUARD:
+        if key in _P99:
+            return _P99[key]
+    found = None
+    repo = Baselines(path)
+    try:
+        for tag in reversed(repo.tags() if repo.exists() else []):  # newest first
+            if tag.error or host not in ((tag.index or {}).get("hosts") or {}):
+                continue
+            bench = repo.host_bench(tag.commit, host) or {}
+            p99 = [c["figures"][BENCH_FIGURE]["median"] for c in bench.get("cells") or []
+                   if BENCH_FIGURE in (c.get("figures") or {})]
+            if p99:
+                found = (round(max(p99) / 1000.0, 3), f"baseline {tag.name}")
+                break
+    except (UserError, OSError, ValueError):
+        found = None
+    with _GUARD:
+        _P99[key] = found
+    return found
 
 
 def _number(hvars: dict, name: str, host: str, default: float, *, least: float, integer: bool = False):
@@ -98,8 +136,9 @@ class TrafficConfig:
     configured: bool = False  # the inventory said anything about traffic
 
     @classmethod
-    def of(cls, host, hvars: dict | None = None, bench_p99: tuple[float, str] | None = None) -> "TrafficConfig":
-        """From the host's vars; `bench_p99`: (seconds, where) of its stored bench, the default drain_timeout."""
+    def of(cls, host, hvars: dict | None = None, bench_p99: tuple[float, str] | None | bool = True) -> "TrafficConfig":
+        """From the host's vars; `bench_p99`: (seconds, where) of its stored bench, the default drain_timeout
+        (True: looked up, k26ops.traffic.drain.bench_p99; None: there is none)."""
         hv = host.vars if hvars is None else hvars
         name = host.name
         raw = hv.get("model_gateway")
@@ -137,10 +176,12 @@ class TrafficConfig:
             wurl = check_url(wurl, "worker_url")
         except ValueError as exc:
             raise UserError(f"{name}: {exc}") from None
+        if bench_p99 is True:
+            bench_p99 = bench_p99_of(name) if mode != "none" and hv.get("drain_timeout") is None else None
         if hv.get("drain_timeout") is not None:
             dt, dt_from = _number(hv, "drain_timeout", name, DEFAULT_DRAIN_TIMEOUT, least=0), "inventory"
         elif bench_p99:
-            dt, dt_from = float(bench_p99[0]), f"p99 end-to-end latency of {bench_p99[1]}"
+            dt, dt_from = float(bench_p99[0]), f"p99 end-to-end latency in {bench_p99[1]}"
         else:
             dt, dt_from = DEFAULT_DRAIN_TIMEOUT, "default"
         ms = _number(hv, "min_serving", name, DEFAULT_MIN_SERVING, least=1, integer=True)
@@ -406,16 +447,30 @@ def for_session(session, progress: Callable[[str], None] = lambda m: None,
                  progress=progress, secrets=eh.secrets())
 
 
+def smoke_before_put_back(d: Drain, session, unit: str | None) -> None:
+    """One greedy /generate on the worker itself (the deploy's smoke request, k26ops.steps.engine) before
+    it goes back into rotation; StepFailed (left out of rotation) when it does not answer with text."""
+    r = engine_agent(session, "smoke", timeout=SMOKE_TIMEOUT_S + 30, port=d.engine_port, host=d.engine_host,
+                     unit=unit, api_key=d.engine_api_key, prompt="Say hello in one short sentence.",
+                     max_new_tokens=8, timeout_s=SMOKE_TIMEOUT_S)
+    d.progress("smoke before putting it back: " + ("failed" if r.get("failed") else "answered"))
+    if r.get("failed"):
+        last = (r.get("results") or [{}])[-1]
+        why = f"HTTP {last.get('status')}" if last.get("status") else "no answer"
+        raise StepFailed(f"the engine answers /health but not its smoke request ({why}): left out of rotation")
+
+
 def back_when_healthy(d: Drain, session, unit: str, timeout: float) -> None:
     """After a stop made outside a deploy: wait until the engine answers /health and /health_generate
-    on the host (`session`: a new one after a reboot), then put it back; StepFailed (left out of
-    rotation) when it does not."""
+    on the host (`session`: a new one after a reboot) and a smoke request, then put it back; StepFailed
+    (left out of rotation) when it does not."""
     d.session = session
     w = wait_ready(session, unit, d.engine_host, d.engine_port, base=None, timeout=timeout, secrets=d.secrets,
                    on_wait=lambda r: d.progress(f"waiting for the engine before putting it back: "
                                                 f"{r.poll['state']} {r.elapsed:.0f}s"))
     if w.state != "healthy":
         raise StepFailed(f"the engine is {w.state} after {w.elapsed:.0f}s: left out of rotation")
+    smoke_before_put_back(d, session, unit)
     if d.cfg.mode in ("gateway", "hook"):
         d.put_back()
     else:
