@@ -249,9 +249,9 @@ def test_the_stand_ins_phase_costs_are_the_recording_times_its_scale():
     assert ph.seconds("capture", warm=True) == pytest.approx(w["capture_s"] * s)
     assert ph.seconds("sampling", warm=False) == pytest.approx((c["first_sampled_s"] - c["first_greedy_s"]) * s)
     assert ph.seconds("sampling", warm=True) == pytest.approx((w["first_sampled_s"] - w["first_greedy_s"]) * s)
-    assert ph.seconds("first_request", warm=True) == pytest.approx(w["first_greedy_s"] * s)
     assert engine_standin.Phases(doc, scale=0).seconds("capture", warm=False) == 0
-    assert engine_standin.Phases(_phases(cold__first_greedy_s=None)).seconds("first_request", warm=False) == 0
+    assert engine_standin.Phases(_phases(cold__first_greedy_s=None)).seconds("sampling", warm=False) == \
+        pytest.approx(c["first_sampled_s"] * s)
     for bad in ({"warm__capture_s": None}, {"cold__ready_s": "fast"}, {"cold__first_sampled_s": -1}):
         with pytest.raises(ValueError, match=next(iter(bad)).replace("__", ".")):
             engine_standin.Phases(_phases(**bad))
