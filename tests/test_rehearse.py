@@ -151,7 +151,10 @@ def _left_rehearsal_processes() -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     # the engine's own command line names its temp dir's model copy; a private lab's nspawn line binds
     # /var/tmp/k26ops-rehearse-*/model (the lab dir of tag "rehearse") and is not the engine's
-    return [l for l in out.splitlines() if re.search(r"--model-path \S*/k26ops-rehearse-\w+/model\b", l)]
+    # /opt/k26ops/...: a lab host's engine (another test run's rehearsal shows in this machine's ps too); the
+    # local host's runs from its tmp root's release
+    return [l for l in out.splitlines() if re.search(r"--model-path \S*/k26ops-rehearse-\w+/model\b", l)
+            and not l.startswith("/opt/k26ops/")]
 
 
 def test_local_rehearsal_serves_and_leaves_nothing(local_host):
