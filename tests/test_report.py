@@ -226,3 +226,13 @@ def test_the_default_place_is_the_data_dir(monkeypatch, tmp_path):
     assert files.default_path("gate", "rel/2026-12", at) == tmp_path / "k26ops/reports/gate-rel_2026-12-20261207-073005.html"
     assert files.gpus_per_host({"tp_size": 16, "nnodes": 2}) == 8 and files.gpus_per_host({}) == 8
     assert files.gpus_per_host({"tp_size": 1}) == 1
+
+
+def test_a_compare_with_start_up_figures_keeps_them_out_of_the_cells():
+    """`bench --compare` rows also hold the last start's METRIC@start figures (issue 43); the
+    baseline's cells are rebuilt from the cell figures only (a start-up figure has no cell:
+    sorting it among them raised a TypeError in `k26ops report`)."""
+    stat = {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1}
+    got = model.cells_from_figures({"tok/s@c1/t0": stat, "ready_s@start": stat, "ttfgt_s@start": stat,
+                                    "tok/s@c4/t0.7": stat})
+    assert [(c["concurrency"], c["temperature"]) for c in got["cells"]] == [(1, 0.0), (4, 0.7)]

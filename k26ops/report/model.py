@@ -74,6 +74,8 @@ def cells_from_figures(flat: dict[str, dict]) -> dict:
             metric, c, t = figs.parse_figure(name)
         except UserError:
             continue
+        if c is None:  # a start-up figure (METRIC@start, issue 43): the start's phases show it, no cell
+            continue
         cell = cells.setdefault((c, t), {"concurrency": c, "temperature": t, "figures": {}})
         cell["figures"][metric] = stat
     return {"cells": [cells[k] for k in sorted(cells, key=lambda k: (k[1], k[0]))]}
