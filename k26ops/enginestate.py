@@ -92,6 +92,12 @@ def engine_state(show: dict, health: int | None, uptime_s: float | None, unit: s
         if start_limit_hit(show):
             return EngineState("failed", should, f"start-limit-hit after {restarts} restart(s): {reset_hint(unit)}")
         status = show.get("ExecMainStatus")
+        if result == "signal" and str(status) == "9":
+            # SGLang's own end after a drain: kill_process_tree SIGKILLs the tree, itself included
+            # (tests/data/drain). A crash ends so too, but then Restart=on-failure starts it again:
+            # only a stop leaves it failed so (the start limit is told apart above)
+            return EngineState("stopped", should, "stopped (the engine ended by its own SIGKILL after its drain, "
+                               "as SGLang does; systemd says result signal)" + ("" if should else ", not enabled"))
         return EngineState("failed", should, f"result {result or 'unknown'}"
                            + (f", exit status {exit_status_text(status)}" if status else "")
                            + "; `k26ops diagnose service` names the crash")

@@ -290,6 +290,26 @@ def test_journal_picks_the_newest_failed_invocation():
     assert mod.last_crash("\n".join(lines[4:6]), {}, 5) == {"show": {}, "invocations": 1, "crashes": 0}
 
 
+def test_a_requested_stop_that_ends_by_the_engines_own_sigkill_is_no_crash():
+    """The real engine drains on SIGTERM, then SIGKILLs its own tree, itself included
+    (tests/data/drain: the process ended with -9): under systemd a stop then ends
+    "code=killed, status=9/KILL" and "Failed with result 'signal'". After systemd's
+    "Stopping ..." that is the stop, not a crash; the same kill without a stop is one."""
+    mod = load("journal")
+    drain = (ROOT / "tests/data/drain/engine-cold-then-drain-h100.log").read_text().splitlines()[-4:]
+    stop = [entry("s", "The server is fired up and ready to roll!"),
+            entry("s", "Stopping k26-engine.service - SGLang engine (k26ops)...", own=False, ts=2),
+            *[entry("s", line, ts=3) for line in drain],
+            entry("s", "k26-engine.service: Main process exited, code=killed, status=9/KILL", own=False, ts=4),
+            entry("s", "k26-engine.service: Failed with result 'signal'.", own=False, ts=5),
+            entry("s", "Stopped k26-engine.service - SGLang engine (k26ops).", own=False, ts=6)]
+    out = mod.last_crash("\n".join(stop), {"InvocationID": "n"}, keep=5)
+    assert out["crashes"] == 0 and "invocation" not in out
+    killed = [line for line in stop if "Stopping" not in line]  # the same end with no stop asked: a crash
+    out = mod.last_crash("\n".join(killed), {"InvocationID": "n"}, keep=5)
+    assert out["crashes"] == 1 and out["why"] == "code=killed, status=9/KILL"
+
+
 def test_journal_agent_runs_on_this_machine(host):
     from k26ops.diagnose import journal
 

@@ -49,6 +49,13 @@ def test_states_from_systemd_properties():
     s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainStatus=1,
                            NRestarts=1, StartLimitHit=False), None, None, UNIT)
     assert s.label() == ("failed (result exit-code, exit status 1; `k26ops diagnose service` names the crash)")
+    # a stop of the real engine: it drains, then SIGKILLs itself (tests/data/drain): a stop, not a crash
+    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="signal", ExecMainStatus=9),
+                     None, None, UNIT)
+    assert (s.state, s.ok) == ("stopped", False) and "its own SIGKILL after its drain" in s.detail
+    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="signal", ExecMainStatus=11),
+                     None, None, UNIT)
+    assert s.state == "failed"  # a segfault stays a crash
     s = engine_state(_show(ActiveState="activating", SubState="auto-restart", Result="exit-code", NRestarts=2),
                      None, None, UNIT)
     assert s.state == "crash-looping" and not s.ok

@@ -5,12 +5,17 @@ op "last_crash" {"unit", "lines", "keep"}: reads the unit's journal (JSON, the
 last `lines` entries), groups the engine's output by invocation and picks the
 newest invocation that ended in a failure (systemd's "Main process exited,
 code=..., status=..." / "Failed with result" for that invocation, not a clean
-stop); only that invocation's last `keep` lines come back.
+stop); only that invocation's last `keep` lines come back. A requested stop
+(systemd's "Stopping ..." for the invocation) that ends by signal is no crash:
+the real engine drains on SIGTERM, then SIGKILLs its own process tree, itself
+included (tests/data/drain: systemd says status=9/KILL, result 'signal').
 """
 import json, re, subprocess, sys
 
 EXITED = re.compile(r"Main process exited, code=(\w+), status=(\S+)")
 RESULT = re.compile(r"Failed with result '([^']+)'")
+STOPPING = re.compile(r"^Stopping\b")
+KILLED_BY_SIGNAL = re.compile(r"code=(?:killed|dumped), status=|result signal")
 FIELDS = "MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,_PID,__REALTIME_TIMESTAMP"
 
 
@@ -31,7 +36,7 @@ def result_failure(msg):
 
 def invocations(journal_json):
     """journalctl -o json lines -> (order, text, fail, first_ts, last_ts) per invocation."""
-    order, text, fail, first_ts, last_ts = [], {}, {}, {}, {}
+    order, text, fail, first_ts, last_ts, stopping = [], {}, {}, {}, {}, set()
     for line in journal_json.splitlines():
         try: e = json.loads(line)
         except ValueError: continue
@@ -48,12 +53,14 @@ def invocations(journal_json):
         if own:
             text[inv].append(msg)
             continue
+        if STOPPING.search(msg):
+            stopping.add(inv)
         why = exit_failure(msg)
-        if why:
+        if why and not (inv in stopping and KILLED_BY_SIGNAL.search(why)):
             fail[inv] = why
         why = result_failure(msg)
-        if why and inv not in fail:  # the exit status says more than the result
-            fail[inv] = why
+        if why and inv not in fail and not (inv in stopping and KILLED_BY_SIGNAL.search(why)):
+            fail[inv] = why  # the exit status says more than the result
     return order, text, fail, first_ts, last_ts
 
 
