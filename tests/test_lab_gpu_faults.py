@@ -39,8 +39,8 @@ def test_facts_and_check_name_each_replayed_fault_and_its_action(scratch_lab):
     put(smi_q="h200-nvidia-smi-q.txt", kernel_log="pub-ogkm1151-journal-xid79.txt")
     rc, host, err = run("check")
     assert rc == 1
-    assert ("gpu_health: GPU 0 (0000:18:00): Xid 79 GPU has fallen off the bus (no longer reachable over PCIe) "
-            "in the kernel log; action: reboot: drain the host and reboot it") in err, err
+    assert ("gpu_health: GPU 0 (0000:18:00): Xid 79 GPU has fallen off the bus (the GPU is no longer reachable over "
+            "PCIe) in the kernel log; action: reboot: drain the host and reboot it") in err, err  # NVIDIA's catalogue words
     rc, host, _ = run("facts")
     assert host["health"] == "GPU 0 reboot (xid-79)", host["health"]
 
