@@ -61,6 +61,9 @@ def _wait_serving(h) -> None:
     pytest.fail(f"the serving engine never got healthy: {st}")
 
 
+STOPPED = ("inactive", "failed")
+
+
 def _units(h) -> list[str]:
     return _remote(h, "systemctl list-units --all --plain --no-legend 'k26ops-rehearse-*' | awk '{print $1}'").split()
 
@@ -85,12 +88,14 @@ def test_ctrl_c_in_rehearse_stop_serving_leaves_the_engine_serving_and_deploy_wa
     _wait_serving(h)
     proc = _start_slow_rehearsal(h, "--stop-serving")
     try:
-        assert _remote(h, "systemctl is-active k26-engine.service || true") == "inactive"  # stopped for it
+        # stopped for it: inactive, or failed (result signal) as the real engine leaves a stop, ending by its
+        # own SIGKILL after the drain (tests/data/drain; the stand-in does the same)
+        assert _remote(h, "systemctl is-active k26-engine.service || true") in STOPPED
         # the rehearsal holds the host lock: a deploy now would start the serving engine on its GPUs
         p = k26ops("-i", _inv(h), "deploy", timeout=300)
         assert p.returncode == 1 and "rehearse" in p.stdout + p.stderr and "lock" in p.stdout + p.stderr, \
             (p.stdout, p.stderr)
-        assert _remote(h, "systemctl is-active k26-engine.service || true") == "inactive"
+        assert _remote(h, "systemctl is-active k26-engine.service || true") in STOPPED
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=240)
     finally:
