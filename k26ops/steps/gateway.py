@@ -301,6 +301,9 @@ class GatewayHealth(Step):
         r = poll(ctx, gw, timeout)
         if r["state"] == "healthy":
             ctx.report["gateway_health"] = {"state": "healthy", "wait_s": r["wait_s"]}
+            # seen healthy: the install is settled, so the next failed deploy restores this one (the engine
+            # agent keeps an unsettled install's prev/, what ran before it, as the engine step's settle says)
+            agents.run(ctx.session, "engine", "settle", 60, what="engine agent", state_dir=gw.state_dir)
             return []
         secrets = [gw.admin_key] if gw.admin_key else []
         tail = [line for line in units.redact(r.get("journal") or "", secrets).splitlines() if line.strip()]
