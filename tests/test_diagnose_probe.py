@@ -138,10 +138,8 @@ def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host, sig):
     assert_restored(host, before)
 
 
-def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
-    """SIGKILL cannot be handled: the probe stays applied, and `status` must say
-    the release is modified, never canonical; the next diagnose reverts it."""
-    inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "killed")
+def _kill_diagnose_once_it_waits(inv: str, host) -> None:
+    """`diagnose cuda-graph` SIGKILLed once its probed engine is waiting for ready (the probe applied)."""
     p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host",
                           host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
@@ -152,6 +150,13 @@ def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
         assert time.monotonic() - t0 < 120
     os.killpg(p.pid, signal.SIGKILL)
     p.communicate(timeout=30)
+
+
+def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
+    """SIGKILL cannot be handled: the probe stays applied, and `status` must say
+    the release is modified, never canonical; the next diagnose reverts it."""
+    inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "killed")
+    _kill_diagnose_once_it_waits(inv, host)
     rc, data = k26ops_json("-i", inv, "status")
     d = data["hosts"][host["name"]]["drift"]
     assert d["canonical"] is False and d["probe_left"] is True, d
@@ -165,16 +170,7 @@ def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
     proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert "reverted a probe left by an earlier run" in proc.stdout + proc.stderr
     # killed again: the next deploy (nothing else to change) reverts the probe and restarts the engine
-    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host",
-                          host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    t0 = time.monotonic()
-    for line in p.stderr:
-        if "waiting for ready" in line:
-            break
-        assert time.monotonic() - t0 < 120
-    os.killpg(p.pid, signal.SIGKILL)
-    p.communicate(timeout=30)
+    _kill_diagnose_once_it_waits(inv, host)
     rc, data = k26ops_json("-i", inv, "deploy", "--playbook", str(host["dir"] / "engine.yml"))
     assert rc == 0 and data["hosts"][host["name"]].get("probe_reverted"), data
     rc, data = k26ops_json("-i", inv, "status")

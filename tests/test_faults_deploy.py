@@ -390,6 +390,26 @@ def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scra
         lab_ssh(lab.dir, lab.port("lab1"), f"rm -f /usr/local/bin/df; umount -l {STATE}; true")
 
 
+def _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb):
+    """`deploy --json` of an env whose new engine never gets ready, returned (still running) once its
+    new env file is on the host: the restart is done and the health wait has begun."""
+    doc = yaml.safe_load(solo_inv.read_text())
+    doc["vars"]["engine_env"] = {"K26OPS_STANDIN_LOAD_SECONDS": "600"}  # the new engine never gets ready
+    slow = tmp_path / "slow.yml"
+    slow.write_text(yaml.safe_dump(doc))
+    proc = start("-i", str(slow), "--json", "deploy", "--playbook", str(pb))
+    try:
+        deadline = time.monotonic() + 180
+        while "K26OPS_STANDIN_LOAD_SECONDS" not in ssh(solo, "lab1", "cat /etc/k26ops/sglang.env"):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.3)
+    except BaseException:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc
+
+
 # ------------------------------------------------------------------ 4: interrupted during the health wait
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -402,16 +422,8 @@ def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(sol
     assert rc == 0, data
     before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"),
               "current": ssh(solo, "lab1", f"readlink {RELEASES}/current")}
-    doc = yaml.safe_load(solo_inv.read_text())
-    doc["vars"]["engine_env"] = {"K26OPS_STANDIN_LOAD_SECONDS": "600"}  # the new engine never gets ready
-    slow = tmp_path / "slow.yml"
-    slow.write_text(yaml.safe_dump(doc))
-    proc = start("-i", str(slow), "--json", "deploy", "--playbook", str(pb))
+    proc = _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb)
     try:
-        deadline = time.monotonic() + 180
-        while "K26OPS_STANDIN_LOAD_SECONDS" not in ssh(solo, "lab1", "cat /etc/k26ops/sglang.env"):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.3)
         time.sleep(3)  # well inside the health wait now
         os.kill(proc.pid, sig)
         out, err = proc.communicate(timeout=240)
@@ -439,16 +451,8 @@ def test_host_agents_killed_in_the_health_wait_restore_the_previous_env(solo, so
     rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
     assert rc == 0, data
     before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}")}
-    doc = yaml.safe_load(solo_inv.read_text())
-    doc["vars"]["engine_env"] = {"K26OPS_STANDIN_LOAD_SECONDS": "600"}  # the new engine never gets ready
-    slow = tmp_path / "slow.yml"
-    slow.write_text(yaml.safe_dump(doc))
-    proc = start("-i", str(slow), "--json", "deploy", "--playbook", str(pb))
+    proc = _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb)
     try:
-        deadline = time.monotonic() + 180
-        while "K26OPS_STANDIN_LOAD_SECONDS" not in ssh(solo, "lab1", "cat /etc/k26ops/sglang.env"):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.3)
         time.sleep(3)  # inside the health wait: its poll agent runs (a long-poll window)
         for _ in range(50):  # SIGKILL the host agents (python3 -S -c ...) once one runs; then leave it
             if ssh(solo, "lab1", "pkill -KILL -f '^python3 -S -c' && echo killed || true").strip() == "killed":
