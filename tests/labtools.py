@@ -40,7 +40,7 @@ def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     me = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
     assert count <= PORT_CHUNK or workers == 1, count
-    port = start + (os.getpid() * 7) % 3000
+    port = start + (os.getpid() * 7) % max(1, min(3000, stop - start - count))  # inside the range asked
     while port + count < stop:
         if workers > 1 and {_port_owner(p, workers) for p in (port, port + count - 1)} != {me}:
             port = (port // PORT_CHUNK + 1) * PORT_CHUNK  # the next chunk
