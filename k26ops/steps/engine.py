@@ -358,12 +358,10 @@ def plan_secret_config(spath: str, cur: dict, text: str | None, changes: list[Ch
         reasons.append("secret flags")
 
 
-def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, unit: str,
-                            changes: list[Change], todo: dict, reasons: list[str]) -> list[Change]:
-    """After the files are planned: enable the unit, and restart it only when
-    something it runs changed (its files, the release); start it if it is down."""
-    if ReleaseDecision.of(ctx).changed:
-        reasons.append("release")
+def plan_unit_run(show: dict, unit: str, changes: list[Change], todo: dict, reasons: list[str],
+                  start_note: str = "") -> None:
+    """Enable the unit; restart it when `reasons` (what it runs changed) and it is up, else start it
+    if it is down. The engine's and the gateway's service steps."""
     if show.get("UnitFileState") != "enabled":
         changes.append(Change(f"enable {unit}"))
         todo["enable"] = True
@@ -372,11 +370,19 @@ def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, uni
         changes.append(Change(f"restart {unit} ({', '.join(reasons)} changed)"))
         todo["restart"] = True
     elif not active:
-        was = show.get("ActiveState") or "not installed"
-        if start_limit_hit(show):  # the agent resets it before every start
-            was += ": it hit systemd's start limit; systemctl reset-failed first"
-        changes.append(Change(f"start {unit} (was {was})"))
+        changes.append(Change(f"start {unit} (was {show.get('ActiveState') or 'not installed'}{start_note})"))
         todo["start"] = True
+
+
+def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, unit: str,
+                            changes: list[Change], todo: dict, reasons: list[str]) -> list[Change]:
+    """After the files are planned: enable the unit, and restart it only when
+    something it runs changed (its files, the release); start it if it is down."""
+    if ReleaseDecision.of(ctx).changed:
+        reasons.append("release")
+    # the agent resets the start limit before every start
+    note = ": it hit systemd's start limit; systemctl reset-failed first" if start_limit_hit(show) else ""
+    plan_unit_run(show, unit, changes, todo, reasons, start_note=note)
     svc.todo = todo
     svc.restart_reasons = reasons
     return changes

@@ -33,7 +33,7 @@ from k26ops.release import enginelock, installer, wheelhouse, wheelsource
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
-from k26ops.steps.engine import foreign_unit, plan_file
+from k26ops.steps.engine import foreign_unit, plan_file, plan_unit_run
 from k26ops.steps.gateway_spec import (ENV_FILE, GROUP, LAUNCHER, GatewayHost, engines_of, load_lock, lock_path,
                                        named_gateways, release_id)
 from k26ops.steps.release import prune
@@ -218,17 +218,7 @@ class GatewayService(Step):
             changes.append(Change(f"chmod 0600 {ENV_FILE} (was {cur['env_mode']:04o})"))
         if d.changed:
             reasons.append("release")
-        show = cur["show"]
-        if show.get("UnitFileState") != "enabled":
-            changes.append(Change(f"enable {gw.unit}"))
-            todo["enable"] = True
-        active = show.get("ActiveState") in ("active", "activating", "reloading")
-        if reasons and active:
-            changes.append(Change(f"restart {gw.unit} ({', '.join(reasons)} changed)"))
-            todo["restart"] = True
-        elif not active:
-            changes.append(Change(f"start {gw.unit} (was {show.get('ActiveState') or 'not installed'})"))
-            todo["start"] = True
+        plan_unit_run(cur["show"], gw.unit, changes, todo, reasons)
         d.todo = todo
         return changes
 
