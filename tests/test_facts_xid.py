@@ -104,6 +104,21 @@ def test_nvswitch_sxid_fatal_and_non_fatal_with_their_detail_lines_folded():
     assert "Link 48 LTSSM Fault Up" in sx[0].meaning and sx[0].label == "SXid 20034 (fatal)"
 
 
+def test_nvswitch_sxid_seen_only_by_its_data_line_takes_nvidias_severity():
+    """No Fatal/Non-fatal word in the lines at hand: NVIDIA's SXid tables (xid_table.SXID_TABLE) name
+    it and give its severity (gpud#338's dmesg scan: 12028, non-fatal in the guide's D.4)."""
+    (e,) = X.parse_kernel_text(log("kernel_sxid12028_data_line_only.log"))
+    assert (e.source, e.xid, e.pci, e.name) == ("sxid", 12028, "0000:84:00", "nvidia-nvswitch1")
+    assert (e.kind, e.action, e.label) == ("info", "none", "SXid 12028 (non-fatal)")
+    assert "egress nonposted PRIV error" in e.meaning
+    # a fatal one of NVIDIA's tables, seen by its Data line alone, is a fault: the Data line of
+    # kernel_xid79_sxid20034_fatal.log (nvidia-nvswitch0's 20034), on its own
+    data = [ln for ln in log("kernel_xid79_sxid20034_fatal.log").splitlines() if "20034, Data" in ln]
+    (f,) = X.parse_kernel_text(data[0])
+    assert (f.kind, f.action, f.label) == ("hardware", "reboot", "SXid 20034 (fatal)")
+    assert "LTSSM Fault Up" in f.meaning
+
+
 def test_gsp_firmware_faults_are_hardware_with_a_reset():
     (e,) = X.parse_kernel_text(log("gsp_heartbeat_timeout_journal.log"))  # two lines, one fault
     assert (e.source, e.xid, e.kind, e.action, e.pci, e.name) == ("gsp", 119, "hardware", "reset-gpu", None, "GPU0")

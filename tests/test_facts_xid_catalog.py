@@ -65,3 +65,39 @@ def test_the_xids_issue_46_found_without_meaning_have_one():
     assert X.XID_TABLE[64][1:] == ("hardware", "reset-gpu")     # RESET_GPU
     assert X.XID_TABLE[61][1] == "unused"                       # NVIDIA: Unused
     assert X.XID_TABLE[79][1:] == ("hardware", "reboot")        # RESTART_BM
+
+
+SXID_CATALOGUE = DATA / "nvidia-sxid-catalog.txt"
+
+
+def recorded_sxids() -> dict[int, tuple[str, str]]:
+    rows = {}
+    for line in SXID_CATALOGUE.read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        sxid, name, section = line.split("|")
+        rows[int(sxid)] = (name, section)
+    return rows
+
+
+def test_the_sxid_recording_names_its_source():
+    head = "\n".join(SXID_CATALOGUE.read_text().splitlines()[:5])
+    assert "DU-09883-001_v1.3" in head and "fabric-manager-user-guide" in head and "2026-12-07" in head
+    meta = json.loads((DATA / "MANIFEST.json").read_text())["nvidia-sxid-catalog.txt"]
+    assert meta["source"].count("https://") == 1
+
+
+def test_sxid_table_holds_every_recorded_row_with_its_sections_severity():
+    rows = recorded_sxids()
+    assert T.SXID_CATALOG == rows
+    assert {section for _name, section in rows.values()} == {"D.4", "D.5", "D.6", "D.7"}
+    for sxid, (name, section) in rows.items():
+        tname, severity, kind, action = X.SXID_TABLE[sxid]
+        assert tname == name
+        fatal = section in ("D.5", "D.6") or sxid in T.SXID_FATAL_NOTABLE
+        assert (severity, kind, action) == (("fatal", "hardware", "reboot") if fatal else ("non-fatal", "info", "none")), sxid
+    # the SXids the recorded kernel lines show, as NVIDIA's tables give them
+    assert X.SXID_TABLE[22013][:2] == ("Minion Link DLREQ interrupt", "non-fatal")
+    assert X.SXID_TABLE[12028][:2] == ("egress nonposted PRIV error", "non-fatal")
+    assert X.SXID_TABLE[20034][:2] == ("LTSSM Fault Up", "fatal")
+    assert X.SXID_TABLE[24007][1] == X.SXID_TABLE[12020][1] == "fatal"

@@ -28,6 +28,9 @@ ACTION_TEXT = {
 
 # xid -> (meaning, kind, action): NVIDIA's whole catalogue, in xid_table.py
 XID_TABLE = xid_table.XID_TABLE
+# sxid -> (NVIDIA's name, "fatal"/"non-fatal", kind, action): the Fabric Manager guide's SXid tables
+SXID_TABLE = xid_table.SXID_TABLE
+FATAL_SXID_NOTE = " (fatal NVSwitch errors need the GPUs and NVSwitches reset: a reboot)"
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
 # "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus." / older drivers "Xid (0000:01:00): 3, ..."
@@ -174,14 +177,22 @@ def _other_event(raw: str, i: int, events: list[XidEvent]) -> XidEvent | None:
         sev = SXID_SEVERITY.match(rest)
         prev = next((e for e in reversed(events[-6:]) if e.source == "sxid" and e.pci == pci and e.xid == sxid
                      and i - e.line <= 6), None)
-        if prev is not None and (not sev or prev.kind == "unknown"):
+        # the same SXid of that switch: a Data/Severity line folds in, and so does the severity-word line
+        # of an event whose first line had none (a second severity-word line is another link's error)
+        if prev is not None and (not sev or not SXID_SEVERITY.match(prev.message)):
             if sev:
                 _sxid_severity(prev, sev)
+                prev.message = rest
             return None
         e = XidEvent(xid=sxid, pci=pci, message=rest, line=i, text=raw[raw.index(m.group("switch")):].strip(),
                      name=m.group("switch"), time=line_time(raw), source="sxid",
-                     meaning=f"NVSwitch SXid {sxid}: severity not in these lines (see the fabric manager "
-                             f"guide's SXid table)", kind="unknown", label=f"SXid {sxid}")
+                     meaning=f"NVSwitch SXid {sxid}: severity not in these lines nor in NVIDIA's SXid tables",
+                     kind="unknown", label=f"SXid {sxid}")
+        if sxid in SXID_TABLE:  # a Data/Severity line alone: NVIDIA's table gives the severity
+            name, severity, e.kind, e.action = SXID_TABLE[sxid]
+            e.label = f"SXid {sxid} ({severity})"
+            e.meaning = f"NVSwitch SXid {sxid} ({name}), {severity} in NVIDIA's SXid tables" + (
+                FATAL_SXID_NOTE if severity == "fatal" else "")
         if sev:
             _sxid_severity(e, sev)
         return e
@@ -198,8 +209,9 @@ def _sxid_severity(e: XidEvent, sev: re.Match) -> None:
     fatal = sev.group("sev").lower() == "fatal"
     e.kind, e.action = ("hardware", "reboot") if fatal else ("info", "none")
     e.label = f"SXid {e.xid} ({'fatal' if fatal else 'non-fatal'})"
-    e.meaning = (f"NVSwitch SXid {e.xid}, {'fatal' if fatal else 'non-fatal'}: {sev.group('what')}"
-                 + (" (fatal NVSwitch errors need the GPUs and NVSwitches reset: a reboot)" if fatal else ""))
+    name = f" ({SXID_TABLE[e.xid][0]})" if e.xid in SXID_TABLE else ""
+    e.meaning = (f"NVSwitch SXid {e.xid}{name}, {'fatal' if fatal else 'non-fatal'}: {sev.group('what')}"
+                 + (FATAL_SXID_NOTE if fatal else ""))
 
 
 def label(event: dict) -> str:

@@ -257,3 +257,122 @@ def _entry(xid: int) -> tuple[str, str, str]:
 
 # xid -> (meaning, kind, action)
 XID_TABLE: dict[int, tuple[str, str, str]] = {xid: _entry(xid) for xid in CATALOG}
+
+
+# NVSwitch SXids: NVIDIA's severity tables of the Fabric Manager user guide (DU-09883-001_v1.3, Appendix
+# D), recorded in tests/data/facts/nvidia-sxid-catalog.txt (source in its header and MANIFEST.json;
+# tests/test_facts_xid_catalog.py checks the two agree). sxid -> (NVIDIA's name, the guide's section)
+SXID_CATALOG: dict[int, tuple[str, str]] = {
+    10001: ('Host_priv_error', 'D.7'),
+    10002: ('Host_priv_timeout', 'D.7'),
+    10003: ('Host_unhandled_interrupt', 'D.7'),
+    10004: ('Host_thermal_event_start', 'D.7'),
+    10005: ('Host_thermal_event_end', 'D.7'),
+    11001: ('ingress invalid command', 'D.5'),
+    11004: ('Ingress invalid ACL', 'D.4'),
+    11009: ('ingress invalid VCSet', 'D.5'),
+    11012: ('Single bit ECC errors', 'D.4'),
+    11013: ('ingress header DBE', 'D.5'),
+    11018: ('ingress RID DBE', 'D.5'),
+    11019: ('ingress RLAN DBE', 'D.5'),
+    11020: ('ingress control parity', 'D.5'),
+    11021: ('Single bit ECC errors', 'D.4'),
+    11022: ('Single bit ECC errors', 'D.4'),
+    11023: ('Single bit ECC errors', 'D.4'),
+    12001: ('egress crossbar overflow', 'D.5'),
+    12002: ('egress packet route', 'D.5'),
+    12020: ('egress sequence ID error', 'D.6'),
+    12021: ('Single bit ECC errors', 'D.4'),
+    12022: ('egress input ECC DBE error', 'D.5'),
+    12023: ('Single bit ECC errors', 'D.4'),
+    12024: ('egress output ECC DBE error', 'D.5'),
+    12025: ('egress credit overflow', 'D.5'),
+    12026: ('egress destination request ID error', 'D.5'),
+    12027: ('egress destination response ID error', 'D.5'),
+    12028: ('egress nonposted PRIV error', 'D.4'),
+    12030: ('egress control parity error', 'D.5'),
+    12031: ('egress credit parity error', 'D.5'),
+    12032: ('egress flit type mismatch', 'D.5'),
+    14017: ('TS ATO timeout', 'D.5'),
+    15001: ('route buffer over/underflow', 'D.5'),
+    15006: ('route transdone over/underflow', 'D.5'),
+    15008: ('Single bit ECC errors', 'D.4'),
+    15009: ('route GLT DBE', 'D.5'),
+    15010: ('route parity', 'D.5'),
+    15011: ('Single bit ECC errors', 'D.4'),
+    15012: ('route incoming DBE', 'D.5'),
+    15013: ('route credit parity', 'D.5'),
+    19047: ('NCISOC HDR ECC DBE Error', 'D.5'),
+    19048: ('NCISOC DAT ECC DBE Error', 'D.5'),
+    19049: ('Single bit ECC errors', 'D.4'),
+    19054: ('HDR RAM ECC DBE Error', 'D.5'),
+    19055: ('Single bit ECC errors', 'D.4'),
+    19056: ('DAT0 RAM ECC DBE Error', 'D.5'),
+    19057: ('Single bit ECC errors', 'D.4'),
+    19058: ('DAT1 RAM ECC DBE Error', 'D.5'),
+    19059: ('Single bit ECC errors', 'D.4'),
+    19060: ('CREQ RAM HDR ECC DBE Error', 'D.5'),
+    19061: ('CREQ RAM DAT ECC DBE Error', 'D.5'),
+    19062: ('Single bit ECC errors', 'D.4'),
+    19063: ('Response RAM HDR ECC DBE Error', 'D.5'),
+    19064: ('Response RAM DAT ECC DBE Error', 'D.5'),
+    19065: ('Single bit ECC errors', 'D.4'),
+    19066: ('COM RAM HDR ECC DBE Error', 'D.5'),
+    19067: ('COM RAM DAT ECC DBE Error', 'D.5'),
+    19068: ('Single bit ECC errors', 'D.4'),
+    19069: ('RSP1 RAM HDR ECC DBE Error', 'D.5'),
+    19070: ('RSP1 RAM DAT ECC DBE Error', 'D.5'),
+    19071: ('Single bit ECC errors', 'D.4'),
+    19084: ('AN1 Heartbeat Timeout Error', 'D.4'),
+    20001: ('TX Replay Error', 'D.4'),
+    20012: ('Broken/inconsistent connection', 'D.4'),
+    20034: ('LTSSM Fault Up', 'D.5'),
+    22003: ('Minion Halt', 'D.6'),
+    22011: ('Minion exterror', 'D.6'),
+    22012: ('Minion Link NA interrupt', 'D.5'),
+    22013: ('Minion Link DLREQ interrupt', 'D.4'),
+    23001: ('ingress SRC-VC buffer overflow', 'D.6'),
+    23002: ('ingress SRC-VC buffer underflow', 'D.6'),
+    23003: ('egress DST-VC credit overflow', 'D.6'),
+    23004: ('egress DST-VC credit underflow', 'D.6'),
+    23005: ('ingress packet burst error', 'D.6'),
+    23006: ('ingress packet sticky error', 'D.6'),
+    23007: ('possible bubbles at ingress', 'D.6'),
+    23008: ('ingress packet invalid dst error', 'D.6'),
+    23009: ('ingress packet parity error', 'D.6'),
+    23010: ('ingress SRC-VC buffer overflow', 'D.6'),
+    23011: ('ingress SRC-VC buffer underflow', 'D.6'),
+    23012: ('egress DST-VC credit overflow', 'D.6'),
+    23013: ('egress DST-VC credit underflow', 'D.6'),
+    23014: ('ingress packet burst error', 'D.6'),
+    23015: ('ingress packet sticky error', 'D.6'),
+    23016: ('possible bubbles at ingress', 'D.6'),
+    23017: ('ingress credit parity error', 'D.6'),
+    24001: ('Single bit ECC errors', 'D.4'),
+    24002: ('Single bit ECC errors', 'D.4'),
+    24003: ('Single bit ECC errors', 'D.4'),
+    24004: ('sourcetrack TCEN0 crubmstore DBE', 'D.5'),
+    24005: ('sourcetrack TCEN0 TD crubmstore DBE', 'D.5'),
+    24006: ('sourcetrack TCEN1 crubmstore DBE', 'D.5'),
+    24007: ('sourcetrack timeout error', 'D.5'),
+}
+# section -> (severity, kind, action). A fatal SXid needs the GPUs and NVSwitches reset (a reboot on bare
+# metal); a non-fatal one is reported, not acted on; D.7's host errors are notable, not fatal, except
+# 10003, which the guide calls fatal to the fabric (SXID_FATAL_NOTABLE)
+SXID_SECTIONS = {
+    "D.4": ("non-fatal", "info", "none"),
+    "D.5": ("fatal", "hardware", "reboot"),
+    "D.6": ("fatal", "hardware", "reboot"),
+    "D.7": ("non-fatal", "info", "none"),
+}
+SXID_FATAL_NOTABLE = {10003}  # Host_unhandled_interrupt: "If it occurs, it is fatal to the fabric/system."
+
+
+def _sxid_entry(sxid: int) -> tuple[str, str, str, str]:
+    name, section = SXID_CATALOG[sxid]
+    severity, kind, action = SXID_SECTIONS["D.6" if sxid in SXID_FATAL_NOTABLE else section]
+    return name, severity, kind, action
+
+
+# sxid -> (NVIDIA's name, severity "fatal"/"non-fatal", kind, action)
+SXID_TABLE: dict[int, tuple[str, str, str, str]] = {sxid: _sxid_entry(sxid) for sxid in SXID_CATALOG}
