@@ -118,9 +118,9 @@ def main() -> int:
         push(b, host, src / "alt", WH)
         push(b, host, reqs, f"{ROOT}/reqs")
         push(b, host, src / "uvwheel", f"{ROOT}/uvwheel")
-        from k26ops import agents
+        from k26ops.transport import agents
         from k26ops.release import installer
-        from k26ops.ssh import connect
+        from k26ops.transport.ssh import connect
         from k26ops.inventory import load
 
         uvw = installer.uv_wheel()

@@ -80,7 +80,7 @@ def _no_engine_unit(running) -> None:
     """Stop and remove the deployed layer's engine unit, env file and pins on every host
     (the layer's releases, toolchain and wheelhouse stay)."""
     from k26ops.layout import DEFAULT_UNIT, UNIT_DIR, Layout
-    from k26ops.units import ENV_FILE
+    from k26ops.engine.units import ENV_FILE
     from labtools import lab_ssh
 
     cmd = (f"systemctl disable --now {DEFAULT_UNIT} && rm -f {UNIT_DIR}/{DEFAULT_UNIT} {ENV_FILE} "

@@ -132,7 +132,8 @@ def cli(*args: str, env: dict | None = None, timeout: float | None = None, input
 def _forget_run_state() -> None:
     """What one k26ops process keeps in module globals for its one run: a next
     in-process run must start as a fresh process would."""
-    from k26ops import fleet, units
+    from k26ops.transport import fleet
+    from k26ops.engine import units
     from k26ops.cli import jsonout
     from k26ops.steps import release
 
@@ -256,7 +257,7 @@ import time  # noqa: E402
 
 import yaml  # noqa: E402
 
-from k26ops import units  # noqa: E402
+from k26ops.engine import units  # noqa: E402
 
 # Hostile path values: each would run `touch` if it reached a shell unquoted.
 HOSTILE = ["/tmp/a b", "/tmp/it's", '/tmp/"q"', "/tmp/$(touch /tmp/PWNED1)", "/tmp/x; touch /tmp/PWNED2",

@@ -25,7 +25,7 @@ from labtools import cli, free_port_block  # noqa: E402
 
 
 def main(out: Path) -> None:
-    from k26ops import ssh
+    from k26ops.transport import ssh
     from k26ops.lab.machines import Lab
 
     records: list[dict] = []

@@ -16,9 +16,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from k26ops import agents
-from k26ops.enginehost import lab_standin_text
-from k26ops.ssh import CommandFailed, Result
+from k26ops.transport import agents
+from k26ops.engine.host import lab_standin_text
+from k26ops.transport.ssh import CommandFailed, Result
 
 CASES = Path(__file__).resolve().parent / "data" / "steps"
 REPO = Path(__file__).resolve().parent.parent

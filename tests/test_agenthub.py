@@ -1,4 +1,4 @@
-"""The agent hub (agents/hub.py, k26ops/agenthub.py) on a real local session: several
+"""The agent hub (agents/hub.py, k26ops/transport/agenthub.py) on a real local session: several
 agents' operations answered by one python3 on one channel, the same answers as their
 own agents.run calls; a failing operation is that agent's failure and the hub goes on;
 a call that outlives its time ends the hub and the next call runs as its own command.
@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from k26ops import agenthub, agents, ownership
+from k26ops.transport import agenthub, agents
+from k26ops.host import ownership
 from k26ops.inventory import Host
-from k26ops.ssh import LocalSession
+from k26ops.transport.ssh import LocalSession
 
 OPS = {("ownership", "states"), ("gather", "gather")}
 
@@ -85,7 +86,8 @@ def test_a_deploy_gathers_what_its_checks_read_and_refuses_as_with_every_fact():
     from pathlib import Path
 
     from k26ops import facts as facts_mod
-    from k26ops import playbook, preflight
+    from k26ops.orchestrate import playbook
+    from k26ops.host import preflight
     from k26ops.steps import toolchain
 
     names = playbook.fact_names(playbook.load("deploy"))

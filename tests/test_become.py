@@ -14,9 +14,9 @@ import yaml
 from click.testing import CliRunner
 
 from k26ops.cli import cli
-from k26ops.hostlock import HostLock, HostLocked
+from k26ops.host.lock import HostLock, HostLocked
 from k26ops.inventory import load
-from k26ops.ssh import connect, q
+from k26ops.transport.ssh import connect, q
 from labtools import k26ops, k26ops_json, lab_ssh
 from labtools import HOSTILE
 

@@ -5,7 +5,7 @@ a local session: the build's output naming ENOSPC on any line, or the filesystem
 from __future__ import annotations
 
 from k26ops.inventory.model import Host
-from k26ops.ssh import LocalSession
+from k26ops.transport.ssh import LocalSession
 from k26ops.steps import HostContext
 from k26ops.steps.release import disk_full
 

@@ -34,7 +34,7 @@ def test_a_call_leaves_no_state_for_the_next(tmp_path):
               signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP))
     proc = cli("--json", "inventory", "list", env={"K26OPS_INVENTORY": str(inv), "K26OPS_X": "1"})
     assert proc.returncode == 0, proc.stderr
-    from k26ops import units
+    from k26ops.engine import units
     from k26ops.cli import jsonout
 
     assert (dict(os.environ), os.getcwd(), list(sys.argv),

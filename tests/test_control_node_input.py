@@ -205,7 +205,7 @@ def test_engine_pin_edits_the_commit_node_not_the_description(tmp_path, engine):
 
 
 def test_set_commit_keeps_quotes_comments_and_flow_style(tmp_path):
-    from k26ops.cli.engine import set_commit
+    from k26ops.cli.commands.engine import set_commit
 
     a, b = "a" * 40, "1" * 40
     series = tmp_path / "series"

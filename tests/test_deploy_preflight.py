@@ -19,7 +19,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from labtools import cli, cli_json, k26ops_json, lab_ssh  # noqa: E402
 
-from k26ops import preflight  # noqa: E402
+from k26ops.host import preflight  # noqa: E402
 from k26ops.facts.model import INDEX, model_command, parse_model  # noqa: E402
 from k26ops.facts.smi_q import parse_health  # noqa: E402
 

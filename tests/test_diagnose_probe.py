@@ -347,12 +347,12 @@ def test_summary_without_graph_path_copies_is_not_an_all_clear():
 
 @pytest.mark.parametrize("interrupted", [False, True], ids=["done", "interrupted"])
 def test_probe_json_fits_the_envelope_and_its_schema(interrupted, monkeypatch, capsys):
-    """The document `diagnose cuda-graph --json` prints (k26ops.cli.diagnose._print_probe)
+    """The document `diagnose cuda-graph --json` prints (k26ops.cli.commands.diagnose._print_probe)
     is a success document: no `error` key (the envelope's mark of an error document;
     the report used to carry an unused `error: null`)."""
     from k26ops.cli import jsonout
     from k26ops.cli.context import Settings
-    from k26ops.cli.diagnose import _print_probe
+    from k26ops.cli.commands.diagnose import _print_probe
     from k26ops.diagnose.probe import ProbeReport
 
     monkeypatch.setitem(jsonout.CURRENT, "command", "diagnose cuda-graph")

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from labtools import k26ops_json  # noqa: E402
 
 from k26ops.facts.drafter import drafter_command, parse_drafter  # noqa: E402
-from k26ops.preflight import drafter_check  # noqa: E402
+from k26ops.host.preflight import drafter_check  # noqa: E402
 
 MARK = "== k26ops-drafter "
 

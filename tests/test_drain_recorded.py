@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from k26ops import units
+from k26ops.engine import units
 from labtools import free_port
 
 DATA = Path(__file__).resolve().parent / "data" / "drain"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from k26ops import units
+from k26ops.engine import units
 from k26ops.inventory.model import Host
 from k26ops.steps import StepFailed, traffic
 
@@ -115,7 +115,7 @@ def test_the_default_drain_timeout_is_the_p99_of_the_hosts_newest_stored_bench(t
 def test_rolling_is_the_default_where_traffic_is_set_and_the_config_file_can_set_the_batch(tmp_path, monkeypatch):
     from k26ops.cli.batchopts import default_batch
     from k26ops.errors import UserError
-    from k26ops.rollout import parse_batches
+    from k26ops.orchestrate.rollout import parse_batches
 
     conf = tmp_path / "config.toml"
     monkeypatch.setenv("K26OPS_CONFIG", str(conf))

@@ -10,7 +10,7 @@ import pytest
 
 from k26ops.steps import driver_plan as dp
 from k26ops.facts import driver
-from k26ops.rollout import canary_batches
+from k26ops.orchestrate.rollout import canary_batches
 from k26ops.steps.driver import verify
 
 DATA = Path(__file__).parent / "data" / "facts"

@@ -148,7 +148,7 @@ def test_boolean_optional_flags_take_no_value_and_have_their_no_forms(real):
 
 
 def test_list_flags_take_all_their_values_and_the_mapping_form_renders_them_once(real):
-    from k26ops import units
+    from k26ops.engine import units
 
     assert real.flags["--cuda-graph-bs-decode"].nargs == "+"  # Optional[List[int]] -> nargs '+'
     ef.validate(["--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "--tp-size", "8"], real.root, real)

@@ -17,7 +17,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from labtools import k26ops, k26ops_json, lab_ssh  # noqa: E402
 
-from k26ops.enginestate import engine_state  # noqa: E402
+from k26ops.engine.state import engine_state  # noqa: E402
 
 UNIT = "k26-engine.service"
 

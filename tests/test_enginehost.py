@@ -1,4 +1,4 @@
-"""The engine on a host (k26ops.enginehost), its pure parts: the layout under
+"""The engine on a host (k26ops.engine.host), its pure parts: the layout under
 `k26ops_root`, the unit name and its check, the env file, the env variables,
 the secrets to redact and the poll target. The ready-wait runs against real
 hosts in test_steps_engine.py (health, crash, timeout, rollback) and the probe's tests."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from k26ops import units
-from k26ops.enginehost import DEFAULT_ROOT, EngineHost, Layout, poll_target
+from k26ops.engine import units
+from k26ops.engine.host import DEFAULT_ROOT, EngineHost, Layout, poll_target
 from k26ops.errors import UserError
 from k26ops.steps import HostContext
 

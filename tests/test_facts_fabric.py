@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from k26ops import preflight
+from k26ops.host import preflight
 from k26ops.facts import fabric as F
 
 DATA = Path(__file__).parent / "data/facts"

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from k26ops import agents, facts
+from k26ops import facts
+from k26ops.transport import agents
 from k26ops.facts import Fact, GatherError, disk_free_fact
 
 FIXTURES = Path(__file__).resolve().parents[1] / "k26ops" / "lab" / "fixtures"

@@ -110,7 +110,7 @@ def _facts(health_file=None, xid_file=None, bus="00000000:00:06.0", xid_bus="000
 
 
 def test_check_passes_the_real_healthy_h200_and_says_what_it_read():
-    from k26ops import preflight
+    from k26ops.host import preflight
 
     v = _facts("h200-nvidia-smi-q.txt")
     c = preflight.gpu_health_check(v)
@@ -120,7 +120,7 @@ def test_check_passes_the_real_healthy_h200_and_says_what_it_read():
 
 
 def test_check_fails_a_faulty_gpu_in_one_line_with_gpu_fault_and_action():
-    from k26ops import preflight
+    from k26ops.host import preflight
 
     v = _facts("constructed-h200-q-faults.txt")
     assert v["gpu_health"]["gpus"][0]["index"] == 0  # bus id mapped through the gpus fact
@@ -132,7 +132,7 @@ def test_check_fails_a_faulty_gpu_in_one_line_with_gpu_fault_and_action():
 
 
 def test_check_fails_on_a_real_xid79_with_the_gpu_index_from_its_bus_id():
-    from k26ops import preflight
+    from k26ops.host import preflight
 
     v = _facts("h200-nvidia-smi-q.txt", "pub-ogkm1151-journal-xid79.txt")
     assert v["gpu_xid"]["events"][0]["gpu"] == 3
@@ -143,7 +143,7 @@ def test_check_fails_on_a_real_xid79_with_the_gpu_index_from_its_bus_id():
 
 
 def test_an_application_xid_or_an_unreadable_kernel_log_fails_nothing():
-    from k26ops import preflight
+    from k26ops.host import preflight
     from k26ops.facts import xid as X
 
     v = _facts("h200-nvidia-smi-q.txt", "pub-pytorch51382-dmesg-xid43-31.txt")

@@ -144,7 +144,7 @@ def test_smi_header_real_and_driver610():
 def test_driver_version_without_the_query_from_the_table_or_q_header():
     """A deploy gathers the query and -q, not the table: where the query gave no driver, the
     recorded -q header gives the same driver as the recorded table of that driver."""
-    from k26ops import preflight
+    from k26ops.host import preflight
     from k26ops.facts import smi_q
 
     none = {"gpus": {"gpus": []}}
@@ -260,7 +260,7 @@ def test_err_gpu_is_an_error_naming_index_and_bus_id():
     fan = table("pub-nvidia-gpu-exporter393-smi-table-err-fan.txt")  # excerpt below the header
     assert [g["index"] for g in fan["gpus"]] == [13, 14]
     assert fan["gpu_errors"] == ["GPU 14 (00000000:CC:00.0): ERR! in nvidia-smi's table"]
-    from k26ops import preflight
+    from k26ops.host import preflight
     c = preflight.gpu_health_check({"gpus": {"gpus": [], "gpu_errors": []}, "nvidia_smi": v})
     assert not c.ok and c.detail == "GPU 0 (00000000:19:00.0): ERR! in nvidia-smi's table"
 

@@ -79,7 +79,7 @@ def test_regenerated_host_key_is_refused_with_fingerprint(scratch_lab, tmp_path,
     with its new key) and the same work with the new key known does run, so
     0 commands and no marker mean refused, not unreachable."""
     from k26ops import inventory
-    from k26ops.fleet import Fleet, FleetOptions, Outcome
+    from k26ops.transport.fleet import Fleet, FleetOptions, Outcome
 
     port = scratch_lab.base_port
     key = scratch_lab.dir / "hosts" / "lab1" / "ssh" / "ssh_host_ed25519_key"
@@ -195,7 +195,7 @@ def test_twenty_hosts_with_a_black_hole_take_about_one_deadline(lab, tmp_path):
 def test_deadline_fails_a_slow_host_and_not_the_others(lab, tmp_path):
     """A host whose work hangs is cut at --deadline; the others finish."""
     from k26ops import inventory
-    from k26ops.fleet import Fleet, FleetOptions, Outcome
+    from k26ops.transport.fleet import Fleet, FleetOptions, Outcome
 
     inv = inventory.load(lab.inventory)
     hosts = inv.select(None)

@@ -18,10 +18,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from labtools import cli, k26ops_json  # noqa: E402
 
-from k26ops import preflight, resources  # noqa: E402
+from k26ops import resources  # noqa: E402
+from k26ops.host import preflight  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.facts.platform import parse_platform, wheel_platform_problem  # noqa: E402
-from k26ops.profile import lock_for  # noqa: E402
+from k26ops.engine.profile import lock_for  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "facts"

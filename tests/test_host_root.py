@@ -9,7 +9,7 @@ from __future__ import annotations
 import yaml
 
 from labtools import private_lab
-from k26ops import preflight
+from k26ops.host import preflight
 from labtools import k26ops_json, lab_ssh
 
 ROOT = "/srv/k26-custom-root"

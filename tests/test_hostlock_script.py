@@ -1,4 +1,4 @@
-"""The host lock's script (k26ops.hostlock.lock_script) run by this machine's
+"""The host lock's script (k26ops.host.lock.lock_script) run by this machine's
 /bin/sh, as a host runs it under sudo: it takes the lock, refuses a second
 run, tells a stale owner, frees the lock at EOF, and starts few processes
 (issue 31: it runs at every deploy's start). Every command it starts is
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from k26ops.hostlock import LOCK_BUSY, RELEASED, lock_script
+from k26ops.host.lock import LOCK_BUSY, RELEASED, lock_script
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("flock"),
                                 reason="needs root and flock(1), as on a host")

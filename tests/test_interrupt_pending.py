@@ -2,7 +2,7 @@
 host is reported `interrupted` (its result, the table, --json) and the run exits
 130, in deploy and in snapshot.
 
-Real fleet (k26ops.fleet, k26ops.rollout), real playbook (run_on_host: host lock,
+Real fleet (k26ops.transport.fleet, k26ops.orchestrate.rollout), real playbook (run_on_host: host lock,
 facts, a step's remote commands), real CLI (in-process, so that the Ctrl-C can
 come at a known point), real `connection: local` sessions running /bin/sh here.
 The Ctrl-C is `_thread.interrupt_main()`, i.e. SIGINT as the main thread sees it.
@@ -22,7 +22,8 @@ import yaml
 from click.testing import CliRunner
 
 from jsonshape import validate
-from k26ops import fleet, rollout
+from k26ops.transport import fleet
+from k26ops.orchestrate import rollout
 from k26ops.steps import Change, HostContext, Step
 
 EXIT_INTERRUPTED = 130
@@ -32,7 +33,7 @@ EXIT_INTERRUPTED = 130
 def fresh_interrupt():
     """The process-wide interrupt Event (whatever its name) is clear before and after."""
     events = [v for v in vars(fleet).values() if isinstance(v, threading.Event)]
-    assert events, "k26ops.fleet has no interrupt Event"
+    assert events, "k26ops.transport.fleet has no interrupt Event"
     for e in events:
         e.clear()
     yield
@@ -95,7 +96,7 @@ def test_rollout_reports_the_queued_host_interrupted(tmp_path):
 
 
 def test_deploy_json_reports_the_queued_host_interrupted_and_exits_130(tmp_path, monkeypatch):
-    from k26ops.cli import deploy
+    from k26ops.cli.commands import deploy
 
     monkeypatch.setattr(deploy.playbook, "load", lambda name: [InterruptingStep()])
     res = _cli(["-i", str(_inventory(tmp_path)), "--forks", "1", "--json", "deploy"])
@@ -108,7 +109,7 @@ def test_deploy_json_reports_the_queued_host_interrupted_and_exits_130(tmp_path,
 
 
 def test_deploy_table_shows_the_queued_host_interrupted(tmp_path, monkeypatch):
-    from k26ops.cli import deploy
+    from k26ops.cli.commands import deploy
 
     monkeypatch.setattr(deploy.playbook, "load", lambda name: [InterruptingStep()])
     res = _cli(["-i", str(_inventory(tmp_path)), "--forks", "1", "deploy"])

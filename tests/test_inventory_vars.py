@@ -97,7 +97,8 @@ def test_the_cli_imports_every_declaring_module():
 
 def test_declared_defaults_are_the_codes():
     """The table shows what the code does when a variable is unset."""
-    from k26ops import layout, preflight
+    from k26ops import layout
+    from k26ops.host import preflight
     from k26ops.layout import Layout
     from k26ops.release import installer, wheelsource
     from k26ops.steps import driver, engine

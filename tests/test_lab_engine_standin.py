@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from k26ops import units
+from k26ops.engine import units
 from labtools import STANDIN, Standin
 
 PYTHONS = [sys.executable] + (["/usr/bin/python3"] if os.path.exists("/usr/bin/python3") else [])

@@ -12,7 +12,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from labtools import REPO, cli  # noqa: E402
 
-from k26ops import units  # noqa: E402
+from k26ops.engine import units  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import launch_rules
 from k26ops.release import recipe as rc  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from labtools import REPO, Standin, cli
 
-from k26ops import profile, units
+from k26ops.engine import profile, units
 from k26ops.monitoring import check, grafana, metrics, prometheus
 from k26ops.release import recipe as recipe_mod
 

@@ -8,7 +8,8 @@ import re
 import pytest
 import yaml
 
-from k26ops import inventory, multinode
+from k26ops import inventory
+from k26ops.engine import multinode
 from k26ops.errors import UserError
 from labtools import k26ops
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from k26ops import inventory
-from k26ops.fleet import Fleet, FleetOptions, Outcome, reporter
+from k26ops.transport.fleet import Fleet, FleetOptions, Outcome, reporter
 from labtools import REPO
 
 

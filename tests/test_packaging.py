@@ -20,7 +20,9 @@ CHECK = textwrap.dedent("""
     import sys
     from pathlib import Path
     import k26ops
-    from k26ops import playbook, resources, units
+    from k26ops import resources
+    from k26ops.orchestrate import playbook
+    from k26ops.engine import units
     from k26ops.release import patchset, recipe
     from k26ops.diagnose import probe
 
@@ -101,7 +103,7 @@ def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
     # at the operator's recipes dir, never at site-packages
     (target / "k26ops/_data/playbooks/recipes/lab-registry.lock").unlink()
     mine = tmp_path / "my-recipes"
-    code = ("from k26ops.profile import lock_for; from k26ops.release import recipe as r; x = r.load('lab-registry')\n"
+    code = ("from k26ops.engine.profile import lock_for; from k26ops.release import recipe as r; x = r.load('lab-registry')\n"
             "print(r.shipped(x.source))\ntry:\n    lock_for(x)\nexcept Exception as e:\n    print(e)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env={**run_env, "K26OPS_RECIPES": str(mine)},
                           capture_output=True, text=True, timeout=60)

@@ -9,7 +9,7 @@ import io
 from rich.console import Console
 
 from k26ops.cli.progress import Board, HostProgress
-from k26ops.playbook import step_message
+from k26ops.orchestrate.playbook import step_message
 
 
 class Clock:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k26ops import units
+from k26ops.engine import units
 from k26ops.rehearsal import plan
 from k26ops.steps.warmstart import MILESTONES
 from labtools import cli, cli_json, free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
@@ -499,9 +499,9 @@ def test_recorded_real_rehearsal_with_fewer_layers_serves():
 def test_deploy_prints_one_rehearsal_line_per_host(capsys):
     """deploy --rehearse printed nothing about a passing rehearsal unless --json (issue 45 item 5);
     each figure has one format, the rehearse table's too."""
-    from k26ops.cli.deploy import render_changes
-    from k26ops.cli.rehearse import _columns
-    from k26ops.fleet import HostResult
+    from k26ops.cli.commands.deploy import render_changes
+    from k26ops.cli.commands.rehearse import _columns
+    from k26ops.transport.fleet import HostResult
     from k26ops.rehearsal import summary
 
     rep = _recorded("h200-qwen3-dflash-final.json")["rehearsal"]

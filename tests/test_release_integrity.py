@@ -20,9 +20,9 @@ import time
 
 import yaml
 
-from k26ops import agents
+from k26ops.transport import agents
 from k26ops.inventory import load
-from k26ops.ssh import connect, q
+from k26ops.transport.ssh import connect, q
 from labtools import k26ops_json, lab_ssh, recipe_with_extra_patch
 
 ROOT = "/srv/k26-integrity"

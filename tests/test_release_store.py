@@ -16,7 +16,7 @@ import yaml
 
 from labtools import private_lab
 from k26ops.inventory import load
-from k26ops.ssh import connect, q
+from k26ops.transport.ssh import connect, q
 from k26ops.steps import release
 from labtools import k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
@@ -171,8 +171,8 @@ def test_store_gc_drops_only_entries_no_release_links(tmp_path):
     import os
     import sys
 
-    from k26ops import agents
-    from k26ops.ssh import Host, LocalSession
+    from k26ops.transport import agents
+    from k26ops.transport.ssh import Host, LocalSession
 
     store, rel = tmp_path / "store", tmp_path / "rel"
     for aid in ("KEEPaaaaaaaaaaaa", "GONEbbbbbbbbbbbb"):

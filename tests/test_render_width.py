@@ -10,7 +10,7 @@ import pytest
 
 from k26ops.cli.context import Settings
 from k26ops.cli.report import print_results
-from k26ops.fleet import HostResult
+from k26ops.transport.fleet import HostResult
 from k26ops.cli.rollout import print_rollout
 from labtools import cli
 

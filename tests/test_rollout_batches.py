@@ -10,9 +10,10 @@ import pytest
 
 from labtools import cli
 
-from k26ops import inventory, rollout
-from k26ops.fleet import FleetOptions
-from k26ops.rollout import Size, canary_batches, parse_batches, parse_size
+from k26ops import inventory
+from k26ops.orchestrate import rollout
+from k26ops.transport.fleet import FleetOptions
+from k26ops.orchestrate.rollout import Size, canary_batches, parse_batches, parse_size
 
 NAMES = [f"h{i}" for i in range(1, 11)]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from labtools import parsed
 
-from k26ops import playbook
+from k26ops.orchestrate import playbook
 from k26ops.runstate import HostState
 from k26ops.steps import HostContext, RunOptions, Step
 from k26ops.steps.release import ReleaseDecision
@@ -74,7 +74,7 @@ def test_the_service_state_has_one_constructor():
 def test_the_playbook_knows_no_step_internals():
     """The restore is each step's undo: the playbook imports no step module but the release
     step's decision (the host's release id in its result)."""
-    text = (PKG / "playbook.py").read_text()
+    text = (PKG / "orchestrate" / "playbook.py").read_text()
     tree = ast.parse(text)
     names = {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     step_modules = {m for m in names if m.startswith("k26ops.steps.") and m.count(".") > 2}
@@ -120,7 +120,7 @@ def test_undo_puts_current_back_on_a_real_host_after_an_interrupt_too(tmp_path):
     yet, leaves it to the release step; a run that moved nothing has nothing to undo."""
     from k26ops import interrupt
     from k26ops.inventory import Host
-    from k26ops.ssh import LocalSession
+    from k26ops.transport.ssh import LocalSession
     from k26ops.steps.engine import HealthStep, ServiceStep
     from k26ops.steps.release import Release
 

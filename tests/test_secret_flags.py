@@ -25,7 +25,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_release  # noqa: E402
 
-from k26ops import units  # noqa: E402
+from k26ops.engine import units  # noqa: E402
 from k26ops.cli import cli  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.lab.fixtures import engine_standin  # noqa: E402

@@ -14,8 +14,8 @@ from rich.console import Console
 from labtools import cli, cli_json, k26ops, k26ops_json, lab_ssh
 
 from k26ops import inventory
-from k26ops.cli.selftest import checks_table, default_host_timeout, payload_args
-from k26ops.preflight import expectations
+from k26ops.cli.commands.selftest import checks_table, default_host_timeout, payload_args
+from k26ops.host.preflight import expectations
 from k26ops.selftest.report import validate
 
 DATA = Path(__file__).parent / "data"
@@ -109,7 +109,7 @@ def test_local_selftest_expectations_from_host_vars(local_json):
 def test_host_deadline(tmp_path, monkeypatch):
     """A python that never answers: the host fails at its deadline, one line. The
     deadline is the default one made 1 s (the option's floor is 10 s: 10 s of waiting)."""
-    from k26ops.cli import selftest
+    from k26ops.cli.commands import selftest
 
     hung = tmp_path / "hung-python"
     hung.write_text("#!/bin/sh\nsleep 300\n")

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from fabric import Connection
 
-from k26ops import ssh
+from k26ops.transport import ssh
 from k26ops.cli import cli
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import paramiko
 
-from k26ops import ssh
+from k26ops.transport import ssh
 
 
 def _key() -> paramiko.PKey:

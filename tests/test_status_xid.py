@@ -1,5 +1,5 @@
 """`status`'s new Xid since the engine started (k26ops/facts/xid.py since_engine_start,
-k26ops/cli/status.py xid_lines), on recorded kernel logs replayed by the lab's journalctl
+k26ops/cli/commands/status.py xid_lines), on recorded kernel logs replayed by the lab's journalctl
 stand-in (run here as a program, its nvidia-smi the lab's) as `journalctl -k -o short-iso`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from labtools import lab_bus_ids
 
-from k26ops.cli.status import xid_lines
+from k26ops.cli.commands.status import xid_lines
 from k26ops.facts import xid
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "facts"

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from k26ops import facts as facts_mod
-from k26ops import preflight
+from k26ops.host import preflight
 from k26ops.baselines.pins import BaselinePins
 from k26ops.inventory import Host
 from k26ops.steps import HostContext, StepFailed

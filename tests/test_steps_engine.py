@@ -26,8 +26,8 @@ import yaml
 
 from k26ops.cli.context import Settings
 from k26ops.cli.rollout import run_rollout
-from k26ops.rollout import playbook_work
-from k26ops.ssh import q
+from k26ops.orchestrate.rollout import playbook_work
+from k26ops.transport.ssh import q
 from k26ops.steps import Change, Step
 from k26ops.steps.registry import STEPS
 from k26ops.steps.release import ReleaseDecision

@@ -26,7 +26,7 @@ import pytest
 from k26ops import interrupt
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.inventory.model import Host
-from k26ops.ssh import LocalSession
+from k26ops.transport.ssh import LocalSession
 from k26ops.traffic.drain import Drain, TrafficConfig
 from k26ops.traffic.gateway import Gateway, GatewayError, Watch
 from labtools import free_port, sglang_router

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k26ops import preflight, units
-from k26ops.enginestate import engine_state, exit_status_text
+from k26ops.host import preflight
+from k26ops.engine import units
+from k26ops.engine.state import engine_state, exit_status_text
 from k26ops.errors import UserError
 from k26ops.facts.engine_user import parse_engine_user
 from labtools import cli

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k26ops import units
+from k26ops.engine import units
 from k26ops.errors import UserError
 
 HOSTILE = [

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from k26ops import units
+from k26ops.engine import units
 from k26ops.facts import engine_cache
 from k26ops.facts.gpu import parse_gpus
 from k26ops.lab.fixtures import engine_standin
@@ -262,7 +262,7 @@ def test_the_lab_installs_the_stand_in_with_the_recording_filled_in(tmp_path):
     it (as on a lab host), it has the same figures and reads no file for them."""
     import importlib.util
 
-    from k26ops.enginehost import lab_standin_text
+    from k26ops.engine.host import lab_standin_text
 
     shipped = tmp_path / "lab" / "k26ops_lab_engine.py"
     shipped.parent.mkdir()

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from labtools import REPO, cli, cli_json, k26ops
 
-from k26ops import agents, shell
+from k26ops import shell
+from k26ops.transport import agents
 from k26ops.errors import UserError
 from k26ops.facts.model_files import model_files_command, parse_model_files
 from k26ops.inventory import Host
 from k26ops.lab import model_fixture
-from k26ops.ssh import LocalSession
+from k26ops.transport.ssh import LocalSession
 from k26ops.weights import manifest as mf
 from k26ops.weights.plan import ORIGIN, WAIT, Site
 

@@ -253,7 +253,8 @@ def test_an_agent_printing_1_gb_fails_in_one_line_and_bounded_memory(peer_lab):
                      f"exec python3 \"$@\"\nEOF\nchmod 755 {noisy}")
     script = f"""
 import resource
-from k26ops import agents, inventory, ssh
+from k26ops import inventory
+from k26ops.transport import agents, ssh
 host = inventory.load({str(inv)!r}).select("lab2")[0]
 session = ssh.connect(host)
 try:

@@ -5,7 +5,7 @@
 #   bench/device/apikey_check.sh /tmp/k26-secrets.yaml [ENGINE_PYTHON]
 #
 # Writes the secret-flags file to $1 (mode 0600) exactly as a deploy renders it
-# (k26ops.units.engine_launch; the key: $K26OPS_CHECK_KEY or a made-up one) and
+# (k26ops.engine.units.engine_launch; the key: $K26OPS_CHECK_KEY or a made-up one) and
 # prints the unit's argv (ExecStart words; the key is in none of them). With
 # ENGINE_PYTHON (a release's venv/bin/python, e.g. /opt/k26ops/releases/current/venv/bin/python)
 # it then lets that SGLang parse the argv the way launch_server does (its own
@@ -18,7 +18,7 @@ export K26OPS_CHECK_KEY=${K26OPS_CHECK_KEY:-sk-k26ops-check-$(date +%s)-\"q\$x}
 export PYTHONPATH=/tmp/k26site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 ARGV_JSON=$(python3 - "$DEST" <<'PY'
 import json, os, sys
-from k26ops import units
+from k26ops.engine import units
 dest = sys.argv[1]
 profile = {"model_path": "/models/tiny-qwen3", "python": "/opt/k26ops/releases/current/venv/bin/python",
            "speculative_algorithm": None, "extra_args": {"api-key": os.environ["K26OPS_CHECK_KEY"]},

@@ -21,9 +21,9 @@ import json
 import os
 import sys
 
-from k26ops.enginehost import agent
+from k26ops.engine.host import agent
 from k26ops.inventory import load
-from k26ops.ssh import connect
+from k26ops.transport.ssh import connect
 from k26ops.steps.engine import SmokeStep, smoke_outcome, smoke_summary
 
 

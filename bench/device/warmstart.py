@@ -31,10 +31,12 @@ import subprocess
 import sys
 import time
 
-from k26ops import agents, facts, units
-from k26ops.enginehost import EngineHost
+from k26ops import facts
+from k26ops.transport import agents
+from k26ops.engine import units
+from k26ops.engine.host import EngineHost
 from k26ops.inventory import load
-from k26ops.ssh import connect
+from k26ops.transport.ssh import connect
 from k26ops.steps import HostContext
 from k26ops.steps import warmstart
 from k26ops.steps.engine import SmokeStep

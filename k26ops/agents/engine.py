@@ -27,7 +27,7 @@ def show(unit):
 
 def run_id(s):
     """The engine run being watched: another MainPID, NRestarts or InvocationID later means
-    it died or restarted (k26ops.enginestate.run_identity on the control node's side)."""
+    it died or restarted (k26ops.engine.state.run_identity on the control node's side)."""
     return {k: s.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
 
 

@@ -1,5 +1,5 @@
 """Host agent that answers other agents' operations, one after another, in one
-python3 kept on one SSH channel for a whole run (k26ops/agenthub.py is its one caller).
+python3 kept on one SSH channel for a whole run (k26ops/transport/agenthub.py is its one caller).
 
 Why: every agents.run is an SSH exec channel and a python3 start (a python3
 start alone is about 12 ms of a lab host's CPU). A converged deploy asks the ownership, gather and engine

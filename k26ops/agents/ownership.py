@@ -1,4 +1,4 @@
-"""Host agent for k26ops/ownership.py: is a directory k26ops's own, which
+"""Host agent for k26ops/host/ownership.py: is a directory k26ops's own, which
 releases are in it, delete some of them (checked again here, on the host).
 
 Request: {"op": "state" | "releases" | "delete", "dir": path, "kind": "root" |

@@ -6,7 +6,7 @@ release, files, unit and env file (secrets masked) compared with every tag.
 
 from __future__ import annotations
 
-from k26ops import units
+from k26ops.engine import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.baselines.snapshot import sha256

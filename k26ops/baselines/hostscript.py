@@ -6,7 +6,7 @@ its patched files, unit and env text) for rollback and drift.
 
 from __future__ import annotations
 
-from k26ops import agents
+from k26ops.transport import agents
 
 HostScriptFailed = agents.AgentFailed  # the agent could not run or answered no JSON
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from k26ops import rollout
+from k26ops.orchestrate import rollout
 from k26ops.baselines.repo import Baselines
 from k26ops.errors import UserError
-from k26ops.hostlock import HostLock
+from k26ops.host.lock import HostLock
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, text_diff

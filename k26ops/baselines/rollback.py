@@ -29,13 +29,14 @@ from pathlib import Path
 
 import yaml
 
-from k26ops import agents, profile, units
+from k26ops.transport import agents
+from k26ops.engine import profile, units
 from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
-from k26ops.enginehost import EngineHost
+from k26ops.engine.host import EngineHost
 from k26ops.errors import UserError
 from k26ops.release import installer
-from k26ops.rollout import playbook_work
+from k26ops.orchestrate.rollout import playbook_work
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.steps import release as release_step

@@ -19,18 +19,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from k26ops import facts as facts_mod
-from k26ops.enginehost import EngineHost, agent, foreign_listener
+from k26ops.engine.host import EngineHost, agent, foreign_listener
 from k26ops.enginebench.run import run_host
 from k26ops.release import engine_source
 from k26ops.release import recipe as recipe_mod
-from k26ops import units
+from k26ops.engine import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.pins import pin_release
 from k26ops.baselines.repo import Baselines, check_tag_name
 from k26ops.errors import UserError
-from k26ops import rollout
-from k26ops.fleet import Connections, Outcome
-from k26ops.multinode import serves_http
+from k26ops.orchestrate import rollout
+from k26ops.transport.fleet import Connections, Outcome
+from k26ops.engine.multinode import serves_http
 from k26ops.shell import q
 from k26ops.steps import HostContext, engine as engine_steps
 from k26ops.steps.engine import smoke_summary

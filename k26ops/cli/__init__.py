@@ -12,14 +12,14 @@ import sys
 import click
 from click.core import ParameterSource
 
-from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.config
-from k26ops.cli import (baselines, bench, config, deploy, diagnose, engine, gateway, globalopts, hosts, inventory,
-                        jsonout, lab, model, monitoring, pipe, provision, rehearse, reportcmd, selftest, status)
+from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.commands.config
+from k26ops.cli import globalopts, jsonout, pipe
+from k26ops.cli.commands import baselines, bench, config, deploy, diagnose, engine, gateway, hosts, inventory, lab, model, monitoring, provision, rehearse, report_cmd as reportcmd, selftest, status
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite
 from k26ops.errors import EXIT_INTERRUPTED, UserError
-from k26ops.fleet import FleetInterrupted
+from k26ops.transport.fleet import FleetInterrupted
 from k26ops.hostvars import complete_with
 
 

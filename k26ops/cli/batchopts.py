@@ -1,4 +1,4 @@
-"""`--batch N|P%|1,2,25%` and `--max-fail N|P%`: one parser (k26ops.rollout)
+"""`--batch N|P%|1,2,25%` and `--max-fail N|P%`: one parser (k26ops.orchestrate.rollout)
 for deploy, provision and reboot, so the three read batch sizes alike."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import click
 
 from k26ops import config
 from k26ops.errors import UserError
-from k26ops.rollout import parse_batches, parse_size
+from k26ops.orchestrate.rollout import parse_batches, parse_size
 from k26ops.traffic.drain import TrafficConfig
 
 

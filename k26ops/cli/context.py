@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
-from k26ops import config, inventory, multinode
+from k26ops import config, inventory
+from k26ops.engine import multinode
 from k26ops.errors import UserError
-from k26ops.fleet import FleetOptions
+from k26ops.transport.fleet import FleetOptions
 from k26ops.inventory.targets import targets
 
 

@@ -1,6 +1,6 @@
 """Writing the HTML report (k26ops.report): the `--report PATH` option and the one
 helper `bench --compare` and `deploy --gate` call after their run (`k26ops report`
-itself is k26ops.cli.reportcmd)."""
+itself is k26ops.cli.commands.report_cmd)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from k26ops import profile
+from k26ops.engine import profile
 from k26ops.errors import UserError
 from k26ops.report import files, model, page
 

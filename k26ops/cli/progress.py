@@ -5,7 +5,7 @@ even while a step is silent), the step counter (`3/5 service`) and the last
 message; a finished host shows its result. When stderr is not a terminal (CI
 logs, `| tee`) or --json, one line per host event -- start, each new step,
 done/failed -- so progress shows as it happens; -v adds every message.
-Steps announce themselves as `i/n name: what` (k26ops.playbook.step_message).
+Steps announce themselves as `i/n name: what` (k26ops.orchestrate.playbook.step_message).
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ itself sits in the base layer, where every reader can declare into it.
 tests/test_inventory_vars.py holds this list to the modules that call `declare`.
 """
 
-from k26ops import enginehost, inventory, layout, multinode, preflight, profile  # noqa: F401 (declarations)
-from k26ops.cli import selftest  # noqa: F401 (declarations)
+from k26ops import inventory, layout  # noqa: F401 (declarations)
+from k26ops.engine import host as enginehost, multinode, profile  # noqa: F401 (declarations)
+from k26ops.host import preflight  # noqa: F401 (declarations)
+from k26ops.cli.commands import selftest  # noqa: F401 (declarations)
 from k26ops.inventory import fields, variables  # noqa: F401 (declarations)
 from k26ops.release import installer, wheelsource  # noqa: F401 (declarations)
 from k26ops.steps import driver, engine, gateway_spec, toolchain  # noqa: F401 (declarations)

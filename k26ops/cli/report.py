@@ -8,10 +8,10 @@ import click
 from rich import box
 from rich.console import Console
 
-from k26ops import rollout
+from k26ops.orchestrate import rollout
 from k26ops.cli import jsonout, tables
 from k26ops.cli.pipe import quiet
-from k26ops.fleet import HostResult, exit_code
+from k26ops.transport.fleet import HostResult, exit_code
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red",
          "interrupted": "magenta", "skipped": "magenta"}  # any other status (an engine state: stopped ...) is red
@@ -22,7 +22,7 @@ KEEP = {"unit", "health", "release", "verdict", "signature", "engine"}
 
 def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None,
                    host_status=None) -> None:
-    """Run `work` over the selected hosts (k26ops.rollout.run, one batch), print,
+    """Run `work` over the selected hosts (k26ops.orchestrate.rollout.run, one batch), print,
     and exit with the fleet's code.
 
     `columns` are (header, key[, keep]) taken from each host's data for the table;

@@ -1,5 +1,5 @@
 """A rollout on the command line: progress board, results table or JSON,
-journal tails, the stop line and the exit code (the run itself is k26ops.rollout)."""
+journal tails, the stop line and the exit code (the run itself is k26ops.orchestrate.rollout)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 import click
 from rich.console import Console
 
-from k26ops import rollout
+from k26ops.orchestrate import rollout
 from k26ops.cli.pipe import quiet
 from k26ops.cli.progress import Board
 from k26ops.cli.report import print_results, wide_console
-from k26ops.fleet import HostResult
+from k26ops.transport.fleet import HostResult
 from k26ops.steps.engine import smoke_summary
 from k26ops.traffic.drain import TrafficConfig
 from k26ops.traffic.gateway import Gateway, Watch

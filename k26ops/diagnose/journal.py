@@ -10,7 +10,7 @@ redacted first).
 
 from __future__ import annotations
 
-from k26ops import agents
+from k26ops.transport import agents
 
 
 def last_crash(session, unit: str, lines: int = 20000, keep: int = 5000) -> dict:

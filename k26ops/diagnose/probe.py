@@ -29,13 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from k26ops import agents, resources, units
+from k26ops import resources
+from k26ops.transport import agents
+from k26ops.engine import units
 from k26ops.diagnose.signatures import PROBE_WATCHED
 from k26ops.diagnose.classify import classify
-from k26ops.enginehost import EngineHost, agent as engine_agent, wait_ready
+from k26ops.engine.host import EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import StepFailed, UserError
 from k26ops.release import patchset
-from k26ops.hostlock import HostLock, HostLocked
+from k26ops.host.lock import HostLock, HostLocked
 from k26ops.steps import session_context
 from k26ops.traffic import drain as drain_mod
 from k26ops.traffic.gateway import GatewayError

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from k26ops import playbook
+from k26ops.orchestrate import playbook
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.enginebench.stored import baseline_for
 from k26ops.errors import UserError
-from k26ops.multinode import serves_http
+from k26ops.engine.multinode import serves_http
 from k26ops.steps import Change, HostContext, Step, StepFailed
 
 

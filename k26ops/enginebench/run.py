@@ -9,9 +9,9 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from k26ops import agents
+from k26ops.transport import agents
 from k26ops.enginebench import accept
-from k26ops.enginehost import EngineHost, poll_target
+from k26ops.engine.host import EngineHost, poll_target
 from k26ops.errors import UserError
 from k26ops.shell import q
 from k26ops.steps import StepFailed

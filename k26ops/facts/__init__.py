@@ -15,7 +15,7 @@ gathering itself (no python3 on the host, garbled output) raises GatherError.
 
 from __future__ import annotations
 
-from k26ops import agents
+from k26ops.transport import agents
 from k26ops.facts import cuda, disk, driver, fabric, gpu, smi_q, xid
 from k26ops.facts import os as os_facts
 from k26ops.facts.base import Fact

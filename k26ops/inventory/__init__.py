@@ -19,7 +19,7 @@ import re
 from collections import deque
 from pathlib import Path
 
-from k26ops import units
+from k26ops.engine import units
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.inventory import ansible, native, sources, variables

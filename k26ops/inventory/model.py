@@ -19,7 +19,7 @@ class Host:
     gateway: str | None = None  # ProxyJump spec: [user@]host[:port][,...]
     known_hosts: str | None = None  # extra known_hosts file (the lab's)
     connection: str = "ssh"  # "ssh" or "local"
-    become: bool = False  # run every command as root through `sudo -n` (see k26ops.ssh)
+    become: bool = False  # run every command as root through `sudo -n` (see k26ops.transport.ssh)
     groups: list[str] = field(default_factory=list)  # transitive, incl. "all"
     vars: dict = field(default_factory=dict)  # merged, precedence applied
     notes: list[str] = field(default_factory=list)  # unevaluated values etc.

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from k26ops import resources
-from k26ops.enginehost import STANDIN_PHASES
+from k26ops.engine.host import STANDIN_PHASES
 from k26ops.errors import UserError
 from k26ops.lab import rootfs
 from k26ops.layout import DEFAULT_ROOT, DEFAULT_UNIT, UNIT_DIR

@@ -3,8 +3,8 @@ gateway answer, its api key, and the baseline's accept length. No host is contac
 
 from __future__ import annotations
 
-from k26ops import profile, units
-from k26ops.enginehost import poll_target
+from k26ops.engine import profile, units
+from k26ops.engine.host import poll_target
 from k26ops.errors import UserError
 from k26ops.monitoring.prometheus import HostTarget
 

@@ -16,12 +16,14 @@ import json
 import time
 from dataclasses import dataclass
 
-from k26ops import agents, facts, units
+from k26ops import facts
+from k26ops.transport import agents
+from k26ops.engine import units
 from k26ops.enginebench.run import BenchSpec, run_host
-from k26ops.enginehost import LAB_MODULE, EngineHost, lab_standin_text, wait_ready
+from k26ops.engine.host import LAB_MODULE, EngineHost, lab_standin_text, wait_ready
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
-from k26ops.profile import effective_recipe
+from k26ops.engine.profile import effective_recipe
 from k26ops.rehearsal import plan
 from k26ops.runstate import HostState
 from k26ops.shell import q

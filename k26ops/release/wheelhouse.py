@@ -21,7 +21,7 @@ from pathlib import Path
 
 from k26ops.errors import StepFailed, UserError
 from k26ops.shell import q
-from k26ops.ssh import Session
+from k26ops.transport.ssh import Session
 
 PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in range(17, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
 

@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from k26ops import agents
+from k26ops.transport import agents
 from k26ops.interrupt import check as check_interrupted
 from k26ops.release import wheelhouse
 from k26ops.layout import Layout
@@ -344,4 +344,4 @@ def _answers(session, addr: str, port: int) -> bool:
         return False
 
 
-CURRENT: Batch | None = None  # the batch being rolled out (k26ops.rollout sets it); None: no relay
+CURRENT: Batch | None = None  # the batch being rolled out (k26ops.orchestrate.rollout sets it); None: no relay

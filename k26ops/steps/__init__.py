@@ -30,7 +30,7 @@ from k26ops.errors import Interrupted, StepFailed  # noqa: F401 (re-exported: th
 from k26ops.layout import Layout
 from k26ops.inventory import Host
 from k26ops.shell import q, tied_to_channel  # noqa: F401 (re-exported)
-from k26ops.ssh import Session
+from k26ops.transport.ssh import Session
 
 
 @dataclass
@@ -69,7 +69,7 @@ class HostContext:
 
     @property
     def layout(self) -> Layout:
-        """This host's directories (k26ops.enginehost)."""
+        """This host's directories (k26ops.engine.host)."""
         return Layout.of(self.vars)
 
     @property

@@ -2,7 +2,7 @@
 modules, nvidia-persistenced, and nvidia-fabricmanager of the same version on
 NVSwitch hosts. Run by `k26ops provision` (playbooks/provision.yml), not by
 `deploy`: a driver change needs a reboot, and reboots roll over the fleet in
-canary batches (k26ops/reboot.py), which a deploy never does.
+canary batches (k26ops/host/reboot.py), which a deploy never does.
 
 Idempotent: a host whose running driver is on the branch, with open (or not
 proprietary) modules, persistence on and, on NVSwitch hosts, the fabric
@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from k26ops.reboot import engine_serving
+from k26ops.host.reboot import engine_serving
 from k26ops import facts as facts_mod
 from k26ops.steps import driver_plan as dp
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
-from k26ops.preflight import driver_version
+from k26ops.host.preflight import driver_version
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, tied_to_channel

@@ -18,7 +18,7 @@
 Every host-side action runs through one stdlib-only Python agent
 (agents/engine.py); requests and answers are JSON over stdin/stdout. The
 engine's unit, port, env file, secrets and the ready-wait come from
-k26ops.enginehost. Secrets (HF_TOKEN, *_TOKEN, ...) reach only the env file
+k26ops.engine.host. Secrets (HF_TOKEN, *_TOKEN, ...) reach only the env file
 (mode 0600), secret engine flags (--api-key) only the secrets file the engine
 reads with --config (mode 0600: never in an argv that `ps` shows); diffs,
 journal lines and messages are redacted before anyone sees them. A unit file
@@ -33,13 +33,14 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from k26ops import preflight, units
+from k26ops.host import preflight
+from k26ops.engine import units
 from k26ops.errors import UserError
-from k26ops.enginehost import UNIT_DIR, EngineHost, agent, foreign_listener, lab_standin_text, mapping, wait_ready
-from k26ops.enginestate import exit_status_text, run_identity, start_limit_hit
+from k26ops.engine.host import UNIT_DIR, EngineHost, agent, foreign_listener, lab_standin_text, mapping, wait_ready
+from k26ops.engine.state import exit_status_text, run_identity, start_limit_hit
 from k26ops.facts.xid import parse_bus_ids
 from k26ops.hostvars import Var, declare
-from k26ops.multinode import serves_http
+from k26ops.engine.multinode import serves_http
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
 from k26ops.steps import traffic

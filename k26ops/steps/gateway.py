@@ -24,7 +24,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from k26ops import agents, ownership, units
+from k26ops.transport import agents
+from k26ops.host import ownership
+from k26ops.engine import units
 from k26ops.errors import UserError
 from k26ops.layout import switch_current
 from k26ops.release import enginelock, installer, wheelhouse, wheelsource

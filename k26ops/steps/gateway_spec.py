@@ -24,11 +24,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import resources, units
+from k26ops import resources
+from k26ops.engine import units
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.layout import UNIT_DIR, Layout, check_unit_name
-from k26ops.profile import profile_for, recipe_for
+from k26ops.engine.profile import profile_for, recipe_for
 from k26ops.release import enginelock
 
 GROUP = "gateway"

@@ -29,7 +29,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k26ops import agents, ownership, units
+from k26ops.transport import agents
+from k26ops.host import ownership
+from k26ops.engine import units
 from k26ops.release import (engine_flags, engine_source, enginelock, installer, launch_rules, patchset,
                             prepcache, wheelhouse, wheelsource)
 from k26ops.release import recipe as recipe_mod
@@ -39,7 +41,7 @@ from k26ops.facts.base import Fact, safe
 from k26ops.layout import Layout, switch_current
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
-from k26ops.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
+from k26ops.engine.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
                             recipe_for, release_override)
 from k26ops.runstate import HostState
 from k26ops.weights import manifest as mf

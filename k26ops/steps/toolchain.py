@@ -21,10 +21,10 @@ from k26ops.facts.base import Fact, safe
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.release import wheelhouse, wheelsource
-from k26ops.preflight import driver_version
+from k26ops.host.preflight import driver_version
 from k26ops.runstate import HostState
 from k26ops.shell import q
-from k26ops.profile import inventory_recipe
+from k26ops.engine.profile import inventory_recipe
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 
 KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"

@@ -21,8 +21,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from k26ops.enginehost import EngineHost
-from k26ops.multinode import serves_http
+from k26ops.engine.host import EngineHost
+from k26ops.engine.multinode import serves_http
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed
 from k26ops.traffic.drain import Drain, TrafficConfig

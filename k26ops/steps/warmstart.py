@@ -24,11 +24,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from k26ops import units
+from k26ops.engine import units
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
 from k26ops.layout import Layout
-from k26ops.profile import effective_recipe, lock_for
+from k26ops.engine.profile import effective_recipe, lock_for
 from k26ops.rehearsal.plan import capture_times
 from k26ops.runstate import HostState
 from k26ops.steps.release import ReleaseDecision, engine_version

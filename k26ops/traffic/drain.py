@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
 
-from k26ops import agents
-from k26ops.enginehost import EngineHost, agent as engine_agent, wait_ready
+from k26ops.transport import agents
+from k26ops.engine.host import EngineHost, agent as engine_agent, wait_ready
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.hostvars import Var, declare
 from k26ops.interrupt import requested as interrupt_requested
 from k26ops.layout import DEFAULT_PORT
-from k26ops.multinode import serves_http
+from k26ops.engine.multinode import serves_http
 from k26ops.traffic.gateway import Gateway, GatewayError, check_url, normal_url
 
 DEFAULT_DRAIN_TIMEOUT = 300.0

@@ -11,12 +11,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from k26ops import agents
+from k26ops.transport import agents
 from k26ops import facts as facts_mod
 from k26ops.errors import StepFailed, UserError
 from k26ops.facts.model_files import model_files_fact
 from k26ops.layout import Layout
-from k26ops.profile import DEFAULT_MODEL_PATH, profile_for, recipe_for
+from k26ops.engine.profile import DEFAULT_MODEL_PATH, profile_for, recipe_for
 from k26ops.weights import manifest as mf
 
 VERIFY_TIMEOUT = 6 * 3600.0  # a full verify of 590 GB on a slow disk

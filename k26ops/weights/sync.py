@@ -27,9 +27,9 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-from k26ops import agents
+from k26ops.transport import agents
 from k26ops.errors import StepFailed, UserError
-from k26ops.fleet import Connections, Fleet, FleetInterrupted, Outcome, exit_code
+from k26ops.transport.fleet import Connections, Fleet, FleetInterrupted, Outcome, exit_code
 from k26ops.hostvars import Var, declare
 from k26ops.interrupt import check as check_interrupted
 from k26ops.weights import hostops

@@ -1,0 +1,1 @@
+"""One host: preflight, ownership, the host lock, reboot."""

@@ -1,0 +1,1 @@
+"""Playbooks, rollouts (canary, batches), provisioning."""

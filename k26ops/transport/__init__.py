@@ -1,0 +1,1 @@
+"""Reaching hosts: SSH sessions, the host agents' protocol and hub, the fleet runner."""

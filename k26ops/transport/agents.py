@@ -1,0 +1,89 @@
+"""Running host agents (k26ops/agents/*.py, one real file each) from the control node.
+
+Each module here runs under the host's own `python3` (standard library only),
+shipped with the command (`python3 -S -c <source>`): nothing is installed on the
+host and nothing is left behind. One protocol for all of them: one JSON
+request on stdin ({"op": NAME, ...}), one JSON answer as the last line of
+stdout. `run` is the one caller; the modules are linted and unit-tested here
+like the rest of k26ops (tests/test_agents.py), never imported at run time.
+
+Host Python: 3.10 or newer (OLDEST_PYTHON). The oldest supported host is
+Ubuntu 22.04 (python3 3.10); Debian 12, the lab's, has 3.11 and Ubuntu 24.04
+3.12. tests/test_agents.py parses every agent with that grammar and checks
+that it imports only standard-library modules.
+
+The agents: engine (the engine's unit, health, smoke, logs), gather (fact
+commands), loadgen (engine bench), ownership (what k26ops may delete),
+baseline (snapshot, rollback, drift), journal (diagnose service), probe
+(diagnose probe), wheelfetch (wheels from a relay, hash-checked), store (the
+release store: uv's binary, store gc), hub (several agents' operations in one
+python3 kept on one channel for a run: k26ops/transport/agenthub.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from k26ops.transport import ssh
+from k26ops.errors import Interrupted, StepFailed
+from k26ops.transport.fleet import interrupt_requested
+from k26ops.shell import q, tied_to_channel
+from k26ops.transport.ssh import Cancelled, OutputTooLarge
+
+DIR = Path(__file__).resolve().parent.parent / "agents"
+OLDEST_PYTHON = (3, 10)
+
+
+class AgentFailed(StepFailed):
+    """The agent could not run or gave no answer (not an answer that says no)."""
+
+
+def source(name: str) -> str:
+    """The agent's source text (`engine` -> agents/engine.py)."""
+    return (DIR / f"{name}.py").read_text()
+
+
+def command(name: str, python: str = "python3", tied: bool = False) -> str:
+    """The one remote command that runs agent `name`; `tied`: killed with our
+    SSH channel (steps.tied_to_channel), its stdin still the request.
+    `-S`: no `site` (the host's .pth files, sitecustomize): an agent uses the
+    standard library only, and site's work was ~2 ms of a lab host's CPU per start."""
+    cmd = f"{q(python)} -S -c {q(source(name))}"
+    return tied_to_channel(cmd, stdin=True) if tied else cmd
+
+
+def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None = None,
+        interpreter: str = "python3", tied: bool = False, **req) -> dict:
+    """Run one operation of agent `name` on the host: one remote command, the
+    request as JSON on stdin, the answer the last JSON line of stdout.
+    `session`: anything with .run(command, stdin=, timeout=) giving .exited,
+    .stdout, .stderr (an SSH session, or a local runner in tests).
+    `tied` (a long operation): the agent dies when our channel closes, and
+    Ctrl-C (fleet.interrupt_requested) closes it at once: Interrupted.
+    What the agent prints is bounded (ssh.OUTPUT_LIMIT): more is AgentFailed."""
+    what = what or f"{name} agent"
+    hub = getattr(session, "hub", None)  # one python3 for the run's short reads (k26ops.transport.agenthub)
+    if hub is not None and hub.serves(name, op, interpreter, tied):
+        return hub.call(name, op, timeout, what, req)
+    host = getattr(getattr(session, "host", None), "name", "the host")
+    kw: dict = {}
+    if tied:
+        kw["cancel"] = interrupt_requested
+    try:
+        res = session.run(command(name, interpreter, tied), stdin=json.dumps({"op": op, **req}), timeout=timeout,
+                          **kw)
+    except OutputTooLarge:
+        raise AgentFailed(f"{what} ({op}) on {host} printed more than {ssh.OUTPUT_LIMIT >> 20} MiB: stopped reading "
+                          "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)") from None
+    except Cancelled:
+        raise Interrupted(f"interrupted (Ctrl-C, SIGTERM or SIGHUP) during the {what} on {host}") from None
+    lines = res.stdout.strip().splitlines()
+    if res.exited != 0 or not lines:
+        why = (res.stderr.replace("\0", "") or res.stdout or "").strip().splitlines()
+        raise AgentFailed(f"{what} ({op}) exited {res.exited}: {why[-1][:300] if why else 'no output'}")
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        raise AgentFailed(f"{what} ({op}) on {host} printed no JSON answer as its last line: "
+                          f"{lines[-1][:200]!r}") from None
