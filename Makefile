@@ -2,7 +2,7 @@
 PY ?= python3
 PIP ?= $(PY) -m pip
 
-.PHONY: demo test deps system-deps python-deps lab-down
+.PHONY: demo test lint deps system-deps python-deps lab-down
 
 system-deps:
 	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v ssh >/dev/null \
@@ -41,6 +41,12 @@ demo: system-deps
 TEST_WORKERS ?= 2
 test: deps
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# Style gates (.ci/run): ruff's formatter and linter, and mypy under its ceiling (tools/mypy_ceiling.py).
+lint:
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+	$(PY) tools/mypy_ceiling.py
 
 lab-down:
 	$(PY) -m k26ops lab down

@@ -53,16 +53,18 @@ def totals_of(rows: list[dict]) -> dict:
     """The counts the report prints (see the module docstring)."""
     known = [r for r in rows if r["expected"] not in ("none", "unclassified")]
     totals = {v: sum(r["verdict"] == v for r in rows) for v in ("ok", "missed", "WRONG", "FALSE-ALARM")}
-    totals.update({
-        "logs": len(rows),
-        "known": len(known),
-        "named_right": sum(r["verdict"] == "ok" for r in known),
-        "wrong_names": totals["WRONG"],
-        "unclassified": sum(r["got"] == "unclassified" for r in known),
-        "healthy": sum(r["expected"] == "none" for r in rows),
-        "false_alarms": totals["FALSE-ALARM"],
-        "accuracy": round(totals["ok"] / len(rows), 3) if rows else None,
-    })
+    totals.update(
+        {
+            "logs": len(rows),
+            "known": len(known),
+            "named_right": sum(r["verdict"] == "ok" for r in known),
+            "wrong_names": totals["WRONG"],
+            "unclassified": sum(r["got"] == "unclassified" for r in known),
+            "healthy": sum(r["expected"] == "none" for r in rows),
+            "false_alarms": totals["FALSE-ALARM"],
+            "accuracy": round(totals["ok"] / len(rows), 3) if rows else None,
+        }
+    )
     return totals
 
 
@@ -76,8 +78,15 @@ def results(logs: Path = LOGS, only_new: bool = False) -> list[dict]:
         if only_new and entry["source"] == "unknown":
             continue
         got = got_label(classify_file(logs / name))
-        rows.append({"file": name, "source": entry["source"], "expected": entry["label"],
-                     "got": got, "verdict": verdict(entry["label"], got)})
+        rows.append(
+            {
+                "file": name,
+                "source": entry["source"],
+                "expected": entry["label"],
+                "got": got,
+                "verdict": verdict(entry["label"], got),
+            }
+        )
     return rows
 
 
@@ -95,8 +104,11 @@ def health_faults(text: str, command: str) -> list[str]:
         errs = gpu.parse_smi_header(text, 0).get("gpu_errors") or []
         return errs or (gpu.parse_gpus(text, 0).get("gpu_errors") or [])
     fact = xid.parse_xid_fact(text, 0)
-    return [f"{xid.label(e)} {e['pci'] or e.get('name')}" for e in fact["events"]
-            if e["kind"] == "hardware" and e["action"] != "none"]
+    return [
+        f"{xid.label(e)} {e['pci'] or e.get('name')}"
+        for e in fact["events"]
+        if e["kind"] == "hardware" and e["action"] != "none"
+    ]
 
 
 def health_results() -> list[dict]:
@@ -110,23 +122,32 @@ def health_results() -> list[dict]:
             text = (folder / name).read_text(encoding="utf-8", errors="replace")
             found = health_faults(text, entry.get("command", ""))
             ok = bool(found) == (entry["health"] == "fault")
-            rows.append({"file": f"{folder.name}/{name}", "expected": entry["health"],
-                         "got": "; ".join(found)[:80] or "quiet", "verdict": "ok" if ok else (
-                             "MISSED" if entry["health"] == "fault" else "FALSE-ALARM")})
+            rows.append(
+                {
+                    "file": f"{folder.name}/{name}",
+                    "expected": entry["health"],
+                    "got": "; ".join(found)[:80] or "quiet",
+                    "verdict": "ok" if ok else ("MISSED" if entry["health"] == "fault" else "FALSE-ALARM"),
+                }
+            )
     return rows
 
 
 def health_totals(rows: list[dict]) -> dict:
     faults = [r for r in rows if r["expected"] == "fault"]
     healthy = [r for r in rows if r["expected"] == "healthy"]
-    return {"outputs": len(rows), "faults": len(faults), "faults_named": sum(r["verdict"] == "ok" for r in faults),
-            "healthy": len(healthy), "healthy_quiet": sum(r["verdict"] == "ok" for r in healthy)}
+    return {
+        "outputs": len(rows),
+        "faults": len(faults),
+        "faults_named": sum(r["verdict"] == "ok" for r in faults),
+        "healthy": len(healthy),
+        "healthy_quiet": sum(r["verdict"] == "ok" for r in healthy),
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only-new", action="store_true",
-                    help="only logs with a known source (real or CONSTRUCTED)")
+    ap.add_argument("--only-new", action="store_true", help="only logs with a known source (real or CONSTRUCTED)")
     ap.add_argument("--json", action="store_true", help="print the rows and totals as JSON")
     args = ap.parse_args(argv)
     rows = results(only_new=args.only_new)
@@ -139,16 +160,20 @@ def main(argv=None) -> int:
         width = max(len(r["file"]) for r in rows)
         for r in rows:
             print(f"{r['file']:<{width}}  expected {r['expected']:<26} got {r['got']:<26} {r['verdict']}")
-        print(f"\nnamed right {totals['named_right']}/{totals['known']} known crashes; wrong names "
-              f"{totals['wrong_names']}; unclassified {totals['unclassified']}; false alarms "
-              f"{totals['false_alarms']}/{totals['healthy']} healthy logs; "
-              f"{totals['ok']}/{totals['logs']} as labelled ({totals['accuracy']:.1%})")
+        print(
+            f"\nnamed right {totals['named_right']}/{totals['known']} known crashes; wrong names "
+            f"{totals['wrong_names']}; unclassified {totals['unclassified']}; false alarms "
+            f"{totals['false_alarms']}/{totals['healthy']} healthy logs; "
+            f"{totals['ok']}/{totals['logs']} as labelled ({totals['accuracy']:.1%})"
+        )
         print("\nGPU-health parsers (smi_q, gpu, xid):")
         width = max(len(r["file"]) for r in hrows)
         for r in hrows:
             print(f"{r['file']:<{width}}  expected {r['expected']:<8} got {r['got']:<60} {r['verdict']}")
-        print(f"\nfaults named {htotals['faults_named']}/{htotals['faults']}; healthy outputs quiet "
-              f"{htotals['healthy_quiet']}/{htotals['healthy']}")
+        print(
+            f"\nfaults named {htotals['faults_named']}/{htotals['faults']}; healthy outputs quiet "
+            f"{htotals['healthy_quiet']}/{htotals['healthy']}"
+        )
     bad_health = any(r["verdict"] != "ok" for r in hrows)
     return 1 if totals["WRONG"] or totals["missed"] or totals["FALSE-ALARM"] or bad_health else 0
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 # ---------------------------------------------------------------- ports
 
+
 def _free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -59,6 +60,7 @@ def free_port_block(count: int, start: int, stop: int) -> int:
 
 # ---------------------------------------------------------------- lab
 
+
 class BenchLab:
     """A lab of `count` hosts in its own dir and port blocks; engine ports free too."""
 
@@ -80,8 +82,10 @@ class BenchLab:
         for i, h in enumerate(self.hosts):
             inv["hosts"][h.name]["vars"]["engine_port"] = self.engine_base + i
         self.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
-        self.log(f"lab: {self.count} host(s) up in {time.monotonic() - t0:.1f}s "
-                 f"({self.dir}, ssh ports {self.base_port}-{self.base_port + self.count - 1})")
+        self.log(
+            f"lab: {self.count} host(s) up in {time.monotonic() - t0:.1f}s "
+            f"({self.dir}, ssh ports {self.base_port}-{self.base_port + self.count - 1})"
+        )
         return self
 
     @property
@@ -109,19 +113,39 @@ class BenchLab:
 
     def ssh(self, name: str, command: str, check: bool = True, timeout: float = 120) -> str:
         res = subprocess.run(
-            ["ssh", "-i", str(self.dir / "id_ed25519"), "-o", f"UserKnownHostsFile={self.dir / 'known_hosts'}",
-             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-             "-p", str(self.port(name)), "root@127.0.0.1", command],
-            capture_output=True, text=True, timeout=timeout)
+            [
+                "ssh",
+                "-i",
+                str(self.dir / "id_ed25519"),
+                "-o",
+                f"UserKnownHostsFile={self.dir / 'known_hosts'}",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=10",
+                "-p",
+                str(self.port(name)),
+                "root@127.0.0.1",
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and res.returncode != 0:
             raise RuntimeError(f"ssh {name} {command!r}: rc {res.returncode}: {res.stderr.strip()[-300:]}")
         return res.stdout
 
     def wipe(self, name: str) -> None:
         """Make a host fresh again: no engine, no unit/env file, nothing under /opt/k26ops."""
-        self.ssh(name, f"systemctl disable --now {UNIT} >/dev/null 2>&1; rm -f /etc/systemd/system/{UNIT} "
-                       f"{ENV_FILE}; rm -rf /etc/k26ops /opt/k26ops; systemctl daemon-reload; "
-                       f"systemctl reset-failed {UNIT} 2>/dev/null; true")
+        self.ssh(
+            name,
+            f"systemctl disable --now {UNIT} >/dev/null 2>&1; rm -f /etc/systemd/system/{UNIT} "
+            f"{ENV_FILE}; rm -rf /etc/k26ops /opt/k26ops; systemctl daemon-reload; "
+            f"systemctl reset-failed {UNIT} 2>/dev/null; true",
+        )
 
     def down(self) -> None:
         try:
@@ -164,10 +188,16 @@ def installed_env() -> dict:
         atexit.register(shutil.rmtree, d, True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = d
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", "k26ops"], env=env, cwd=REPO,
-                       check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([sys.executable, "-m", "k26ops", "--help"], env=env, cwd=REPO, check=True,
-                       stdout=subprocess.DEVNULL)  # the libraries the CLI imports at start
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", "-j", "0", "k26ops"],
+            env=env,
+            cwd=REPO,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        subprocess.run(
+            [sys.executable, "-m", "k26ops", "--help"], env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL
+        )  # the libraries the CLI imports at start
         _PYCACHE.update(env)
     return dict(_PYCACHE)
 
@@ -179,8 +209,9 @@ def k26ops(*args: str, env: dict | None = None, timeout: float = 900) -> tuple[s
     full = {**installed_env(), **(env or {})}
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "k26ops", *args], capture_output=True, text=True,
-                          env=full, timeout=timeout, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "k26ops", *args], capture_output=True, text=True, env=full, timeout=timeout, cwd=REPO
+    )
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU seconds of the k26ops process (control node): user + system
@@ -195,8 +226,9 @@ def deploy_json(inventory: Path, *extra: str, env: dict | None = None, timeout: 
         data = json.loads(proc.stdout)
         data["_cpu"] = proc.cpu
     except json.JSONDecodeError:
-        raise RuntimeError(f"deploy printed no JSON (rc {proc.returncode}): {proc.stdout[-500:]!r} "
-                           f"{proc.stderr[-1500:]!r}") from None
+        raise RuntimeError(
+            f"deploy printed no JSON (rc {proc.returncode}): {proc.stdout[-500:]!r} {proc.stderr[-1500:]!r}"
+        ) from None
     return proc.returncode, data, wall
 
 
@@ -211,6 +243,7 @@ def first_deploy(b: BenchLab, limit: str | None = None, env: dict | None = None)
 
 
 # ---------------------------------------------------------------- numbers
+
 
 def stats(values: list[float]) -> dict:
     v = [float(x) for x in values]
@@ -239,8 +272,12 @@ def machine() -> dict:
         load = os.getloadavg()
     except OSError:
         load = None
-    return {"cpus": os.cpu_count(), "loadavg_at_end": load, "python": platform.python_version(),
-            "kernel": platform.release()}
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_at_end": load,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
 
 
 def write_result(name: str, data: dict) -> Path:

@@ -29,17 +29,18 @@ import subprocess
 import sys
 import time
 
-import yaml
-
 import common
+import yaml
 
 # Not bench/ansible/: this script's folder is sys.path[0], and a folder named `ansible` there was
 # imported as a namespace package in place of a missing ansible-core (no __version__).
 PLAYBOOK = common.REPO / "bench" / "ansible_playbooks" / "converged.yml"
 
 
-INSTALL_ANSIBLE = ("bench/converged.py compares k26ops with ansible-playbook and needs ansible-core: "
-                   f"{sys.executable} -m pip install 'ansible-core>=2.16' (or: pip install -e '.[test]')")
+INSTALL_ANSIBLE = (
+    "bench/converged.py compares k26ops with ansible-playbook and needs ansible-core: "
+    f"{sys.executable} -m pip install 'ansible-core>=2.16' (or: pip install -e '.[test]')"
+)
 
 
 def ensure_ansible() -> tuple[str, str]:
@@ -69,17 +70,30 @@ def ansible_setup(b: common.BenchLab, host: str) -> tuple[dict, dict]:
     rid = b.ssh(host, "readlink /opt/k26ops/releases/current").strip()
     if rid != want["release_id"]:  # the two tools must check the one state k26ops deployed
         raise RuntimeError(f"{host}: current -> {rid}, but the recipe and lock give {want['release_id']}")
-    inv = {"all": {"hosts": {host: {
-        "ansible_host": "127.0.0.1", "ansible_port": b.port(host), "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(b.dir / "id_ed25519"),
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={b.dir / 'known_hosts'} -o StrictHostKeyChecking=yes",
-        "ansible_python_interpreter": "/usr/bin/python3"}}}}
+    inv = {
+        "all": {
+            "hosts": {
+                host: {
+                    "ansible_host": "127.0.0.1",
+                    "ansible_port": b.port(host),
+                    "ansible_user": "root",
+                    "ansible_ssh_private_key_file": str(b.dir / "id_ed25519"),
+                    "ansible_ssh_common_args": f"-o UserKnownHostsFile={b.dir / 'known_hosts'} -o StrictHostKeyChecking=yes",
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                }
+            }
+        }
+    }
     inv_path = b.dir / "ansible-inventory.yml"
     inv_path.write_text(yaml.safe_dump(inv))
-    vars_ = {"release_id": rid, "engine_port": b.engine_port(host),
-             "unit_src": str(files / "k26-engine.service"), "env_src": str(files / "sglang.env"),
-             "module_src": str(common.REPO / "k26ops/lab/fixtures/engine_standin.py"),
-             **want}
+    vars_ = {
+        "release_id": rid,
+        "engine_port": b.engine_port(host),
+        "unit_src": str(files / "k26-engine.service"),
+        "env_src": str(files / "sglang.env"),
+        "module_src": str(common.REPO / "k26ops/lab/fixtures/engine_standin.py"),
+        **want,
+    }
     vars_path = b.dir / "ansible-vars.json"
     vars_path.write_text(json.dumps(vars_))
     return {"inventory": inv_path, "vars": vars_path}, vars_
@@ -98,10 +112,16 @@ def expected_state(b: common.BenchLab, host: str) -> dict:
 def ansible_env(b: common.BenchLab, pipelining: bool) -> dict:
     cfg = b.dir / "ansible.cfg"  # empty: Ansible's defaults, no user/site config
     cfg.write_text("[defaults]\n")
-    return {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_PIPELINING": str(pipelining),
-            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "False",
-            "ANSIBLE_LOCAL_TEMP": str(b.dir / "ansible-tmp"), "ANSIBLE_CONFIG": str(cfg),
-            "ANSIBLE_CONTROL_PATH_DIR": str(b.dir / "ansible-cp")}
+    return {
+        **os.environ,
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_PIPELINING": str(pipelining),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_LOCAL_TEMP": str(b.dir / "ansible-tmp"),
+        "ANSIBLE_CONFIG": str(cfg),
+        "ANSIBLE_CONTROL_PATH_DIR": str(b.dir / "ansible-cp"),
+    }
 
 
 def run_ansible(exe, paths, env, verbose=False) -> tuple[float, str, dict]:
@@ -114,8 +134,10 @@ def run_ansible(exe, paths, env, verbose=False) -> tuple[float, str, dict]:
     m = re.search(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
     recap = dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()))) if m else {}
     if proc.returncode != 0 or not recap or recap["changed"] or recap["failed"] or recap["unreachable"]:
-        raise RuntimeError(f"ansible run not converged/ok (rc {proc.returncode}, {recap}):\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-1500:]}")
+        raise RuntimeError(
+            f"ansible run not converged/ok (rc {proc.returncode}, {recap}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-1500:]}"
+        )
     return wall, proc.stdout, recap
 
 
@@ -145,8 +167,10 @@ def registry_and_negative(b: common.BenchLab, host: str, exe: str, envs: dict) -
     for env in envs.values():
         run_ansible(exe, paths, env)
     out["registry"] = {"sglang_version": vars_["sglang_version"], "release_id": vars_["release_id"]}
-    print(f"  checks: wrong version fails ansible; converged for git ({out['git']['sglang_version']}) "
-          f"and registry ({out['registry']['sglang_version']}) with both tools")
+    print(
+        f"  checks: wrong version fails ansible; converged for git ({out['git']['sglang_version']}) "
+        f"and registry ({out['registry']['sglang_version']}) with both tools"
+    )
     return out
 
 
@@ -187,12 +211,20 @@ def main() -> int:
                 line += f", ansible[{mode}] {w:.2f}s"
             print(line)
         checks = registry_and_negative(b, host, exe, envs)
-    out = {"checks": checks, "reps": reps, "ansible_version": version, "host": "lab1",
-           "k26ops": {"wall": common.stats([x["wall"] for x in k26]),
-                      "in_run_elapsed": common.stats([x["elapsed"] for x in k26]),
-                      "commands": sorted({x["commands"] for x in k26})},
-           "ansible": {mode: {"wall": common.stats(v), "ssh_exec": execs[mode], "recap": recaps[mode]}
-                       for mode, v in ans.items()}}
+    out = {
+        "checks": checks,
+        "reps": reps,
+        "ansible_version": version,
+        "host": "lab1",
+        "k26ops": {
+            "wall": common.stats([x["wall"] for x in k26]),
+            "in_run_elapsed": common.stats([x["elapsed"] for x in k26]),
+            "commands": sorted({x["commands"] for x in k26}),
+        },
+        "ansible": {
+            mode: {"wall": common.stats(v), "ssh_exec": execs[mode], "recap": recaps[mode]} for mode, v in ans.items()
+        },
+    }
     kmed = out["k26ops"]["wall"]["median"]
     for mode in ans:
         out["ansible"][mode]["ratio_vs_k26ops"] = out["ansible"][mode]["wall"]["median"] / kmed
@@ -201,11 +233,19 @@ def main() -> int:
     rows = [("k26ops deploy", common.fmt(out["k26ops"]["wall"]), ",".join(map(str, out["k26ops"]["commands"])), "1.00")]
     for mode in ans:
         a = out["ansible"][mode]
-        rows.append((f"ansible-playbook ({mode})", common.fmt(a["wall"]),
-                     f"{a['ssh_exec']['exec_lines']} ({a['ssh_exec']['sftp_or_scp']} sftp)",
-                     f"{a['ratio_vs_k26ops']:.2f}"))
-    common.table(f"converged re-deploy, 1 host, {reps} reps", rows,
-                 ("tool", "wall median (min-max)", "remote commands", "x k26ops"))
+        rows.append(
+            (
+                f"ansible-playbook ({mode})",
+                common.fmt(a["wall"]),
+                f"{a['ssh_exec']['exec_lines']} ({a['ssh_exec']['sftp_or_scp']} sftp)",
+                f"{a['ratio_vs_k26ops']:.2f}",
+            )
+        )
+    common.table(
+        f"converged re-deploy, 1 host, {reps} reps",
+        rows,
+        ("tool", "wall median (min-max)", "remote commands", "x k26ops"),
+    )
     print(f"  k26ops in-run (connect to done): {common.fmt(out['k26ops']['in_run_elapsed'])}")
     print(f"  target: Ansible >= 3x slower: {'met' if out['met'] else 'MISSED'}")
     common.write_result("converged", out)

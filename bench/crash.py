@@ -43,8 +43,15 @@ def deploy_streaming(inventory) -> tuple[int, dict, list[tuple[float, str]], flo
     cmd = [sys.executable, "-m", "k26ops", "--json", "-v", "-i", str(inventory), "deploy"]
     lines: list[tuple[float, str]] = []
     t_start = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=common.REPO,
-                            bufsize=1, env={**common.installed_env(), "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=common.REPO,
+        bufsize=1,
+        env={**common.installed_env(), "PYTHONUNBUFFERED": "1"},
+    )
 
     def read_err():
         for line in proc.stderr:
@@ -96,17 +103,23 @@ def main() -> int:
                 reported = next((t for t, l in lines if "failed:" in l and "crashed" in l), None)
                 if crash is None or reported is None:
                     raise RuntimeError(f"no crash line ({crash}) or no failure line ({reported}): {lines[-5:]}")
-                rec = {"detect_s": reported - crash, "exit_after_crash_s": t_exit - crash,
-                       "crash_after_start_s": crash - t_start, "journal_exit_after_crash_s":
-                       (exited - crash) if exited else None, "rollback": (r["error"] or "").rsplit("; ", 1)[-1],
-                       "signature": (r.get("diagnosis") or {}).get("signature"),
-                       "evidence": (r.get("diagnosis") or {}).get("evidence")}
+                rec = {
+                    "detect_s": reported - crash,
+                    "exit_after_crash_s": t_exit - crash,
+                    "crash_after_start_s": crash - t_start,
+                    "journal_exit_after_crash_s": (exited - crash) if exited else None,
+                    "rollback": (r["error"] or "").rsplit("; ", 1)[-1],
+                    "signature": (r.get("diagnosis") or {}).get("signature"),
+                    "evidence": (r.get("diagnosis") or {}).get("evidence"),
+                }
                 if not rec["signature"] or rec["signature"] == "unclassified" or not r.get("journal_tail"):
                     raise RuntimeError(f"{label}: the crash was not named: {r['error']}")
                 results[label].append(rec)
-                print(f"  {label} rep {i + 1}: crash at +{rec['crash_after_start_s']:.2f}s after start, "
-                      f"reported {rec['detect_s']:.2f}s later, exit {rec['exit_after_crash_s']:.2f}s later "
-                      f"({rec['signature']}; {rec['rollback']})")
+                print(
+                    f"  {label} rep {i + 1}: crash at +{rec['crash_after_start_s']:.2f}s after start, "
+                    f"reported {rec['detect_s']:.2f}s later, exit {rec['exit_after_crash_s']:.2f}s later "
+                    f"({rec['signature']}; {rec['rollback']})"
+                )
             # the rollback must have left the previous engine healthy
             status = b.ssh(host, f"systemctl is-active {common.UNIT}").strip()
             if status != "active":
@@ -117,12 +130,21 @@ def main() -> int:
         s = {k: common.stats([r[k] for r in rs]) for k in ("detect_s", "exit_after_crash_s", "crash_after_start_s")}
         s["runs"] = rs
         out["cases"][label] = s
-        rows.append((label, common.fmt(s["detect_s"]), common.fmt(s["exit_after_crash_s"]),
-                     common.fmt(s["crash_after_start_s"]), rs[0]["signature"]))
+        rows.append(
+            (
+                label,
+                common.fmt(s["detect_s"]),
+                common.fmt(s["exit_after_crash_s"]),
+                common.fmt(s["crash_after_start_s"]),
+                rs[0]["signature"],
+            )
+        )
     out["met"] = all(c["detect_s"]["max"] <= 3 for c in out["cases"].values())
-    common.table(f"crash detection, {reps} reps per case", rows,
-                 ("engine", "crash -> reported (named)", "crash -> exit (incl. rollback)", "deploy start -> crash",
-                  "signature"))
+    common.table(
+        f"crash detection, {reps} reps per case",
+        rows,
+        ("engine", "crash -> reported (named)", "crash -> exit (incl. rollback)", "deploy start -> crash", "signature"),
+    )
     print(f"  target: every crash reported within 3 s: {'met' if out['met'] else 'MISSED'}")
     common.write_result("crash", out)
     return 0

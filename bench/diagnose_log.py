@@ -36,8 +36,12 @@ def make(d: Path) -> dict[str, Path]:
 
 def run(path: Path) -> tuple[float, float, dict]:
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "k26ops", "--json", "diagnose", "log", str(path)], cwd=REPO,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "k26ops", "--json", "diagnose", "log", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     el = time.monotonic() - t0
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # MiB, largest child so far
     doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {"error": p.stderr.strip()[-200:]}
@@ -52,8 +56,10 @@ def main() -> None:
     try:
         for name, path in make(d).items():
             el, peak, doc = run(path)
-            print(f"{name:22s} {el:6.1f} s  peak RSS <= {peak:6.0f} MiB  signature={doc.get('signature')!r}  "
-                  f"read: {(doc.get('read') or {}).get('note') or doc.get('error')}")
+            print(
+                f"{name:22s} {el:6.1f} s  peak RSS <= {peak:6.0f} MiB  signature={doc.get('signature')!r}  "
+                f"read: {(doc.get('read') or {}).get('note') or doc.get('error')}"
+            )
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -57,8 +57,10 @@ def cpu_stat_path(b, name: str) -> Path:
     for cg in own_cgroups(b.lab._machine(name)):
         if (cg / "cpu.stat").exists():
             return cg / "cpu.stat"
-    raise SystemExit(f"no cpu.stat in the lab host's cgroups ({own_cgroups(b.lab._machine(name))}): "
-                     "this bench needs the unified cgroup hierarchy")
+    raise SystemExit(
+        f"no cpu.stat in the lab host's cgroups ({own_cgroups(b.lab._machine(name))}): "
+        "this bench needs the unified cgroup hierarchy"
+    )
 
 
 def usage_s(path: Path) -> float:
@@ -81,8 +83,10 @@ def standin_call_s(b, name: str, stat: Path) -> float:
     """CPU seconds of one nvidia-smi stand-in call on this host: STANDIN_CALLS query calls in one
     ssh command, less the same command with `true` for each call (sshd, the shell), per call."""
     loop = "for i in $(seq {n}); do {cmd} >/dev/null 2>&1; done"
-    query = "nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap,uuid,pci.bus_id " \
-            "--format=csv,noheader,nounits"
+    query = (
+        "nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap,uuid,pci.bus_id "
+        "--format=csv,noheader,nounits"
+    )
     cost = {}
     for what, cmd in (("standin", query), ("true", "true"), ("standin2", query), ("true2", "true")):
         c0 = usage_s(stat)
@@ -97,8 +101,11 @@ def counted(b) -> dict[str, list[str]]:
     execs /usr/bin/python3), one deploy, the log read, the wrapper removed. Not during the
     measured reps: the wrapper's own sh, fork and tr per start would count as k26ops' CPU."""
     for n in b.names:
-        b.ssh(n, f"printf %s {shlex.quote(WRAPPER)} > /usr/local/bin/python3 && "
-                 f"chmod 755 /usr/local/bin/python3 && : > {COUNT_LOG}")
+        b.ssh(
+            n,
+            f"printf %s {shlex.quote(WRAPPER)} > /usr/local/bin/python3 && "
+            f"chmod 755 /usr/local/bin/python3 && : > {COUNT_LOG}",
+        )
     rc, data, _ = common.deploy_json(b.inventory)
     if rc != 0:
         raise RuntimeError(f"the counted deploy failed: {data}")
@@ -117,8 +124,9 @@ def execs(b, name: str, stat: Path) -> list[str]:
     procs = stat.parent.rglob("ssh.service/cgroup.procs")
     pid = next(p.read_text().split()[0] for p in procs)
     with tempfile.NamedTemporaryFile("r", suffix=".strace") as log:
-        st = subprocess.Popen(["strace", "-f", "-qq", "-z", "-s", "60", "-e", "trace=execve", "-o", log.name,
-                               "-p", pid])
+        st = subprocess.Popen(
+            ["strace", "-f", "-qq", "-z", "-s", "60", "-e", "trace=execve", "-o", log.name, "-p", pid]
+        )
         time.sleep(1.0)  # attached
         rc, data, _ = common.deploy_json(b.inventory)
         time.sleep(0.5)
@@ -126,9 +134,13 @@ def execs(b, name: str, stat: Path) -> list[str]:
         st.wait()
         if rc != 0:
             raise RuntimeError(f"the traced deploy failed: {data}")
-        return [line.split(" ", 1)[1].split(", [", 1)[0].replace("execve(", "").strip('"') + "  "
-                + line.split(", [", 1)[1].split("], ", 1)[0][:100] for line in log.read().splitlines()
-                if "execve(" in line and ", [" in line]
+        return [
+            line.split(" ", 1)[1].split(", [", 1)[0].replace("execve(", "").strip('"')
+            + "  "
+            + line.split(", [", 1)[1].split("], ", 1)[0][:100]
+            for line in log.read().splitlines()
+            if "execve(" in line and ", [" in line
+        ]
 
 
 def main() -> int:
@@ -157,8 +169,11 @@ def main() -> int:
             g1 = {n: cgroup_usage(p.parent) for n, p in stats.items()}
             hosts = data["hosts"]
             bad = {h: (r["status"], r["error"]) for h, r in hosts.items() if r["status"] != "ok"}
-            changed = {h: [c for s in r.get("steps", []) for c in s["changes"]] for h, r in hosts.items()
-                       if any(s["changed"] for s in r.get("steps", []))}
+            changed = {
+                h: [c for s in r.get("steps", []) for c in s["changes"]]
+                for h, r in hosts.items()
+                if any(s["changed"] for s in r.get("steps", []))
+            }
             if rc != 0 or bad or changed:
                 raise RuntimeError(f"converged deploy was not ok/unchanged: {bad or changed}")
             i0 = {n: usage_s(p) for n, p in stats.items()}
@@ -167,22 +182,43 @@ def main() -> int:
             for n in b.names:
                 groups = {g: round(v - g0[n][g], 6) for g, v in g1[n].items() if g in g0[n]}
                 engine = sum(v for g, v in groups.items() if g.endswith("/" + common.UNIT))
-                runs.append({"host": n, "cpu": c1[n] - c0[n], "idle": i1[n] - i0[n], "engine_s": engine,
-                             "net": c1[n] - c0[n] - (i1[n] - i0[n]), "cgroups": groups,
-                             "commands": hosts[n]["commands"], "wall": wall})
-            print(f"  rep {i + 1}: wall {wall:.2f}s; " + "; ".join(
-                f"{r['host']}: CPU {r['cpu']:.3f}s (idle {r['idle']:.3f}s), {r['commands']} commands"
-                for r in runs[-len(b.names):]))
+                runs.append(
+                    {
+                        "host": n,
+                        "cpu": c1[n] - c0[n],
+                        "idle": i1[n] - i0[n],
+                        "engine_s": engine,
+                        "net": c1[n] - c0[n] - (i1[n] - i0[n]),
+                        "cgroups": groups,
+                        "commands": hosts[n]["commands"],
+                        "wall": wall,
+                    }
+                )
+            print(
+                f"  rep {i + 1}: wall {wall:.2f}s; "
+                + "; ".join(
+                    f"{r['host']}: CPU {r['cpu']:.3f}s (idle {r['idle']:.3f}s), {r['commands']} commands"
+                    for r in runs[-len(b.names) :]
+                )
+            )
         started = counted(b)
         for r in runs:
             smi = [s for s in started[r["host"]] if s.split(" ")[0].endswith("/nvidia-smi")]
-            r.update(started=started[r["host"]], python3=len(started[r["host"]]),
-                     agents=sum(s.startswith(("-S -c", "-c ")) for s in started[r["host"]]),
-                     standin_calls=len(smi), standin_s=len(smi) * per_call[r["host"]])
+            r.update(
+                started=started[r["host"]],
+                python3=len(started[r["host"]]),
+                agents=sum(s.startswith(("-S -c", "-c ")) for s in started[r["host"]]),
+                standin_calls=len(smi),
+                standin_s=len(smi) * per_call[r["host"]],
+            )
             r["k26ops"] = r.pop("net") - r["standin_s"] - r["engine_s"]
-        print("  python3 starts per host (one more deploy, counted): " + ", ".join(
-            f"{n} x{len(v)} (k26ops agents x{sum(s.startswith(('-S -c', '-c ')) for s in v)})"
-            for n, v in started.items()))
+        print(
+            "  python3 starts per host (one more deploy, counted): "
+            + ", ".join(
+                f"{n} x{len(v)} (k26ops agents x{sum(s.startswith(('-S -c', '-c ')) for s in v)})"
+                for n, v in started.items()
+            )
+        )
         if args.execs:
             started_execs = execs(b, b.names[0], stats[b.names[0]])
     if started_execs:
@@ -196,8 +232,10 @@ def main() -> int:
     for g, v in sorted(runs[-1]["cgroups"].items(), key=lambda kv: -kv[1]):
         if v >= 0.001:
             print(f"    {v:.3f} s  {g}")
-    print(f"nvidia-smi stand-in: {', '.join(f'{n} {v * 1000:.1f} ms' for n, v in per_call.items())} per call "
-          f"({STANDIN_CALLS} calls in one ssh command, less the same with `true`)")
+    print(
+        f"nvidia-smi stand-in: {', '.join(f'{n} {v * 1000:.1f} ms' for n, v in per_call.items())} per call "
+        f"({STANDIN_CALLS} calls in one ssh command, less the same with `true`)"
+    )
     cpu = common.stats([r["cpu"] for r in runs])
     idle = common.stats([r["idle"] for r in runs])
     net = common.stats([r["cpu"] - r["idle"] for r in runs])
@@ -207,20 +245,61 @@ def main() -> int:
     py = sorted({r["python3"] for r in runs})
     agents = sorted({r["agents"] for r in runs})
     cmds = sorted({r["commands"] for r in runs})
-    common.table(f"host cost of a converged deploy ({args.hosts} hosts x {args.reps} reps)",
-                 [("per host", common.fmt(cpu), common.fmt(idle), common.fmt(net), common.fmt(standin),
-                   common.fmt(engine), common.fmt(own), ",".join(map(str, agents)),
-                   ",".join(map(str, py)), ",".join(map(str, cmds)))],
-                 ("case", "host CPU", "idle, same time", "net", "nvidia-smi stand-in", "engine stand-in",
-                  "k26ops (net less both)", "k26ops agents (python3 -S -c)", "all python3 starts", "ssh commands"))
-    print("  all python3 starts = the agents + the lab's nvidia-smi stand-in (a Python script here; NVIDIA's "
-          "binary on a GPU host)")
-    print("  k26ops = net less the lab's stand-ins: the nvidia-smi stand-in's calls x its CPU per call, and the "
-          "engine stand-in's cgroup (its answers to health and smoke); issue 31's target (<= 0.15 s) is this one")
-    common.write_result("host_cpu", {"reps": args.reps, "hosts": args.hosts, "cpu_s": cpu, "idle_s": idle,
-                                     "net_s": net, "standin_s": standin, "engine_s": engine, "k26ops_s": own,
-                                     "standin_call_s": per_call, "agent_starts": agents, "python3_starts": py,
-                                     "commands": cmds, "runs": runs})
+    common.table(
+        f"host cost of a converged deploy ({args.hosts} hosts x {args.reps} reps)",
+        [
+            (
+                "per host",
+                common.fmt(cpu),
+                common.fmt(idle),
+                common.fmt(net),
+                common.fmt(standin),
+                common.fmt(engine),
+                common.fmt(own),
+                ",".join(map(str, agents)),
+                ",".join(map(str, py)),
+                ",".join(map(str, cmds)),
+            )
+        ],
+        (
+            "case",
+            "host CPU",
+            "idle, same time",
+            "net",
+            "nvidia-smi stand-in",
+            "engine stand-in",
+            "k26ops (net less both)",
+            "k26ops agents (python3 -S -c)",
+            "all python3 starts",
+            "ssh commands",
+        ),
+    )
+    print(
+        "  all python3 starts = the agents + the lab's nvidia-smi stand-in (a Python script here; NVIDIA's "
+        "binary on a GPU host)"
+    )
+    print(
+        "  k26ops = net less the lab's stand-ins: the nvidia-smi stand-in's calls x its CPU per call, and the "
+        "engine stand-in's cgroup (its answers to health and smoke); issue 31's target (<= 0.15 s) is this one"
+    )
+    common.write_result(
+        "host_cpu",
+        {
+            "reps": args.reps,
+            "hosts": args.hosts,
+            "cpu_s": cpu,
+            "idle_s": idle,
+            "net_s": net,
+            "standin_s": standin,
+            "engine_s": engine,
+            "k26ops_s": own,
+            "standin_call_s": per_call,
+            "agent_starts": agents,
+            "python3_starts": py,
+            "commands": cmds,
+            "runs": runs,
+        },
+    )
     return 0
 
 

@@ -19,9 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from test_inventory_bounds import BOMB, alias_values, big_inventory, many_hosts  # noqa: E402
+
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.inventory import load  # noqa: E402
-from test_inventory_bounds import BOMB, alias_values, big_inventory, many_hosts  # noqa: E402
 
 
 def timed(fn, reps: int) -> list[float]:
@@ -82,13 +83,18 @@ def cli_cost(path: Path, args: list[str]) -> tuple[float, int]:
     import os
     import subprocess
 
-    proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", str(path), *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k26ops", "-i", str(path), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     _pid, status, usage = os.wait4(proc.pid, 0)  # this child's own usage, not all children's
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise SystemExit(f"{' '.join(args)} on {path}: exit {proc.returncode}")
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+
 
 if __name__ == "__main__":
     main()

@@ -33,8 +33,7 @@ def main() -> int:
             d = Path(tempfile.mkdtemp(prefix="k26ops-bench-boot-", dir="/var/tmp"))
             port = common.free_port_block(count, 41000, 44000)
             try:
-                proc, up = common.k26ops("lab", "up", "--hosts", str(count), "--dir", str(d),
-                                         "--base-port", str(port))
+                proc, up = common.k26ops("lab", "up", "--hosts", str(count), "--dir", str(d), "--base-port", str(port))
                 if proc.returncode != 0:
                     raise RuntimeError(f"lab up failed: {proc.stderr[-800:]}")
                 disk.append(_du_bytes(d) / count)
@@ -43,12 +42,24 @@ def main() -> int:
                 shutil.rmtree(d, ignore_errors=True)
             ups.append(up)
             downs.append(down)
-        results[count] = {"up": common.stats(ups), "down": common.stats(downs),
-                          "disk_per_host_bytes": common.stats(disk)}
-        rows.append((f"{count} host(s)", common.fmt(results[count]["up"]), common.fmt(results[count]["down"]),
-                     f"{results[count]['disk_per_host_bytes']['median'] / 1e6:.2f} MB"))
-    common.table(f"lab up (all hosts answer ssh) / down, {reps} reps", rows,
-                 ("hosts", "up median (min-max)", "down median (min-max)", "lab dir per host"))
+        results[count] = {
+            "up": common.stats(ups),
+            "down": common.stats(downs),
+            "disk_per_host_bytes": common.stats(disk),
+        }
+        rows.append(
+            (
+                f"{count} host(s)",
+                common.fmt(results[count]["up"]),
+                common.fmt(results[count]["down"]),
+                f"{results[count]['disk_per_host_bytes']['median'] / 1e6:.2f} MB",
+            )
+        )
+    common.table(
+        f"lab up (all hosts answer ssh) / down, {reps} reps",
+        rows,
+        ("hosts", "up median (min-max)", "down median (min-max)", "lab dir per host"),
+    )
     ratio = results[8]["up"]["median"] / results[1]["up"]["median"]
     print(f"\nup 8 hosts / 1 host: {ratio:.2f}")
     common.write_result("lab_boot", {"reps": reps, "cases": results, "ratio_up_8_over_1": ratio})

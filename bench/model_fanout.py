@@ -49,10 +49,12 @@ MODEL = "/srv/k26/model"
 ORIGIN_HOST = "lab9"
 ORIGIN = f"{ORIGIN_HOST}:/models/Kimi-K2.6"
 # the k26ops CLI, with what it read and wrote written to $K26BENCH_IO at its exit
-LAUNCH = ("import atexit, os, runpy, sys\n"
-          "atexit.register(lambda: open(os.environ['K26BENCH_IO'], 'w').write(open('/proc/self/io').read()))\n"
-          "sys.argv[0] = 'k26ops'\n"
-          "runpy.run_module('k26ops', run_name='__main__')\n")
+LAUNCH = (
+    "import atexit, os, runpy, sys\n"
+    "atexit.register(lambda: open(os.environ['K26BENCH_IO'], 'w').write(open('/proc/self/io').read()))\n"
+    "sys.argv[0] = 'k26ops'\n"
+    "runpy.run_module('k26ops', run_name='__main__')\n"
+)
 
 
 def k26ops_io(*args: str, timeout: float = 900) -> tuple[int, dict, float, int]:
@@ -64,8 +66,15 @@ def k26ops_io(*args: str, timeout: float = 900) -> tuple[int, dict, float, int]:
     try:
         env = {**common.installed_env(), "K26BENCH_IO": io_path}
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-c", LAUNCH, "--json", *args], capture_output=True, text=True,
-                           env=env, timeout=timeout, cwd=common.REPO, check=False)
+        p = subprocess.run(
+            [sys.executable, "-c", LAUNCH, "--json", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            cwd=common.REPO,
+            check=False,
+        )
         wall = time.perf_counter() - t0
         with open(io_path) as f:
             io = dict(line.split(": ") for line in f.read().splitlines() if ": " in line)
@@ -94,9 +103,14 @@ def sync_once(b, inv, names, bwlimit) -> dict:
     bad = {h: r["error"] for h, r in doc["hosts"].items() if r["status"] not in ("ok", "changed")}
     if rc != 0 or bad or any(r["fetched"] != 5 for r in doc["hosts"].values()):
         raise RuntimeError(f"sync of {limit} failed (rc {rc}): {bad or doc['hosts']}")
-    return {"hosts": len(names), "wall_s": wall, "bytes_from_origin": doc["bytes_from_origin"],
-            "bytes_between_hosts": doc["bytes_between_hosts"], "bytes_through_control_node": io,
-            "host_gbps": [r["gbps"] for r in doc["hosts"].values()]}
+    return {
+        "hosts": len(names),
+        "wall_s": wall,
+        "bytes_from_origin": doc["bytes_from_origin"],
+        "bytes_between_hosts": doc["bytes_between_hosts"],
+        "bytes_through_control_node": io,
+        "host_gbps": [r["gbps"] for r in doc["hosts"].values()],
+    }
 
 
 def verify_once(inv) -> dict:
@@ -130,14 +144,20 @@ def main() -> int:
             for names in (one_names, many_names):
                 r = sync_once(b, inv, names, a.bwlimit)
                 runs[len(names)].append(r)
-                print(f"  rep {i + 1}: {len(names)} host(s): wall {r['wall_s']:.2f} s, from origin "
-                      f"{r['bytes_from_origin'] / 1e6:.1f} MB, between hosts {r['bytes_between_hosts'] / 1e6:.1f} MB, "
-                      f"through this node {r['bytes_through_control_node'] / 1e6:.1f} MB", flush=True)
+                print(
+                    f"  rep {i + 1}: {len(names)} host(s): wall {r['wall_s']:.2f} s, from origin "
+                    f"{r['bytes_from_origin'] / 1e6:.1f} MB, between hosts {r['bytes_between_hosts'] / 1e6:.1f} MB, "
+                    f"through this node {r['bytes_through_control_node'] / 1e6:.1f} MB",
+                    flush=True,
+                )
         for i in range(max(a.reps, 5)):  # seconds each: more reps against this machine's noise
             v = verify_once(inv)
             verifies.append(v)
-            print(f"  verify {i + 1}: lab1 hash {v['verify_gbps']} GB/s, plain read {v['read_gbps']} GB/s "
-                  f"({v['workers']} workers)", flush=True)
+            print(
+                f"  verify {i + 1}: lab1 hash {v['verify_gbps']} GB/s, plain read {v['read_gbps']} GB/s "
+                f"({v['workers']} workers)",
+                flush=True,
+            )
         if a.bwlimit:  # for the record: no link limit, the lab's CPUs are the bound
             for names in (one_names, many_names):
                 unlimited[len(names)] = sync_once(b, inv, names, 0)
@@ -145,37 +165,74 @@ def main() -> int:
     summary = {}
     rows = []
     for n, rs in runs.items():
-        s = {"hosts": n, "reps": len(rs), "bwlimit_mb_s": a.bwlimit or None,
-             "bytes_from_origin": med(rs, "bytes_from_origin"), "bytes_between_hosts": med(rs, "bytes_between_hosts"),
-             "bytes_through_control_node": med(rs, "bytes_through_control_node"),
-             "wall_s": round(med(rs, "wall_s"), 3), "wall_s_min": round(min(r["wall_s"] for r in rs), 3),
-             "wall_s_max": round(max(r["wall_s"] for r in rs), 3), **v}
+        s = {
+            "hosts": n,
+            "reps": len(rs),
+            "bwlimit_mb_s": a.bwlimit or None,
+            "bytes_from_origin": med(rs, "bytes_from_origin"),
+            "bytes_between_hosts": med(rs, "bytes_between_hosts"),
+            "bytes_through_control_node": med(rs, "bytes_through_control_node"),
+            "wall_s": round(med(rs, "wall_s"), 3),
+            "wall_s_min": round(min(r["wall_s"] for r in rs), 3),
+            "wall_s_max": round(max(r["wall_s"] for r in rs), 3),
+            **v,
+        }
         summary[n] = s
-        rows.append((n, f"{s['wall_s']:.2f} s ({s['wall_s_min']:.2f}-{s['wall_s_max']:.2f})",
-                     f"{s['bytes_from_origin'] / 1e6:.1f} MB", f"{s['bytes_between_hosts'] / 1e6:.1f} MB",
-                     f"{s['bytes_through_control_node'] / 1e6:.1f} MB"))
+        rows.append(
+            (
+                n,
+                f"{s['wall_s']:.2f} s ({s['wall_s_min']:.2f}-{s['wall_s_max']:.2f})",
+                f"{s['bytes_from_origin'] / 1e6:.1f} MB",
+                f"{s['bytes_between_hosts'] / 1e6:.1f} MB",
+                f"{s['bytes_through_control_node'] / 1e6:.1f} MB",
+            )
+        )
         print(json.dumps(s))
     for n, r in unlimited.items():
-        rows.append((f"{n}, no --bwlimit", f"{r['wall_s']:.2f} s (1 run)", f"{r['bytes_from_origin'] / 1e6:.1f} MB",
-                     f"{r['bytes_between_hosts'] / 1e6:.1f} MB", f"{r['bytes_through_control_node'] / 1e6:.1f} MB"))
-    common.table(f"model sync of the lab model (63 MB) from {ORIGIN}, --bwlimit {a.bwlimit} MB/s, {a.reps} reps",
-                 rows, ("hosts", "wall median (min-max)", "from origin", "between hosts", "through this node"))
+        rows.append(
+            (
+                f"{n}, no --bwlimit",
+                f"{r['wall_s']:.2f} s (1 run)",
+                f"{r['bytes_from_origin'] / 1e6:.1f} MB",
+                f"{r['bytes_between_hosts'] / 1e6:.1f} MB",
+                f"{r['bytes_through_control_node'] / 1e6:.1f} MB",
+            )
+        )
+    common.table(
+        f"model sync of the lab model (63 MB) from {ORIGIN}, --bwlimit {a.bwlimit} MB/s, {a.reps} reps",
+        rows,
+        ("hosts", "wall median (min-max)", "from origin", "between hosts", "through this node"),
+    )
     print(f"  lab1 model verify --full --force: hash {v['verify_gbps']} GB/s vs plain read {v['read_gbps']} GB/s")
     one, many = summary[1], summary[HOSTS]
-    ratios = {"origin_8_over_1": many["bytes_from_origin"] / one["bytes_from_origin"],
-              "wall_8_over_1": many["wall_s"] / one["wall_s"],
-              # side by side: each verify's hash rate over its own read's, the median of those
-              "verify_over_read": statistics.median(x["verify_gbps"] / x["read_gbps"] for x in verifies)}
+    ratios = {
+        "origin_8_over_1": many["bytes_from_origin"] / one["bytes_from_origin"],
+        "wall_8_over_1": many["wall_s"] / one["wall_s"],
+        # side by side: each verify's hash rate over its own read's, the median of those
+        "verify_over_read": statistics.median(x["verify_gbps"] / x["read_gbps"] for x in verifies),
+    }
     targets = {"origin_8_over_1": 1.1, "wall_8_over_1": 2.0, "verify_over_read": 0.8}
-    met = {"origin_8_over_1": ratios["origin_8_over_1"] <= 1.1, "wall_8_over_1": ratios["wall_8_over_1"] <= 2.0,
-           "verify_over_read": ratios["verify_over_read"] is not None and ratios["verify_over_read"] >= 0.8}
+    met = {
+        "origin_8_over_1": ratios["origin_8_over_1"] <= 1.1,
+        "wall_8_over_1": ratios["wall_8_over_1"] <= 2.0,
+        "verify_over_read": ratios["verify_over_read"] is not None and ratios["verify_over_read"] >= 0.8,
+    }
     for k in ratios:
-        print(f"  {k}: {ratios[k]:.3f} (target {'<=' if k != 'verify_over_read' else '>='} {targets[k]}: "
-              f"{'met' if met[k] else 'MISSED'})")
-    out = {**many, "one_host": one, "ratios": {k: round(x, 3) for k, x in ratios.items() if x is not None},
-           "targets": targets, "met": met,
-           "unlimited": {str(n): {k: r[k] for k in ("wall_s", "bytes_from_origin", "bytes_through_control_node")}
-                         for n, r in unlimited.items()}}
+        print(
+            f"  {k}: {ratios[k]:.3f} (target {'<=' if k != 'verify_over_read' else '>='} {targets[k]}: "
+            f"{'met' if met[k] else 'MISSED'})"
+        )
+    out = {
+        **many,
+        "one_host": one,
+        "ratios": {k: round(x, 3) for k, x in ratios.items() if x is not None},
+        "targets": targets,
+        "met": met,
+        "unlimited": {
+            str(n): {k: r[k] for k in ("wall_s", "bytes_from_origin", "bytes_through_control_node")}
+            for n, r in unlimited.items()
+        },
+    }
     common.write_result("model_fanout", out)
     print(json.dumps(out))
     return 0 if all(met.values()) else 1

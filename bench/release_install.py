@@ -46,8 +46,10 @@ PY = "/root/.pyenv/versions/3.12.1"
 ROOT = "/opt/k26bench"
 WH = f"{ROOT}/wheelhouse"
 # bytes deleting a dir frees: its directories and its files nothing else links (as the store agent's `alone`)
-ALONE = ("python3 -c 'import os,sys\nt=0\nfor d,_,fs in os.walk(sys.argv[1]):\n t+=os.lstat(d).st_blocks*512\n for f in fs:\n"
-         "  s=os.lstat(os.path.join(d,f))\n  t+=s.st_blocks*512 if s.st_nlink==1 else 0\nprint(t)' ")
+ALONE = (
+    "python3 -c 'import os,sys\nt=0\nfor d,_,fs in os.walk(sys.argv[1]):\n t+=os.lstat(d).st_blocks*512\n for f in fs:\n"
+    "  s=os.lstat(os.path.join(d,f))\n  t+=s.st_blocks*512 if s.st_nlink==1 else 0\nprint(t)' "
+)
 
 
 def lock_lines(text: str) -> list[str]:
@@ -56,9 +58,21 @@ def lock_lines(text: str) -> list[str]:
 
 def push(b, host: str, src: Path, dest: str) -> None:
     """tar over ssh (setup, not timed)."""
-    ssh = ["ssh", "-i", str(b.dir / "id_ed25519"), "-o", f"UserKnownHostsFile={b.dir / 'known_hosts'}",
-           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(b.port(host)), "root@127.0.0.1",
-           f"mkdir -p {shlex.quote(dest)} && tar -C {shlex.quote(dest)} -xf -"]
+    ssh = [
+        "ssh",
+        "-i",
+        str(b.dir / "id_ed25519"),
+        "-o",
+        f"UserKnownHostsFile={b.dir / 'known_hosts'}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        str(b.port(host)),
+        "root@127.0.0.1",
+        f"mkdir -p {shlex.quote(dest)} && tar -C {shlex.quote(dest)} -xf -",
+    ]
     tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
     subprocess.run(ssh, stdin=tar.stdout, check=True)
     tar.wait()
@@ -82,8 +96,10 @@ def install_cmd(tool: str, rel: str, req: str) -> str:
     from k26ops.release import installer
 
     r = shlex.quote(rel)
-    return (f"rm -rf {r} && mkdir -p {r}/k26ops && cp {shlex.quote(req)} {r}/k26ops/requirements.txt && cd {r} && "
-            f"{PY}/bin/python3.12 -m venv venv && {installer.install_command(tool, ROOT, WH, False)}")
+    return (
+        f"rm -rf {r} && mkdir -p {r}/k26ops && cp {shlex.quote(req)} {r}/k26ops/requirements.txt && cd {r} && "
+        f"{PY}/bin/python3.12 -m venv venv && {installer.install_command(tool, ROOT, WH, False)}"
+    )
 
 
 def main() -> int:
@@ -91,16 +107,25 @@ def main() -> int:
     ap.add_argument("--wheels", default="/var/tmp/k26-real-wheels")
     ap.add_argument("--only", default="uv,pip")
     ap.add_argument("--first-only", action="store_true", help="time only the first release (a re-measure)")
-    ap.add_argument("--reps", type=int, default=1,
-                    help="with --first-only: interleaved reps (uv,pip then pip,uv, ...); the ratio is of the medians")
-    ap.add_argument("--pip-rollback", default="no", choices=("yes", "no"),
-                    help="also time pip's rollback (the same full install as its first release)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=1,
+        help="with --first-only: interleaved reps (uv,pip then pip,uv, ...); the ratio is of the medians",
+    )
+    ap.add_argument(
+        "--pip-rollback",
+        default="no",
+        choices=("yes", "no"),
+        help="also time pip's rollback (the same full install as its first release)",
+    )
     a = ap.parse_args()
     src = Path(a.wheels)
     alt = sorted((src / "alt").glob("*.whl"))[0]
     alt_name, alt_ver = alt.name.split("-")[:2]
     lines = lock_lines(LOCK.read_text())
     import hashlib
+
     alt_sha = hashlib.sha256(alt.read_bytes()).hexdigest()
     second = [l for l in lines if not l.lower().startswith(alt_name.lower() + "==")]
     assert len(second) == len(lines) - 1, alt_name
@@ -118,23 +143,30 @@ def main() -> int:
         push(b, host, src / "alt", WH)
         push(b, host, reqs, f"{ROOT}/reqs")
         push(b, host, src / "uvwheel", f"{ROOT}/uvwheel")
-        from k26ops.transport import agents
-        from k26ops.release import installer
-        from k26ops.transport.ssh import connect
         from k26ops.inventory import load
+        from k26ops.release import installer
+        from k26ops.transport import agents
+        from k26ops.transport.ssh import connect
 
         uvw = installer.uv_wheel()
         session = connect(load(b.inventory).hosts[host])
         try:  # the host agent the release build runs: hash-checked, atomic
-            assert agents.run(session, "store", "uv", wheel=f"{ROOT}/uvwheel/{uvw.name}", sha256=uvw.sha256,
-                              dest=installer.uv_path(ROOT))["ok"]
+            assert agents.run(
+                session,
+                "store",
+                "uv",
+                wheel=f"{ROOT}/uvwheel/{uvw.name}",
+                sha256=uvw.sha256,
+                dest=installer.uv_path(ROOT),
+            )["ok"]
         finally:
             session.close()
         print(f"setup (python 3.12, {len(lines)} wheels, uv pushed): {time.monotonic() - t0:.0f}s", flush=True)
         free0 = int(b.ssh(host, f"df -P -B1 {ROOT} | awk 'NR==2 {{print $3}}'").strip())
         order = a.only.split(",")
-        tools = order if not a.first_only else [
-            t for i in range(a.reps) for t in (order if i % 2 == 0 else order[::-1])]
+        tools = (
+            order if not a.first_only else [t for i in range(a.reps) for t in (order if i % 2 == 0 else order[::-1])]
+        )
         for tool in tools:
             rel = f"{ROOT}/{tool}"
             res = {}
@@ -150,8 +182,11 @@ def main() -> int:
             res["first_s"] = timed(b, host, install_cmd(tool, f"{rel}/r1", f"{ROOT}/reqs/first.txt"), f"{tool} first")
             res["first_alone_bytes"], s1 = disk(f"{rel}/r1"), store_bytes()
             res["first_store_bytes"] = s1 - s0
-            print(f"  {tool} first: {res['first_s']:.1f}s, release alone {res['first_alone_bytes'] / 1e9:.2f} GB, "
-                  f"store +{(s1 - s0) / 1e9:.2f} GB", flush=True)
+            print(
+                f"  {tool} first: {res['first_s']:.1f}s, release alone {res['first_alone_bytes'] / 1e9:.2f} GB, "
+                f"store +{(s1 - s0) / 1e9:.2f} GB",
+                flush=True,
+            )
             if a.first_only:
                 b.ssh(host, f"rm -rf {rel} {store}", timeout=3600)
                 runs = results.setdefault(tool, {"first_runs": []})["first_runs"]
@@ -163,9 +198,12 @@ def main() -> int:
             res["second_store_bytes"] = s2 - s1
             # du counts a file once however many links it has: both releases and the store, together
             res["du_both"] = int(b.ssh(host, f"du -csB1 {rel} {store} 2>/dev/null | tail -1 | cut -f1").strip())
-            print(f"  {tool} second (one wheel differs): {res['second_s']:.1f}s, release alone "
-                  f"{res['second_alone_bytes'] / 1e6:.1f} MB, store +{(s2 - s1) / 1e6:.1f} MB, "
-                  f"both releases + store {res['du_both'] / 1e9:.2f} GB", flush=True)
+            print(
+                f"  {tool} second (one wheel differs): {res['second_s']:.1f}s, release alone "
+                f"{res['second_alone_bytes'] / 1e6:.1f} MB, store +{(s2 - s1) / 1e6:.1f} MB, "
+                f"both releases + store {res['du_both'] / 1e9:.2f} GB",
+                flush=True,
+            )
             # prune r1: its dir, then the store's entries no release links any more
             if tool == "pip" and a.pip_rollback == "no":  # a pip rollback is a full install again
                 results[tool] = res
@@ -182,8 +220,11 @@ def main() -> int:
             used1 = int(b.ssh(host, f"du -csB1 {rel} {store} 2>/dev/null | tail -1 | cut -f1").strip())
             res["prune_freed_bytes"] = used0 - used1
             res["rollback_s"] = timed(b, host, install_cmd(tool, f"{rel}/r1", f"{ROOT}/reqs/first.txt"))
-            print(f"  {tool} prune r1 freed {res['prune_freed_bytes'] / 1e9:.2f} GB; rollback (reinstall r1): "
-                  f"{res['rollback_s']:.1f}s", flush=True)
+            print(
+                f"  {tool} prune r1 freed {res['prune_freed_bytes'] / 1e9:.2f} GB; rollback (reinstall r1): "
+                f"{res['rollback_s']:.1f}s",
+                flush=True,
+            )
             b.ssh(host, f"rm -rf {rel} {store}", timeout=3600)
             results[tool] = res
             common.write_result("release_install", {"lock": LOCK.name, "partial": True, **results})
@@ -191,16 +232,21 @@ def main() -> int:
     results["loads"] = LOADS
     if "pip" in results and "uv" in results and a.first_only:
         results["ratio_first"] = results["uv"]["first"]["median"] / results["pip"]["first"]["median"]
-        print(f"uv/pip wall, first release (medians of {a.reps} interleaved): {results['ratio_first']:.2f}; "
-              f"load1 during the runs {min(x['load1_before'] for x in LOADS):.1f}-{max(x['load1_after'] for x in LOADS):.1f}")
+        print(
+            f"uv/pip wall, first release (medians of {a.reps} interleaved): {results['ratio_first']:.2f}; "
+            f"load1 during the runs {min(x['load1_before'] for x in LOADS):.1f}-{max(x['load1_after'] for x in LOADS):.1f}"
+        )
     if "pip" in results and "uv" in results and not a.first_only:
         results["ratio_first"] = results["uv"]["first_s"] / results["pip"]["first_s"]
         pip_rb = results["pip"].get("rollback_s", results["pip"]["first_s"])  # pip rebuilds in full
         results["ratio_rollback"] = results["uv"]["rollback_s"] / pip_rb
-        results["second_extra_disk_uv"] = (results["uv"]["second_alone_bytes"] + results["uv"]["second_store_bytes"]) / (
-            results["uv"]["first_alone_bytes"] + results["uv"]["first_store_bytes"])
-        print(f"uv/pip wall: first {results['ratio_first']:.2f}, rollback {results['ratio_rollback']:.2f}; "
-              f"uv second release extra disk {100 * results['second_extra_disk_uv']:.1f}%")
+        results["second_extra_disk_uv"] = (
+            results["uv"]["second_alone_bytes"] + results["uv"]["second_store_bytes"]
+        ) / (results["uv"]["first_alone_bytes"] + results["uv"]["first_store_bytes"])
+        print(
+            f"uv/pip wall: first {results['ratio_first']:.2f}, rollback {results['ratio_rollback']:.2f}; "
+            f"uv second release extra disk {100 * results['second_extra_disk_uv']:.1f}%"
+        )
     common.write_result("release_install", {"lock": LOCK.name, "wheels": len(lines), "alt": alt.name, **results})
     return 0
 

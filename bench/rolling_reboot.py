@@ -33,8 +33,9 @@ def main() -> int:
                     backs.append(float(re.search(r"back in (\d+)s", h["reboot"]).group(1)))
             results[case] = {"wall": common.stats(walls), "host_back_s": common.stats(backs)}
             rows.append((case, common.fmt(results[case]["wall"]), common.fmt(results[case]["host_back_s"])))
-    common.table(f"k26ops reboot, 3-host lab, {reps} reps", rows,
-                 ("case", "wall median (min-max)", "host back after (s)"))
+    common.table(
+        f"k26ops reboot, 3-host lab, {reps} reps", rows, ("case", "wall median (min-max)", "host back after (s)")
+    )
     common.write_result("rolling_reboot", {"reps": reps, "cases": results})
     return 0
 

@@ -69,8 +69,9 @@ def run(*args: str, timeout: float = 1800) -> dict:
     """The real CLI in a child of its own; wall, CPU and max RSS of that child only."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         h0, b0, t0 = hosts_cpu_seconds(), busy_seconds(), time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "k26ops", *args], stdout=out, stderr=err, cwd=common.REPO,
-                                env=common.installed_env())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "k26ops", *args], stdout=out, stderr=err, cwd=common.REPO, env=common.installed_env()
+        )
         try:
             _, status, ru = os.wait4(proc.pid, 0)
         except BaseException:
@@ -83,12 +84,19 @@ def run(*args: str, timeout: float = 1800) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        raise RuntimeError(f"k26ops {' '.join(args[:6])} printed no JSON (rc {proc.returncode}): "
-                           f"{text[-300:]!r} {errtext[-800:]!r}") from None
+        raise RuntimeError(
+            f"k26ops {' '.join(args[:6])} printed no JSON (rc {proc.returncode}): {text[-300:]!r} {errtext[-800:]!r}"
+        ) from None
     hosts = data["hosts"] if isinstance(data.get("hosts"), dict) else {h["host"]: h for h in data["hosts"]}
-    return {"rc": proc.returncode, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "maxrss_mb": ru.ru_maxrss / 1024,
-            "machine_cpu": machine, "hosts_cpu": (h1 - h0) if h0 is not None and h1 is not None else float("nan"),
-            "hosts": hosts}
+    return {
+        "rc": proc.returncode,
+        "wall": wall,
+        "cpu": ru.ru_utime + ru.ru_stime,
+        "maxrss_mb": ru.ru_maxrss / 1024,
+        "machine_cpu": machine,
+        "hosts_cpu": (h1 - h0) if h0 is not None and h1 is not None else float("nan"),
+        "hosts": hosts,
+    }
 
 
 def limit(n: int) -> str:
@@ -99,14 +107,20 @@ def measure(inv: Path, command: str, n: int, reps: int) -> dict:
     runs = []
     for _ in range(reps):
         r = run("--json", "-i", str(inv), "--limit", limit(n), command)
-        bad = {h: (x.get("status"), x.get("error")) for h, x in r["hosts"].items()
-               if x.get("status") not in ("ok", "changed")}
+        bad = {
+            h: (x.get("status"), x.get("error"))
+            for h, x in r["hosts"].items()
+            if x.get("status") not in ("ok", "changed")
+        }
         if len(r["hosts"]) != n or bad:
             raise RuntimeError(f"{command} on {n} hosts: {len(r['hosts'])} results, not ok: {bad}")
         r["changed"] = {}
         if command == "deploy":  # kept (and said): under load a host's engine may need a restart
-            r["changed"] = {h: [c for st in x["steps"] for c in st["changes"]] for h, x in r["hosts"].items()
-                            if any(st["changed"] for st in x["steps"])}
+            r["changed"] = {
+                h: [c for st in x["steps"] for c in st["changes"]]
+                for h, x in r["hosts"].items()
+                if any(st["changed"] for st in x["steps"])
+            }
             if r["changed"]:
                 print(f"    not converged on {len(r['changed'])} host(s): {r['changed']}", flush=True)
         r["commands"] = sorted({x["commands"] for x in r["hosts"].values()})
@@ -137,8 +151,12 @@ def plot(results: dict) -> Path | None:
         print("matplotlib is not installed (pip install '.[bench]'): no plot, the numbers are above")
         return None
     fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
-    panels = (("wall", "wall time (s)"), ("cpu", "control-node CPU (s)"),
-              ("hosts_cpu", "lab hosts' own CPU (s)"), ("maxrss_mb", "control-node peak RSS (MB)"))
+    panels = (
+        ("wall", "wall time (s)"),
+        ("cpu", "control-node CPU (s)"),
+        ("hosts_cpu", "lab hosts' own CPU (s)"),
+        ("maxrss_mb", "control-node peak RSS (MB)"),
+    )
     for ax, (key, title) in zip(axes, panels):
         for command, by_n in results.items():
             ns = sorted(int(n) for n in by_n)
@@ -176,8 +194,11 @@ def main() -> int:
             for command in ("facts", "check"):
                 s = results[command][str(n)] = measure(b.inventory, command, n, a.reps)
                 common.write_result("scale-partial", {"cases": results})
-                print(f"  {command} {n:>2} hosts: wall {common.fmt(s['wall'])}, control CPU {common.fmt(s['cpu'])}, "
-                      f"peak {s['maxrss_mb']['median']:.0f} MB, commands/host {s['commands_per_host']}", flush=True)
+                print(
+                    f"  {command} {n:>2} hosts: wall {common.fmt(s['wall'])}, control CPU {common.fmt(s['cpu'])}, "
+                    f"peak {s['maxrss_mb']['median']:.0f} MB, commands/host {s['commands_per_host']}",
+                    flush=True,
+                )
         done = 0
         for n in deploy_sizes:
             t0 = time.monotonic()
@@ -187,33 +208,61 @@ def main() -> int:
             run("--json", "-i", str(b.inventory), "--limit", limit(n), "deploy")  # warm-up
             s = results["deploy"][str(n)] = measure(b.inventory, "deploy", n, a.reps)
             common.write_result("scale-partial", {"cases": results})
-            print(f"  deploy {n:>2} hosts (converged): wall {common.fmt(s['wall'])}, control CPU "
-                  f"{common.fmt(s['cpu'])}, peak {s['maxrss_mb']['median']:.0f} MB, commands/host "
-                  f"{s['commands_per_host']}", flush=True)
+            print(
+                f"  deploy {n:>2} hosts (converged): wall {common.fmt(s['wall'])}, control CPU "
+                f"{common.fmt(s['cpu'])}, peak {s['maxrss_mb']['median']:.0f} MB, commands/host "
+                f"{s['commands_per_host']}",
+                flush=True,
+            )
         load["end"] = os.getloadavg()
     rows, marginal = [], {}
     for command, by_n in results.items():
         ns = sorted(int(n) for n in by_n)
         for n in ns:
             s = by_n[str(n)]
-            rows.append((command, n, common.fmt(s["wall"], digits=2), f"{s['cpu']['median']:.2f} s",
-                         f"{s['cpu']['median'] / n * 1000:.0f} ms", f"{s['hosts_cpu']['median']:.2f} s",
-                         f"{s['machine_cpu']['median']:.2f} s",
-                         f"{s['maxrss_mb']['median']:.0f} MB", ",".join(map(str, s["commands_per_host"]))))
+            rows.append(
+                (
+                    command,
+                    n,
+                    common.fmt(s["wall"], digits=2),
+                    f"{s['cpu']['median']:.2f} s",
+                    f"{s['cpu']['median'] / n * 1000:.0f} ms",
+                    f"{s['hosts_cpu']['median']:.2f} s",
+                    f"{s['machine_cpu']['median']:.2f} s",
+                    f"{s['maxrss_mb']['median']:.0f} MB",
+                    ",".join(map(str, s["commands_per_host"])),
+                )
+            )
         if len(ns) >= 2:
-            marginal[command] = {k: slope(ns, [by_n[str(n)][k]["median"] for n in ns])
-                                 for k in ("wall", "cpu", "hosts_cpu", "maxrss_mb")}
-    common.table(f"scale: {a.reps} reps each, one lab of {max(sizes)} hosts (booted in {boot:.1f}s)", rows,
-                 ("command", "hosts", "wall median (min-max)", "control CPU", "CPU/host", "hosts' CPU", "machine CPU",
-                  "peak RSS", "commands/host"))
+            marginal[command] = {
+                k: slope(ns, [by_n[str(n)][k]["median"] for n in ns]) for k in ("wall", "cpu", "hosts_cpu", "maxrss_mb")
+            }
+    common.table(
+        f"scale: {a.reps} reps each, one lab of {max(sizes)} hosts (booted in {boot:.1f}s)",
+        rows,
+        (
+            "command",
+            "hosts",
+            "wall median (min-max)",
+            "control CPU",
+            "CPU/host",
+            "hosts' CPU",
+            "machine CPU",
+            "peak RSS",
+            "commands/host",
+        ),
+    )
     print("\nper-host marginal cost (least-squares slope over the host counts):")
     for command, m in marginal.items():
-        print(f"  {command}: wall {m['wall'] * 1000:.0f} ms, control CPU {m['cpu'] * 1000:.0f} ms, hosts' CPU "
-              f"{m['hosts_cpu'] * 1000:.0f} ms, peak RSS {m['maxrss_mb']:.2f} MB")
+        print(
+            f"  {command}: wall {m['wall'] * 1000:.0f} ms, control CPU {m['cpu'] * 1000:.0f} ms, hosts' CPU "
+            f"{m['hosts_cpu'] * 1000:.0f} ms, peak RSS {m['maxrss_mb']:.2f} MB"
+        )
     print(f"load average: start {load['start']}, end {load['end']}")
     plot(results)
-    common.write_result("scale", {"reps": a.reps, "boot_s": boot, "load": load, "cases": results,
-                                  "marginal_per_host": marginal})
+    common.write_result(
+        "scale", {"reps": a.reps, "boot_s": boot, "load": load, "cases": results, "marginal_per_host": marginal}
+    )
     return 0
 
 

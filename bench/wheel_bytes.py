@@ -40,11 +40,13 @@ def reset(b: common.BenchLab, names: list[str], toolchain: bool) -> None:
 def one(b: common.BenchLab, mode: str, n: int, playbook, ports: int, toolchain: bool) -> dict:
     names = b.names[:n]
     reset(b, names, toolchain)
-    inv = b.write_inventory(f"inv-{mode}", **{h: {"wheel_source": mode, "wheel_peer_port": ports + i}
-                                              for i, h in enumerate(b.names)})
+    inv = b.write_inventory(
+        f"inv-{mode}", **{h: {"wheel_source": mode, "wheel_peer_port": ports + i} for i, h in enumerate(b.names)}
+    )
     t0 = time.monotonic()
-    proc, _ = common.k26ops("--json", "-i", str(inv), "--limit", ",".join(names), "deploy", "--playbook",
-                            str(playbook), timeout=3600)
+    proc, _ = common.k26ops(
+        "--json", "-i", str(inv), "--limit", ",".join(names), "deploy", "--playbook", str(playbook), timeout=3600
+    )
     try:
         rc, data = proc.returncode, json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -54,8 +56,14 @@ def one(b: common.BenchLab, mode: str, n: int, playbook, ports: int, toolchain: 
         raise RuntimeError(f"{mode} deploy to {n} hosts failed: {bad}")
     hosts = data["hosts"]
     wheels = {h: r.get("wheels", {}) for h, r in hosts.items()}
-    return {"mode": mode, "hosts": n, "wall": time.monotonic() - t0, "uploaded": sum(r["uploaded"] for r in hosts.values()),
-            "uploaded_per_host": {h: r["uploaded"] for h, r in hosts.items()}, "wheels": wheels}
+    return {
+        "mode": mode,
+        "hosts": n,
+        "wall": time.monotonic() - t0,
+        "uploaded": sum(r["uploaded"] for r in hosts.values()),
+        "uploaded_per_host": {h: r["uploaded"] for h, r in hosts.items()},
+        "wheels": wheels,
+    }
 
 
 def main() -> int:
@@ -77,20 +85,27 @@ def main() -> int:
                 for n in (1, HOSTS):
                     r = one(b, mode, n, playbook, ports, a.toolchain)
                     runs.append(r)
-                    print(f"  {mode:5} {n} host(s): control node sent {r['uploaded']:,} bytes "
-                          f"({r['uploaded'] / n:,.0f}/host) in {r['wall']:.0f}s; wheels from: "
-                          f"{json.dumps(sorted({json.dumps(w, sort_keys=True) for w in r['wheels'].values()}))}",
-                          flush=True)
+                    print(
+                        f"  {mode:5} {n} host(s): control node sent {r['uploaded']:,} bytes "
+                        f"({r['uploaded'] / n:,.0f}/host) in {r['wall']:.0f}s; wheels from: "
+                        f"{json.dumps(sorted({json.dumps(w, sort_keys=True) for w in r['wheels'].values()}))}",
+                        flush=True,
+                    )
         load = os.getloadavg()
     rows, out = [], {"reps": a.reps, "toolchain": a.toolchain, "load_at_end": load, "runs": runs, "cases": {}}
     for mode in a.modes.split(","):
-        by = {n: common.stats([r["uploaded"] for r in runs if r["mode"] == mode and r["hosts"] == n]) for n in (1, HOSTS)}
+        by = {
+            n: common.stats([r["uploaded"] for r in runs if r["mode"] == mode and r["hosts"] == n]) for n in (1, HOSTS)
+        }
         ratio = by[HOSTS]["median"] / by[1]["median"] if by[1]["median"] else float("nan")
         out["cases"][mode] = {"1": by[1], str(HOSTS): by[HOSTS], "ratio": ratio}
         rows.append((mode, f"{by[1]['median']:,.0f}", f"{by[HOSTS]['median']:,.0f}", f"{ratio:.2f}"))
-    common.table(f"bytes the control node sent to build a release, {a.reps} rep(s)"
-                 + (" (toolchain too)" if a.toolchain else ""), rows,
-                 ("wheel_source", "1 host", f"{HOSTS} hosts", f"{HOSTS}/1"))
+    common.table(
+        f"bytes the control node sent to build a release, {a.reps} rep(s)"
+        + (" (toolchain too)" if a.toolchain else ""),
+        rows,
+        ("wheel_source", "1 host", f"{HOSTS} hosts", f"{HOSTS}/1"),
+    )
     common.write_result("wheel_bytes" + ("_toolchain" if a.toolchain else ""), out)
     return 0
 

@@ -41,9 +41,14 @@ def one(b: common.BenchLab, limit: str | None) -> dict:
         wall = time.monotonic() - t0
         d = downloads(wh)
         pushed = sum(p.stat().st_size for p in wh.rglob("*.whl"))
-        return {"hosts": 1 if limit else len(b.names), "wall": wall, "downloads": len(d),
-                "bytes": sum(x["bytes"] for x in d), "by_request": {" ".join(x["requirements"]): x["bytes"] for x in d},
-                "wheelhouse_bytes_on_disk": pushed}
+        return {
+            "hosts": 1 if limit else len(b.names),
+            "wall": wall,
+            "downloads": len(d),
+            "bytes": sum(x["bytes"] for x in d),
+            "by_request": {" ".join(x["requirements"]): x["bytes"] for x in d},
+            "wheelhouse_bytes_on_disk": pushed,
+        }
     finally:
         shutil.rmtree(wh, ignore_errors=True)
 
@@ -56,25 +61,42 @@ def main() -> int:
             for key, limit in (("1", "lab1"), (str(HOSTS), None)):
                 r = one(b, limit)
                 runs[key].append(r)
-                print(f"  rep {i + 1}: {key} host(s): {r['bytes']:,} bytes in {r['downloads']} download(s) "
-                      f"{r['by_request']}; deploy {r['wall']:.0f}s")
+                print(
+                    f"  rep {i + 1}: {key} host(s): {r['bytes']:,} bytes in {r['downloads']} download(s) "
+                    f"{r['by_request']}; deploy {r['wall']:.0f}s"
+                )
     out = {"reps": reps, "cases": {}}
     rows = []
     for key, rs in runs.items():
-        s = {"bytes": common.stats([r["bytes"] for r in rs]), "downloads": common.stats([r["downloads"] for r in rs]),
-             "deploy_wall": common.stats([r["wall"] for r in rs]), "runs": rs}
+        s = {
+            "bytes": common.stats([r["bytes"] for r in rs]),
+            "downloads": common.stats([r["downloads"] for r in rs]),
+            "deploy_wall": common.stats([r["wall"] for r in rs]),
+            "runs": rs,
+        }
         out["cases"][key] = s
-        rows.append((f"{key} host(s)", f"{s['bytes']['median'] / 1e6:.1f} MB ({int(s['bytes']['min']):,}-"
-                     f"{int(s['bytes']['max']):,} B)", f"{s['downloads']['median']:.0f}", common.fmt(s["deploy_wall"], digits=0)))
+        rows.append(
+            (
+                f"{key} host(s)",
+                f"{s['bytes']['median'] / 1e6:.1f} MB ({int(s['bytes']['min']):,}-{int(s['bytes']['max']):,} B)",
+                f"{s['downloads']['median']:.0f}",
+                common.fmt(s["deploy_wall"], digits=0),
+            )
+        )
     one_b = [r["bytes"] for r in runs["1"]]
     many_b = [r["bytes"] for r in runs[str(HOSTS)]]
     out["ratio_bytes"] = out["cases"][str(HOSTS)]["bytes"]["median"] / out["cases"]["1"]["bytes"]["median"]
     out["target"] = "bytes(4 hosts) == bytes(1 host)"
     out["met"] = set(one_b) == set(many_b) and len(set(one_b)) == 1
-    common.table(f"wheelhouse downloads, fresh wheelhouse + fresh hosts, {reps} reps", rows,
-                 ("deploy to", "bytes from the index", "pip downloads", "first-deploy wall"))
-    print(f"  bytes {HOSTS} hosts / 1 host: {out['ratio_bytes']:.3f}  (independent of host count: "
-          f"{'met' if out['met'] else 'MISSED'})")
+    common.table(
+        f"wheelhouse downloads, fresh wheelhouse + fresh hosts, {reps} reps",
+        rows,
+        ("deploy to", "bytes from the index", "pip downloads", "first-deploy wall"),
+    )
+    print(
+        f"  bytes {HOSTS} hosts / 1 host: {out['ratio_bytes']:.3f}  (independent of host count: "
+        f"{'met' if out['met'] else 'MISSED'})"
+    )
     common.write_result("wheelhouse", out)
     return 0
 

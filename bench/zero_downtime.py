@@ -37,9 +37,8 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-
 import common
+import yaml
 
 RATE = float(os.environ.get("K26BENCH_RATE", "22"))  # requests per second, all kinds
 LONG_EVERY = 10  # one request in ten is a long stream
@@ -65,11 +64,30 @@ class Router:
         self.log = open(workdir / "router.log", "w")
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")  # loopback only
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-             "--control-plane-api-keys", f"bench:bench:admin:{self.key}", "--log-level", "warn",
-             "--policy", "round_robin"],  # every host gets traffic (cache_aware sends one prompt to one worker)
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(self.metrics_port),
+                "--control-plane-api-keys",
+                f"bench:bench:admin:{self.key}",
+                "--log-level",
+                "warn",
+                "--policy",
+                "round_robin",
+            ],  # every host gets traffic (cache_aware sends one prompt to one worker)
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         t0 = time.monotonic()
         while time.monotonic() - t0 < 30:
             try:
@@ -153,8 +171,11 @@ class Traffic:
         why = None
         try:
             c = http.client.HTTPConnection("127.0.0.1", self.router.port, timeout=120)
-            body = {"text": f"request {self.rng.random():.6f}", "stream": stream,
-                    "sampling_params": {"max_new_tokens": n}}
+            body = {
+                "text": f"request {self.rng.random():.6f}",
+                "stream": stream,
+                "sampling_params": {"max_new_tokens": n},
+            }
             c.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
             r = c.getresponse()
             if r.status != 200:
@@ -192,8 +213,7 @@ class Traffic:
         i, t0 = 0, time.monotonic()
         while not self.stop_ev.is_set():
             stream = i % LONG_EVERY == 0
-            t = threading.Thread(target=self.one, args=(stream, LONG_TOKENS if stream else SHORT_TOKENS),
-                                 daemon=True)
+            t = threading.Thread(target=self.one, args=(stream, LONG_TOKENS if stream else SHORT_TOKENS), daemon=True)
             t.start()
             self.threads.append(t)
             i += 1
@@ -272,22 +292,31 @@ def run_mode(b: common.BenchLab, mode: str, recipe_new: str, recipe_old: str | N
             print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
         hosts = out.get("hosts") or {}
         tr = {h: (r.get("traffic") or {}) for h, r in hosts.items()}
-        return {"mode": "gateway drain" if drain else "no gateway (today's restart)",
-                "requests": traffic.requests, "failed": traffic.failed,
-                "long_streams": {"ok": traffic.long_ok, "failed": traffic.long_failed},
-                "errors": traffic.errors, "rate_per_s": round(traffic.requests / max(1e-9, wall + 25 + TAIL_S), 1),
-                "hosts": len(b.hosts),
-                "gateway": {"name": "sglang-router", "version": importlib.metadata.version("sglang-router"),
-                            "url": router.url},
-                "zero_worker_windows": watcher.windows, "zero_worker_s": round(watcher.zero_s, 2),
-                "min_healthy_workers": watcher.min_healthy,
-                "drain_s": {h: t.get("drain_s") for h, t in tr.items()},
-                "drain_requests": {h: t.get("requests") for h, t in tr.items()},
-                "out_of_rotation_s": {h: t.get("out_of_rotation_s") for h, t in tr.items()},
-                "stop_to_serving_s": {h: t.get("stop_to_serving_s") for h, t in tr.items()},
-                "k26ops_zero_worker_windows": (out.get("traffic") or {}).get("zero_worker_windows"),
-                "deploy_wall_s": round(wall, 1), "deploy_exit": proc.returncode,
-                "deploy_error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [""])[-1][:300]}
+        return {
+            "mode": "gateway drain" if drain else "no gateway (today's restart)",
+            "requests": traffic.requests,
+            "failed": traffic.failed,
+            "long_streams": {"ok": traffic.long_ok, "failed": traffic.long_failed},
+            "errors": traffic.errors,
+            "rate_per_s": round(traffic.requests / max(1e-9, wall + 25 + TAIL_S), 1),
+            "hosts": len(b.hosts),
+            "gateway": {
+                "name": "sglang-router",
+                "version": importlib.metadata.version("sglang-router"),
+                "url": router.url,
+            },
+            "zero_worker_windows": watcher.windows,
+            "zero_worker_s": round(watcher.zero_s, 2),
+            "min_healthy_workers": watcher.min_healthy,
+            "drain_s": {h: t.get("drain_s") for h, t in tr.items()},
+            "drain_requests": {h: t.get("requests") for h, t in tr.items()},
+            "out_of_rotation_s": {h: t.get("out_of_rotation_s") for h, t in tr.items()},
+            "stop_to_serving_s": {h: t.get("stop_to_serving_s") for h, t in tr.items()},
+            "k26ops_zero_worker_windows": (out.get("traffic") or {}).get("zero_worker_windows"),
+            "deploy_wall_s": round(wall, 1),
+            "deploy_exit": proc.returncode,
+            "deploy_error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [""])[-1][:300],
+        }
     finally:
         router.stop()
 
@@ -304,11 +333,13 @@ def recipes(d: Path) -> tuple[str, str]:
     out.mkdir()
     extra = out / "bench-second-release.patch"
     marker = "sglang/srt/speculative/ddtree_lab_fixture.py"
-    extra.write_text(f"k26ops bench: a second lab release\n\nBase: {src.base} (k26ops lab fixture)\n\n"
-                     f"--- a/{marker}\n+++ b/{marker}\n@@ -1,2 +1,3 @@\n"
-                     ' """k26ops LAB fixture: marks the lab DDTree source; no DDTree code here."""\n'
-                     " PATCHED_BY_LAB_SERIES = True  # k26ops LAB fixture patch: every lab release has one "
-                     "patched file\n+# bench/zero_downtime.py: second release\n")
+    extra.write_text(
+        f"k26ops bench: a second lab release\n\nBase: {src.base} (k26ops lab fixture)\n\n"
+        f"--- a/{marker}\n+++ b/{marker}\n@@ -1,2 +1,3 @@\n"
+        ' """k26ops LAB fixture: marks the lab DDTree source; no DDTree code here."""\n'
+        " PATCHED_BY_LAB_SERIES = True  # k26ops LAB fixture patch: every lab release has one "
+        "patched file\n+# bench/zero_downtime.py: second release\n"
+    )
     series = []
     for ln in lines:
         word = ln.split("#", 1)[0].strip()

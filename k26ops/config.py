@@ -36,9 +36,19 @@ class Key:
     high: float | None = None
 
 
-KEYS = {k.name: k for k in (Key("inventory", Path), Key("baselines", Path), Key("recipes", Path), Key("forks", int, 1, 512),
-                            Key("deadline", float, 1), Key("connect_timeout", float, 0.1), Key("targets", str),
-                            Key("batch", str))}
+KEYS = {
+    k.name: k
+    for k in (
+        Key("inventory", Path),
+        Key("baselines", Path),
+        Key("recipes", Path),
+        Key("forks", int, 1, 512),
+        Key("deadline", float, 1),
+        Key("connect_timeout", float, 0.1),
+        Key("targets", str),
+        Key("batch", str),
+    )
+}
 
 
 def config_path() -> Path:
@@ -102,7 +112,9 @@ def _load(path: Path | None) -> dict:
 
 def _line(text: str, name: str) -> int:
     """The line that sets top-level `name` (the first `name =` or `[name]`); 1 if not found."""
-    pat = re.compile(rf"""\s*(?:{re.escape(name)}|"{re.escape(name)}"|'{re.escape(name)}')\s*=|\s*\[+\s*{re.escape(name)}\b""")
+    pat = re.compile(
+        rf"""\s*(?:{re.escape(name)}|"{re.escape(name)}"|'{re.escape(name)}')\s*=|\s*\[+\s*{re.escape(name)}\b"""
+    )
     return next((i for i, ln in enumerate(text.splitlines(), 1) if pat.match(ln)), 1)
 
 
@@ -119,11 +131,17 @@ def _value(where: str, path: Path, key: Key, value):
             raise UserError(f"{where} must be a path string, got {value!r}")
         p = Path(value).expanduser()
         return p if p.is_absolute() else (path.parent / p)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            (key.kind is int and not isinstance(value, int)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (key.kind is int and not isinstance(value, int))
+    ):
         raise UserError(f"{where} must be {'an integer' if key.kind is int else 'a number'}, got {value!r}")
-    if not math.isfinite(value) or (key.low is not None and value < key.low) or \
-            (key.high is not None and value > key.high):
+    if (
+        not math.isfinite(value)
+        or (key.low is not None and value < key.low)
+        or (key.high is not None and value > key.high)
+    ):
         bounds = f"{key.low}..{key.high}" if key.high is not None else f">= {key.low}"
         raise UserError(f"{where} must be {bounds}, got {value!r}")
     return key.kind(value)

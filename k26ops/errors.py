@@ -9,16 +9,16 @@ EXIT_NO_GPU = 3  # selftest: a host has no GPU
 EXIT_INTERRUPTED = 130  # Ctrl-C
 EXIT_MEANINGS = {  # 141 is k26ops.cli.pipe.EXIT_CLOSED_PIPE (tests/test_docs_reference.py holds them together)
     EXIT_OK: "every host ok (or changed); `diagnose log`/`service`: a known crash was named, or the log "
-             "holds no error at all (\"no crash found\")",
+    'holds no error at all ("no crash found")',
     EXIT_HOST_FAILED: "at least one host failed, was unreachable or was skipped; `diagnose log`: the log holds "
-                      "an error that matched no known crash (`unclassified`); `diagnose service`: a host's "
-                      "last crash matched none",
+    "an error that matched no known crash (`unclassified`); `diagnose service`: a host's "
+    "last crash matched none",
     EXIT_USAGE: "bad input (inventory, option, file, tag): one line naming it; nothing changed",
     EXIT_NO_GPU: "`selftest`: a host has no GPU",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGTERM, a closed terminal); the hosts that did not finish are named",
     141: "the output went away (`k26ops deploy 2>&1 | head -1`): printing stopped, the run was interrupted "
-         "as by Ctrl-C (hosts not started untouched, hosts in progress restored or finished), whatever the "
-         "hosts' outcome; `k26ops status` shows where each host is",
+    "as by Ctrl-C (hosts not started untouched, hosts in progress restored or finished), whatever the "
+    "hosts' outcome; `k26ops status` shows where each host is",
 }
 
 

@@ -44,8 +44,15 @@ class Var:
 
     def to_json(self) -> dict:
         """`inventory vars --json`: the default as people read it (a JSON value cannot say "the recipe's")."""
-        return {"name": self.name, "type": self.type, "default": self.shown_default, "used": self.module,
-                "meaning": self.meaning, "informational": self.informational, "topic": self.topic}
+        return {
+            "name": self.name,
+            "type": self.type,
+            "default": self.shown_default,
+            "used": self.module,
+            "meaning": self.meaning,
+            "informational": self.informational,
+            "topic": self.topic,
+        }
 
 
 _DECLARED: dict[str, Var] = {}

@@ -17,12 +17,24 @@ UNIT_DIR = "/etc/systemd/system"
 LAB_MODULE = "k26ops_lab_engine"
 PASS_ENV = ("HF_TOKEN",)
 # `nvlink_multicast: false`: NCCL's NVLink SHARP, torch symmetric memory's and NVSHMEM's multicast off
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # taken from the control node's environment when the inventory lacks it
+NVLS_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}  # taken from the control node's environment when the inventory lacks it
 
-declare(__name__, "where things live on the host",
-        Var("k26ops_root", "path", DEFAULT_ROOT, "k26ops' directory on the host (state, toolchain, locks)"),
-        Var("releases_root", "path", None, "where releases are built; `current` points at the live one",
-            "{k26ops_root}/releases"))
+declare(
+    __name__,
+    "where things live on the host",
+    Var("k26ops_root", "path", DEFAULT_ROOT, "k26ops' directory on the host (state, toolchain, locks)"),
+    Var(
+        "releases_root",
+        "path",
+        None,
+        "where releases are built; `current` points at the live one",
+        "{k26ops_root}/releases",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,9 @@ def switch_current(releases_root: str, release: str, require_manifest: bool = Tr
     # `current` that is not a symlink (a directory someone made): named, nothing switched, no
     # .current.tmp left (mv -T would say only "cannot overwrite directory")
     where = q(f"{releases_root}/current")
-    return (f"set -e; cd {q(releases_root)}; {check}"
-            f"if [ -e current ] && [ ! -L current ]; then echo {where}' is not a symlink (a directory or file "
-            "made by hand?): move it aside; current was not switched' >&2; exit 3; fi; "
-            f"ln -sfn {q(release)} .current.tmp; mv -T .current.tmp current || {{ rm -f .current.tmp; exit 1; }}")
+    return (
+        f"set -e; cd {q(releases_root)}; {check}"
+        f"if [ -e current ] && [ ! -L current ]; then echo {where}' is not a symlink (a directory or file "
+        "made by hand?): move it aside; current was not switched' >&2; exit 3; fi; "
+        f"ln -sfn {q(release)} .current.tmp; mv -T .current.tmp current || {{ rm -f .current.tmp; exit 1; }}"
+    )

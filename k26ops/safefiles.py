@@ -41,8 +41,10 @@ def _check_above(path: Path, what: str) -> None:
         except FileNotFoundError:
             break
         if st.st_uid not in (0, me) and not st.st_mode & stat.S_ISVTX:
-            raise UserError(f"{what} {path}: {parent} belongs to user {_owner(st.st_uid)}, who could redirect "
-                            "what k26ops writes there; choose a directory of your own; nothing was written")
+            raise UserError(
+                f"{what} {path}: {parent} belongs to user {_owner(st.st_uid)}, who could redirect "
+                "what k26ops writes there; choose a directory of your own; nothing was written"
+            )
 
 
 @dataclass
@@ -57,8 +59,9 @@ class OutDir:
         p = Path(os.path.abspath(path))
         _check_above(p, what)
         if os.path.islink(p):
-            raise UserError(f"{what} {p} is a symlink (to {os.readlink(p)}); refusing to write through it; "
-                            "nothing was written")
+            raise UserError(
+                f"{what} {p} is a symlink (to {os.readlink(p)}); refusing to write through it; nothing was written"
+            )
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -71,8 +74,10 @@ class OutDir:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
             os.close(fd)
-            raise UserError(f"{what} {p} belongs to user {_owner(st.st_uid)}, not to you; refusing to write "
-                            "into it; nothing was written")
+            raise UserError(
+                f"{what} {p} belongs to user {_owner(st.st_uid)}, not to you; refusing to write "
+                "into it; nothing was written"
+            )
         return cls(p, fd)
 
     def write(self, name: str, text: str) -> Path:

@@ -79,13 +79,15 @@ def lab():
 def _no_engine_unit(running) -> None:
     """Stop and remove the deployed layer's engine unit, env file and pins on every host
     (the layer's releases, toolchain and wheelhouse stay)."""
-    from k26ops.layout import DEFAULT_UNIT, UNIT_DIR, Layout
     from k26ops.engine.units import ENV_FILE
+    from k26ops.layout import DEFAULT_UNIT, UNIT_DIR, Layout
     from labtools import lab_ssh
 
-    cmd = (f"systemctl disable --now {DEFAULT_UNIT} && rm -f {UNIT_DIR}/{DEFAULT_UNIT} {ENV_FILE} "
-           f"{Layout().pins_file} && systemctl daemon-reload && systemctl reset-failed; "
-           f"test ! -e {UNIT_DIR}/{DEFAULT_UNIT} && test -L {Layout().current}")
+    cmd = (
+        f"systemctl disable --now {DEFAULT_UNIT} && rm -f {UNIT_DIR}/{DEFAULT_UNIT} {ENV_FILE} "
+        f"{Layout().pins_file} && systemctl daemon-reload && systemctl reset-failed; "
+        f"test ! -e {UNIT_DIR}/{DEFAULT_UNIT} && test -L {Layout().current}"
+    )
     for h in running.hosts:
         res = lab_ssh(running.dir, h.port, cmd, timeout=60)
         assert res.returncode == 0, (h.name, res.stdout, res.stderr)
@@ -123,7 +125,7 @@ def _needs_lab(item) -> bool:
         return True
     funcs = [getattr(item, "function", None)]
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
+    for defs in info.name2fixturedefs.values() if info else ():
         funcs += [d.func for d in defs]
     return any(fn is not None and _boots_a_lab(fn) for fn in funcs)
 

@@ -49,8 +49,11 @@ def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
         # the sshd ports and the engine ports the lab derives from them; and not the engine port of a
         # lab up now (its sshd port bound 20000 below), free only while its engine is not serving
         below = range(max(1024, port - ENGINE_PORT_OFFSET), max(1024, port - ENGINE_PORT_OFFSET + count))
-        for p in [*range(port, port + count), *range(port + ENGINE_PORT_OFFSET, port + ENGINE_PORT_OFFSET + count),
-                  *below]:
+        for p in [
+            *range(port, port + count),
+            *range(port + ENGINE_PORT_OFFSET, port + ENGINE_PORT_OFFSET + count),
+            *below,
+        ]:
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))
@@ -63,15 +66,32 @@ def free_port_block(count: int, start: int = 23000, stop: int = 29000) -> int:
     raise RuntimeError("no free port block")
 
 
-def lab_ssh(lab_dir: Path, port: int, command: str, timeout: float = 60,
-            user: str = "root", known_hosts: Path | None = None) -> subprocess.CompletedProcess:
+def lab_ssh(
+    lab_dir: Path, port: int, command: str, timeout: float = 60, user: str = "root", known_hosts: Path | None = None
+) -> subprocess.CompletedProcess:
     """OpenSSH with the lab's key and known_hosts (or `known_hosts`), strict host key checking."""
     return subprocess.run(
-        ["ssh", "-i", str(lab_dir / "id_ed25519"),
-         "-o", f"UserKnownHostsFile={known_hosts or lab_dir / 'known_hosts'}",
-         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-         "-p", str(port), f"{user}@127.0.0.1", command],
-        capture_output=True, text=True, timeout=timeout)
+        [
+            "ssh",
+            "-i",
+            str(lab_dir / "id_ed25519"),
+            "-o",
+            f"UserKnownHostsFile={known_hosts or lab_dir / 'known_hosts'}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=10",
+            "-p",
+            str(port),
+            f"{user}@127.0.0.1",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def lab_out(lab, host: str, command: str) -> str:
@@ -84,12 +104,24 @@ def lab_out(lab, host: str, command: str) -> str:
 def k26ops(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None):
     """Run the real CLI in a subprocess (as a user would)."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "k26ops", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=REPO, input=input)
+    return subprocess.run(
+        [sys.executable, "-m", "k26ops", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=REPO,
+        input=input,
+    )
 
 
-def cli(*args: str, env: dict | None = None, timeout: float | None = None, input: str | None = None,
-        cwd: Path | str | None = None):
+def cli(
+    *args: str,
+    env: dict | None = None,
+    timeout: float | None = None,
+    input: str | None = None,
+    cwd: Path | str | None = None,
+):
     """Run the CLI in this process (no interpreter start: ~0.8 s saved a call), for
     tests that never reach a host. Same result as `k26ops()`: returncode, stdout,
     stderr. Keep `k26ops()` where the test needs a real process: signals, real
@@ -125,17 +157,18 @@ def cli(*args: str, env: dict | None = None, timeout: float | None = None, input
             for sig, handler in saved[2].items():
                 signal.signal(sig, handler)
             _forget_run_state()
-    return subprocess.CompletedProcess(["k26ops", *args], rc, out.getvalue().decode(errors="replace"),
-                                       err.getvalue().decode(errors="replace"))
+    return subprocess.CompletedProcess(
+        ["k26ops", *args], rc, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
+    )
 
 
 def _forget_run_state() -> None:
     """What one k26ops process keeps in module globals for its one run: a next
     in-process run must start as a fresh process would."""
-    from k26ops.transport import fleet
-    from k26ops.engine import units
     from k26ops.cli import jsonout
+    from k26ops.engine import units
     from k26ops.steps import release
+    from k26ops.transport import fleet
 
     fleet.interrupt_requested.clear()
     units.set_secret_policy()
@@ -168,6 +201,7 @@ LAB_RECIPE = REPO / "playbooks/recipes/lab.yml"
 def lab_base() -> str:
     """The lab recipe's engine base (sglang@<the lab fixture's commit>)."""
     from k26ops.release import recipe
+
     return recipe.load("lab").base
 
 
@@ -176,9 +210,11 @@ def harmless_patch(note: str) -> str:
     import sglang_release
 
     first = (sglang_release.site_packages() / "sglang/version.py").read_text().splitlines()[0]
-    return (f"Base: {lab_base()} (k26ops lab fixture)\n{note}\n"
-            "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-            f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops {note}\n")
+    return (
+        f"Base: {lab_base()} (k26ops lab fixture)\n{note}\n"
+        "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
+        f"@@ -1,1 +1,2 @@\n {first}\n+# k26ops {note}\n"
+    )
 
 
 def write_series(path: Path, lines: list[str]) -> Path:
@@ -244,8 +280,17 @@ def lab_kernel_log(tmp_path: Path, name: str, at: float, command: str | None = N
 def lab_bus_ids() -> str:
     """The lab nvidia-smi's `--query-gpu=index,pci.bus_id --format=csv,noheader`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_LAB_")}
-    p = subprocess.run([str(REPO / "k26ops" / "lab" / "fixtures" / "nvidia-smi"), "--query-gpu=index,pci.bus_id",
-                        "--format=csv,noheader"], capture_output=True, text=True, timeout=30, env=env)
+    p = subprocess.run(
+        [
+            str(REPO / "k26ops" / "lab" / "fixtures" / "nvidia-smi"),
+            "--query-gpu=index,pci.bus_id",
+            "--format=csv,noheader",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     return p.stdout
 
 
@@ -260,20 +305,38 @@ import yaml  # noqa: E402
 from k26ops.engine import units  # noqa: E402
 
 # Hostile path values: each would run `touch` if it reached a shell unquoted.
-HOSTILE = ["/tmp/a b", "/tmp/it's", '/tmp/"q"', "/tmp/$(touch /tmp/PWNED1)", "/tmp/x; touch /tmp/PWNED2",
-           "/tmp/`touch /tmp/PWNED3`", "/tmp/line\ntouch /tmp/PWNED4", "/tmp/$HOME|touch /tmp/PWNED5"]
+HOSTILE = [
+    "/tmp/a b",
+    "/tmp/it's",
+    '/tmp/"q"',
+    "/tmp/$(touch /tmp/PWNED1)",
+    "/tmp/x; touch /tmp/PWNED2",
+    "/tmp/`touch /tmp/PWNED3`",
+    "/tmp/line\ntouch /tmp/PWNED4",
+    "/tmp/$HOME|touch /tmp/PWNED5",
+]
 
 
 def git(repo: Path, *args: str) -> str:
     """git with a fixed author and date: the same files make the same commit (a build
     cache keyed by commit then serves every test that makes that engine)."""
-    env = {**os.environ, "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
-                          check=True, capture_output=True, text=True, env=env).stdout.strip()
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
 
 
-def tiny_engine(tmp_path: Path, version: str = "1.0", build_requires: str = '"setuptools>=61.0"',
-                deps: str = '"tqdm"') -> tuple[Path, str]:
+def tiny_engine(
+    tmp_path: Path, version: str = "1.0", build_requires: str = '"setuptools>=61.0"', deps: str = '"tqdm"'
+) -> tuple[Path, str]:
     """A tiny real Python project in a git repo (python/ subdir, like sglang's layout)."""
     repo = tmp_path / "engine-src"
     py = repo / "python"
@@ -281,7 +344,8 @@ def tiny_engine(tmp_path: Path, version: str = "1.0", build_requires: str = '"se
     (py / "tinyengine/__init__.py").write_text(f'__version__ = "{version}"\n')
     (py / "pyproject.toml").write_text(
         f'[build-system]\nrequires = [{build_requires}]\nbuild-backend = "setuptools.build_meta"\n\n'
-        f'[project]\nname = "tinyengine"\nversion = "{version}"\ndependencies = [{deps}]\n')
+        f'[project]\nname = "tinyengine"\nversion = "{version}"\ndependencies = [{deps}]\n'
+    )
     if not (repo / ".git").exists():
         subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     git(repo, "add", "-A")
@@ -297,8 +361,11 @@ def recipe_for(tmp_path: Path, url: str, commit: str) -> Path:
     doc = yaml.safe_load((REPO / "playbooks/recipes/lab.yml").read_text())
     doc["name"] = "mine"
     doc.pop("rehearsal", None)  # its config files live beside the shipped recipes
-    doc["engine"] = {"source": {"git": url, "commit": commit, "subdir": "python", "ref": "refs/heads/main"},
-                     "python": "3.11", "lock": "mine.lock"}
+    doc["engine"] = {
+        "source": {"git": url, "commit": commit, "subdir": "python", "ref": "refs/heads/main"},
+        "python": "3.11",
+        "lock": "mine.lock",
+    }
     doc["patches"]["series"] = str(d / "patches/series")
     text = "# my recipe\n" + yaml.safe_dump(doc, sort_keys=False)
     (d / "mine.yml").write_text(text)
@@ -315,26 +382,41 @@ def free_port() -> int:
 
 
 class Standin:
-    def __init__(self, tmp: Path, *flags: str, env: dict | None = None, python: str = sys.executable,
-                 **profile):
+    def __init__(self, tmp: Path, *flags: str, env: dict | None = None, python: str = sys.executable, **profile):
         self.port = free_port()
         self.out, self.err = tmp / f"out-{self.port}.log", tmp / f"err-{self.port}.log"
-        argv = units.engine_argv({"python": python, "model_path": "/models/Kimi-K2.6",
-                                  "draft_model_path": "/models/draft", "speculative_ddtree_budget": 32,
-                                  "speculative_dflash_block_size": 8, "cuda_graph_max_bs_decode": 8,
-                                  "port": self.port, "extra_args": list(flags), **profile})
+        argv = units.engine_argv(
+            {
+                "python": python,
+                "model_path": "/models/Kimi-K2.6",
+                "draft_model_path": "/models/draft",
+                "speculative_ddtree_budget": 32,
+                "speculative_dflash_block_size": 8,
+                "cuda_graph_max_bs_decode": 8,
+                "port": self.port,
+                "extra_args": list(flags),
+                **profile,
+            }
+        )
         argv[1:3] = [str(STANDIN)]  # the lab runs it as a module; here as a script
-        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                    "K26OPS_STANDIN_LOAD_SECONDS": "0.2", "SGLANG_CACHE_DIR": str(tmp / "engine-cache"),
-                    **(env or {})}
+        full_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "K26OPS_STANDIN_LOAD_SECONDS": "0.2",
+            "SGLANG_CACHE_DIR": str(tmp / "engine-cache"),
+            **(env or {}),
+        }
         with open(self.out, "w") as o, open(self.err, "w") as e:
             self.proc = subprocess.Popen(argv, stdout=o, stderr=e, env=full_env, stdin=subprocess.DEVNULL)
 
     def request(self, method: str, path: str, body: dict | None = None, timeout: float = 5):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                         headers={"Content-Type": "application/json"})
+            conn.request(
+                method,
+                path,
+                body=json.dumps(body) if body is not None else None,
+                headers={"Content-Type": "application/json"},
+            )
             resp = conn.getresponse()
             data = resp.read()
             return resp.status, (json.loads(data) if data and data[:1] in b"{[" else data.decode())
@@ -384,6 +466,7 @@ def parsed(path: Path) -> ast.Module:
 # -- private labs: booted by the `lab`/`scratch_lab` fixtures (conftest.py) and by tests that
 # need their own hosts; conftest marks a test that calls private_lab(...) `lab`.
 
+
 class RunningLab:
     def __init__(self, directory: Path, count: int, deployed: bool = False):
         from k26ops.lab.machines import Lab
@@ -416,11 +499,30 @@ def sglang_router(workdir: Path, *extra: str):
     port, key, log = free_port(), secrets.token_hex(12), workdir / "router.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # loopback only
     with open(log, "w") as out:
-        p = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                              "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                              str(free_port()), "--log-level", "warn", "--control-plane-api-keys",
-                              f"t:test:admin:{key}", *extra], env=env, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
+                "--log-level",
+                "warn",
+                "--control-plane-api-keys",
+                f"t:test:admin:{key}",
+                *extra,
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         end = time.monotonic() + 30
         while True:
@@ -499,14 +601,25 @@ def whole_file_seconds(run: dict[str, float], args: list[str], selected: bool) -
     if selected:
         return {}
     parts = {arg.split("::")[0] for arg in args if "::" in arg}
-    return {path: round(sec, 1) for path, sec in run.items()
-            if not any(path == p or p.endswith("/" + path) or path.endswith(p) for p in parts)}
+    return {
+        path: round(sec, 1)
+        for path, sec in run.items()
+        if not any(path == p or p.endswith("/" + path) or path.endswith(p) for p in parts)
+    }
 
 
 # --- The HTML report in a real browser (Debian's chromium, headless) --------------------------
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+)
 # Injected into a copy of the page (the report itself has no script): what the browser laid out.
 _MEASURE = """<script>
 const charts = [...document.querySelectorAll('figure[data-chart]')].map(f => {
@@ -547,11 +660,13 @@ def browse(page: Path, work: Path, width: int = 1000, height: int = 2400, phone:
 
     target, shown = measured, page
     if phone:
-        frame = ('<!DOCTYPE html><html><body style="margin:0">'
-                 f'<iframe id="f" src="{{}}" style="width:{width}px;height:{height}px;border:0"></iframe>'
-                 "<script>addEventListener('load', () => document.body.appendChild("
-                 "document.importNode(frames[0].document.getElementById('k26-measure'), true)));</script>"
-                 "</body></html>")
+        frame = (
+            '<!DOCTYPE html><html><body style="margin:0">'
+            f'<iframe id="f" src="{{}}" style="width:{width}px;height:{height}px;border:0"></iframe>'
+            "<script>addEventListener('load', () => document.body.appendChild("
+            "document.importNode(frames[0].document.getElementById('k26-measure'), true)));</script>"
+            "</body></html>"
+        )
         target, shown = work / "phone-measured.html", work / "phone.html"
         target.write_text(frame.format(measured.name))
         shown.write_text(frame.format(page.as_uri()).replace("<script>", "<!--").replace("</script>", "-->"))

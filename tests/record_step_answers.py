@@ -25,8 +25,8 @@ from labtools import cli, free_port_block  # noqa: E402
 
 
 def main(out: Path) -> None:
-    from k26ops.transport import ssh
     from k26ops.lab.machines import Lab
+    from k26ops.transport import ssh
 
     records: list[dict] = []
     phase = {"name": ""}
@@ -34,8 +34,16 @@ def main(out: Path) -> None:
 
     def recording(self, command, *, stdin=None, timeout=None, check=False):
         res = original(self, command, stdin=stdin, timeout=timeout, check=False)
-        records.append({"phase": phase["name"], "command": command, "stdin": stdin, "exited": res.exited,
-                        "stdout": res.stdout, "stderr": res.stderr})
+        records.append(
+            {
+                "phase": phase["name"],
+                "command": command,
+                "stdin": stdin,
+                "exited": res.exited,
+                "stdout": res.stdout,
+                "stderr": res.stderr,
+            }
+        )
         if check and not res.ok:
             raise ssh.CommandFailed(self.host.name, command, res)
         return res
@@ -46,12 +54,17 @@ def main(out: Path) -> None:
     try:
         lab.up(1, free_port_block(1), log=lambda m: None)
         env = {"K26OPS_INVENTORY": str(lab.inventory_file), "K26OPS_LAB_DIR": str(directory)}
-        for name, args in [("fresh-check", ["deploy", "--check"]), ("deploy", ["deploy"]),
-                           ("converged-check", ["deploy", "--check"]), ("provision-check", ["provision", "--check"])]:
+        for name, args in [
+            ("fresh-check", ["deploy", "--check"]),
+            ("deploy", ["deploy"]),
+            ("converged-check", ["deploy", "--check"]),
+            ("provision-check", ["provision", "--check"]),
+        ]:
             phase["name"] = name
             proc = cli("--json", *args, env=env)
-            records.append({"phase": name, "result": proc.returncode, "json": proc.stdout[-4000:],
-                            "stderr": proc.stderr[-2000:]})
+            records.append(
+                {"phase": name, "result": proc.returncode, "json": proc.stdout[-4000:], "stderr": proc.stderr[-2000:]}
+            )
             print(name, proc.returncode, file=sys.stderr)
     finally:
         lab.down(log=lambda m: None)

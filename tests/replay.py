@@ -16,8 +16,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from k26ops.transport import agents
 from k26ops.engine.host import lab_standin_text
+from k26ops.transport import agents
 from k26ops.transport.ssh import CommandFailed, Result
 
 CASES = Path(__file__).resolve().parent / "data" / "steps"
@@ -34,7 +34,7 @@ def _agents_by_command() -> dict[str, str]:
 def _resolve(value):
     """Recorded answers with `<sha256 of PATH>` placeholders filled in."""
     if isinstance(value, str) and value.startswith(_HASH_OF) and value.endswith(">"):
-        path = value[len(_HASH_OF):-1]
+        path = value[len(_HASH_OF) : -1]
         if path == STANDIN_PATH:  # installed with its recorded start phases filled in (enginehost)
             return hashlib.sha256(lab_standin_text().encode()).hexdigest()
         return hashlib.sha256((REPO / path).read_bytes()).hexdigest()
@@ -55,8 +55,9 @@ class Replay:
         self.commands = 0
         self._agents = _agents_by_command()
 
-    def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None,
-            check: bool = False) -> Result:
+    def run(
+        self, command: str, *, stdin: str | None = None, timeout: float | None = None, check: bool = False
+    ) -> Result:
         self.commands += 1
         name = self._agents.get(command)
         call = {"agent": name, "op": json.loads(stdin or "{}").get("op")} if name else {"command": command}
@@ -68,7 +69,9 @@ class Replay:
         if key != call:
             raise AssertionError(f"{self.host.name}: remote call {call}, the case expected {key}")
         if name:
-            answer = want["answer"] if "answer" in want else json.loads((CASES / want["answer_file"]).read_text())["answer"]
+            answer = (
+                want["answer"] if "answer" in want else json.loads((CASES / want["answer_file"]).read_text())["answer"]
+            )
             res = Result(want.get("exited", 0), "\n" + json.dumps(_resolve(answer)) + "\n", want.get("stderr", ""))
         else:
             res = Result(want.get("exited", 0), want.get("stdout", ""), want.get("stderr", ""))

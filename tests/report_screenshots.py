@@ -19,10 +19,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's k26ops, then lab
 
 import json  # noqa: E402
 
-from labtools import REPO, browse  # noqa: E402
-
 from k26ops.enginebench import figures as figs  # noqa: E402
 from k26ops.report import model, page  # noqa: E402
+from labtools import REPO, browse  # noqa: E402
 
 DATA = REPO / "tests/data/serving"
 NB = json.loads((DATA / "h200-bench-sglang.json").read_text())["hosts"]["h200"]["bench"]
@@ -31,10 +30,22 @@ OB = json.loads((DATA / "h200-bench-k26ops.json").read_text())["hosts"]["h200"][
 
 def gate_doc() -> dict:
     verdict = figs.gate_verdict(NB, OB, list(figs.DEFAULT_GATE), 5.0)
-    return {"command": "deploy", "hosts": {"h200": {
-        "status": "failed", "bench": NB,
-        "gate": {"tag": "k26-baseline", "baseline_host": "h200", "ok": verdict["ok"],
-                 "line": figs.gate_line("h200", verdict), **verdict}}}}
+    return {
+        "command": "deploy",
+        "hosts": {
+            "h200": {
+                "status": "failed",
+                "bench": NB,
+                "gate": {
+                    "tag": "k26-baseline",
+                    "baseline_host": "h200",
+                    "ok": verdict["ok"],
+                    "line": figs.gate_line("h200", verdict),
+                    **verdict,
+                },
+            }
+        },
+    }
 
 
 def small(img):

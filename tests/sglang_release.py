@@ -38,8 +38,10 @@ def wheel(version: str = "0.5.23") -> Path:
             found = sorted(dest.glob(f"sglang-{version}-*.whl")) if dest.exists() else []
             if not found:
                 dest.mkdir(parents=True, exist_ok=True)
-                subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                                "-d", str(dest), f"sglang=={version}"], check=True)
+                subprocess.run(
+                    [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), f"sglang=={version}"],
+                    check=True,
+                )
                 found = sorted(dest.glob(f"sglang-{version}-*.whl"))
     return found[0]
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from k26ops.transport import agenthub, agents
 from k26ops.host import ownership
 from k26ops.inventory import Host
+from k26ops.transport import agenthub, agents
 from k26ops.transport.ssh import LocalSession
 
 OPS = {("ownership", "states"), ("gather", "gather")}
@@ -35,8 +35,11 @@ def reads(session, tmp_path):
     (tmp_path / "root").mkdir(exist_ok=True)
     st = ownership.states(session, [(str(tmp_path / "root"), "root"), (str(tmp_path / "nope"), "releases")])
     cmds = [{"name": "echo", "command": "echo hello; echo err >&2; exit 3"}]
-    return st, agents.run(session, "gather", "gather", 30, commands=cmds), \
-        agents.run(session, "gather", "gather", 30, commands=cmds[:0])
+    return (
+        st,
+        agents.run(session, "gather", "gather", 30, commands=cmds),
+        agents.run(session, "gather", "gather", 30, commands=cmds[:0]),
+    )
 
 
 def test_a_runs_reads_are_one_command_with_the_same_answers(session, tmp_path):
@@ -49,8 +52,17 @@ def test_a_runs_reads_are_one_command_with_the_same_answers(session, tmp_path):
     assert direct[0] == [{"state": "empty", "foreign": [], "count": 0}, {"state": "absent"}]
     assert direct[1] == {"echo": {"rc": 3, "stdout": "hello\n", "stderr": "err\n"}}
     # an op the hub was not given runs as its own command
-    agents.run(session, "ownership", "releases", dir=str(tmp_path), kind="releases", names=[],
-               marker=ownership.MARKER, release_marker=ownership.RELEASE_MARKER, root_entries=[])
+    agents.run(
+        session,
+        "ownership",
+        "releases",
+        dir=str(tmp_path),
+        kind="releases",
+        names=[],
+        marker=ownership.MARKER,
+        release_marker=ownership.RELEASE_MARKER,
+        root_entries=[],
+    )
     assert session.commands == 2 and session.hub.calls == 3
 
 
@@ -81,13 +93,14 @@ def test_the_hub_and_its_caller_agree_on_the_answer_prefix():
 
 # --- a deploy gathers the standard facts its steps read, not every fact
 
+
 def test_a_deploy_gathers_what_its_checks_read_and_refuses_as_with_every_fact():
     import json
     from pathlib import Path
 
     from k26ops import facts as facts_mod
-    from k26ops.orchestrate import playbook
     from k26ops.host import preflight
+    from k26ops.orchestrate import playbook
     from k26ops.steps import toolchain
 
     names = playbook.fact_names(playbook.load("deploy"))
@@ -96,8 +109,11 @@ def test_a_deploy_gathers_what_its_checks_read_and_refuses_as_with_every_fact():
     data = Path(__file__).resolve().parent / "data"
     raw = json.loads((data / "steps" / "lab-gather-converged.json").read_text())["answer"]
     # the recorded lab host, its nvidia-smi -q replaced by a real-format one with GPUs that need a reset
-    raw["gpu_health"] = {"rc": 0, "stderr": "",
-                         "stdout": (data / "facts" / "constructed-h200-q-faults.txt").read_text()}
+    raw["gpu_health"] = {
+        "rc": 0,
+        "stderr": "",
+        "stdout": (data / "facts" / "constructed-h200-q-faults.txt").read_text(),
+    }
     extra = preflight.host_facts({})  # the facts of the host's layout, gathered by every deploy
     every, read = facts_mod.parse_results(raw, extra=extra), facts_mod.parse_results(raw, names, extra=extra)
     want = {"model_path": "/models/none", "drafter": None}

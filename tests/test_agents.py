@@ -16,20 +16,20 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from labtools import parsed
 
 from k26ops import shell
-from k26ops.transport import agents, ssh
 from k26ops.host import ownership
 from k26ops.inventory import Host
 from k26ops.release import wheelsource
+from k26ops.transport import agents, ssh
 from k26ops.transport.ssh import LocalSession
+from labtools import parsed
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = sorted(p for p in agents.DIR.glob("*.py") if p.name != "__init__.py")
@@ -64,6 +64,7 @@ def call(session, name, op, **req):
 
 
 # --- every agent: the oldest host Python's grammar, standard library only, runs standalone
+
 
 def imported(tree) -> set[str]:
     names = set()
@@ -156,6 +157,7 @@ def test_the_scan_finds_a_script_in_a_string(tmp_path):
 
 # --- ownership
 
+
 def release_dir(d: Path, name: str, how: str = "marker") -> Path:
     p = d / name
     p.mkdir(parents=True)
@@ -216,6 +218,7 @@ def test_ownership_delete_checks_again_on_the_host(host, tmp_path):
 
 # --- baseline (snapshot, rollback, drift)
 
+
 def deployed_release(root: Path, rid="r1"):
     site = root / rid / "venv" / "site-packages"
     (site / "pkg").mkdir(parents=True)
@@ -238,15 +241,15 @@ def test_baseline_probe_reads_release_hashes_unit_and_env(host, tmp_path):
     deployed_release(rels)
     unit = tmp_path / "k26.service"
     unit.write_text("[Service]\n")
-    out = hostscript.call(host, "probe", releases_root=str(rels), release=None, unit_path=str(unit),
-                          env_path=str(tmp_path / "absent.env"))
+    out = hostscript.call(
+        host, "probe", releases_root=str(rels), release=None, unit_path=str(unit), env_path=str(tmp_path / "absent.env")
+    )
     assert out["unit"] == "[Service]\n" and out["env"] is None
     rel = out["release"]
     assert rel["current"] == "r1" and rel["exists"] and rel["manifest"]["release_id"] == "r1"
     assert rel["hashes"] == {"pkg/mod.py": hashlib.sha256(b"patched = True\n").hexdigest()}
     assert rel["probe_files"] == []
-    out = hostscript.call(host, "probe", releases_root=str(rels), release="r0", unit_path=str(unit),
-                          env_path=str(unit))
+    out = hostscript.call(host, "probe", releases_root=str(rels), release="r0", unit_path=str(unit), env_path=str(unit))
     assert out["release"]["exists"] is False and out["current"]["release"] == "r1"
 
 
@@ -263,6 +266,7 @@ def test_baseline_release_content_is_packages_patches_and_bytes(tmp_path):
 
 # --- journal (diagnose service)
 
+
 def entry(inv, msg, own=True, ts=1):
     key = "_SYSTEMD_INVOCATION_ID" if own else "INVOCATION_ID"
     return json.dumps({key: inv, "MESSAGE": msg, "__REALTIME_TIMESTAMP": str(ts)})
@@ -273,11 +277,14 @@ def test_journal_picks_the_newest_failed_invocation():
     # CONSTRUCTED journal entries; the systemd lines are systemd's own wording
     # ("Main process exited, code=..., status=...", "Failed with result '...'").
     lines = [
-        entry("a", "Loading weights"), entry("a", "Traceback: boom", ts=2),
+        entry("a", "Loading weights"),
+        entry("a", "Traceback: boom", ts=2),
         entry("a", "k26.service: Main process exited, code=exited, status=1/FAILURE", own=False, ts=3),
         entry("a", "k26.service: Failed with result 'exit-code'.", own=False, ts=4),
-        entry("b", "serving"), entry("b", "k26.service: Main process exited, code=killed, status=15/TERM", own=False),
-        entry("c", "started"), "not json",
+        entry("b", "serving"),
+        entry("b", "k26.service: Main process exited, code=killed, status=15/TERM", own=False),
+        entry("c", "started"),
+        "not json",
         json.dumps({"_SYSTEMD_INVOCATION_ID": "c", "MESSAGE": list(b"bytes \xff line")}),
         entry("c", "k26.service: Failed with result 'timeout'.", own=False, ts=9),
         entry("d", "running"),
@@ -299,12 +306,14 @@ def test_a_requested_stop_that_ends_by_the_engines_own_sigkill_is_no_crash():
     "Stopping ..." that is the stop, not a crash; the same kill without a stop is one."""
     mod = load("journal")
     drain = (ROOT / "tests/data/drain/engine-cold-then-drain-h100.log").read_text().splitlines()[-4:]
-    stop = [entry("s", "The server is fired up and ready to roll!"),
-            entry("s", "Stopping k26-engine.service - SGLang engine (k26ops)...", own=False, ts=2),
-            *[entry("s", line, ts=3) for line in drain],
-            entry("s", "k26-engine.service: Main process exited, code=killed, status=9/KILL", own=False, ts=4),
-            entry("s", "k26-engine.service: Failed with result 'signal'.", own=False, ts=5),
-            entry("s", "Stopped k26-engine.service - SGLang engine (k26ops).", own=False, ts=6)]
+    stop = [
+        entry("s", "The server is fired up and ready to roll!"),
+        entry("s", "Stopping k26-engine.service - SGLang engine (k26ops)...", own=False, ts=2),
+        *[entry("s", line, ts=3) for line in drain],
+        entry("s", "k26-engine.service: Main process exited, code=killed, status=9/KILL", own=False, ts=4),
+        entry("s", "k26-engine.service: Failed with result 'signal'.", own=False, ts=5),
+        entry("s", "Stopped k26-engine.service - SGLang engine (k26ops).", own=False, ts=6),
+    ]
     out = mod.last_crash("\n".join(stop), {"InvocationID": "n"}, keep=5)
     assert out["crashes"] == 0 and "invocation" not in out
     killed = [line for line in stop if "Stopping" not in line]  # the same end with no stop asked: a crash
@@ -322,6 +331,7 @@ def test_journal_agent_runs_on_this_machine(host):
 
 
 # --- probe (diagnose probe)
+
 
 def test_probe_prepare_says_what_is_missing(host, tmp_path):
     from k26ops.diagnose import probe
@@ -346,8 +356,10 @@ def test_probe_prepare_says_what_is_missing(host, tmp_path):
 
 def test_probe_revert_without_a_probe_and_dropin_listing(tmp_path):
     mod = load("probe")
-    assert mod.probe_revert(str(tmp_path), str(tmp_path), str(tmp_path / "none")) == {"reverted": [],
-                                                                                    "had_probe": False}
+    assert mod.probe_revert(str(tmp_path), str(tmp_path), str(tmp_path / "none")) == {
+        "reverted": [],
+        "had_probe": False,
+    }
     sdir, site = tmp_path / "probe-state", tmp_path / "site"
     sdir.mkdir()
     site.mkdir()
@@ -360,6 +372,7 @@ def test_probe_revert_without_a_probe_and_dropin_listing(tmp_path):
 
 
 # --- wheelfetch (wheels from a relay)
+
 
 @pytest.fixture
 def relay(tmp_path):
@@ -473,8 +486,8 @@ def test_wheelfetch_a_silent_or_trickling_relay_fails_fast(host, tmp_path, monke
 
 
 def test_wheelfetch_ctrl_c_ends_the_fetch_and_its_agent_at_once(host, tmp_path):
-    from k26ops.transport.fleet import interrupt_requested
     from k26ops.steps import Interrupted
+    from k26ops.transport.fleet import interrupt_requested
 
     relay = Stalled("silent", every=0.1)  # READ_TIMEOUT (15 s) would end it later: Ctrl-C must not wait for it
     w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
@@ -505,8 +518,19 @@ def test_an_agent_printing_garbage_is_one_line_naming_host_and_agent(host, tmp_p
     noisy.write_text(f"#!/bin/sh\nhead -c 5000000 /dev/zero | tr '\\0' x; echo\nexec {sys.executable} \"$@\"\n")
     noisy.chmod(0o755)
     with pytest.raises(agents.AgentFailed) as e:
-        agents.run(host, "ownership", "state", 60, interpreter=str(noisy), dir=str(tmp_path), kind="root",
-                   names=[], marker="m", release_marker="r", root_entries=[])
+        agents.run(
+            host,
+            "ownership",
+            "state",
+            60,
+            interpreter=str(noisy),
+            dir=str(tmp_path),
+            kind="root",
+            names=[],
+            marker="m",
+            release_marker="r",
+            root_entries=[],
+        )
     assert str(e.value).startswith("ownership agent (state) on local printed more than 1 MiB: stopped reading")
     garbage = tmp_path / "python3-garbage"
     garbage.write_text("#!/bin/sh\nprintf 'Welcome to host\\n\\001\\002'\n")
@@ -517,12 +541,19 @@ def test_an_agent_printing_garbage_is_one_line_naming_host_and_agent(host, tmp_p
 
 # --- gather (facts)
 
+
 def test_gather_kills_a_command_past_its_timeout_with_its_children(host, tmp_path):
     pidfile = tmp_path / "child-pid"  # a background child that would sleep 60 s, off the agent's pipes
     child = f"sh -c 'echo $$ > {pidfile}; exec sleep 60' >/dev/null 2>&1 </dev/null"
-    out = call(host, "gather", "gather", commands=[
-        {"name": "slow", "command": f"{child} & sleep 30", "timeout": 0.5},
-        {"name": "env", "command": "echo $LC_ALL; cat", "timeout": 5}])
+    out = call(
+        host,
+        "gather",
+        "gather",
+        commands=[
+            {"name": "slow", "command": f"{child} & sleep 30", "timeout": 0.5},
+            {"name": "env", "command": "echo $LC_ALL; cat", "timeout": 5},
+        ],
+    )
     assert out["slow"]["rc"] == 124 and "timed out after 0.5 s" in out["slow"]["stderr"]
     assert out["env"] == {"rc": 0, "stdout": "C\n", "stderr": ""}
     pid = int(pidfile.read_text())
@@ -544,8 +575,12 @@ def test_gather_answers_the_python_version_itself_byte_for_byte(host):
     """The gather agent answers `python3 --version` from its own interpreter: the same bytes
     as the command under that interpreter (here sys.executable runs both), no second start."""
     cmd = f"{sys.executable} --version 2>&1"
-    out = call(host, "gather", "gather", commands=[{"name": "own", "command": "exit 9", "own": "python_version"},
-                                                   {"name": "ran", "command": cmd}])
+    out = call(
+        host,
+        "gather",
+        "gather",
+        commands=[{"name": "own", "command": "exit 9", "own": "python_version"}, {"name": "ran", "command": cmd}],
+    )
     assert out["own"] == out["ran"] and out["ran"]["stdout"].startswith("Python 3.")
 
 
@@ -556,8 +591,12 @@ def test_gather_answers_os_release_itself_byte_for_byte_and_runs_the_command_whe
 
     fact = FACTS["os_release"]
     assert fact.own == "os_release"
-    out = call(host, "gather", "gather", commands=[{"name": "own", "command": "exit 9", "own": "os_release"},
-                                                   {"name": "ran", "command": fact.command}])
+    out = call(
+        host,
+        "gather",
+        "gather",
+        commands=[{"name": "own", "command": "exit 9", "own": "os_release"}, {"name": "ran", "command": fact.command}],
+    )
     assert out["own"] == out["ran"] and "ID=" in out["ran"]["stdout"]
 
     def unreadable(*a, **k):
@@ -605,8 +644,12 @@ def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
     (rel / "r1" / "rehearse-probe-state" / "state.json").write_text("{}")
     assert same(current_fact(str(rel))) == "r1\n===\ncomplete\n===\ncurrent/rehearse-probe-state/state.json\n"
     from k26ops.steps.release import _current_and_complete
+
     assert _current_and_complete("r1\n===\ncomplete\n===\ncurrent/rehearse-probe-state/state.json\n") == {
-        "current": "r1", "complete": True, "probes": ["rehearse-probe-state"]}
+        "current": "r1",
+        "complete": True,
+        "probes": ["rehearse-probe-state"],
+    }
 
     tc = root / "toolchain"
     assert same(verified_fact(str(root))) == ""  # no toolchain dir
@@ -632,15 +675,23 @@ def test_gather_answers_file_facts_itself_byte_for_byte(tmp_path):
     assert same(drafter_fact(str(d))).endswith('config\n{"block_size": 16}')
 
     assert same(model_fact(str(m))).endswith("dir\n== k26ops-model files\n")
-    for name in ("model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors", "B.safetensors",
-                 "model.safetensors.index.json", ".hidden.safetensors", "README.md", "x.safetensors.bak",
-                 "é.safetensors"):
+    for name in (
+        "model-00002-of-00002.safetensors",
+        "model-00001-of-00002.safetensors",
+        "B.safetensors",
+        "model.safetensors.index.json",
+        ".hidden.safetensors",
+        "README.md",
+        "x.safetensors.bak",
+        "é.safetensors",
+    ):
         (m / name).write_text("w")
     (m / "config.json").write_text('{"model_type": "kimi_k2"}')
     out = same(model_fact(str(m)))
     assert '{"model_type": "kimi_k2"}\n' in out and out.endswith(
         "files\nB.safetensors\nmodel-00001-of-00002.safetensors\nmodel-00002-of-00002.safetensors\n"
-        "model.safetensors.index.json\né.safetensors\n"), out
+        "model.safetensors.index.json\né.safetensors\n"
+    ), out
 
 
 def test_hub_error_is_the_traceback_last_line_without_traceback():
@@ -648,8 +699,14 @@ def test_hub_error_is_the_traceback_last_line_without_traceback():
     import traceback
 
     hub = load("hub")
-    for exc in (KeyError("commands"), ValueError(), OSError(2, "No such file"), RuntimeError("a\nlast line"),
-                json_mod.JSONDecodeError("Expecting value", "x", 0), subprocess.TimeoutExpired(["sleep"], 1)):
+    for exc in (
+        KeyError("commands"),
+        ValueError(),
+        OSError(2, "No such file"),
+        RuntimeError("a\nlast line"),
+        json_mod.JSONDecodeError("Expecting value", "x", 0),
+        subprocess.TimeoutExpired(["sleep"], 1),
+    ):
         try:
             raise exc
         except Exception as e:
@@ -665,6 +722,7 @@ def test_gather_one_command_and_none():
 
 
 # --- engine
+
 
 def test_engine_write_is_atomic_and_leaves_the_same_text_alone(tmp_path):
     mod = load("engine")
@@ -684,8 +742,10 @@ def test_engine_names_a_crash_from_the_unit_state():
     base = {"MainPID": 10, "NRestarts": 0}
     assert mod.crashed({"ActiveState": "active", "SubState": "running", "MainPID": 10, "NRestarts": 0}, base) is None
     assert mod.crashed({"ActiveState": "failed", "Result": "exit-code"}, base) == "unit is failed (exit-code)"
-    assert mod.crashed({"ActiveState": "active", "SubState": "running", "MainPID": 11}, base) == \
-        "engine process 10 exited (now 11)"
+    assert (
+        mod.crashed({"ActiveState": "active", "SubState": "running", "MainPID": 11}, base)
+        == "engine process 10 exited (now 11)"
+    )
     assert mod.last_meaningful("a\nLoad weight begin\nnoise\n") == "Load weight begin"
 
 
@@ -698,8 +758,11 @@ def test_ownership_states_answers_several_dirs_in_one_call(host, tmp_path):
     host.run = lambda *a, **kw: calls.append(a) or real(*a, **kw)
     got = ownership.states(host, [(str(root), "root"), (str(rel), "releases"), (str(tmp_path / "no"), "releases")])
     assert len(calls) == 1
-    assert got == [ownership.state(host, str(root), "root"), ownership.state(host, str(rel), "releases"),
-                   {"state": "absent"}]
+    assert got == [
+        ownership.state(host, str(root), "root"),
+        ownership.state(host, str(rel), "releases"),
+        {"state": "absent"},
+    ]
     assert got[1]["state"] == "foreign"
 
 
@@ -717,13 +780,24 @@ def test_engine_converge_checks_health_and_smoke_only_when_nothing_differs(tmp_p
     mod.op_poll = lambda r: asked.append(("poll", r["window"])) or {"state": "healthy", "base": {"MainPID": 7}}
     mod.op_smoke = lambda r: asked.append(("smoke", r["base"])) or {"results": [], "failed": None, "crash": None}
     want = {"unit_sha": mod.sha256("[Service]\n"), "env_sha": mod.sha256("A=1\n"), "lab_module_sha": None}
-    req = {"unit": "k26.service", "unit_path": str(unit), "env_path": str(env), "current": str(tmp_path / "cur"),
-           "want": want, "poll": {"window": 2.0}, "smoke": {"prompt": "hi"}}
+    req = {
+        "unit": "k26.service",
+        "unit_path": str(unit),
+        "env_path": str(env),
+        "current": str(tmp_path / "cur"),
+        "want": want,
+        "poll": {"window": 2.0},
+        "smoke": {"prompt": "hi"},
+    }
     out = mod.op_converge(dict(req))
     assert out["converged"] and out["poll"]["state"] == "healthy" and out["smoke"]["failed"] is None
     assert asked == [("poll", 2.0), ("smoke", {"MainPID": 7})]
-    for changed in (lambda: unit.write_text("[Service]\nX=1\n"), lambda: os.chmod(env, 0o644),
-                    lambda: state.update(UnitFileState="disabled"), lambda: state.update(ActiveState="activating")):
+    for changed in (
+        lambda: unit.write_text("[Service]\nX=1\n"),
+        lambda: os.chmod(env, 0o644),
+        lambda: state.update(UnitFileState="disabled"),
+        lambda: state.update(ActiveState="activating"),
+    ):
         unit.write_text("[Service]\n")
         os.chmod(env, 0o600)
         state.update(UnitFileState="enabled", ActiveState="active")
@@ -736,10 +810,24 @@ def test_engine_converge_checks_health_and_smoke_only_when_nothing_differs(tmp_p
 
 def _standin(port: int, *extra: str, **env):
     script = Path(__file__).resolve().parents[1] / "k26ops/lab/fixtures/engine_standin.py"
-    p = subprocess.Popen([sys.executable, str(script), "--model-path", "/m", "--port", str(port),
-                          "--speculative-algorithm", "DFLASH", *extra], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env={**os.environ, "K26OPS_STANDIN_LOAD_SECONDS": "0", **env})
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            "--model-path",
+            "/m",
+            "--port",
+            str(port),
+            "--speculative-algorithm",
+            "DFLASH",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "K26OPS_STANDIN_LOAD_SECONDS": "0", **env},
+    )
     import urllib.request
+
     for _ in range(100):
         try:
             if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
@@ -759,6 +847,7 @@ def test_loadgen_accept_per_cell_from_counters_not_the_lifetime_average():
     port = free_port()
     p = _standin(port, "--enable-metrics", K26OPS_STANDIN_ACCEPT_LENGTH="4", K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED="2")
     try:
+
         def cell(temperature):
             before = loadgen.spec_counters("127.0.0.1", port)
             outs = [loadgen.one_request("127.0.0.1", port, "hello there", 64, temperature, 30) for _ in range(3)]
@@ -794,10 +883,14 @@ def test_loadgen_without_metrics_keeps_no_per_cell_figure():
         p.wait()
     assert loadgen.cell_accept((10.0, 5.0), (10.0, 5.0)) is None  # no verify step in the cell
     assert loadgen.LIFETIME.startswith("/server_info lifetime")
-    text = ('# TYPE sglang:generation_tokens_total counter\n'
-            'sglang:generation_tokens_total{engine_type="unified",model_name="m",is_streaming="true"} 120.0\n'
-            'sglang:generation_tokens_total{engine_type="unified",model_name="m",is_streaming="false"} 8.0\n'
-            'sglang:spec_verify_calls_total{engine_type="unified",model_name="m"} 40.0\n'
-            'sglang:spec_verify_calls_created{engine_type="unified",model_name="m"} 1.7e9\n')
-    assert loadgen.parse_counters(text) == {"sglang:generation_tokens_total": 128.0,
-                                            "sglang:spec_verify_calls_total": 40.0}
+    text = (
+        "# TYPE sglang:generation_tokens_total counter\n"
+        'sglang:generation_tokens_total{engine_type="unified",model_name="m",is_streaming="true"} 120.0\n'
+        'sglang:generation_tokens_total{engine_type="unified",model_name="m",is_streaming="false"} 8.0\n'
+        'sglang:spec_verify_calls_total{engine_type="unified",model_name="m"} 40.0\n'
+        'sglang:spec_verify_calls_created{engine_type="unified",model_name="m"} 1.7e9\n'
+    )
+    assert loadgen.parse_counters(text) == {
+        "sglang:generation_tokens_total": 128.0,
+        "sglang:spec_verify_calls_total": 40.0,
+    }

@@ -42,8 +42,10 @@ def host_state(lab) -> dict:
     cur = ssh(lab, "readlink /opt/k26ops/releases/current").strip()
     m = json.loads(ssh(lab, "cat /opt/k26ops/releases/current/manifest.json"))
     files = " ".join(f"{m['site_packages']}/{p}" for p in sorted(m["patched_files"]))
-    hashes = {line.split()[1][len(m["site_packages"]) + 1:]: line.split()[0]
-              for line in ssh(lab, f"sha256sum {files}").splitlines()}
+    hashes = {
+        line.split()[1][len(m["site_packages"]) + 1 :]: line.split()[0]
+        for line in ssh(lab, f"sha256sum {files}").splitlines()
+    }
     return {"release": cur, "hashes": hashes, "unit": ssh(lab, f"cat {UNIT}")}
 
 
@@ -68,8 +70,13 @@ def env(lab, tmp_path_factory):
     e = {**lab.env(), "K26OPS_INVENTORY": str(base), "K26OPS_BASELINES": str(d / "baselines")}
     yield {"env": e, "base": base, "changed": changed, "repo": d / "baselines"}
     # lab1 as the lab left it: no engine unit, no pins (releases are tolerated by the other tests)
-    lab_ssh(lab.dir, lab.port(HOST), "systemctl disable --now k26-engine.service; rm -f " + UNIT +
-            " /etc/k26ops/sglang.env /opt/k26ops/state/pinned-releases; systemctl daemon-reload")
+    lab_ssh(
+        lab.dir,
+        lab.port(HOST),
+        "systemctl disable --now k26-engine.service; rm -f "
+        + UNIT
+        + " /etc/k26ops/sglang.env /opt/k26ops/state/pinned-releases; systemctl daemon-reload",
+    )
 
 
 def deploy(env, inventory) -> dict:
@@ -88,8 +95,9 @@ def test_snapshot_records_the_running_engine(lab, env):
     deploy(env, env["base"])
     before = host_state(lab)
     t0 = time.monotonic()
-    rc, data = k26ops_json("--limit", HOST, "snapshot", "--tag", TAG, "-m", "stand-in healthy, before the probe",
-                           env=env["env"])
+    rc, data = k26ops_json(
+        "--limit", HOST, "snapshot", "--tag", TAG, "-m", "stand-in healthy, before the probe", env=env["env"]
+    )
     took = time.monotonic() - t0
     assert rc == 0, data
     print(f"\nsnapshot of 1 host: {took:.1f}s (command), {data['elapsed_s']}s inside")
@@ -115,6 +123,7 @@ def test_snapshot_records_the_running_engine(lab, env):
     assert manifest["release_id"] == before["release"] and manifest["packages"]["sglang"] == "0.5.23+lab"
     # provenance: the engine's source commit, wheel and lock, and the lock itself to rebuild from
     from k26ops.release import recipe as rc
+
     lab_recipe = rc.load("lab")
     eng = manifest["engine"]
     assert eng["base"] == lab_recipe.base and eng["source"]["commit"] == lab_recipe.git.commit
@@ -123,8 +132,9 @@ def test_snapshot_records_the_running_engine(lab, env):
     assert git(repo, "show", f"{TAG}:hosts/{HOST}/engine.lock") == lab_recipe.lock_path.read_text()
     assert f"lock   lab.lock  sha256 {eng['lock']['sha256']}" in shown
     for path, sha in before["hashes"].items():  # the patched sources themselves
-        blob = subprocess.run(["git", "-C", str(repo), "show", f"{TAG}:hosts/{HOST}/files/{path}"],
-                              capture_output=True, check=True).stdout
+        blob = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{TAG}:hosts/{HOST}/files/{path}"], capture_output=True, check=True
+        ).stdout
         assert hashlib.sha256(blob).hexdigest() == sha
     facts = json.loads(git(repo, "show", f"{TAG}:hosts/{HOST}/facts.json"))
     assert facts["gpu_count"] == 8 and facts["driver"]
@@ -143,8 +153,9 @@ def test_no_secret_anywhere_in_the_repository(lab, env):
     repo = env["repo"]
     assert TOKEN in ssh(lab, "cat /etc/k26ops/sglang.env")  # the host has it
     everything = git(repo, "log", "-p", "--all") + git(repo, "for-each-ref", "--format=%(contents)", "refs/tags")
-    objects = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch"],
-                             capture_output=True, check=True).stdout
+    objects = subprocess.run(
+        ["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch"], capture_output=True, check=True
+    ).stdout
     assert TOKEN not in everything and TOKEN.encode() not in objects
     assert not subprocess.run(["grep", "-rqF", TOKEN, str(repo)]).returncode == 0
 
@@ -153,9 +164,13 @@ def test_refusals_write_nothing(lab, env):
     repo = env["repo"]
     snap = refs(repo)
     cur = host_state(lab)
-    for args, why in ((["--tag", TAG], "already exists"), (["--tag", "bad..name"], "invalid tag name"),
-                      (["--tag", "a b"], "invalid tag name"), (["--tag", "-x"], "invalid tag name"),
-                      (["--tag", "x;rm -rf /"], "invalid tag name")):
+    for args, why in (
+        (["--tag", TAG], "already exists"),
+        (["--tag", "bad..name"], "invalid tag name"),
+        (["--tag", "a b"], "invalid tag name"),
+        (["--tag", "-x"], "invalid tag name"),
+        (["--tag", "x;rm -rf /"], "invalid tag name"),
+    ):
         proc = k26ops("--limit", HOST, "snapshot", *args, env=env["env"])
         assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
@@ -273,8 +288,14 @@ def apikey_lab(tmp_path_factory):
         inv["vars"]["engine_env"] = {"K26OPS_TEST_MARK": "after-the-snapshot"}  # another env file: a restart
         changed = d / "changed-inventory.yml"
         changed.write_text(yaml.safe_dump(inv))
-        yield {"lab": lab, "name": name, "port": inv["hosts"][name]["vars"]["engine_port"], "base": base,
-               "changed": changed, "env": {**lab.env(), "K26OPS_BASELINES": str(d / "baselines")}}
+        yield {
+            "lab": lab,
+            "name": name,
+            "port": inv["hosts"][name]["vars"]["engine_port"],
+            "base": base,
+            "changed": changed,
+            "env": {**lab.env(), "K26OPS_BASELINES": str(d / "baselines")},
+        }
 
 
 def test_rollback_to_an_engine_with_an_api_key_smokes_with_the_key(apikey_lab):
@@ -296,19 +317,25 @@ def test_rollback_to_an_engine_with_an_api_key_smokes_with_the_key(apikey_lab):
     env_file = lab_ssh(lab.dir, lab.port(name), "cat /etc/k26ops/sglang.env").stdout
     assert "K26OPS_TEST_MARK" not in env_file and API_KEY not in env_file  # the baseline's
     # the key, from the inventory, in the root-only file the unit passes with --config; never in the baseline
-    secrets = lab_ssh(lab.dir, lab.port(name), "stat -c '%a' /etc/k26ops/sglang-secrets.yaml; "
-                                                "cat /etc/k26ops/sglang-secrets.yaml").stdout
+    secrets = lab_ssh(
+        lab.dir, lab.port(name), "stat -c '%a' /etc/k26ops/sglang-secrets.yaml; cat /etc/k26ops/sglang-secrets.yaml"
+    ).stdout
     assert secrets.startswith("600\n") and f'api-key: "{API_KEY}"' in secrets, secrets
     repo = e["K26OPS_BASELINES"]
-    found = subprocess.run(["git", "-C", repo, "grep", "-l", "-F", API_KEY, "with-api-key"],
-                           capture_output=True, text=True)
-    files = subprocess.run(["git", "-C", repo, "ls-tree", "-r", "--name-only", "with-api-key"],
-                           capture_output=True, text=True, check=True).stdout
+    found = subprocess.run(
+        ["git", "-C", repo, "grep", "-l", "-F", API_KEY, "with-api-key"], capture_output=True, text=True
+    )
+    files = subprocess.run(
+        ["git", "-C", repo, "ls-tree", "-r", "--name-only", "with-api-key"], capture_output=True, text=True, check=True
+    ).stdout
     assert found.stdout == "" and "secrets" not in files and "/env/" in files, (found.stdout, files)
     # the engine really demands the key: a request without it is refused
-    script = ("import sys, urllib.request as u\ntry: u.urlopen(u.Request(sys.argv[1], data=b'{}'))\n"
-              "except Exception as e: print(getattr(e, 'code', e))")
+    script = (
+        "import sys, urllib.request as u\ntry: u.urlopen(u.Request(sys.argv[1], data=b'{}'))\n"
+        "except Exception as e: print(getattr(e, 'code', e))"
+    )
     import shlex
+
     probe = lab_ssh(lab.dir, lab.port(name), f"python3 -c {shlex.quote(script)} http://127.0.0.1:{t['port']}/generate")
     assert probe.stdout.strip() == "401", (probe.stdout, probe.stderr)
     assert API_KEY not in json.dumps(data)

@@ -28,29 +28,74 @@ RID = "sglang-0.5.23-lab-0123456789ab"
 
 def record(host: str, tag: str) -> dict:
     """A host record of the shape k26ops.baselines.snapshot writes."""
-    return {"host": host, "tag": tag, "taken_at": 1764600000.0, "release_id": RID,
-            "releases_root": "/opt/k26ops/releases", "site_packages": "venv/lib/python3.11/site-packages",
-            "unit": {"name": "k26-engine.service", "path": "/etc/systemd/system/k26-engine.service",
-                     "file": "unit/k26-engine.service", "sha256": "ab" * 32},
-            "env": {"path": "/etc/k26ops/sglang.env", "file": "env/sglang.env", "sha256_redacted": "cd" * 32,
-                    "secret_keys": ["HF_TOKEN"], "marker": "<redacted>"},
-            "patched_files": {"sglang/version.py": "ef" * 32}, "drift": None,
-            "engine": {"source": {"git": "file:///src/sglang", "commit": "1" * 40}},
-            "patches": [{"name": "0001-lab.patch"}], "shipped_series": ["0001-lab.patch"],
-            "engine_argv": ["/opt/k26ops/releases/current/venv/bin/python", "-m", "sglang.launch_server",
-                            "--port", "30000"], "cmdline": None, "health": "healthy",
-            "smoke": {"ok": True, "latency_s": 0.2, "spec_accept_length": 3.2}, "rebuildable": True,
-            "rebuild_check": "", "recipe_source": "playbooks/recipes/lab.yml"}
+    return {
+        "host": host,
+        "tag": tag,
+        "taken_at": 1764600000.0,
+        "release_id": RID,
+        "releases_root": "/opt/k26ops/releases",
+        "site_packages": "venv/lib/python3.11/site-packages",
+        "unit": {
+            "name": "k26-engine.service",
+            "path": "/etc/systemd/system/k26-engine.service",
+            "file": "unit/k26-engine.service",
+            "sha256": "ab" * 32,
+        },
+        "env": {
+            "path": "/etc/k26ops/sglang.env",
+            "file": "env/sglang.env",
+            "sha256_redacted": "cd" * 32,
+            "secret_keys": ["HF_TOKEN"],
+            "marker": "<redacted>",
+        },
+        "patched_files": {"sglang/version.py": "ef" * 32},
+        "drift": None,
+        "engine": {"source": {"git": "file:///src/sglang", "commit": "1" * 40}},
+        "patches": [{"name": "0001-lab.patch"}],
+        "shipped_series": ["0001-lab.patch"],
+        "engine_argv": [
+            "/opt/k26ops/releases/current/venv/bin/python",
+            "-m",
+            "sglang.launch_server",
+            "--port",
+            "30000",
+        ],
+        "cmdline": None,
+        "health": "healthy",
+        "smoke": {"ok": True, "latency_s": 0.2, "spec_accept_length": 3.2},
+        "rebuildable": True,
+        "rebuild_check": "",
+        "recipe_source": "playbooks/recipes/lab.yml",
+    }
 
 
 def bench(tok_s: float = 200.0, accept: float = 3.2) -> dict:
     """A stored bench of the shape k26ops.enginebench.run.run_host returns."""
     stat = lambda v: {"median": v, "min": v, "max": v, "n": 1}  # noqa: E731
-    return {"generator": "k26ops-loadgen", "generator_why": "", "elapsed_s": 3.0,
-            "spec": {"concurrency": [1], "temperatures": [0.0], "input_len": 64, "output_len": 32,
-                     "num_prompts": 8, "runs": 1, "seed": 0, "generator": "auto"},
-            "cells": [{"concurrency": 1, "temperature": 0.0, "failed_requests": 0, "accept_source": "server_info",
-                       "figures": {"tok/s": stat(tok_s), "accept": stat(accept)}}]}
+    return {
+        "generator": "k26ops-loadgen",
+        "generator_why": "",
+        "elapsed_s": 3.0,
+        "spec": {
+            "concurrency": [1],
+            "temperatures": [0.0],
+            "input_len": 64,
+            "output_len": 32,
+            "num_prompts": 8,
+            "runs": 1,
+            "seed": 0,
+            "generator": "auto",
+        },
+        "cells": [
+            {
+                "concurrency": 1,
+                "temperature": 0.0,
+                "failed_requests": 0,
+                "accept_source": "server_info",
+                "figures": {"tok/s": stat(tok_s), "accept": stat(accept)},
+            }
+        ],
+    }
 
 
 def take(repo: Baselines, tag: str, hosts=("lab1",), broken: dict | None = None) -> None:
@@ -61,11 +106,15 @@ def take(repo: Baselines, tag: str, hosts=("lab1",), broken: dict | None = None)
         files[f"hosts/{h}/bench.json"] = json.dumps(bench()).encode()
         files[f"hosts/{h}/unit/k26-engine.service"] = b"[Service]\nExecStart=/bin/true\n"
         files[f"hosts/{h}/env/sglang.env"] = b"HF_TOKEN=<redacted>\n"
-        files[f"hosts/{h}/recipe.yml"] = b"engine: {source: {git: 'file:///src/sglang', commit: '" + b"1" * 40 + b"'}}\n"
+        files[f"hosts/{h}/recipe.yml"] = (
+            b"engine: {source: {git: 'file:///src/sglang', commit: '" + b"1" * 40 + b"'}}\n"
+        )
         files[f"hosts/{h}/engine.lock"] = b"# lock\n"
         files[f"hosts/{h}/patches/0001-lab.patch"] = b""
-    index = {"tag": tag, "hosts": {h: {"release_id": RID, "health": "healthy", "spec_accept_length": 3.2}
-                                   for h in hosts}}
+    index = {
+        "tag": tag,
+        "hosts": {h: {"release_id": RID, "health": "healthy", "spec_accept_length": 3.2} for h in hosts},
+    }
     files["baseline.json"] = json.dumps(index).encode()
     files.update(broken or {})
     repo.commit_snapshot(files, f"snapshot {tag}", tag, f"baseline {tag}")
@@ -79,8 +128,8 @@ def repo(tmp_path):
 
 
 BROKEN = {
-    "index-not-json": ("baseline.json", b"{\"hosts\": {"),
-    "index-hosts-list": ("baseline.json", b"{\"hosts\": [1, 2]}"),
+    "index-not-json": ("baseline.json", b'{"hosts": {'),
+    "index-hosts-list": ("baseline.json", b'{"hosts": [1, 2]}'),
     "record-not-json": ("hosts/lab1/baseline.json", b"\x00garbage"),
     "record-no-unit": ("hosts/lab1/baseline.json", json.dumps({**record("lab1", "bad"), "unit": None}).encode()),
     "bench-nan": ("hosts/lab1/bench.json", json.dumps(bench(tok_s=math.nan)).encode()),
@@ -115,7 +164,7 @@ def test_a_broken_file_names_its_tag_and_file_and_the_other_tags_still_read(repo
 
 
 def test_rollback_prepares_a_good_tag_beside_a_broken_one_and_refuses_the_broken(repo, tmp_path):
-    take(repo, "bad", broken={"hosts/lab1/baseline.json": b"{\"release_id\": 7}"})
+    take(repo, "bad", broken={"hosts/lab1/baseline.json": b'{"release_id": 7}'})
     (tmp_path / "w1").mkdir()
     per_host = rollback.host_baselines(repo, "good", ["lab1"], tmp_path / "w1")
     assert per_host["lab1"]["record"]["release_id"] == RID
@@ -139,13 +188,17 @@ def inventory(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("args", [["bench", "--compare", "bad"],
-                                  ["deploy", "--canary", "1", "--gate", "bad"],
-                                  ["rollback", "--tag", "bad"]],
-                         ids=["bench-compare", "gate", "rollback"])
+@pytest.mark.parametrize(
+    "args",
+    [["bench", "--compare", "bad"], ["deploy", "--canary", "1", "--gate", "bad"], ["rollback", "--tag", "bad"]],
+    ids=["bench-compare", "gate", "rollback"],
+)
 def test_cli_commands_needing_a_broken_tag_exit_2_in_one_line(repo, tmp_path, args):
-    take(repo, "bad", broken={"hosts/lab1/bench.json": json.dumps(bench(tok_s=math.nan)).encode(),
-                              "hosts/lab1/baseline.json": b"{"})
+    take(
+        repo,
+        "bad",
+        broken={"hosts/lab1/bench.json": json.dumps(bench(tok_s=math.nan)).encode(), "hosts/lab1/baseline.json": b"{"},
+    )
     proc = cli("-i", str(inventory(tmp_path)), *args, "--baselines", str(repo.path), timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -153,8 +206,10 @@ def test_cli_commands_needing_a_broken_tag_exit_2_in_one_line(repo, tmp_path, ar
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("measured,stored", [(math.nan, 200.0), (200.0, math.nan), (math.inf, 200.0),
-                                             (None, 200.0), (200.0, 0.0), ("fast", 200.0)])
+@pytest.mark.parametrize(
+    "measured,stored",
+    [(math.nan, 200.0), (200.0, math.nan), (math.inf, 200.0), (None, 200.0), (200.0, 0.0), ("fast", 200.0)],
+)
 def test_the_gate_fails_closed_on_a_figure_it_cannot_compare(measured, stored):
     cur, base = bench(), bench(tok_s=stored)
     cur["cells"][0]["figures"]["tok/s"]["median"] = measured
@@ -179,7 +234,7 @@ def test_the_gate_still_passes_and_fails_on_real_numbers():
 
 
 def test_baselines_list_shows_every_tag_and_names_the_broken_one(repo):
-    take(repo, "bad", broken={"baseline.json": b"{\"hosts\": {\"lab1\": {\"release_id\": null}}}"})
+    take(repo, "bad", broken={"baseline.json": b'{"hosts": {"lab1": {"release_id": null}}}'})
     proc = cli("--json", "baselines", "list", "--baselines", str(repo.path), timeout=120)
     rc, doc = cli_json("baselines", "list", "--baselines", str(repo.path), timeout=120)  # the one shape
     assert rc == 0 and proc.returncode == 0, (proc.stdout, proc.stderr)
@@ -204,8 +259,10 @@ def test_a_damaged_git_object_is_one_line_and_spoils_only_its_tag(repo, tmp_path
         proc = cli("-i", str(inventory(tmp_path)), *args, "--baselines", str(repo.path), timeout=120)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and "baseline tag later: hosts/lab1/baseline.json: a git object of" in lines[0], \
-            (args, proc.stderr)
+        assert len(lines) == 1 and "baseline tag later: hosts/lab1/baseline.json: a git object of" in lines[0], (
+            args,
+            proc.stderr,
+        )
         assert f"git -C {repo.path} fsck" in lines[0]
     warned = []
     index = drift.load_index(repo.path, warn=warned.append)

@@ -49,8 +49,11 @@ def current(lab) -> str:
 def untouched(lab, env) -> tuple:
     """Everything delete/repin could change: the repository's refs and the host's pins and current."""
     repo = env["repo"]
-    return (git(repo, "for-each-ref") + git(repo, "rev-parse", "HEAD") + git(repo, "status", "--porcelain"),
-            ssh(lab, f"cat {PINS}; ls -la {PINS}"), current(lab))
+    return (
+        git(repo, "for-each-ref") + git(repo, "rev-parse", "HEAD") + git(repo, "status", "--porcelain"),
+        ssh(lab, f"cat {PINS}; ls -la {PINS}"),
+        current(lab),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +62,7 @@ def env(lab, tmp_path_factory):
     d = tmp_path_factory.mktemp("delete")
     found = lab_ssh(lab.dir, lab.port(HOST), f"cat {PINS}")
     inv = yaml.safe_load(lab.inventory.read_text())
-    inv["hosts"][HOST]["vars"].update(engine_port=free_port_block(1, start=41000, stop=45000),
-                                      releases_root=RELEASES)
+    inv["hosts"][HOST]["vars"].update(engine_port=free_port_block(1, start=41000, stop=45000), releases_root=RELEASES)
     base = d / "inventory.yml"
     base.write_text(yaml.safe_dump(inv))
     inv["vars"]["recipe"] = str(recipe_with_extra_patch(d, "delete-test"))
@@ -78,11 +80,14 @@ def env(lab, tmp_path_factory):
         assert state["r1"] != state["r2"]
         yield state
     finally:
-        restore = (f"printf %s {shlex.quote(found.stdout)} > {PINS}" if found.returncode == 0 else f"rm -f {PINS}")
-        lab_ssh(lab.dir, lab.port(HOST),
-                f"systemctl disable --now k26-engine.service; rm -f {UNIT} /etc/k26ops/sglang.env; "
-                f"rm -rf {RELEASES} /opt/k26ops/state/service; {restore}; systemctl daemon-reload; "
-                "systemctl reset-failed k26-engine.service 2>/dev/null; true")
+        restore = f"printf %s {shlex.quote(found.stdout)} > {PINS}" if found.returncode == 0 else f"rm -f {PINS}"
+        lab_ssh(
+            lab.dir,
+            lab.port(HOST),
+            f"systemctl disable --now k26-engine.service; rm -f {UNIT} /etc/k26ops/sglang.env; "
+            f"rm -rf {RELEASES} /opt/k26ops/state/service; {restore}; systemctl daemon-reload; "
+            "systemctl reset-failed k26-engine.service 2>/dev/null; true",
+        )
 
 
 def test_delete_older_tag_unpins_only_its_release(lab, env):
@@ -162,7 +167,9 @@ def test_unreachable_host_keeps_the_deletion_and_repin_fixes_it(lab, env):
     assert list(data["hosts"]) == [HOST] and data["hosts"][HOST]["status"] == "unreachable", data
     assert HOST in data["stale_pins"] and "Traceback" not in proc.stderr
     assert f"{HOST}: pins not rewritten" in proc.stderr
-    assert f"k26ops baselines repin --limit {HOST}" in proc.stderr and "do not run `baselines delete` again" in proc.stderr
+    assert (
+        f"k26ops baselines repin --limit {HOST}" in proc.stderr and "do not run `baselines delete` again" in proc.stderr
+    )
     assert git(env["repo"], "tag", "--list").split() == []  # the deletion stands (control-node state)
     assert r2 in pins(lab)  # stale: the host was not reached
     proc = k26ops("--limit", HOST, "baselines", "repin", env=env["env"])

@@ -17,15 +17,13 @@ from k26ops.cli import cli
 from k26ops.host.lock import HostLock, HostLocked
 from k26ops.inventory import load
 from k26ops.transport.ssh import connect, q
-from labtools import k26ops, k26ops_json, lab_ssh
-from labtools import HOSTILE
+from labtools import HOSTILE, k26ops, k26ops_json, lab_ssh
 
 USER = "k26"
 NOPASSWD = f"{USER} ALL=(ALL) NOPASSWD:ALL"
 UNIT = "k26-engine.service"
 MARK = "/var/tmp/k26-become-mark"
-SUDO_PASSWORD = (f"sudo -n failed for user {USER}: a password is required "
-                 f"(become needs passwordless sudo for this user)")
+SUDO_PASSWORD = f"sudo -n failed for user {USER}: a password is required (become needs passwordless sudo for this user)"
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +43,12 @@ def _cli(*args):
 
 # ------------------------------------------------------------- inventory field
 
+
 def test_native_become_from_host_group_and_all_vars(tmp_path):
-    inv = load(_write(tmp_path, """\
+    inv = load(
+        _write(
+            tmp_path,
+            """\
 vars: {become: true}
 hosts:
   a: {address: 10.0.0.1}
@@ -57,7 +59,9 @@ groups:
   cpu:
     hosts: [c, d]
     vars: {become: false}
-"""))
+""",
+        )
+    )
     assert {n: h.become for n, h in inv.hosts.items()} == {"a": True, "b": False, "c": False, "d": True}
     assert inv.hosts["a"].origins["become"] == "all, var become, line 1"
     assert inv.hosts["b"].origins["become"] == "host, var become, line 4"
@@ -66,48 +70,59 @@ groups:
 
 def test_ansible_become_words_precedence_and_notes():
     inv = load(Path(__file__).parent / "data/inventories/ansible-become.yml")
-    assert {n: h.become for n, h in inv.hosts.items()} == \
-        {"g1": True, "g2": False, "g3": True, "c1": False, "c2": True}
-    assert any(n.startswith("ansible_become_password is ignored: k26ops never sends a sudo password")
-               for n in inv.hosts["g3"].notes)
+    assert {n: h.become for n, h in inv.hosts.items()} == {"g1": True, "g2": False, "g3": True, "c1": False, "c2": True}
+    assert any(
+        n.startswith("ansible_become_password is ignored: k26ops never sends a sudo password")
+        for n in inv.hosts["g3"].notes
+    )
     assert inv.warnings == []
 
 
 def test_ansible_become_jinja_is_kept_off_with_a_note(tmp_path):
-    inv = load(_write(tmp_path, "all:\n  hosts:\n    a:\n      ansible_become: \"{{ x }}\"\n"))
+    inv = load(_write(tmp_path, 'all:\n  hosts:\n    a:\n      ansible_become: "{{ x }}"\n'))
     assert inv.hosts["a"].become is False
     assert any(n.startswith("become is a Jinja expression, not evaluated") for n in inv.hosts["a"].notes)
 
 
 def test_inventory_list_and_show_say_become(tmp_path):
-    path = _write(tmp_path, "hosts:\n  a: {address: 10.0.0.1, user: ubuntu, become: true}\n"
-                            "  b: {address: 10.0.0.2, user: ubuntu}\n")
+    path = _write(
+        tmp_path,
+        "hosts:\n  a: {address: 10.0.0.1, user: ubuntu, become: true}\n  b: {address: 10.0.0.2, user: ubuntu}\n",
+    )
     doc = json.loads(_cli("-i", str(path), "--json", "inventory", "list").stdout)
     assert (doc["hosts"]["a"]["become"], doc["hosts"]["b"]["become"]) == (True, False)
     out = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["-i", str(path), "inventory", "list"]).stdout
     assert "ubuntu (become)" in out and out.count("(become)") == 1
     out = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["-i", str(path), "inventory", "show", "a"]).stdout
-    assert any("become" in line and "True" in line and "host, var become, line 2" in line
-               for line in out.splitlines()), out
+    assert any(
+        "become" in line and "True" in line and "host, var become, line 2" in line for line in out.splitlines()
+    ), out
 
 
 BAD = {
     # name: (inventory text, expected message after "k26ops: error: {path}")
-    "native string": ("hosts:\n  a:\n    address: 10.0.0.1\n    become: \"yes\"\n",
-                      ":4: host 'a': become must be true or false, got 'yes' (from host, become)"),
-    "native integer": ("hosts:\n  a: {address: 10.0.0.1}\ngroups:\n  g:\n    hosts: [a]\n"
-                       "    vars:\n      become: 1\n",
-                       ":7: host 'a': become must be true or false, got 1 (from group g, become)"),
-    "ansible word": ("all:\n  hosts:\n    a:\n      ansible_become: maybe\n",
-                     ":4: host 'a': become must be true or false, got 'maybe' (from host, ansible_become)"),
-    "ansible method": ("all:\n  vars:\n    ansible_become: true\n    ansible_become_method: su\n"
-                       "  hosts:\n    a:\n",
-                       ":4: host 'a': ansible_become_method 'su' is not supported: k26ops becomes root "
-                       "with sudo, so only 'sudo' (from all, ansible_become_method)"),
-    "ansible user": ("all:\n  hosts:\n    a:\n      ansible_become: yes\n"
-                     "      ansible_become_user: postgres\n",
-                     ":5: host 'a': ansible_become_user 'postgres' is not supported: k26ops becomes "
-                     "root with sudo, so only 'root' (from host, ansible_become_user)"),
+    "native string": (
+        'hosts:\n  a:\n    address: 10.0.0.1\n    become: "yes"\n',
+        ":4: host 'a': become must be true or false, got 'yes' (from host, become)",
+    ),
+    "native integer": (
+        "hosts:\n  a: {address: 10.0.0.1}\ngroups:\n  g:\n    hosts: [a]\n    vars:\n      become: 1\n",
+        ":7: host 'a': become must be true or false, got 1 (from group g, become)",
+    ),
+    "ansible word": (
+        "all:\n  hosts:\n    a:\n      ansible_become: maybe\n",
+        ":4: host 'a': become must be true or false, got 'maybe' (from host, ansible_become)",
+    ),
+    "ansible method": (
+        "all:\n  vars:\n    ansible_become: true\n    ansible_become_method: su\n  hosts:\n    a:\n",
+        ":4: host 'a': ansible_become_method 'su' is not supported: k26ops becomes root "
+        "with sudo, so only 'sudo' (from all, ansible_become_method)",
+    ),
+    "ansible user": (
+        "all:\n  hosts:\n    a:\n      ansible_become: yes\n      ansible_become_user: postgres\n",
+        ":5: host 'a': ansible_become_user 'postgres' is not supported: k26ops becomes "
+        "root with sudo, so only 'root' (from host, ansible_become_user)",
+    ),
 }
 
 
@@ -122,6 +137,7 @@ def test_bad_become_is_one_line_naming_file_line_and_value(name, tmp_path):
 
 # ------------------------------------------------------------- on a lab host
 
+
 def root(lab, command: str) -> str:
     res = lab_ssh(lab.dir, lab.hosts[0].port, command)
     assert res.returncode == 0, (command, res.stdout, res.stderr)
@@ -132,13 +148,17 @@ def add_user(lab, sudoers: str | None) -> None:
     """User k26 logging in with the lab's key; `sudoers`: its drop-in rule, if any."""
     pub = (lab.dir / "id_ed25519.pub").read_text().strip()
     home = f"/home/{USER}"
-    script = (f"set -e; useradd -m -s /bin/bash {USER}; install -d -m 700 -o {USER} -g {USER} {home}/.ssh; "
-              f"printf '%s\\n' {q(pub)} > {home}/.ssh/authorized_keys; "
-              f"chown {USER}:{USER} {home}/.ssh/authorized_keys; chmod 600 {home}/.ssh/authorized_keys")
+    script = (
+        f"set -e; useradd -m -s /bin/bash {USER}; install -d -m 700 -o {USER} -g {USER} {home}/.ssh; "
+        f"printf '%s\\n' {q(pub)} > {home}/.ssh/authorized_keys; "
+        f"chown {USER}:{USER} {home}/.ssh/authorized_keys; chmod 600 {home}/.ssh/authorized_keys"
+    )
     if sudoers:  # sudo skips names with a dot: the temp file is never read
-        script += (f"; printf '%s\\n' {q(sudoers)} > /etc/sudoers.d/.{USER}.tmp; "
-                   f"visudo -cf /etc/sudoers.d/.{USER}.tmp; chmod 440 /etc/sudoers.d/.{USER}.tmp; "
-                   f"mv /etc/sudoers.d/.{USER}.tmp /etc/sudoers.d/{USER}")
+        script += (
+            f"; printf '%s\\n' {q(sudoers)} > /etc/sudoers.d/.{USER}.tmp; "
+            f"visudo -cf /etc/sudoers.d/.{USER}.tmp; chmod 440 /etc/sudoers.d/.{USER}.tmp; "
+            f"mv /etc/sudoers.d/.{USER}.tmp /etc/sudoers.d/{USER}"
+        )
     root(lab, script)
     login = lab_ssh(lab.dir, lab.hosts[0].port, "id -un", user=USER)
     assert login.stdout.strip() == USER, login.stderr
@@ -151,8 +171,9 @@ def mark(lab) -> None:
 def changed_since_mark(lab) -> list[str]:
     """Every file written since mark(), but the journal and /run (where logging in
     and sudo itself leave their records)."""
-    out = root(lab, f"find / /tmp /dev/shm -xdev -newer {MARK} ! -path '/var/log/journal*' ! -path /run "
-                    "2>/dev/null | sort")
+    out = root(
+        lab, f"find / /tmp /dev/shm -xdev -newer {MARK} ! -path '/var/log/journal*' ! -path /run 2>/dev/null | sort"
+    )
     return out.split()
 
 
@@ -188,10 +209,10 @@ def test_deploy_as_a_sudoer_with_become(scratch_lab, tmp_path):
     assert (rc, doc["hosts"]["lab1"]["status"]) == (0, "changed"), doc
     assert root(lab, f"systemctl is-active {UNIT}").strip() == "active"
     # everything k26ops wrote is root's: commands and uploads ran as root
-    assert root(lab, f"find /opt/k26ops /etc/k26ops /etc/systemd/system/{UNIT} "
-                     f"! -user root -o ! -group root") == ""
-    assert root(lab, "stat -c '%U %a' /etc/k26ops/sglang.env /opt/k26ops/releases/current/manifest.json"
-                     ).split("\n")[:2] == ["root 600", "root 644"]
+    assert root(lab, f"find /opt/k26ops /etc/k26ops /etc/systemd/system/{UNIT} ! -user root -o ! -group root") == ""
+    assert root(lab, "stat -c '%U %a' /etc/k26ops/sglang.env /opt/k26ops/releases/current/manifest.json").split("\n")[
+        :2
+    ] == ["root 600", "root 644"]
     # ... through sudo, by k26 (sudo logs every command it runs)
     assert f"{USER} : PWD=" in root(lab, "journalctl --no-pager -q _COMM=sudo | tail -n 50")
     # no upload temp files left (the login user's, nor root's beside the targets); lock released
@@ -238,8 +259,9 @@ def test_hostile_values_survive_quoting_under_sudo(scratch_lab, tmp_path):
         proc = k26ops("-i", str(inv), "facts")
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "host 'lab1'" in proc.stderr
     odd = "/srv/m=1,x+y@z/K2.6_b-c"  # every character a path may hold, measured as the literal path
-    rc, doc = k26ops_json("-i", str(k26_inventory(lab, tmp_path, "odd", True, model_path=odd, releases_root=odd)),
-                          "facts")
+    rc, doc = k26ops_json(
+        "-i", str(k26_inventory(lab, tmp_path, "odd", True, model_path=odd, releases_root=odd)), "facts"
+    )
     assert rc == 0, doc
     facts = doc["hosts"]["lab1"]["facts"]
     assert facts["user"] == {"uid": 0, "name": "root", "error": None}
@@ -248,7 +270,7 @@ def test_hostile_values_survive_quoting_under_sudo(scratch_lab, tmp_path):
     host = load(k26_inventory(lab, tmp_path, "session", True)).hosts["lab1"]
     session = connect(host)
     try:
-        for value in HOSTILE + ["it's \"quoted\" \\ $HOME %s `id` \t end"]:
+        for value in HOSTILE + ['it\'s "quoted" \\ $HOME %s `id` \t end']:
             assert session.run(f"printf '%s' {q(value)}").stdout == value
             assert session.run("cat", stdin=value).stdout == value
         weird = "/root/it's a $(touch PWNED9) `touch PWNED10`; name"
@@ -257,8 +279,10 @@ def test_hostile_values_survive_quoting_under_sudo(scratch_lab, tmp_path):
         assert session.run("id -un").stdout.strip() == "root"
     finally:
         session.close()
-    assert root(lab, f"stat -c '%U %a %s' {q(weird)} {q(weird + '.py')}").split("\n")[:2] == \
-        ["root 640 5", f"root 600 {Path(__file__).stat().st_size}"]
+    assert root(lab, f"stat -c '%U %a %s' {q(weird)} {q(weird + '.py')}").split("\n")[:2] == [
+        "root 640 5",
+        f"root 600 {Path(__file__).stat().st_size}",
+    ]
     assert root(lab, "find / /tmp -xdev -name 'PWNED*'") == ""
     assert not list(Path("/tmp").glob("PWNED*"))
     assert root(lab, "find / /tmp -xdev \\( -name 'k26ops-put.*' -o -name '*.k26ops-tmp-*' \\) -print") == ""

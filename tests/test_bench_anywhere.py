@@ -31,15 +31,17 @@ def test_no_bench_folder_shadows_an_imported_package():
 
 
 def test_converged_bench_says_how_to_install_a_missing_ansible_core():
-    code = ("import sys, importlib.metadata as m\n"
-            "real = m.version\n"
-            "def version(name):\n"
-            "    if name == 'ansible-core': raise m.PackageNotFoundError(name)\n"
-            "    return real(name)\n"
-            "m.version = version\n"
-            f"sys.path.insert(0, {str(BENCH)!r})\n"
-            "import converged\n"
-            "converged.ensure_ansible()\n")
+    code = (
+        "import sys, importlib.metadata as m\n"
+        "real = m.version\n"
+        "def version(name):\n"
+        "    if name == 'ansible-core': raise m.PackageNotFoundError(name)\n"
+        "    return real(name)\n"
+        "m.version = version\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        "import converged\n"
+        "converged.ensure_ansible()\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "needs ansible-core" in proc.stderr and "pip install 'ansible-core>=2.16'" in proc.stderr, proc.stderr

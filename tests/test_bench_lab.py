@@ -18,10 +18,9 @@ import time
 import pytest
 import yaml
 
-from labtools import REPO, browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
-
 from k26ops.enginebench import accept
 from k26ops.lab import gpufaults
+from labtools import REPO, browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 HOSTS = ("lab1", "lab2")
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16
@@ -38,8 +37,12 @@ FACTS = REPO / "tests/data/facts"
 
 
 def knobs(toks: float) -> dict:
-    return {"K26OPS_STANDIN_DECODE_TOKS": str(toks), "K26OPS_STANDIN_TTFT_MS": str(TTFT_MS),
-            "K26OPS_STANDIN_ACCEPT_LENGTH": str(ACCEPT), "K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED": str(ACCEPT_SAMPLED)}
+    return {
+        "K26OPS_STANDIN_DECODE_TOKS": str(toks),
+        "K26OPS_STANDIN_TTFT_MS": str(TTFT_MS),
+        "K26OPS_STANDIN_ACCEPT_LENGTH": str(ACCEPT),
+        "K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED": str(ACCEPT_SAMPLED),
+    }
 
 
 def ssh(lab, host: str, cmd: str) -> str:
@@ -64,19 +67,30 @@ def env(lab, tmp_path_factory):
     # nvidia-smi -q and the kernel log answer as the real healthy H200's did (lab fixtures): the deploy
     # reads GPU health before and after its steps
     for h in HOSTS:
-        ssh(lab, h, gpufaults.install(smi_q=(FACTS / "h200-nvidia-smi-q.txt").read_text(),
-                                      kernel_log=(FACTS / "h200-dmesg-nvrm-healthy.txt").read_text()))
+        ssh(
+            lab,
+            h,
+            gpufaults.install(
+                smi_q=(FACTS / "h200-nvidia-smi-q.txt").read_text(),
+                kernel_log=(FACTS / "h200-dmesg-nvrm-healthy.txt").read_text(),
+            ),
+        )
     yield {"env": e, "base": base, "slower": slower, "dir": d}
     for h in HOSTS:
-        lab_ssh(lab.dir, lab.port(h), f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
-                                      "/opt/k26ops/state/pinned-releases; systemctl daemon-reload; "
-                                      + gpufaults.clear())
+        lab_ssh(
+            lab.dir,
+            lab.port(h),
+            f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
+            "/opt/k26ops/state/pinned-releases; systemctl daemon-reload; " + gpufaults.clear(),
+        )
 
 
 def engine_state(lab, host: str) -> dict:
-    return {"release": ssh(lab, host, "readlink /opt/k26ops/releases/current").strip(),
-            "env": ssh(lab, host, f"cat {ENV_FILE}"),
-            "pid": ssh(lab, host, "systemctl show -p MainPID --value k26-engine.service").strip()}
+    return {
+        "release": ssh(lab, host, "readlink /opt/k26ops/releases/current").strip(),
+        "env": ssh(lab, host, f"cat {ENV_FILE}"),
+        "pid": ssh(lab, host, "systemctl show -p MainPID --value k26-engine.service").strip(),
+    }
 
 
 def expected(c: int) -> dict:
@@ -90,8 +104,19 @@ def test_bench_reports_what_the_standin_was_told(lab, env):
     for h in HOSTS:  # the health facts gathered again after a deploy that changed the host: nothing new
         if data["hosts"][h]["status"] == "changed":
             assert data["hosts"][h]["gpu_changes"] == [], data["hosts"][h]
-    rc, data = k26ops_json("--limit", "lab1", "bench", "--concurrency", "1,4", "--temperatures", "0,0.7",
-                           "--runs", "3", *SHORT, env=env["env"])
+    rc, data = k26ops_json(
+        "--limit",
+        "lab1",
+        "bench",
+        "--concurrency",
+        "1,4",
+        "--temperatures",
+        "0,0.7",
+        "--runs",
+        "3",
+        *SHORT,
+        env=env["env"],
+    )
     assert rc == 0, data
     b = data["hosts"]["lab1"]["bench"]
     assert b["generator"] == "k26ops loadgen"  # the lab release has no torch: bench_serving cannot import
@@ -101,7 +126,16 @@ def test_bench_reports_what_the_standin_was_told(lab, env):
     for (c, t), cell in cells.items():
         f = {k: v["median"] for k, v in cell["figures"].items()}
         want = expected(c)
-        assert set(f) == {"tok/s", "req/s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p99_ms", "accept"}
+        assert set(f) == {
+            "tok/s",
+            "req/s",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "itl_p50_ms",
+            "itl_p99_ms",
+            "e2e_p99_ms",
+            "accept",
+        }
         for name in ("tok/s", "req/s"):
             assert want[name] * (1 - SLOW) <= f[name] <= want[name] * (1 + FAST), (c, t, name, f)
         assert f["itl_p50_ms"] == pytest.approx(want["itl_p50_ms"], rel=TOL), (c, t, f)
@@ -116,16 +150,31 @@ def test_bench_reports_what_the_standin_was_told(lab, env):
         assert told - 1 < sum((i + 1) * n for i, n in enumerate(hist)) / sum(hist) <= told, (c, t, hist)
         assert 0.8 < accept.by_position(hist)[0] <= 1.0
     # the human output says which generator ran and shows every cell
-    proc = k26ops("--limit", "lab1", "bench", "--concurrency", "1", "--temperatures", "0", "--runs", "2", *SHORT,
-                  env=env["env"])
+    proc = k26ops(
+        "--limit", "lab1", "bench", "--concurrency", "1", "--temperatures", "0", "--runs", "2", *SHORT, env=env["env"]
+    )
     assert proc.returncode == 0, proc.stderr
     assert "generator k26ops loadgen" in proc.stdout and "c1/t0" in proc.stdout and "output tok/s" in proc.stdout
 
 
 def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env, tmp_path):
     for tag in ("bench-old", "bench-new"):
-        rc, data = k26ops_json("--limit", ",".join(HOSTS), "snapshot", "--tag", tag, "--bench",
-                               "--concurrency", "1", "--temperatures", "0", "--runs", "2", *SHORT, env=env["env"])
+        rc, data = k26ops_json(
+            "--limit",
+            ",".join(HOSTS),
+            "snapshot",
+            "--tag",
+            tag,
+            "--bench",
+            "--concurrency",
+            "1",
+            "--temperatures",
+            "0",
+            "--runs",
+            "2",
+            *SHORT,
+            env=env["env"],
+        )
         assert rc == 0, data
         assert {h: data["hosts"][h]["bench"] for h in HOSTS} == {h: "k26ops loadgen" for h in HOSTS}
     rc, shown = k26ops_json("baselines", "show", "bench-old", env=env["env"])
@@ -136,8 +185,21 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env, tmp_pa
     proc = k26ops("baselines", "show", "bench-old", env=env["env"])
     assert proc.returncode == 0 and "generator k26ops loadgen" in proc.stdout and "c1/t0" in proc.stdout
     assert "median of 2 run(s)" in proc.stdout
-    rc, data = k26ops_json("--limit", "lab1", "bench", "--compare", "bench-old", "--concurrency", "1",
-                           "--temperatures", "0", "--runs", "1", *SHORT, env=env["env"])
+    rc, data = k26ops_json(
+        "--limit",
+        "lab1",
+        "bench",
+        "--compare",
+        "bench-old",
+        "--concurrency",
+        "1",
+        "--temperatures",
+        "0",
+        "--runs",
+        "1",
+        *SHORT,
+        env=env["env"],
+    )
     assert rc == 0, data
     cmp = data["hosts"]["lab1"]["compare"]
     rows = {r["figure"]: r for r in cmp["rows"]}
@@ -145,8 +207,23 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env, tmp_pa
     assert rows["tok/s@c1/t0"]["baseline"] == tok["median"] and abs(rows["tok/s@c1/t0"]["change_pct"]) < 2 * TOL * 100
     assert cmp["settings_differ"] == []
     page = tmp_path / "bench.html"
-    proc = k26ops("--limit", "lab1", "bench", "--compare", "bench-old", "--concurrency", "1", "--temperatures", "0",
-                  "--runs", "1", *SHORT, "--report", str(page), env=env["env"])
+    proc = k26ops(
+        "--limit",
+        "lab1",
+        "bench",
+        "--compare",
+        "bench-old",
+        "--concurrency",
+        "1",
+        "--temperatures",
+        "0",
+        "--runs",
+        "1",
+        *SHORT,
+        "--report",
+        str(page),
+        env=env["env"],
+    )
     assert proc.returncode == 0 and "lab1 vs bench-old" in proc.stdout and "%" in proc.stdout, proc.stdout
     assert f"report written to {page}" in proc.stderr
     # `k26ops report` from the saved --json run; opened in a browser, new beside the baseline
@@ -165,7 +242,9 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env, tmp_pa
     assert [c["name"] for c in laid["charts"]][5] == start
     assert len(laid["charts"]) == 6 and all(c["width"] > 500 and c["drawn"] > 10 for c in laid["charts"]), laid
     by_pos = "acceptance rate per draft position"
-    assert all("bench-old" in c["text"] and "new" in c["text"] for c in laid["charts"] if c["name"] not in (by_pos, start))
+    assert all(
+        "bench-old" in c["text"] and "new" in c["text"] for c in laid["charts"] if c["name"] not in (by_pos, start)
+    )
     # a saved run carries the baseline's compared figures only; bench --compare's own page has its stored
     # bench whole, the engine's accept histogram included
     svg = re.search(f'data-chart="{by_pos}">(.*?)</figure>', page.read_text(), re.S).group(1)
@@ -190,8 +269,18 @@ def test_snapshot_stores_bench_and_compare_against_an_older_tag(lab, env, tmp_pa
 
 
 def test_gate_passes_an_unchanged_engine_and_goes_on(lab, env):
-    rc, data = k26ops_json("--limit", ",".join(HOSTS), "deploy", "--canary", "1", "--gate", "bench-old",
-                           "--gate-threshold", "25", env=env["env"])
+    rc, data = k26ops_json(
+        "--limit",
+        ",".join(HOSTS),
+        "deploy",
+        "--canary",
+        "1",
+        "--gate",
+        "bench-old",
+        "--gate-threshold",
+        "25",
+        env=env["env"],
+    )
     assert rc == 0, data
     g = data["hosts"]["lab1"]["gate"]
     assert g["ok"] and {c["figure"] for c in g["checked"]} == {"tok/s@c1/t0", "accept@c1/t0"}
@@ -201,8 +290,21 @@ def test_gate_passes_an_unchanged_engine_and_goes_on(lab, env):
 def test_gate_rolls_back_a_slower_canary(lab, env, tmp_path):
     before = {h: engine_state(lab, h) for h in HOSTS}
     page = tmp_path / "gate.html"
-    proc = k26ops("--json", "-i", str(env["slower"]), "--limit", ",".join(HOSTS), "deploy", "--canary", "1",
-                  "--gate", "bench-old", "--report", str(page), env=env["env"])
+    proc = k26ops(
+        "--json",
+        "-i",
+        str(env["slower"]),
+        "--limit",
+        ",".join(HOSTS),
+        "deploy",
+        "--canary",
+        "1",
+        "--gate",
+        "bench-old",
+        "--report",
+        str(page),
+        env=env["env"],
+    )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     data = json.loads(proc.stdout)
     # the one stop line (per-host progress lines, `lab1: failed ...`, are progress, not the verdict)

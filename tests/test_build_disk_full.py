@@ -5,9 +5,9 @@ a local session: the build's output naming ENOSPC on any line, or the filesystem
 from __future__ import annotations
 
 from k26ops.inventory.model import Host
-from k26ops.transport.ssh import LocalSession
 from k26ops.steps import HostContext
 from k26ops.steps.release import disk_full
+from k26ops.transport.ssh import LocalSession
 
 
 def _ctx() -> HostContext:
@@ -16,9 +16,11 @@ def _ctx() -> HostContext:
 
 
 def test_a_build_that_ran_out_of_space_says_disk_full(tmp_path):
-    lines = ["Error: Command '['venv/bin/python', '-m', 'ensurepip']' returned non-zero exit status 1.",
-             "OSError: [Errno 28] No space left on device: 'venv/lib/python3.11/site-packages/pip'",
-             "exit status 1"]
+    lines = [
+        "Error: Command '['venv/bin/python', '-m', 'ensurepip']' returned non-zero exit status 1.",
+        "OSError: [Errno 28] No space left on device: 'venv/lib/python3.11/site-packages/pip'",
+        "exit status 1",
+    ]
     said = disk_full(_ctx(), str(tmp_path), lines)
     assert said and said.startswith("disk full (") and f"MiB free on {tmp_path}): OSError: [Errno 28]" in said, said
     assert "\n" not in said

@@ -15,12 +15,15 @@ import yaml
 from labtools import cli, k26ops
 
 
-@pytest.mark.parametrize("args", [
-    ["--version"],
-    ["deploy", "--bogus"],                          # click's usage error: one line, exit 2
-    ["--json", "-i", "/nonexistent/inv.yml", "status"],  # UserError under --json: the document on stdout
-    ["status", "--json", "--forks=0"],                 # --json after the command, a bad value
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--version"],
+        ["deploy", "--bogus"],  # click's usage error: one line, exit 2
+        ["--json", "-i", "/nonexistent/inv.yml", "status"],  # UserError under --json: the document on stdout
+        ["status", "--json", "--forks=0"],  # --json after the command, a bad value
+    ],
+)
 def test_in_process_answers_as_the_real_process(args):
     real, here = k26ops(*args, env={"COLUMNS": "120"}), cli(*args, env={"COLUMNS": "120"})
     assert (here.returncode, here.stdout, here.stderr) == (real.returncode, real.stdout, real.stderr)
@@ -28,17 +31,30 @@ def test_in_process_answers_as_the_real_process(args):
 
 def test_a_call_leaves_no_state_for_the_next(tmp_path):
     inv = tmp_path / "inv.yml"
-    inv.write_text(yaml.safe_dump({"vars": {"secret_vars": ["MY_PASSPHRASE"]},
-                                   "hosts": {"gpu1": {"address": "127.0.0.1", "port": 9}}}))
-    before = (dict(os.environ), os.getcwd(), list(sys.argv),
-              signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP))
+    inv.write_text(
+        yaml.safe_dump(
+            {"vars": {"secret_vars": ["MY_PASSPHRASE"]}, "hosts": {"gpu1": {"address": "127.0.0.1", "port": 9}}}
+        )
+    )
+    before = (
+        dict(os.environ),
+        os.getcwd(),
+        list(sys.argv),
+        signal.getsignal(signal.SIGTERM),
+        signal.getsignal(signal.SIGHUP),
+    )
     proc = cli("--json", "inventory", "list", env={"K26OPS_INVENTORY": str(inv), "K26OPS_X": "1"})
     assert proc.returncode == 0, proc.stderr
-    from k26ops.engine import units
     from k26ops.cli import jsonout
+    from k26ops.engine import units
 
-    assert (dict(os.environ), os.getcwd(), list(sys.argv),
-            signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+    assert (
+        dict(os.environ),
+        os.getcwd(),
+        list(sys.argv),
+        signal.getsignal(signal.SIGTERM),
+        signal.getsignal(signal.SIGHUP),
+    ) == before
     assert not units.EXTRA_SECRET_NAMES and jsonout.CURRENT["command"] == ""
     # the next call does not see the first one's --json nor its inventory
     again = cli("inventory", "list")

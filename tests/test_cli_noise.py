@@ -24,8 +24,14 @@ def _host_options(*cmd: str) -> set[str]:
 
 
 def test_inventory_limit_forks_only_where_they_mean_something():
-    for cmd in (["lab", "up"], ["diagnose", "log"], ["engine", "lock"], ["baselines", "show"],
-                ["baselines", "list"], ["inventory", "vars"]):
+    for cmd in (
+        ["lab", "up"],
+        ["diagnose", "log"],
+        ["engine", "lock"],
+        ["baselines", "show"],
+        ["baselines", "list"],
+        ["inventory", "vars"],
+    ):
         assert _host_options(*cmd) == set(), cmd
     assert _host_options("inventory", "list") == {"--inventory", "--limit"}
     assert _host_options("inventory", "show") == {"--inventory"}
@@ -42,8 +48,10 @@ def test_help_gives_the_baselines_default_the_code_uses():
     for cmd in ("deploy", "bench", "snapshot", "rollback"):
         text = " ".join(cli(cmd, "--help", env={"K26OPS_BASELINES": ""}).stdout.split())
         assert "./baselines" not in text, cmd
-        assert ("$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines"
-                in text), (cmd, text)
+        assert "$K26OPS_BASELINES, else the config file's `baselines`, else ~/.local/share/k26ops/baselines" in text, (
+            cmd,
+            text,
+        )
 
 
 def test_a_lab_started_with_dir_is_found_by_later_commands(lab, tmp_path):
@@ -53,8 +61,9 @@ def test_a_lab_started_with_dir_is_found_by_later_commands(lab, tmp_path):
     env = {"K26OPS_LAB_DIR": "", "K26OPS_INVENTORY": "", "XDG_STATE_HOME": str(tmp_path / "state")}
     before = k26ops("--json", "inventory", "list", env=env)
     assert before.returncode == 2 and "no inventory" in before.stderr, before.stderr
-    up = k26ops("lab", "up", "--hosts", str(len(lab.hosts)), "--dir", str(lab.dir), "--base-port",
-                str(lab.base_port), env=env)  # already up: nothing booted, the directory remembered
+    up = k26ops(
+        "lab", "up", "--hosts", str(len(lab.hosts)), "--dir", str(lab.dir), "--base-port", str(lab.base_port), env=env
+    )  # already up: nothing booted, the directory remembered
     assert up.returncode == 0, up.stderr
     listed = k26ops("--json", "inventory", "list", env=env)
     assert listed.returncode == 0, listed.stderr

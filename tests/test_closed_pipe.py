@@ -21,8 +21,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import private_lab
-from labtools import REPO, free_port_block, harmless_patch, k26ops_json, lab_recipe_copy, lab_ssh, write_series
+from labtools import (
+    REPO,
+    free_port_block,
+    harmless_patch,
+    k26ops_json,
+    lab_recipe_copy,
+    lab_ssh,
+    private_lab,
+    write_series,
+)
 
 RELEASES = "/opt/k26ops/releases"
 UNIT = "k26-engine.service"
@@ -70,9 +78,13 @@ def inv(solo, tmp_path):
 def deploy_into_closed_pipe(inv: Path, pb: Path, close_after: str) -> tuple[subprocess.Popen, float, list[str]]:
     """`k26ops deploy 2>&1 | reader`: the reader closes the pipe after the first line
     containing `close_after`; (process, seconds from the close to its exit, lines read)."""
-    proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", str(inv), "--deadline", "150",
-                             "deploy", "--playbook", str(pb)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k26ops", "-i", str(inv), "--deadline", "150", "deploy", "--playbook", str(pb)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     lines = []
     try:
         while True:
@@ -113,9 +125,11 @@ def test_a_closed_pipe_ends_the_deploy_fast_with_the_host_on_one_engine(solo, in
     assert proc.returncode == 141, (proc.returncode, lines)
     time.sleep(1)
     after = engine_state(solo)
-    print(f"closed after {close_after!r}: exit {proc.returncode} {took:.1f}s after the close; "
-          f"current {'old' if after['current'] == before['current'] else 'new'}, engine pid "
-          f"{'same' if after['pid'] == before['pid'] else 'new'}")
+    print(
+        f"closed after {close_after!r}: exit {proc.returncode} {took:.1f}s after the close; "
+        f"current {'old' if after['current'] == before['current'] else 'new'}, engine pid "
+        f"{'same' if after['pid'] == before['pid'] else 'new'}"
+    )
     assert after["active"] == "active", after
     assert not ssh(solo, f"ls -a {RELEASES} | grep -c '^.current.tmp$'; true").strip("0\n"), "left .current.tmp"
     if after["current"] == before["current"]:  # the old engine: untouched, or restored and restarted

@@ -25,8 +25,13 @@ all:
 
 def complete(words: list[str], env: dict | None = None) -> list[str]:
     """What bash gets for the last word (click's bash_complete protocol)."""
-    full = {**{k: None for k in os.environ if k.startswith("K26OPS_")}, "COMP_WORDS": " ".join(["k26ops", *words]),
-            "COMP_CWORD": str(len(words)), "_K26OPS_COMPLETE": "bash_complete", **(env or {})}
+    full = {
+        **{k: None for k in os.environ if k.startswith("K26OPS_")},
+        "COMP_WORDS": " ".join(["k26ops", *words]),
+        "COMP_CWORD": str(len(words)),
+        "_K26OPS_COMPLETE": "bash_complete",
+        **(env or {}),
+    }
     proc = k26ops_cli(env=full)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     return [line.split(",", 1)[1] for line in proc.stdout.splitlines() if line]
@@ -48,7 +53,16 @@ def test_host_patterns_function(tmp_path):
     inv.write_text(INVENTORY)
     ctx = cli.make_context("k26ops", ["-i", str(inv)], resilient_parsing=True)
     assert [c.value for c in host_patterns(ctx, None, "")] == [
-        "b300", "b300-01", "b300-02", "gpu", "monitoring", "rtx", "rtx01", "ungrouped", "all"]
+        "b300",
+        "b300-01",
+        "b300-02",
+        "gpu",
+        "monitoring",
+        "rtx",
+        "rtx01",
+        "ungrouped",
+        "all",
+    ]
     assert [c.value for c in host_patterns(ctx, None, "b300:!b300-0")] == ["b300:!b300-01", "b300:!b300-02"]
 
 

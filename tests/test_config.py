@@ -16,8 +16,6 @@ from k26ops.cli import cli, hoist_global_flags
 from labtools import cli as k26ops_cli
 
 
-
-
 def _show(*args, env=None) -> dict:
     res = CliRunner().invoke(cli, hoist_global_flags([*args, "config", "show", "--json"]), env=env)
     assert res.exit_code == 0, res.output
@@ -69,25 +67,30 @@ def test_without_a_file_baselines_are_in_the_home_directory_never_the_cwd(tmp_pa
 def test_the_recipes_dir_from_the_file_the_environment_or_the_default(conf, tmp_path, monkeypatch):
     monkeypatch.delenv("K26OPS_RECIPES", raising=False)
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    assert _show()["settings"]["recipes"] == {"value": str(tmp_path / "home/.config/k26ops/recipes"),
-                                              "source": "default"}
+    assert _show()["settings"]["recipes"] == {
+        "value": str(tmp_path / "home/.config/k26ops/recipes"),
+        "source": "default",
+    }
     conf.write_text(conf.read_text() + 'recipes = "recipes"\n')
     assert _show()["settings"]["recipes"] == {"value": str(conf.parent / "recipes"), "source": f"config {conf}"}
     s = _show(env={"K26OPS_RECIPES": str(tmp_path / "r")})["settings"]
     assert s["recipes"] == {"value": str(tmp_path / "r"), "source": "env K26OPS_RECIPES"}
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("fork = 4\n", "unknown setting 'fork' (did you mean forks?)"),
-    ("forks = 0\n", "forks must be 1..512, got 0"),
-    ("forks = 2.5\n", "forks must be an integer"),
-    ("deadline = nan\n", "deadline must be >= 1, got nan"),
-    ("inventory = 3\n", "inventory must be a path string"),
-    ("forks = \n", "not valid TOML"),
-    ("# defaults\nforks = 4\n\ndeadline = -1\n", "deadline must be >= 1"),
-    ("forks = 4\n[inventory]\n", "inventory must be a path string"),
-    ("forks = 4\nbaselines = \"a\"\nforks =\n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("fork = 4\n", "unknown setting 'fork' (did you mean forks?)"),
+        ("forks = 0\n", "forks must be 1..512, got 0"),
+        ("forks = 2.5\n", "forks must be an integer"),
+        ("deadline = nan\n", "deadline must be >= 1, got nan"),
+        ("inventory = 3\n", "inventory must be a path string"),
+        ("forks = \n", "not valid TOML"),
+        ("# defaults\nforks = 4\n\ndeadline = -1\n", "deadline must be >= 1"),
+        ("forks = 4\n[inventory]\n", "inventory must be a path string"),
+        ('forks = 4\nbaselines = "a"\nforks =\n', "not valid TOML"),
+    ],
+)
 def test_a_bad_config_file_is_one_line_naming_file_and_line_exit_2(tmp_path, monkeypatch, text, needle):
     path = tmp_path / "config.toml"
     path.write_text(text)
@@ -107,6 +110,7 @@ def test_lab_down_and_help_work_with_a_bad_config_file_others_refuse(tmp_path, m
 
     def k26(*args):
         return k26ops_cli(*args, env=env, cwd=tmp_path)
+
     for args in (["lab", "down", "--dir", str(tmp_path / "nolab")], ["deploy", "--help"], ["lab", "down", "-h"]):
         res = k26(*args)
         assert res.returncode == 0 and "Traceback" not in res.stderr, (args, res.stderr)
@@ -114,9 +118,12 @@ def test_lab_down_and_help_work_with_a_bad_config_file_others_refuse(tmp_path, m
         assert len(warning) == 1 and f"{path}:2: not valid TOML" in warning[0], (args, res.stderr)
     assert "Usage: k26ops deploy" in k26("deploy", "--help").stdout
     res = k26("facts")
-    assert res.returncode == 2 and res.stderr == f"k26ops: error: {path}:2: not valid TOML: " \
-        "Invalid value (at end of document); to run without the file: K26OPS_CONFIG=/dev/null k26ops ...\n", \
-        res.stderr  # the way round it said (issue 42)
+    assert (
+        res.returncode == 2
+        and res.stderr
+        == f"k26ops: error: {path}:2: not valid TOML: "
+        "Invalid value (at end of document); to run without the file: K26OPS_CONFIG=/dev/null k26ops ...\n"
+    ), res.stderr  # the way round it said (issue 42)
 
 
 def test_a_named_config_file_that_is_missing_is_an_error(tmp_path, monkeypatch):

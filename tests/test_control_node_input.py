@@ -16,20 +16,29 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, cli, recipe_for, tiny_engine  # noqa: E402
-
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import engine_source  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
+from labtools import cli, recipe_for, tiny_engine  # noqa: E402
 
 
 def hostile_urls(d: Path) -> list[str]:
     """Each would run `touch` (or read an option) if git took it as an option or a transport."""
     m = [d / f"MARK{i}" for i in range(12)]
-    return [f"--upload-pack=touch {m[0]}", f"--upload-pack=touch${{IFS}}{m[1]}", f"-u{m[2]}",
-            f"ext::sh -c touch% {m[3]}", f"ext::touch${{IFS}}{m[4]}", f"ssh://-oProxyCommand=touch {m[5]}/x",
-            f"ssh://-oProxyCommand=touch${{IFS}}{m[6]}/x", "-oProxyCommand=x@host:path", f"x\ntouch {m[7]}",
-            "fd::3", f"/tmp/x --upload-pack=touch {m[8]}", f"--upload-pack=touch{m[9]}"]
+    return [
+        f"--upload-pack=touch {m[0]}",
+        f"--upload-pack=touch${{IFS}}{m[1]}",
+        f"-u{m[2]}",
+        f"ext::sh -c touch% {m[3]}",
+        f"ext::touch${{IFS}}{m[4]}",
+        f"ssh://-oProxyCommand=touch {m[5]}/x",
+        f"ssh://-oProxyCommand=touch${{IFS}}{m[6]}/x",
+        "-oProxyCommand=x@host:path",
+        f"x\ntouch {m[7]}",
+        "fd::3",
+        f"/tmp/x --upload-pack=touch {m[8]}",
+        f"--upload-pack=touch{m[9]}",
+    ]
 
 
 def one_line_exit_2(proc, value: str) -> None:
@@ -80,9 +89,11 @@ def test_engine_source_refuses_hostile_urls_refs_and_commits_itself(tmp_path, en
     """The library calls too (a caller that skipped the recipe's checks)."""
     repo, c1, _ = engine
     for url in hostile_urls(tmp_path):
-        for call in (lambda: engine_source.resolve_ref(url, "refs/heads/main"),
-                     lambda: engine_source.fetch(url, c1),
-                     lambda: engine_source.build(url, c1, "python")):
+        for call in (
+            lambda: engine_source.resolve_ref(url, "refs/heads/main"),
+            lambda: engine_source.fetch(url, c1),
+            lambda: engine_source.build(url, c1, "python"),
+        ):
             try:
                 call()
                 msg = None
@@ -98,7 +109,8 @@ def test_engine_source_refuses_hostile_urls_refs_and_commits_itself(tmp_path, en
         with pytest.raises(UserError, match="not a full 40-hex commit"):
             engine_source.build(repo.as_uri(), bad, "python")
     assert not (tmp_path / "cache" / "engine").exists() or not any(
-        "tmp" in p.name for p in (tmp_path / "cache" / "engine").iterdir())
+        "tmp" in p.name for p in (tmp_path / "cache" / "engine").iterdir()
+    )
 
 
 def _write_recipe(recipe: Path, edit) -> Path:
@@ -109,8 +121,17 @@ def _write_recipe(recipe: Path, edit) -> Path:
     return out
 
 
-@pytest.mark.parametrize("lock", ["/tmp/k26ops-MARK-abs.lock", "../../MARK-up.lock", "../MARK.lock",
-                                  "sub/../../MARK.lock", "-MARK.lock", "link/MARK.lock"])
+@pytest.mark.parametrize(
+    "lock",
+    [
+        "/tmp/k26ops-MARK-abs.lock",
+        "../../MARK-up.lock",
+        "../MARK.lock",
+        "sub/../../MARK.lock",
+        "-MARK.lock",
+        "link/MARK.lock",
+    ],
+)
 def test_engine_lock_path_stays_beside_the_recipe(tmp_path, engine, lock):
     _, _, recipe = engine
     outside = tmp_path / "outside"
@@ -143,15 +164,18 @@ def test_a_subdir_symlink_out_of_the_commit_is_refused(tmp_path, engine):
     repo, _, _ = engine
     os.symlink("../../outside-tree", repo / "escape")
     subprocess.run(["git", "-C", str(repo), "add", "escape"], check=True)
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm",
-                    "link"], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "link"],
+        check=True,
+    )
     c2 = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with pytest.raises(UserError, match="leaves the commit|escape"):
         engine_source.build(repo.as_uri(), c2, "escape")
 
 
-@pytest.mark.parametrize("url", ["--upload-pack=touch /tmp/MARK", "-x@host:path", "ext::sh -c touch% /tmp/MARK",
-                                 "ssh://-oProxyCommand=x/y"])
+@pytest.mark.parametrize(
+    "url", ["--upload-pack=touch /tmp/MARK", "-x@host:path", "ext::sh -c touch% /tmp/MARK", "ssh://-oProxyCommand=x/y"]
+)
 def test_recipe_git_url_is_data(tmp_path, engine, url):
     _, _, recipe = engine
     hostile = _write_recipe(recipe, lambda d: d["engine"]["source"].__setitem__("git", url))
@@ -164,16 +188,27 @@ def test_inventory_mirror_is_refused_before_any_host(tmp_path, engine):
     _, _, recipe = engine
     (recipe.with_name("mine.lock")).write_text(
         f"# commit: {yaml.safe_load(recipe.read_text())['engine']['source']['commit']}\n# python: 3.11\n"
-        "# subdir: python\n")
+        "# subdir: python\n"
+    )
     url = yaml.safe_load(recipe.read_text())["engine"]["source"]["git"]
     for mirror in hostile_urls(tmp_path):
         inv = tmp_path / "inv.yml"
-        inv.write_text(yaml.safe_dump({
-            "vars": {"recipe": str(recipe), "engine_source_mirrors": {url: mirror}, "model_path": "/models/x",
-                     "engine_port": 30000},
-            "hosts": {"h1": {"address": "127.0.0.1", "port": 9, "user": "root"}}}))
-        proc = cli("-i", str(inv), "deploy", "--check", env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")},
-                      timeout=120)
+        inv.write_text(
+            yaml.safe_dump(
+                {
+                    "vars": {
+                        "recipe": str(recipe),
+                        "engine_source_mirrors": {url: mirror},
+                        "model_path": "/models/x",
+                        "engine_port": 30000,
+                    },
+                    "hosts": {"h1": {"address": "127.0.0.1", "port": 9, "user": "root"}},
+                }
+            )
+        )
+        proc = cli(
+            "-i", str(inv), "deploy", "--check", env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")}, timeout=120
+        )
         no_marker(tmp_path)
         one_line_exit_2(proc, mirror)  # main: exit 1, the host's connection error (the URL was taken)
         assert "engine_source_mirrors" in proc.stderr
@@ -188,13 +223,16 @@ def test_engine_pin_edits_the_commit_node_not_the_description(tmp_path, engine):
     doc = yaml.safe_load(recipe.read_text())
     doc.pop("description", None)
     body = yaml.safe_dump(doc, sort_keys=False)
-    desc = (f"description: |\n  Pinned by hand.\n  commit: {c1}\n  (that line is text, not the node)\n"
-            f"# commit: {c1} in a comment stays too\n")
+    desc = (
+        f"description: |\n  Pinned by hand.\n  commit: {c1}\n  (that line is text, not the node)\n"
+        f"# commit: {c1} in a comment stays too\n"
+    )
     recipe.write_text(desc + body)
     before = recipe.read_text()
     _, c2 = tiny_engine(tmp_path, "2.0")
-    proc = cli("engine", "pin", str(recipe), "--ref", "refs/heads/main",
-                  env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")})
+    proc = cli(
+        "engine", "pin", str(recipe), "--ref", "refs/heads/main", env={"K26OPS_ENGINE_CACHE": str(tmp_path / "cache")}
+    )
     assert proc.returncode == 0, proc.stderr
     after = recipe.read_text()
     assert after.startswith(desc)  # the description and the comment: untouched
@@ -210,12 +248,14 @@ def test_set_commit_keeps_quotes_comments_and_flow_style(tmp_path):
     a, b = "a" * 40, "1" * 40
     series = tmp_path / "series"
     series.write_text(f"# Base: sglang@{a}\n")
-    head = (f"name: x\ndescription: 'commit: {a}'\n# commit: {a}\n"
-            "cuda_toolkit: {method: pip, version: \"13.0\"}\n"
-            f"patches: {{series: {series}}}\n")
-    quoted = head + f"engine:\n  source:\n    git: https://e.invalid/x.git\n    commit: \"{a}\"   # the pin\n"
+    head = (
+        f"name: x\ndescription: 'commit: {a}'\n# commit: {a}\n"
+        'cuda_toolkit: {method: pip, version: "13.0"}\n'
+        f"patches: {{series: {series}}}\n"
+    )
+    quoted = head + f'engine:\n  source:\n    git: https://e.invalid/x.git\n    commit: "{a}"   # the pin\n'
     out = set_commit(quoted, tmp_path / "x.yml", b)
-    assert out == quoted.replace(f"commit: \"{a}\"", f"commit: \"{b}\"")
+    assert out == quoted.replace(f'commit: "{a}"', f'commit: "{b}"')
     flow = head + f"engine: {{source: {{git: 'https://e.invalid/x.git', commit: {a}}}}}\n"
     out = set_commit(flow, tmp_path / "x.yml", b)
     assert yaml.safe_load(out)["engine"]["source"]["commit"] == b  # all digits: quoted, still a string
@@ -232,7 +272,8 @@ def test_a_baselines_recorded_url_and_a_prebuilt_wheel_url_are_data(tmp_path, en
     with pytest.raises(UserError, match="baseline's recorded source URL '--upload-pack=x'"):
         recipe_for({}, {"recipe": str(recipe), "source_url": "--upload-pack=x"})
     for url in ("file:///etc/passwd", "ftp://x/y.whl", "--x"):
-        hostile = _write_recipe(recipe, lambda d: d["engine"]["source"].__setitem__(
-            "wheel", {"url": url, "sha256": "0" * 64}))
+        hostile = _write_recipe(
+            recipe, lambda d: d["engine"]["source"].__setitem__("wheel", {"url": url, "sha256": "0" * 64})
+        )
         with pytest.raises(UserError, match=r"engine\.source\.wheel\.url: must be an http\(s\) URL"):
             rc.load(hostile)

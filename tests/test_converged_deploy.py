@@ -21,7 +21,7 @@ from labtools import k26ops_json, lab_out, lab_ssh
 
 HOST = "lab1"
 LOG = "/var/tmp/k26ops-test-python3.log"
-WRAPPER = f"#!/bin/sh\nprintf '%s\\n' \"${{1:-}}\" >> {LOG}\nexec /usr/bin/python3 \"$@\"\n"
+WRAPPER = f'#!/bin/sh\nprintf \'%s\\n\' "${{1:-}}" >> {LOG}\nexec /usr/bin/python3 "$@"\n'
 UNIT = "/etc/systemd/system/k26-engine.service"
 ENV_FILE = "/etc/k26ops/sglang.env"
 
@@ -74,6 +74,10 @@ def test_converged_deploy_is_two_commands_and_one_agent_start(lab, tmp_path):
         r, agents = agent_starts(lab, lambda: deploy(lab, tmp_path / "differs.yml"))
         assert r["status"] == "ok" and r["commands"] <= 2 and len(agents) == 1, (r, agents)
     finally:
-        lab_ssh(lab.dir, lab.port(HOST), f"rm -f /usr/local/bin/python3 {LOG}; "
-                                         f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
-                                         "/etc/k26ops/sglang-secrets.yaml; systemctl daemon-reload")
+        lab_ssh(
+            lab.dir,
+            lab.port(HOST),
+            f"rm -f /usr/local/bin/python3 {LOG}; "
+            f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
+            "/etc/k26ops/sglang-secrets.yaml; systemctl daemon-reload",
+        )

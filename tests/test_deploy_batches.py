@@ -21,8 +21,12 @@ ENV_FILE = "/etc/k26ops/sglang.env"
 
 
 def knobs(toks: float) -> dict:
-    return {"K26OPS_STANDIN_DECODE_TOKS": str(toks), "K26OPS_STANDIN_TTFT_MS": "40",
-            "K26OPS_STANDIN_ACCEPT_LENGTH": "3.2", "K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED": "2.4"}
+    return {
+        "K26OPS_STANDIN_DECODE_TOKS": str(toks),
+        "K26OPS_STANDIN_TTFT_MS": "40",
+        "K26OPS_STANDIN_ACCEPT_LENGTH": "3.2",
+        "K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED": "2.4",
+    }
 
 
 def ssh(lab, host: str, cmd: str) -> str:
@@ -34,8 +38,11 @@ def ssh(lab, host: str, cmd: str) -> str:
 def engine(lab, host: str) -> dict:
     show = ssh(lab, host, "systemctl show -p MainPID -p ExecMainStartTimestampMonotonic k26-engine.service")
     props = dict(line.split("=", 1) for line in show.split())
-    return {"release": ssh(lab, host, "readlink /opt/k26ops/releases/current").strip(),
-            "pid": props["MainPID"], "started_us": int(props["ExecMainStartTimestampMonotonic"])}
+    return {
+        "release": ssh(lab, host, "readlink /opt/k26ops/releases/current").strip(),
+        "pid": props["MainPID"],
+        "started_us": int(props["ExecMainStartTimestampMonotonic"]),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +60,21 @@ def env(lab, tmp_path_factory):
     e = {**lab.env(), "K26OPS_INVENTORY": str(base), "K26OPS_BASELINES": str(d / "baselines")}
     yield {"env": e, "changed": d / "changed-inv.yml", "lab2_slower": d / "lab2-slower.yml"}
     for h in HOSTS:
-        lab_ssh(lab.dir, lab.port(h), f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
-                                      "/opt/k26ops/state/pinned-releases; systemctl daemon-reload")
+        lab_ssh(
+            lab.dir,
+            lab.port(h),
+            f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
+            "/opt/k26ops/state/pinned-releases; systemctl daemon-reload",
+        )
 
 
 def test_batch_1_restarts_one_host_at_a_time(lab, env):
     rc, data = k26ops_json("--limit", ",".join(HOSTS), "deploy", env=env["env"])
     assert rc == 0, data
     before = {h: engine(lab, h) for h in HOSTS}
-    proc = k26ops("-i", str(env["changed"]), "--limit", ",".join(HOSTS), "deploy", "--canary", "1",
-                  "--batch", "1", env=env["env"])
+    proc = k26ops(
+        "-i", str(env["changed"]), "--limit", ",".join(HOSTS), "deploy", "--canary", "1", "--batch", "1", env=env["env"]
+    )
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     after = {h: engine(lab, h) for h in HOSTS}
     for h in HOSTS:
@@ -76,14 +88,43 @@ def test_batch_1_restarts_one_host_at_a_time(lab, env):
 
 
 def test_gate_on_every_batch_stops_after_a_slower_host(lab, env):
-    rc, data = k26ops_json("-i", str(env["changed"]), "--limit", ",".join(HOSTS), "snapshot", "--tag", "b0",
-                           "--bench", "--concurrency", "1", "--temperatures", "0", "--runs", "1", *SHORT,
-                           env=env["env"])
+    rc, data = k26ops_json(
+        "-i",
+        str(env["changed"]),
+        "--limit",
+        ",".join(HOSTS),
+        "snapshot",
+        "--tag",
+        "b0",
+        "--bench",
+        "--concurrency",
+        "1",
+        "--temperatures",
+        "0",
+        "--runs",
+        "1",
+        *SHORT,
+        env=env["env"],
+    )
     assert rc == 0, data
     before = {h: engine(lab, h) for h in HOSTS}
     # back to the base release everywhere, lab2 at half the speed: lab1 passes its gate, lab2 fails its own
-    proc = k26ops("-i", str(env["lab2_slower"]), "--limit", ",".join(HOSTS), "deploy", "--canary", "1",
-                  "--batch", "1", "--gate", "b0", "--gate-threshold", "25", env=env["env"])
+    proc = k26ops(
+        "-i",
+        str(env["lab2_slower"]),
+        "--limit",
+        ",".join(HOSTS),
+        "deploy",
+        "--canary",
+        "1",
+        "--batch",
+        "1",
+        "--gate",
+        "b0",
+        "--gate-threshold",
+        "25",
+        env=env["env"],
+    )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     after = {h: engine(lab, h) for h in HOSTS}
     assert after["lab1"]["release"] != before["lab1"]["release"]  # deployed, gated, kept
@@ -100,8 +141,12 @@ def test_gate_on_every_batch_stops_after_a_slower_host(lab, env):
 def test_logs_n_counts_the_lines_it_shows_and_a_bad_since_is_a_usage_error(lab, env):
     port = yaml.safe_load(lab.inventory.read_text())["hosts"]["lab1"]["vars"]["engine_port"]
     # 40 of k26ops' own health requests: the newest 40 journal lines are all hidden ones
-    ssh(lab, "lab1", "python3 -c 'import urllib.request as u\nfor _ in range(40): "
-                     f"u.urlopen(\"http://127.0.0.1:{port}/health?from=k26ops\").read()'")
+    ssh(
+        lab,
+        "lab1",
+        "python3 -c 'import urllib.request as u\nfor _ in range(40): "
+        f'u.urlopen("http://127.0.0.1:{port}/health?from=k26ops").read()\'',
+    )
     proc = k26ops("--limit", "lab1", "logs", "-n", "5", env=env["env"])
     assert proc.returncode == 0, proc.stderr
     shown = proc.stdout.splitlines()

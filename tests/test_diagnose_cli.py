@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_json_output_for_file():
-    result = CliRunner().invoke(cli, ["--json", "diagnose", "log",
-                                      str(LOGS / "shape_mismatch_ddtree_tp8.log")])
+    result = CliRunner().invoke(cli, ["--json", "diagnose", "log", str(LOGS / "shape_mismatch_ddtree_tp8.log")])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["signature"] == "cuda-graph-shape-mismatch"
@@ -42,11 +41,14 @@ def run_cli(*args, stdin=None):
     return k26ops_cli(*args, input=stdin)
 
 
-@pytest.mark.parametrize("name, signature", [
-    ("shape_mismatch_ddtree_tp8.log", "cuda-graph-shape-mismatch"),
-    ("vllm_worker_rank3_capture_oom.log", "cuda-graph-capture-oom"),
-    ("ddtree_refused_triton_backend_journald.log", "engine-config-refused"),
-])
+@pytest.mark.parametrize(
+    "name, signature",
+    [
+        ("shape_mismatch_ddtree_tp8.log", "cuda-graph-shape-mismatch"),
+        ("vllm_worker_rank3_capture_oom.log", "cuda-graph-capture-oom"),
+        ("ddtree_refused_triton_backend_journald.log", "engine-config-refused"),
+    ],
+)
 def test_named_crash_exits_0(name, signature):
     for args in ([], ["--json"]):
         proc = run_cli(*args, "diagnose", "log", str(LOGS / name))
@@ -99,9 +101,13 @@ def test_missing_and_unreadable_files_are_one_line_errors(tmp_path):
 
 
 def test_python_m_json_from_stdin():
-    proc = subprocess.run([sys.executable, "-m", "k26ops", "--json", "diagnose", "log", "-"],
-                          input=(LOGS / "capture_oom_tp8.log").read_text(),
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "k26ops", "--json", "diagnose", "log", "-"],
+        input=(LOGS / "capture_oom_tp8.log").read_text(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["signature"] == "cuda-graph-capture-oom" and data["phase"] == "capture"

@@ -25,12 +25,20 @@ def _run(path: Path) -> tuple[subprocess.CompletedProcess, float]:
     """k26ops --json diagnose log PATH in a child: (result, peak RSS of that child in MiB). The
     child runs under a fresh wrapper whose RUSAGE_CHILDREN is that child's alone (this worker's
     own counts every child it ever had: another test's larger one would hide ours)."""
-    wrapper = ("import json, resource, subprocess, sys\n"
-               "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-               "print(json.dumps({'rc': p.returncode, 'out': p.stdout, 'err': p.stderr,\n"
-               "                  'peak': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n")
-    w = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "k26ops", "--json", "diagnose", "log",
-                        str(path)], cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
+    wrapper = (
+        "import json, resource, subprocess, sys\n"
+        "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "print(json.dumps({'rc': p.returncode, 'out': p.stdout, 'err': p.stderr,\n"
+        "                  'peak': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n"
+    )
+    w = subprocess.run(
+        [sys.executable, "-c", wrapper, sys.executable, "-m", "k26ops", "--json", "diagnose", "log", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     r = json.loads(w.stdout)
     return subprocess.CompletedProcess([], r["rc"], r["out"], r["err"]), r["peak"] / 1024  # KiB -> MiB
 

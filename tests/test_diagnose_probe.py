@@ -18,16 +18,21 @@ import time
 
 import pytest
 import yaml
+from jsonshape import validate
 
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
-from jsonshape import validate
 
 UNIT = "k26-engine.service"
 PLAYBOOK = "name: engine\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n"
-SITE_HASH = ("cd $(python3 -c 'import json;print(json.load(open(\"/opt/k26ops/releases/current/manifest.json\"))"
-             "[\"site_packages\"])') && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum")
-BASE_ENV = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "none-field",
-            "K26OPS_STANDIN_NONE_FIELD": "seq_lens"}
+SITE_HASH = (
+    'cd $(python3 -c \'import json;print(json.load(open("/opt/k26ops/releases/current/manifest.json"))'
+    '["site_packages"])\') && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum'
+)
+BASE_ENV = {
+    "K26OPS_STANDIN_CRASH": "first-request",
+    "K26OPS_STANDIN_CRASH_LOG": "none-field",
+    "K26OPS_STANDIN_NONE_FIELD": "seq_lens",
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +43,7 @@ def host(tmp_path_factory):
     (d / "engine.yml").write_text(PLAYBOOK)
     with private_lab(1, "diagprobe", deployed=True) as lab:
         # the lab hosts share the loopback with other labs: an engine port of our own
-        yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
-               "port": free_port_block(1, start=35000, stop=39000)}
+        yield {"lab": lab, "dir": d, "name": lab.hosts[0].name, "port": free_port_block(1, start=35000, stop=39000)}
 
 
 def remote(h, cmd: str) -> str:
@@ -67,8 +71,9 @@ def engine_state(h) -> dict:
         "site": remote(h, SITE_HASH),
         "release": remote(h, "readlink /opt/k26ops/releases/current"),
         "release_dir": remote(h, "ls -a /opt/k26ops/releases/current/"),
-        "patch_state": remote(h, "cd /opt/k26ops/releases/current && find patch-state -type f | sort | "
-                                 "xargs sha256sum"),
+        "patch_state": remote(
+            h, "cd /opt/k26ops/releases/current && find patch-state -type f | sort | xargs sha256sum"
+        ),
         "unit": remote(h, f"systemctl cat {UNIT} | sha256sum; sha256sum /etc/k26ops/sglang.env"),
         "dropins": remote(h, f"ls -la /etc/systemd/system/{UNIT}.d /run/systemd/system/{UNIT}.d 2>&1; true"),
         "active": remote(h, f"systemctl is-active {UNIT}; true"),
@@ -82,8 +87,11 @@ def assert_restored(h, before: dict) -> None:
     assert after == before
     assert "--disable-cuda-graph" in after["argv"]
     port = remote(h, f"systemctl cat {UNIT} | grep -o -- '--port [0-9]*' | cut -d' ' -f2")
-    code = remote(h, "python3 -c \"import urllib.request as u;print(u.urlopen('http://127.0.0.1:"
-                     f"{port}/health',timeout=5).status)\"")
+    code = remote(
+        h,
+        "python3 -c \"import urllib.request as u;print(u.urlopen('http://127.0.0.1:"
+        f"{port}/health',timeout=5).status)\"",
+    )
     assert code == "200"
 
 
@@ -115,8 +123,13 @@ def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host, sig):
     remove its drop-in (before SIGTERM/SIGHUP were handled, both left them)."""
     inv = deploy(host, {**BASE_ENV, "K26OPS_STANDIN_LOAD_SECONDS": "6"}, "slow")
     before = engine_state(host)
-    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host",
-                          host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"]],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = []
     t0 = time.monotonic()
     for line in p.stderr:
@@ -140,9 +153,14 @@ def test_ctrl_c_while_waiting_for_ready_reverts_and_restores(host, sig):
 
 def _kill_diagnose_once_it_waits(inv: str, host) -> None:
     """`diagnose cuda-graph` SIGKILLed once its probed engine is waiting for ready (the probe applied)."""
-    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host",
-                          host["name"]], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "k26ops", "-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"]],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     t0 = time.monotonic()
     for line in p.stderr:
         if "waiting for ready" in line:
@@ -163,10 +181,21 @@ def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
     assert rc == 1, data  # drift is not a healthy answer (issue 42)
     assert "a probe (diagnose cuda-graph, rehearse --probe) is still applied" in data["hosts"][host["name"]]["baseline"]
     # a snapshot would record the probed files as the release's: refused, --allow-unhealthy or not
-    snap = k26ops("-i", inv, "snapshot", "--tag", "probed", "-m", "x", "--allow-unhealthy",
-                  env={"K26OPS_BASELINES": str(host["dir"] / "baselines")})
-    assert snap.returncode != 0 and "a probe is left applied to release" in snap.stdout + snap.stderr, \
-        (snap.stdout, snap.stderr)
+    snap = k26ops(
+        "-i",
+        inv,
+        "snapshot",
+        "--tag",
+        "probed",
+        "-m",
+        "x",
+        "--allow-unhealthy",
+        env={"K26OPS_BASELINES": str(host["dir"] / "baselines")},
+    )
+    assert snap.returncode != 0 and "a probe is left applied to release" in snap.stdout + snap.stderr, (
+        snap.stdout,
+        snap.stderr,
+    )
     proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert "reverted a probe left by an earlier run" in proc.stdout + proc.stderr
     # killed again: the next deploy (nothing else to change) reverts the probe and restarts the engine
@@ -175,7 +204,9 @@ def test_a_probe_left_by_a_killed_run_is_reported_as_modified(host):
     assert rc == 0 and data["hosts"][host["name"]].get("probe_reverted"), data
     rc, data = k26ops_json("-i", inv, "status")
     assert data["hosts"][host["name"]]["drift"]["canonical"] is True, data
-    remote(host, "rm -f /run/systemd/system/k26-engine.service.d/zz-k26ops-probe.conf; systemctl daemon-reload")  # its drop-in
+    remote(
+        host, "rm -f /run/systemd/system/k26-engine.service.d/zz-k26ops-probe.conf; systemctl daemon-reload"
+    )  # its drop-in
     deploy(host, BASE_ENV, "after-kill")
     rc, data = k26ops_json("-i", inv, "status")
     assert data["hosts"][host["name"]]["drift"]["canonical"] is True
@@ -202,6 +233,7 @@ def test_check_shows_the_plan_and_a_serving_engine_is_not_restarted_unasked(host
     assert "pass -y to go ahead" in errors[0] and "nothing changed" in errors[0]
     assert engine_state(host) == before
 
+
 def test_not_canonical_is_refused_and_nothing_changes(host):
     inv = deploy(host, BASE_ENV, "none")
     manifest = json.loads(remote(host, "cat /opt/k26ops/releases/current/manifest.json"))
@@ -225,14 +257,20 @@ def test_not_canonical_is_refused_and_nothing_changes(host):
 def first_request(h) -> None:
     """One /generate request to the deployed engine (it crashes on it), then a moment."""
     port = remote(h, f"systemctl cat {UNIT} | grep -o -- '--port [0-9]*' | cut -d' ' -f2")
-    remote(h, "python3 -c \"import urllib.request as u\ntry: u.urlopen(u.Request('http://127.0.0.1:"
-              f"{port}/generate', data=b'{{}}'), timeout=10)\nexcept Exception as e: print(e)\"")
+    remote(
+        h,
+        "python3 -c \"import urllib.request as u\ntry: u.urlopen(u.Request('http://127.0.0.1:"
+        f"{port}/generate', data=b'{{}}'), timeout=10)\nexcept Exception as e: print(e)\"",
+    )
     time.sleep(1.5)
 
 
 def test_diagnose_service_names_the_shape_mismatch(host):
-    env = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch",
-           "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"}
+    env = {
+        "K26OPS_STANDIN_CRASH": "first-request",
+        "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch",
+        "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0",
+    }
     inv = deploy(host, env, "shape")
     rc, data = k26ops_json("-i", inv, "diagnose", "service")
     assert rc == 0, json.dumps(data)[:3000]
@@ -260,8 +298,11 @@ def test_diagnose_service_exits_1_for_a_crash_of_no_known_kind(host):
     text = (REPO / "tests/data/logs/sglang_nextn_arange_power_of_2.log").read_text()
     path = "/var/lib/k26-unknown-crash.log"
     remote(host, f"printf %s {shlex.quote(text)} > {path} && chmod 0644 {path}")
-    env = {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": path,
-           "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"}
+    env = {
+        "K26OPS_STANDIN_CRASH": "first-request",
+        "K26OPS_STANDIN_CRASH_LOG": path,
+        "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0",
+    }
     inv = deploy(host, env, "unknown")
     first_request(host)
     rc, data = k26ops_json("-i", inv, "diagnose", "service")
@@ -302,9 +343,11 @@ def test_no_crash_is_an_all_clear_only_for_copies_the_probe_watched(host):
     rc, rep = k26ops_json("-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert rc == 0 and rep["crashed"] is False and rep["diagnosis"] is None, rep
     assert rep["watched"]["fill_from"] == {"draft": 3, "verify": 3}
-    assert rep["summary"].startswith("no crash: with CUDA graphs on and the probe applied, no None or wrongly "
-                                     "sized input reached the copies it watched (fill_from[draft] 3, "
-                                     "fill_from[verify] 3, copy_slots 0)"), rep["summary"]
+    assert rep["summary"].startswith(
+        "no crash: with CUDA graphs on and the probe applied, no None or wrongly "
+        "sized input reached the copies it watched (fill_from[draft] 3, "
+        "fill_from[verify] 3, copy_slots 0)"
+    ), rep["summary"]
     # the probed engine never reaches the instrumented copies: no all-clear
     inv = deploy(host, {"K26OPS_STANDIN_NONE_SILENT": "1", "K26OPS_STANDIN_PROBE_WATCH": "0"}, "unwatched")
     proc = k26ops("-i", inv, "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
@@ -320,10 +363,13 @@ def test_graphs_on_exec_drops_every_way_of_turning_graphs_off():
 
     base = "ExecStart=/opt/v/bin/python -m sglang.launch_server --model-path /m --port 30000"
     assert graphs_on_exec(base) is None
-    for off in ("--disable-cuda-graph", "--cuda-graph-backend-decode disabled",
-                "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled",
-                "--cuda-graph-backend-prefill disabled --disable-cuda-graph"):
-        assert graphs_on_exec(f"{base} {off} --tp-size 8") == base[len("ExecStart="):] + " --tp-size 8", off
+    for off in (
+        "--disable-cuda-graph",
+        "--cuda-graph-backend-decode disabled",
+        "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled",
+        "--cuda-graph-backend-prefill disabled --disable-cuda-graph",
+    ):
+        assert graphs_on_exec(f"{base} {off} --tp-size 8") == base[len("ExecStart=") :] + " --tp-size 8", off
     # another backend choice stays: only `disabled` turns graphs off
     assert graphs_on_exec(f"{base} --cuda-graph-backend-decode full") is None
 
@@ -333,16 +379,22 @@ def test_summary_without_graph_path_copies_is_not_an_all_clear():
 
     rep = ProbeReport(host="h", crashed=False)
     assert summary(rep).startswith("not checked:")
-    rep.watched = watched_counts("x K26OPS-PROBE watched: copy_slots=4 fill_from[decode]=9 slots_checked=50 pid=1\n"
-                                 "K26OPS-PROBE watched: copy_slots=7 fill_from[decode]=12 slots_checked=80 pid=1")
+    rep.watched = watched_counts(
+        "x K26OPS-PROBE watched: copy_slots=4 fill_from[decode]=9 slots_checked=50 pid=1\n"
+        "K26OPS-PROBE watched: copy_slots=7 fill_from[decode]=12 slots_checked=80 pid=1"
+    )
     assert rep.watched == {"fill_from": {"decode": 12}, "copy_slots": 7, "slots_checked": 80}
-    assert summary(rep) == ("not checked: the engine served without a crash, but the probe watched only "
-                            "fill_from[decode] 12, copy_slots 7, none on the draft or verify graph path; "
-                            "that path was not checked")
+    assert summary(rep) == (
+        "not checked: the engine served without a crash, but the probe watched only "
+        "fill_from[decode] 12, copy_slots 7, none on the draft or verify graph path; "
+        "that path was not checked"
+    )
     rep.watched = watched_counts("K26OPS-PROBE watched: copy_slots=0 fill_from[verify]=5 slots_checked=30 pid=2")
-    assert summary(rep) == ("no crash: with CUDA graphs on and the probe applied, no None or wrongly sized input "
-                            "reached the copies it watched (fill_from[verify] 5, copy_slots 0); the draft graph's "
-                            "fill was not seen, so it was not checked")
+    assert summary(rep) == (
+        "no crash: with CUDA graphs on and the probe applied, no None or wrongly sized input "
+        "reached the copies it watched (fill_from[verify] 5, copy_slots 0); the draft graph's "
+        "fill was not seen, so it was not checked"
+    )
 
 
 @pytest.mark.parametrize("interrupted", [False, True], ids=["done", "interrupted"])
@@ -351,13 +403,19 @@ def test_probe_json_fits_the_envelope_and_its_schema(interrupted, monkeypatch, c
     is a success document: no `error` key (the envelope's mark of an error document;
     the report used to carry an unused `error: null`)."""
     from k26ops.cli import jsonout
-    from k26ops.cli.context import Settings
     from k26ops.cli.commands.diagnose import _print_probe
+    from k26ops.cli.context import Settings
     from k26ops.diagnose.probe import ProbeReport
 
     monkeypatch.setitem(jsonout.CURRENT, "command", "diagnose cuda-graph")
-    rep = ProbeReport(host="h", release="r1", canonical=True, crashed=False, interrupted=interrupted,
-                      watched={"fill_from": {"draft": 3, "verify": 3}, "copy_slots": 0, "slots_checked": 30})
+    rep = ProbeReport(
+        host="h",
+        release="r1",
+        canonical=True,
+        crashed=False,
+        interrupted=interrupted,
+        watched={"fill_from": {"draft": 3, "verify": 3}, "copy_slots": 0, "slots_checked": 30},
+    )
     code = 130 if interrupted else 0
     _print_probe(Settings(as_json=True), rep, code)
     doc = json.loads(capsys.readouterr().out)

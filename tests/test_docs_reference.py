@@ -27,8 +27,9 @@ _spec.loader.exec_module(docgen)
 def test_generated_reference_page_is_what_the_code_makes(page):
     path = ROOT / "docs" / "reference" / page
     assert path.is_file(), f"docs/reference/{page} missing: run python3 tools/docgen.py"
-    assert path.read_text() == docgen.PAGES[page](), \
+    assert path.read_text() == docgen.PAGES[page](), (
         f"docs/reference/{page} differs from the code: run python3 tools/docgen.py"
+    )
 
 
 def test_a_changed_help_text_shows_in_the_cli_page(monkeypatch):

@@ -11,19 +11,25 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import k26ops_json  # noqa: E402
-
 from k26ops.facts.drafter import drafter_command, parse_drafter  # noqa: E402
 from k26ops.host.preflight import drafter_check  # noqa: E402
+from labtools import k26ops_json  # noqa: E402
 
 MARK = "== k26ops-drafter "
 
 
 def test_parser_reads_block_size_where_sglang_does():
-    nested = MARK + "config\n" + json.dumps({"architectures": ["DFlashDraftModel"], "block_size": 16,
-                                             "dflash_config": {"block_size": 8}})
-    assert parse_drafter(nested, 0) == {"state": "config", "block_size": 8,
-                                        "architectures": ["DFlashDraftModel"], "error": None}
+    nested = (
+        MARK
+        + "config\n"
+        + json.dumps({"architectures": ["DFlashDraftModel"], "block_size": 16, "dflash_config": {"block_size": 8}})
+    )
+    assert parse_drafter(nested, 0) == {
+        "state": "config",
+        "block_size": 8,
+        "architectures": ["DFlashDraftModel"],
+        "error": None,
+    }
     top = MARK + "config\n" + json.dumps({"block_size": 16})
     assert parse_drafter(top, 0)["block_size"] == 16
     assert parse_drafter(MARK + "config\n{}", 0)["block_size"] is None
@@ -56,6 +62,8 @@ def test_check_on_lab_hosts_verifies_the_drafter(lab, tmp_path):
     p.write_text(yaml.safe_dump(inv))
     rc, data = k26ops_json("-i", str(p), "--limit", "lab1,lab2", "check")
     assert rc == 1
-    assert "drafter: /models/Kimi-K2.6-DFlash: config.json block_size 8, the profile's " \
-           "speculative_dflash_block_size is 16" in data["hosts"]["lab1"]["error"]
+    assert (
+        "drafter: /models/Kimi-K2.6-DFlash: config.json block_size 8, the profile's "
+        "speculative_dflash_block_size is 16" in data["hosts"]["lab1"]["error"]
+    )
     assert "drafter: /models/nope: does not exist" in data["hosts"]["lab2"]["error"]

@@ -25,6 +25,7 @@ import time
 
 import pytest
 import yaml
+
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh, private_lab, sglang_router
 
 pytest.importorskip("sglang_router")
@@ -44,16 +45,30 @@ def dl(tmp_path_factory):
         inv = yaml.safe_load(lab.inventory.read_text())
         names = [h.name for h in lab.hosts]
         ports = {n: inv["hosts"][n]["vars"].get("engine_port") or inv["vars"].get("engine_port") for n in names}
-        yield {"lab": lab, "dir": d, "router": r, "gw": Gateway(r["url"], r["key"]), "names": names,
-               "urls": {n: f"http://127.0.0.1:{ports[n]}" for n in names},
-               "env": {**lab.env(), "K26OPS_BASELINES": str(d / "baselines")}}
+        yield {
+            "lab": lab,
+            "dir": d,
+            "router": r,
+            "gw": Gateway(r["url"], r["key"]),
+            "names": names,
+            "urls": {n: f"http://127.0.0.1:{ports[n]}" for n in names},
+            "env": {**lab.env(), "K26OPS_BASELINES": str(d / "baselines")},
+        }
 
 
 def inventory(dl, tag: str, env: dict | None = None, host_env: dict | None = None, **v) -> str:
     inv = yaml.safe_load(dl["lab"].inventory.read_text())
-    inv["vars"].update({"model_gateway": dl["router"]["url"], "model_gateway_api_key": dl["router"]["key"],
-                        "drain_timeout": DRAIN_S, "extra_flags": ["--enable-metrics"],
-                        "engine_profile": {"disable_cuda_graph": True}, "engine_env": {**ENV, **(env or {})}, **v})
+    inv["vars"].update(
+        {
+            "model_gateway": dl["router"]["url"],
+            "model_gateway_api_key": dl["router"]["key"],
+            "drain_timeout": DRAIN_S,
+            "extra_flags": ["--enable-metrics"],
+            "engine_profile": {"disable_cuda_graph": True},
+            "engine_env": {**ENV, **(env or {})},
+            **v,
+        }
+    )
     for name, extra in (host_env or {}).items():
         inv["hosts"][name]["vars"]["engine_env"] = {**ENV, **(env or {}), **extra}
     path = dl["dir"] / f"inv-{tag}.yml"
@@ -94,8 +109,12 @@ class Client(threading.Thread):
     def one(self, stream: bool) -> None:
         n = 40 if stream else 3
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        c.request("POST", "/generate", body=json.dumps({"text": "hi", "stream": stream,
-                                                         "sampling_params": {"max_new_tokens": n}}), headers=JSON)
+        c.request(
+            "POST",
+            "/generate",
+            body=json.dumps({"text": "hi", "stream": stream, "sampling_params": {"max_new_tokens": n}}),
+            headers=JSON,
+        )
         r = c.getresponse()
         body = r.read()
         c.close()
@@ -158,21 +177,36 @@ def test_check_says_what_a_stop_does_to_traffic_per_host_or_once_when_nothing_is
     p = k26ops("-v", "-i", inv, "check", env=dl["env"], timeout=300)
     out = " ".join(p.stdout.split())
     for n in dl["names"]:
-        assert (f"{n}: ok traffic: out of rotation at {shown_url(dl['router']['url'])} before a stop, min_serving 1; "
-                f"drain_timeout 20s (inventory), TimeoutStopSec 80; {shown_url(dl['router']['url'])}: "
-                f"{dl['urls'][n]} healthy") in out, p.stdout + p.stderr
+        assert (
+            f"{n}: ok traffic: out of rotation at {shown_url(dl['router']['url'])} before a stop, min_serving 1; "
+            f"drain_timeout 20s (inventory), TimeoutStopSec 80; {shown_url(dl['router']['url'])}: "
+            f"{dl['urls'][n]} healthy"
+        ) in out, p.stdout + p.stderr
     assert dl["router"]["key"] not in p.stdout + p.stderr
     assert "no host names a model_gateway" not in out
     p = k26ops("-i", str(dl["lab"].inventory), "check", env=dl["env"], timeout=300)  # the lab's own: nothing set
-    assert " ".join(p.stdout.split()).count("traffic: no host names a model_gateway, drain_hook or drain mode: "
-                                            "an engine restart drops its in-flight requests, as before") == 1
+    assert (
+        " ".join(p.stdout.split()).count(
+            "traffic: no host names a model_gateway, drain_hook or drain mode: "
+            "an engine restart drops its in-flight requests, as before"
+        )
+        == 1
+    )
 
 
 def test_a_host_that_fails_its_smoke_test_is_not_put_back_and_a_good_deploy_puts_it_back(dl):
     bad = dl["names"][1]
     with Client(dl) as client:
-        rc, doc = cli(dl, inventory(dl, "smoke-fails", env={"K26OPS_STANDIN_TTFT_MS": "1"},
-                                    host_env={bad: {"K26OPS_STANDIN_REQUEST_ERROR": "500"}}), "deploy")
+        rc, doc = cli(
+            dl,
+            inventory(
+                dl,
+                "smoke-fails",
+                env={"K26OPS_STANDIN_TTFT_MS": "1"},
+                host_env={bad: {"K26OPS_STANDIN_REQUEST_ERROR": "500"}},
+            ),
+            "deploy",
+        )
     assert rc != 0 and doc["hosts"][bad]["status"] == "failed", doc
     t = doc["hosts"][bad]["traffic"]
     assert t["drain_s"] is not None and t["put_back"] is False and t["out_of_rotation_s"] is None, t
@@ -193,8 +227,19 @@ def test_rollback_goes_through_the_drain_and_raises_the_tags_stop_timeout(dl):
     rc, doc = cli(dl, inventory(dl, "third", env={"K26OPS_STANDIN_TTFT_MS": "2"}), "deploy")
     assert rc == 0, doc
     with Client(dl) as client:  # the tag's unit says TimeoutStopSec=80: not above a drain_timeout of 100
-        rc, doc = cli(dl, inventory(dl, "rollback", env={"K26OPS_STANDIN_TTFT_MS": "2"}, drain_timeout=100),
-                      "rollback", "--tag", "drain-t1", "--canary", "1", "--batch", "1", "--max-fail", "0")
+        rc, doc = cli(
+            dl,
+            inventory(dl, "rollback", env={"K26OPS_STANDIN_TTFT_MS": "2"}, drain_timeout=100),
+            "rollback",
+            "--tag",
+            "drain-t1",
+            "--canary",
+            "1",
+            "--batch",
+            "1",
+            "--max-fail",
+            "0",
+        )
     assert rc == 0 and doc["canary"] == 1, doc
     assert_drained_and_back(doc, dl["names"])
     assert client.failed == [], client.failed[:5]
@@ -225,8 +270,17 @@ def test_rehearse_stop_serving_goes_through_the_drain(dl):
     inv = inventory(dl, "second", env={"K26OPS_STANDIN_TTFT_MS": "1"})
     host = dl["names"][1]
     with Client(dl) as client:
-        rc, doc = cli(dl, inv, "--limit", host, "rehearse", "--stop-serving", "--rehearse-port",
-                      str(free_port_block(1, start=35000, stop=39000)), "--no-bench")
+        rc, doc = cli(
+            dl,
+            inv,
+            "--limit",
+            host,
+            "rehearse",
+            "--stop-serving",
+            "--rehearse-port",
+            str(free_port_block(1, start=35000, stop=39000)),
+            "--no-bench",
+        )
     assert rc == 0, doc
     rep = doc["hosts"][host]["rehearsal"]
     assert rep["serving_after"] == "healthy" and rep["traffic"]["put_back"] is True, rep
@@ -243,17 +297,26 @@ def test_ctrl_c_during_a_deploys_drain_puts_the_worker_back_and_the_old_engine_s
 
     def stream():  # 200 tokens at 20/s: 10 s in flight on the host's engine itself (the stand-in answers 256 at most)
         c = http.client.HTTPConnection("127.0.0.1", int(dl["urls"][host].rsplit(":", 1)[1]), timeout=60)
-        c.request("POST", "/generate", body=json.dumps({"text": "x", "stream": True,
-                                                         "sampling_params": {"max_new_tokens": 200}}), headers=JSON)
+        c.request(
+            "POST",
+            "/generate",
+            body=json.dumps({"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 200}}),
+            headers=JSON,
+        )
         got.append(c.getresponse().read())
 
     t = threading.Thread(target=stream, daemon=True)
     t.start()
     time.sleep(0.5)
     inv = inventory(dl, "interrupted", env={"K26OPS_STANDIN_TTFT_MS": "3"})
-    p = subprocess.Popen([sys.executable, "-m", "k26ops", "-v", "-i", inv, "--limit", host, "deploy"],
-                         cwd=REPO, env={**os.environ, **dl["env"]}, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "k26ops", "-v", "-i", inv, "--limit", host, "deploy"],
+        cwd=REPO,
+        env={**os.environ, **dl["env"]},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = []
     for line in p.stderr:
         seen.append(line)

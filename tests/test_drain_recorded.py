@@ -25,8 +25,12 @@ STANDIN = Path(__file__).resolve().parent.parent / "k26ops/lab/fixtures/engine_s
 MAIN = json.loads((DATA / "sigterm-main-h100.json").read_text())
 GROUP = json.loads((DATA / "sigterm-group-h100.json").read_text())
 # the drain's own lines in the real log, in order (numbers and pids made patterns)
-DRAIN_LINES = ("SIGTERM received", "Health check request received during shutdown", "Gracefully exiting",
-               "kill_process_tree called")
+DRAIN_LINES = (
+    "SIGTERM received",
+    "Health check request received during shutdown",
+    "Gracefully exiting",
+    "kill_process_tree called",
+)
 
 
 def _drain_lines(text: str) -> list[str]:
@@ -70,8 +74,9 @@ def test_the_recording_says_what_the_drain_design_rests_on():
 def test_the_unit_signals_only_the_main_process():
     """KillMode=mixed: systemd's SIGTERM reaches the launcher only (the recorded drain); the
     default control-group would SIGTERM the scheduler too (the recorded cut stream)."""
-    text = units.render_unit({"profile": {"model_path": "/models/m", "tp": 8}, "release_id": "r",
-                              "env_file": "/etc/k26ops/sglang.env"})
+    text = units.render_unit(
+        {"profile": {"model_path": "/models/m", "tp": 8}, "release_id": "r", "env_file": "/etc/k26ops/sglang.env"}
+    )
     assert "KillMode=mixed" in text.splitlines()
 
 
@@ -86,8 +91,11 @@ def _get(port: int, path: str) -> int | str:
 
 def _generate(port: int, tokens: int, stream: bool = False) -> tuple[int, dict | None, bool]:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", "/generate", body=json.dumps({"text": "x", "stream": stream,
-                                                    "sampling_params": {"max_new_tokens": tokens}}))
+    c.request(
+        "POST",
+        "/generate",
+        body=json.dumps({"text": "x", "stream": stream, "sampling_params": {"max_new_tokens": tokens}}),
+    )
     r = c.getresponse()
     if not stream:
         return r.status, json.loads(r.read() or b"null"), False
@@ -104,11 +112,28 @@ def test_the_stand_in_drains_as_the_real_engine_did(tmp_path):
     port = free_port()
     log = tmp_path / "engine.log"
     with open(log, "w") as out:
-        p = subprocess.Popen([sys.executable, str(STANDIN), "--model-path", "/models/m", "--host", "127.0.0.1",
-                              "--port", str(port), "--enable-metrics"], stdout=out, stderr=subprocess.STDOUT,
-                             env={**os.environ, "K26OPS_STANDIN_LOAD_SECONDS": "0",
-                                  "K26OPS_STANDIN_DRAIN_POLL_S": "0.3", "K26OPS_STANDIN_DECODE_TOKS": "100"},
-                             start_new_session=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                str(STANDIN),
+                "--model-path",
+                "/models/m",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--enable-metrics",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "K26OPS_STANDIN_LOAD_SECONDS": "0",
+                "K26OPS_STANDIN_DRAIN_POLL_S": "0.3",
+                "K26OPS_STANDIN_DECODE_TOKS": "100",
+            },
+            start_new_session=True,
+        )
     try:
         end = time.monotonic() + 30
         while _get(port, "/health") != 200:

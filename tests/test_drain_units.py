@@ -34,9 +34,17 @@ def rendered(c, inventory_settings: dict | None = None) -> str:
     return units.render_unit({**settings, "argv": ["/usr/bin/python3", "-m", "sglang.launch_server"]})
 
 
-@pytest.mark.parametrize("hv", [{**GW}, {**GW, "drain_timeout": 900}, {**GW, "drain_timeout": 0.5},
-                                {"drain_hook": "/bin/true"}, {"drain": "plain", "drain_timeout": 1800}],
-                         ids=["gateway-default", "gateway-900", "gateway-0.5", "hook", "plain-1800"])
+@pytest.mark.parametrize(
+    "hv",
+    [
+        {**GW},
+        {**GW, "drain_timeout": 900},
+        {**GW, "drain_timeout": 0.5},
+        {"drain_hook": "/bin/true"},
+        {"drain": "plain", "drain_timeout": 1800},
+    ],
+    ids=["gateway-default", "gateway-900", "gateway-0.5", "hook", "plain-1800"],
+)
 def test_a_rendered_engine_unit_stops_later_than_the_drain(hv):
     c = ctx(**hv)
     cfg = traffic.config(c)
@@ -57,18 +65,23 @@ def test_an_inventory_timeout_stop_sec_not_above_the_drain_is_refused_in_one_lin
     assert stop_sec(rendered(c, {"TimeoutStopSec": 301})) == 301  # a larger one is the user's to set
 
 
-TAG_UNIT = ("[Unit]\nDescription=engine\n\n[Service]\nType=exec\nExecStart=/bin/true\n{stop}KillMode=mixed\n\n"
-            "[Install]\nWantedBy=multi-user.target\n")
+TAG_UNIT = (
+    "[Unit]\nDescription=engine\n\n[Service]\nType=exec\nExecStart=/bin/true\n{stop}KillMode=mixed\n\n"
+    "[Install]\nWantedBy=multi-user.target\n"
+)
 
 
-@pytest.mark.parametrize("recorded,want,changed", [
-    ("TimeoutStopSec=120\n", 360, True),  # a tag from before the drain: raised
-    ("TimeoutStopSec=2min\n", 360, True),
-    ("", 360, True),  # systemd's default (90 s): one added
-    ("TimeoutStopSec=301\n", 301, False),  # already larger: verbatim
-    ("TimeoutStopSec=10min\n", None, False),
-    ("TimeoutStopSec=infinity\n", None, False),
-])
+@pytest.mark.parametrize(
+    "recorded,want,changed",
+    [
+        ("TimeoutStopSec=120\n", 360, True),  # a tag from before the drain: raised
+        ("TimeoutStopSec=2min\n", 360, True),
+        ("", 360, True),  # systemd's default (90 s): one added
+        ("TimeoutStopSec=301\n", 301, False),  # already larger: verbatim
+        ("TimeoutStopSec=10min\n", None, False),
+        ("TimeoutStopSec=infinity\n", None, False),
+    ],
+)
 def test_a_rollbacks_recorded_unit_gets_a_stop_timeout_above_the_drain(recorded, want, changed):
     text = TAG_UNIT.format(stop=recorded)
     out, note = traffic.unit_text_stop_timeout(ctx(**GW), text)
@@ -86,8 +99,14 @@ def _snapshot(repo, tag: str, hosts: dict) -> None:
     files = {"baseline.json": json.dumps({"hosts": {h: {"release_id": "r1"} for h in hosts}}).encode()}
     for h, p99s in hosts.items():
         if p99s:
-            cells = [{"concurrency": c, "temperature": 0.0,
-                      "figures": {"e2e_p99_ms": {"median": v, "min": v, "max": v, "n": 3}}} for c, v in enumerate(p99s, 1)]
+            cells = [
+                {
+                    "concurrency": c,
+                    "temperature": 0.0,
+                    "figures": {"e2e_p99_ms": {"median": v, "min": v, "max": v, "n": 3}},
+                }
+                for c, v in enumerate(p99s, 1)
+            ]
             files[f"hosts/{h}/bench.json"] = json.dumps({"spec": {}, "cells": cells}).encode()
     repo.commit_snapshot(files, f"test {tag}", tag, f"test {tag}")
 
@@ -141,9 +160,17 @@ def test_rolling_is_the_default_where_traffic_is_set_and_the_config_file_can_set
 def test_the_table_says_per_host_what_the_drain_did():
     from k26ops.cli.rollout import traffic_cell
 
-    back = {"mode": "gateway", "drain_s": 20.7, "requests": 18, "out_of_rotation_s": 36.1, "stop_to_serving_s": 15.4,
-            "put_back": True}
+    back = {
+        "mode": "gateway",
+        "drain_s": 20.7,
+        "requests": 18,
+        "out_of_rotation_s": 36.1,
+        "stop_to_serving_s": 15.4,
+        "put_back": True,
+    }
     assert traffic_cell(back) == "drained 21s (18 req), out 36s, stop->serving 15s"
     failed = {**back, "out_of_rotation_s": None, "stop_to_serving_s": None, "put_back": False}
     assert traffic_cell(failed) == "drained 21s (18 req), left out of rotation"
-    assert traffic_cell({"mode": "plain", "drain_s": None, "requests": 2, "stop_to_serving_s": 9.0}) == "stop->serving 9s"
+    assert (
+        traffic_cell({"mode": "plain", "drain_s": None, "requests": 2, "stop_to_serving_s": 9.0}) == "stop->serving 9s"
+    )

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from k26ops.steps import driver_plan as dp
 from k26ops.facts import driver
 from k26ops.orchestrate.rollout import canary_batches
+from k26ops.steps import driver_plan as dp
 from k26ops.steps.driver import verify
 
 DATA = Path(__file__).parent / "data" / "facts"
@@ -29,13 +29,22 @@ def module_output(proc: str, modinfo: str) -> str:
 
 def test_open_module_loaded_on_the_recorded_h200():
     v = driver.parse_nvidia_module(module_output("h200x1-proc-driver-version.txt", "h200x1-modinfo-missing.txt"), 127)
-    assert v == {"loaded": True, "loaded_version": "580.159.04", "flavour": "open", "installed_version": None,
-                 "installed_flavour": None, "installed_known": False, "mismatch": False, "error": None}
+    assert v == {
+        "loaded": True,
+        "loaded_version": "580.159.04",
+        "flavour": "open",
+        "installed_version": None,
+        "installed_flavour": None,
+        "installed_known": False,
+        "mismatch": False,
+        "error": None,
+    }
 
 
 def test_proprietary_module_and_its_licence():
-    v = driver.parse_nvidia_module(module_output("constructed-proc-driver-version-proprietary.txt",
-                                                 "constructed-modinfo-proprietary.txt"), 0)
+    v = driver.parse_nvidia_module(
+        module_output("constructed-proc-driver-version-proprietary.txt", "constructed-modinfo-proprietary.txt"), 0
+    )
     assert (v["loaded_version"], v["flavour"]) == ("535.104.05", "proprietary")
     assert (v["installed_version"], v["installed_flavour"], v["mismatch"]) == ("535.104.05", "proprietary", False)
 
@@ -52,8 +61,9 @@ def test_no_module_in_a_lab_container():
 
 
 def test_modinfo_without_the_module():
-    v = driver.parse_nvidia_module(f"cat: x: No such file or directory\n{SEP}modinfo\n"
-                                   "modinfo: ERROR: Module nvidia not found.\n", 1)
+    v = driver.parse_nvidia_module(
+        f"cat: x: No such file or directory\n{SEP}modinfo\nmodinfo: ERROR: Module nvidia not found.\n", 1
+    )
     assert v["installed_known"] is True and v["installed_version"] is None
 
 
@@ -70,8 +80,14 @@ def test_systemctl_show_units_not_found_and_running():
     assert set(v["units"]) == {"nvidia-persistenced.service", "nvidia-fabricmanager.service"}
     assert all(u["present"] is False and u["LoadState"] == "not-found" for u in v["units"].values())
     v = driver.parse_systemctl_show(text("lab-systemctl-show-ssh.txt"), 0)
-    assert v["units"]["ssh.service"] == {"Id": "ssh.service", "LoadState": "loaded", "ActiveState": "active",
-                                         "SubState": "running", "UnitFileState": "enabled", "present": True}
+    assert v["units"]["ssh.service"] == {
+        "Id": "ssh.service",
+        "LoadState": "loaded",
+        "ActiveState": "active",
+        "SubState": "running",
+        "UnitFileState": "enabled",
+        "present": True,
+    }
     assert driver.parse_systemctl_show("sh: 1: systemctl: not found\n", 127) == {"error": "systemctl not found"}
 
 
@@ -88,16 +104,25 @@ def test_reboot_required_flag():
 
 def test_apt_cache_policy_on_the_lab_sources():
     assert dp.parse_policy(text("lab-apt-cache-policy.txt")) == {
-        "nvidia-driver": {"installed": None, "candidate": None}}
+        "nvidia-driver": {"installed": None, "candidate": None}
+    }
     v = dp.parse_policy("nvidia-driver-580-open:\n  Installed: (none)\n  Candidate: 580.95.05-0ubuntu0.24.04.2\n")
     assert dp.branch_of(v["nvidia-driver-580-open"]["candidate"]) == 580
 
 
-@pytest.mark.parametrize("osr,source,fabric,want", [
-    ({"id": "ubuntu", "version_id": "24.04"}, "distro", True, ["nvidia-driver-580-open", "nvidia-fabricmanager-580"]),
-    ({"id": "ubuntu", "version_id": "22.04"}, "nvidia", False, ["nvidia-open"]),
-    ({"id": "debian", "version_id": "12"}, "nvidia", True, ["nvidia-open", "cuda-drivers-fabricmanager-580"]),
-])
+@pytest.mark.parametrize(
+    "osr,source,fabric,want",
+    [
+        (
+            {"id": "ubuntu", "version_id": "24.04"},
+            "distro",
+            True,
+            ["nvidia-driver-580-open", "nvidia-fabricmanager-580"],
+        ),
+        ({"id": "ubuntu", "version_id": "22.04"}, "nvidia", False, ["nvidia-open"]),
+        ({"id": "debian", "version_id": "12"}, "nvidia", True, ["nvidia-open", "cuda-drivers-fabricmanager-580"]),
+    ],
+)
 def test_package_names_per_distribution_and_source(osr, source, fabric, want):
     dist = dp.distribution(osr)
     assert dp.packages(dist, source, 580, fabric) == want
@@ -115,11 +140,14 @@ def test_repository_defaults_and_refusals():
 
 
 def facts_with(driver_version="580.95.05", count=8, switches=False, fm_active=False, flavour="open"):
-    return {"gpus": {"count": count, "gpus": [{"driver_version": driver_version}] * count},
-            "nvidia_module": {"flavour": flavour},
-            "nvswitch": {"present": switches},
-            "nvidia_services": {"units": {"nvidia-fabricmanager.service":
-                                          {"ActiveState": "active" if fm_active else "inactive"}}}}
+    return {
+        "gpus": {"count": count, "gpus": [{"driver_version": driver_version}] * count},
+        "nvidia_module": {"flavour": flavour},
+        "nvswitch": {"present": switches},
+        "nvidia_services": {
+            "units": {"nvidia-fabricmanager.service": {"ActiveState": "active" if fm_active else "inactive"}}
+        },
+    }
 
 
 def test_verify_after_provisioning():
@@ -128,7 +156,8 @@ def test_verify_after_provisioning():
     assert verify(facts_with("550.54.15"), w, 8) == ["nvidia-smi reports driver 550.54.15, want branch 580"]
     assert verify(facts_with(count=7), w, 8) == ["7 GPUs, want 8"]
     assert verify(facts_with(flavour="proprietary"), w) == [
-        "the proprietary kernel modules are loaded; Blackwell needs the open ones"]
+        "the proprietary kernel modules are loaded; Blackwell needs the open ones"
+    ]
     assert verify(facts_with(switches=True), w) == ["nvidia-fabricmanager.service is inactive"]
     assert verify(facts_with(switches=True, fm_active=True), w) == []
 

@@ -11,13 +11,28 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_release  # noqa: E402
 
-from k26ops.release import engine_flags as ef  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
+from k26ops.release import engine_flags as ef  # noqa: E402
 
-PROD = ["--model-path", "/models/k26", "--tp-size", "8", "--trust-remote-code",
-        "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/models/draft",
-        "--speculative-dflash-block-size", "8", "--speculative-ddtree-budget", "32",
-        "--page-size", "1", "--cuda-graph-max-bs-decode", "16"]
+PROD = [
+    "--model-path",
+    "/models/k26",
+    "--tp-size",
+    "8",
+    "--trust-remote-code",
+    "--speculative-algorithm",
+    "DDTREE",
+    "--speculative-draft-model-path",
+    "/models/draft",
+    "--speculative-dflash-block-size",
+    "8",
+    "--speculative-ddtree-budget",
+    "32",
+    "--page-size",
+    "1",
+    "--cuda-graph-max-bs-decode",
+    "16",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +44,7 @@ def add_fake_ddtree_overlay(site: Path) -> None:
     """FAKE overlay for tests: registers DDTREE and --speculative-ddtree-budget the way
     upstream PR #29907 does (enum member + spec field); nothing else. Each file is
     replaced (temp file, rename), never written through: site may be a hard-linked copy."""
+
     def write(path: Path, text: str) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
@@ -37,20 +53,39 @@ def add_fake_ddtree_overlay(site: Path) -> None:
     spec_info = site / "sglang/srt/speculative/spec_info.py"
     s = spec_info.read_text()
     assert s.count("    DFLASH = auto()\n") == 1
-    write(spec_info, s.replace("    DFLASH = auto()\n", "    DFLASH = auto()\n    DDTREE = auto()  # FAKE overlay (test)\n"))
+    write(
+        spec_info,
+        s.replace("    DFLASH = auto()\n", "    DFLASH = auto()\n    DDTREE = auto()  # FAKE overlay (test)\n"),
+    )
     fields = site / "sglang/srt/arg_groups/fields/spec.py"
     s = fields.read_text()
     anchor = "    speculative_dflash_block_size: A["
     assert s.count(anchor) == 1
-    write(fields, s.replace(anchor, '    speculative_ddtree_budget: A[Optional[int], "FAKE overlay (test): DDTree budget."] = None\n' + anchor))
+    write(
+        fields,
+        s.replace(
+            anchor,
+            '    speculative_ddtree_budget: A[Optional[int], "FAKE overlay (test): DDTree budget."] = None\n' + anchor,
+        ),
+    )
 
 
 def test_real_release_surface(real):
     assert real.version == "0.5.23"
-    for name in ("--model-path", "--tp-size", "--speculative-algorithm", "--speculative-dflash-block-size",
-                 "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill", "--page-size",
-                 "--speculative-draft-model-path", "--speculative-draft-model", "--disable-cuda-graph",
-                 "--sampling-backend", "--config"):
+    for name in (
+        "--model-path",
+        "--tp-size",
+        "--speculative-algorithm",
+        "--speculative-dflash-block-size",
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-max-bs-prefill",
+        "--page-size",
+        "--speculative-draft-model-path",
+        "--speculative-draft-model",
+        "--disable-cuda-graph",
+        "--sampling-backend",
+        "--config",
+    ):
         assert name in real.flags, name
     assert "--cuda-graph-max-bs" not in real.flags
     assert not real.flags["--trust-remote-code"].takes_value
@@ -68,8 +103,11 @@ def test_renamed_cuda_graph_max_bs(real):
 
 
 def test_ddtree_missing_on_plain_release(real):
-    with pytest.raises(UserError, match="the DDTree source is missing: sglang 0.5.23 has no DDTREE; "
-                                        "build the engine from a git source pinned to a DDTree commit"):
+    with pytest.raises(
+        UserError,
+        match="the DDTree source is missing: sglang 0.5.23 has no DDTREE; "
+        "build the engine from a git source pinned to a DDTree commit",
+    ):
         ef.validate(PROD, real.root, real)
     with pytest.raises(UserError, match="DDTree source is missing"):
         ef.validate({"speculative_ddtree_budget": 32}, real.root, real)
@@ -82,8 +120,11 @@ def test_unknown_flag_suggests_and_choices(real):
         ef.validate(["--disaggregation-mode=both"], real.root, real)
     with pytest.raises(UserError, match="EAGLE9: not an algorithm"):
         ef.validate({"speculative-algorithm": "EAGLE9"}, real.root, real)
-    ef.validate(["--speculative-algorithm", "dflash", "--tp-size=8", "--trust-remote-code",
-                 "--cuda-graph-max-bs-decode", "16"], real.root, real)
+    ef.validate(
+        ["--speculative-algorithm", "dflash", "--tp-size=8", "--trust-remote-code", "--cuda-graph-max-bs-decode", "16"],
+        real.root,
+        real,
+    )
     ef.validate({"tp_size": 8, "trust_remote_code": True, "disable_cuda_graph": False}, real.root, real)
 
 
@@ -107,17 +148,20 @@ def test_add_argument_style_tree(tmp_path):
     srt = tmp_path / "sglang/srt"
     srt.mkdir(parents=True)
     (tmp_path / "sglang/version.py").write_text('__version__ = "0.4.9"\n')
-    (srt / "server_args.py").write_text('''
+    (srt / "server_args.py").write_text("""
 def add_cli_args(parser):
     parser.add_argument("--tp-size", "--tp", type=int, default=1)
     parser.add_argument("--speculative-algorithm", type=str, choices=["EAGLE", "DFLASH", "DDTREE"])
     parser.add_argument("--cuda-graph-max-bs", type=int)
     parser.add_argument("--disable-cuda-graph", action="store_true")
-''')
+""")
     flags = ef.read_flags(tmp_path)
     assert flags.version == "0.4.9" and flags.spec_algorithms == {"EAGLE", "DFLASH", "DDTREE"}
-    ef.validate(["--tp", "8", "--speculative-algorithm", "DDTREE", "--disable-cuda-graph",
-                 "--cuda-graph-max-bs", "16"], tmp_path, flags)
+    ef.validate(
+        ["--tp", "8", "--speculative-algorithm", "DDTREE", "--disable-cuda-graph", "--cuda-graph-max-bs", "16"],
+        tmp_path,
+        flags,
+    )
     with pytest.raises(UserError, match="not accepted"):
         ef.validate(["--cuda-graph-max-bs-decode", "16"], tmp_path, flags)
 
@@ -128,6 +172,7 @@ def test_missing_tree(tmp_path):
 
 
 # ---- the parser as 0.5.23 builds it (arg_groups/arg_utils.py add_cli_args_from_dataclass)
+
 
 def _fields_text(real) -> str:
     return "".join(p.read_text() for p in sorted((real.root / "sglang/srt/arg_groups/fields").glob("*.py")))
@@ -156,10 +201,22 @@ def test_list_flags_take_all_their_values_and_the_mapping_form_renders_them_once
         ef.validate(["--cuda-graph-bs-decode", "--tp-size", "8"], real.root, real)
     with pytest.raises(UserError, match=r"--cuda-graph-bs-decode x: not an int \(sglang 0.5.23, fields/exec_.py:\d+\)"):
         ef.validate(["--cuda-graph-bs-decode", "1", "x"], real.root, real)
-    argv = units.engine_argv({"model_path": "/m", "speculative_algorithm": None,
-                              "extra_args": {"cuda-graph-bs-decode": [1, 2, 4, 8, 16], "enable-tf32-matmul": True}})
+    argv = units.engine_argv(
+        {
+            "model_path": "/m",
+            "speculative_algorithm": None,
+            "extra_args": {"cuda-graph-bs-decode": [1, 2, 4, 8, 16], "enable-tf32-matmul": True},
+        }
+    )
     i = argv.index("--cuda-graph-bs-decode")
-    assert argv.count("--cuda-graph-bs-decode") == 1 and argv[i:i + 6] == ["--cuda-graph-bs-decode", "1", "2", "4", "8", "16"]
+    assert argv.count("--cuda-graph-bs-decode") == 1 and argv[i : i + 6] == [
+        "--cuda-graph-bs-decode",
+        "1",
+        "2",
+        "4",
+        "8",
+        "16",
+    ]
     ef.validate(argv[3:], real.root, real)
 
 
@@ -167,8 +224,11 @@ def _assigned(path: Path, name: str):
     import ast
 
     tree = ast.parse(path.read_text())
-    return next(ast.literal_eval(st.value) for st in tree.body if isinstance(st, ast.Assign)
-                and any(getattr(t, "id", None) == name for t in st.targets))
+    return next(
+        ast.literal_eval(st.value)
+        for st in tree.body
+        if isinstance(st, ast.Assign) and any(getattr(t, "id", None) == name for t in st.targets)
+    )
 
 
 def test_named_choice_lists_and_types_are_checked(real):
@@ -192,5 +252,17 @@ def test_named_choice_lists_and_types_are_checked(real):
 def test_aliases_are_accepted_as_their_flags(real):
     assert real.aliases["--pipeline-parallel-size"] == "--pp-size"
     assert real.aliases["--speculative-draft-model"] == "--speculative-draft-model-path"
-    ef.validate(["--pipeline-parallel-size", "1", "--speculative-algorithm", "DFLASH",
-                 "--speculative-draft-model", "/models/draft", "--tensor-parallel-size", "8"], real.root, real)
+    ef.validate(
+        [
+            "--pipeline-parallel-size",
+            "1",
+            "--speculative-algorithm",
+            "DFLASH",
+            "--speculative-draft-model",
+            "/models/draft",
+            "--tensor-parallel-size",
+            "8",
+        ],
+        real.root,
+        real,
+    )

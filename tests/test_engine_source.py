@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, cli, git, recipe_for, tiny_engine  # noqa: E402
 import sglang_release  # noqa: E402
 
-from k26ops.release import enginelock, engine_source  # noqa: E402
-from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
+from k26ops.release import engine_source, enginelock  # noqa: E402
+from k26ops.release import recipe as rc  # noqa: E402
+from labtools import REPO, cli, git, recipe_for, tiny_engine  # noqa: E402
 
 
 @pytest.fixture
@@ -91,17 +91,22 @@ def test_fetch_builds_the_commit_not_the_branch(tmp_path, cache, real_index):
     msg = str(ei.value)
     # git's own words differ by version ("fatal: remote error: upload-pack: not our ref", 2.39: "fatal: git
     # upload-pack: not our ref"): its first fatal line, whatever its wording
-    assert re.match(rf"engine source: {re.escape(repo.as_uri())} has no commit {'0' * 40} \(tried the commit by sha: "
-                    rf"fatal: [^;]*not our ref {'0' * 40}; refs/heads/main: fetched, the commit is not on it\): ", msg), msg
+    assert re.match(
+        rf"engine source: {re.escape(repo.as_uri())} has no commit {'0' * 40} \(tried the commit by sha: "
+        rf"fatal: [^;]*not our ref {'0' * 40}; refs/heads/main: fetched, the commit is not on it\): ",
+        msg,
+    ), msg
     assert f"engine_source_mirrors: {{{repo.as_uri()}: MIRROR_URL}}" in msg and "--source-url" in msg
     # a server this node cannot reach is not "commit not found": git's cause, not its closing advice
     gone = (tmp_path / "gone").as_uri()
     with pytest.raises(UserError) as ei:
         engine_source.fetch(gone, c1, ref="refs/pull/29907/head")
     msg = str(ei.value)
-    assert msg.startswith(f"engine source: cannot fetch commit {c1[:12]} from {gone} (tried the commit by sha: "
-                          f"fatal: '{tmp_path}/gone' does not appear to be a git repository; refs/pull/29907/head: "
-                          "fatal: "), msg
+    assert msg.startswith(
+        f"engine source: cannot fetch commit {c1[:12]} from {gone} (tried the commit by sha: "
+        f"fatal: '{tmp_path}/gone' does not appear to be a git repository; refs/pull/29907/head: "
+        "fatal: "
+    ), msg
     assert "has no commit" not in msg and "--source-url MIRROR_URL" in msg and "\n" not in msg
 
 
@@ -181,6 +186,7 @@ def test_engine_pin_and_lock_commands_write_reviewed_files(tmp_path, built_cache
     # now the lock belongs to the old commit: refused, with the way out
     with pytest.raises(UserError) as ei:
         from k26ops.steps.release import lock_for
+
         lock_for(rc.load(recipe))
     assert f"the lock is for commit {c1[:12]}" in str(ei.value) and "k26ops engine lock" in str(ei.value)
     lock.unlink()
@@ -224,19 +230,22 @@ def _setup_py_engine(tmp_path: Path, setup_py: str, pyproject: str | None = None
     return repo, git(repo, "rev-parse", "HEAD")
 
 
-NEEDS_RUST = '''from setuptools import setup
+NEEDS_RUST = """from setuptools import setup
 from setuptools_rust import Binding, RustExtension
 
 setup(name="tinyrust", version="1.0", packages=["tinyrust"],
       rust_extensions=[RustExtension("tinyrust._core", path="Cargo.toml", binding=Binding.PyO3)])
-'''
+"""
 
 
 def test_a_failed_build_shows_its_cause_the_tail_and_the_prebuilt_way_out(tmp_path, cache, real_index):
     """A real pip wheel of a setup.py that imports setuptools_rust (which its build
     environment lacks): the cause is the ModuleNotFoundError, not pip's closing note."""
-    repo, c1 = _setup_py_engine(tmp_path, NEEDS_RUST, '[build-system]\nrequires = ["setuptools>=61.0"]\n'
-                                                        'build-backend = "setuptools.build_meta"\n')
+    repo, c1 = _setup_py_engine(
+        tmp_path,
+        NEEDS_RUST,
+        '[build-system]\nrequires = ["setuptools>=61.0"]\nbuild-backend = "setuptools.build_meta"\n',
+    )
     env_path = os.environ["PATH"]
     os.environ["PATH"] = os.path.dirname(shutil.which("cargo") or "/nonexistent") + ":" + env_path
     try:
@@ -248,30 +257,38 @@ def test_a_failed_build_shows_its_cause_the_tail_and_the_prebuilt_way_out(tmp_pa
         os.environ["PATH"] = env_path
     msg = str(ei.value)
     assert "\n" not in msg
-    assert msg.startswith(f"engine source: building the wheel from {repo.as_uri()} @ {c1[:12]} failed: "
-                          "ModuleNotFoundError: No module named 'setuptools_rust' "
-                          "(Getting requirements to build wheel did not run successfully.)")
+    assert msg.startswith(
+        f"engine source: building the wheel from {repo.as_uri()} @ {c1[:12]} failed: "
+        "ModuleNotFoundError: No module named 'setuptools_rust' "
+        "(Getting requirements to build wheel did not run successfully.)"
+    )
     assert "This error originates from a subprocess" not in msg.split("; output tail:")[0]
-    assert "output tail: " in msg and "engine.source.wheel {path|url, sha256}" in msg and "docs/how-to/engine-source.md" in msg
+    assert (
+        "output tail: " in msg
+        and "engine.source.wheel {path|url, sha256}" in msg
+        and "docs/how-to/engine-source.md" in msg
+    )
     log = Path(msg.split("the whole output: ")[1].split(";")[0])
     assert "ModuleNotFoundError: No module named 'setuptools_rust'" in log.read_text()
     assert "note: This error originates from a subprocess" in log.read_text()
 
 
 def test_the_cause_is_the_first_error_of_the_chain():
-    out = ("  error: subprocess-exited-with-error\n  × Building wheel for x (pyproject.toml) did not run successfully.\n"
-           "  ╰─> [9 lines of output]\n      running build_rust\n"
-           "      error[E0432]: unresolved import `pyo3::prelude`\n      error: could not compile `x`\n"
-           "      RuntimeError: cargo failed\n      [end of output]\n"
-           "  note: This error originates from a subprocess, and is likely not a problem with pip.\n"
-           "  ERROR: Failed building wheel for x\n")
+    out = (
+        "  error: subprocess-exited-with-error\n  × Building wheel for x (pyproject.toml) did not run successfully.\n"
+        "  ╰─> [9 lines of output]\n      running build_rust\n"
+        "      error[E0432]: unresolved import `pyo3::prelude`\n      error: could not compile `x`\n"
+        "      RuntimeError: cargo failed\n      [end of output]\n"
+        "  note: This error originates from a subprocess, and is likely not a problem with pip.\n"
+        "  ERROR: Failed building wheel for x\n"
+    )
     cause, stage, tail = engine_source.build_failure(out)
     assert cause == "RuntimeError: cargo failed" and stage.startswith("Building wheel for x")
     cause, _, _ = engine_source.build_failure(out.replace("      RuntimeError: cargo failed\n", ""))
     assert cause == "error[E0432]: unresolved import `pyo3::prelude`"
 
 
-UPSTREAM_SHAPE = '''import os
+UPSTREAM_SHAPE = """import os
 from setuptools import setup
 
 try:
@@ -288,17 +305,25 @@ if build_rust is not None:
     setup(rust_extensions=_declared())
 else:
     setup()
-'''
+"""
 
 
-@pytest.mark.parametrize("text, tool", [
-    (NEEDS_RUST, "cargo"),
-    (UPSTREAM_SHAPE, "cargo"),  # sglang's shape: setuptools_rust imported guardedly, extensions from a function
-    ('from setuptools import Extension, setup\nsetup(ext_modules=[Extension("x._c", ["x/c.c"])])\n', "a C compiler"),
-], ids=["setuptools-rust", "upstream-shape", "ext-modules"])
+@pytest.mark.parametrize(
+    "text, tool",
+    [
+        (NEEDS_RUST, "cargo"),
+        (UPSTREAM_SHAPE, "cargo"),  # sglang's shape: setuptools_rust imported guardedly, extensions from a function
+        (
+            'from setuptools import Extension, setup\nsetup(ext_modules=[Extension("x._c", ["x/c.c"])])\n',
+            "a C compiler",
+        ),
+    ],
+    ids=["setuptools-rust", "upstream-shape", "ext-modules"],
+)
 def test_setup_py_extensions_need_their_toolchain_though_build_system_does_not_say(tmp_path, cache, text, tool):
-    repo, c1 = _setup_py_engine(tmp_path, text, '[build-system]\nrequires = ["setuptools>=61.0"]\n'
-                                                  'build-backend = "setuptools.build_meta"\n')
+    repo, c1 = _setup_py_engine(
+        tmp_path, text, '[build-system]\nrequires = ["setuptools>=61.0"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
     project = repo / "python"
     assert engine_source.build_requirements(project) == ["setuptools>=61.0"]
     found = engine_source.setup_py_extensions(project)

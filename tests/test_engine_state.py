@@ -15,16 +15,22 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import k26ops, k26ops_json, lab_ssh  # noqa: E402
-
 from k26ops.engine.state import engine_state  # noqa: E402
+from labtools import k26ops, k26ops_json, lab_ssh  # noqa: E402
 
 UNIT = "k26-engine.service"
 
 
 def _show(**kw) -> dict:
-    base = {"ActiveState": "active", "SubState": "running", "Result": "success", "UnitFileState": "enabled",
-            "LoadState": "loaded", "NRestarts": 0, "ExecMainStatus": 0}
+    base = {
+        "ActiveState": "active",
+        "SubState": "running",
+        "Result": "success",
+        "UnitFileState": "enabled",
+        "LoadState": "loaded",
+        "NRestarts": 0,
+        "ExecMainStatus": 0,
+    }
     return {**base, **kw}
 
 
@@ -37,27 +43,46 @@ def test_states_from_systemd_properties():
     assert (s.state, s.should_serve, s.ok) == ("stopped", True, False)
     s = engine_state(_show(ActiveState="inactive", SubState="dead", UnitFileState="disabled"), None, None, UNIT)
     assert (s.state, s.ok) == ("stopped", True)  # not enabled: nobody expects it to serve
-    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="start-limit-hit", NRestarts=3),
-                     None, None, UNIT)
+    s = engine_state(
+        _show(ActiveState="failed", SubState="failed", Result="start-limit-hit", NRestarts=3), None, None, UNIT
+    )
     assert (s.state, s.ok) == ("failed", False)
     assert "start-limit-hit after 3 restart(s): `systemctl reset-failed k26-engine.service` is needed" in s.label()
     # systemd 252 (Debian 12, as seen on a lab host): the start limit keeps Result=exit-code; the
     # agents read its "Start request repeated too quickly" line into StartLimitHit
-    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", NRestarts=2,
-                           StartLimitHit=True), None, None, UNIT)
+    s = engine_state(
+        _show(ActiveState="failed", SubState="failed", Result="exit-code", NRestarts=2, StartLimitHit=True),
+        None,
+        None,
+        UNIT,
+    )
     assert s.state == "failed" and s.detail.startswith("start-limit-hit after 2 restart(s)")
-    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainStatus=1,
-                           NRestarts=1, StartLimitHit=False), None, None, UNIT)
+    s = engine_state(
+        _show(
+            ActiveState="failed",
+            SubState="failed",
+            Result="exit-code",
+            ExecMainStatus=1,
+            NRestarts=1,
+            StartLimitHit=False,
+        ),
+        None,
+        None,
+        UNIT,
+    )
     assert s.label() == ("failed (result exit-code, exit status 1; `k26ops diagnose service` names the crash)")
     # a stop of the real engine: it drains, then SIGKILLs itself (tests/data/drain): a stop, not a crash
-    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="signal", ExecMainStatus=9),
-                     None, None, UNIT)
+    s = engine_state(
+        _show(ActiveState="failed", SubState="failed", Result="signal", ExecMainStatus=9), None, None, UNIT
+    )
     assert (s.state, s.ok) == ("stopped", False) and "its own SIGKILL after its drain" in s.detail
-    s = engine_state(_show(ActiveState="failed", SubState="failed", Result="signal", ExecMainStatus=11),
-                     None, None, UNIT)
+    s = engine_state(
+        _show(ActiveState="failed", SubState="failed", Result="signal", ExecMainStatus=11), None, None, UNIT
+    )
     assert s.state == "failed"  # a segfault stays a crash
-    s = engine_state(_show(ActiveState="activating", SubState="auto-restart", Result="exit-code", NRestarts=2),
-                     None, None, UNIT)
+    s = engine_state(
+        _show(ActiveState="activating", SubState="auto-restart", Result="exit-code", NRestarts=2), None, None, UNIT
+    )
     assert s.state == "crash-looping" and not s.ok
     s = engine_state(_show(LoadState="not-found", ActiveState="inactive", UnitFileState=""), None, None, UNIT)
     assert (s.state, s.ok) == ("not-installed", True)
@@ -129,8 +154,7 @@ def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(deployed_h
     assert h["status"] == "stopped", h
 
     # a crash at every start: systemd restarts it until its start limit, then gives up
-    ssh("echo 'K26OPS_STANDIN_CRASH=\"load\"' >> /etc/k26ops/sglang.env && systemctl start "
-        f"{UNIT}; true")
+    ssh(f"echo 'K26OPS_STANDIN_CRASH=\"load\"' >> /etc/k26ops/sglang.env && systemctl start {UNIT}; true")
     deadline = time.monotonic() + 90
     while "Start request repeated too quickly" not in ssh(f"journalctl -u {UNIT} -n 5 -o cat --no-pager"):
         assert time.monotonic() < deadline, ssh(f"systemctl show {UNIT} -p ActiveState,SubState,Result,NRestarts")
@@ -152,7 +176,8 @@ def test_status_says_stopped_and_start_limit_hit_and_deploy_resets_it(deployed_h
 
     proc = k26ops("-i", inv, "deploy", timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"start {UNIT} (was failed: it hit systemd's start limit; systemctl reset-failed first)" in \
-        " ".join(proc.stdout.split()), proc.stdout
+    assert f"start {UNIT} (was failed: it hit systemd's start limit; systemctl reset-failed first)" in " ".join(
+        proc.stdout.split()
+    ), proc.stdout
     rc, st = k26ops_json("-i", inv, "status")
     assert rc == 0 and st["hosts"]["lab1"]["engine_state"] == "serving", st

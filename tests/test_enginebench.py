@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from k26ops.agents import loadgen
 from k26ops.enginebench import accept as accept_mod
 from k26ops.enginebench import figures as figs
-from k26ops.agents import loadgen
 from k26ops.errors import UserError
 from labtools import cli
 
@@ -44,9 +44,11 @@ def test_percentile_is_numpys_linear_interpolation():
 
 
 def test_metrics_follow_bench_serving_definitions():
-    outs = [{"ok": True, "ttft": 0.1, "itl": [0.01, 0.01, 0.03], "latency": 0.15, "output_len": 4, "accept": 3.0},
-            {"ok": True, "ttft": 0.3, "itl": [0.02], "latency": 0.32, "output_len": 2, "accept": 2.0},
-            {"ok": False, "ttft": 0.0, "itl": [], "latency": 0.0, "output_len": 0, "accept": None}]
+    outs = [
+        {"ok": True, "ttft": 0.1, "itl": [0.01, 0.01, 0.03], "latency": 0.15, "output_len": 4, "accept": 3.0},
+        {"ok": True, "ttft": 0.3, "itl": [0.02], "latency": 0.32, "output_len": 2, "accept": 2.0},
+        {"ok": False, "ttft": 0.0, "itl": [], "latency": 0.0, "output_len": 0, "accept": None},
+    ]
     m = loadgen.metrics(outs, 2.0, server_accept=9.9)
     assert m["completed"] == 2 and m["failed"] == 1
     assert m["output_throughput"] == pytest.approx(3.0) and m["request_throughput"] == pytest.approx(1.0)
@@ -59,14 +61,30 @@ def test_metrics_follow_bench_serving_definitions():
 
 @pytest.mark.parametrize("temperature,accept", [(0.0, ACCEPT), (0.7, ACCEPT_SAMPLED)])
 def test_standin_serves_at_the_told_speed(tmp_path, temperature, accept):
-    s = Standin(tmp_path, env={"K26OPS_STANDIN_DECODE_TOKS": str(TOKS), "K26OPS_STANDIN_TTFT_MS": str(TTFT_MS),
-                               "K26OPS_STANDIN_ACCEPT_LENGTH": str(ACCEPT),
-                               "K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED": str(ACCEPT_SAMPLED)})
+    s = Standin(
+        tmp_path,
+        env={
+            "K26OPS_STANDIN_DECODE_TOKS": str(TOKS),
+            "K26OPS_STANDIN_TTFT_MS": str(TTFT_MS),
+            "K26OPS_STANDIN_ACCEPT_LENGTH": str(ACCEPT),
+            "K26OPS_STANDIN_ACCEPT_LENGTH_SAMPLED": str(ACCEPT_SAMPLED),
+        },
+    )
     try:
         s.wait_ready()
         for c in (1, 4):
-            r = loadgen.op_loadgen({"host": "127.0.0.1", "port": s.port, "concurrency": c, "num_prompts": 2 * c,
-                                    "input_len": 8, "output_len": OUT, "temperature": temperature, "seed": 3})
+            r = loadgen.op_loadgen(
+                {
+                    "host": "127.0.0.1",
+                    "port": s.port,
+                    "concurrency": c,
+                    "num_prompts": 2 * c,
+                    "input_len": 8,
+                    "output_len": OUT,
+                    "temperature": temperature,
+                    "seed": 3,
+                }
+            )
             assert r["ok"], r
             m, want = r["metrics"], expected(c)
             assert m["completed"] == 2 * c and m["total_output_tokens"] == 2 * c * OUT
@@ -100,8 +118,9 @@ def test_accept_histogram_as_the_real_engine_reports_it():
     assert accept_mod.by_position(hist) == [0.0]  # the tiny model's drafter on dummy weights: never
     assert accept_mod.by_position([10, 20, 30, 40]) == [0.9, 0.7, 0.4] and accept_mod.by_position([]) == []
     assert accept_mod.summed([[1, 2], None, [0, 1, 5]]) == [1, 3, 5]
-    assert accept_mod.histogram_field([None, []]) == {} and accept_mod.histogram_field([[0, 2]]) == \
-        {"accept_histogram": [0, 2]}
+    assert accept_mod.histogram_field([None, []]) == {} and accept_mod.histogram_field([[0, 2]]) == {
+        "accept_histogram": [0, 2]
+    }
 
 
 def test_standin_stream_is_sglang_shaped(tmp_path):
@@ -112,8 +131,9 @@ def test_standin_stream_is_sglang_shaped(tmp_path):
     try:
         s.wait_ready()
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
-        conn.request("POST", "/generate", json.dumps({"text": "hi", "stream": True,
-                                                      "sampling_params": {"max_new_tokens": 7}}))
+        conn.request(
+            "POST", "/generate", json.dumps({"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 7}})
+        )
         resp = conn.getresponse()
         assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
         events = [e for e in resp.read().decode().split("\n\n") if e]
@@ -134,8 +154,18 @@ def test_standin_stream_is_sglang_shaped(tmp_path):
 
 
 def _bench(metric_values: dict) -> dict:
-    return {"spec": {"runs": 2}, "cells": [{"concurrency": 1, "temperature": 0.0, "figures": {
-        m: {"median": v, "min": v * 0.98, "max": v * 1.01, "n": 2} for m, v in metric_values.items()}}]}
+    return {
+        "spec": {"runs": 2},
+        "cells": [
+            {
+                "concurrency": 1,
+                "temperature": 0.0,
+                "figures": {
+                    m: {"median": v, "min": v * 0.98, "max": v * 1.01, "n": 2} for m, v in metric_values.items()
+                },
+            }
+        ],
+    }
 
 
 def test_gate_verdict_names_the_regressed_figure():
@@ -172,16 +202,45 @@ def test_compare_calls_a_change_only_beyond_the_runs_spread():
     # the noise that gave "itl_p50_ms +1103.8% worse": one slow run widens the range over the baseline's
     assert figs.judge("itl_p50_ms", _stat(5, 4.8, 5.2, 3), _stat(60, 4.9, 61, 3))["verdict"] == "within noise"
     rows = figs.compare(_bench({"tok/s": 80.0}), _bench({"tok/s": 100.0}))
-    assert set(rows[0]) >= {"figure", "baseline", "current", "baseline_min", "baseline_max", "baseline_n",
-                            "current_min", "current_max", "current_n", "change_pct", "verdict", "p_value", "why"}
+    assert set(rows[0]) >= {
+        "figure",
+        "baseline",
+        "current",
+        "baseline_min",
+        "baseline_max",
+        "baseline_n",
+        "current_min",
+        "current_max",
+        "current_n",
+        "change_pct",
+        "verdict",
+        "p_value",
+        "why",
+    }
 
 
 def test_compare_measures_the_baselines_own_cells():
     """Issue 45 item 7: --compare ran its own default cells, not the baseline's."""
-    base = {"concurrency": [1, 8], "temperatures": [0.0], "input_len": 64, "output_len": 32, "seed": 3,
-            "runs": 3, "num_prompts": 0, "generator": "k26ops"}
-    mine = {"concurrency": [1, 4, 16], "temperatures": [0.0, 0.7], "input_len": 1024, "output_len": 256,
-            "seed": 1, "runs": 5, "num_prompts": 0, "generator": "auto"}
+    base = {
+        "concurrency": [1, 8],
+        "temperatures": [0.0],
+        "input_len": 64,
+        "output_len": 32,
+        "seed": 3,
+        "runs": 3,
+        "num_prompts": 0,
+        "generator": "k26ops",
+    }
+    mine = {
+        "concurrency": [1, 4, 16],
+        "temperatures": [0.0, 0.7],
+        "input_len": 1024,
+        "output_len": 256,
+        "seed": 1,
+        "runs": 5,
+        "num_prompts": 0,
+        "generator": "auto",
+    }
     got = figs.spec_for_compare(base, mine, set())
     assert got == {**base, "runs": 5}  # its cells and settings; the runs ours
     assert figs.spec_for_compare(base, mine, {"concurrency"})["concurrency"] == [1, 4, 16]  # given here: wins
@@ -194,13 +253,16 @@ def test_figure_names_are_checked():
             figs.parse_figure(bad)
 
 
-@pytest.mark.parametrize("args,words", [
-    (["bench", "--concurrency", "1,0"], "--concurrency: 0 is out of range"),
-    (["bench", "--temperatures", "0,hot"], "--temperatures: 'hot' is not a number"),
-    (["deploy", "--gate", "t1"], "--gate needs --canary N"),
-    (["deploy", "--canary", "1", "--gate", "t1", "--gate-figures", "fast@c1/t0"], "is not a figure"),
-    (["bench", "--compare", "t1"], "unknown baseline tag 't1'"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["bench", "--concurrency", "1,0"], "--concurrency: 0 is out of range"),
+        (["bench", "--temperatures", "0,hot"], "--temperatures: 'hot' is not a number"),
+        (["deploy", "--gate", "t1"], "--gate needs --canary N"),
+        (["deploy", "--canary", "1", "--gate", "t1", "--gate-figures", "fast@c1/t0"], "is not a figure"),
+        (["bench", "--compare", "t1"], "unknown baseline tag 't1'"),
+    ],
+)
 def test_bad_bench_input_exits_2_with_one_line(tmp_path, args, words):
     inv = tmp_path / "inv.yml"
     inv.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")

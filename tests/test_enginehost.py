@@ -22,21 +22,41 @@ def test_the_default_layout():
     assert lay.root == DEFAULT_ROOT == "/opt/k26ops"
     assert (lay.releases_root, lay.current) == ("/opt/k26ops/releases", "/opt/k26ops/releases/current")
     assert (lay.state_dir, lay.pins_file) == ("/opt/k26ops/state", "/opt/k26ops/state/pinned-releases")
-    assert (lay.toolchain_dir, lay.wheelhouse_dir, lay.lab_module_dir) == \
-        ("/opt/k26ops/toolchain", "/opt/k26ops/wheelhouse", "/opt/k26ops/lab")
+    assert (lay.toolchain_dir, lay.wheelhouse_dir, lay.lab_module_dir) == (
+        "/opt/k26ops/toolchain",
+        "/opt/k26ops/wheelhouse",
+        "/opt/k26ops/lab",
+    )
 
 
 def test_everything_follows_a_custom_root_and_releases_root_its_own():
     lay = Layout.of({"k26ops_root": "/data/k26"})
-    assert [lay.releases_root, lay.current, lay.state_dir, lay.pins_file, lay.toolchain_dir,
-            lay.wheelhouse_dir, lay.lab_module_dir] == [
-        "/data/k26/releases", "/data/k26/releases/current", "/data/k26/state", "/data/k26/state/pinned-releases",
-        "/data/k26/toolchain", "/data/k26/wheelhouse", "/data/k26/lab"]
+    assert [
+        lay.releases_root,
+        lay.current,
+        lay.state_dir,
+        lay.pins_file,
+        lay.toolchain_dir,
+        lay.wheelhouse_dir,
+        lay.lab_module_dir,
+    ] == [
+        "/data/k26/releases",
+        "/data/k26/releases/current",
+        "/data/k26/state",
+        "/data/k26/state/pinned-releases",
+        "/data/k26/toolchain",
+        "/data/k26/wheelhouse",
+        "/data/k26/lab",
+    ]
     lay = Layout.of({"k26ops_root": "/data/k26", "releases_root": "/fast/rel"})
     assert (lay.releases_root, lay.current, lay.state_dir) == ("/fast/rel", "/fast/rel/current", "/data/k26/state")
     ctx = host({"k26ops_root": "/data/k26"})  # the steps' context asks the same layout
-    assert (ctx.root, ctx.releases_root, ctx.state_dir, ctx.pins_file) == \
-        ("/data/k26", "/data/k26/releases", "/data/k26/state", "/data/k26/state/pinned-releases")
+    assert (ctx.root, ctx.releases_root, ctx.state_dir, ctx.pins_file) == (
+        "/data/k26",
+        "/data/k26/releases",
+        "/data/k26/state",
+        "/data/k26/state/pinned-releases",
+    )
 
 
 def test_unit_name_from_params_then_inventory_then_default_and_checked():
@@ -57,8 +77,17 @@ def test_env_file_path():
 
 def test_env_variables(monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    eh = EngineHost(host({"engine_env": {"A": "1"}, "hf_token": "hf_x", "lab": True, "k26ops_root": "/r",
-                          "cuda_home": "/r/toolchain/cuda-13.0"}))
+    eh = EngineHost(
+        host(
+            {
+                "engine_env": {"A": "1"},
+                "hf_token": "hf_x",
+                "lab": True,
+                "k26ops_root": "/r",
+                "cuda_home": "/r/toolchain/cuda-13.0",
+            }
+        )
+    )
     assert eh.env() == {"A": "1", "HF_TOKEN": "hf_x", "CUDA_HOME": "/r/toolchain/cuda-13.0", "PYTHONPATH": "/r/lab"}
     assert eh.lab_module_path == "/r/lab/k26ops_lab_engine.py"
     # the control node's HF_TOKEN only when the inventory has none

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from k26ops.host import preflight
 from k26ops.facts import fabric as F
+from k26ops.host import preflight
 
 DATA = Path(__file__).parent / "data/facts"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())
@@ -29,11 +29,14 @@ def fact_output(journal: str, show: str = FAILED_SHOW, log: str = "") -> str:
     return f"{show}{F.SEP}journal\n{journal}{F.SEP}log\n{log}"
 
 
-@pytest.mark.parametrize("name, fm, driver", [
-    ("pub-akash632-journal-fm-version-mismatch.txt", "550.127.05", "550.120"),
-    ("pub-gpu-operator544-journal-fm-version-mismatch.txt", "530.30.02", "530.41.03"),
-    ("pub-nvtrust55-fm-version-mismatch-curly.txt", "550.90.07", "550.107.02"),
-])
+@pytest.mark.parametrize(
+    "name, fm, driver",
+    [
+        ("pub-akash632-journal-fm-version-mismatch.txt", "550.127.05", "550.120"),
+        ("pub-gpu-operator544-journal-fm-version-mismatch.txt", "530.30.02", "530.41.03"),
+        ("pub-nvtrust55-fm-version-mismatch-curly.txt", "550.90.07", "550.107.02"),
+    ],
+)
 def test_version_mismatch_names_both_versions(name, fm, driver):
     r = F.reasons(read(name))
     assert [x["reason"] for x in r] == ["version-mismatch"]  # systemd's own failure line is not a second reason
@@ -42,8 +45,10 @@ def test_version_mismatch_names_both_versions(name, fm, driver):
     assert r[0]["action"] == "install-matching"
 
 
-@pytest.mark.parametrize("name", ["pub-gpu-operator610-journal-fm-nothing-to-do.txt",
-                                  "pub-cube-studio29-journal-fm-start-sh-nothing-to-do.txt"])
+@pytest.mark.parametrize(
+    "name",
+    ["pub-gpu-operator610-journal-fm-nothing-to-do.txt", "pub-cube-studio29-journal-fm-start-sh-nothing-to-do.txt"],
+)
 def test_nothing_to_do_is_a_fault_only_on_an_nvswitch_host(name):
     fm = F.parse_fabric_manager(fact_output(read(name)), 0)
     assert fm["present"] and fm["active_state"] == "failed"
@@ -58,16 +63,29 @@ def test_nothing_to_do_is_a_fault_only_on_an_nvswitch_host(name):
 
 def test_config_item_named():
     r = F.reasons(read("pub-siderolabs511-fm-config-invalid.txt"))
-    assert r == [{"reason": "config-invalid", "action": "fix-config", "item": "FABRIC_NODE_CONFIG_FILE",
-                  "evidence": "fabric manager config file item: FABRIC_NODE_CONFIG_FILE has an invalid value"}]
+    assert r == [
+        {
+            "reason": "config-invalid",
+            "action": "fix-config",
+            "item": "FABRIC_NODE_CONFIG_FILE",
+            "evidence": "fabric manager config file item: FABRIC_NODE_CONFIG_FILE has an invalid value",
+        }
+    ]
 
 
 def test_systemd_failure_line_is_the_reason_when_nothing_else_is_known():
-    journal = "\n".join(line for line in read("pub-akash632-journal-fm-version-mismatch.txt").splitlines()
-                        if "nv-fabricmanager[" not in line) + "\n"  # the recorded lines without the FM's own
+    journal = (
+        "\n".join(
+            line
+            for line in read("pub-akash632-journal-fm-version-mismatch.txt").splitlines()
+            if "nv-fabricmanager[" not in line
+        )
+        + "\n"
+    )  # the recorded lines without the FM's own
     fm = F.parse_fabric_manager(fact_output(journal), 0)
     assert [(r["reason"], r["evidence"]) for r in fm["reasons"]] == [
-        ("failed", "Control process exited, code=exited, status=1/FAILURE")]
+        ("failed", "Control process exited, code=exited, status=1/FAILURE")
+    ]
     v = F.verdict(fm, SWITCHES)
     assert not v["ok"] and "journalctl -u nvidia-fabricmanager" in v["line"]
 
@@ -82,23 +100,29 @@ def test_unit_absent_concerns_only_nvswitch_hosts():
 
 
 def test_active_unit_passes_and_a_stopped_one_on_a_switch_host_fails():
-    active = F.parse_fabric_manager(fact_output("", show="LoadState=loaded\nActiveState=active\nSubState=running\n"
-                                                          "Result=success\n"), 0)
+    active = F.parse_fabric_manager(
+        fact_output("", show="LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\n"), 0
+    )
     assert F.verdict(active, SWITCHES)["ok"]
-    stopped = F.parse_fabric_manager(fact_output("", show="LoadState=loaded\nActiveState=inactive\nSubState=dead\n"
-                                                           "Result=success\n"), 0)
+    stopped = F.parse_fabric_manager(
+        fact_output("", show="LoadState=loaded\nActiveState=inactive\nSubState=dead\nResult=success\n"), 0
+    )
     assert F.verdict(stopped, NO_SWITCHES)["ok"]
     v = F.verdict(stopped, SWITCHES)
     assert not v["ok"] and v["reason"] == "not-running" and "systemctl start nvidia-fabricmanager" in v["line"]
 
 
 def test_check_and_health_column_name_the_fault_and_action():
-    facts = {"fabric_manager": F.parse_fabric_manager(
-        fact_output(read("pub-akash632-journal-fm-version-mismatch.txt")), 0), "nvswitch": SWITCHES}
+    facts = {
+        "fabric_manager": F.parse_fabric_manager(fact_output(read("pub-akash632-journal-fm-version-mismatch.txt")), 0),
+        "nvswitch": SWITCHES,
+    }
     c = preflight.fabric_manager_check(facts)
     assert not c.ok and c.name == "fabric_manager"
-    assert c.detail.startswith("nvidia-fabricmanager version-mismatch: fabric manager NVIDIA GPU driver interface "
-                               "version 550.127.05 don't match with driver version 550.120")
+    assert c.detail.startswith(
+        "nvidia-fabricmanager version-mismatch: fabric manager NVIDIA GPU driver interface "
+        "version 550.127.05 don't match with driver version 550.120"
+    )
     assert "action: install nvidia-fabricmanager of exactly the loaded driver's version" in c.detail
     assert "fabric manager install-matching (version-mismatch)" in preflight.health_summary(facts)
     checks = preflight.evaluate(facts, {})

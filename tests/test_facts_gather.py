@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from k26ops import facts
-from k26ops.transport import agents
 from k26ops.facts import Fact, GatherError, disk_free_fact
+from k26ops.transport import agents
 
 FIXTURES = Path(__file__).resolve().parents[1] / "k26ops" / "lab" / "fixtures"
 
@@ -25,8 +25,9 @@ class LocalRunner:
 
     def run(self, command, *, stdin=None, timeout=None):
         self.calls.append(command)
-        p = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, text=True,
-                           timeout=timeout, env=self.env)
+        p = subprocess.run(
+            ["/bin/sh", "-c", command], input=stdin, capture_output=True, text=True, timeout=timeout, env=self.env
+        )
         return SimpleNamespace(exited=p.returncode, stdout=p.stdout, stderr=p.stderr)
 
 
@@ -82,14 +83,17 @@ def test_each_nvcc_runs_once_though_two_patterns_name_it(tmp_path):
     for d in ("cuda-13.0", "other"):
         nvcc = tmp_path / "toolchain" / d / "bin" / "nvcc"
         nvcc.parent.mkdir(parents=True)
-        nvcc.write_text(f"#!/bin/sh\necho \"$0\" >> {log}\ncat {tmp_path}/recorded\n")
+        nvcc.write_text(f'#!/bin/sh\necho "$0" >> {log}\ncat {tmp_path}/recorded\n')
         nvcc.chmod(0o755)
     fact = cuda_toolkit_fact(str(tmp_path / "toolchain"))
     v = facts.gather(LocalRunner(), [], extra=[fact])["cuda_toolkit"]
-    assert sorted(log.read_text().splitlines()) == sorted(str(tmp_path / "toolchain" / d / "bin" / "nvcc")
-                                                          for d in ("cuda-13.0", "other"))
+    assert sorted(log.read_text().splitlines()) == sorted(
+        str(tmp_path / "toolchain" / d / "bin" / "nvcc") for d in ("cuda-13.0", "other")
+    )
     ours = [i for i in v["installs"] if i["path"].startswith(str(tmp_path))]
-    assert [i["path"] for i in ours] == [str(tmp_path / "toolchain" / d / "bin" / "nvcc") for d in ("cuda-13.0", "other")]
+    assert [i["path"] for i in ours] == [
+        str(tmp_path / "toolchain" / d / "bin" / "nvcc") for d in ("cuda-13.0", "other")
+    ]
     assert {i["release"] for i in ours} == {"13.0"}
 
 
@@ -105,8 +109,12 @@ def test_per_command_timeout_and_closed_stdin():
 
 def test_hostile_disk_paths_are_quoted(tmp_path):
     marker = tmp_path / "pwned"
-    hostile = [f"{tmp_path}/a b; touch {marker}", f"$(touch {marker})", f"`touch {marker}`",
-               f"{tmp_path}/x'\"; touch {marker}\n"]
+    hostile = [
+        f"{tmp_path}/a b; touch {marker}",
+        f"$(touch {marker})",
+        f"`touch {marker}`",
+        f"{tmp_path}/x'\"; touch {marker}\n",
+    ]
     v = facts.gather(LocalRunner(), ["python3"], extra=[disk_free_fact(hostile)])
     assert not marker.exists()
     for h in hostile[:3]:  # (a newline inside a path is only proven harmless, not reported)
@@ -133,8 +141,12 @@ def test_unknown_fact_name():
 
 def test_remote_script_is_stdlib_only_and_standalone(tmp_path):
     # Run it as the host would, from an empty directory with no k26ops on sys.path.
-    p = subprocess.run([sys.executable, "-I", "-c", agents.source("gather")],
-                       input='{"op": "gather", "commands": [{"name": "x", "command": "echo hi; echo err >&2; exit 3"}]}',
-                       capture_output=True, text=True, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-I", "-c", agents.source("gather")],
+        input='{"op": "gather", "commands": [{"name": "x", "command": "echo hi; echo err >&2; exit 3"}]}',
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == '{"x": {"rc": 3, "stdout": "hi\\n", "stderr": "err\\n"}}'

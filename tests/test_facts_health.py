@@ -61,8 +61,13 @@ def test_real_older_clocks_throttle_reasons_name_idle_only():
 def test_constructed_faulty_h200_names_each_fault_and_the_worst_action():
     h = Q.parse_health_fact(read("constructed-h200-q-faults.txt"), 0)
     (g,) = h["gpus"]
-    assert [f["fault"] for f in g["faults"]] == ["ecc-uncorrectable", "row-remap-pending", "thermal-slowdown",
-                                                 "over-slowdown-temp", "recovery-action"]
+    assert [f["fault"] for f in g["faults"]] == [
+        "ecc-uncorrectable",
+        "row-remap-pending",
+        "thermal-slowdown",
+        "over-slowdown-temp",
+        "recovery-action",
+    ]
     assert g["action"] == "reset-gpu" and h["action"] == "reset-gpu"
     Q.with_gpu_index(h, [{"index": 3, "bus_id": "00000000:00:06.0"}])
     (line,) = Q.fault_lines(h)
@@ -73,11 +78,13 @@ def test_constructed_faulty_h200_names_each_fault_and_the_worst_action():
 def test_remap_failure_is_rma_and_absolute_temperature_over_slowdown():
     # the real H200 recording with two values flipped in the test (not a recording of its own)
     text = read("h200-nvidia-smi-q.txt").replace(
-        "Remapping Failure Occurred                     : No", "Remapping Failure Occurred                     : Yes")
+        "Remapping Failure Occurred                     : No", "Remapping Failure Occurred                     : Yes"
+    )
     (g,) = Q.parse_health(text)["gpus"]
     assert [(f["fault"], f["action"]) for f in g["faults"]] == [("row-remap-failure", "drain-and-rma")]
-    hot = read("pub-thermald300-q-temperature.txt").replace("GPU Current Temp                  : 56 C",
-                                                            "GPU Current Temp                  : 98 C")
+    hot = read("pub-thermald300-q-temperature.txt").replace(
+        "GPU Current Temp                  : 56 C", "GPU Current Temp                  : 98 C"
+    )
     (g,) = Q.parse_health(hot)["gpus"]
     assert [(f["fault"], f["action"]) for f in g["faults"]] == [("over-slowdown-temp", "check-cooling")]
 
@@ -96,12 +103,15 @@ def test_bus_id_spellings_meet():
 
 # ------------------------------------------------ wired: facts, check, the facts column
 
+
 def _facts(health_file=None, xid_file=None, bus="00000000:00:06.0", xid_bus="00000000:2B:00.0"):
     from k26ops import facts
     from k26ops.facts import xid as X
 
-    raw = {"gpu_health": {"rc": 0, "stdout": read(health_file) if health_file else "", "stderr": ""},
-           "gpu_xid": {"rc": 0, "stdout": (read(xid_file) if xid_file else "") + "__K26OPS_RC=0\n", "stderr": ""}}
+    raw = {
+        "gpu_health": {"rc": 0, "stdout": read(health_file) if health_file else "", "stderr": ""},
+        "gpu_xid": {"rc": 0, "stdout": (read(xid_file) if xid_file else "") + "__K26OPS_RC=0\n", "stderr": ""},
+    }
     v = facts.parse_results(raw, ["gpu_health", "gpu_xid"])
     v["gpus"] = {"gpus": [{"index": 0, "bus_id": bus}, {"index": 3, "bus_id": xid_bus}], "gpu_errors": []}
     v["nvidia_smi"] = {}
@@ -143,8 +153,8 @@ def test_check_fails_on_a_real_xid79_with_the_gpu_index_from_its_bus_id():
 
 
 def test_an_application_xid_or_an_unreadable_kernel_log_fails_nothing():
-    from k26ops.host import preflight
     from k26ops.facts import xid as X
+    from k26ops.host import preflight
 
     v = _facts("h200-nvidia-smi-q.txt", "pub-pytorch51382-dmesg-xid43-31.txt")
     assert v["gpu_xid"]["count"] == 7 and preflight.gpu_health_check(v).ok
@@ -167,6 +177,7 @@ def test_xid_command_is_bounded_and_keeps_refusals():
 
 # ------------------------------------------------ issue 46: -q layouts of several drivers
 
+
 def test_real_healthy_a100_pasted_indented_reads_both_gpus_and_raises_nothing():
     h = Q.parse_health_fact(read("pub-hpe-a100-q-ecc-555-healthy.txt"), 0)
     assert h["error"] is None and h["faults"] == 0 and h["action"] == "none"
@@ -181,7 +192,10 @@ def test_real_older_layout_double_bit_and_retired_pages_are_read():
     text = read("pub-dcgm-exporter16-q-double-bit-healthy.txt")
     (g,) = Q.parse_health_fact(text, 0)["gpus"]
     assert g["faults"] == [] and g["retired_pages"] == {
-        "Single Bit ECC": "0", "Double Bit ECC": "0", "Pending Page Blacklist": "No"}
+        "Single Bit ECC": "0",
+        "Double Bit ECC": "0",
+        "Pending Page Blacklist": "No",
+    }
     # the same excerpt under its ECC Errors > Volatile parents, once with the Double Bit total at 2
     # (changed in the test, not a recording): the older layout's uncorrectable count is read
     nested = "ECC Errors\n    Volatile\n" + text.split("    Retired Pages")[0]
@@ -189,7 +203,8 @@ def test_real_older_layout_double_bit_and_retired_pages_are_read():
     assert g["ecc"]["volatile_uncorrectable"] == 0 and g["faults"] == []
     (g,) = Q.parse_health(nested.replace("Total                     : 0", "Total                     : 2"))["gpus"]
     assert [(f["fault"], f["evidence"]) for f in g["faults"]] == [
-        ("ecc-uncorrectable", "ECC Errors, Volatile: Double Bit Total : 2")]
+        ("ecc-uncorrectable", "ECC Errors, Volatile: Double Bit Total : 2")
+    ]
     # driver 418's Retired Pages spell it "Pending"
     (g,) = Q.parse_health("Retired Pages\n    Single Bit ECC : 0\n    Double Bit ECC : 1\n    Pending : Yes\n")["gpus"]
     assert [f["fault"] for f in g["faults"]] == ["page-retirement-pending"]
@@ -207,11 +222,18 @@ def test_a_gpu_nvidia_smi_cannot_open_is_a_health_fault_with_its_bus_id():
     assert h["error"] is None and h["faults"] == 1 and h["action"] == "reboot"
     (g,) = h["gpus"]
     assert g["bus_id"] == "0000:0B:00.0" and g["faults"][0]["fault"] == "gpu-unreachable"
-    assert Q.fault_lines(h)[0].startswith("GPU (0000:0B:00.0): gpu-unreachable (nvidia-smi cannot open it: Unknown Error)")
+    assert Q.fault_lines(h)[0].startswith(
+        "GPU (0000:0B:00.0): gpu-unreachable (nvidia-smi cannot open it: Unknown Error)"
+    )
 
 
 def test_healthy_q_outputs_are_no_crash_either():
     from k26ops.diagnose import classify
-    for name in ("h200-nvidia-smi-q.txt", "pub-hpe-a100-q-ecc-555-healthy.txt", "pub-dcgm-exporter16-q-double-bit-healthy.txt"):
+
+    for name in (
+        "h200-nvidia-smi-q.txt",
+        "pub-hpe-a100-q-ecc-555-healthy.txt",
+        "pub-dcgm-exporter16-q-double-bit-healthy.txt",
+    ):
         d = classify(read(name))
         assert not d.error_found, (name, d.evidence)

@@ -35,15 +35,28 @@ def test_manifest_lists_every_file_and_says_where_it_came_from():
         assert ("CONSTRUCTED" in meta["source"]) == name.startswith("constructed-"), name
 
 
-@pytest.mark.parametrize("name", ["h200x2-smi-query-noheader-nounits.txt", "h200x2-smi-query-csv.txt",
-                                  "h200x2-smi-query-noheader.txt", "h200x2-smi-query-nounits.txt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "h200x2-smi-query-noheader-nounits.txt",
+        "h200x2-smi-query-csv.txt",
+        "h200x2-smi-query-noheader.txt",
+        "h200x2-smi-query-nounits.txt",
+    ],
+)
 def test_gpus_real_h200_every_csv_variant(name):
     v = gpu.parse_gpus(*out(name))
     assert v["error"] is None and v["count"] == 2
     assert [g["index"] for g in v["gpus"]] == [0, 1]
     for g, uuid in zip(v["gpus"], H200_UUIDS):
-        assert base(g) == {"index": g["index"], "name": "NVIDIA H200", "memory_mib": 143771,
-                           "driver_version": "580.159.04", "compute_cap": "9.0", "uuid": uuid}
+        assert base(g) == {
+            "index": g["index"],
+            "name": "NVIDIA H200",
+            "memory_mib": 143771,
+            "driver_version": "580.159.04",
+            "compute_cap": "9.0",
+            "uuid": uuid,
+        }
         assert g["error"] is None and set(g["sources"].values()) == {"query"}
 
 
@@ -53,22 +66,37 @@ def test_gpus_real_single_gpu_selection():
 
 
 def test_query_csv_real_extra_fields_with_units():
-    fields = ("index", "pci.bus_id", "memory.used", "memory.free", "power.limit", "persistence_mode",
-              "mig.mode.current", "ecc.mode.current", "clocks.max.sm", "gpu_serial", "vbios_version",
-              "pcie.link.gen.max", "pcie.link.width.max", "temperature.gpu", "utilization.gpu")
+    fields = (
+        "index",
+        "pci.bus_id",
+        "memory.used",
+        "memory.free",
+        "power.limit",
+        "persistence_mode",
+        "mig.mode.current",
+        "ecc.mode.current",
+        "clocks.max.sm",
+        "gpu_serial",
+        "vbios_version",
+        "pcie.link.gen.max",
+        "pcie.link.width.max",
+        "temperature.gpu",
+        "utilization.gpu",
+    )
     with_units = gpu.parse_query_csv(out("h200x2-smi-query-extra.txt")[0], fields)
     bare = gpu.parse_query_csv(out("h200x2-smi-query-extra-noheader-nounits.txt")[0], fields)
     assert len(with_units) == 2
     assert with_units[0]["memory.free"] == "143156" and with_units[0]["power.limit"] == "700.00"
     assert with_units[0]["utilization.gpu"] == "0" and with_units[0]["clocks.max.sm"] == "1980"
     for a, b in zip(with_units, bare):  # temperature may differ between the two runs
-        assert {k: v for k, v in a.items() if k != "temperature.gpu"} == \
-               {k: v for k, v in b.items() if k != "temperature.gpu"}
+        assert {k: v for k, v in a.items() if k != "temperature.gpu"} == {
+            k: v for k, v in b.items() if k != "temperature.gpu"
+        }
 
 
 def test_gpus_real_error_outputs_are_values():
     v = gpu.parse_gpus(*out("h200x2-smi-query-badfield.txt"))
-    assert v["count"] == 0 and 'bogus_field' in v["error"] and "exited 2" in v["error"]
+    assert v["count"] == 0 and "bogus_field" in v["error"] and "exited 2" in v["error"]
     v = gpu.parse_gpus(*out("h200x2-smi-badopt.txt"))
     assert v["count"] == 0 and "not recognized" in v["error"]
 
@@ -84,13 +112,24 @@ def test_gpus_constructed_rtxpro6000():
 def test_gpus_constructed_na_and_spaces():
     v = gpu.parse_gpus(*out("constructed-query-na-spaces.txt"))
     assert v["count"] == 2
-    assert base(v["gpus"][0]) == {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                            "memory_mib": 97887, "driver_version": "580.95.05", "compute_cap": None, "uuid": None}
+    assert base(v["gpus"][0]) == {
+        "index": 0,
+        "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        "memory_mib": 97887,
+        "driver_version": "580.95.05",
+        "compute_cap": None,
+        "uuid": None,
+    }
     assert v["gpus"][1]["memory_mib"] is None and v["gpus"][1]["compute_cap"] == "12.0"
 
 
-@pytest.mark.parametrize("name,why", [("constructed-nvml-mismatch.txt", "Failed to initialize NVML: Driver/library version mismatch"),
-                                      ("constructed-no-devices.txt", "No devices were found")])
+@pytest.mark.parametrize(
+    "name,why",
+    [
+        ("constructed-nvml-mismatch.txt", "Failed to initialize NVML: Driver/library version mismatch"),
+        ("constructed-no-devices.txt", "No devices were found"),
+    ],
+)
 def test_nvidia_smi_failures_become_reasons(name, why):
     for parse in (gpu.parse_gpus, gpu.parse_topology, gpu.parse_smi_header):
         v = parse(*out(name))
@@ -132,8 +171,12 @@ def test_topology_single_gpu_and_garbage():
 
 def test_smi_header_real_and_driver610():
     v = gpu.parse_smi_header(*out("h200x2-smi-table.txt"))
-    assert (v["driver_version"], v["cuda_version"], v["smi_version"], v["header_style"]) == \
-           ("580.159.04", "13.0", "580.159.04", "driver")
+    assert (v["driver_version"], v["cuda_version"], v["smi_version"], v["header_style"]) == (
+        "580.159.04",
+        "13.0",
+        "580.159.04",
+        "driver",
+    )
     assert v["gpu_names"] == ["NVIDIA H200", "NVIDIA H200"]
     v = gpu.parse_smi_header(*out("constructed-driver610-table.txt"))
     assert (v["driver_version"], v["cuda_version"], v["header_style"]) == ("610.12", "13.2", "kmd")
@@ -144,8 +187,8 @@ def test_smi_header_real_and_driver610():
 def test_driver_version_without_the_query_from_the_table_or_q_header():
     """A deploy gathers the query and -q, not the table: where the query gave no driver, the
     recorded -q header gives the same driver as the recorded table of that driver."""
-    from k26ops.host import preflight
     from k26ops.facts import smi_q
+    from k26ops.host import preflight
 
     none = {"gpus": {"gpus": []}}
     table = gpu.parse_smi_header(*out("h200x2-smi-table.txt"))
@@ -196,6 +239,7 @@ def test_gather_output_recorded_on_device_parses():
     raw = json.loads((DATA / "h200x2-gather-output.json").read_text())
     extra = [disk.disk_free_fact(["/", "/tmp", "/models/k26/not-yet"])]
     from k26ops.facts import parse_results
+
     v = parse_results(raw, extra=extra)
     assert v["gpus"]["count"] == 2 and v["gpu_topology"]["interconnect"] == "nvlink"
     assert v["nvidia_smi"]["driver_version"] == "580.159.04"
@@ -214,21 +258,27 @@ def test_parsers_never_raise_on_garbage():
 
 # --- every nvidia-smi layout (issue 17): tables with processes, MIG, failed GPUs, old drivers ---
 
+
 def table(name):
     return gpu.parse_smi_header(*out(name))
 
 
 def test_table_with_a_processes_block_counts_only_gpus():
     v = table("h200x1-smi-table-procs.txt")  # recorded with a torch process holding 6 GiB
-    assert [(g["index"], g["name"], g["bus_id"], g["memory_used_mib"], g["memory_mib"]) for g in v["gpus"]] == \
-           [(0, "NVIDIA H200", "00000000:00:06.0", 6671, 143771)]
-    assert v["processes"] == [{"gpu": 0, "gi": None, "ci": None, "pid": 441, "type": "C",
-                               "name": "python3", "memory_mib": 6662}]
+    assert [(g["index"], g["name"], g["bus_id"], g["memory_used_mib"], g["memory_mib"]) for g in v["gpus"]] == [
+        (0, "NVIDIA H200", "00000000:00:06.0", 6671, 143771)
+    ]
+    assert v["processes"] == [
+        {"gpu": 0, "gi": None, "ci": None, "pid": 441, "type": "C", "name": "python3", "memory_mib": 6662}
+    ]
     assert v["gpu_names"] == ["NVIDIA H200"] and v["gpu_errors"] == []
     old = table("pub-cfsworks-nvml-fix11-smi-table-396.txt")  # pre-MIG process columns
     assert len(old["gpus"]) == 1 and old["gpus"][0]["memory_mib"] == 8114
-    assert [(p["pid"], p["type"], p["name"], p["memory_mib"]) for p in old["processes"]] == \
-           [(489, "G", "/usr/bin/X", 1025), (662, "G", "kwin_x11", 313), (668, "G", "/usr/bin/krunner", 3)]
+    assert [(p["pid"], p["type"], p["name"], p["memory_mib"]) for p in old["processes"]] == [
+        (489, "G", "/usr/bin/X", 1025),
+        (662, "G", "kwin_x11", 313),
+        (668, "G", "/usr/bin/krunner", 3),
+    ]
     v = table("pub-gpu-t121-smi-table-340.txt")  # driver 340: "Compute processes", short bus id
     assert [(g["name"], g["bus_id"], g["memory_mib"]) for g in v["gpus"]] == [("GeForce 8400M GS", "0000:01:00.0", 127)]
     assert v["processes"] == [] and v["driver_version"] == "340.108"
@@ -236,19 +286,34 @@ def test_table_with_a_processes_block_counts_only_gpus():
 
 def test_mig_devices_and_their_processes_are_not_gpus():
     v = table("pub-go-nvml57-smi-table-mig-enabled.txt")
-    assert [(g["index"], g["name"], g["bus_id"]) for g in v["gpus"]] == \
-           [(0, "NVIDIA A100 80G...", "00000000:31:00.0"), (1, "NVIDIA A100 80G...", "00000000:B1:00.0")]
+    assert [(g["index"], g["name"], g["bus_id"]) for g in v["gpus"]] == [
+        (0, "NVIDIA A100 80G...", "00000000:31:00.0"),
+        (1, "NVIDIA A100 80G...", "00000000:B1:00.0"),
+    ]
     mig = gpu.parse_table(out("pub-nvitop8-smi-mig-devices.txt")[0])
-    assert mig["gpus"] == [] and [(m["gpu"], m["gi"], m["ci"], m["device"], m["memory_used_mib"], m["memory_mib"], m["sm"])
-                                  for m in mig["mig_devices"]] == [(1, 3, 0, 0, 14366, 19968, 28), (1, 5, 0, 1, 9826, 19968, 28),
-                                                                   (1, 6, 0, 2, 13, 19968, 28)]
+    assert mig["gpus"] == [] and [
+        (m["gpu"], m["gi"], m["ci"], m["device"], m["memory_used_mib"], m["memory_mib"], m["sm"])
+        for m in mig["mig_devices"]
+    ] == [(1, 3, 0, 0, 14366, 19968, 28), (1, 5, 0, 1, 9826, 19968, 28), (1, 6, 0, 2, 13, 19968, 28)]
     procs = gpu.parse_table(out("pub-nvitop8-smi-processes-mig.txt")[0])
     assert procs["gpus"] == [] and len(procs["processes"]) == 7
-    assert procs["processes"][2] == {"gpu": 1, "gi": "3", "ci": "0", "pid": 34965, "type": "C",
-                                     "name": "python", "memory_mib": 14195}
-    both = gpu.parse_smi_header(out("pub-go-nvml57-smi-table-mig-enabled.txt")[0] + "\n"
-                                + out("pub-nvitop8-smi-mig-devices.txt")[0] + "\n"
-                                + out("pub-nvitop8-smi-processes-mig.txt")[0], 0)
+    assert procs["processes"][2] == {
+        "gpu": 1,
+        "gi": "3",
+        "ci": "0",
+        "pid": 34965,
+        "type": "C",
+        "name": "python",
+        "memory_mib": 14195,
+    }
+    both = gpu.parse_smi_header(
+        out("pub-go-nvml57-smi-table-mig-enabled.txt")[0]
+        + "\n"
+        + out("pub-nvitop8-smi-mig-devices.txt")[0]
+        + "\n"
+        + out("pub-nvitop8-smi-processes-mig.txt")[0],
+        0,
+    )
     assert len(both["gpus"]) == 2 and len(both["mig_devices"]) == 3 and len(both["processes"]) == 7
 
 
@@ -261,15 +326,19 @@ def test_err_gpu_is_an_error_naming_index_and_bus_id():
     assert [g["index"] for g in fan["gpus"]] == [13, 14]
     assert fan["gpu_errors"] == ["GPU 14 (00000000:CC:00.0): ERR! in nvidia-smi's table"]
     from k26ops.host import preflight
+
     c = preflight.gpu_health_check({"gpus": {"gpus": [], "gpu_errors": []}, "nvidia_smi": v})
     assert not c.ok and c.detail == "GPU 0 (00000000:19:00.0): ERR! in nvidia-smi's table"
 
 
 def test_gpus_fact_merges_the_table_errors():
-    refused_free = "0, [Unknown Error], 46068, 525.125.06, [Unknown Error], GPU-x, 00000000:19:00.0\n"  # CONSTRUCTED row
+    refused_free = (
+        "0, [Unknown Error], 46068, 525.125.06, [Unknown Error], GPU-x, 00000000:19:00.0\n"  # CONSTRUCTED row
+    )
     v = gpu.parse_gpus(refused_free + "== k26ops: table\n" + out("pub-gpu-operator559-smi-table-err.txt")[0], 0)
-    assert v["count"] == 1 and v["gpu_errors"] == \
-           ["GPU 0 (00000000:19:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table"]
+    assert v["count"] == 1 and v["gpu_errors"] == [
+        "GPU 0 (00000000:19:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table"
+    ]
 
 
 def test_refused_compute_cap_falls_back_to_the_table_with_sources():
@@ -280,11 +349,20 @@ def test_refused_compute_cap_falls_back_to_the_table_with_sources():
     v = gpu.parse_gpus(refused + "== k26ops: table\n" + out("pub-cfsworks-nvml-fix11-smi-table-396.txt")[0], rc)
     assert v["error"] is None and v["count"] == 1 and v["source"] == "table"
     g = v["gpus"][0]
-    assert (g["name"], g["memory_mib"], g["driver_version"], g["bus_id"]) == \
-           ("GeForce GTX 1070", 8114, "396.24", "00000000:24:00.0")
+    assert (g["name"], g["memory_mib"], g["driver_version"], g["bus_id"]) == (
+        "GeForce GTX 1070",
+        8114,
+        "396.24",
+        "00000000:24:00.0",
+    )
     assert g["compute_cap"] is None and "compute_cap" not in g["sources"]  # not in the name table: unknown
-    assert g["sources"] == {"index": "table", "name": "table", "memory_mib": "table", "bus_id": "table",
-                            "driver_version": "table"}
+    assert g["sources"] == {
+        "index": "table",
+        "name": "table",
+        "memory_mib": "table",
+        "bus_id": "table",
+        "driver_version": "table",
+    }
     v = gpu.parse_gpus(refused + "== k26ops: table\n" + out("pub-go-nvml57-smi-table-mig-enabled.txt")[0], rc)
     assert v["count"] == 2 and {(g["compute_cap"], g["sources"]["compute_cap"]) for g in v["gpus"]} == {("8.0", "name")}
 
@@ -294,23 +372,44 @@ def test_refused_query_uses_the_query_without_compute_cap():
     fallback = out("h200x2-smi-query-noheader-nounits.txt")[0].replace(", 9.0,", ",")  # recorded rows minus compute_cap
     v = gpu.parse_gpus(refused + "== k26ops: query without compute_cap\n" + fallback, rc)
     assert v["count"] == 2 and v["source"] == "query_no_cc"
-    assert [(g["name"], g["memory_mib"], g["uuid"], g["compute_cap"]) for g in v["gpus"]] == \
-           [("NVIDIA H200", 143771, u, "9.0") for u in H200_UUIDS]
+    assert [(g["name"], g["memory_mib"], g["uuid"], g["compute_cap"]) for g in v["gpus"]] == [
+        ("NVIDIA H200", 143771, u, "9.0") for u in H200_UUIDS
+    ]
     assert v["gpus"][0]["sources"]["name"] == "query_no_cc" and v["gpus"][0]["sources"]["compute_cap"] == "name"
 
 
-@pytest.mark.parametrize("name,cc", [("NVIDIA H200", "9.0"), ("NVIDIA A100-SXM...", "8.0"), ("NVIDIA A100 80G...", "8.0"),
-                                     ("NVIDIA RTX PRO 6000 Blackw...", "12.0"), ("NVIDIA H20", "9.0"),
-                                     ("NVIDIA H20...", None), ("NVIDIA RTX 4000 Ada Gene...", None), ("ERR!", None),
-                                     ("NVIDIA A10G", None), ("GeForce GTX 1070", None), (None, None)])
+@pytest.mark.parametrize(
+    "name,cc",
+    [
+        ("NVIDIA H200", "9.0"),
+        ("NVIDIA A100-SXM...", "8.0"),
+        ("NVIDIA A100 80G...", "8.0"),
+        ("NVIDIA RTX PRO 6000 Blackw...", "12.0"),
+        ("NVIDIA H20", "9.0"),
+        ("NVIDIA H20...", None),
+        ("NVIDIA RTX 4000 Ada Gene...", None),
+        ("ERR!", None),
+        ("NVIDIA A10G", None),
+        ("GeForce GTX 1070", None),
+        (None, None),
+    ],
+)
 def test_compute_cap_from_name_only_where_unambiguous(name, cc):
     from k26ops.facts import compute_cap
+
     assert compute_cap.from_name(name) == cc
 
 
-@pytest.mark.parametrize("name,gpus,migs", [("pub-datadog33120-smi-L-mig.txt", 1, 7), ("pub-telegraf5812-smi-L-mig.txt", 4, 4),
-                                            ("pub-gpu-burn36-smi-L-8gpu.txt", 8, 0), ("h200x1-smi-L.txt", 1, 0),
-                                            ("h200x2-smi-L.txt", 2, 0)])
+@pytest.mark.parametrize(
+    "name,gpus,migs",
+    [
+        ("pub-datadog33120-smi-L-mig.txt", 1, 7),
+        ("pub-telegraf5812-smi-L-mig.txt", 4, 4),
+        ("pub-gpu-burn36-smi-L-8gpu.txt", 8, 0),
+        ("h200x1-smi-L.txt", 1, 0),
+        ("h200x2-smi-L.txt", 2, 0),
+    ],
+)
 def test_list_real(name, gpus, migs):
     v = gpu.parse_gpu_list(*out(name))
     assert v["error"] is None and (v["count"], v["mig_count"]) == (gpus, migs)
@@ -319,8 +418,11 @@ def test_list_real(name, gpus, migs):
 
 def test_list_mig_lines_belong_to_their_gpu():
     v = gpu.parse_gpu_list(*out("pub-telegraf5812-smi-L-mig.txt"))
-    assert v["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB" and v["gpus"][0]["mig"][3] == \
-           {"profile": "1g.20gb", "device": 3, "uuid": "MIG-930574a9-d43a-5d2b-95da-3e68384c8d6b"}
+    assert v["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB" and v["gpus"][0]["mig"][3] == {
+        "profile": "1g.20gb",
+        "device": 3,
+        "uuid": "MIG-930574a9-d43a-5d2b-95da-3e68384c8d6b",
+    }
     assert [len(g["mig"]) for g in v["gpus"]] == [4, 0, 0, 0]
     assert gpu.parse_gpu_list(*out("constructed-nvml-mismatch.txt"))["error"].startswith("Failed to initialize NVML")
 
@@ -345,10 +447,18 @@ def test_topology_single_gpu_recorded():
 
 
 def test_query_used_memory_recorded():
-    rows = gpu.parse_query_csv(out("h200x1-smi-query-used.txt")[0],
-                               ("index", "name", "pci.bus_id", "memory.used", "memory.total"))
-    assert rows == [{"index": "0", "name": "NVIDIA H200", "pci.bus_id": "00000000:00:06.0",
-                     "memory.used": "6671", "memory.total": "143771"}]
+    rows = gpu.parse_query_csv(
+        out("h200x1-smi-query-used.txt")[0], ("index", "name", "pci.bus_id", "memory.used", "memory.total")
+    )
+    assert rows == [
+        {
+            "index": "0",
+            "name": "NVIDIA H200",
+            "pci.bus_id": "00000000:00:06.0",
+            "memory.used": "6671",
+            "memory.total": "143771",
+        }
+    ]
     apps = gpu.parse_query_csv(out("h200x1-smi-query-apps.txt")[0], ("pid", "process_name", "used_gpu_memory"))
     assert apps == [{"pid": "441", "process_name": "python3", "used_gpu_memory": "6662"}]
 
@@ -356,21 +466,30 @@ def test_query_used_memory_recorded():
 def test_bus_id_the_query_lacks_comes_from_the_table():
     q, rc = out("h200x2-smi-query-noheader-nounits.txt")  # recorded before bus ids were asked for
     v = gpu.parse_gpus(q + "== k26ops: table\n" + out("h200x2-smi-table.txt")[0], rc)
-    assert [(g["bus_id"], g["sources"]["bus_id"], g["sources"]["name"]) for g in v["gpus"]] == \
-           [("00000000:00:06.0", "table", "query"), ("00000000:00:07.0", "table", "query")]
+    assert [(g["bus_id"], g["sources"]["bus_id"], g["sources"]["name"]) for g in v["gpus"]] == [
+        ("00000000:00:06.0", "table", "query"),
+        ("00000000:00:07.0", "table", "query"),
+    ]
 
 
 def test_err_in_the_name_cell_of_an_excerpt_is_no_name():
     v = table("pub-lambda-docs-smi-table-err.txt")
     assert [(g["index"], g["name"], g["bus_id"], g["errors"]) for g in v["gpus"]] == [
-        (4, "NVIDIA A100-SXM...", "00000000:8C:00.0", []), (5, None, "00000000:91:00.0", ["ERR!"])]
+        (4, "NVIDIA A100-SXM...", "00000000:8C:00.0", []),
+        (5, None, "00000000:91:00.0", ["ERR!"]),
+    ]
     h = gpu.parse_smi_header(*out("pub-lambda-docs-smi-table-err.txt"))
     assert h["gpu_names"] == ["NVIDIA A100-SXM...", None]
     assert h["gpu_errors"] == ["GPU 5 (00000000:91:00.0): ERR! in nvidia-smi's table"]
 
 
-@pytest.mark.parametrize("name, bus, why", [("pub-xxd3vin19-smi-device-handle.txt", "0000:0B:00.0", "Unknown Error"),
-                                            ("pub-owod81-smi-device-handle-gpu-lost.txt", "0000:02:00.0", "GPU is lost")])
+@pytest.mark.parametrize(
+    "name, bus, why",
+    [
+        ("pub-xxd3vin19-smi-device-handle.txt", "0000:0B:00.0", "Unknown Error"),
+        ("pub-owod81-smi-device-handle-gpu-lost.txt", "0000:02:00.0", "GPU is lost"),
+    ],
+)
 def test_a_gpu_nvidia_smi_cannot_open_is_a_fault_naming_its_bus_id(name, bus, why):
     v = gpu.parse_gpus(*out(name))
     assert v["count"] == 0 and len(v["gpu_errors"]) == 1

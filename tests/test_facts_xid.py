@@ -61,8 +61,15 @@ def test_unknown_pid_and_name_are_none():
     assert (events[3].pid, events[3].name) == ("1797828", "pt_main_thread")
 
 
-@pytest.mark.parametrize("raw, want", [("PCI:0000:2b:00", "0000:2b:00"), ("00000000:2B:00.0", "0000:2b:00"),
-                                       ("0000:19:00.0", "0000:19:00"), ("db:00", "0000:db:00")])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("PCI:0000:2b:00", "0000:2b:00"),
+        ("00000000:2B:00.0", "0000:2b:00"),
+        ("0000:19:00.0", "0000:19:00"),
+        ("db:00", "0000:db:00"),
+    ],
+)
 def test_pci_spellings_meet(raw, want):
     assert X.norm_pci(raw) == want
 
@@ -124,9 +131,15 @@ def test_gsp_firmware_faults_are_hardware_with_a_reset():
     assert (e.source, e.xid, e.kind, e.action, e.pci, e.name) == ("gsp", 119, "hardware", "reset-gpu", None, "GPU0")
     assert "heartbeat" in e.meaning
     events = X.parse_kernel_text(log("gsp_rpc_timeout_reset_required_kern.log"))
-    assert [(e.label, e.action) for e in events] == [("GSP", "reset-gpu"), ("Xid 154", "reset-gpu"), ("GSP", "reset-gpu")]
+    assert [(e.label, e.action) for e in events] == [
+        ("GSP", "reset-gpu"),
+        ("Xid 154", "reset-gpu"),
+        ("GSP", "reset-gpu"),
+    ]
     assert {e.message for e in events if e.source == "gsp"} == {
-        "the driver marked the GPU for reset after a GSP fault (reset required)", "GSP firmware RPC timeout"}
+        "the driver marked the GPU for reset after a GSP fault (reset required)",
+        "GSP firmware RPC timeout",
+    }
 
 
 def test_xid154_takes_the_action_its_line_names():
@@ -139,9 +152,14 @@ def test_xid154_takes_the_action_its_line_names():
     assert (X.parse_kernel_text(line)[0].kind, X.parse_kernel_text(line)[0].action) == ("info", "none")
 
 
-@pytest.mark.parametrize("name, pci, action", [("nvidia_smi_device_handle_unknown_error.log", "0000:0b:00", "reboot"),
-                                               ("nvidia_smi_device_handle_nospace.log", "0000:4f:00", "reboot"),
-                                               ("nvidia_smi_device_handle_gpu_lost.log", "0000:02:00", "reboot")])
+@pytest.mark.parametrize(
+    "name, pci, action",
+    [
+        ("nvidia_smi_device_handle_unknown_error.log", "0000:0b:00", "reboot"),
+        ("nvidia_smi_device_handle_nospace.log", "0000:4f:00", "reboot"),
+        ("nvidia_smi_device_handle_gpu_lost.log", "0000:02:00", "reboot"),
+    ],
+)
 def test_nvidia_smi_device_handle_failure_is_a_fault_of_that_bus_id(name, pci, action):
     (e,) = X.parse_kernel_text(log(name))
     assert (e.source, e.pci, e.kind, e.action, e.xid) == ("nvidia-smi", pci, "hardware", action, None)
@@ -156,11 +174,14 @@ def test_xid_command_keeps_the_new_lines():
 def test_gsp_boot_failures_and_rpc_timeouts_without_an_xid_line():
     """The driver's own words when the GSP firmware cannot boot (open-gpu-kernel-modules #974's title,
     #1230) or an RPC to it times out, with no Xid line beside them."""
-    lines = ("NVRM: GPU0 kgspBootstrap_GH100: GSP-FMC reported an error while attempting to boot GSP.\n"
-             "NVRM: GPU1 _kgspRpcRecvPoll: Timeout after 6s of waiting for RPC response from GPU1 GSP!\n")
+    lines = (
+        "NVRM: GPU0 kgspBootstrap_GH100: GSP-FMC reported an error while attempting to boot GSP.\n"
+        "NVRM: GPU1 _kgspRpcRecvPoll: Timeout after 6s of waiting for RPC response from GPU1 GSP!\n"
+    )
     events = X.parse_kernel_text(lines)
     assert [(e.source, e.name, e.message, e.action) for e in events] == [
         ("gsp", "GPU0", "GSP firmware failed to boot", "reset-gpu"),
-        ("gsp", "GPU1", "GSP firmware RPC timeout", "reset-gpu")]
+        ("gsp", "GPU1", "GSP firmware RPC timeout", "reset-gpu"),
+    ]
     (boot, *_rest) = [e for e in X.parse_kernel_text(log("gsp_boot_wpr2_rminitadapter_failed.log")) if e.name]
     assert (boot.name, boot.message) == ("GPU6", "GSP firmware failed to boot")

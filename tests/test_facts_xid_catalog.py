@@ -58,13 +58,13 @@ def test_the_xids_issue_46_found_without_meaning_have_one():
     for xid in (45, 48, 61, 62, 63, 64, 74, 92, 94, 95, 120, 154):
         meaning, kind, action = X.XID_TABLE[xid]
         assert meaning and "not in k26ops' table" not in meaning, xid
-    assert X.XID_TABLE[48][1:] == ("hardware", "reset-gpu")     # WORKFLOW_XID_48: reset or reboot
-    assert X.XID_TABLE[95][1:] == ("hardware", "reset-gpu")     # RESET_GPU
-    assert X.XID_TABLE[94][1:] == ("hardware", "restart-app")   # contained: restart the program
-    assert X.XID_TABLE[63][1:] == ("info", "none")              # IGNORE: a remap recorded
-    assert X.XID_TABLE[64][1:] == ("hardware", "reset-gpu")     # RESET_GPU
-    assert X.XID_TABLE[61][1] == "unused"                       # NVIDIA: Unused
-    assert X.XID_TABLE[79][1:] == ("hardware", "reboot")        # RESTART_BM
+    assert X.XID_TABLE[48][1:] == ("hardware", "reset-gpu")  # WORKFLOW_XID_48: reset or reboot
+    assert X.XID_TABLE[95][1:] == ("hardware", "reset-gpu")  # RESET_GPU
+    assert X.XID_TABLE[94][1:] == ("hardware", "restart-app")  # contained: restart the program
+    assert X.XID_TABLE[63][1:] == ("info", "none")  # IGNORE: a remap recorded
+    assert X.XID_TABLE[64][1:] == ("hardware", "reset-gpu")  # RESET_GPU
+    assert X.XID_TABLE[61][1] == "unused"  # NVIDIA: Unused
+    assert X.XID_TABLE[79][1:] == ("hardware", "reboot")  # RESTART_BM
 
 
 SXID_CATALOGUE = DATA / "nvidia-sxid-catalog.txt"
@@ -95,7 +95,9 @@ def test_sxid_table_holds_every_recorded_row_with_its_sections_severity():
         tname, severity, kind, action = X.SXID_TABLE[sxid]
         assert tname == name
         fatal = section in ("D.5", "D.6") or sxid in T.SXID_FATAL_NOTABLE
-        assert (severity, kind, action) == (("fatal", "hardware", "reboot") if fatal else ("non-fatal", "info", "none")), sxid
+        assert (severity, kind, action) == (
+            ("fatal", "hardware", "reboot") if fatal else ("non-fatal", "info", "none")
+        ), sxid
     # the SXids the recorded kernel lines show, as NVIDIA's tables give them
     assert X.SXID_TABLE[22013][:2] == ("Minion Link DLREQ interrupt", "non-fatal")
     assert X.SXID_TABLE[12028][:2] == ("egress nonposted PRIV error", "non-fatal")

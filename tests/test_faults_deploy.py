@@ -22,9 +22,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import private_lab
-from labtools import (REPO, free_port_block, harmless_patch, k26ops, k26ops_json, lab_recipe_copy, lab_ssh,
-                      write_series)
+from labtools import (
+    REPO,
+    free_port_block,
+    harmless_patch,
+    k26ops,
+    k26ops_json,
+    lab_recipe_copy,
+    lab_ssh,
+    private_lab,
+    write_series,
+)
 
 RELEASES = "/opt/k26ops/releases"
 UNIT = "k26-engine.service"
@@ -39,6 +47,7 @@ STATE = "/opt/k26ops/state"
 
 # ------------------------------------------------------------------ helpers
 
+
 def ssh(lab, host: str, command: str, timeout: float = 60) -> str:
     res = lab_ssh(lab.dir, lab.port(host), command, timeout=timeout)
     assert res.returncode == 0, (command, res.stdout, res.stderr)
@@ -47,12 +56,16 @@ def ssh(lab, host: str, command: str, timeout: float = 60) -> str:
 
 def release_state(lab, host: str) -> dict:
     """current's target, every release dir and whether it is complete, leftovers."""
-    out = ssh(lab, host, f"mkdir -p {RELEASES}; cd {RELEASES}; echo \"CURRENT $(readlink current)\"; "
-                         "for d in */; do d=${d%/}; [ \"$d\" = current ] && continue; "
-                         "[ -d \"$d\" ] || continue; "
-                         "if [ -f \"$d/manifest.json\" ]; then echo \"DIR $d complete\"; "
-                         "else echo \"DIR $d partial\"; fi; done; "
-                         "ls -a | grep -c '^.current.tmp$' | sed 's/^/TMP /'; true")
+    out = ssh(
+        lab,
+        host,
+        f'mkdir -p {RELEASES}; cd {RELEASES}; echo "CURRENT $(readlink current)"; '
+        'for d in */; do d=${d%/}; [ "$d" = current ] && continue; '
+        '[ -d "$d" ] || continue; '
+        'if [ -f "$d/manifest.json" ]; then echo "DIR $d complete"; '
+        'else echo "DIR $d partial"; fi; done; '
+        "ls -a | grep -c '^.current.tmp$' | sed 's/^/TMP /'; true",
+    )
     state = {"current": None, "dirs": {}, "tmp": 0}
     for line in out.splitlines():
         kind, _, rest = line.partition(" ")
@@ -103,9 +116,15 @@ def playbook(tmp_path: Path, text: str, name: str) -> Path:
 
 
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "k26ops", *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "k26ops", *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
 
 
 def wait_for_build(lab, host: str, proc: subprocess.Popen, timeout: float = 240) -> str:
@@ -113,9 +132,12 @@ def wait_for_build(lab, host: str, proc: subprocess.Popen, timeout: float = 240)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, ("k26ops ended before the build started", proc.communicate())
-        res = lab_ssh(lab.dir, lab.port(host),
-                      f"cd {RELEASES} 2>/dev/null && for d in */; do d=${{d%/}}; "
-                      "[ -x \"$d/venv/bin/python\" ] && [ ! -f \"$d/manifest.json\" ] && echo \"$d\"; done; true")
+        res = lab_ssh(
+            lab.dir,
+            lab.port(host),
+            f"cd {RELEASES} 2>/dev/null && for d in */; do d=${{d%/}}; "
+            '[ -x "$d/venv/bin/python" ] && [ ! -f "$d/manifest.json" ] && echo "$d"; done; true',
+        )
         building = [x for x in res.stdout.split() if x and x != "current"]
         if building:
             return building[0]
@@ -130,6 +152,7 @@ def build_processes(lab, host: str) -> str:
 
 
 # ------------------------------------------------------------------ fixtures
+
 
 @pytest.fixture
 def pair_lab():
@@ -153,6 +176,7 @@ def solo_inv(solo, tmp_path):
 
 
 # ------------------------------------------------------------------ 1: host killed mid-deploy
+
 
 def test_host_killed_mid_build_others_finish_rerun_converges(pair_lab, tmp_path):
     lab = pair_lab
@@ -183,12 +207,15 @@ def test_host_killed_mid_build_others_finish_rerun_converges(pair_lab, tmp_path)
     # the killed host comes back (as a crashed machine would, here with a fresh
     # disk and a new host key, recorded as an operator would); a re-run converges
     from k26ops.lab import rootfs
+
     old = next(h for h in lab.lab.hosts() if h.name == "lab2")
     host, key_line = lab.lab._boot("lab2", old.port, old.engine_port, rootfs.ensure(log=lambda m: None))
     lab.lab._save([h for h in lab.lab.hosts() if h.name != "lab2"] + [host], rootfs.ensure(log=lambda m: None))
     kh = lab.dir / "known_hosts"
-    kh.write_text("".join(line + "\n" for line in kh.read_text().splitlines()
-                          if not line.startswith(f"[127.0.0.1]:{old.port} ")) + key_line)
+    kh.write_text(
+        "".join(line + "\n" for line in kh.read_text().splitlines() if not line.startswith(f"[127.0.0.1]:{old.port} "))
+        + key_line
+    )
     lab.lab._wait_ssh([host])
     rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb))
     assert rc == 0, data
@@ -202,6 +229,7 @@ def test_host_killed_mid_build_others_finish_rerun_converges(pair_lab, tmp_path)
 
 
 # ------------------------------------------------------------------ 6: two runs; a killed run's lock
+
 
 def test_second_run_refused_with_owner_and_killed_run_leaves_no_blocking_lock(solo, solo_inv, tmp_path):
     pb = playbook(tmp_path, RELEASE_ONLY, "release-only")
@@ -238,6 +266,7 @@ def test_second_run_refused_with_owner_and_killed_run_leaves_no_blocking_lock(so
 
 # ------------------------------------------------------------------ 7: SIGINT mid-build
 
+
 def test_sigint_mid_build_leaves_previous_release_current(solo, solo_inv, tmp_path):
     pb = playbook(tmp_path, RELEASE_ONLY, "release-only")
     rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
@@ -268,6 +297,7 @@ def test_sigint_mid_build_leaves_previous_release_current(solo, solo_inv, tmp_pa
 
 # ------------------------------------------------------------------ 3: disk full during the build
 
+
 def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, tmp_path):
     pb = playbook(tmp_path, FULL, "full")
     rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
@@ -279,11 +309,15 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
     pid = ssh(solo, "lab1", "systemctl show -p MainPID --value k26-engine.service").strip()
     # the releases root becomes a small filesystem holding the current release
     # and 40 MB more: a new build runs out of space
-    ssh(solo, "lab1", f"set -e; cd {RELEASES}; cur=$(readlink current); for d in */; do d=${{d%/}}; "
-                      "[ \"$d\" = current ] || [ \"$d\" = \"$cur\" ] || rm -rf -- \"$d\"; done; "
-                      f"used=$(du -sm . | cut -f1); cd /; rm -rf /var/tmp/k26copy; cp -a {RELEASES} /var/tmp/k26copy; "
-                      f"mount -t tmpfs -o size=$((used + 40))m tmpfs {RELEASES}; cp -a /var/tmp/k26copy/. {RELEASES}/; "
-                      f"rm -rf /var/tmp/k26copy; findmnt -n {RELEASES}")
+    ssh(
+        solo,
+        "lab1",
+        f"set -e; cd {RELEASES}; cur=$(readlink current); for d in */; do d=${{d%/}}; "
+        '[ "$d" = current ] || [ "$d" = "$cur" ] || rm -rf -- "$d"; done; '
+        f"used=$(du -sm . | cut -f1); cd /; rm -rf /var/tmp/k26copy; cp -a {RELEASES} /var/tmp/k26copy; "
+        f"mount -t tmpfs -o size=$((used + 40))m tmpfs {RELEASES}; cp -a /var/tmp/k26copy/. {RELEASES}/; "
+        f"rm -rf /var/tmp/k26copy; findmnt -n {RELEASES}",
+    )
     assert_consistent(solo, "lab1")
     try:
         recipe = str(recipe_with_patch(tmp_path, "diskfull"))
@@ -291,7 +325,8 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
         inv = inventory(solo, tmp_path / "diskfull-inv.yml", {}, recipe=recipe)
         rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
         assert rc == 1 and data["hosts"]["lab1"]["error"].startswith(
-            f"preflight: disk_releases: {RELEASES}: 0 GB free, needs 1 GB"), data
+            f"preflight: disk_releases: {RELEASES}: 0 GB free, needs 1 GB"
+        ), data
         # told a release needs no room, the build starts and runs out of space
         inv = inventory(solo, tmp_path / "diskfull-inv.yml", {}, recipe=recipe, release_size_gb=0)
         rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), timeout=900)
@@ -308,14 +343,16 @@ def test_disk_full_during_build_keeps_previous_release_serving(solo, solo_inv, t
         # the engine still serves, never restarted
         assert ssh(solo, "lab1", "systemctl is-active k26-engine.service").strip() == "active"
         assert ssh(solo, "lab1", "systemctl show -p MainPID --value k26-engine.service").strip() == pid
-        code = ssh(solo, "lab1", f"python3 -c \"import urllib.request as u; "
-                                 f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=5).status)\"")
+        code = ssh(
+            solo,
+            "lab1",
+            f'python3 -c "import urllib.request as u; '
+            f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=5).status)\"",
+        )
         assert code.strip() == "200"
         assert build_processes(solo, "lab1") == ""
     finally:
-        lab_ssh(solo.dir, solo.port("lab1"),
-                f"systemctl stop k26-engine.service; umount -l {RELEASES}; true")
-
+        lab_ssh(solo.dir, solo.port("lab1"), f"systemctl stop k26-engine.service; umount -l {RELEASES}; true")
 
 
 def test_full_etc_after_the_switch_puts_release_unit_and_env_back(solo, solo_inv, tmp_path):
@@ -326,12 +363,19 @@ def test_full_etc_after_the_switch_puts_release_unit_and_env_back(solo, solo_inv
     pb = playbook(tmp_path, FULL, "full")
     rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
     assert rc == 0, data
-    before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"),
-              "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"), "current": ssh(solo, "lab1", f"readlink {RELEASES}/current")}
+    before = {
+        "env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"),
+        "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"),
+        "current": ssh(solo, "lab1", f"readlink {RELEASES}/current"),
+    }
     # /etc/k26ops becomes a full 16k filesystem holding the current env file
-    ssh(solo, "lab1", "set -e; cp -a /etc/k26ops /var/tmp/k26etc; mount -t tmpfs -o size=16k tmpfs /etc/k26ops; "
-                      "cp -a /var/tmp/k26etc/. /etc/k26ops/; rm -rf /var/tmp/k26etc; "
-                      "dd if=/dev/zero of=/etc/k26ops/fill bs=1k 2>/dev/null || true")
+    ssh(
+        solo,
+        "lab1",
+        "set -e; cp -a /etc/k26ops /var/tmp/k26etc; mount -t tmpfs -o size=16k tmpfs /etc/k26ops; "
+        "cp -a /var/tmp/k26etc/. /etc/k26ops/; rm -rf /var/tmp/k26etc; "
+        "dd if=/dev/zero of=/etc/k26ops/fill bs=1k 2>/dev/null || true",
+    )
     try:
         doc = yaml.safe_load(solo_inv.read_text())
         doc["vars"]["recipe"] = str(recipe_with_patch(tmp_path, "fulletc"))
@@ -348,10 +392,16 @@ def test_full_etc_after_the_switch_puts_release_unit_and_env_back(solo, solo_inv
         assert ssh(solo, "lab1", f"systemctl is-active {UNIT}").strip() == "active"
         assert_consistent(solo, "lab1")
     finally:
-        lab_ssh(solo.dir, solo.port("lab1"), "cp -a /etc/k26ops/sglang.env /var/tmp/k26env; umount -l /etc/k26ops; "
-                                             "cp -a /var/tmp/k26env /etc/k26ops/sglang.env; true")
+        lab_ssh(
+            solo.dir,
+            solo.port("lab1"),
+            "cp -a /etc/k26ops/sglang.env /var/tmp/k26env; umount -l /etc/k26ops; "
+            "cp -a /var/tmp/k26env /etc/k26ops/sglang.env; true",
+        )
+
 
 # ------------------------------------------------------------------ 8: disk full under the lock's state dir
+
 
 def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scratch_lab, tmp_path):
     lab = scratch_lab
@@ -362,9 +412,13 @@ def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scra
     run = ("-i", str(tmp_path / "inv.yml"), "deploy", "--playbook", str(pb))
     where = f"cannot write the host lock's owner file in {STATE}: disk full"
     # the state dir becomes a small filesystem with no room left
-    ssh(lab, "lab1", f"set -e; mkdir -p {STATE}; mount -t tmpfs -o size=64k tmpfs {STATE}; "
-                     f"dd if=/dev/zero of={STATE}/fill bs=4k 2>/dev/null || true; "
-                     f"[ \"$(df -Pk {STATE} | awk 'NR==2 {{print $4}}')\" = 0 ]")
+    ssh(
+        lab,
+        "lab1",
+        f"set -e; mkdir -p {STATE}; mount -t tmpfs -o size=64k tmpfs {STATE}; "
+        f"dd if=/dev/zero of={STATE}/fill bs=4k 2>/dev/null || true; "
+        f"[ \"$(df -Pk {STATE} | awk 'NR==2 {{print $4}}')\" = 0 ]",
+    )
     try:
         rc, data = k26ops_json(*run)
         r = data["hosts"]["lab1"]
@@ -374,8 +428,12 @@ def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scra
         ssh(lab, "lab1", f"flock -n {STATE}/lock true")  # not held: nothing blocks the next run
         # df saw room but the write fails (the disk filled in between): the same
         # line, and the 0-byte temp file the failed write made is removed
-        ssh(lab, "lab1", "printf '#!/bin/sh\\necho Filesystem 1024-blocks Used Available Capacity Mounted on\\n"
-                         f"echo tmpfs 64 0 64 0%% {STATE}\\n' > /usr/local/bin/df; chmod 755 /usr/local/bin/df")
+        ssh(
+            lab,
+            "lab1",
+            "printf '#!/bin/sh\\necho Filesystem 1024-blocks Used Available Capacity Mounted on\\n"
+            f"echo tmpfs 64 0 64 0%% {STATE}\\n' > /usr/local/bin/df; chmod 755 /usr/local/bin/df",
+        )
         rc, data = k26ops_json(*run)
         r = data["hosts"]["lab1"]
         assert rc == 1 and re.fullmatch(rf"{where} \(needs \d+ bytes\)", r["error"]), data
@@ -412,6 +470,7 @@ def _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb):
 
 # ------------------------------------------------------------------ 4: interrupted during the health wait
 
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(solo, solo_inv, tmp_path, sig):
     """Before: the new env file stayed and the unit kept restarting, and the next
@@ -420,8 +479,11 @@ def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(sol
     pb = playbook(tmp_path, FULL, "full")
     rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
     assert rc == 0, data
-    before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"),
-              "current": ssh(solo, "lab1", f"readlink {RELEASES}/current")}
+    before = {
+        "env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"),
+        "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"),
+        "current": ssh(solo, "lab1", f"readlink {RELEASES}/current"),
+    }
     proc = _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb)
     try:
         time.sleep(3)  # well inside the health wait now
@@ -443,6 +505,7 @@ def test_interrupt_during_health_wait_restores_previous_unit_env_and_release(sol
 
 # ------------------------------------------------------------------ 4b: the host agents killed in the health wait
 
+
 def test_host_agents_killed_in_the_health_wait_restore_the_previous_env(solo, solo_inv, tmp_path):
     """Before: `host agent (poll) exited -1: no output` and the new env file stayed, the engine
     crash-looping on it (the health wait runs in the step's plan, outside the restore). Now a
@@ -450,7 +513,10 @@ def test_host_agents_killed_in_the_health_wait_restore_the_previous_env(solo, so
     pb = playbook(tmp_path, FULL, "full")
     rc, data = k26ops_json("-i", str(solo_inv), "deploy", "--playbook", str(pb))
     assert rc == 0, data
-    before = {"env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"), "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}")}
+    before = {
+        "env": ssh(solo, "lab1", "sha256sum /etc/k26ops/sglang.env"),
+        "unit": ssh(solo, "lab1", f"sha256sum {UNIT_PATH}"),
+    }
     proc = _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb)
     try:
         time.sleep(3)  # inside the health wait: its poll agent runs (a long-poll window)
@@ -473,6 +539,7 @@ def test_host_agents_killed_in_the_health_wait_restore_the_previous_env(solo, so
 
 # ------------------------------------------------------------------ 5: a truncated manifest of the current release
 
+
 def test_a_truncated_manifest_of_current_is_rebuilt_not_ok_nothing(solo, solo_inv, tmp_path):
     """Before: a manifest.json cut short read as "differs from probed" in status and the deploy
     said `ok nothing`. Now it is not a complete release: the deploy builds it again."""
@@ -492,6 +559,7 @@ def test_a_truncated_manifest_of_current_is_rebuilt_not_ok_nothing(solo, solo_in
 
 
 # ------------------------------------------------------------------ 4g: a deploy killed after its install
+
 
 def test_a_deploy_killed_after_its_install_is_rolled_back_by_the_rerun(solo, solo_inv, tmp_path):
     """SIGKILL of a deploy whose new config crashes, once it installed the new env file: the

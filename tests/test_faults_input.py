@@ -16,10 +16,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from labtools import private_lab
-from labtools import cli, free_port_block, harmless_patch, k26ops, lab_recipe_copy, lab_ssh, write_series
 from sglang_release import CACHE as TEST_CACHE
+
+from labtools import cli, free_port_block, harmless_patch, k26ops, lab_recipe_copy, lab_ssh, private_lab, write_series
 
 TOKEN = "hf_INPUTSECRET_77aa88bb99cc"
 TOKEN2 = "hf_OTHERSECRET_1122334455"
@@ -31,9 +30,19 @@ MARK = "K26INJ"
 
 def payloads(tag: str) -> list[str]:
     m = f"/tmp/{MARK}_{tag}"
-    return [f"$(touch {m}_1)", f"`touch {m}_2`", f"x; touch {m}_3", f"x | touch {m}_4",
-            f"x\ntouch {m}_5", f"x' ; touch {m}_6 ; '", f'x" ; touch {m}_7 ; "', f"x && touch {m}_8",
-            f"../../../../tmp/{MARK}_{tag}_9", f"x\rtouch {m}_10", f"${{IFS}}touch${{IFS}}{m}_11"]
+    return [
+        f"$(touch {m}_1)",
+        f"`touch {m}_2`",
+        f"x; touch {m}_3",
+        f"x | touch {m}_4",
+        f"x\ntouch {m}_5",
+        f"x' ; touch {m}_6 ; '",
+        f'x" ; touch {m}_7 ; "',
+        f"x && touch {m}_8",
+        f"../../../../tmp/{MARK}_{tag}_9",
+        f"x\rtouch {m}_10",
+        f"${{IFS}}touch${{IFS}}{m}_11",
+    ]
 
 
 def ssh(lab, command: str) -> str:
@@ -45,8 +54,12 @@ def ssh(lab, command: str) -> str:
 def no_markers(lab) -> None:
     on_host = ssh(lab, f"find / -xdev -name '*{MARK}*' 2>/dev/null | grep -v '^/opt/k26ops/releases/' ; true")
     assert on_host.strip() == "", f"host: {on_host}"
-    local = subprocess.run(f"find /tmp /root /var/tmp -maxdepth 3 -name '*{MARK}*' 2>/dev/null | grep -v pytest-of",
-                           shell=True, capture_output=True, text=True).stdout
+    local = subprocess.run(
+        f"find /tmp /root /var/tmp -maxdepth 3 -name '*{MARK}*' 2>/dev/null | grep -v pytest-of",
+        shell=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert local.strip() == "", f"control node: {local}"
 
 
@@ -74,8 +87,9 @@ def base_inv(host, tmp_path_factory):
     return {"dir": d, "inv": inv}
 
 
-def write_inv(base_inv, name: str, host_vars: dict | None = None, all_vars: dict | None = None,
-              hosts: dict | None = None) -> Path:
+def write_inv(
+    base_inv, name: str, host_vars: dict | None = None, all_vars: dict | None = None, hosts: dict | None = None
+) -> Path:
     inv = json.loads(json.dumps(base_inv["inv"]))
     inv["hosts"]["lab1"]["vars"].update(host_vars or {})
     inv["vars"].update(all_vars or {})
@@ -95,6 +109,7 @@ def playbook(base_inv, text: str = FULL, name: str = "full") -> Path:
 
 # ------------------------------------------------------------------ 9: injection
 
+
 def test_hostile_host_names_never_run(host, base_inv):
     spec = base_inv["inv"]["hosts"]["lab1"]
     for p in payloads("hostname"):
@@ -110,17 +125,25 @@ def test_hostile_vars_and_engine_flags_never_run_and_are_refused_before_any_chan
     assert proc.returncode == 0, proc.stdout + proc.stderr
     unit_before = ssh(host, f"cat /etc/systemd/system/{UNIT}")
     current = ssh(host, "readlink /opt/k26ops/releases/current")
-    shapes = [lambda p: {"model_path": "/models/" + p}, lambda p: {"served_model_name": p},
-              lambda p: {"engine_profile": {"served_model_name": p}},
-              lambda p: {"engine_profile": {"speculative_ddtree_budget": p}},
-              lambda p: {"extra_flags": {"mem-fraction-static": p}}, lambda p: {"extra_flags": {p: 1}},
-              lambda p: {"extra_flags": {f"chunked-prefill-size {p}": 1}},
-              lambda p: {"engine_env": {"FOO": p}}, lambda p: {"engine_env": {p: "1"}},
-              lambda p: {"engine_unit": p + ".service"}, lambda p: {"launch_module": p}]
+    shapes = [
+        lambda p: {"model_path": "/models/" + p},
+        lambda p: {"served_model_name": p},
+        lambda p: {"engine_profile": {"served_model_name": p}},
+        lambda p: {"engine_profile": {"speculative_ddtree_budget": p}},
+        lambda p: {"extra_flags": {"mem-fraction-static": p}},
+        lambda p: {"extra_flags": {p: 1}},
+        lambda p: {"extra_flags": {f"chunked-prefill-size {p}": 1}},
+        lambda p: {"engine_env": {"FOO": p}},
+        lambda p: {"engine_env": {p: "1"}},
+        lambda p: {"engine_unit": p + ".service"},
+        lambda p: {"launch_module": p},
+    ]
     ps = payloads("vars")
     for i, shape in enumerate(shapes):  # every shape with two payloads, every payload used
         for p in (ps[i % len(ps)], ps[(i + 5) % len(ps)]):
-            inv = write_inv(base_inv, f"v{i}", host_vars=shape(p), all_vars={"description": p})  # free text k26ops declares and never reads
+            inv = write_inv(
+                base_inv, f"v{i}", host_vars=shape(p), all_vars={"description": p}
+            )  # free text k26ops declares and never reads
             one_line_error_or_ok(k26ops("-i", str(inv), "deploy", "--check", "--diff", "--playbook", str(pb)))
     no_markers(host)
     # --check changed nothing
@@ -138,13 +161,23 @@ def test_hostile_values_in_every_path_variable_are_refused_at_load(host, base_in
     k26ops_root "/opt/k26ops$(touch ...)" created the marker on the host)."""
     pb = playbook(base_inv)
     ps = payloads("path")
-    values = [f"/opt/k26ops{p}" for p in ps] + ["opt/k26ops", "/opt//k26ops", "/opt/k26ops/", "/opt/./x",
-                                                "/opt/x/../y", "/", "/opt/a b"]
+    values = [f"/opt/k26ops{p}" for p in ps] + [
+        "opt/k26ops",
+        "/opt//k26ops",
+        "/opt/k26ops/",
+        "/opt/./x",
+        "/opt/x/../y",
+        "/",
+        "/opt/a b",
+    ]
     for i, var in enumerate(PATH_VARS):
         for value in values[i::2]:  # every value in some variable, each variable with several
             inv = write_inv(base_inv, f"p{i}", host_vars={var: value})
-            for args in (["inventory", "list"], ["deploy", "--check", "--playbook", str(pb)],
-                         ["deploy", "--playbook", str(pb)]):
+            for args in (
+                ["inventory", "list"],
+                ["deploy", "--check", "--playbook", str(pb)],
+                ["deploy", "--playbook", str(pb)],
+            ):
                 proc = cli("-i", str(inv), *args)  # in-process: refused at load, no host reached (162 calls)
                 assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (var, value, proc.stderr)
                 line = [n for n, l in enumerate(inv.read_text().splitlines(), 1) if l.strip().startswith(var + ":")][-1]
@@ -157,8 +190,11 @@ def test_shell_and_systemd_specials_reach_the_engine_literally(host, base_inv):
     refused at load): the engine's real argv holds them verbatim (no shell, no
     systemd expansion)."""
     weird = f"a b/$HOME/%h/${{PATH}}/`id`/$(touch /tmp/{MARK}_lit)/'q'\"d\""
-    inv = write_inv(base_inv, "literal", host_vars={"served_model_name": "m;$(touch /tmp/K26INJ_name)%n",
-                                                    "extra_flags": {"chat-template": weird}})
+    inv = write_inv(
+        base_inv,
+        "literal",
+        host_vars={"served_model_name": "m;$(touch /tmp/K26INJ_name)%n", "extra_flags": {"chat-template": weird}},
+    )
     proc = k26ops("-i", str(inv), "--json", "deploy", "--playbook", str(playbook(base_inv)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pid = ssh(host, f"systemctl show -p MainPID --value {UNIT}").strip()
@@ -210,8 +246,9 @@ def test_hostile_snapshot_tags_stay_inside_the_baselines_repo(host, base_inv, tm
     inv = write_inv(base_inv, "good")
     k26ops("-i", str(inv), "deploy", "--playbook", str(playbook(base_inv)))
     for i, p in enumerate(payloads("snaptag") + ["../escape", "../../escape2", "..", "-x", "a..b", "a/../../c"]):
-        proc = k26ops("-i", str(inv), "snapshot", "--tag", p, "--baselines", str(repo),
-                      env={"K26OPS_BASELINES": str(repo)})
+        proc = k26ops(
+            "-i", str(inv), "snapshot", "--tag", p, "--baselines", str(repo), env={"K26OPS_BASELINES": str(repo)}
+        )
         one_line_error_or_ok(proc)
     assert sorted(x.name for x in base.iterdir()) in ([], ["baselines"])
     no_markers(host)
@@ -221,6 +258,7 @@ def test_hostile_snapshot_tags_stay_inside_the_baselines_repo(host, base_inv, tm
 
 
 # ------------------------------------------------------------------ 10: secrets
+
 
 def test_token_never_shown_nor_stored(host, base_inv):
     pb = playbook(base_inv)
@@ -243,8 +281,11 @@ def test_token_never_shown_nor_stored(host, base_inv):
     # the engine writes the token to its journal, then crashes: the journal tail
     # and diagnosis k26ops prints, `k26ops logs` and `status` must all redact it
     ssh(host, f"printf 'loading with token {TOKEN} and {TOKEN}x\\nRuntimeError: boom {TOKEN}\\n' > /root/crash.txt")
-    crash = write_inv(base_inv, "crash", host_vars={"engine_env": {
-        "K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "/root/crash.txt"}})
+    crash = write_inv(
+        base_inv,
+        "crash",
+        host_vars={"engine_env": {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "/root/crash.txt"}},
+    )
     proc = run("-v", "deploy", "--playbook", str(pb), inventory=crash)
     assert proc.returncode == 1
     assert run("--json", "deploy", "--playbook", str(pb), inventory=crash).returncode == 1
@@ -260,49 +301,108 @@ def test_token_never_shown_nor_stored(host, base_inv):
     assert any("journal tail" in text for _, text in outputs)
     # on the host: only the 0600 env file holds it
     assert ssh(host, f"stat -c '%a %U' {ENV_FILE}").strip() == "600 root"
-    holders = ssh(host, f"grep -rlF {TOKEN} /etc /opt/k26ops /var/tmp /tmp /root 2>/dev/null | grep -v '^/root/crash.txt$'; true")
+    holders = ssh(
+        host, f"grep -rlF {TOKEN} /etc /opt/k26ops /var/tmp /tmp /root 2>/dev/null | grep -v '^/root/crash.txt$'; true"
+    )
     # the env file, and the service step's rollback copy of it: both 0600 root
     assert ENV_FILE in holders.split(), holders
     for path in holders.split():
         assert path == ENV_FILE or path.startswith("/opt/k26ops/state/service/"), holders
         assert ssh(host, f"stat -c '%a %U' {path}").strip() == "600 root", path
-    assert ssh(host, f"ls -ld /etc/k26ops | cut -c1-10").strip() in ("drwxr-xr-x", "drwx------", "drwxr-x---")
+    assert ssh(host, "ls -ld /etc/k26ops | cut -c1-10").strip() in ("drwxr-xr-x", "drwx------", "drwxr-x---")
     # on the control node: nothing k26ops keeps holds it (the test suite's own cache aside, ~/.cache/k26ops/test:
     # the bytecode of this very file, with TOKEN in it, when a run sets PYTHONPYCACHEPREFIX under it)
     cache = Path.home() / ".cache/k26ops"
-    kept = [p for p in (*(cache.iterdir() if cache.is_dir() else ()), Path.home() / ".local/share/k26ops")
-            if p.exists() and p != TEST_CACHE]
-    found = subprocess.run(["grep", "-rlF", "--exclude-dir=wheelhouse", TOKEN, *map(str, kept)],
-                           capture_output=True, text=True).stdout if kept else ""
+    kept = [
+        p
+        for p in (*(cache.iterdir() if cache.is_dir() else ()), Path.home() / ".local/share/k26ops")
+        if p.exists() and p != TEST_CACHE
+    ]
+    found = (
+        subprocess.run(
+            ["grep", "-rlF", "--exclude-dir=wheelhouse", TOKEN, *map(str, kept)], capture_output=True, text=True
+        ).stdout
+        if kept
+        else ""
+    )
     assert found == "", found
     ssh(host, "rm -f /root/crash.txt")
 
 
 # ------------------------------------------------------------------ CLI fuzz
 
-ODD = ["", " ", "-1", "0", "nan", "inf", "-inf", "1e999", "0x10", "1_000", "١٢", "\t", "$(id)", "`id`",
-       "../x", "a\nb", "--json", "-", "--", "all", "lab*", "!lab1", "&lab", "~[", "1.5", "99999999999999999999"]
-value = st.one_of(st.sampled_from(ODD), st.text(max_size=12).filter(lambda s: "\x00" not in s),
-                  st.integers(-10**6, 10**6).map(str), st.floats(allow_nan=True).map(str))
+ODD = [
+    "",
+    " ",
+    "-1",
+    "0",
+    "nan",
+    "inf",
+    "-inf",
+    "1e999",
+    "0x10",
+    "1_000",
+    "١٢",
+    "\t",
+    "$(id)",
+    "`id`",
+    "../x",
+    "a\nb",
+    "--json",
+    "-",
+    "--",
+    "all",
+    "lab*",
+    "!lab1",
+    "&lab",
+    "~[",
+    "1.5",
+    "99999999999999999999",
+]
+value = st.one_of(
+    st.sampled_from(ODD),
+    st.text(max_size=12).filter(lambda s: "\x00" not in s),
+    st.integers(-(10**6), 10**6).map(str),
+    st.floats(allow_nan=True).map(str),
+)
 
 
 def fuzz_inventory(tmp: Path) -> Path:
     inv = tmp / "fuzz-inv.yml"
     if not inv.exists():  # one host nobody listens for: every connection is refused at once
-        inv.write_text(yaml.safe_dump({"vars": {"recipe": "lab"}, "hosts": {"gpu1": {
-            "address": "127.0.0.1", "port": 9, "user": "root", "known_hosts": str(tmp / "kh")}}}))
+        inv.write_text(
+            yaml.safe_dump(
+                {
+                    "vars": {"recipe": "lab"},
+                    "hosts": {
+                        "gpu1": {"address": "127.0.0.1", "port": 9, "user": "root", "known_hosts": str(tmp / "kh")}
+                    },
+                }
+            )
+        )
     return inv
 
 
 def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
-    return cli("-i", str(fuzz_inventory(tmp)), *args,  # in-process: 60 examples, no interpreter starts
-               env={"K26OPS_SSH_CONFIG": "", "COLUMNS": "120", "K26OPS_BASELINES": str(tmp / "baselines")})
+    return cli(
+        "-i",
+        str(fuzz_inventory(tmp)),
+        *args,  # in-process: 60 examples, no interpreter starts
+        env={"K26OPS_SSH_CONFIG": "", "COLUMNS": "120", "K26OPS_BASELINES": str(tmp / "baselines")},
+    )
 
 
-@settings(max_examples=int(os.environ.get("K26OPS_CLI_FUZZ_EXAMPLES", "60")), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(opt=st.sampled_from(["--limit", "--forks", "--deadline", "--connect-timeout", "--playbook",
-                            "--canary", "-n", "--tag"]), val=value)
+@settings(
+    max_examples=int(os.environ.get("K26OPS_CLI_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    opt=st.sampled_from(
+        ["--limit", "--forks", "--deadline", "--connect-timeout", "--playbook", "--canary", "-n", "--tag"]
+    ),
+    val=value,
+)
 @example(opt="--playbook", val="a\nb")  # was a two-line error (fixed in playbook.py)
 @example(opt="--playbook", val="../../../../etc/passwd")
 @example(opt="--limit", val="a\nb")
@@ -310,8 +410,14 @@ def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
 def test_cli_values_fuzz_clean_error(tmp_path_factory, opt, val):
     tmp = tmp_path_factory.getbasetemp()
     if opt in ("--limit", "--forks", "--deadline", "--connect-timeout"):
-        args = [f"{opt}={val}", "--connect-timeout=1" if opt != "--connect-timeout" else "--forks=2",
-                "deploy", "--check", "--playbook", "deploy"]
+        args = [
+            f"{opt}={val}",
+            "--connect-timeout=1" if opt != "--connect-timeout" else "--forks=2",
+            "deploy",
+            "--check",
+            "--playbook",
+            "deploy",
+        ]
     elif opt in ("--playbook", "--canary"):
         args = ["--connect-timeout=1", "deploy", "--check", f"{opt}={val}"]
     elif opt == "-n":
@@ -333,8 +439,9 @@ def test_non_finite_seconds_are_refused(opt, value, tmp_path):
     """click.FloatRange accepts 'nan' (every comparison with NaN is false): k26ops refuses it."""
     proc = run_cli([f"{opt}={value}", "deploy", "--check"], tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"k26ops: error: Invalid value for '{opt}': {value} is not a finite "
-                                   "number of seconds (see `k26ops --help`)")
+    assert proc.stderr.strip() == (
+        f"k26ops: error: Invalid value for '{opt}': {value} is not a finite number of seconds (see `k26ops --help`)"
+    )
 
 
 def test_secrets_under_ten_names_never_leave_the_env_file(host, base_inv, tmp_path):
@@ -344,12 +451,26 @@ def test_secrets_under_ten_names_never_leave_the_env_file(host, base_inv, tmp_pa
     the unit file, the release manifest, `logs`, or the baselines repository.
     (Before: every one but HF_TOKEN leaked, e.g. --api-key into the unit and `ps`.)"""
     secrets = {f"S{i}": f"sek{i}-{'x' * 6}{i}-Q7v{i}" for i in range(10)}
-    env_vars = {"OPENAI_APIKEY": secrets["S0"], "AWS_SECRET_ACCESS_KEY": secrets["S1"], "DB_PASSWORD": secrets["S2"],
-                "GCP_CREDENTIALS": secrets["S3"], "WANDB_API_KEY": secrets["S4"], "MY_SERVICE_TOKEN": secrets["S5"],
-                "CORP_PIN": secrets["S6"], "LICENSE_SIGNATURE": secrets["S7"]}
-    inv = write_inv(base_inv, "tensecrets", host_vars={
-        "engine_env": env_vars, "secret_vars": ["CORP_PIN"], "secret_patterns": ["*_SIGNATURE"],
-        "extra_flags": {"api-key": secrets["S8"], "admin-api-key": secrets["S9"]}})
+    env_vars = {
+        "OPENAI_APIKEY": secrets["S0"],
+        "AWS_SECRET_ACCESS_KEY": secrets["S1"],
+        "DB_PASSWORD": secrets["S2"],
+        "GCP_CREDENTIALS": secrets["S3"],
+        "WANDB_API_KEY": secrets["S4"],
+        "MY_SERVICE_TOKEN": secrets["S5"],
+        "CORP_PIN": secrets["S6"],
+        "LICENSE_SIGNATURE": secrets["S7"],
+    }
+    inv = write_inv(
+        base_inv,
+        "tensecrets",
+        host_vars={
+            "engine_env": env_vars,
+            "secret_vars": ["CORP_PIN"],
+            "secret_patterns": ["*_SIGNATURE"],
+            "extra_flags": {"api-key": secrets["S8"], "admin-api-key": secrets["S9"]},
+        },
+    )
     pb = playbook(base_inv)
     repo = tmp_path / "baselines"
     env = {"K26OPS_INVENTORY": str(inv), "K26OPS_BASELINES": str(repo), "COLUMNS": "200"}
@@ -375,9 +496,13 @@ def test_secrets_under_ten_names_never_leave_the_env_file(host, base_inv, tmp_pa
     unit = ssh(host, f"cat /etc/systemd/system/{UNIT}")
     manifest = ssh(host, "cat /opt/k26ops/releases/current/manifest.json")
     assert "--config /etc/k26ops/sglang-secrets.yaml" in unit and "K26OPS_SECRET" not in unit
-    found = subprocess.run(["git", "-C", str(repo), "grep", "-F", "-e", secrets["S0"]] +
-                           [a for v in list(secrets.values())[1:] for a in ("-e", v)] + ["secrets-test"],
-                           capture_output=True, text=True).stdout
+    found = subprocess.run(
+        ["git", "-C", str(repo), "grep", "-F", "-e", secrets["S0"]]
+        + [a for v in list(secrets.values())[1:] for a in ("-e", v)]
+        + ["secrets-test"],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert found == "", found
     for value in secrets.values():
         assert value not in unit and value not in manifest

@@ -31,8 +31,12 @@ def h(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("faults-rehearse")
     with private_lab(1, "faults-rehearse", deployed=True) as lab:
-        yield {"lab": lab, "dir": d, "name": lab.hosts[0].name, "rport": str(free_port_block(1, start=35000,
-                                                                                              stop=39000))}
+        yield {
+            "lab": lab,
+            "dir": d,
+            "name": lab.hosts[0].name,
+            "rport": str(free_port_block(1, start=35000, stop=39000)),
+        }
 
 
 def _inv(h, env: dict | None = None) -> str:
@@ -71,9 +75,14 @@ def _units(h) -> list[str]:
 def _start_slow_rehearsal(h, *extra: str) -> subprocess.Popen:
     """`rehearse` whose engine takes 120 s to load its dummy weights; returns once that engine runs."""
     inv = _inv(h, {"K26OPS_STANDIN_DUMMY_SECONDS": "120"})
-    proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", inv, "rehearse", "--rehearse-port", h["rport"],
-                             "--no-bench", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k26ops", "-i", inv, "rehearse", "--rehearse-port", h["rport"], "--no-bench", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        cwd=REPO,
+    )
     deadline = time.monotonic() + 300  # a bound for a hang only: a loaded machine is slow
     while not _units(h) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.3)
@@ -93,8 +102,10 @@ def test_ctrl_c_in_rehearse_stop_serving_leaves_the_engine_serving_and_deploy_wa
         assert _remote(h, "systemctl is-active k26-engine.service || true") in STOPPED
         # the rehearsal holds the host lock: a deploy now would start the serving engine on its GPUs
         p = k26ops("-i", _inv(h), "deploy", timeout=300)
-        assert p.returncode == 1 and "rehearse" in p.stdout + p.stderr and "lock" in p.stdout + p.stderr, \
-            (p.stdout, p.stderr)
+        assert p.returncode == 1 and "rehearse" in p.stdout + p.stderr and "lock" in p.stdout + p.stderr, (
+            p.stdout,
+            p.stderr,
+        )
         assert _remote(h, "systemctl is-active k26-engine.service || true") in STOPPED
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=240)
@@ -122,8 +133,9 @@ def test_a_killed_rehearsal_is_shown_by_status_and_removed_by_the_next_rehearse(
     assert left == [unit[0], tmp], st
     p = k26ops("-i", _inv(h), "status")
     assert f"a rehearsal's engine or temp dir is there ({unit[0]}, {tmp})" in p.stderr, p.stderr
-    rc, data = k26ops_json("-i", _inv(h), "rehearse", "--alongside", "--rehearse-port", h["rport"], "--no-bench",
-                           timeout=600)
+    rc, data = k26ops_json(
+        "-i", _inv(h), "rehearse", "--alongside", "--rehearse-port", h["rport"], "--no-bench", timeout=600
+    )
     assert rc == 0, data
     notes = data["hosts"][h["name"]]["rehearsal"]["notes"]
     assert any(n.startswith("removed what a killed rehearsal left: unit " + unit[0]) for n in notes), notes

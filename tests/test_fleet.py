@@ -13,8 +13,9 @@ import yaml
 from labtools import HOSTILE, k26ops, k26ops_json, lab_ssh
 
 
-def _inventory(lab, tmp_path: Path, extra_hosts: dict | None = None, host_vars: dict | None = None,
-               repeat: int = 1) -> Path:
+def _inventory(
+    lab, tmp_path: Path, extra_hosts: dict | None = None, host_vars: dict | None = None, repeat: int = 1
+) -> Path:
     """The lab's inventory, optionally with each host listed `repeat` times and extra hosts."""
     base = yaml.safe_load(lab.inventory.read_text())
     hosts = {}
@@ -61,7 +62,10 @@ def test_check_names_what_is_wrong(lab, tmp_path):
 
 def test_stopped_sshd_is_unreachable_within_connect_timeout_others_finish(scratch_lab, lab, tmp_path):
     port = scratch_lab.base_port
-    assert lab_ssh(scratch_lab.dir, port, "systemctl stop ssh.service ssh.socket 2>/dev/null; true").returncode in (0, 255)
+    assert lab_ssh(scratch_lab.dir, port, "systemctl stop ssh.service ssh.socket 2>/dev/null; true").returncode in (
+        0,
+        255,
+    )
     base = yaml.safe_load(scratch_lab.inventory.read_text())["hosts"]["lab1"]
     inv = _inventory(lab, tmp_path, extra_hosts={"dead": base})
     t0 = time.monotonic()
@@ -83,13 +87,18 @@ def test_regenerated_host_key_is_refused_with_fingerprint(scratch_lab, tmp_path,
 
     port = scratch_lab.base_port
     key = scratch_lab.dir / "hosts" / "lab1" / "ssh" / "ssh_host_ed25519_key"
-    proc = lab_ssh(scratch_lab.dir, port,
-                   "rm -f /etc/ssh/k26ops/ssh_host_ed25519_key* && "
-                   "ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/k26ops/ssh_host_ed25519_key && "
-                   "(systemctl restart ssh &) ")
+    proc = lab_ssh(
+        scratch_lab.dir,
+        port,
+        "rm -f /etc/ssh/k26ops/ssh_host_ed25519_key* && "
+        "ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/k26ops/ssh_host_ed25519_key && "
+        "(systemctl restart ssh &) ",
+    )
     assert proc.returncode == 0, proc.stderr
     new_pub = key.with_suffix(".pub").read_text().split()[1]
-    import base64, hashlib
+    import base64
+    import hashlib
+
     fp = "SHA256:" + base64.b64encode(hashlib.sha256(base64.b64decode(new_pub)).digest()).decode().rstrip("=")
     new_known = tmp_path / "new_known_hosts"  # the host's real new key
     new_known.write_text(f"[127.0.0.1]:{port} ssh-ed25519 {new_pub}\n")
@@ -173,10 +182,20 @@ def test_twenty_hosts_with_a_black_hole_take_about_one_deadline(lab, tmp_path):
     srv, _ = _black_hole()
     try:
         port = srv.getsockname()[1]
-        inv = _inventory(lab, tmp_path, repeat=7, extra_hosts={
-            "blackhole": {"address": "127.0.0.1", "port": port, "user": "root",
-                          "identity_file": str(lab.dir / "id_ed25519"),
-                          "known_hosts": str(lab.dir / "known_hosts")}})
+        inv = _inventory(
+            lab,
+            tmp_path,
+            repeat=7,
+            extra_hosts={
+                "blackhole": {
+                    "address": "127.0.0.1",
+                    "port": port,
+                    "user": "root",
+                    "identity_file": str(lab.dir / "id_ed25519"),
+                    "known_hosts": str(lab.dir / "known_hosts"),
+                }
+            },
+        )
         hosts = yaml.safe_load(inv.read_text())["hosts"]
         assert len(hosts) >= 20
         t0 = time.monotonic()
@@ -227,6 +246,7 @@ def test_hostile_inventory_values_never_run_on_the_host(lab, tmp_path):
     proc = k26ops("-i", str(inv), "--limit", "lab1", "--json", "facts")
     assert proc.returncode == 0, proc.stderr
     import json
+
     disk = json.loads(proc.stdout)["hosts"]["lab1"]["facts"]["disk_free"]
     assert "/srv/m-1/K2.6_b+x" in disk and "/srv/r@x" in disk  # measured as the literal paths
     check = lab_ssh(lab.dir, lab.hosts[0].port, "ls /tmp/PWNED* 2>/dev/null | wc -l")

@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 import yaml
+
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 KEY = "gw-admin-Secret-9f3k"
@@ -31,8 +32,15 @@ def gw(tmp_path_factory):
 def inventory(g, tag: str, **gw_vars) -> str:
     inv = yaml.safe_load(g["lab"].inventory.read_text())
     inv["vars"]["gateways"] = [g["gw"]]  # both engines name it (by host name)
-    inv["hosts"][g["gw"]]["vars"].update({"gateway_port": g["port"], "gateway_metrics_port": g["port"] + 1,
-                                          "gateway_bind": "127.0.0.1", "gateway_admin_key": KEY, **gw_vars})
+    inv["hosts"][g["gw"]]["vars"].update(
+        {
+            "gateway_port": g["port"],
+            "gateway_metrics_port": g["port"] + 1,
+            "gateway_bind": "127.0.0.1",
+            "gateway_admin_key": KEY,
+            **gw_vars,
+        }
+    )
     inv["groups"]["gateway"] = {"hosts": [g["gw"]]}
     path = g["dir"] / f"inv-{tag}.yml"
     path.write_text(yaml.safe_dump(inv))
@@ -46,9 +54,12 @@ def remote(g, cmd: str) -> str:
 
 
 def generate(g) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{g['port']}/generate", method="POST",
-                                 data=json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 3}}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{g['port']}/generate",
+        method="POST",
+        data=json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 3}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -63,12 +74,19 @@ def test_check_shows_the_plan_and_changes_nothing(gw):
     inv = inventory(gw, "base")
     p = k26ops("-i", inv, "gateway", "deploy", "--check", "--diff")
     assert p.returncode == 0, p.stderr
-    for what in ("build gateway release sglang-router-0.3.2-", f"install /etc/systemd/system/{UNIT}",
-                 "install /etc/k26ops/gateway.env (mode 0600)", f"register worker http://127.0.0.1:{gw['lab'].hosts[0].port + 20000}"):
+    for what in (
+        "build gateway release sglang-router-0.3.2-",
+        f"install /etc/systemd/system/{UNIT}",
+        "install /etc/k26ops/gateway.env (mode 0600)",
+        f"register worker http://127.0.0.1:{gw['lab'].hosts[0].port + 20000}",
+    ):
         assert what in p.stdout, p.stdout
     assert KEY not in p.stdout + p.stderr
-    assert remote(gw, f"ls /opt/k26ops/gateway 2>&1; systemctl cat {UNIT} 2>&1 >/dev/null; ls /etc/k26ops") \
-        .splitlines()[0].startswith("ls: cannot access")
+    assert (
+        remote(gw, f"ls /opt/k26ops/gateway 2>&1; systemctl cat {UNIT} 2>&1 >/dev/null; ls /etc/k26ops")
+        .splitlines()[0]
+        .startswith("ls: cannot access")
+    )
     assert "gateway.env" not in remote(gw, "ls /etc/k26ops")
 
 
@@ -84,8 +102,11 @@ def test_deploy_runs_the_router_registers_the_engines_and_routes_generate(gw):
     assert st["release"].startswith("sglang-router-0.3.2-") and st["missing"] == []
     # the admin key: in the 0600 env file only; never in the router's argv nor its journal
     pid = remote(gw, f"systemctl show -p MainPID --value {UNIT}")
-    assert KEY not in remote(gw, f"tr '\\0' ' ' < /proc/{pid}/cmdline; systemctl show -p ExecStart {UNIT}; "
-                                 f"journalctl -u {UNIT} --no-pager; cat /etc/systemd/system/{UNIT}")
+    assert KEY not in remote(
+        gw,
+        f"tr '\\0' ' ' < /proc/{pid}/cmdline; systemctl show -p ExecStart {UNIT}; "
+        f"journalctl -u {UNIT} --no-pager; cat /etc/systemd/system/{UNIT}",
+    )
     assert remote(gw, "stat -c %a /etc/k26ops/gateway.env") == "600"
     assert remote(gw, f"systemd-analyze verify /etc/systemd/system/{UNIT} && echo ok") == "ok"
     # the admin API refuses a caller without the key
@@ -121,8 +142,10 @@ def test_a_changed_pin_rolls_the_release_and_a_failed_one_rolls_back(gw):
     assert rc == 0, data
     now = remote(gw, "readlink /opt/k26ops/gateway/current")
     assert now.startswith("sglang-router-0.3.1-") and now != before
-    assert remote(gw, "ls /opt/k26ops/gateway/current/venv/lib/python3.11/site-packages | grep '^sglang_router-'") \
+    assert (
+        remote(gw, "ls /opt/k26ops/gateway/current/venv/lib/python3.11/site-packages | grep '^sglang_router-'")
         == "sglang_router-0.3.1.dist-info"
+    )
     assert status(gw, inv)["workers"] == "2/2 healthy" and generate(gw)["text"].strip()
     # the 0.3.2 pin again, with a flag the router refuses: it never serves; the 0.3.1 release is back
     bad = inventory(gw, "bad", gateway_flags={"--policy": "no-such-policy"})

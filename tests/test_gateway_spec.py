@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import REPO, cli, cli_json
 
 from k26ops.errors import UserError
 from k26ops.inventory import Host
 from k26ops.steps import gateway_spec as spec
 from k26ops.steps.gateway import check_engines
+from labtools import REPO, cli, cli_json
 
 KEY = "adm:n-Secret-4711"
 
@@ -30,7 +30,13 @@ def test_the_admin_key_is_in_the_env_file_only_never_in_the_unit_or_argv():
     assert not any(KEY in a for a in argv) and KEY not in unit
     assert "--port 8080" in unit and "--policy round_robin" in unit
     assert f"{spec.KEY_ENV}=" in gw.render_env() and KEY in gw.render_env()
-    assert spec.GatewayHost.of(Host(name="gw1", address="h", vars={})).render_env().strip().splitlines()[-1].startswith("#")
+    assert (
+        spec.GatewayHost.of(Host(name="gw1", address="h", vars={}))
+        .render_env()
+        .strip()
+        .splitlines()[-1]
+        .startswith("#")
+    )
 
 
 def test_the_unit_verifies_and_systemd_never_cuts_the_routers_drain(tmp_path):
@@ -49,16 +55,23 @@ def test_the_unit_verifies_and_systemd_never_cuts_the_routers_drain(tmp_path):
     assert p.returncode == 0, p.stderr
 
 
-@pytest.mark.parametrize("flags,word", [({"--port": 1}, "--port"), (["--host=0.0.0.0"], "--host"),
-                                         ({"control-plane-api-keys": "a:b:admin:c"}, "--control-plane-api-keys"),
-                                         ({"--worker-urls": ["http://x:1"]}, "--worker-urls")])
+@pytest.mark.parametrize(
+    "flags,word",
+    [
+        ({"--port": 1}, "--port"),
+        (["--host=0.0.0.0"], "--host"),
+        ({"control-plane-api-keys": "a:b:admin:c"}, "--control-plane-api-keys"),
+        ({"--worker-urls": ["http://x:1"]}, "--worker-urls"),
+    ],
+)
 def test_flags_k26ops_sets_are_refused_in_one_line(flags, word):
     with pytest.raises(UserError, match=rf"^gw1: inventory var gateway_flags may not set {word}: k26ops sets it"):
         spec.GatewayHost.of(gw_host(gateway_flags=flags))
 
 
-@pytest.mark.parametrize("var,value", [("gateway_port", 0), ("gateway_port", "80"), ("gateway_metrics_port", 70000),
-                                        ("gateway_port", True)])
+@pytest.mark.parametrize(
+    "var,value", [("gateway_port", 0), ("gateway_port", "80"), ("gateway_metrics_port", 70000), ("gateway_port", True)]
+)
 def test_bad_ports_name_the_host_and_variable(var, value):
     with pytest.raises(UserError, match=rf"^gw1: inventory var {var}: expected a port 1-65535, got"):
         spec.GatewayHost.of(gw_host(**{var: value}))
@@ -90,9 +103,11 @@ def test_a_lock_that_is_not_a_gateway_lock_is_one_line(tmp_path):
 
 def test_engines_name_their_gateway_by_host_name_or_url():
     gw = spec.GatewayHost.of(gw_host(gateway_port=8080))
-    engines = [{"name": "a", "url": "http://a:1", "gateways": ["gw1"]},
-               {"name": "b", "url": "http://b:1", "gateways": ["http://10.0.0.9:8080/"]},
-               {"name": "c", "url": "http://c:1", "gateways": ["http://elsewhere:8080"]}]
+    engines = [
+        {"name": "a", "url": "http://a:1", "gateways": ["gw1"]},
+        {"name": "b", "url": "http://b:1", "gateways": ["http://10.0.0.9:8080/"]},
+        {"name": "c", "url": "http://c:1", "gateways": ["http://elsewhere:8080"]},
+    ]
     assert [e["name"] for e in spec.engines_of(gw, engines)] == ["a", "b"]
     with pytest.raises(UserError, match=r"^c: inventory var gateways: 'gw2' is no inventory host"):
         check_engines([{"name": "c", "gateways": ["gw2"]}], [gw_host()], {"gw1", "c"})
@@ -112,7 +127,8 @@ def test_launcher_hands_the_key_to_the_router_in_memory_only(tmp_path):
         "def launch_router(args):\n"
         "    cmdline = open('/proc/self/cmdline', 'rb').read().decode()\n"
         "    print(json.dumps({'args': args, 'cmdline': cmdline, 'argv': sys.argv,\n"
-        "                      'env': os.environ.get('K26OPS_GATEWAY_ADMIN_KEY')}))\n")
+        "                      'env': os.environ.get('K26OPS_GATEWAY_ADMIN_KEY')}))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path), spec.KEY_ENV: KEY}
     p = subprocess.run([sys.executable, str(spec.LAUNCHER), "--port", "1"], capture_output=True, text=True, env=env)
     got = yaml.safe_load(p.stdout)
@@ -128,8 +144,10 @@ def test_gateway_commands_without_a_gateway_group_say_so(tmp_path):
     inv.write_text("hosts:\n  a: {address: 127.0.0.1}\n")
     r = cli("-i", str(inv), "gateway", "deploy", "--check")
     assert r.returncode == 2 and "no group `gateway`" in r.stderr and "Traceback" not in r.stderr
-    inv.write_text("hosts:\n  a: {address: 127.0.0.1, vars: {gateways: [gw9]}}\n  g: {address: 127.0.0.1}\n"
-                   "groups:\n  gateway: {hosts: [g]}\n")
+    inv.write_text(
+        "hosts:\n  a: {address: 127.0.0.1, vars: {gateways: [gw9]}}\n  g: {address: 127.0.0.1}\n"
+        "groups:\n  gateway: {hosts: [g]}\n"
+    )
     r = cli("-i", str(inv), "gateway", "deploy", "--check")
     assert r.returncode == 2 and "a: inventory var gateways: 'gw9' is no inventory host" in r.stderr
 
@@ -160,14 +178,21 @@ def test_engines_that_name_a_managed_gateway_drain_through_it(tmp_path):
     from k26ops.traffic.drain import TrafficConfig
 
     inv_path = tmp_path / "inventory.yml"
-    inv_path.write_text(yaml.safe_dump({
-        "hosts": {"gw1": {"address": "10.0.0.9", "vars": {"gateway_port": 8080, "gateway_admin_key": KEY}},
-                  "gw2": {"address": "10.0.0.10", "vars": {"gateway_admin_key": "other-key"}},
-                  "e1": {"address": "10.0.0.1", "vars": {"gateways": ["gw1"]}},
-                  "e2": {"address": "10.0.0.2", "vars": {"gateways": ["gw1", "http://lb.example:9000"]}},
-                  "e3": {"address": "10.0.0.3", "vars": {"gateways": ["gw1"], "model_gateway": "http://mine:1"}},
-                  "e4": {"address": "10.0.0.4"}},
-        "groups": {"gateway": {"hosts": ["gw1", "gw2"]}}}))
+    inv_path.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "gw1": {"address": "10.0.0.9", "vars": {"gateway_port": 8080, "gateway_admin_key": KEY}},
+                    "gw2": {"address": "10.0.0.10", "vars": {"gateway_admin_key": "other-key"}},
+                    "e1": {"address": "10.0.0.1", "vars": {"gateways": ["gw1"]}},
+                    "e2": {"address": "10.0.0.2", "vars": {"gateways": ["gw1", "http://lb.example:9000"]}},
+                    "e3": {"address": "10.0.0.3", "vars": {"gateways": ["gw1"], "model_gateway": "http://mine:1"}},
+                    "e4": {"address": "10.0.0.4"},
+                },
+                "groups": {"gateway": {"hosts": ["gw1", "gw2"]}},
+            }
+        )
+    )
     inv = inventory.load(inv_path, ssh_config=None)
     hosts = [inv.host(n) for n in ("e1", "e2", "e3", "e4")]
     drain_targets(inv, hosts)

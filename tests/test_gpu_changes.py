@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import copy
 
-from labtools import REPO
-
 from k26ops.facts import changes, smi_q, xid
 from k26ops.report import model, page
+from labtools import REPO
 
 FACTS = REPO / "tests/data/facts"
-HEALTHY = smi_q.parse_health((FACTS / "h200-nvidia-smi-q.txt").read_text())           # the real H200
-FAULTY = smi_q.parse_health((FACTS / "constructed-h200-q-faults.txt").read_text())    # the same GPU, faults
-QUIET = xid.parse_xid_fact((FACTS / "h200-xid-fact-healthy.txt").read_text(), 0)      # the real H200, no Xid
+HEALTHY = smi_q.parse_health((FACTS / "h200-nvidia-smi-q.txt").read_text())  # the real H200
+FAULTY = smi_q.parse_health((FACTS / "constructed-h200-q-faults.txt").read_text())  # the same GPU, faults
+QUIET = xid.parse_xid_fact((FACTS / "h200-xid-fact-healthy.txt").read_text(), 0)  # the real H200, no Xid
 XIDS = xid.parse_xid_fact((FACTS / "pub-gpud46-dmesg-xid13-109.txt").read_text(), 0)  # a public kernel log
 
 
 def test_nothing_changed_is_an_empty_list():
-    assert changes.gpu_changes({"gpu_health": HEALTHY, "gpu_xid": QUIET},
-                               {"gpu_health": copy.deepcopy(HEALTHY), "gpu_xid": copy.deepcopy(QUIET)}) == []
+    assert (
+        changes.gpu_changes(
+            {"gpu_health": HEALTHY, "gpu_xid": QUIET},
+            {"gpu_health": copy.deepcopy(HEALTHY), "gpu_xid": copy.deepcopy(QUIET)},
+        )
+        == []
+    )
 
 
 def test_ecc_row_remaps_and_new_faults_are_named_per_gpu():
@@ -47,7 +51,10 @@ def test_ecc_row_remaps_and_new_faults_are_named_per_gpu():
 
 def test_new_xids_one_line_per_gpu_and_code():
     got = changes.gpu_changes({"gpu_xid": QUIET}, {"gpu_xid": XIDS})
-    assert [(c["after"], c["change"].split(":")[0]) for c in got] == [(13, "new Xid 13 (3 times)"), (109, "new Xid 109")]
+    assert [(c["after"], c["change"].split(":")[0]) for c in got] == [
+        (13, "new Xid 13 (3 times)"),
+        (109, "new Xid 109"),
+    ]
     assert changes.gpu_changes({"gpu_xid": XIDS}, {"gpu_xid": copy.deepcopy(XIDS)}) == []  # the same log: none new
 
 
@@ -55,14 +62,23 @@ def test_nothing_compared_when_a_fact_could_not_be_read():
     unread = {"events": [], "count": 0, "worst_action": "none", "error": "the kernel log could not be read"}
     assert changes.gpu_changes({"gpu_xid": QUIET}, {"gpu_xid": unread}) is None
     assert changes.gpu_changes({}, {"gpu_health": HEALTHY}) is None
-    assert changes.gpu_changes({"gpu_xid": unread, "gpu_health": HEALTHY}, {"gpu_xid": XIDS, "gpu_health": HEALTHY}) == []
+    assert (
+        changes.gpu_changes({"gpu_xid": unread, "gpu_health": HEALTHY}, {"gpu_xid": XIDS, "gpu_health": HEALTHY}) == []
+    )
 
 
 def test_the_report_draws_them_or_says_none_changed():
-    run = {"command": "deploy", "hosts": {"h": {"status": "changed", "engine_restarted": True,
-                                                "health": {"state": "ok", "wait_s": 5.0},
-                                                "gpu_changes": changes.gpu_changes({"gpu_xid": QUIET},
-                                                                                   {"gpu_xid": XIDS})}}}
+    run = {
+        "command": "deploy",
+        "hosts": {
+            "h": {
+                "status": "changed",
+                "engine_restarted": True,
+                "health": {"state": "ok", "wait_s": 5.0},
+                "gpu_changes": changes.gpu_changes({"gpu_xid": QUIET}, {"gpu_xid": XIDS}),
+            }
+        },
+    }
     html = page.build_html(model.from_run(run))
     assert "GPU health changes in the window" in html and "new Xid 109: Context Switch Timeout Error" in html
     run["hosts"]["h"]["gpu_changes"] = []

@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import cli, k26ops_json  # noqa: E402
-
 from k26ops import resources  # noqa: E402
-from k26ops.host import preflight  # noqa: E402
+from k26ops.engine.profile import lock_for  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.facts.platform import parse_platform, wheel_platform_problem  # noqa: E402
-from k26ops.engine.profile import lock_for  # noqa: E402
+from k26ops.host import preflight  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
+from labtools import cli, k26ops_json  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "facts"
 PROD = "k26-tp8-dflash-0.5.23"
@@ -31,8 +30,11 @@ CC12 = {"gpus": [{"compute_cap": "12.0"}] * 8}
 
 
 def _facts(py="3.11.2", glibc=(2, 36), machine="x86_64", gpus=CC12) -> dict:
-    return {"python3": {"version": py}, "gpus": gpus,
-            "platform": {"libc": "glibc", "version": list(glibc), "machine": machine, "error": None}}
+    return {
+        "python3": {"version": py},
+        "gpus": gpus,
+        "platform": {"libc": "glibc", "version": list(glibc), "machine": machine, "error": None},
+    }
 
 
 def test_platform_fact_on_the_recorded_debian12_output():
@@ -44,9 +46,11 @@ def test_platform_fact_on_the_recorded_debian12_output():
     line = "cp311 manylinux_2_35 x86_64"
     assert wheel_platform_problem(got, line) is None
     assert wheel_platform_problem({**got, "version": [2, 31]}, line) == (
-        "the lock's wheels are manylinux_2_35 (glibc 2.35+), this host has glibc 2.31")
+        "the lock's wheels are manylinux_2_35 (glibc 2.35+), this host has glibc 2.31"
+    )
     assert wheel_platform_problem({**got, "machine": "aarch64"}, line) == (
-        "the lock's wheels are for x86_64, this host is aarch64")
+        "the lock's wheels are for x86_64, this host is aarch64"
+    )
     assert "no glibc" in wheel_platform_problem(musl, line)
     assert wheel_platform_problem({**got, "version": [2, 17]}, "cp311 manylinux x86_64") is None  # older lock format
 
@@ -59,8 +63,11 @@ def test_the_shipped_registry_recipe_is_locked_for_debian12_and_ubuntu2404():
         assert lock.path.name == f"{PROD}.py{py}.lock"
         assert lock.meta["python"] == py and lock.meta["platform"] == f"cp{py.replace('.', '')} manylinux_2_35 x86_64"
         assert [v for n, v, _ in lock.entries if n == "sglang"] == ["0.5.23"]
-    with pytest.raises(UserError, match=r"no engine lock for python 3\.10 \(engine\.python lists 3\.11, 3\.12\): "
-                                        r"add \"3\.10\" .*`k26ops engine lock k26-tp8-dflash-0\.5\.23 --python 3\.10`"):
+    with pytest.raises(
+        UserError,
+        match=r"no engine lock for python 3\.10 \(engine\.python lists 3\.11, 3\.12\): "
+        r"add \"3\.10\" .*`k26ops engine lock k26-tp8-dflash-0\.5\.23 --python 3\.10`",
+    ):
         rc.for_python(r, "3.10")
 
 
@@ -85,16 +92,20 @@ def test_check_reports_what_the_release_step_would_refuse():
     c = preflight.lock_check(hv, _facts(py="3.10.12", glibc=(2, 35)))
     assert not c.ok and "no engine lock for python 3.10" in c.detail and "\n" not in c.detail
     c = preflight.lock_check(hv, _facts(glibc=(2, 31)))
-    assert not c.ok and c.detail == (f"{PROD}.py3.11.lock: the lock's wheels are manylinux_2_35 (glibc 2.35+), "
-                                     "this host has glibc 2.31")
+    assert not c.ok and c.detail == (
+        f"{PROD}.py3.11.lock: the lock's wheels are manylinux_2_35 (glibc 2.35+), this host has glibc 2.31"
+    )
     c = preflight.lock_check(hv, _facts(gpus={"gpus": [{"compute_cap": "7.0"}, {"compute_cap": "9.0"}]}))
-    assert not c.ok and c.detail == (f"{PROD}.py3.11.lock: the CUDA 13 runtime runs on compute capability 7.5 "
-                                     "and newer, this host's GPUs are 7.0")
+    assert not c.ok and c.detail == (
+        f"{PROD}.py3.11.lock: the CUDA 13 runtime runs on compute capability 7.5 and newer, this host's GPUs are 7.0"
+    )
     # a recipe of one python: the deploy's own message, with the command that adds this host's python
     c = preflight.lock_check({"recipe": "lab-registry"}, _facts(py="3.12.3"))
-    assert not c.ok and c.detail == ('the engine lock lab-registry.lock is for python 3.11, this host has python '
-                                     '3.12: list "3.12" in lab-registry.yml\'s engine.python and run '
-                                     '`k26ops engine lock lab-registry --python 3.12`')
+    assert not c.ok and c.detail == (
+        "the engine lock lab-registry.lock is for python 3.11, this host has python "
+        '3.12: list "3.12" in lab-registry.yml\'s engine.python and run '
+        "`k26ops engine lock lab-registry --python 3.12`"
+    )
 
 
 def test_check_reports_a_launch_rule_the_deploy_refuses():
@@ -192,8 +203,9 @@ def test_check_on_a_debian12_host_takes_the_shipped_registry_recipe(lab, tmp_pat
     assert rc_ == 0, data["hosts"]["lab1"]
     # and the deploy plans it: --check takes the engine wheel alone (flags, the series applied to its
     # files), not the 207 locked wheels (GBs of torch and CUDA) that only the build needs
-    rc_, data = k26ops_json("-i", _inv(lab, tmp_path, "prod2", recipe=PROD), "--limit", "lab1", "deploy", "--check",
-                            timeout=600)
+    rc_, data = k26ops_json(
+        "-i", _inv(lab, tmp_path, "prod2", recipe=PROD), "--limit", "lab1", "deploy", "--check", timeout=600
+    )
     assert rc_ == 0, data["hosts"]["lab1"]
     release = next(st for st in data["hosts"]["lab1"]["steps"] if st["step"] == "release")
     assert any(c.startswith("build release sglang0.5.23-") for c in release["changes"]), release
@@ -206,8 +218,10 @@ def test_check_on_a_debian12_host_takes_the_shipped_registry_recipe(lab, tmp_pat
     (d / "p.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     shutil.copy(rc.RECIPES_DIR / f"{PROD}.py3.12.lock", d / "p.lock")
     inv = _inv(lab, tmp_path, "only312", recipe=str(d / "p.yml"))
-    want = ('engine_lock: the engine lock p.lock is for python 3.12, this host has python 3.11: list "3.11" in '
-            f'p.yml\'s engine.python and run `k26ops engine lock {d}/p.yml --python 3.11`')
+    want = (
+        'engine_lock: the engine lock p.lock is for python 3.12, this host has python 3.11: list "3.11" in '
+        f"p.yml's engine.python and run `k26ops engine lock {d}/p.yml --python 3.11`"
+    )
     rc_, data = k26ops_json("-i", inv, "--limit", "lab1", "check", timeout=300)
     assert rc_ == 1 and data["hosts"]["lab1"]["error"] == want, data["hosts"]["lab1"]
     rc_, data = k26ops_json("-i", inv, "--limit", "lab1", "deploy", "--check", timeout=300)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import yaml
 
-from labtools import private_lab
 from k26ops.host import preflight
-from labtools import k26ops_json, lab_ssh
+from labtools import k26ops_json, lab_ssh, private_lab
 
 ROOT = "/srv/k26-custom-root"
 
@@ -51,8 +50,9 @@ def test_a_custom_root_is_used_everywhere_and_a_second_deploy_is_converged():
         assert "cuda-13.0" in ssh(f"ls {ROOT}/toolchain")
         assert ssh(f"ls {ROOT}/lab/k26ops_lab_engine.py").strip()  # the lab stand-in too
         # the host lock is taken in <root>/state (its owner file gone after a clean release)
-        assert ssh(f"test -f {ROOT}/state/lock && echo lock; ls {ROOT}/state/lock.owner 2>&1 >/dev/null | wc -l"
-                   ).split() == ["lock", "1"]
+        assert ssh(
+            f"test -f {ROOT}/state/lock && echo lock; ls {ROOT}/state/lock.owner 2>&1 >/dev/null | wc -l"
+        ).split() == ["lock", "1"]
 
         # A run holding <root>/state/lock keeps deploy and snapshot's pin away.
         ssh(f"systemd-run --unit=k26-hold-lock flock {ROOT}/state/lock sleep 300")
@@ -73,6 +73,7 @@ def test_a_custom_root_is_used_everywhere_and_a_second_deploy_is_converged():
         # nothing of k26ops' own under the default root (the lab's stand-in module aside)
         assert ssh("ls -A /opt/k26ops 2>/dev/null | grep -vx lab || true").strip() == ""
         assert ssh("ls -A /opt/k26ops 2>/dev/null || true").strip() == ""
+
 
 def test_preflight_layout_follows_the_root():
     e = preflight.expectations({"k26ops_root": "/data/k26"})

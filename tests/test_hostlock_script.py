@@ -16,8 +16,9 @@ import pytest
 
 from k26ops.host.lock import LOCK_BUSY, RELEASED, lock_script
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("flock"),
-                                reason="needs root and flock(1), as on a host")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("flock"), reason="needs root and flock(1), as on a host"
+)
 
 TOOLS = ("id", "mkdir", "flock", "sh", "cat", "df", "awk", "mv", "rm", "tail", "printf", "tr")
 
@@ -30,7 +31,7 @@ def host(tmp_path):
     for tool in TOOLS:
         real = shutil.which(tool)
         if real:
-            (bin_dir / tool).write_text(f"#!/bin/sh\necho {tool} >> {log}\nexec {real} \"$@\"\n")
+            (bin_dir / tool).write_text(f'#!/bin/sh\necho {tool} >> {log}\nexec {real} "$@"\n')
             (bin_dir / tool).chmod(0o755)
     state = tmp_path / "state"  # there since the host's first run: no mkdir
     state.mkdir()
@@ -39,8 +40,10 @@ def host(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
     def start():
-        return subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                env=env, text=True)
+        return subprocess.Popen(
+            ["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+        )
+
     return start, log, state, owner
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from jsonshape import validate
-from k26ops.transport import fleet
+
 from k26ops.orchestrate import rollout
 from k26ops.steps import Change, HostContext, Step
+from k26ops.transport import fleet
 
 EXIT_INTERRUPTED = 130
 
@@ -43,8 +43,10 @@ def fresh_interrupt():
 
 def _inventory(tmp_path: Path) -> Path:
     """Two local hosts, each with its own k26ops_root (lock, state) under tmp_path."""
-    hosts = {name: {"connection": "local", "vars": {"k26ops_root": str(tmp_path / name / "k26ops")}}
-             for name in ("first", "queued")}
+    hosts = {
+        name: {"connection": "local", "vars": {"k26ops_root": str(tmp_path / name / "k26ops")}}
+        for name in ("first", "queued")
+    }
     p = tmp_path / "inventory.yml"
     p.write_text(yaml.safe_dump({"hosts": hosts}))
     return p
@@ -150,8 +152,20 @@ def test_snapshot_json_is_one_document_and_exits_130(tmp_path, monkeypatch):
     from k26ops.baselines import snapshot as snap
 
     monkeypatch.setattr(snap, "gather_host", _interrupting_gather)
-    res = _cli(["-i", str(_inventory(tmp_path)), "--forks", "1", "--json", "snapshot", "--tag", "t1",
-                "--baselines", str(tmp_path / "baselines")])
+    res = _cli(
+        [
+            "-i",
+            str(_inventory(tmp_path)),
+            "--forks",
+            "1",
+            "--json",
+            "snapshot",
+            "--tag",
+            "t1",
+            "--baselines",
+            str(tmp_path / "baselines"),
+        ]
+    )
     assert res.exit_code == EXIT_INTERRUPTED, (res.exit_code, res.stdout, res.stderr)
     doc = json.loads(res.stdout)
     validate(doc)
@@ -168,8 +182,9 @@ def test_baselines_repin_json_exits_130_when_a_host_was_queued(tmp_path, monkeyp
     monkeypatch.setattr(pins, "BaselinePins", InterruptingStep)
     repo = tmp_path / "baselines"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)  # a repository with no tags: nothing pinned
-    res = _cli(["-i", str(_inventory(tmp_path)), "--forks", "1", "--json", "baselines", "repin",
-                "--baselines", str(repo)])
+    res = _cli(
+        ["-i", str(_inventory(tmp_path)), "--forks", "1", "--json", "baselines", "repin", "--baselines", str(repo)]
+    )
     doc = json.loads(res.stdout)
     validate(doc)
     assert res.exit_code == EXIT_INTERRUPTED and doc["exit_code"] == EXIT_INTERRUPTED, (res.exit_code, doc)
@@ -193,14 +208,26 @@ def test_repin_interrupted_with_no_host_queued_exits_130(tmp_path, monkeypatch, 
     from k26ops.baselines import pins
 
     inv = tmp_path / "one.yml"
-    inv.write_text(yaml.safe_dump({"hosts": {"first": {"connection": "local", "vars": {
-        "k26ops_root": str(tmp_path / "first/k26ops")}}}}))
+    inv.write_text(
+        yaml.safe_dump(
+            {"hosts": {"first": {"connection": "local", "vars": {"k26ops_root": str(tmp_path / "first/k26ops")}}}}
+        )
+    )
     import git
 
     git.Repo.init(tmp_path / "baselines", initial_branch="main")  # a repository, no tag yet
     monkeypatch.setattr(pins, "BaselinePins", InterruptingPins)
-    res = _cli(["-i", str(inv), *(["--json"] if as_json else []), "baselines", "repin",
-                "--baselines", str(tmp_path / "baselines")])
+    res = _cli(
+        [
+            "-i",
+            str(inv),
+            *(["--json"] if as_json else []),
+            "baselines",
+            "repin",
+            "--baselines",
+            str(tmp_path / "baselines"),
+        ]
+    )
     assert res.exit_code == EXIT_INTERRUPTED, (res.exit_code, res.stdout, res.stderr)
     if as_json:
         doc = json.loads(res.stdout)

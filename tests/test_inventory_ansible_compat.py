@@ -19,12 +19,18 @@ from k26ops.cli import cli
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests/data/inventories"
 # Directory inventories, INI, and a hosts.yml with group_vars/host_vars beside it (34.1).
-LAYOUTS = [DATA / "ansible-dir", DATA / "ansible-dir/hosts.yml", DATA / "ansible-ini-dir",
-           DATA / "ansible-ini-dir/hosts"]
+LAYOUTS = [
+    DATA / "ansible-dir",
+    DATA / "ansible-dir/hosts.yml",
+    DATA / "ansible-ini-dir",
+    DATA / "ansible-ini-dir/hosts",
+]
 FILES = sorted(DATA.glob("ansible-*.yml")) + [ROOT / "inventory/example-ansible.yml"] + LAYOUTS
 
-pytestmark = pytest.mark.skipif(shutil.which("ansible-inventory") is None and not os.environ.get("CI"),
-                                reason="ansible-core (test extra) not installed")
+pytestmark = pytest.mark.skipif(
+    shutil.which("ansible-inventory") is None and not os.environ.get("CI"),
+    reason="ansible-core (test extra) not installed",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -34,12 +40,17 @@ def _no_ssh_config(monkeypatch):
 
 def _ansible_list(path: Path, home: Path) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"),
-               ANSIBLE_CONFIG=str(home / "none.cfg"),
-               ANSIBLE_INVENTORY_ENABLED="yaml,ini" if path in LAYOUTS else "yaml",
-               ANSIBLE_INVENTORY_UNPARSED_FAILED="true", ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run(["ansible-inventory", "-i", str(path), "--list"], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=home)
+    env.update(
+        ANSIBLE_HOME=str(home),
+        ANSIBLE_LOCAL_TEMP=str(home / "tmp"),
+        ANSIBLE_CONFIG=str(home / "none.cfg"),
+        ANSIBLE_INVENTORY_ENABLED="yaml,ini" if path in LAYOUTS else "yaml",
+        ANSIBLE_INVENTORY_UNPARSED_FAILED="true",
+        ANSIBLE_NOCOLOR="1",
+    )
+    proc = subprocess.run(
+        ["ansible-inventory", "-i", str(path), "--list"], env=env, capture_output=True, text=True, timeout=120, cwd=home
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr
 
@@ -106,8 +117,7 @@ def _expected(listing: dict) -> dict:
 
 
 def _k26ops_list(path: Path) -> dict:
-    result = CliRunner().invoke(cli, ["--inventory", str(path), "inventory", "list", "--json"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(cli, ["--inventory", str(path), "inventory", "list", "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -135,8 +145,10 @@ def test_same_merged_vars_as_ansible_inventory(path, ansible_out):
     hostvars = listing.get("_meta", {}).get("hostvars", {})
     ours = _k26ops_list(path)["hosts"]
     for name, got in ours.items():
-        exp = {k: ("<vault>" if isinstance(v, dict) and "__ansible_vault" in v else v)
-               for k, v in hostvars.get(name, {}).items()}
+        exp = {
+            k: ("<vault>" if isinstance(v, dict) and "__ansible_vault" in v else v)
+            for k, v in hostvars.get(name, {}).items()
+        }
         assert got["vars"] == exp, name
 
 
@@ -145,37 +157,42 @@ def test_ignored_group_keys_warned_like_ansible(ansible_out):
     _, ansible_err = ansible_out[path]
     assert "Skipping unexpected key (host) in group (gpus)" in ansible_err
     assert "Skipping 'notagroup'" in ansible_err
-    result = CliRunner().invoke(cli, ["-i", str(path), "inventory", "list"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(cli, ["-i", str(path), "inventory", "list"], catch_exceptions=False)
     assert result.exit_code == 0
     warnings = result.stderr.splitlines()
-    assert f"k26ops: warning: {path}:4: group 'gpus': ignoring key 'host' (did you mean " \
-           f"'hosts'? ansible reads only vars, children and hosts)" in warnings
+    assert (
+        f"k26ops: warning: {path}:4: group 'gpus': ignoring key 'host' (did you mean "
+        f"'hosts'? ansible reads only vars, children and hosts)" in warnings
+    )
     assert any("'var'" in w and "did you mean 'vars'?" in w for w in warnings)
     assert any("'notagroup'" in w and "not a valid group definition" in w for w in warnings)
 
 
 def test_group_vars_typos_warned_once_with_file_and_line():
     """A typo in group_vars/ is named with its own file:line, once (not once per host)."""
-    result = CliRunner().invoke(cli, ["-i", str(DATA / "ansible-dir"), "inventory", "list"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(cli, ["-i", str(DATA / "ansible-dir"), "inventory", "list"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     typo = [w for w in result.stderr.splitlines() if "releases_dir" in w]
-    assert typo == [f"k26ops: warning: {DATA}/ansible-dir/group_vars/gpu/main.yml:2: group gpu: "
-                    f"releases_dir: unknown; did you mean releases_root?"], result.stderr
-    result = CliRunner().invoke(cli, ["--strict", "-i", str(DATA / "ansible-ini-dir/hosts"), "inventory",
-                                      "list"], catch_exceptions=False)
+    assert typo == [
+        f"k26ops: warning: {DATA}/ansible-dir/group_vars/gpu/main.yml:2: group gpu: "
+        f"releases_dir: unknown; did you mean releases_root?"
+    ], result.stderr
+    result = CliRunner().invoke(
+        cli, ["--strict", "-i", str(DATA / "ansible-ini-dir/hosts"), "inventory", "list"], catch_exceptions=False
+    )
     assert result.exit_code == 2
     assert f"{DATA}/ansible-ini-dir/group_vars/gpu.yml:2: group gpu: gpus_per_hots: unknown" in result.stderr
 
 
 def test_show_names_the_group_vars_file_a_value_came_from():
-    result = CliRunner().invoke(cli, ["-i", str(DATA / "ansible-dir"), "inventory", "show", "rtx02",
-                                      "--json"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["-i", str(DATA / "ansible-dir"), "inventory", "show", "rtx02", "--json"], catch_exceptions=False
+    )
     origins = json.loads(result.stdout)["hosts"]["rtx02"]["origins"]
     assert origins["address"] == f"host_vars/rtx02, var ansible_host, {DATA}/ansible-dir/host_vars/rtx02.yml:1"
-    assert origins["become"].startswith("group_vars/all, var ansible_become, ") and \
-        origins["become"].endswith("group_vars/all/10-base.yml:1")
+    assert origins["become"].startswith("group_vars/all, var ansible_become, ") and origins["become"].endswith(
+        "group_vars/all/10-base.yml:1"
+    )
 
 
 def test_a_vars_file_encrypted_whole_is_refused_in_one_line(tmp_path):

@@ -8,20 +8,24 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import cli  # noqa: E402
-
 from k26ops.inventory import yamlsrc  # noqa: E402
+from labtools import cli  # noqa: E402
 
 # The classic "billion laughs", inside vars where k26ops merges and walks it.
 BOMB = "".join(f"  {c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
-BOMB = 'vars:\n  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + BOMB + \
-    "hosts: {x: {address: 127.0.0.1}}\n"
+BOMB = (
+    'vars:\n  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + BOMB
+    + "hosts: {x: {address: 127.0.0.1}}\n"
+)
 
 
 def big_inventory(n: int) -> str:
     lines = ["vars: {user: root, gpus_per_host: 8}", "hosts:"]
-    lines += [f"  gpu{i:05d}: {{address: 127.0.{i // 250}.{i % 250 + 1}, vars: {{engine_port: {30000 + i % 100}}}}}"
-              for i in range(n)]
+    lines += [
+        f"  gpu{i:05d}: {{address: 127.0.{i // 250}.{i % 250 + 1}, vars: {{engine_port: {30000 + i % 100}}}}}"
+        for i in range(n)
+    ]
     lines += ["groups:", "  fleet:", "    hosts: [" + ", ".join(f"gpu{i:05d}" for i in range(n)) + "]"]
     return "\n".join(lines) + "\n"
 
@@ -65,9 +69,11 @@ def alias_values(levels: int = 5, width: int = 11, top: int = 10) -> str:
     allowed, so every command must handle them without walking each copy."""
     lines = ["vars:", f"  a0: &a0 [{','.join(['1'] * width)}]"]
     lines += [f"  a{i}: &a{i} [{','.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
-    lines += [f"  z: [{','.join([f'*a{levels - 1}'] * top)}]",
-              "  token: !vault |\n    $ANSIBLE_VAULT;1.1;AES256\n    6162",
-              "hosts: {x: {address: 127.0.0.1}, y: {address: 127.0.0.2}}"]
+    lines += [
+        f"  z: [{','.join([f'*a{levels - 1}'] * top)}]",
+        "  token: !vault |\n    $ANSIBLE_VAULT;1.1;AES256\n    6162",
+        "hosts: {x: {address: 127.0.0.1}, y: {address: 127.0.0.2}}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -97,8 +103,9 @@ def timed_cli(*args: str, timeout: float = 600):
     from labtools import REPO
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([sys.executable, "-m", "k26ops", *args], stdout=out, stderr=err,
-                             stdin=subprocess.DEVNULL, cwd=REPO)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "k26ops", *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO
+        )
         deadline = time.monotonic() + timeout
         while True:
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)

@@ -45,13 +45,21 @@ def test_lab_shape(tmp_path):
     inv = load(_write(tmp_path, LAB))
     assert isinstance(inv, Inventory) and inv.shape == "native"
     # fake_gpus is read by nothing: loaded and shown, with a warning (k26ops.inventory.variables)
-    assert inv.warnings == inv.unknown_vars == [f"{inv.path}:11: group lab: fake_gpus: unknown; "
-                                                "k26ops does not read it"]
+    assert (
+        inv.warnings == inv.unknown_vars == [f"{inv.path}:11: group lab: fake_gpus: unknown; k26ops does not read it"]
+    )
     assert list(inv.hosts) == ["lab1", "lab2", "lab3"]
     h = inv.hosts["lab2"]
     assert isinstance(h, Host)
-    assert (h.address, h.port, h.user, h.identity_file, h.known_hosts, h.gateway, h.connection) \
-        == ("127.0.0.1", 2222, "root", "/x/id_ed25519", "/x/known_hosts", None, "ssh")
+    assert (h.address, h.port, h.user, h.identity_file, h.known_hosts, h.gateway, h.connection) == (
+        "127.0.0.1",
+        2222,
+        "root",
+        "/x/id_ed25519",
+        "/x/known_hosts",
+        None,
+        "ssh",
+    )
     assert h.groups == ["all", "lab"]
     assert h.vars == {"gpus_per_host": 8, "fake_gpus": True}
     assert inv.groups["lab"] == ["lab1", "lab2", "lab3"]
@@ -78,7 +86,10 @@ def test_example_rtxpro6000():
 
 
 def test_precedence_and_fields_from_vars(tmp_path):
-    inv = load(_write(tmp_path, """\
+    inv = load(
+        _write(
+            tmp_path,
+            """\
 vars: {user: alluser, port: 1000, color: all, gateway: jump@b1}
 hosts:
   a: {address: 10.0.0.1, vars: {color: host, port: 1003}}
@@ -91,7 +102,9 @@ groups:
   child:
     hosts: [a, b]
     vars: {port: 1002, color: child, address: 10.9.9.9}
-"""))
+""",
+        )
+    )
     a, b, c = inv.hosts["a"], inv.hosts["b"], inv.hosts["c"]
     assert (a.port, a.user, a.vars["color"], a.address) == (1003, "parentuser", "host", "10.0.0.1")
     assert b.port == 1004  # an explicit host field beats the host's vars
@@ -108,7 +121,9 @@ def test_port_and_user_stay_none_without_inventory_or_ssh_config(tmp_path):
 
 
 def test_ssh_config_fills_unset_fields(tmp_path, monkeypatch):
-    cfg = _write(tmp_path, """\
+    cfg = _write(
+        tmp_path,
+        """\
 Host gpu-alias
   HostName 10.7.0.1
   Port 2022
@@ -117,9 +132,14 @@ Host gpu-alias
   ProxyJump jump@bastion
 Host 10.0.0.*
   User subnetuser
-""", "ssh_config")
+""",
+        "ssh_config",
+    )
     monkeypatch.setenv("K26OPS_SSH_CONFIG", str(cfg))
-    inv = load(_write(tmp_path, """\
+    inv = load(
+        _write(
+            tmp_path,
+            """\
 all:
   hosts:
     gpu-alias:
@@ -128,10 +148,17 @@ all:
       ansible_user: invuser
     third:
       ansible_host: 10.0.0.6
-"""))
+""",
+        )
+    )
     g = inv.hosts["gpu-alias"]
     assert (g.address, g.port, g.user, g.identity_file, g.gateway) == (
-        "10.7.0.1", 2022, "cfguser", "/keys/id_cfg", "jump@bastion")
+        "10.7.0.1",
+        2022,
+        "cfguser",
+        "/keys/id_cfg",
+        "jump@bastion",
+    )
     assert g.origins["port"] == "ssh_config"
     assert inv.hosts["other"].user == "invuser"  # the inventory wins
     assert inv.hosts["third"].user == "subnetuser"
@@ -142,7 +169,10 @@ all:
 
 
 def test_vault_and_jinja_kept_with_notes(tmp_path):
-    inv = load(_write(tmp_path, """\
+    inv = load(
+        _write(
+            tmp_path,
+            """\
 all:
   vars:
     token: !vault |
@@ -153,7 +183,9 @@ all:
       ansible_host: "{{ lookup('env', 'ADDR') }}"
       ansible_port: "{{ port_var }}"
       model: "{{ base }}/m"
-"""))
+""",
+        )
+    )
     a = inv.hosts["a"]
     assert a.address == "{{ lookup('env', 'ADDR') }}"
     assert a.port is None
@@ -165,31 +197,41 @@ all:
 
 
 def test_native_vault_values_load(tmp_path):
-    inv = load(_write(tmp_path, "hosts:\n  a:\n    address: 10.0.0.1\n    vars:\n"
-                                "      hf_token: !vault $ANSIBLE_VAULT;1.1;AES256 6162\n"))
+    inv = load(
+        _write(
+            tmp_path,
+            "hosts:\n  a:\n    address: 10.0.0.1\n    vars:\n      hf_token: !vault $ANSIBLE_VAULT;1.1;AES256 6162\n",
+        )
+    )
     assert repr(inv.hosts["a"].vars["hf_token"]) == "<vault>"
 
 
-@pytest.mark.parametrize("limit, names", [
-    (None, ["a1", "a2", "b1", "b2", "x"]),
-    ("", ["a1", "a2", "b1", "b2", "x"]),
-    ("a1", ["a1"]),
-    ("ga", ["a1", "a2"]),
-    ("ga,b1", ["a1", "a2", "b1"]),
-    (" b1 , ga ", ["a1", "a2", "b1"]),
-    ("a?", ["a1", "a2"]),
-    ("b*", ["b1", "b2"]),
-    ("a*", ["a1", "a2", "b1", "b2", "x"]),  # as in ansible, `a*` also matches group `all`
-    ("g*", ["a1", "a2", "b1", "b2"]),
-    ("all,!x", ["a1", "a2", "b1", "b2"]),
-    ("gall,&ga", ["a1", "a2"]),
-    ("gall,!a1", ["a2", "b1", "b2"]),
-    ("~^b\\d$", ["b1", "b2"]),
-    ("x", ["x"]),  # a host and a group of the same name: both match
-    ("*", ["a1", "a2", "b1", "b2", "x"]),
-])
+@pytest.mark.parametrize(
+    "limit, names",
+    [
+        (None, ["a1", "a2", "b1", "b2", "x"]),
+        ("", ["a1", "a2", "b1", "b2", "x"]),
+        ("a1", ["a1"]),
+        ("ga", ["a1", "a2"]),
+        ("ga,b1", ["a1", "a2", "b1"]),
+        (" b1 , ga ", ["a1", "a2", "b1"]),
+        ("a?", ["a1", "a2"]),
+        ("b*", ["b1", "b2"]),
+        ("a*", ["a1", "a2", "b1", "b2", "x"]),  # as in ansible, `a*` also matches group `all`
+        ("g*", ["a1", "a2", "b1", "b2"]),
+        ("all,!x", ["a1", "a2", "b1", "b2"]),
+        ("gall,&ga", ["a1", "a2"]),
+        ("gall,!a1", ["a2", "b1", "b2"]),
+        ("~^b\\d$", ["b1", "b2"]),
+        ("x", ["x"]),  # a host and a group of the same name: both match
+        ("*", ["a1", "a2", "b1", "b2", "x"]),
+    ],
+)
 def test_limit(limit, names, tmp_path):
-    inv = load(_write(tmp_path, """\
+    inv = load(
+        _write(
+            tmp_path,
+            """\
 hosts:
   a1: {address: 10.0.0.1}
   a2: {address: 10.0.0.2}
@@ -201,39 +243,59 @@ groups:
   gb: {hosts: [b1, b2]}
   gall: {children: [ga, gb]}
   x: {hosts: [x]}
-"""))
+""",
+        )
+    )
     assert [h.name for h in inv.select(limit)] == names
 
 
 def test_ansible_connection_and_unknown_connection_warns(tmp_path):
-    inv = load(_write(tmp_path, """\
+    inv = load(
+        _write(
+            tmp_path,
+            """\
 all:
   hosts:
     here: {ansible_connection: local}
     box: {ansible_connection: docker}
-"""))
+""",
+        )
+    )
     assert inv.hosts["here"].connection == "local"
-    assert inv.warnings == [f"{inv.path}: host 'box': ansible_connection 'docker' is not one "
-                            f"k26ops can use (ssh or local)"]
+    assert inv.warnings == [
+        f"{inv.path}: host 'box': ansible_connection 'docker' is not one k26ops can use (ssh or local)"
+    ]
 
 
 def test_cli_json_shape(tmp_path):
     path = _write(tmp_path, LAB)
-    result = CliRunner().invoke(cli, ["--json", "-i", str(path), "--limit", "lab1,lab3",
-                                      "inventory", "list"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["--json", "-i", str(path), "--limit", "lab1,lab3", "inventory", "list"], catch_exceptions=False
+    )
     assert result.exit_code == 0
     assert result.stderr == f"k26ops: warning: {path}:11: group lab: fake_gpus: unknown; k26ops does not read it\n"
     doc = json.loads(result.stdout)
     assert list(doc["hosts"]) == ["lab1", "lab3"]
     assert doc["hosts"]["lab1"] == {
-        "address": "127.0.0.1", "port": 2221, "user": "root", "identity_file": "/x/id_ed25519",
-        "gateway": None, "known_hosts": "/x/known_hosts", "connection": "ssh", "become": False,
-        "groups": ["all", "lab"], "vars": {"gpus_per_host": 8, "fake_gpus": True}, "notes": []}
+        "address": "127.0.0.1",
+        "port": 2221,
+        "user": "root",
+        "identity_file": "/x/id_ed25519",
+        "gateway": None,
+        "known_hosts": "/x/known_hosts",
+        "connection": "ssh",
+        "become": False,
+        "groups": ["all", "lab"],
+        "vars": {"gpus_per_host": 8, "fake_gpus": True},
+        "notes": [],
+    }
     assert doc["groups"]["lab"] == ["lab1", "lab3"]
 
 
 def test_cli_json_nulls_and_odd_values(tmp_path):
-    path = _write(tmp_path, """\
+    path = _write(
+        tmp_path,
+        """\
 all:
   hosts:
     a:
@@ -242,19 +304,26 @@ all:
       tags: !!set {x, y}
       loop: &l [1, *l]
       token: !vault abc
-""")
-    result = CliRunner().invoke(cli, ["-i", str(path), "inventory", "list", "--json"],
-                                catch_exceptions=False)
+""",
+    )
+    result = CliRunner().invoke(cli, ["-i", str(path), "inventory", "list", "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     a = json.loads(result.stdout)["hosts"]["a"]
     assert (a["port"], a["user"], a["address"]) == (None, None, "a")
     assert a["groups"] == ["all", "ungrouped"]
-    assert a["vars"] == {"when": "2024-05-01", "big": "inf", "tags": ["x", "y"],
-                         "loop": [1, "<recursive>"], "token": "<vault>"}
+    assert a["vars"] == {
+        "when": "2024-05-01",
+        "big": "inf",
+        "tags": ["x", "y"],
+        "loop": [1, "<recursive>"],
+        "token": "<vault>",
+    }
 
 
 def test_cli_human_output_and_show(tmp_path):
-    path = _write(tmp_path, """\
+    path = _write(
+        tmp_path,
+        """\
 all:
   vars: {pw: !vault abc}
   children:
@@ -265,23 +334,32 @@ all:
           ansible_host: 10.0.0.9
           ansible_port: 2200
           label: "[bold]not markup[/bold]"
-""")
-    result = CliRunner().invoke(cli, ["-i", str(path), "inventory", "list"],
-                                catch_exceptions=False)
+""",
+    )
+    result = CliRunner().invoke(cli, ["-i", str(path), "inventory", "list"], catch_exceptions=False)
     assert result.exit_code == 0
-    assert result.stderr == (f"k26ops: warning: {path}:5: group 'gpus': ignoring key 'host' "
-                             f"(did you mean 'hosts'? ansible reads only vars, children and "
-                             f"hosts)\n")
+    assert result.stderr == (
+        f"k26ops: warning: {path}:5: group 'gpus': ignoring key 'host' "
+        f"(did you mean 'hosts'? ansible reads only vars, children and "
+        f"hosts)\n"
+    )
     out = result.stdout
-    for text in ("gpu1", "gpu2", "10.0.0.9", "2200", "all, gpus", "[bold]not markup[/bold]",
-                 "note: gpu1, gpu2: vars.pw is a !vault value, not decrypted"):
+    for text in (
+        "gpu1",
+        "gpu2",
+        "10.0.0.9",
+        "2200",
+        "all, gpus",
+        "[bold]not markup[/bold]",
+        "note: gpu1, gpu2: vars.pw is a !vault value, not decrypted",
+    ):
         assert text in out, text
-    result = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["-i", str(path), "inventory", "show", "gpu2"],
-                                catch_exceptions=False)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["-i", str(path), "inventory", "show", "gpu2"], catch_exceptions=False
+    )
     assert result.exit_code == 0
     assert "host, var ansible_port, line 9" in result.stdout
-    result = CliRunner().invoke(cli, ["-i", str(path), "--json", "inventory", "show", "gpu2"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(cli, ["-i", str(path), "--json", "inventory", "show", "gpu2"], catch_exceptions=False)
     doc = json.loads(result.stdout)
     assert doc["hosts"]["gpu2"]["port"] == 2200
     assert doc["hosts"]["gpu2"]["origins"]["address"] == "host, var ansible_host, line 8"

@@ -49,8 +49,11 @@ def test_hosts_setting_gpus_per_host_are_the_default_targets():
 
 
 def test_a_limit_of_only_non_targets_is_an_error_naming_them():
-    with pytest.raises(UserError, match=r"--limit 'bastion' selects only hosts that are not targets "
-                                        r"\(bastion\); the targets are the hosts that set gpus_per_host"):
+    with pytest.raises(
+        UserError,
+        match=r"--limit 'bastion' selects only hosts that are not targets "
+        r"\(bastion\); the targets are the hosts that set gpus_per_host",
+    ):
         _selected("bastion")
     result = CliRunner().invoke(cli, ["-i", str(EXAMPLE), "-l", "bastion", "facts"])
     assert result.exit_code == 2 and "not targets" in result.stderr
@@ -82,14 +85,19 @@ def test_inventory_list_shows_targets_and_why():
 def test_vault_value_k26ops_reads_is_refused_when_hosts_are_selected(tmp_path):
     """Before: hf_token: !vault went to the hosts' env file as the text `<vault>`."""
     example = ROOT / "inventory/example-ansible.yml"
-    with pytest.raises(UserError, match=rf"^{example}:28: hf_token is a !vault value and k26ops "
-                                        r"does not decrypt ansible-vault: give host rtx01"):
+    with pytest.raises(
+        UserError,
+        match=rf"^{example}:28: hf_token is a !vault value and k26ops "
+        r"does not decrypt ansible-vault: give host rtx01",
+    ):
         Settings(inventory=str(example)).select(None)
     result = CliRunner().invoke(cli, ["-i", str(example), "inventory", "list"])  # shown, not refused
     assert result.exit_code == 0 and "vars.hf_token is a !vault value" in result.stdout
     p = tmp_path / "other.yml"  # a vault value only another tool reads is left alone
-    p.write_text("all:\n  vars:\n    db_password: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      6162\n"
-                 "    ansible_become_password: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      6163\n"
-                 "  hosts: {a: {ansible_host: 127.0.0.1}}\n")
+    p.write_text(
+        "all:\n  vars:\n    db_password: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      6162\n"
+        "    ansible_become_password: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      6163\n"
+        "  hosts: {a: {ansible_host: 127.0.0.1}}\n"
+    )
     _inv, hosts = Settings(inventory=str(p)).select(None)
     assert [h.name for h in hosts] == ["a"]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from labtools import parsed
 
 from k26ops.cli import cli, hoist_global_flags
 from k26ops.inventory import load, variables
+from labtools import parsed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,10 @@ def test_docs_inventory_md_is_generated_from_the_registry():
 # How k26ops code reads an inventory variable: `vars.get("x")`, `hv["x"]`, `"x" in vars`
 # (on the names the code gives a host's vars), or `hvars.get("x", ...)`.
 _VARS = r"(?:vars|hv|hvars|host_vars|values)"
-READS = (re.compile(r"\b" + _VARS + r"(?:\.get\(|\[)\"([A-Za-z_][A-Za-z0-9_]*)\""),
-         re.compile(r"\"([A-Za-z_][A-Za-z0-9_]*)\" (?:not )?in " + _VARS + r"\b"))
+READS = (
+    re.compile(r"\b" + _VARS + r"(?:\.get\(|\[)\"([A-Za-z_][A-Za-z0-9_]*)\""),
+    re.compile(r"\"([A-Za-z_][A-Za-z0-9_]*)\" (?:not )?in " + _VARS + r"\b"),
+)
 
 
 def variables_read(text: str) -> set[str]:
@@ -62,8 +64,9 @@ def test_every_variable_the_code_reads_is_declared():
 
 def test_the_read_patterns_find_reads():
     """The patterns themselves: each way of reading is seen, a plain dict key is not."""
-    text = ('a = ctx.vars.get("x1"); b = hv["x2"]; c = hvars.get("x3", 3)\n'
-            'if "x4" in vars: pass\nd = params.get("nope")\n')
+    text = (
+        'a = ctx.vars.get("x1"); b = hv["x2"]; c = hvars.get("x3", 3)\nif "x4" in vars: pass\nd = params.get("nope")\n'
+    )
     assert variables_read(text) == {"x1", "x2", "x3", "x4"}
 
 
@@ -121,11 +124,15 @@ def test_example_inventories_have_no_unknown_keys(name):
 def _typo_inventory(tmp_path, shape="native"):
     p = tmp_path / "inv.yml"
     if shape == "native":
-        p.write_text("vars:\n  releases_dir: /srv/r\n  grafana_url: x\nhosts:\n  a:\n    address: 127.0.0.1\n"
-                     "    port: 1\n    vars:\n      engine_service: e.service\n")
+        p.write_text(
+            "vars:\n  releases_dir: /srv/r\n  grafana_url: x\nhosts:\n  a:\n    address: 127.0.0.1\n"
+            "    port: 1\n    vars:\n      engine_service: e.service\n"
+        )
     else:
-        p.write_text("all:\n  vars:\n    releases_rot: /srv/r\n    grafana_url: x\n    ansible_python_interpreter: /usr/bin/python3\n"
-                     "  hosts:\n    a:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n")
+        p.write_text(
+            "all:\n  vars:\n    releases_rot: /srv/r\n    grafana_url: x\n    ansible_python_interpreter: /usr/bin/python3\n"
+            "  hosts:\n    a:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+        )
     return p
 
 

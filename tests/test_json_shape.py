@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from jsonshape import SCHEMAS, schema, validate
+
 from labtools import REPO, cli, cli_json
 
 INVENTORY = """\
@@ -38,14 +38,26 @@ def test_every_schema_is_a_valid_schema():
         jsonschema.Draft202012Validator.check_schema(json.loads((SCHEMAS / name).read_text()))
 
 
-@pytest.mark.parametrize("args", [
-    ["inventory", "list"], ["inventory", "show", "rtx01"], ["inventory", "vars"], ["config", "show"],
-    ["diagnose", "log", str(LOG)], ["baselines", "list"], ["lab", "status"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inventory", "list"],
+        ["inventory", "show", "rtx01"],
+        ["inventory", "vars"],
+        ["config", "show"],
+        ["diagnose", "log", str(LOG)],
+        ["baselines", "list"],
+        ["lab", "status"],
+    ],
+)
 def test_commands_without_hosts(inv, tmp_path, args):
     (tmp_path / "config.toml").write_text("")
-    env = {"K26OPS_INVENTORY": str(inv), "K26OPS_BASELINES": str(tmp_path / "none"),
-           "K26OPS_LAB_DIR": str(tmp_path / "nolab"), "K26OPS_CONFIG": str(tmp_path / "config.toml")}
+    env = {
+        "K26OPS_INVENTORY": str(inv),
+        "K26OPS_BASELINES": str(tmp_path / "none"),
+        "K26OPS_LAB_DIR": str(tmp_path / "nolab"),
+        "K26OPS_CONFIG": str(tmp_path / "config.toml"),
+    }
     rc, doc = cli_json(*args, env=env)  # validates envelope + the command's schema, exit code
     assert doc["command"] == " ".join(a for a in args[:2] if not a.startswith(("/", "rtx")))
     assert doc["ok"] is (rc == 0)
@@ -65,13 +77,16 @@ def test_a_diagnosis_that_exits_1_says_so(tmp_path):
     assert rc == 1 and doc["ok"] is False and doc["exit_code"] == 1 and doc["signature"] == "unclassified"
 
 
-@pytest.mark.parametrize("args, says", [
-    (["-i", "/nonexistent/inv.yml", "status"], "cannot read inventory"),
-    (["status", "--bogus"], "No such option '--bogus'"),
-    (["inventory", "list", "-l", "nosuch"], "nosuch"),
-    (["diagnose", "log", "/nonexistent.log"], "no such file"),
-    (["--forks", "0", "status"], "--forks"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["-i", "/nonexistent/inv.yml", "status"], "cannot read inventory"),
+        (["status", "--bogus"], "No such option '--bogus'"),
+        (["inventory", "list", "-l", "nosuch"], "nosuch"),
+        (["diagnose", "log", "/nonexistent.log"], "no such file"),
+        (["--forks", "0", "status"], "--forks"),
+    ],
+)
 def test_errors_are_json_on_stdout_with_the_line_on_stderr(inv, args, says):
     proc = cli("--json", *args, env={"K26OPS_INVENTORY": str(inv)})
     assert proc.returncode == 2, proc.stderr

@@ -13,11 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from labtools import private_lab
-from labtools import cli, free_port_block, k26ops, k26ops_json, lab_ssh
-
 from k26ops.lab import rootfs
 from k26ops.lab.machines import _port_free
+from labtools import cli, free_port_block, k26ops, k26ops_json, lab_ssh, private_lab
 
 
 def _pids() -> list[int]:
@@ -58,16 +56,17 @@ def test_host_keys_are_per_host_and_real(lab):
     assert len({line.split()[2] for line in lines}) == len(lab.hosts)
     # The key sshd really serves is the one recorded: ssh-keyscan sees the same.
     import subprocess
+
     h = lab.hosts[0]
-    scan = subprocess.run(["ssh-keyscan", "-t", "ed25519", "-p", str(h.port), "127.0.0.1"],
-                          capture_output=True, text=True, timeout=30).stdout.split()
+    scan = subprocess.run(
+        ["ssh-keyscan", "-t", "ed25519", "-p", str(h.port), "127.0.0.1"], capture_output=True, text=True, timeout=30
+    ).stdout.split()
     assert scan[-1] == lines[0].split()[2]
 
 
 def test_tls_inside_a_host_trusts_what_the_control_node_trusts(lab):
-    code = ("import urllib.request;"
-            "print(urllib.request.urlopen('https://pypi.org/simple/pip/', timeout=30).status)")
-    proc = lab_ssh(lab.dir, lab.hosts[0].port, f"python3 -c \"{code}\"", timeout=90)
+    code = "import urllib.request;print(urllib.request.urlopen('https://pypi.org/simple/pip/', timeout=30).status)"
+    proc = lab_ssh(lab.dir, lab.hosts[0].port, f'python3 -c "{code}"', timeout=90)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "200"
 
@@ -83,8 +82,7 @@ def test_status_json_and_default_inventory(lab):
 
 def test_up_twice_is_harmless(lab):
     before = [h.pid for h in lab.lab.hosts()]
-    proc = k26ops("lab", "up", "--hosts", str(len(lab.hosts)), "--dir", str(lab.dir),
-                  "--base-port", str(lab.base_port))
+    proc = k26ops("lab", "up", "--hosts", str(len(lab.hosts)), "--dir", str(lab.dir), "--base-port", str(lab.base_port))
     assert proc.returncode == 0, proc.stderr
     assert "already up" in proc.stderr + proc.stdout
     assert [h.pid for h in lab.lab.hosts()] == before
@@ -102,11 +100,11 @@ def test_port_in_use_is_a_one_line_error_and_starts_nothing(tmp_path):
         s.bind(("127.0.0.1", free_port_block(1)))  # a port whose engine port (+20000) exists too
         s.listen()
         port = s.getsockname()[1]
-        proc = cli("lab", "up", "--hosts", "1", "--dir", str(tmp_path / "lab"),
-                      "--base-port", str(port))
+        proc = cli("lab", "up", "--hosts", "1", "--dir", str(tmp_path / "lab"), "--base-port", str(port))
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"k26ops: error: port 127.0.0.1:{port} is in use: stop what "
-                                   "listens there or pass --base-port")
+    assert proc.stderr.strip() == (
+        f"k26ops: error: port 127.0.0.1:{port} is in use: stop what listens there or pass --base-port"
+    )
     assert not (tmp_path / "lab" / "lab.json").exists()
 
 
@@ -116,16 +114,18 @@ def test_missing_nspawn_names_the_package(tmp_path):
     (bindir / "python3").symlink_to(sys.executable)
     proc = cli("lab", "up", "--dir", str(tmp_path / "lab"), env={"PATH": str(bindir)})
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("k26ops: error: systemd-nspawn is missing: "
-                                   "apt-get install systemd-container")
+    assert proc.stderr.strip() == ("k26ops: error: systemd-nspawn is missing: apt-get install systemd-container")
 
 
 def test_half_started_lab_is_named_and_down_cleans_up(scratch_lab):
     (h,) = scratch_lab.lab.hosts()
     os.kill(h.pid, signal.SIGKILL)
     deadline = time.time() + 20
-    while time.time() < deadline and Path(f"/proc/{h.pid}/cmdline").exists() \
-            and b"nspawn" in Path(f"/proc/{h.pid}/cmdline").read_bytes():
+    while (
+        time.time() < deadline
+        and Path(f"/proc/{h.pid}/cmdline").exists()
+        and b"nspawn" in Path(f"/proc/{h.pid}/cmdline").read_bytes()
+    ):
         time.sleep(0.2)
     # A killed host leaves nothing behind: no process of the host (its sshd
     # stops answering), nothing mounted, no copy of the rootfs.
@@ -193,10 +193,13 @@ def test_stale_ephemeral_copies_are_collected_but_not_ones_in_use(tmp_path, monk
 def test_not_root_is_a_one_line_error_that_starts_nothing(tmp_path):
     # /root is 0700 here, so an unprivileged user cannot even start this
     # Python; the CLI is run with geteuid() answering as a normal user would.
-    code = ("import os, sys; os.geteuid = lambda: 1000; from k26ops.cli import main; "
-            "sys.argv = ['k26ops', 'lab', 'up', '--hosts', '1', '--dir', sys.argv[1]]; main()")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "lab")],
-                          capture_output=True, text=True, timeout=60)
+    code = (
+        "import os, sys; os.geteuid = lambda: 1000; from k26ops.cli import main; "
+        "sys.argv = ['k26ops', 'lab', 'up', '--hosts', '1', '--dir', sys.argv[1]]; main()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "lab")], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
     assert proc.stderr == "k26ops: error: the lab needs root (systemd-nspawn boots containers): run as root\n"
     assert not (tmp_path / "lab").exists()
@@ -206,8 +209,10 @@ def test_lab_dir_an_overlay_cannot_name_is_a_one_line_error_that_starts_nothing(
     bad = tmp_path / "a:b"
     proc = cli("lab", "up", "--hosts", "1", "--dir", str(bad))
     assert proc.returncode == 2
-    assert proc.stderr == (f"k26ops: error: lab dir {bad}: a path with ',', ':' or '\\' cannot hold an "
-                           "overlay root; choose another --dir\n")
+    assert proc.stderr == (
+        f"k26ops: error: lab dir {bad}: a path with ',', ':' or '\\' cannot hold an "
+        "overlay root; choose another --dir\n"
+    )
     assert not bad.exists()
 
 
@@ -225,7 +230,11 @@ def test_down_purge_removes_what_up_made_and_nothing_else(scratch_lab):
     freed = float(proc.stdout.split("paths, ")[1].split(" MB")[0])
     assert freed >= 3.0, proc.stdout
     assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*")) == [
-        "hosts", "hosts/notes", "hosts/notes/sshd.conf", "mine.txt"]
+        "hosts",
+        "hosts/notes",
+        "hosts/notes/sshd.conf",
+        "mine.txt",
+    ]
     (d / "mine.txt").unlink()
     shutil.rmtree(d / "hosts")
     proc = k26ops("--json", "lab", "down", "--purge", "--dir", str(d))

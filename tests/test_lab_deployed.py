@@ -87,11 +87,15 @@ def test_deployed_hosts_are_converged_serving_and_each_its_own():
     with private_lab(2, "deployed", deployed=True) as lab:
         seen = {}
         for h in lab.hosts:
-            out = lab_ssh(lab.dir, h.port, "cat /etc/machine-id; hostname; "
-                          "systemctl show -p ActiveState --value k26-engine.service; "
-                          "systemctl show -p NRestarts --value k26-engine.service; "
-                          "grep -o -- '--port [0-9]*' /etc/systemd/system/k26-engine.service; "
-                          "ls -A /opt/k26ops/state; cat /etc/ssh/k26ops/ssh_host_ed25519_key.pub").stdout.split("\n")
+            out = lab_ssh(
+                lab.dir,
+                h.port,
+                "cat /etc/machine-id; hostname; "
+                "systemctl show -p ActiveState --value k26-engine.service; "
+                "systemctl show -p NRestarts --value k26-engine.service; "
+                "grep -o -- '--port [0-9]*' /etc/systemd/system/k26-engine.service; "
+                "ls -A /opt/k26ops/state; cat /etc/ssh/k26ops/ssh_host_ed25519_key.pub",
+            ).stdout.split("\n")
             seen[h.name] = out
             assert out[2:4] == ["active", "0"], out
             assert out[4] == f"--port {h.engine_port}", out
@@ -126,10 +130,14 @@ def test_links_into_the_layers_store_copy_no_data_up():
         layer = Path(json.loads((lab.dir / "lab.json").read_text())["deployed_layer"])
         upper = lab.dir / "hosts" / h.name / "root" / "upper" / "opt" / "k26ops"
 
-        out = lab_ssh(lab.dir, h.port, "cp -al /opt/k26ops/store /opt/k26ops/store-linked && "
-                      "f=$(find /opt/k26ops/store -type f -size +100k | head -n 1) && "
-                      "sha256sum \"$f\" \"/opt/k26ops/store-linked${f#/opt/k26ops/store}\" | cut -d' ' -f1",
-                      timeout=300)
+        out = lab_ssh(
+            lab.dir,
+            h.port,
+            "cp -al /opt/k26ops/store /opt/k26ops/store-linked && "
+            "f=$(find /opt/k26ops/store -type f -size +100k | head -n 1) && "
+            'sha256sum "$f" "/opt/k26ops/store-linked${f#/opt/k26ops/store}" | cut -d\' \' -f1',
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr
         sums = out.stdout.split()
         assert len(sums) == 2 and sums[0] == sums[1], out.stdout
@@ -137,8 +145,11 @@ def test_links_into_the_layers_store_copy_no_data_up():
         # file holds its size in blocks there, a metacopy entry none (its data stays below)
         big = [p for p in layer.glob("opt/k26ops/store/**/*") if p.is_file() and p.lstat().st_size > 64 << 10]
         assert sum(p.lstat().st_size for p in big) > 20 << 20, len(big)
-        copied = [p for p in big if (upper / p.relative_to(layer / "opt" / "k26ops")).lstat().st_blocks * 512
-                  >= p.lstat().st_size // 2]
+        copied = [
+            p
+            for p in big
+            if (upper / p.relative_to(layer / "opt" / "k26ops")).lstat().st_blocks * 512 >= p.lstat().st_size // 2
+        ]
         assert not copied, f"{len(copied)} of {len(big)} store files copied up, e.g. {copied[0]}"
 
 

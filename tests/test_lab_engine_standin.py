@@ -50,16 +50,21 @@ def test_serves_sglang_api_when_ready(standins, python):
     meta = res["meta_info"]
     assert meta["completion_tokens"] == 8 and meta["prompt_tokens"] >= 1
     assert meta["spec_accept_length"] > 1 and meta["e2e_latency"] > 0
-    code, chat = s.request("POST", "/v1/chat/completions",
-                           {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    code, chat = s.request(
+        "POST", "/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    )
     assert code == 200 and chat["choices"][0]["message"]["content"]
     assert chat["usage"]["completion_tokens"] == 4
     assert s.request("POST", "/generate", None)[0] in (200, 400)
     s.stop()
     log = s.out.read_text()
     assert "server_args=ServerArgs(" in log and "speculative_algorithm='DDTREE'" in log
-    for line in ["Load weight begin", "Capture target verify CUDA graph begin", "Capture target verify CUDA graph end. elapsed=",
-                 "The server is fired up and ready to roll!"]:
+    for line in [
+        "Load weight begin",
+        "Capture target verify CUDA graph begin",
+        "Capture target verify CUDA graph end. elapsed=",
+        "The server is fired up and ready to roll!",
+    ]:
         assert line in log
     assert re.search(r"Loading safetensors checkpoint shards:\s+\d+% Completed \| \d+/64 \[", log)
     assert {f"TP{r}" for r in range(8)} <= set(re.findall(r"TP\d+", log))  # --tp-size 8
@@ -108,9 +113,15 @@ def test_crash_during_load_default_is_a_weight_load_error(standins):
 
 
 def test_none_field_on_first_request_multi_rank(standins):
-    _s, rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "first-request",
-                                    "K26OPS_STANDIN_CRASH_LOG": "none-field",
-                                    "K26OPS_STANDIN_NONE_FIELD": "out_cache_loc"}, request=True)
+    _s, rc, err = _crash(
+        standins,
+        {
+            "K26OPS_STANDIN_CRASH": "first-request",
+            "K26OPS_STANDIN_CRASH_LOG": "none-field",
+            "K26OPS_STANDIN_NONE_FIELD": "out_cache_loc",
+        },
+        request=True,
+    )
     assert rc != 0
     assert err.count("AttributeError: 'NoneType' object has no attribute 'dtype'") == 4  # 4 of 8 ranks
     assert "gloo" in err and "_grouped_foreach_copy_" in err and "replay" in err
@@ -119,26 +130,34 @@ def test_none_field_on_first_request_multi_rank(standins):
 
 
 def test_none_field_with_probe_names_the_field(standins):
-    _s, rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "first-request",
-                                    "K26OPS_STANDIN_CRASH_LOG": "none-field",
-                                    "K26OPS_STANDIN_NONE_FIELD": "seq_lens",
-                                    "K26OPS_STANDIN_PROBE": "1"}, request=True)
+    _s, rc, err = _crash(
+        standins,
+        {
+            "K26OPS_STANDIN_CRASH": "first-request",
+            "K26OPS_STANDIN_CRASH_LOG": "none-field",
+            "K26OPS_STANDIN_NONE_FIELD": "seq_lens",
+            "K26OPS_STANDIN_PROBE": "1",
+        },
+        request=True,
+    )
     assert rc != 0
-    assert ("RuntimeError: K26OPS-PROBE cuda-graph-none-field: src[1] (seq_lens) is None "
-            "in _grouped_foreach_copy_ (sglang.srt.model_executor.runner_utils.buffers)") in err
+    assert (
+        "RuntimeError: K26OPS-PROBE cuda-graph-none-field: src[1] (seq_lens) is None "
+        "in _grouped_foreach_copy_ (sglang.srt.model_executor.runner_utils.buffers)"
+    ) in err
 
 
 def test_shape_mismatch_during_capture(standins):
-    _s, rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "load",
-                                    "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch"})
+    _s, rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch"})
     assert rc != 0
     assert "The size of tensor a (8) must match the size of tensor b (33)" in err
     assert "Capture cuda graph failed: The size of tensor a (8)" in err
 
 
 def test_graph_only_crashes_do_not_happen_without_cuda_graphs(standins):
-    s = standins(disable_cuda_graph=True, env={"K26OPS_STANDIN_CRASH": "first-request",
-                                              "K26OPS_STANDIN_CRASH_LOG": "none-field"})
+    s = standins(
+        disable_cuda_graph=True, env={"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "none-field"}
+    )
     s.wait_ready()
     for _ in range(2):
         code, res = s.request("POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
@@ -150,16 +169,21 @@ def test_signatures_classify_the_standin_logs(standins):
     """The diagnose classifier (another module) recognises these logs, where it exists."""
     diagnose = pytest.importorskip("k26ops.diagnose")
     for probe in ("0", "1"):
-        _s, _rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "first-request",
-                                         "K26OPS_STANDIN_CRASH_LOG": "none-field",
-                                         "K26OPS_STANDIN_NONE_FIELD": "seq_lens",
-                                         "K26OPS_STANDIN_PROBE": probe}, request=True)
+        _s, _rc, err = _crash(
+            standins,
+            {
+                "K26OPS_STANDIN_CRASH": "first-request",
+                "K26OPS_STANDIN_CRASH_LOG": "none-field",
+                "K26OPS_STANDIN_NONE_FIELD": "seq_lens",
+                "K26OPS_STANDIN_PROBE": probe,
+            },
+            request=True,
+        )
         found = diagnose.classify(err)
         assert found.signature == "cuda-graph-none-field", found
         if probe == "1":
             assert found.detail.get("field") == "seq_lens", found.detail
-    _s, _rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "load",
-                                     "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch"})
+    _s, _rc, err = _crash(standins, {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch"})
     assert diagnose.classify(err).signature.startswith("cuda-graph-shape-mismatch")
 
 
@@ -175,12 +199,22 @@ def test_lab_unit_with_standin_module_verifies(tmp_path):
     unit = tmp_path / "k26ops-sglang.service"
     env_file = tmp_path / "env"
     env_file.write_text(units.render_env({"env": {"K26OPS_STANDIN_LOAD_SECONDS": 5}}))
-    unit.write_text(units.render_unit({"profile": {
-        "python": sys.executable, "launch_module": "k26ops.lab.fixtures.engine_standin",
-        "model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/draft"},
-        "env_file": str(env_file)}))
-    res = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
-                         capture_output=True, text=True, timeout=60)
+    unit.write_text(
+        units.render_unit(
+            {
+                "profile": {
+                    "python": sys.executable,
+                    "launch_module": "k26ops.lab.fixtures.engine_standin",
+                    "model_path": "/models/Kimi-K2.6",
+                    "draft_model_path": "/models/draft",
+                },
+                "env_file": str(env_file),
+            }
+        )
+    )
+    res = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -192,12 +226,16 @@ def test_startup_log_shows_the_key_unless_the_release_carries_the_redaction_patc
     engine_py = site / "sglang/srt/entrypoints/engine.py"
     engine_py.parent.mkdir(parents=True)
     (site / "sglang/__init__.py").write_text("")
-    patch = (Path(__file__).resolve().parents[1] / "patches/sglang-0.5.23/redact-api-key-in-startup-log.patch")
+    patch = Path(__file__).resolve().parents[1] / "patches/sglang-0.5.23/redact-api-key-in-startup-log.patch"
     added = "\n".join(l[1:] for l in patch.read_text().splitlines() if l.startswith("+") and not l.startswith("+++"))
     engine_py.write_text("def _server_args_for_logging(server_args):\n" + (added if patched else "    pass\n"))
     secrets = tmp_path / f"secrets-{patched}.yaml"  # the key travels as a deploy sends it
-    profile = {"model_path": "/m", "port": 1, "extra_args": ["--api-key", "sk-standin-0123456789"],
-               "secrets_file": str(secrets)}
+    profile = {
+        "model_path": "/m",
+        "port": 1,
+        "extra_args": ["--api-key", "sk-standin-0123456789"],
+        "secrets_file": str(secrets),
+    }
     secrets.write_text(units.engine_launch(profile)[1])
     s = standins("--api-key", "sk-standin-0123456789", env={"PYTHONPATH": str(site)}, secrets_file=str(secrets))
     s.wait_ready()

@@ -16,8 +16,7 @@ def test_facts_and_check_name_each_replayed_fault_and_its_action(scratch_lab):
     from labtools import k26ops_json, lab_ssh
 
     def put(**recorded):
-        cmd = gpufaults.clear() + " && " + gpufaults.install(
-            **{k: (DATA / v).read_text() for k, v in recorded.items()})
+        cmd = gpufaults.clear() + " && " + gpufaults.install(**{k: (DATA / v).read_text() for k, v in recorded.items()})
         res = lab_ssh(scratch_lab.dir, scratch_lab.base_port, cmd)
         assert res.returncode == 0, res.stderr
 
@@ -39,8 +38,10 @@ def test_facts_and_check_name_each_replayed_fault_and_its_action(scratch_lab):
     put(smi_q="h200-nvidia-smi-q.txt", kernel_log="pub-ogkm1151-journal-xid79.txt")
     rc, host, err = run("check")
     assert rc == 1
-    assert ("gpu_health: GPU 0 (0000:18:00): Xid 79 GPU has fallen off the bus (the GPU is no longer reachable over "
-            "PCIe) in the kernel log; action: reboot: drain the host and reboot it") in err, err  # NVIDIA's catalogue words
+    assert (
+        "gpu_health: GPU 0 (0000:18:00): Xid 79 GPU has fallen off the bus (the GPU is no longer reachable over "
+        "PCIe) in the kernel log; action: reboot: drain the host and reboot it"
+    ) in err, err  # NVIDIA's catalogue words
     rc, host, _ = run("facts")
     assert host["health"] == "GPU 0 reboot (xid-79)", host["health"]
 
@@ -48,20 +49,26 @@ def test_facts_and_check_name_each_replayed_fault_and_its_action(scratch_lab):
     put(smi_q="pub-gpud80-q-remapped-rows-pending.txt", kernel_log="h200-dmesg-nvrm-healthy.txt")
     rc, host, err = run("check")
     assert rc == 1
-    assert "gpu_health: GPU: row-remap-pending (Remapped Rows: Pending : Yes (Uncorrectable Error : 4)); " \
-           "action: reset-gpu" in err, err
+    assert (
+        "gpu_health: GPU: row-remap-pending (Remapped Rows: Pending : Yes (Uncorrectable Error : 4)); "
+        "action: reset-gpu" in err
+    ), err
 
     # thermal slowdown (CONSTRUCTED from the H200's -q: see MANIFEST.json)
     put(smi_q="constructed-h200-q-faults.txt")
     rc, host, err = run("check")
-    assert rc == 1 and "thermal-slowdown (Clocks Event Reasons: HW Slowdown : Active, HW Thermal Slowdown : Active)" in err, err
+    assert (
+        rc == 1 and "thermal-slowdown (Clocks Event Reasons: HW Slowdown : Active, HW Thermal Slowdown : Active)" in err
+    ), err
 
     # the fabric manager failed to start (systemd's real unit, the stand-in replays the recorded reason)
     put(smi_q="h200-nvidia-smi-q.txt", fabric_manager_log="pub-akash632-journal-fm-version-mismatch.txt")
     rc, host, err = run("check")
     assert rc == 1
-    assert ("fabric_manager: nvidia-fabricmanager version-mismatch: fabric manager NVIDIA GPU driver interface "
-            "version 550.127.05 don't match with driver version 550.120") in err, err
+    assert (
+        "fabric_manager: nvidia-fabricmanager version-mismatch: fabric manager NVIDIA GPU driver interface "
+        "version 550.127.05 don't match with driver version 550.120"
+    ) in err, err
     assert "action: install nvidia-fabricmanager of exactly the loaded driver's version" in err
     rc, host, _ = run("facts")
     fm = host["facts"]["fabric_manager"]
@@ -84,7 +91,9 @@ def test_status_names_an_xid_since_the_engine_started(scratch_lab):
         assert res.returncode == 0, res.stderr
 
     # a stand-in engine unit: status reads the unit's state, not the engine
-    ssh(gpufaults.clear() + " && " + gpufaults.install(kernel_log=(DATA / "pub-ogkm1151-journal-xid79.txt").read_text()))
+    ssh(
+        gpufaults.clear() + " && " + gpufaults.install(kernel_log=(DATA / "pub-ogkm1151-journal-xid79.txt").read_text())
+    )
     time.sleep(2.5)
     ssh("systemd-run --unit=k26-engine.service --quiet sleep 600")
     rc, data = k26ops_json("status", env=scratch_lab.env())
@@ -110,22 +119,29 @@ def test_deploy_names_a_crash_after_an_xid_as_the_gpu_fault(scratch_lab, tmp_pat
     from labtools import k26ops_json, lab_ssh
 
     ima = base64.b64encode((Path(__file__).parent / "data/logs/ima_replay_tp8.log").read_bytes()).decode()
-    cmd = (f"echo {ima} | base64 -d > /var/lib/k26-ima.log && chmod 0644 /var/lib/k26-ima.log && "
-           + gpufaults.install(kernel_log=(DATA / "pub-ogkm1151-journal-xid79.txt").read_text()))
+    cmd = f"echo {ima} | base64 -d > /var/lib/k26-ima.log && chmod 0644 /var/lib/k26-ima.log && " + gpufaults.install(
+        kernel_log=(DATA / "pub-ogkm1151-journal-xid79.txt").read_text()
+    )
     res = lab_ssh(scratch_lab.dir, scratch_lab.base_port, cmd)
     assert res.returncode == 0, res.stderr
     inv = yaml.safe_load(scratch_lab.inventory.read_text())
-    inv["vars"]["engine_env"] = {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "/var/lib/k26-ima.log",
-                                 "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"}
+    inv["vars"]["engine_env"] = {
+        "K26OPS_STANDIN_CRASH": "load",
+        "K26OPS_STANDIN_CRASH_LOG": "/var/lib/k26-ima.log",
+        "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0",
+    }
     (tmp_path / "inv.yml").write_text(yaml.safe_dump(inv))
-    (tmp_path / "engine.yml").write_text("name: engine\nsteps:\n  - release: {keep: 3}\n  - service: {}\n"
-                                         "  - health: {}\n")
-    rc, data = k26ops_json("-i", str(tmp_path / "inv.yml"), "deploy", "--playbook", str(tmp_path / "engine.yml"),
-                           timeout=600)
+    (tmp_path / "engine.yml").write_text(
+        "name: engine\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n"
+    )
+    rc, data = k26ops_json(
+        "-i", str(tmp_path / "inv.yml"), "deploy", "--playbook", str(tmp_path / "engine.yml"), timeout=600
+    )
     host = data["hosts"]["lab1"]
     assert rc == 1, data
-    assert "crashed" in host["error"] and "gpu-hardware-fault on GPU 0: NVRM: Xid (PCI:0000:18:00): 79" in host["error"], \
-        host["error"]
+    assert (
+        "crashed" in host["error"] and "gpu-hardware-fault on GPU 0: NVRM: Xid (PCI:0000:18:00): 79" in host["error"]
+    ), host["error"]
     d = host["diagnosis"]
     assert d["signature"] == "gpu-hardware-fault" and d["detail"]["symptom"] == "illegal-memory-access", d
     assert "NVRM: Xid (PCI:0000:18:00): 79" in host["journal_tail"]

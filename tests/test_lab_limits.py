@@ -11,17 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from labtools import free_port_block
 from k26ops.errors import UserError
 from k26ops.lab import limits
 from k26ops.lab.machines import Lab, own_cgroups
+from labtools import free_port_block
 
 INOTIFY = "fs.inotify.max_user_instances"
-BOOTED = {INOTIFY: 0, "fs.inotify.max_user_watches": 0, "kernel.pid_max": 0, "kernel.threads-max": 0,
-          "fs.file-max": 0}
-DEBIAN_DEFAULTS = {INOTIFY: 128, "fs.inotify.max_user_watches": 192530, "kernel.pid_max": 32768,
-                   "kernel.threads-max": 192726, "fs.file-max": 2466126, "user.max_mnt_namespaces": 96363,
-                   "user.max_pid_namespaces": 96363}
+BOOTED = {INOTIFY: 0, "fs.inotify.max_user_watches": 0, "kernel.pid_max": 0, "kernel.threads-max": 0, "fs.file-max": 0}
+DEBIAN_DEFAULTS = {
+    INOTIFY: 128,
+    "fs.inotify.max_user_watches": 192530,
+    "kernel.pid_max": 32768,
+    "kernel.threads-max": 192726,
+    "fs.file-max": 2466126,
+    "user.max_mnt_namespaces": 96363,
+    "user.max_pid_namespaces": 96363,
+}
 
 
 def test_needed_names_inotify_instances_for_a_64_host_lab_on_debian_defaults():
@@ -146,8 +151,17 @@ def test_cli_no_raise_limits_refuses_in_one_line_naming_the_sysctl(tmp_path):
 
     if not limits.needed(64, limits.read(), limits.in_use()):
         pytest.skip("this machine's limits already fit 64 more lab hosts (raised by hand?)")
-    proc = cli("lab", "up", "--hosts", "64", "--no-raise-limits", "--dir", str(tmp_path / "lab"),
-                  "--base-port", str(free_port_block(64)))
+    proc = cli(
+        "lab",
+        "up",
+        "--hosts",
+        "64",
+        "--no-raise-limits",
+        "--dir",
+        str(tmp_path / "lab"),
+        "--base-port",
+        str(free_port_block(64)),
+    )
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip()
     assert "\n" not in line and line.startswith("k26ops: error: fs.inotify.max_user_instances is ")

@@ -33,7 +33,10 @@ def recorded(name):
 def test_header_comment_and_executable():
     lines = FIXTURE.read_text().splitlines()
     assert lines[0].startswith("#!")
-    assert "k26ops LAB FIXTURE — stands in for nvidia-smi on lab hosts without GPUs; never installed outside the lab" in lines[1]
+    assert (
+        "k26ops LAB FIXTURE — stands in for nvidia-smi on lab hosts without GPUs; never installed outside the lab"
+        in lines[1]
+    )
     assert os.access(FIXTURE, os.X_OK)
 
 
@@ -77,8 +80,9 @@ def test_table_and_list():
     assert h["driver_version"].startswith("580.") and h["cuda_version"] == "13.0" and len(h["gpu_names"]) == 8
     text, rc = smi("-L")
     uuids = [g["uuid"] for g in gpu.parse_gpus(*smi(f"--query-gpu={Q}", "--format=csv,noheader"))["gpus"]]
-    assert text.splitlines() == [f"GPU {i}: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: {u})"
-                                 for i, u in enumerate(uuids)]
+    assert text.splitlines() == [
+        f"GPU {i}: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: {u})" for i, u in enumerate(uuids)
+    ]
 
 
 def test_errors_look_like_the_real_ones():
@@ -91,8 +95,13 @@ def test_errors_look_like_the_real_ones():
     assert smi("--query-gpu=index")[0] == "index\n" + "".join(f"{i}\n" for i in range(8))
 
 
-@pytest.mark.parametrize("mode,why,code", [("nvml-mismatch", "Failed to initialize NVML: Driver/library version mismatch", 18),
-                                           ("no-devices", "No devices were found", 6)])
+@pytest.mark.parametrize(
+    "mode,why,code",
+    [
+        ("nvml-mismatch", "Failed to initialize NVML: Driver/library version mismatch", 18),
+        ("no-devices", "No devices were found", 6),
+    ],
+)
 def test_failure_modes(mode, why, code):
     text, rc = smi(f"--query-gpu={Q}", "--format=csv,noheader,nounits", K26OPS_LAB_NVIDIA_SMI=mode)
     assert rc == code and gpu.parse_gpus(text, rc)["error"] == why
@@ -104,8 +113,15 @@ def test_h200_profile_reproduces_the_recorded_formats():
     assert smi("--version", **env)[0] == recorded("smi-version")
     uuid = re.compile(r"GPU-[0-9a-f-]{36}")
     for fmt in ("csv", "csv,noheader", "csv,nounits", "csv,noheader,nounits"):
-        name = "smi-query-" + {"csv": "csv", "csv,noheader": "noheader", "csv,nounits": "nounits",
-                               "csv,noheader,nounits": "noheader-nounits"}[fmt]
+        name = (
+            "smi-query-"
+            + {
+                "csv": "csv",
+                "csv,noheader": "noheader",
+                "csv,nounits": "nounits",
+                "csv,noheader,nounits": "noheader-nounits",
+            }[fmt]
+        )
         assert uuid.sub("U", smi(f"--query-gpu={Q}", f"--format={fmt}", **env)[0]) == uuid.sub("U", recorded(name))
     power = re.compile(r"\d+W /")  # the recorded table's power draw differs by GPU
     mine, real = smi(**env)[0].splitlines()[1:], recorded("smi-table").splitlines()[1:]
@@ -126,7 +142,9 @@ def test_err_gpu_mode_fails_one_gpu_in_query_and_table():
     assert v["gpu_errors"] == ["GPU 5 (00000000:AB:00.0): [Unknown Error] in the GPU query; ERR! in nvidia-smi's table"]
     t = gpu.parse_smi_header(*smi(K26OPS_LAB_NVIDIA_SMI="err-gpu", K26OPS_LAB_ERR_GPU="5"))
     assert [g["name"] for g in t["gpus"]].count(None) == 1 and t["gpus"][5]["name"] is None  # ERR! is no name
-    assert t["gpus"][5]["errors"] == ["ERR!"] and t["gpu_errors"] == ["GPU 5 (00000000:AB:00.0): ERR! in nvidia-smi's table"]
+    assert t["gpus"][5]["errors"] == ["ERR!"] and t["gpu_errors"] == [
+        "GPU 5 (00000000:AB:00.0): ERR! in nvidia-smi's table"
+    ]
     ok, raw = gpus_fact()
     assert "== k26ops:" not in raw and ok["gpu_errors"] == [] and ok["count"] == 8  # a clean query runs nothing more
 
@@ -135,9 +153,15 @@ def test_old_driver_mode_falls_back_and_says_so():
     text, rc = smi(f"--query-gpu={Q}", "--format=csv", K26OPS_LAB_NVIDIA_SMI="old-driver")
     assert (text, rc) == ('Field "compute_cap" is not a valid field to query.\n\n', 2)
     v, raw = gpus_fact(K26OPS_LAB_NVIDIA_SMI="old-driver")
-    assert v["error"] is None and v["count"] == 8 and v["source"] == "query_no_cc" and v["query_refused"] == "compute_cap"
+    assert (
+        v["error"] is None and v["count"] == 8 and v["source"] == "query_no_cc" and v["query_refused"] == "compute_cap"
+    )
     g = v["gpus"][0]
-    assert (g["name"], g["memory_mib"], g["compute_cap"]) == ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0")
+    assert (g["name"], g["memory_mib"], g["compute_cap"]) == (
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        97887,
+        "12.0",
+    )
     assert g["sources"]["memory_mib"] == "query_no_cc" and g["sources"]["compute_cap"] == "name"
 
 
@@ -145,8 +169,12 @@ def test_check_on_a_lab_host_with_a_failed_gpu_names_it(scratch_lab):
     from labtools import k26ops, k26ops_json, lab_ssh
 
     port = scratch_lab.base_port
-    res = lab_ssh(scratch_lab.dir, port, "mkdir -p /etc/k26ops-lab && printf 'K26OPS_LAB_NVIDIA_SMI=err-gpu\\n"
-                                         "K26OPS_LAB_ERR_GPU=2\\n' > /etc/k26ops-lab/nvidia-smi.env")
+    res = lab_ssh(
+        scratch_lab.dir,
+        port,
+        "mkdir -p /etc/k26ops-lab && printf 'K26OPS_LAB_NVIDIA_SMI=err-gpu\\n"
+        "K26OPS_LAB_ERR_GPU=2\\n' > /etc/k26ops-lab/nvidia-smi.env",
+    )
     assert res.returncode == 0, res.stderr
     rc, data = k26ops_json("check", env=scratch_lab.env())
     assert rc == 1, data
@@ -169,9 +197,16 @@ def test_q_replays_a_recorded_output_with_the_lab_gpus_bus_ids_or_refuses():
     text, rc = smi("-q")
     h = smi_q.parse_health_fact(text, rc)
     assert rc == 0 and h["faults"] == 0 and not h.get("error"), h
-    assert [g["bus_id"] for g in h["gpus"]] == ["00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0",
-                                         "00000000:5D:00.0", "00000000:9A:00.0", "00000000:AB:00.0",
-                                         "00000000:BA:00.0", "00000000:DB:00.0"]
+    assert [g["bus_id"] for g in h["gpus"]] == [
+        "00000000:18:00.0",
+        "00000000:2A:00.0",
+        "00000000:3A:00.0",
+        "00000000:5D:00.0",
+        "00000000:9A:00.0",
+        "00000000:AB:00.0",
+        "00000000:BA:00.0",
+        "00000000:DB:00.0",
+    ]
     block = recorded_q.split("\nGPU ", 1)[1].split("\n", 1)[1]  # the recorded GPU block after its bus id line
     assert text.count(block.replace("NVIDIA H200", "NVIDIA RTX PRO 6000 Blackwell Server Edition")) == 8
     text, rc = smi("-q", K26OPS_LAB_SMI_Q=str(DATA / "h200-nvidia-smi-q.txt"))
@@ -190,8 +225,10 @@ def test_check_and_facts_on_a_lab_host_replaying_recorded_q_outputs(scratch_lab)
 
     def replay(name):
         b64 = base64.b64encode((DATA / name).read_bytes()).decode()
-        cmd = (f"mkdir -p /etc/k26ops-lab && echo {b64} | base64 -d > /etc/k26ops-lab/q.txt"
-               " && echo K26OPS_LAB_SMI_Q=/etc/k26ops-lab/q.txt > /etc/k26ops-lab/nvidia-smi.env")
+        cmd = (
+            f"mkdir -p /etc/k26ops-lab && echo {b64} | base64 -d > /etc/k26ops-lab/q.txt"
+            " && echo K26OPS_LAB_SMI_Q=/etc/k26ops-lab/q.txt > /etc/k26ops-lab/nvidia-smi.env"
+        )
         res = lab_ssh(scratch_lab.dir, port, cmd)
         assert res.returncode == 0, res.stderr
 
@@ -209,8 +246,10 @@ def test_check_and_facts_on_a_lab_host_replaying_recorded_q_outputs(scratch_lab)
     rc, data = k26ops_json("check", env=scratch_lab.env())
     assert rc == 1, data
     err = data["hosts"]["lab1"]["error"]
-    assert ("gpu_health: GPU 0 (00000000:18:00.0): ecc-uncorrectable (ECC Errors, Volatile: DRAM Uncorrectable : 2), "
-            "row-remap-pending") in err
+    assert (
+        "gpu_health: GPU 0 (00000000:18:00.0): ecc-uncorrectable (ECC Errors, Volatile: DRAM Uncorrectable : 2), "
+        "row-remap-pending"
+    ) in err
     assert "; action: reset-gpu: drain the host" in err
     proc = k26ops("facts", env=scratch_lab.env())
     assert "GPU 0 reset-gpu" in proc.stdout, proc.stdout

@@ -10,13 +10,12 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from labtools import REPO, cli  # noqa: E402
-
 from k26ops.engine import units  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import launch_rules
 from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.steps.release import profile_for  # noqa: E402
+from labtools import REPO, cli  # noqa: E402
 
 
 def argv_for(recipe_name: str, **over) -> list[str]:
@@ -30,19 +29,29 @@ def test_shipped_profiles_pass(name):
     assert launch_rules.violations(argv_for(name)) == []
 
 
-@pytest.mark.parametrize("over, rule, flag", [
-    ({"attention_backend": "flashinfer"}, "full-tree-triton", "--attention-backend"),
-    ({"attention_backend": None}, "full-tree-triton", "--attention-backend"),
-    ({"decode_attention_backend": "fa3"}, "full-tree-triton", "--attention-backend"),
-    ({"page_size": 16}, "page-size-1", "--page-size"),
-    ({"page_size": None}, "page-size-1", "--page-size"),
-    ({"draft_model_path": None}, "drafter-path", "--speculative-draft-model-path"),
-    ({"extra_args": ["--speculative-use-rejection-sampling"]}, "no-rejection-sampling",
-     "--speculative-use-rejection-sampling"),
-    ({"extra_args": ["--enable-dp-attention"]}, "no-dp-attention", "--enable-dp-attention"),
-    ({"extra_args": ["--pp-size", "2"]}, "pp-size-1", "--pp-size"),
-    ({"extra_args": ["--speculative-num-draft-tokens", "16"]}, "block-size-match", "--speculative-num-draft-tokens"),
-])
+@pytest.mark.parametrize(
+    "over, rule, flag",
+    [
+        ({"attention_backend": "flashinfer"}, "full-tree-triton", "--attention-backend"),
+        ({"attention_backend": None}, "full-tree-triton", "--attention-backend"),
+        ({"decode_attention_backend": "fa3"}, "full-tree-triton", "--attention-backend"),
+        ({"page_size": 16}, "page-size-1", "--page-size"),
+        ({"page_size": None}, "page-size-1", "--page-size"),
+        ({"draft_model_path": None}, "drafter-path", "--speculative-draft-model-path"),
+        (
+            {"extra_args": ["--speculative-use-rejection-sampling"]},
+            "no-rejection-sampling",
+            "--speculative-use-rejection-sampling",
+        ),
+        ({"extra_args": ["--enable-dp-attention"]}, "no-dp-attention", "--enable-dp-attention"),
+        ({"extra_args": ["--pp-size", "2"]}, "pp-size-1", "--pp-size"),
+        (
+            {"extra_args": ["--speculative-num-draft-tokens", "16"]},
+            "block-size-match",
+            "--speculative-num-draft-tokens",
+        ),
+    ],
+)
 def test_each_rule_names_its_flag_source_and_fix(over, rule, flag):
     bad = launch_rules.violations(argv_for("k26-tp8-ddtree", **over))
     assert [b.rule.name for b in bad][:1] == [rule]
@@ -52,13 +61,16 @@ def test_each_rule_names_its_flag_source_and_fix(over, rule, flag):
 
 def test_spine_tree_needs_no_triton_and_the_full_tree_boundary_is_block_minus_one():
     # budget <= block - 1: DDTree's spine mode, any attention backend
-    assert launch_rules.violations(argv_for("k26-tp8-ddtree", speculative_ddtree_budget=7,
-                                            attention_backend="flashinfer")) == []
+    assert (
+        launch_rules.violations(argv_for("k26-tp8-ddtree", speculative_ddtree_budget=7, attention_backend="flashinfer"))
+        == []
+    )
     bad = launch_rules.violations(argv_for("k26-tp8-ddtree", speculative_ddtree_budget=8, attention_backend="fa3"))
     assert [b.rule.name for b in bad] == ["full-tree-triton"]
     # the split flags win over --attention-backend, as attention_backends_of does
-    ok = argv_for("k26-tp8-ddtree", attention_backend="fa3", prefill_attention_backend="triton",
-                  decode_attention_backend="triton")
+    ok = argv_for(
+        "k26-tp8-ddtree", attention_backend="fa3", prefill_attention_backend="triton", decode_attention_backend="triton"
+    )
     assert launch_rules.violations(ok) == []
 
 
@@ -95,6 +107,7 @@ def test_production_recipe_without_its_lock_refuses_with_the_command_that_makes_
 def real_flags():
     sys.path.insert(0, str(Path(__file__).parent))
     import sglang_release
+
     from k26ops.release import engine_flags
 
     return engine_flags.read_flags(sglang_release.site_packages())
@@ -107,8 +120,9 @@ def test_aliases_count_as_their_flags_in_the_rules(real_flags):
     pp = argv_for("k26-tp8-dflash-0.5.23", extra_args=["--pipeline-parallel-size", "2"])
     for table in (None, real_flags):
         assert [b.rule.name for b in launch_rules.violations(pp, table)] == ["pp-size-1"]
-    drafter = argv_for("k26-tp8-dflash-0.5.23", draft_model_path=None,
-                       extra_args=["--speculative-draft-model", "/models/draft"])
+    drafter = argv_for(
+        "k26-tp8-dflash-0.5.23", draft_model_path=None, extra_args=["--speculative-draft-model", "/models/draft"]
+    )
     assert "--speculative-draft-model-path" not in drafter
     for table in (None, real_flags):
         assert launch_rules.violations(drafter, table) == []
@@ -121,8 +135,12 @@ def test_ddtree_without_a_block_size_is_refused_not_skipped():
     assert [b.rule.name for b in bad] == ["block-size-given"]
     assert str(bad[0]).startswith("--speculative-dflash-block-size: ") and "drafter's config.json" in str(bad[0])
     # the block size from --speculative-num-draft-tokens (what _handle_dflash makes equal) still counts
-    ok = argv_for("k26-tp8-ddtree", speculative_dflash_block_size=None, attention_backend="triton",
-                  extra_args=["--speculative-num-draft-tokens", "8"])
+    ok = argv_for(
+        "k26-tp8-ddtree",
+        speculative_dflash_block_size=None,
+        attention_backend="triton",
+        extra_args=["--speculative-num-draft-tokens", "8"],
+    )
     assert launch_rules.violations(ok) == []
 
 

@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from labtools import parsed
 
 PKG = Path(__file__).resolve().parent.parent / "k26ops"
@@ -45,8 +46,13 @@ class _Finder(ast.NodeVisitor):
 
     def visit_If(self, node):  # `if __name__ == "__main__":` belongs to an exempt main
         t = node.test
-        main = (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__"
-                and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == "__main__")
+        main = (
+            isinstance(t, ast.Compare)
+            and isinstance(t.left, ast.Name)
+            and t.left.id == "__name__"
+            and isinstance(t.comparators[0], ast.Constant)
+            and t.comparators[0].value == "__main__"
+        )
         if main and self.skip:
             for child in node.orelse:
                 self.visit(child)
@@ -66,8 +72,12 @@ class _Finder(ast.NodeVisitor):
         f = node.func
         if isinstance(f, ast.Name) and f.id in ("print", "exit", "quit"):
             self._say(node, f"calls {f.id}()")
-        if isinstance(f, ast.Attribute) and f.attr in ("exit", "_exit") and \
-                isinstance(f.value, ast.Name) and f.value.id in ("sys", "os"):
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr in ("exit", "_exit")
+            and isinstance(f.value, ast.Name)
+            and f.value.id in ("sys", "os")
+        ):
             self._say(node, f"calls {f.value.id}.{f.attr}()")
         self.generic_visit(node)
 
@@ -110,14 +120,17 @@ def test_every_exemption_still_names_a_file():
         assert (PKG / rel).exists(), f"{rel}: exempt but gone: drop it from the list"
 
 
-@pytest.mark.parametrize("code, what", [
-    ("import click\n", "imports click"),
-    ("from rich.console import Console\n", "imports from rich.console"),
-    ("def f():\n    print('x')\n", "calls print()"),
-    ("import sys\nsys.exit(1)\n", "calls sys.exit()"),
-    ("raise SystemExit(2)\n", "raises SystemExit"),
-    ("S = '''\nimport json\nprint(json.dumps({}))\n'''\n", "calls print() (in the string at line 1)"),
-])
+@pytest.mark.parametrize(
+    "code, what",
+    [
+        ("import click\n", "imports click"),
+        ("from rich.console import Console\n", "imports from rich.console"),
+        ("def f():\n    print('x')\n", "calls print()"),
+        ("import sys\nsys.exit(1)\n", "calls sys.exit()"),
+        ("raise SystemExit(2)\n", "raises SystemExit"),
+        ("S = '''\nimport json\nprint(json.dumps({}))\n'''\n", "calls print() (in the string at line 1)"),
+    ],
+)
 def test_each_kind_of_offence_is_found(tmp_path, code, what):
     (tmp_path / "lib.py").write_text(code)
     (tmp_path / "cli").mkdir()

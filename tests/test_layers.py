@@ -13,7 +13,6 @@ import functools
 import re
 from pathlib import Path
 
-import pytest
 from labtools import parsed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,35 +21,107 @@ PKG = ROOT / "k26ops"
 # Bottom first. A module belongs to the layer of its longest matching prefix; "=name"
 # matches that module alone (a package's __init__ whose submodules sit lower).
 LAYERS: list[tuple[str, str, list[str]]] = [
-    ("base", "errors, where files live, shell quoting, the interrupt flag, config, declared inventory variables, typed run state",
-     ["k26ops.errors", "k26ops.layout", "k26ops.shell", "k26ops.interrupt", "k26ops.resources",
-      "k26ops.config", "k26ops.hostvars", "k26ops.runstate", "k26ops.safefiles"]),
-    ("data", "inventory, recipes, locks' data, units, flag tables, parsers, crash signatures",
-     ["k26ops.inventory", "=k26ops.engine", "k26ops.engine.units", "k26ops.release.recipe", "k26ops.release.inputs",
-      "k26ops.release.engine_flags", "k26ops.release.launch_rules", "k26ops.release.patchset", "=k26ops.release",
-      "k26ops.engine.multinode", "k26ops.diagnose.chains", "k26ops.diagnose.signatures", "k26ops.diagnose.details",
-      "k26ops.diagnose.classify", "k26ops.diagnose.logtext", "k26ops.diagnose.logread", "=k26ops.diagnose",
-      "k26ops.facts",
-      "k26ops.steps.driver_plan", "k26ops.engine.state", "k26ops.baselines.validate",
-      "k26ops.weights.manifest", "k26ops.weights.plan"]),
-    ("transport", "ssh sessions, the agent protocol, the fleet runner",
-     ["k26ops.transport", "k26ops.agents", "k26ops.traffic.gateway"]),
-    ("host", "one host: engine layout and profile, facts gathered, preflight, lock, ownership, release I/O",
-     ["=k26ops.facts", "k26ops.engine.host", "k26ops.engine.profile", "k26ops.host", "k26ops.release.wheelhouse", "k26ops.release.wheelsource",
-      "k26ops.release.engine_source", "k26ops.release.prepcache", "k26ops.release.enginelock", "k26ops.release.installer",
-      "k26ops.baselines.repo", "k26ops.baselines.hostscript", "k26ops.diagnose.journal", "k26ops.traffic",
-      "k26ops.weights"]),
-    ("steps", "idempotent steps (plan/apply), the engine bench, the None-field probe",
-     ["k26ops.steps", "k26ops.rehearsal.plan", "k26ops.enginebench.run", "k26ops.enginebench.figures",
-      "k26ops.enginebench.accept",
-      "k26ops.diagnose.probe"]),
-    ("orchestration", "playbooks, rollouts (canary, batches), provisioning",
-     ["k26ops.orchestrate", "k26ops.weights.sync"]),
-    ("features", "baselines, rehearsal, bench gate, self-test, the lab, report, monitoring",
-     ["k26ops.baselines", "k26ops.rehearsal", "k26ops.enginebench", "k26ops.selftest", "k26ops.lab",
-      "k26ops.report", "k26ops.monitoring"]),
-    ("cli", "the only layer that prints or exits",
-     ["k26ops.cli", "k26ops.__main__", "=k26ops"]),
+    (
+        "base",
+        "errors, where files live, shell quoting, the interrupt flag, config, declared inventory variables, typed run state",
+        [
+            "k26ops.errors",
+            "k26ops.layout",
+            "k26ops.shell",
+            "k26ops.interrupt",
+            "k26ops.resources",
+            "k26ops.config",
+            "k26ops.hostvars",
+            "k26ops.runstate",
+            "k26ops.safefiles",
+        ],
+    ),
+    (
+        "data",
+        "inventory, recipes, locks' data, units, flag tables, parsers, crash signatures",
+        [
+            "k26ops.inventory",
+            "=k26ops.engine",
+            "k26ops.engine.units",
+            "k26ops.release.recipe",
+            "k26ops.release.inputs",
+            "k26ops.release.engine_flags",
+            "k26ops.release.launch_rules",
+            "k26ops.release.patchset",
+            "=k26ops.release",
+            "k26ops.engine.multinode",
+            "k26ops.diagnose.chains",
+            "k26ops.diagnose.signatures",
+            "k26ops.diagnose.details",
+            "k26ops.diagnose.classify",
+            "k26ops.diagnose.logtext",
+            "k26ops.diagnose.logread",
+            "=k26ops.diagnose",
+            "k26ops.facts",
+            "k26ops.steps.driver_plan",
+            "k26ops.engine.state",
+            "k26ops.baselines.validate",
+            "k26ops.weights.manifest",
+            "k26ops.weights.plan",
+        ],
+    ),
+    (
+        "transport",
+        "ssh sessions, the agent protocol, the fleet runner",
+        ["k26ops.transport", "k26ops.agents", "k26ops.traffic.gateway"],
+    ),
+    (
+        "host",
+        "one host: engine layout and profile, facts gathered, preflight, lock, ownership, release I/O",
+        [
+            "=k26ops.facts",
+            "k26ops.engine.host",
+            "k26ops.engine.profile",
+            "k26ops.host",
+            "k26ops.release.wheelhouse",
+            "k26ops.release.wheelsource",
+            "k26ops.release.engine_source",
+            "k26ops.release.prepcache",
+            "k26ops.release.enginelock",
+            "k26ops.release.installer",
+            "k26ops.baselines.repo",
+            "k26ops.baselines.hostscript",
+            "k26ops.diagnose.journal",
+            "k26ops.traffic",
+            "k26ops.weights",
+        ],
+    ),
+    (
+        "steps",
+        "idempotent steps (plan/apply), the engine bench, the None-field probe",
+        [
+            "k26ops.steps",
+            "k26ops.rehearsal.plan",
+            "k26ops.enginebench.run",
+            "k26ops.enginebench.figures",
+            "k26ops.enginebench.accept",
+            "k26ops.diagnose.probe",
+        ],
+    ),
+    (
+        "orchestration",
+        "playbooks, rollouts (canary, batches), provisioning",
+        ["k26ops.orchestrate", "k26ops.weights.sync"],
+    ),
+    (
+        "features",
+        "baselines, rehearsal, bench gate, self-test, the lab, report, monitoring",
+        [
+            "k26ops.baselines",
+            "k26ops.rehearsal",
+            "k26ops.enginebench",
+            "k26ops.selftest",
+            "k26ops.lab",
+            "k26ops.report",
+            "k26ops.monitoring",
+        ],
+    ),
+    ("cli", "the only layer that prints or exits", ["k26ops.cli", "k26ops.__main__", "=k26ops"]),
 ]
 
 
@@ -61,7 +132,7 @@ def _modules() -> dict[str, Path]:
         if ("agents" in rel.parts and p.name != "__init__.py") or "fixtures" in rel.parts:
             continue
         if rel.as_posix() == "k26ops/_version.py":  # setuptools-scm writes it at install (git-ignored; CI's
-            continue                                 # `pip install -e` makes it): generated, imports nothing
+            continue  # `pip install -e` makes it): generated, imports nothing
         name = ".".join(rel.with_suffix("").parts)
         mods[name.removesuffix(".__init__")] = p
     return mods
@@ -89,7 +160,7 @@ def _targets(cur: str, node) -> list[str]:
     elif isinstance(node, ast.ImportFrom):
         if node.level:
             base = cur.split(".") if MODS[cur].name == "__init__.py" else cur.split(".")[:-1]
-            base = base[:len(base) - (node.level - 1)]
+            base = base[: len(base) - (node.level - 1)]
             m = ".".join(base + ([node.module] if node.module else []))
         else:
             m = node.module or ""
@@ -128,9 +199,12 @@ def test_every_module_has_a_layer():
 
 
 def upward(graph) -> list[str]:
-    return [f"{a} (line {line}, {LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
-            for a, deps in sorted(graph.items()) for b, line in sorted(deps.items())
-            if layer_of(b) > layer_of(a)]
+    return [
+        f"{a} (line {line}, {LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+        for a, deps in sorted(graph.items())
+        for b, line in sorted(deps.items())
+        if layer_of(b) > layer_of(a)
+    ]
 
 
 def cycles(graph) -> list[list[str]]:
@@ -200,8 +274,11 @@ def unexplained_function_imports(text: str, name: str) -> list[str]:
             if any(REASON.search(lines[i - 1]) for i in range(node.lineno, node.end_lineno + 1)):
                 continue
             i = node.lineno - 1  # up over the block of imports (and blank lines) to its comment
-            while i > 0 and (not lines[i - 1].strip() or re.match(r"\s*(from \S+ )?import ", lines[i - 1])
-                             or lines[i - 1].strip().startswith(")")):
+            while i > 0 and (
+                not lines[i - 1].strip()
+                or re.match(r"\s*(from \S+ )?import ", lines[i - 1])
+                or lines[i - 1].strip().startswith(")")
+            ):
                 i -= 1
             if i > 0 and REASON.search(lines[i - 1]) and lines[i - 1].strip().startswith("#"):
                 continue
@@ -211,16 +288,22 @@ def unexplained_function_imports(text: str, name: str) -> list[str]:
 
 def test_function_level_imports_say_why():
     """Imports sit at module top unless a reason is written beside them."""
-    assert [u for p in MODS.values()
-            for u in unexplained_function_imports(p.read_text(), str(p.relative_to(ROOT)))] == []
+    assert [
+        u for p in MODS.values() for u in unexplained_function_imports(p.read_text(), str(p.relative_to(ROOT)))
+    ] == []
 
 
 def test_the_reason_rule_catches_a_bare_function_import():
-    text = ("def f():\n    import json\n\n\ndef g():\n    # lazy: costs 1 s\n    import json\n\n"
-            "    from os import path\n\n\ndef h():\n    import json  # cycle: a -> b\n    # no reason\n"
-            "    import os\n\n\ndef k():\n    import re  # noqa: F401\n")
+    text = (
+        "def f():\n    import json\n\n\ndef g():\n    # lazy: costs 1 s\n    import json\n\n"
+        "    from os import path\n\n\ndef h():\n    import json  # cycle: a -> b\n    # no reason\n"
+        "    import os\n\n\ndef k():\n    import re  # noqa: F401\n"
+    )
     assert unexplained_function_imports(text, "m.py") == [
-        "m.py:15: import os", "m.py:19: import re  # noqa: F401", "m.py:2: import json"]
+        "m.py:15: import os",
+        "m.py:19: import re  # noqa: F401",
+        "m.py:2: import json",
+    ]
 
 
 def diagram() -> str:
@@ -230,8 +313,11 @@ def diagram() -> str:
     width = max(len(name) for name, _w, _e in LAYERS)
     rows = []
     for name, why, entries in reversed(LAYERS):
-        mods = sorted((e.lstrip("=").removeprefix("k26ops.").removeprefix("k26ops") or "k26ops")
-                      + (" (package)" if e.startswith("=") and e != "=k26ops" else "") for e in entries)
+        mods = sorted(
+            (e.lstrip("=").removeprefix("k26ops.").removeprefix("k26ops") or "k26ops")
+            + (" (package)" if e.startswith("=") and e != "=k26ops" else "")
+            for e in entries
+        )
         body = textwrap.wrap(f"{why}: {', '.join(mods)}", 88 - width - 2)
         rows.append("\n".join(f"{name if i == 0 else '':<{width}}  {line}" for i, line in enumerate(body)))
     return "\n  |  imports only from below\n".join(rows)

@@ -40,6 +40,8 @@ def test_a_current_that_is_a_directory_is_named_and_nothing_is_left(tmp_path):
     (rel / "current" / "keep").write_text("x")
     p = _sh(switch_current(str(rel), "r1"))
     assert p.returncode == 3
-    assert p.stderr == f"{rel}/current is not a symlink (a directory or file made by hand?): move it aside; " \
+    assert (
+        p.stderr == f"{rel}/current is not a symlink (a directory or file made by hand?): move it aside; "
         "current was not switched\n"
+    )
     assert sorted(os.listdir(rel)) == ["current", "r1"] and (rel / "current" / "keep").exists()

@@ -22,18 +22,62 @@ from k26ops.inventory import load
 ROOT = Path(__file__).resolve().parents[1]
 INV = ROOT / "tests/data/inventories/ansible-patterns.yml"
 
-pytestmark = pytest.mark.skipif(shutil.which("ansible-inventory") is None and not os.environ.get("CI"),
-                                reason="ansible-core (test extra) not installed")
+pytestmark = pytest.mark.skipif(
+    shutil.which("ansible-inventory") is None and not os.environ.get("CI"),
+    reason="ansible-core (test extra) not installed",
+)
 
 PATTERNS = [
-    "all", "*", "gpu", "gpu:!b300", "gpu:&monitoring", "gpu,!b300", "gpu,&monitoring",
-    "rtxpro6000[0]", "rtxpro6000[1:3]", "rtxpro6000[-1]", "rtxpro6000[3:]", "rtxpro6000[1:0]",
-    "gpu[0:1]", "gpu[2:]", "gpu[0]:web", "rtx0[1:3]", "rtx[01:03]", "~rtx0[12]", "~b300-[ab]",
-    "~.*\\.example\\.com", "~(rtx|b300)", "*.example.com", "rtx*", "rtx0?", "web:db", "web,db",
-    "web , db", "all:!staging", "staging:&prod", "!staging", "&monitoring", "monitoring:!rtx01",
-    "b300-[a:b]", "10.0.0.5", "10.0.0.5:22", "prom01.example.com", "db*:&staging",
-    "gpu:monitoring:!rtx0*", "ungrouped", "al*", "nosuch", "gpu:nosuch", "rtxpro6000[9]",
-    "rtx0[1-2]", "~(", "~example", "~0[12]", "web[0]:&prod", "*[0:2]", "rtx01:&rtx02",
+    "all",
+    "*",
+    "gpu",
+    "gpu:!b300",
+    "gpu:&monitoring",
+    "gpu,!b300",
+    "gpu,&monitoring",
+    "rtxpro6000[0]",
+    "rtxpro6000[1:3]",
+    "rtxpro6000[-1]",
+    "rtxpro6000[3:]",
+    "rtxpro6000[1:0]",
+    "gpu[0:1]",
+    "gpu[2:]",
+    "gpu[0]:web",
+    "rtx0[1:3]",
+    "rtx[01:03]",
+    "~rtx0[12]",
+    "~b300-[ab]",
+    "~.*\\.example\\.com",
+    "~(rtx|b300)",
+    "*.example.com",
+    "rtx*",
+    "rtx0?",
+    "web:db",
+    "web,db",
+    "web , db",
+    "all:!staging",
+    "staging:&prod",
+    "!staging",
+    "&monitoring",
+    "monitoring:!rtx01",
+    "b300-[a:b]",
+    "10.0.0.5",
+    "10.0.0.5:22",
+    "prom01.example.com",
+    "db*:&staging",
+    "gpu:monitoring:!rtx0*",
+    "ungrouped",
+    "al*",
+    "nosuch",
+    "gpu:nosuch",
+    "rtxpro6000[9]",
+    "rtx0[1-2]",
+    "~(",
+    "~example",
+    "~0[12]",
+    "web[0]:&prod",
+    "*[0:2]",
+    "rtx01:&rtx02",
 ]
 
 # Runs ansible-core's own InventoryManager (the code behind `ansible -l`): one
@@ -62,8 +106,14 @@ def _no_ssh_config(monkeypatch):
 
 def _ansible_env(home: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"), ANSIBLE_CONFIG=str(home / "none.cfg"),
-               ANSIBLE_INVENTORY_ENABLED="yaml", ANSIBLE_HOST_PATTERN_MISMATCH="error", ANSIBLE_NOCOLOR="1")
+    env.update(
+        ANSIBLE_HOME=str(home),
+        ANSIBLE_LOCAL_TEMP=str(home / "tmp"),
+        ANSIBLE_CONFIG=str(home / "none.cfg"),
+        ANSIBLE_INVENTORY_ENABLED="yaml",
+        ANSIBLE_HOST_PATTERN_MISMATCH="error",
+        ANSIBLE_NOCOLOR="1",
+    )
     return env
 
 
@@ -73,8 +123,14 @@ def ansible_hosts(tmp_path_factory):
     listfile = home / "limit.txt"
     listfile.write_text("rtx02\nweb*\n\n")
     patterns = PATTERNS + [f"@{listfile}", f"@{listfile}:!web2.example.com"]
-    proc = subprocess.run([sys.executable, "-c", ANSIBLE_SCRIPT, str(INV), json.dumps(patterns)],
-                          env=_ansible_env(home), capture_output=True, text=True, timeout=300, cwd=home)
+    proc = subprocess.run(
+        [sys.executable, "-c", ANSIBLE_SCRIPT, str(INV), json.dumps(patterns)],
+        env=_ansible_env(home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=home,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), patterns
 
@@ -114,8 +170,14 @@ def test_the_harness_agrees_with_the_ansible_command(tmp_path, ansible_hosts):
     """The InventoryManager script above gives what `ansible -l` lists."""
     expected, _ = ansible_hosts
     for p in ("gpu:!b300", "rtxpro6000[1:3]"):
-        proc = subprocess.run(["ansible", "all", "-i", str(INV), "-l", p, "--list-hosts"],
-                              env=_ansible_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        proc = subprocess.run(
+            ["ansible", "all", "-i", str(INV), "-l", p, "--list-hosts"],
+            env=_ansible_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         listed = sorted(line.strip() for line in proc.stdout.splitlines()[1:] if line.strip())
         assert listed == expected[p]
@@ -130,9 +192,16 @@ groups:
 """
 
 
-@pytest.mark.parametrize("args", [["status", "-l", "nosuch"], ["-l", "a[1:3]", "status"],
-                                  ["inventory", "list", "-l", "~("], ["logs", "-l", "g[5]"],
-                                  ["-l", "~a[", "status"]])  # Ansible reads ~a[ as ~a: refused here
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "-l", "nosuch"],
+        ["-l", "a[1:3]", "status"],
+        ["inventory", "list", "-l", "~("],
+        ["logs", "-l", "g[5]"],
+        ["-l", "~a[", "status"],
+    ],
+)  # Ansible reads ~a[ as ~a: refused here
 def test_refused_patterns_are_one_line_exit_2(tmp_path, args):
     inv = tmp_path / "inv.yml"  # loopback only: nothing listens on port 1
     inv.write_text(LOOPBACK)
@@ -166,7 +235,9 @@ def test_every_command_takes_the_global_options_in_its_own_place():
 def test_global_options_after_the_command_take_effect(tmp_path):
     inv = tmp_path / "inv.yml"
     inv.write_text(LOOPBACK)
-    res = CliRunner().invoke(cli, ["--connect-timeout", "1", "status", "-i", str(inv), "-l", "g:!b", "-f", "2", "--json"])
+    res = CliRunner().invoke(
+        cli, ["--connect-timeout", "1", "status", "-i", str(inv), "-l", "g:!b", "-f", "2", "--json"]
+    )
     assert list(json.loads(res.stdout)["hosts"]) == ["a"]
     res = CliRunner().invoke(cli, ["-i", str(inv), "config", "show", "-f", "3", "--json"])
     assert json.loads(res.stdout)["settings"]["forks"] == {"value": 3, "source": "--forks"}

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labtools import cli
-
 from k26ops import inventory
+from labtools import cli
 
 LOCAL = "hosts:\n  here:\n    connection: local\n"
 

@@ -35,7 +35,9 @@ def test_other_lines_are_kept(line):
 
 def test_journal_hostname_is_dropped_once():
     line = "2026-12-01T10:00:00+0000 gpu1 python3[812]: [2026-12-01 10:00:00] Load weight begin."
-    assert logview.drop_hostname(line) == "2026-12-01T10:00:00+0000 python3[812]: [2026-12-01 10:00:00] Load weight begin."
+    assert (
+        logview.drop_hostname(line) == "2026-12-01T10:00:00+0000 python3[812]: [2026-12-01 10:00:00] Load weight begin."
+    )
     assert logview.drop_hostname("-- Boot 1234 --") == "-- Boot 1234 --"
 
 

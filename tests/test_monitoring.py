@@ -14,11 +14,11 @@ import subprocess
 
 import pytest
 import yaml
-from labtools import REPO, Standin, cli
 
 from k26ops.engine import profile, units
 from k26ops.monitoring import check, grafana, metrics, prometheus
 from k26ops.release import recipe as recipe_mod
+from labtools import REPO, Standin, cli
 
 INVENTORY = """\
 all:
@@ -54,12 +54,20 @@ def promtool() -> str:
 def test_writes_targets_config_rules_and_dashboard(written):
     out, proc = written
     names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert names == ["grafana/k26ops-dashboard.json", "k26ops-rules.yml", "prometheus.yml",
-                     "secrets/k26-engine-api-key", "targets/k26-dcgm.json", "targets/k26-engine.json",
-                     "targets/k26-gateway.json"]
+    assert names == [
+        "grafana/k26ops-dashboard.json",
+        "k26ops-rules.yml",
+        "prometheus.yml",
+        "secrets/k26-engine-api-key",
+        "targets/k26-dcgm.json",
+        "targets/k26-engine.json",
+        "targets/k26-gateway.json",
+    ]
     engine = json.loads((out / "targets/k26-engine.json").read_text())
-    assert engine == [{"targets": ["10.0.0.11:30000"], "labels": {"host": "rtx01"}},
-                      {"targets": ["10.0.0.12:30001"], "labels": {"host": "rtx02"}}]
+    assert engine == [
+        {"targets": ["10.0.0.11:30000"], "labels": {"host": "rtx01"}},
+        {"targets": ["10.0.0.12:30001"], "labels": {"host": "rtx02"}},
+    ]
     dcgm = json.loads((out / "targets/k26-dcgm.json").read_text())
     assert [d["targets"][0] for d in dcgm] == ["10.0.0.11:9400", "10.0.0.12:9401"]
     assert json.loads((out / "targets/k26-gateway.json").read_text())[0]["targets"] == ["10.0.0.5:29000"]
@@ -154,8 +162,10 @@ def test_the_alerts_fire_when_they_should_promtool_test_rules(tmp_path):
     """Prometheus' own rule evaluator on made-up series: accept length below the baseline's
     (from the counters, as the bench reads it), an engine that stops answering, a new Xid."""
     exe = promtool()
-    targets = [prometheus.HostTarget("rtx01", "10.0.0.11:30000", dcgm="10.0.0.11:9400", baseline_accept=3.2),
-               prometheus.HostTarget("rtx02", "10.0.0.12:30000", baseline_accept=3.2)]
+    targets = [
+        prometheus.HostTarget("rtx01", "10.0.0.11:30000", dcgm="10.0.0.11:9400", baseline_accept=3.2),
+        prometheus.HostTarget("rtx02", "10.0.0.12:30000", baseline_accept=3.2),
+    ]
     files = prometheus.files(targets)
     (tmp_path / "k26ops-rules.yml").write_text(files.texts["k26ops-rules.yml"])
     (tmp_path / "test.yml").write_text(RULES_TEST)
@@ -194,8 +204,9 @@ def test_the_dashboard_uses_only_metrics_the_engine_standin_serves(tmp_path):
     rules = prometheus.rules([prometheus.HostTarget("h", "a:1", baseline_accept=3.0)])
     assert check.missing(set(re.findall(r"sglang:[a-z_]+", rules)), served) == []
     # and the check itself sees a rename
-    assert check.missing(used, {n.replace("num_queue_reqs", "num_waiting_reqs") for n in served}) == \
-        ["sglang:num_queue_reqs"]
+    assert check.missing(used, {n.replace("num_queue_reqs", "num_waiting_reqs") for n in served}) == [
+        "sglang:num_queue_reqs"
+    ]
 
 
 def test_names_said_recorded_are_in_the_recordings():
@@ -213,23 +224,31 @@ def test_names_said_recorded_are_in_the_recordings():
 
 def test_family_names_of_the_recorded_real_metrics():
     text = (REPO / "tests/data/serving/h200-metrics-end.txt").read_text()
-    assert check.family_names(text) == {"sglang:spec_accept_length", "sglang:generation_tokens_total",
-                                        "sglang:spec_verify_calls_total"}
-    hist = ("# TYPE sglang:time_to_first_token_seconds histogram\n"
-            'sglang:time_to_first_token_seconds_bucket{le="0.1"} 1.0\n'
-            "sglang:time_to_first_token_seconds_sum 0.3\nsglang:time_to_first_token_seconds_count 1.0\n")
+    assert check.family_names(text) == {
+        "sglang:spec_accept_length",
+        "sglang:generation_tokens_total",
+        "sglang:spec_verify_calls_total",
+    }
+    hist = (
+        "# TYPE sglang:time_to_first_token_seconds histogram\n"
+        'sglang:time_to_first_token_seconds_bucket{le="0.1"} 1.0\n'
+        "sglang:time_to_first_token_seconds_sum 0.3\nsglang:time_to_first_token_seconds_count 1.0\n"
+    )
     assert check.family_names(hist) == {"sglang:time_to_first_token_seconds"}
 
 
 def test_the_dashboard_fits_grafanas_own_schema():
     """Round-trip through Grafana's Foundation SDK (its models are generated from Grafana's
     dashboard schema): a field the schema does not know is dropped, so the trip changes it."""
-    sdk = pytest.importorskip("grafana_foundation_sdk.models.dashboard",
-                              reason="grafana-foundation-sdk is not installed (pip install '.[test]')")
+    sdk = pytest.importorskip(
+        "grafana_foundation_sdk.models.dashboard",
+        reason="grafana-foundation-sdk is not installed (pip install '.[test]')",
+    )
 
     def trip(board):
-        return json.loads(json.dumps(sdk.Dashboard.from_json(json.loads(json.dumps(board))).to_json(),
-                                     default=lambda o: o.to_json()))
+        return json.loads(
+            json.dumps(sdk.Dashboard.from_json(json.loads(json.dumps(board))).to_json(), default=lambda o: o.to_json())
+        )
 
     def pruned(a, b):  # a's keys that b lacks, recursively
         if isinstance(a, dict):
@@ -253,16 +272,21 @@ def test_monitoring_runs_the_engine_with_metrics():
     assert "--enable-metrics" not in off and on.count("--enable-metrics") == 1
     twice = profile.profile_for({**base, "monitoring": True, "extra_flags": ["--enable-metrics"]}, r)
     assert units.engine_argv(twice).count("--enable-metrics") == 1
-    assert profile.with_metrics({"--mem-fraction-static": 0.8}) == {"--mem-fraction-static": 0.8,
-                                                                    "--enable-metrics": True}
+    assert profile.with_metrics({"--mem-fraction-static": 0.8}) == {
+        "--mem-fraction-static": 0.8,
+        "--enable-metrics": True,
+    }
 
 
-@pytest.mark.parametrize("value, says", [
-    ("yes", "must be true or a mapping"),
-    ({"dcgm": 1}, "unknown key 'dcgm'"),
-    ({"dcgm_port": 99999}, "must be a port number"),
-    ({"gateway": "nohostport"}, "must be HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("yes", "must be true or a mapping"),
+        ({"dcgm": 1}, "unknown key 'dcgm'"),
+        ({"dcgm_port": 99999}, "must be a port number"),
+        ({"gateway": "nohostport"}, "must be HOST:PORT"),
+    ],
+)
 def test_a_bad_monitoring_var_is_one_line_and_writes_nothing(tmp_path, value, says):
     inv = tmp_path / "inv.yml"
     inv.write_text(yaml.safe_dump({"all": {"hosts": {"h1": {"ansible_host": "10.0.0.1", "monitoring": value}}}}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import yaml
+
 from labtools import k26ops_json, lab_ssh
 
 HOST = "lab1"
@@ -42,5 +43,9 @@ def test_monitoring_true_runs_metrics_and_verify_finds_the_dashboards_names(lab,
         rc, data = k26ops_json("--limit", HOST, "monitoring", "--out", str(out), "--verify", env=env)
         assert rc == 1 and "monitoring: true` and deploy" in data["hosts"][HOST]["error"], data
     finally:
-        lab_ssh(lab.dir, lab.port(HOST), f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
-                                         "/opt/k26ops/state/pinned-releases; systemctl daemon-reload")
+        lab_ssh(
+            lab.dir,
+            lab.port(HOST),
+            f"systemctl disable --now k26-engine.service; rm -f {UNIT} {ENV_FILE} "
+            "/opt/k26ops/state/pinned-releases; systemctl daemon-reload",
+        )

@@ -21,7 +21,9 @@ def _inv(tmp_path, text: str):
 
 
 def test_ranks_follow_inventory_order_and_first_host_is_the_rendezvous(tmp_path):
-    inv = _inv(tmp_path, """
+    inv = _inv(
+        tmp_path,
+        """
 hosts:
   gpu-a: {address: 10.0.0.11}
   gpu-b: {address: 10.0.0.12}
@@ -29,7 +31,8 @@ hosts:
   solo: {address: 10.0.0.20}
 groups:
   k26-tp16: {hosts: [gpu-b, gpu-a], vars: {tp_group: k26-tp16, dist_init_port: 5123}}
-""")
+""",
+    )
     hosts = inv.select(None)
     multinode.assign(inv, hosts)
     v = {h.name: h.vars for h in hosts}

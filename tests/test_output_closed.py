@@ -46,8 +46,9 @@ def test_a_failing_reporter_neither_ends_the_worker_nor_reaches_the_work(tmp_pat
         return Outcome(changed=True, done=True)
 
     t0 = time.monotonic()
-    fleet = Fleet(hosts, FleetOptions(forks=1, deadline=60), on_result=rich_on_a_closed_pipe,
-                  on_event=closed_pipe_output)
+    fleet = Fleet(
+        hosts, FleetOptions(forks=1, deadline=60), on_result=rich_on_a_closed_pipe, on_event=closed_pipe_output
+    )
     results = fleet.run(work)
     fleet.close()
     assert time.monotonic() - t0 < 30
@@ -74,8 +75,13 @@ def test_the_cli_exits_141_quietly_when_its_stdout_reader_is_gone():
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first write
     try:
-        proc = subprocess.run([sys.executable, "-m", "k26ops", "inventory", "vars"], cwd=REPO,
-                              stdout=write_end, stderr=subprocess.PIPE, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "k26ops", "inventory", "vars"],
+            cwd=REPO,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
     finally:
         os.close(write_end)
     err = proc.stderr.decode()

@@ -11,19 +11,26 @@ import re
 import subprocess
 import sys
 
-from labtools import REPO, k26ops
-
 from k26ops.enginebench import figures as figs
+from labtools import REPO, k26ops
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _bench(toks: float, ttft: float, accept: float) -> dict:
     stat = lambda v: {"median": v, "min": v * 0.99, "max": v * 1.01, "n": 5}  # noqa: E731
-    return {"generator": "k26ops loadgen", "generator_why": "lab", "spec": {"input_len": 16, "output_len": 16,
-                                                                              "seed": 1, "runs": 5},
-            "cells": [{"concurrency": 64, "temperature": 0.0,
-                       "figures": {"tok/s": stat(toks), "ttft_p50_ms": stat(ttft), "accept": stat(accept)}}]}
+    return {
+        "generator": "k26ops loadgen",
+        "generator_why": "lab",
+        "spec": {"input_len": 16, "output_len": 16, "seed": 1, "runs": 5},
+        "cells": [
+            {
+                "concurrency": 64,
+                "temperature": 0.0,
+                "figures": {"tok/s": stat(toks), "ttft_p50_ms": stat(ttft), "accept": stat(accept)},
+            }
+        ],
+    }
 
 
 def test_figures_are_never_in_e_notation():
@@ -81,11 +88,11 @@ def _diff_output(tty: bool) -> str:
     env = {**os.environ, "TERM": "xterm"}
     env.pop("NO_COLOR", None)
     if not tty:
-        return subprocess.run([sys.executable, "-c", DIFF_SCRIPT], capture_output=True, text=True, cwd=REPO,
-                              env=env, timeout=60).stdout
+        return subprocess.run(
+            [sys.executable, "-c", DIFF_SCRIPT], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
+        ).stdout
     primary, secondary = os.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", DIFF_SCRIPT], stdout=secondary, stderr=secondary, cwd=REPO,
-                            env=env)
+    proc = subprocess.Popen([sys.executable, "-c", DIFF_SCRIPT], stdout=secondary, stderr=secondary, cwd=REPO, env=env)
     os.close(secondary)
     chunks = []
     while True:

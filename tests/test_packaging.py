@@ -66,32 +66,77 @@ def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
     _copy_sources(src)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "K26OPS_TEMPLATES")}
     env["PIP_NO_INDEX"] = "1"  # nothing is downloaded
-    git = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull}
+    git = {
+        **env,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+    }
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "release"], ["tag", TAG]):
         subprocess.run(["git", *cmd], cwd=src, env=git, check=True, timeout=60)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(src)], check=True, env=env, cwd=tmp_path, timeout=120)
-    wheel, = wheels.glob("k26ops-*.whl")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    (wheel,) = wheels.glob("k26ops-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     # Every package of the checkout is in the wheel (pyproject.toml lists them).
     for init in (REPO / "k26ops").rglob("__init__.py"):
         assert init.relative_to(REPO).as_posix() in names, init
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(target),
-                    str(wheel)], check=True, env=env, cwd=tmp_path, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     run_env = {**env, "PYTHONPATH": str(target)}
-    proc = subprocess.run([sys.executable, "-c", CHECK, str(target)], cwd=elsewhere, env=run_env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK, str(target)],
+        cwd=elsewhere,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "k26ops", "--help"], cwd=elsewhere, env=run_env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "k26ops", "--help"],
+        cwd=elsewhere,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the version is the git tag's (setuptools-scm), in the wheel's name, metadata and --version
     assert wheel.name.startswith(f"k26ops-{TAG[1:]}-"), wheel.name
     assert f"k26ops-{TAG[1:]}.dist-info/licenses/LICENSE" in names, sorted(n for n in names if "dist-info" in n)
-    proc = subprocess.run([sys.executable, "-m", "k26ops", "--version"], cwd=elsewhere, env=run_env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "k26ops", "--version"],
+        cwd=elsewhere,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.stdout.strip() == f"k26ops, version {TAG[1:]}", proc.stdout + proc.stderr
     # The shipped copies equal the checkout's files.
     for top in ("playbooks", "templates", "patches"):
@@ -103,10 +148,18 @@ def test_wheel_install_finds_playbooks_templates_patches(tmp_path):
     # at the operator's recipes dir, never at site-packages
     (target / "k26ops/_data/playbooks/recipes/lab-registry.lock").unlink()
     mine = tmp_path / "my-recipes"
-    code = ("from k26ops.engine.profile import lock_for; from k26ops.release import recipe as r; x = r.load('lab-registry')\n"
-            "print(r.shipped(x.source))\ntry:\n    lock_for(x)\nexcept Exception as e:\n    print(e)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env={**run_env, "K26OPS_RECIPES": str(mine)},
-                          capture_output=True, text=True, timeout=60)
+    code = (
+        "from k26ops.engine.profile import lock_for; from k26ops.release import recipe as r; x = r.load('lab-registry')\n"
+        "print(r.shipped(x.source))\ntry:\n    lock_for(x)\nexcept Exception as e:\n    print(e)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=elsewhere,
+        env={**run_env, "K26OPS_RECIPES": str(mine)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     shipped, msg = proc.stdout.strip().split("\n")
     assert shipped == "True" and f"writes the recipe and its lock into your recipes dir ({mine})" in msg, proc
     assert "commit it beside" not in msg and "`k26ops engine lock lab-registry`" in msg, msg

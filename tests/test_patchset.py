@@ -16,8 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_release  # noqa: E402
 
-from k26ops.release import patchset as ps  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
+from k26ops.release import patchset as ps  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES = REPO / "patches" / "sglang-0.5.23" / "series"
@@ -25,8 +25,11 @@ LAB_BASE = "sglang@a7e4c020c4b67bbd3912a320d1515139016ea5a6"
 
 
 def tree_hash(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def narrow_paths(exists) -> list[str]:
@@ -53,10 +56,12 @@ def pristine_trees(tmp_path_factory):
 
         if version not in made:
             src = sglang_release.site_packages(version)
-            made[version] = sglang_release.copy_files(tmp_path_factory.mktemp(f"pristine-{version}"),
-                                                      narrow_paths(lambda p: (src / p).is_file()), version)
+            made[version] = sglang_release.copy_files(
+                tmp_path_factory.mktemp(f"pristine-{version}"), narrow_paths(lambda p: (src / p).is_file()), version
+            )
         prepcache.linked_copy(made[version] / "sglang", dest / "sglang")
         return dest
+
     return site_tree
 
 
@@ -93,8 +98,11 @@ def test_every_series_names_its_base_and_every_patch_names_it_too():
     assert not [e for e in ps.parse_series(pr) if "verify-graph" in e.path]
 
 
-@pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1].startswith("==")],
-                         ids=lambda x: getattr(x, "name", None) or "".join(x[:2]))
+@pytest.mark.parametrize(
+    "patch,base",
+    [pb for pb in all_patches() if pb[1][1].startswith("==")],
+    ids=lambda x: getattr(x, "name", None) or "".join(x[:2]),
+)
 def test_every_pypi_patch_applies_to_its_real_release_and_reverts_exactly(patch, base, tmp_path, pristine_trees):
     pkg, spec, source = base
     assert pkg == "sglang" and source.lower().startswith("pypi")
@@ -118,24 +126,33 @@ def lab_commit_tree(tmp_path_factory) -> tuple[str, Path]:
     names exported once per module (git archive of those paths: exact bytes)."""
     import tarfile
 
-    from k26ops.release import engine_source
     from k26ops.lab import engine_source_fixture
+    from k26ops.release import engine_source
 
     url, commit = engine_source_fixture.ensure()
     bare = engine_source.fetch(url, commit)
-    git = lambda *a: subprocess.run(["git", "-C", str(bare), *a], capture_output=True, check=True).stdout
+
+    def git(*a):
+        return subprocess.run(["git", "-C", str(bare), *a], capture_output=True, check=True).stdout
+
     listed = set(git("ls-tree", "-r", "--name-only", commit, "python/").decode().splitlines())
     dest = tmp_path_factory.mktemp("lab-src") / "src"
     tar = tmp_path_factory.mktemp("lab-tar") / "src.tar"
-    tar.write_bytes(git("archive", "--format=tar", commit,
-                        *(f"python/{p}" for p in narrow_paths(lambda p: f"python/{p}" in listed))))
+    tar.write_bytes(
+        git(
+            "archive", "--format=tar", commit, *(f"python/{p}" for p in narrow_paths(lambda p: f"python/{p}" in listed))
+        )
+    )
     with tarfile.open(tar) as tf:
         tf.extractall(dest, filter="data")
     return commit, dest / "python"
 
 
-@pytest.mark.parametrize("patch,base", [pb for pb in all_patches() if pb[1][1] == LAB_BASE[6:]],
-                         ids=lambda x: getattr(x, "name", None) or "lab")
+@pytest.mark.parametrize(
+    "patch,base",
+    [pb for pb in all_patches() if pb[1][1] == LAB_BASE[6:]],
+    ids=lambda x: getattr(x, "name", None) or "lab",
+)
 def test_every_lab_base_patch_applies_to_the_lab_commit(patch, base, tmp_path, lab_commit_tree):
     """The lab base is a real commit (the lab fixture's): read its tree at that commit
     (hard-linked from one export: patchset replaces files, never writes through them)."""
@@ -161,8 +178,10 @@ def test_a_patch_for_another_base_is_refused_and_writes_nothing(site, tmp_path):
     assert tree_hash(site) == before and not (tmp_path / "st").exists()
     with pytest.raises(ps.PatchError, match="is written for"):
         ps.apply(site, probe, tmp_path / "st", {"sglang": "0.5.24"})
-    no_base = ps.parse_patch(PROBE_TEXT().split("\n--- ", 1)[0].replace("Base:", "Was:") + "\n--- "
-                             + PROBE_TEXT().split("\n--- ", 1)[1], "nobase.patch")
+    no_base = ps.parse_patch(
+        PROBE_TEXT().split("\n--- ", 1)[0].replace("Base:", "Was:") + "\n--- " + PROBE_TEXT().split("\n--- ", 1)[1],
+        "nobase.patch",
+    )
     with pytest.raises(ps.PatchError, match="no Base: header"):
         ps.apply(site, [no_base], tmp_path / "st", {"sglang": "0.5.23"})
     assert tree_hash(site) == before
@@ -282,7 +301,8 @@ def test_offset_tolerance_but_no_context_fuzz(tmp_path):
 def test_new_file_no_newline_and_mode(tmp_path):
     root = _mini(tmp_path)
     os.chmod(root / "pkg/a.py", 0o640)
-    patch = ps.parse_patch("""--- /dev/null
+    patch = ps.parse_patch(
+        """--- /dev/null
 +++ b/pkg/new.py
 @@ -0,0 +1,2 @@
 +x = 1
@@ -294,7 +314,9 @@ def test_new_file_no_newline_and_mode(tmp_path):
 -line1
 +LINE1
  line2
-""", "new.patch")
+""",
+        "new.patch",
+    )
     ps.apply(root, [patch], tmp_path / "st")
     assert (root / "pkg/new.py").read_bytes() == b"x = 1\ny = 2"
     assert (root / "pkg/a.py").stat().st_mode & 0o777 == 0o640
@@ -321,14 +343,20 @@ def test_drift_is_reported(tmp_path):
 
 
 def test_series_parsing_guards():
-    entries = ps.parse_series("""# comment
+    entries = ps.parse_series(
+        """# comment
 a.patch
 b.patch -p0 [diagnose]
 c.patch   # when: diagnose, lab
 
-""", "series")
+""",
+        "series",
+    )
     assert [(e.path, e.guards, e.strip, e.lineno) for e in entries] == [
-        ("a.patch", (), 1, 2), ("b.patch", ("diagnose",), 0, 3), ("c.patch", ("diagnose", "lab"), 1, 4)]
+        ("a.patch", (), 1, 2),
+        ("b.patch", ("diagnose",), 0, 3),
+        ("c.patch", ("diagnose", "lab"), 1, 4),
+    ]
     with pytest.raises(ps.PatchError, match="series:1"):
         ps.parse_series("a.patch junk", "series")
 
@@ -344,9 +372,23 @@ def test_standalone_script_json(site, tmp_path):
     script = tmp_path / "patchset.py"
     shutil.copy(REPO / "k26ops/release/patchset.py", script)
     before = tree_hash(site)
-    run = lambda *a: subprocess.run([sys.executable, "-I", str(script), *a], capture_output=True, text=True)
-    r = run("apply", "--root", str(site), "--series", str(SERIES), "--state", str(tmp_path / "st"),
-            "--tag", "diagnose", "--base", "sglang==0.5.23")
+
+    def run(*a):
+        return subprocess.run([sys.executable, "-I", str(script), *a], capture_output=True, text=True)
+
+    r = run(
+        "apply",
+        "--root",
+        str(site),
+        "--series",
+        str(SERIES),
+        "--state",
+        str(tmp_path / "st"),
+        "--tag",
+        "diagnose",
+        "--base",
+        "sglang==0.5.23",
+    )
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["ok"] and out["changed"], r.stderr
     r = run("verify", "--root", str(site), "--state", str(tmp_path / "st"))
@@ -357,7 +399,18 @@ def test_standalone_script_json(site, tmp_path):
     r = run("check", "--root", str(site), "--series", str(tmp_path / "bad.series"), "--state", str(tmp_path / "st"))
     assert r.returncode == 2 and "nope.patch" in json.loads(r.stdout)["error"]
     # the wrong base: refused by the host script too, nothing written
-    r = run("apply", "--root", str(site), "--series", str(SERIES), "--state", str(tmp_path / "st2"),
-            "--tag", "diagnose", "--base", "sglang@" + "2" * 40)
+    r = run(
+        "apply",
+        "--root",
+        str(site),
+        "--series",
+        str(SERIES),
+        "--state",
+        str(tmp_path / "st2"),
+        "--tag",
+        "diagnose",
+        "--base",
+        "sglang@" + "2" * 40,
+    )
     assert r.returncode == 2 and "is written for sglang==0.5.23" in json.loads(r.stdout)["error"]
     assert tree_hash(site) == before

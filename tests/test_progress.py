@@ -49,8 +49,12 @@ def test_plain_lines_one_per_event():
     board.finish("lab1", "changed")
     board.finish("lab2", "unreachable", "bastion jump: DNS: name does not resolve\nmore")
     assert buf.getvalue().splitlines() == [
-        "lab1: start", "lab1: 1/3 service", "lab1: 2/3 health", "lab1: done changed 4.5s",
-        "lab2: unreachable 0.0s: bastion jump: DNS: name does not resolve"]
+        "lab1: start",
+        "lab1: 1/3 service",
+        "lab1: 2/3 health",
+        "lab1: done changed 4.5s",
+        "lab2: unreachable 0.0s: bastion jump: DNS: name does not resolve",
+    ]
 
 
 def test_verbose_prints_every_message():

@@ -16,8 +16,7 @@ import re
 import pytest
 import yaml
 
-from labtools import private_lab
-from labtools import k26ops, lab_ssh
+from labtools import k26ops, lab_ssh, private_lab
 
 KNOB = "/etc/k26ops-lab/nvidia-smi.env"
 
@@ -42,8 +41,9 @@ def progress_order(stderr: str) -> list[tuple[str, str]]:
 def test_rolling_reboot_goes_batch_by_batch_and_a_host_kept_down_stops_it(drvlab):
     names = ["lab1", "lab2", "lab3"]
     before = {n: boot_id(drvlab, n) for n in names}
-    proc = k26ops("-v", "reboot", "--canary", "1", "--batch", "1", "--reboot-timeout", "120",
-                  env=drvlab.env(), timeout=600)
+    proc = k26ops(
+        "-v", "reboot", "--canary", "1", "--batch", "1", "--reboot-timeout", "120", env=drvlab.env(), timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     after = {n: boot_id(drvlab, n) for n in names}
     assert all(after[n] != before[n] for n in names), "every host rebooted"
@@ -67,8 +67,9 @@ def test_rolling_reboot_goes_batch_by_batch_and_a_host_kept_down_stops_it(drvlab
     lab.hold_down("lab2")
     try:
         before = {n: boot_id(drvlab, n) for n in ("lab1", "lab3")}
-        proc = k26ops("--json", "reboot", "--canary", "1", "--batch", "1", "--reboot-timeout", "15",
-                      env=drvlab.env(), timeout=600)
+        proc = k26ops(
+            "--json", "reboot", "--canary", "1", "--batch", "1", "--reboot-timeout", "15", env=drvlab.env(), timeout=600
+        )
         assert proc.returncode == 1, proc.stdout + proc.stderr
         hosts = json.loads(proc.stdout)["hosts"]
         assert hosts["lab1"]["status"] == "changed"
@@ -79,7 +80,9 @@ def test_rolling_reboot_goes_batch_by_batch_and_a_host_kept_down_stops_it(drvlab
         assert boot_id(drvlab, "lab3") == before["lab3"], "lab3 was not rebooted"
         stop = [ln for ln in proc.stderr.splitlines() if ln.startswith("k26ops: rollout stopped")]
         assert len(stop) == 1, proc.stderr
-        assert stop[0].startswith("k26ops: rollout stopped: lab2: did not come back within 15s after its reboot ("), stop
+        assert stop[0].startswith("k26ops: rollout stopped: lab2: did not come back within 15s after its reboot ("), (
+            stop
+        )
         assert stop[0].endswith("); untouched: lab3"), stop
     finally:
         lab.hold_down("lab2", False)
@@ -107,15 +110,28 @@ def test_a_serving_engine_is_not_rebooted_without_allow_reboot(drvlab):
         assert err == "k26-engine.service is serving: not rebooting this host without --allow-reboot"
         assert boot_id(drvlab, "lab3") == before
         # a host another k26ops run holds is not rebooted either
-        lab_ssh(drvlab.dir, drvlab.port("lab3"), "mkdir -p /opt/k26ops/state && systemd-run "
-                "--unit=k26-holdlock flock /opt/k26ops/state/lock sleep 600", timeout=30)
+        lab_ssh(
+            drvlab.dir,
+            drvlab.port("lab3"),
+            "mkdir -p /opt/k26ops/state && systemd-run --unit=k26-holdlock flock /opt/k26ops/state/lock sleep 600",
+            timeout=30,
+        )
         proc = k26ops("--json", "--limit", "lab3", "reboot", "--allow-reboot", env=drvlab.env(), timeout=120)
         assert proc.returncode == 1
         assert json.loads(proc.stdout)["hosts"]["lab3"]["error"].startswith("host is locked by another k26ops run")
         assert boot_id(drvlab, "lab3") == before
         lab_ssh(drvlab.dir, drvlab.port("lab3"), "systemctl stop k26-holdlock", timeout=30)
-        proc = k26ops("--json", "--limit", "lab3", "reboot", "--allow-reboot", "--reboot-timeout", "120",
-                      env=drvlab.env(), timeout=300)
+        proc = k26ops(
+            "--json",
+            "--limit",
+            "lab3",
+            "reboot",
+            "--allow-reboot",
+            "--reboot-timeout",
+            "120",
+            env=drvlab.env(),
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert boot_id(drvlab, "lab3") != before
     finally:
@@ -123,8 +139,7 @@ def test_a_serving_engine_is_not_rebooted_without_allow_reboot(drvlab):
 
 
 def set_driver(lab, name: str, version: str | None) -> None:
-    cmd = (f"mkdir -p /etc/k26ops-lab && echo K26OPS_LAB_DRIVER={version} > {KNOB}" if version
-           else f"rm -f {KNOB}")
+    cmd = f"mkdir -p /etc/k26ops-lab && echo K26OPS_LAB_DRIVER={version} > {KNOB}" if version else f"rm -f {KNOB}"
     assert lab_ssh(lab.dir, lab.port(name), cmd, timeout=30).returncode == 0
 
 
@@ -134,41 +149,54 @@ def test_provision_check_on_an_old_driver_lists_packages_services_and_the_reboot
         proc = k26ops("--limit", "lab1", "provision", "--check", "--diff", env=drvlab.env(), timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out = " ".join(proc.stdout.split())
-        assert ("lab1: driver: would change: add NVIDIA's CUDA apt repository "
-                "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ "
-                "(its cuda-keyring_1.1-1_all.deb)") in out
-        assert "lab1: driver: would change: pin the driver to branch 580: /etc/apt/preferences.d/k26ops-nvidia-driver" in out
+        assert (
+            "lab1: driver: would change: add NVIDIA's CUDA apt repository "
+            "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ "
+            "(its cuda-keyring_1.1-1_all.deb)"
+        ) in out
+        assert (
+            "lab1: driver: would change: pin the driver to branch 580: /etc/apt/preferences.d/k26ops-nvidia-driver"
+            in out
+        )
         assert "+Pin: version 580.*" in proc.stdout  # --diff shows the pin file
         assert "lab1: driver: would change: install nvidia-open (branch 580, open kernel modules;" in out
         assert "lab1: driver: would change: enable and start nvidia-persistenced.service" in out
-        assert ("lab1: driver: would change: reboot (driver 550.54.15 -> branch 580 (open modules)), "
-                "one canary batch at a time") in out
+        assert (
+            "lab1: driver: would change: reboot (driver 550.54.15 -> branch 580 (open modules)), "
+            "one canary batch at a time"
+        ) in out
         # --check changed nothing
         res = lab_ssh(drvlab.dir, drvlab.port("lab1"), "ls /etc/apt/preferences.d/", timeout=30)
         assert "k26ops-nvidia-driver" not in res.stdout
-        js = json.loads(k26ops("--json", "--limit", "lab1", "provision", "--check",
-                               env=drvlab.env(), timeout=300).stdout)
+        js = json.loads(
+            k26ops("--json", "--limit", "lab1", "provision", "--check", env=drvlab.env(), timeout=300).stdout
+        )
         assert js["hosts"]["lab1"]["reboot"] == "would reboot"
 
         # applying on a lab host is refused: no fake driver install
         proc = k26ops("--json", "--limit", "lab1", "provision", env=drvlab.env(), timeout=300)
         assert proc.returncode == 1
         assert json.loads(proc.stdout)["hosts"]["lab1"]["error"].startswith(
-            "lab host: a container cannot load kernel modules")
-        res = lab_ssh(drvlab.dir, drvlab.port("lab1"),
-                      "ls /etc/apt/preferences.d/ /etc/apt/sources.list.d/", timeout=30)
+            "lab host: a container cannot load kernel modules"
+        )
+        res = lab_ssh(
+            drvlab.dir, drvlab.port("lab1"), "ls /etc/apt/preferences.d/ /etc/apt/sources.list.d/", timeout=30
+        )
         assert "k26ops-nvidia-driver" not in res.stdout and "cuda" not in res.stdout
 
         # a serving engine: --check says the reboot would be refused; applying refuses before any change
         lab_ssh(drvlab.dir, drvlab.port("lab1"), "systemd-run --unit=k26-engine sleep 600", timeout=30)
         try:
             proc = k26ops("--limit", "lab1", "provision", "--check", env=drvlab.env(), timeout=300)
-            assert ("reboot (driver 550.54.15 -> branch 580 (open modules)): REFUSED while "
-                    "k26-engine.service is serving; pass --allow-reboot") in " ".join(proc.stdout.split())
+            assert (
+                "reboot (driver 550.54.15 -> branch 580 (open modules)): REFUSED while "
+                "k26-engine.service is serving; pass --allow-reboot"
+            ) in " ".join(proc.stdout.split())
             proc = k26ops("--json", "--limit", "lab1", "provision", env=drvlab.env(), timeout=300)
             assert json.loads(proc.stdout)["hosts"]["lab1"]["error"] == (
                 "k26-engine.service is serving and the driver change needs a reboot (driver 550.54.15 -> "
-                "branch 580 (open modules)): nothing changed; pass --allow-reboot")
+                "branch 580 (open modules)): nothing changed; pass --allow-reboot"
+            )
         finally:
             lab_ssh(drvlab.dir, drvlab.port("lab1"), "systemctl stop k26-engine", timeout=30)
 
@@ -177,20 +205,23 @@ def test_provision_check_on_an_old_driver_lists_packages_services_and_the_reboot
         inv["hosts"]["lab1"]["vars"]["nvidia_driver_source"] = "distro"
         alt = drvlab.dir / "inventory-distro.yml"
         alt.write_text(yaml.safe_dump(inv))
-        proc = k26ops("--json", "-i", str(alt), "--limit", "lab1", "provision", "--check",
-                      env=drvlab.env(), timeout=300)
+        proc = k26ops(
+            "--json", "-i", str(alt), "--limit", "lab1", "provision", "--check", env=drvlab.env(), timeout=300
+        )
         assert proc.returncode == 1
         assert json.loads(proc.stdout)["hosts"]["lab1"]["error"] == (
             "Debian 12's own NVIDIA driver packages are 535, below the pinned branch 580: set "
             "nvidia_driver_source: nvidia (NVIDIA's CUDA repository, "
             "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64) "
-            "(this host's apt sources offer nvidia-driver: none)")
+            "(this host's apt sources offer nvidia-driver: none)"
+        )
         # deploy --check refuses the old driver, as before, and points at provision
         proc = k26ops("--json", "--limit", "lab1", "deploy", "--check", env=drvlab.env(), timeout=300)
         assert proc.returncode == 1
         assert json.loads(proc.stdout)["hosts"]["lab1"]["error"] == (
             "driver 550 is older than CUDA 13.0 needs (>= 580); deploy never changes drivers: "
-            "`k26ops provision` upgrades it (with a reboot)")
+            "`k26ops provision` upgrades it (with a reboot)"
+        )
         # `check` refuses the old driver and points at provision
         proc = k26ops("--limit", "lab1", "check", env=drvlab.env(), timeout=120)
         assert "`k26ops provision` installs it" in " ".join(proc.stdout.split())
@@ -218,26 +249,34 @@ def test_bad_driver_branch_is_one_line_exit_2(drvlab, tmp_path):
     alt.write_text(yaml.safe_dump(inv))
     proc = k26ops("-i", str(alt), "provision", "--check", env=drvlab.env(), timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("k26ops: error: host lab1: nvidia_driver_branch 550: a driver branch "
-                                   "number >= 580 (CUDA 13 needs 580 or newer)")
+    assert proc.stderr.strip() == (
+        "k26ops: error: host lab1: nvidia_driver_branch 550: a driver branch number >= 580 (CUDA 13 needs 580 or newer)"
+    )
 
 
 def test_a_host_that_comes_back_with_a_newly_failed_unit_is_unhealthy(drvlab):
     unit = "/etc/systemd/system/k26-failsatboot.service"
-    setup = (f"printf '[Service]\\nType=oneshot\\nExecStart=/bin/false\\n[Install]\\nWantedBy=multi-user.target\\n' "
-             f"> {unit} && systemctl daemon-reload && systemctl enable k26-failsatboot.service")
+    setup = (
+        f"printf '[Service]\\nType=oneshot\\nExecStart=/bin/false\\n[Install]\\nWantedBy=multi-user.target\\n' "
+        f"> {unit} && systemctl daemon-reload && systemctl enable k26-failsatboot.service"
+    )
     assert lab_ssh(drvlab.dir, drvlab.port("lab2"), setup, timeout=30).returncode == 0
     try:
         proc = k26ops("--json", "--limit", "lab2", "reboot", "--reboot-timeout", "120", env=drvlab.env(), timeout=300)
         assert proc.returncode == 1, proc.stdout
         assert json.loads(proc.stdout)["hosts"]["lab2"]["error"] == (
-            "came back unhealthy after its reboot: systemd is degraded (failed: k26-failsatboot.service)")
+            "came back unhealthy after its reboot: systemd is degraded (failed: k26-failsatboot.service)"
+        )
         # failed before the reboot too: degraded by the same unit is not this reboot's doing
         proc = k26ops("--json", "--limit", "lab2", "reboot", "--reboot-timeout", "120", env=drvlab.env(), timeout=300)
         assert proc.returncode == 0, proc.stdout
     finally:
-        lab_ssh(drvlab.dir, drvlab.port("lab2"), f"systemctl disable k26-failsatboot.service; rm -f {unit}; "
-                "systemctl daemon-reload; systemctl reset-failed", timeout=30)
+        lab_ssh(
+            drvlab.dir,
+            drvlab.port("lab2"),
+            f"systemctl disable k26-failsatboot.service; rm -f {unit}; systemctl daemon-reload; systemctl reset-failed",
+            timeout=30,
+        )
 
 
 def test_nvswitch_host_plans_the_fabric_manager_of_the_same_version(drvlab):
@@ -256,7 +295,8 @@ def test_nvswitch_host_plans_the_fabric_manager_of_the_same_version(drvlab):
         assert proc.returncode == 1
         assert json.loads(proc.stdout)["hosts"]["lab1"]["error"] == (
             "cuda-drivers-fabricmanager-580 580.95.05 (the running driver's version) is not in this host's apt "
-            "sources (offered: none); the fabric manager must match the driver")
+            "sources (offered: none); the fabric manager must match the driver"
+        )
     finally:
         set_driver(drvlab, "lab1", None)
         lab_ssh(drvlab.dir, drvlab.port("lab1"), "rm -f /dev/nvidia-nvswitch0", timeout=30)

@@ -14,8 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_release  # noqa: E402
 
-from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
+from k26ops.release import recipe as rc  # noqa: E402
 
 PROD = rc.RECIPES_DIR / "k26-tp8-ddtree.yml"
 REG = rc.RECIPES_DIR / "k26-tp8-dflash-0.5.23.yml"
@@ -40,8 +40,14 @@ def test_default_is_production_pinned_to_one_commit():
     assert r.series == rc.resources.root() / "patches/sglang-pr29907-93e9850e4300/series"
     assert r.drafter.path == "/models/Kimi-K2.6-DFlash" and r.drafter.block_size == 8
     p = r.profile
-    assert (p["tp_size"], p["speculative_algorithm"], p["speculative_ddtree_budget"],
-            p["speculative_dflash_block_size"], p["page_size"], p["attention_backend"]) == (8, "DDTREE", 32, 8, 1, "triton")
+    assert (
+        p["tp_size"],
+        p["speculative_algorithm"],
+        p["speculative_ddtree_budget"],
+        p["speculative_dflash_block_size"],
+        p["page_size"],
+        p["attention_backend"],
+    ) == (8, "DDTREE", 32, 8, 1, "triton")
     # no floating ref is ever what a deploy uses, and no overlay of one code base onto another
     text = PROD.read_text()
     assert "overlay" not in text.split("engine:")[1].split("cuda_toolkit:")[0]
@@ -81,8 +87,11 @@ def test_triton_matches_torch_requirement():
     # torch 2.14.1's METADATA (pip install --dry-run --report): triton~=3.8.0
     rc.check_requirements(rc.load(REG), ['triton~=3.8.0; platform_system == "Linux"'], "torch 2.14.1")
     with pytest.raises(UserError, match="triton~=3.8.0"):
-        rc.check_requirements(rc.parse(REG.read_text().replace('"3.8.0"', '"3.6.0"'), REG),
-                              ['triton~=3.8.0; platform_system == "Linux"'], "torch 2.14.1")
+        rc.check_requirements(
+            rc.parse(REG.read_text().replace('"3.8.0"', '"3.6.0"'), REG),
+            ['triton~=3.8.0; platform_system == "Linux"'],
+            "torch 2.14.1",
+        )
 
 
 def _err(text: str, path=PROD) -> str:
@@ -96,19 +105,22 @@ def _line_of(text: str, needle: str) -> int:
     return next(i for i, l in enumerate(text.splitlines(), 1) if needle in l)
 
 
-@pytest.mark.parametrize("old,new,key", [
-    (f"commit: {PR29907}", "commit: refs/pull/29907/head", "engine.source.commit"),
-    (f"commit: {PR29907}", f"commit: {PR29907[:12]}", "engine.source.commit"),
-    ("git: https://github.com/sgl-project/sglang.git", "git: not a url", "engine.source.git"),
-    ('python: "3.12"', "python: 3", "engine.python"),
-    ("method: apt ", "method: yum ", "cuda_toolkit.method"),
-    ('version: "13.0"', "version: 13.0", "cuda_toolkit.version"),
-    ("tp_size: 8", "tp_size: eight", "engine_profile.tp_size"),
-    ("tp_size: 8", "tp_sise: 8", "engine_profile.tp_sise"),
-    ("page_size: 1 ", "page_size: 16 ", "engine_profile.page_size"),
-    ("series: patches/sglang-pr29907-93e9850e4300/series", "series: patches/nope", "patches.series"),
-    ("  block_size: 8\n", "  block_size: eight\n", "drafter.block_size"),
-])
+@pytest.mark.parametrize(
+    "old,new,key",
+    [
+        (f"commit: {PR29907}", "commit: refs/pull/29907/head", "engine.source.commit"),
+        (f"commit: {PR29907}", f"commit: {PR29907[:12]}", "engine.source.commit"),
+        ("git: https://github.com/sgl-project/sglang.git", "git: not a url", "engine.source.git"),
+        ('python: "3.12"', "python: 3", "engine.python"),
+        ("method: apt ", "method: yum ", "cuda_toolkit.method"),
+        ('version: "13.0"', "version: 13.0", "cuda_toolkit.version"),
+        ("tp_size: 8", "tp_size: eight", "engine_profile.tp_size"),
+        ("tp_size: 8", "tp_sise: 8", "engine_profile.tp_sise"),
+        ("page_size: 1 ", "page_size: 16 ", "engine_profile.page_size"),
+        ("series: patches/sglang-pr29907-93e9850e4300/series", "series: patches/nope", "patches.series"),
+        ("  block_size: 8\n", "  block_size: eight\n", "drafter.block_size"),
+    ],
+)
 def test_validation_names_file_line_key(old, new, key):
     text = PROD.read_text()
     assert old in text
@@ -126,7 +138,7 @@ def test_series_of_another_base_is_refused_at_load():
 def test_registry_and_git_sources_are_exclusive_and_git_takes_no_pins():
     text = PROD.read_text()
     assert "give exactly one of" in _err(text.replace("engine:\n", 'engine:\n  sglang: "0.5.23"\n', 1))
-    msg = _err(text.replace("  python: \"3.12\"", '  python: "3.12"\n  pins: {torch: "2.14.1"}', 1))
+    msg = _err(text.replace('  python: "3.12"', '  python: "3.12"\n  pins: {torch: "2.14.1"}', 1))
     assert "engine.pins" in msg and "the commit's own pyproject" in msg
     reg = REG.read_text()
     assert "install: full needs a pin for triton" in _err(reg.replace('    triton: "3.8.0"\n', ""), REG)
@@ -174,7 +186,9 @@ def test_release_id_is_content_derived():
     # the URL is where the commit is fetched from, not what it is: a mirror builds the same release
     assert rid == rc.release_id(rc.with_source_url(r, "file:///srv/mirror/sglang.git"), "1" * 64, patches)
     # engine profile changes the service, not the build
-    other_profile = rc.parse(PROD.read_text().replace("cuda_graph_max_bs_decode: 16", "cuda_graph_max_bs_decode: 32"), PROD)
+    other_profile = rc.parse(
+        PROD.read_text().replace("cuda_graph_max_bs_decode: 16", "cuda_graph_max_bs_decode: 32"), PROD
+    )
     assert rid == rc.release_id(other_profile, "1" * 64, patches)
     with pytest.raises(UserError, match="lock is not loaded"):
         rc.release_id(r, None, patches)
@@ -187,16 +201,23 @@ def test_release_id_is_content_derived():
         rc.release_id(reg, None, patches)
 
 
-@pytest.mark.parametrize("pin, requirement, ok", [
-    ("2.9.0rc1", "torch>=2.9.1", False),  # a pre-release comes before its release (the hand-written subset said yes)
-    ("2.9.0rc1", "torch>=2.8", True),  # an explicit pin may be a pre-release
-    ("2.14.1", "torch==2.14.*", True),
-    ("2.14.1", "torch!=2.14.*", False),
-    ("2.14.1", "torch (>=2.14,<2.15)", True),  # the old parenthesised Requires-Dist form
-    ("2.14.1.post1", "torch==2.14.1", False),
-    ("2.14.1+cu130", "torch==2.14.1", True),  # a local version matches a specifier without one
-    ("2.14.1", "torch~=2.13.0", False),
-])
+@pytest.mark.parametrize(
+    "pin, requirement, ok",
+    [
+        (
+            "2.9.0rc1",
+            "torch>=2.9.1",
+            False,
+        ),  # a pre-release comes before its release (the hand-written subset said yes)
+        ("2.9.0rc1", "torch>=2.8", True),  # an explicit pin may be a pre-release
+        ("2.14.1", "torch==2.14.*", True),
+        ("2.14.1", "torch!=2.14.*", False),
+        ("2.14.1", "torch (>=2.14,<2.15)", True),  # the old parenthesised Requires-Dist form
+        ("2.14.1.post1", "torch==2.14.1", False),
+        ("2.14.1+cu130", "torch==2.14.1", True),  # a local version matches a specifier without one
+        ("2.14.1", "torch~=2.13.0", False),
+    ],
+)
 def test_pins_are_judged_as_pip_judges_pep_440(pin, requirement, ok):
     recipe = rc.parse(REG.read_text().replace('torch: "2.14.1"', f'torch: "{pin}"'), REG)
     if ok:

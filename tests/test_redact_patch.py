@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 import pytest
-
 import sglang_release
+
 from k26ops.release import patchset
 
 PATCHES = Path(__file__).resolve().parents[1] / "patches"
@@ -40,8 +40,11 @@ def _tree(dest: Path, version: str) -> Path:
 
 
 def _apply(root: Path, version: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["patch", "-p1", "--batch", *extra, "-d", str(root)],
-                          input=(PATCHES / f"sglang-{version}" / NAME).read_bytes(), capture_output=True)
+    return subprocess.run(
+        ["patch", "-p1", "--batch", *extra, "-d", str(root)],
+        input=(PATCHES / f"sglang-{version}" / NAME).read_bytes(),
+        capture_output=True,
+    )
 
 
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.17"])
@@ -62,8 +65,12 @@ def _logging_function(engine_py: Path):
     """0.5.23's `_server_args_for_logging`, taken from the file and run."""
     tree = ast.parse(engine_py.read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_server_args_for_logging")
-    ns: dict = {"Dict": Dict, "Any": Any, "ServerArgs": object,
-                "redact_watermark_secrets": lambda d: {k: v for k, v in d.items() if k != "watermark_key"}}
+    ns: dict = {
+        "Dict": Dict,
+        "Any": Any,
+        "ServerArgs": object,
+        "redact_watermark_secrets": lambda d: {k: v for k, v in d.items() if k != "watermark_key"},
+    }
     exec(compile(ast.Module(body=[fn], type_ignores=[]), str(engine_py), "exec"), ns)
     return ns["_server_args_for_logging"]
 
@@ -99,11 +106,20 @@ def _server_args_fields(server_args_py: Path, names: tuple[str, ...]):
     body = []
     for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in names:
-            body.append(ast.AnnAssign(target=node.target, annotation=ast.Name("Optional_str", ast.Load()),
-                                      value=node.value, simple=1))
+            body.append(
+                ast.AnnAssign(
+                    target=node.target, annotation=ast.Name("Optional_str", ast.Load()), value=node.value, simple=1
+                )
+            )
     assert [b.target.id for b in body] == list(names)
-    klass = ast.ClassDef(name="ServerArgs", bases=[], keywords=[], body=body,
-                         decorator_list=[ast.parse("dataclasses.dataclass", mode="eval").body], type_params=[])
+    klass = ast.ClassDef(
+        name="ServerArgs",
+        bases=[],
+        keywords=[],
+        body=body,
+        decorator_list=[ast.parse("dataclasses.dataclass", mode="eval").body],
+        type_params=[],
+    )
     mod = ast.fix_missing_locations(ast.Module(body=[klass], type_ignores=[]))
     ns = {"dataclasses": dataclasses, "Optional_str": Optional[str]}
     exec(compile(mod, str(server_args_py), "exec"), ns)

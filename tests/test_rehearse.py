@@ -29,22 +29,47 @@ from k26ops.steps.warmstart import MILESTONES
 from labtools import cli, cli_json, free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
 
 DATA = Path(__file__).resolve().parent / "data" / "rehearsal"
-PROFILE = {"model_path": "/models/Kimi-K2.6", "draft_model_path": "/models/Kimi-K2.6-DFlash",
-           "speculative_algorithm": "DDTREE", "speculative_ddtree_budget": 32,
-           "speculative_dflash_block_size": 8, "page_size": 1, "attention_backend": "triton",
-           "cuda_graph_max_bs_decode": 16, "port": 30000, "release_dir": "/opt/k26ops/releases/current",
-           "nnodes": 2, "node_rank": 0, "dist_init_addr": "10.0.0.1:5000",
-           "extra_args": ["--api-key", "sk-SECRET-123", "--mem-fraction-static", "0.85", "--enable-metrics"]}
+PROFILE = {
+    "model_path": "/models/Kimi-K2.6",
+    "draft_model_path": "/models/Kimi-K2.6-DFlash",
+    "speculative_algorithm": "DDTREE",
+    "speculative_ddtree_budget": 32,
+    "speculative_dflash_block_size": 8,
+    "page_size": 1,
+    "attention_backend": "triton",
+    "cuda_graph_max_bs_decode": 16,
+    "port": 30000,
+    "release_dir": "/opt/k26ops/releases/current",
+    "nnodes": 2,
+    "node_rank": 0,
+    "dist_init_addr": "10.0.0.1:5000",
+    "extra_args": ["--api-key", "sk-SECRET-123", "--mem-fraction-static", "0.85", "--enable-metrics"],
+}
 
 
 # ---------------------------------------------------------------- pure
 
+
 def test_argv_keeps_the_units_engine_flags_and_changes_only_what_a_rehearsal_must():
     unit = units.engine_argv(PROFILE)
     argv, changes = plan.rehearsal_argv(unit, plan.Options(mem_fraction=0.07), port=31234, has_draft=True)
-    kept = ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "32",
-            "--speculative-dflash-block-size", "8", "--page-size", "1", "--attention-backend", "triton",
-            "--cuda-graph-max-bs-decode", "16", "--tp-size", "8", "--enable-metrics"]
+    kept = [
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-ddtree-budget",
+        "32",
+        "--speculative-dflash-block-size",
+        "8",
+        "--page-size",
+        "1",
+        "--attention-backend",
+        "triton",
+        "--cuda-graph-max-bs-decode",
+        "16",
+        "--tp-size",
+        "8",
+        "--enable-metrics",
+    ]
     s = " ".join(argv)
     for a, b in zip(kept[::2], kept[1::2]):
         assert f"{a} {b}" in s or (b == "--enable-metrics" and b in argv)
@@ -53,8 +78,16 @@ def test_argv_keeps_the_units_engine_flags_and_changes_only_what_a_rehearsal_mus
     assert f"--speculative-draft-model-path {plan.TMP}/draft --speculative-draft-load-format dummy" in s
     assert "--skip-tokenizer-init" in argv and "--port 31234" in s and "--host 127.0.0.1" in s
     assert "--mem-fraction-static 0.07" in s and "0.85" not in s
-    for gone in ("--nnodes", "--node-rank", "--dist-init-addr", "--api-key", "/models/Kimi-K2.6 ", "K26OPS_SECRET",
-                 "--config", "sk-SECRET"):
+    for gone in (
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--api-key",
+        "/models/Kimi-K2.6 ",
+        "K26OPS_SECRET",
+        "--config",
+        "sk-SECRET",
+    ):
         assert gone not in s + " "
     assert argv.count("--port") == 1 and argv.count("--model-path") == 1
     assert any("--dist-init-addr dropped" in c for c in changes) and any("--api-key dropped" in c for c in changes)
@@ -62,8 +95,16 @@ def test_argv_keeps_the_units_engine_flags_and_changes_only_what_a_rehearsal_mus
 
 
 def test_argv_tp_override_inline_flags_and_graphs_off():
-    unit = ["/r/venv/bin/python", "-m", "sglang.launch_server", "--model-path=/m", "--tp-size=8",
-            "--port=30000", "--cuda-graph-backend-decode", "disabled"]
+    unit = [
+        "/r/venv/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path=/m",
+        "--tp-size=8",
+        "--port=30000",
+        "--cuda-graph-backend-decode",
+        "disabled",
+    ]
     argv, changes = plan.rehearsal_argv(unit, plan.Options(tp_size=1), port=1, has_draft=False)
     assert "--tp-size 1" in " ".join(argv) and "--tp-size=8" not in argv
     assert "--speculative-draft-model-path" not in argv and "--port=30000" not in argv
@@ -74,7 +115,9 @@ def test_argv_tp_override_inline_flags_and_graphs_off():
 
 
 def test_fit_model_and_drafter_layers():
-    k26 = json.loads((Path(__file__).resolve().parents[1] / "playbooks/recipes/models/kimi-k2.6/config.json").read_text())
+    k26 = json.loads(
+        (Path(__file__).resolve().parents[1] / "playbooks/recipes/models/kimi-k2.6/config.json").read_text()
+    )
     cfg, notes = plan.fit_model(k26, 6)
     assert cfg["num_hidden_layers"] == 6 and k26["num_hidden_layers"] == 61  # a copy
     assert notes == ["target layers 61 -> 6 (config override; the GPUs need not hold the full model)"]
@@ -99,24 +142,32 @@ def test_fit_model_and_drafter_layers():
 
 
 def test_capture_times_from_the_stand_in_and_the_real_engine_logs():
-    old = ("[2026-05-01 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
-           "[2026-05-01 10:00:01 TP0] Capture cuda graph end. Time elapsed: 1.16 s. mem usage=1.52 GB.\n")
+    old = (
+        "[2026-05-01 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+        "[2026-05-01 10:00:01 TP0] Capture cuda graph end. Time elapsed: 1.16 s. mem usage=1.52 GB.\n"
+    )
     assert plan.capture_times(old)["total_s"] == 1.16  # older sglang releases' form
     assert plan.capture_times("no graphs here")["total_s"] is None
     # recorded from the real sglang 0.5.17 on the H200 (tests/data/rehearsal/MANIFEST.json)
     qwen = plan.capture_times((DATA / "h200-qwen3-dflash.log").read_text())
-    assert qwen["captures"] == [{"graph": "target prefill", "seconds": 82.66},
-                                {"graph": "target verify", "seconds": 2.97},
-                                {"graph": "draft verify", "seconds": 2.49}]
+    assert qwen["captures"] == [
+        {"graph": "target prefill", "seconds": 82.66},
+        {"graph": "target verify", "seconds": 2.97},
+        {"graph": "draft verify", "seconds": 2.49},
+    ]
     assert qwen["begun"] == qwen["ended"] == 3 and qwen["total_s"] == 88.12
     dsv3 = plan.capture_times((DATA / "h200-dsv3-dflash.log").read_text())  # MLA: no prefill graph
     assert [c["graph"] for c in dsv3["captures"]] == ["target verify", "draft verify"]
     metrics = json.loads((DATA / "h200-qwen3-dflash.json").read_text())["hosts"]["h200"]["rehearsal"]["metrics"]
-    assert plan.capture_times("", metrics)["metrics_s"] == {"prefill": 82.662, "target_verify": 2.969,
-                                                           "draft_decode": 2.488}
+    assert plan.capture_times("", metrics)["metrics_s"] == {
+        "prefill": 82.662,
+        "target_verify": 2.969,
+        "draft_decode": 2.488,
+    }
 
 
 # ---------------------------------------------------------------- connection: local, stand-in
+
 
 @pytest.fixture
 def local_host(tmp_path):
@@ -127,21 +178,41 @@ def local_host(tmp_path):
     (root / "releases" / "current").symlink_to("r1")
     models = tmp_path / "models"
     (models / "m").mkdir(parents=True)
-    (models / "m" / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"],
-                                                          "num_hidden_layers": 4, "vocab_size": 1024}))
+    (models / "m" / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4, "vocab_size": 1024})
+    )
     (models / "m" / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 1024)  # never copied
     (models / "d").mkdir()
-    (models / "d" / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"], "dflash_config": {
-        "block_size": 8, "target_layer_ids": [1, 30, 59]}}))
+    (models / "d" / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["DFlashDraftModel"], "dflash_config": {"block_size": 8, "target_layer_ids": [1, 30, 59]}}
+        )
+    )
     port = free_port_block(2, start=41000, stop=45000)
 
     def inventory(**env) -> Path:
         p = tmp_path / "local.yml"
-        p.write_text(yaml.safe_dump({"hosts": {"here": {"connection": "local", "vars": {
-            "lab": True, "k26ops_root": str(root), "recipe": "lab", "model_path": str(models / "m"),
-            "draft_model_path": str(models / "d"), "engine_port": port,
-            # the stand-in's weight load 0.1 s (its default 0.5 s was waited for by each test)
-            "engine_env": {"K26OPS_STANDIN_LOAD_SECONDS": "0.1", **env}}}}}))
+        p.write_text(
+            yaml.safe_dump(
+                {
+                    "hosts": {
+                        "here": {
+                            "connection": "local",
+                            "vars": {
+                                "lab": True,
+                                "k26ops_root": str(root),
+                                "recipe": "lab",
+                                "model_path": str(models / "m"),
+                                "draft_model_path": str(models / "d"),
+                                "engine_port": port,
+                                # the stand-in's weight load 0.1 s (its default 0.5 s was waited for by each test)
+                                "engine_env": {"K26OPS_STANDIN_LOAD_SECONDS": "0.1", **env},
+                            },
+                        }
+                    }
+                }
+            )
+        )
         return p
 
     return {"inventory": inventory, "port": port + 1, "tmp": tmp_path}
@@ -153,8 +224,11 @@ def _left_rehearsal_processes() -> list[str]:
     # /var/tmp/k26ops-rehearse-*/model (the lab dir of tag "rehearse") and is not the engine's
     # /opt/k26ops/...: a lab host's engine (another test run's rehearsal shows in this machine's ps too); the
     # local host's runs from its tmp root's release
-    return [l for l in out.splitlines() if re.search(r"--model-path \S*/k26ops-rehearse-\w+/model\b", l)
-            and not l.startswith("/opt/k26ops/")]
+    return [
+        l
+        for l in out.splitlines()
+        if re.search(r"--model-path \S*/k26ops-rehearse-\w+/model\b", l) and not l.startswith("/opt/k26ops/")
+    ]
 
 
 def test_local_rehearsal_serves_and_leaves_nothing(local_host):
@@ -164,9 +238,20 @@ def test_local_rehearsal_serves_and_leaves_nothing(local_host):
     victim = local_host["tmp"] / "victim"
     victim.write_text("not yours\n")
     (logs / "here.log").symlink_to(victim)  # a planted link is replaced, never written through
-    rc, data = cli_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
-                           "--concurrency", "1,2", "--temperatures", "0,0.7",
-                           "--save-log", str(local_host["tmp"] / "logs"), timeout=300)
+    rc, data = cli_json(
+        "-i",
+        str(inv),
+        "rehearse",
+        "--rehearse-port",
+        str(local_host["port"]),
+        "--concurrency",
+        "1,2",
+        "--temperatures",
+        "0,0.7",
+        "--save-log",
+        str(local_host["tmp"] / "logs"),
+        timeout=300,
+    )
     assert rc == 0, data
     rep = data["hosts"]["here"]["rehearsal"]
     assert rep["state"] == "served" and rep["runner"].startswith("process group")
@@ -177,9 +262,11 @@ def test_local_rehearsal_serves_and_leaves_nothing(local_host):
     assert [(c["concurrency"], c["temperature"]) for c in rep["bench"]["cells"]] == [(1, 0), (2, 0), (1, 0.7), (2, 0.7)]
     assert rep["tok_s"] > 0
     assert rep["cleanup"]["left"] == [] and _left_rehearsal_processes() == []
-    assert not any(p.name.startswith("k26ops-rehearse-") for p in Path("/tmp").iterdir()
-                   if p.stat().st_mtime > inv.stat().st_mtime and p.exists() and p.is_dir()
-                   and (p / "engine.log").exists())
+    assert not any(
+        p.name.startswith("k26ops-rehearse-")
+        for p in Path("/tmp").iterdir()
+        if p.stat().st_mtime > inv.stat().st_mtime and p.exists() and p.is_dir() and (p / "engine.log").exists()
+    )
     log = (local_host["tmp"] / "logs" / "here.log").read_text()
     assert "--load-format='dummy'" in log or "load_format='dummy'" in log
     assert "safetensors" not in log  # dummy weights: no shard was read
@@ -193,6 +280,7 @@ def test_save_log_into_a_directory_another_user_prepared_is_refused(tmp_path):
     """`--save-log DIR` where another user (nobody) made DIR, with DIR/<host>.log planted as a symlink:
     one line naming the owner, before any host is touched, and nothing written through the link."""
     import pwd
+
     nobody = pwd.getpwnam("nobody").pw_uid
     dest = tmp_path / "shared"
     dest.mkdir(mode=0o777)
@@ -202,8 +290,11 @@ def test_save_log_into_a_directory_another_user_prepared_is_refused(tmp_path):
     os.chown(dest, nobody, -1)
     link = tmp_path / "link"
     link.symlink_to(dest)
-    for target, why in ((dest, "belongs to user nobody, not to you"), (link, "is a symlink"),
-                        (dest / "sub", "belongs to user nobody, who could redirect")):
+    for target, why in (
+        (dest, "belongs to user nobody, not to you"),
+        (link, "is a symlink"),
+        (dest / "sub", "belongs to user nobody, who could redirect"),
+    ):
         rc, data = cli_json("-i", "/nonexistent/inventory.yml", "rehearse", "--save-log", str(target))
         assert rc == 2 and why in data["error"] and "nothing was written" in data["error"], data
         assert "\n" not in data["error"]
@@ -243,8 +334,17 @@ def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
     doc["hosts"]["here"]["vars"]["recipe"] = "lab"
     inv.write_text(yaml.safe_dump(doc))
     # the lab recipe ships a K2-family config: used, and said so
-    rc, data = cli_json("-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"]),
-                           "--no-bench", "--layers", "7", timeout=300)
+    rc, data = cli_json(
+        "-i",
+        str(inv),
+        "rehearse",
+        "--rehearse-port",
+        str(local_host["port"]),
+        "--no-bench",
+        "--layers",
+        "7",
+        timeout=300,
+    )
     assert rc == 0, data
     notes = data["hosts"]["here"]["rehearsal"]["notes"]
     assert any("config.json from the recipe" in n for n in notes)
@@ -253,14 +353,14 @@ def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
 
 # ---------------------------------------------------------------- a real lab host
 
+
 @pytest.fixture(scope="module")
 def labhost(tmp_path_factory):
     from labtools import private_lab
 
     d = tmp_path_factory.mktemp("rehearse")
     with private_lab(1, "rehearse", deployed=True) as lab:
-        yield {"lab": lab, "dir": d, "name": lab.hosts[0].name,
-               "port": free_port_block(2, start=31000, stop=35000)}
+        yield {"lab": lab, "dir": d, "name": lab.hosts[0].name, "port": free_port_block(2, start=31000, stop=35000)}
 
 
 def _inv(h, tag: str, env: dict | None = None) -> str:
@@ -292,8 +392,7 @@ def test_lab_rehearse_refuses_beside_a_serving_engine_then_runs_alongside(labhos
         held.listen()
         proc = k26ops("-i", inv, "rehearse", "--rehearse-port", rport, timeout=300)
     assert proc.returncode == 1 and "rehearsal refused: the serving engine" in proc.stdout + proc.stderr
-    rc, data = k26ops_json("-i", inv, "rehearse", "--alongside", "--rehearse-port", rport, "--no-bench",
-                           timeout=600)
+    rc, data = k26ops_json("-i", inv, "rehearse", "--alongside", "--rehearse-port", rport, "--no-bench", timeout=600)
     assert rc == 0, data
     rep = data["hosts"][h["name"]]["rehearsal"]
     assert rep["state"] == "served" and rep["runner"].startswith("transient unit k26ops-rehearse-")
@@ -309,8 +408,9 @@ def test_lab_rehearse_stop_serving_starts_the_serving_engine_again(labhost):
     h = labhost
     inv = _inv(h, "ok")
     pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
-    rc, data = k26ops_json("-i", inv, "rehearse", "--stop-serving", "--rehearse-port", str(h["port"] + 1),
-                           "--no-bench", timeout=600)
+    rc, data = k26ops_json(
+        "-i", inv, "rehearse", "--stop-serving", "--rehearse-port", str(h["port"] + 1), "--no-bench", timeout=600
+    )
     assert rc == 0, data
     rep = data["hosts"][h["name"]]["rehearsal"]
     assert rep["state"] == "served" and rep["serving_engine"] == "active" and rep["serving_after"] == "healthy"
@@ -322,10 +422,18 @@ def test_lab_deploy_rehearse_keeps_the_old_engine_serving_and_names_the_crash(la
     h = labhost
     pid = _remote(h, "systemctl show -p MainPID --value k26-engine.service")
     env_before = _remote(h, "sha256sum /etc/k26ops/sglang.env")
-    inv = _inv(h, "crash", {"K26OPS_STANDIN_CRASH": "first-request", "K26OPS_STANDIN_CRASH_LOG": "none-field",
-                            "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0"})
-    rc, data = k26ops_json("-i", inv, "deploy", "--rehearse", "--canary", "1", "--rehearse-port",
-                           str(h["port"] + 1), timeout=900)
+    inv = _inv(
+        h,
+        "crash",
+        {
+            "K26OPS_STANDIN_CRASH": "first-request",
+            "K26OPS_STANDIN_CRASH_LOG": "none-field",
+            "K26OPS_STANDIN_CRASH_GRAPH_ONLY": "0",
+        },
+    )
+    rc, data = k26ops_json(
+        "-i", inv, "deploy", "--rehearse", "--canary", "1", "--rehearse-port", str(h["port"] + 1), timeout=900
+    )
     assert rc == 1
     r = data["hosts"][h["name"]]
     assert r["status"] == "failed"
@@ -355,14 +463,25 @@ def test_lab_deploy_rehearse_fills_the_new_release_cache_then_the_start_compiles
         doc = yaml.safe_load(inv.read_text())
         doc["hosts"][h["name"]]["vars"]["recipe"] = str(recipe_with_extra_patch(h["dir"] / label, label))
         inv.write_text(yaml.safe_dump(doc))
-        rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(pb), "--rehearse", "--rehearse-port",
-                               str(h["port"] + 1), timeout=900)
+        rc, data = k26ops_json(
+            "-i",
+            str(inv),
+            "deploy",
+            "--playbook",
+            str(pb),
+            "--rehearse",
+            "--rehearse-port",
+            str(h["port"] + 1),
+            timeout=900,
+        )
         assert rc == 0, data
         r = data["hosts"][h["name"]]
         rid, rep = r["release"], r["rehearsal"]
         cache = rep["engine_cache"]
         assert rep["release"].endswith("/releases/" + rid)  # its own dir, not `current`: before the switch
-        assert cache["dir"].startswith(f"/opt/k26ops/engine-cache/{rid}/") and cache["variables"] == ["SGLANG_CACHE_DIR"]
+        assert cache["dir"].startswith(f"/opt/k26ops/engine-cache/{rid}/") and cache["variables"] == [
+            "SGLANG_CACHE_DIR"
+        ]
         assert (cache["before"] or {}).get("kernels", 0) == 0 and cache["filled"]["kernels"] >= 3, cache
         assert r["engine_cache"]["dir"] == cache["dir"]  # the unit reads the dir the rehearsal filled
         assert f'SGLANG_CACHE_DIR="{cache["dir"]}"' in _remote(h, "cat /etc/k26ops/sglang.env")
@@ -381,6 +500,7 @@ def test_lab_deploy_rehearse_fills_the_new_release_cache_then_the_start_compiles
 
 
 # ---------------------------------------------------------------- recorded: the real engine on an H200
+
 
 def _recorded(name: str) -> dict:
     return json.loads((DATA / name).read_text())["hosts"]["h200"]
@@ -411,8 +531,12 @@ def test_recorded_real_engine_health_codes_are_what_the_ready_wait_expects():
     """The real engine answers /health 503 while it captures graphs, then 200 (op_poll: 503 = loading)."""
     import re
 
-    codes = [int(c) for c in re.findall(r'"GET /health\?from=k26ops HTTP/1.1" (\d{3})',
-                                        (DATA / "h200-qwen3-dflash.log").read_text())]
+    codes = [
+        int(c)
+        for c in re.findall(
+            r'"GET /health\?from=k26ops HTTP/1.1" (\d{3})', (DATA / "h200-qwen3-dflash.log").read_text()
+        )
+    ]
     assert codes and set(codes) <= {200, 503}
     assert codes[0] == 503 and codes[-1] == 200 and codes.index(200) == codes.count(503)
 
@@ -422,9 +546,11 @@ def test_recorded_probe_watched_the_real_dflash_graph_copies():
 
     rep = _recorded("h200-qwen3-dflash-probe.json")["rehearsal"]
     assert rep["probe"]["byte_exact"] is True and rep["probe"]["differ"] == []
-    assert rep["probe"]["files"] == ["sglang/srt/model_executor/cuda_graph_buffer_registry.py",
-                                     "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
-                                     "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"]
+    assert rep["probe"]["files"] == [
+        "sglang/srt/model_executor/cuda_graph_buffer_registry.py",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+        "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py",
+    ]
     w = watched_counts((DATA / "h200-qwen3-dflash-probe.log").read_text())
     assert w["fill_from"]["draft"] > 0 and w["fill_from"]["verify"] > 0 and w["copy_slots"] == 0
 
@@ -464,9 +590,14 @@ def test_local_rehearsal_sigterm_stops_the_engine_group(local_host):
 
     inv = local_host["inventory"](K26OPS_STANDIN_DUMMY_SECONDS="120")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", str(inv), "rehearse", "--rehearse-port",
-                             str(local_host["port"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k26ops", "-i", str(inv), "rehearse", "--rehearse-port", str(local_host["port"])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     try:
         # until the engine shows or k26ops ends (its output then says why); the bound is only for a hang:
         # a loaded machine (the full suite on -n 2 beside other work) took over 60 s to get here
@@ -501,14 +632,25 @@ def test_deploy_prints_one_rehearsal_line_per_host(capsys):
     each figure has one format, the rehearse table's too."""
     from k26ops.cli.commands.deploy import render_changes
     from k26ops.cli.commands.rehearse import _columns
-    from k26ops.transport.fleet import HostResult
     from k26ops.rehearsal import summary
+    from k26ops.transport.fleet import HostResult
 
     rep = _recorded("h200-qwen3-dflash-final.json")["rehearsal"]
     assert summary.line(rep) == "rehearsed: ready 150 s, capture 83 s, accept 1.03"
-    assert _columns(rep) == {"_state": "served", "_ready": "150 s", "_capture": "83 s", "_accept": "1.03",
-                             "_toks": "297"}
-    render_changes([HostResult("h200", "changed", data={"rehearsal": rep, "steps": []}),
-                    HostResult("h2", "failed", data={"rehearsal": {"state": "crashed"}})], check=False, diff=False)
+    assert _columns(rep) == {
+        "_state": "served",
+        "_ready": "150 s",
+        "_capture": "83 s",
+        "_accept": "1.03",
+        "_toks": "297",
+    }
+    render_changes(
+        [
+            HostResult("h200", "changed", data={"rehearsal": rep, "steps": []}),
+            HostResult("h2", "failed", data={"rehearsal": {"state": "crashed"}}),
+        ],
+        check=False,
+        diff=False,
+    )
     out = capsys.readouterr().out.splitlines()
     assert out == ["  h200: rehearsed: ready 150 s, capture 83 s, accept 1.03", "  h2: rehearsal crashed"], out

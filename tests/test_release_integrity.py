@@ -20,8 +20,8 @@ import time
 
 import yaml
 
-from k26ops.transport import agents
 from k26ops.inventory import load
+from k26ops.transport import agents
 from k26ops.transport.ssh import connect, q
 from labtools import k26ops_json, lab_ssh, recipe_with_extra_patch
 
@@ -71,19 +71,32 @@ def test_store_is_private_and_damage_is_found_and_repaired(lab, tmp_path):
         assert ssh(f"stat -c %a {q(site + '/' + victim)}").strip() in ("444", "555")  # read-only link
 
         # a store lock held by a leftover process: one line naming it, the release dir removed
-        holder = subprocess.Popen(["ssh", "-i", str(lab.dir / "id_ed25519"), "-o",
-                                   f"UserKnownHostsFile={lab.dir / 'known_hosts'}", "-p", str(lab.port(host)),
-                                   "root@127.0.0.1", f"exec flock {ROOT}/store/.lock sleep 600"])
+        holder = subprocess.Popen(
+            [
+                "ssh",
+                "-i",
+                str(lab.dir / "id_ed25519"),
+                "-o",
+                f"UserKnownHostsFile={lab.dir / 'known_hosts'}",
+                "-p",
+                str(lab.port(host)),
+                "root@127.0.0.1",
+                f"exec flock {ROOT}/store/.lock sleep 600",
+            ]
+        )
         try:
             for _ in range(100):
-                if ssh(f"grep -c FLOCK /proc/locks; pgrep -f 'sleep 600' || true").split()[1:]:
+                if ssh("grep -c FLOCK /proc/locks; pgrep -f 'sleep 600' || true").split()[1:]:
                     break
                 time.sleep(0.1)
             pid = ssh("pgrep -x flock").split()[0]  # flock holds the lock, its child sleeps
             r2_recipe = recipe_with_extra_patch(tmp_path / "r2", "integrity")
             rc, doc = deploy(inv("b", r2_recipe))
             err = doc["hosts"][host]["error"]
-            assert rc == 1 and f"{ROOT}/store/.lock is held by pid {pid} (user root: flock {ROOT}/store/.lock sleep 600)" in err, doc
+            assert (
+                rc == 1
+                and f"{ROOT}/store/.lock is held by pid {pid} (user root: flock {ROOT}/store/.lock sleep 600)" in err
+            ), doc
             assert "\n" not in err
         finally:
             holder.terminate()
@@ -114,8 +127,17 @@ def test_store_is_private_and_damage_is_found_and_repaired(lab, tmp_path):
         session = connect(load(inv("b", r2_recipe)).hosts[host])
         try:
             for rid in (r1, r2):
-                p = agents.run(session, "baseline", "probe", 300, releases_root=f"{ROOT}/releases", release=rid,
-                               verify="full", unit_path="/nonexistent", env_path="/nonexistent")
+                p = agents.run(
+                    session,
+                    "baseline",
+                    "probe",
+                    300,
+                    releases_root=f"{ROOT}/releases",
+                    release=rid,
+                    verify="full",
+                    unit_path="/nonexistent",
+                    env_path="/nonexistent",
+                )
                 assert [b["path"] for b in p["release"]["record_bad"]] == [victim], (rid, p["release"]["record_bad"])
         finally:
             session.close()
@@ -133,12 +155,18 @@ def test_store_is_private_and_damage_is_found_and_repaired(lab, tmp_path):
         assert "# hand edit" not in ssh(f"cat {q(site3 + '/' + victim)}")  # unpacked again from the wheel
 
         # an edit of the same size with its mtime put back: sizes and mtimes say nothing, --verify reads it
-        other = next(p for p in ssh(f"cd {q(site3)} && ls sglang/*.py").split()
-                     if p not in manifest(r3)["patched_files"] and p != victim
-                     and int(ssh(f"stat -c %s {q(site3 + '/' + p)}")) > 10)
+        other = next(
+            p
+            for p in ssh(f"cd {q(site3)} && ls sglang/*.py").split()
+            if p not in manifest(r3)["patched_files"]
+            and p != victim
+            and int(ssh(f"stat -c %s {q(site3 + '/' + p)}")) > 10
+        )
         path = q(site3 + "/" + other)
-        ssh(f"t=$(stat -c %Y {path}); printf '#' | dd of={path} bs=1 seek=0 conv=notrunc 2>/dev/null; "
-            f"touch -d @$t {path}")
+        ssh(
+            f"t=$(stat -c %Y {path}); printf '#' | dd of={path} bs=1 seek=0 conv=notrunc 2>/dev/null; "
+            f"touch -d @$t {path}"
+        )
         env3 = {**lab.env(), "K26OPS_INVENTORY": str(inv("c", r3_recipe))}
         rc, st = k26ops_json("--limit", host, "status", env=env3)
         assert st["hosts"][host]["drift"]["drifted_files"] == [], st  # cheap: same size, same mtime

@@ -41,8 +41,11 @@ def run(lab, inventory: Path, playbook: Path, *extra: str):
 def test_foreign_directory_is_refused_and_untouched(lab, tmp_path):
     pb = tmp_path / "r.yml"
     pb.write_text(RELEASE_ONLY)
-    sh(lab, "rm -rf /srv/data && mkdir -p /srv/data/Kimi-K2.6 /srv/data/other-model && "
-            "echo w > /srv/data/Kimi-K2.6/model.safetensors && echo n > /srv/data/notes.txt")
+    sh(
+        lab,
+        "rm -rf /srv/data && mkdir -p /srv/data/Kimi-K2.6 /srv/data/other-model && "
+        "echo w > /srv/data/Kimi-K2.6/model.safetensors && echo n > /srv/data/notes.txt",
+    )
     before = sh(lab, "find /srv/data | sort")
     try:
         rc, data = run(lab, inv(lab, tmp_path, "data", releases_root="/srv/data"), pb)
@@ -67,8 +70,11 @@ def test_prune_keeps_foreign_entries_and_says_what_it_removes(lab, tmp_path):
             recipe = recipe_with_extra_patch(tmp_path / label, label)
             i = inv(lab, tmp_path, label, releases_root=root, recipe=str(recipe))
             if label == "p2":  # the directory is k26ops's now; someone puts data in it anyway
-                sh(lab, f"test -f {root}/.k26ops-owned && mkdir -p {root}/models-backup && "
-                        f"echo keep > {root}/models-backup/x && mkdir -p {root}/sglang-looks-like-a-release")
+                sh(
+                    lab,
+                    f"test -f {root}/.k26ops-owned && mkdir -p {root}/models-backup && "
+                    f"echo keep > {root}/models-backup/x && mkdir -p {root}/sglang-looks-like-a-release",
+                )
             if label == "p3":
                 rc, data = run(lab, i, pb, "--check")
                 assert rc == 0, data

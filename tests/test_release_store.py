@@ -14,11 +14,10 @@ import json
 
 import yaml
 
-from labtools import private_lab
 from k26ops.inventory import load
-from k26ops.transport.ssh import connect, q
 from k26ops.steps import release
-from labtools import k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from k26ops.transport.ssh import connect, q
+from labtools import k26ops, k26ops_json, lab_ssh, private_lab, recipe_with_extra_patch
 
 # The subject is the release step (its installer, its store, prune): a deploy of only that
 # step. The default playbook's toolkit (per k26ops_root: ~400 MB of pip CUDA wheels in
@@ -29,10 +28,12 @@ RELEASE_ONLY = "name: release-only\nsteps:\n  - release: {keep: 3}\n"
 NOT_FROM_WHEELS = ("/INSTALLER", "/RECORD", "/REQUESTED", "/direct_url.json", "/uv_cache.json")
 
 # path -> (sha256, inode, links) of every file under a dir (relative names)
-LIST = ("python3 -c 'import hashlib,json,os,sys\nout={}\nfor b,ds,fs in os.walk(sys.argv[1]):\n"
-        " for f in fs:\n  p=os.path.join(b,f)\n  if os.path.islink(p): continue\n  st=os.lstat(p)\n"
-        "  out[os.path.relpath(p,sys.argv[1])]=[hashlib.sha256(open(p,\"rb\").read()).hexdigest(),st.st_ino,"
-        "st.st_nlink]\nprint(json.dumps(out))' ")
+LIST = (
+    "python3 -c 'import hashlib,json,os,sys\nout={}\nfor b,ds,fs in os.walk(sys.argv[1]):\n"
+    " for f in fs:\n  p=os.path.join(b,f)\n  if os.path.islink(p): continue\n  st=os.lstat(p)\n"
+    '  out[os.path.relpath(p,sys.argv[1])]=[hashlib.sha256(open(p,"rb").read()).hexdigest(),st.st_ino,'
+    "st.st_nlink]\nprint(json.dumps(out))' "
+)
 
 
 def inventory(lab, tmp_path, name, **vars_):
@@ -48,8 +49,11 @@ def files(ssh, d):
 
 
 def wheel_files(listing):
-    return {p: v[0] for p, v in listing.items()
-            if "__pycache__" not in p and not p.endswith(".pyc") and not p.endswith(NOT_FROM_WHEELS)}
+    return {
+        p: v[0]
+        for p, v in listing.items()
+        if "__pycache__" not in p and not p.endswith(".pyc") and not p.endswith(NOT_FROM_WHEELS)
+    }
 
 
 def used(ssh, root):
@@ -113,7 +117,8 @@ def test_uv_release_equals_pip_shares_files_and_prune_frees_them(tmp_path):
         got_c = files(ssh, manc["site_packages"])
         assert wheel_files(got_c) == wheel_files(got_a)
         assert not ({v[1] for v in got_c.values()} | {v[1] for v in files(ssh, f"{c}/store").values()}) & (
-            inodes_a | {v[1] for v in got_a.values()})
+            inodes_a | {v[1] for v in got_a.values()}
+        )
 
         # 3. a second release in root a shares every file it does not change
         changed = recipe_with_extra_patch(tmp_path / "changed", "store")
@@ -157,8 +162,14 @@ def test_uv_release_equals_pip_shares_files_and_prune_frees_them(tmp_path):
 
 def test_a_bad_installer_is_one_line_and_exit_2_before_any_host(tmp_path):
     inv = tmp_path / "inv.yml"
-    inv.write_text(yaml.safe_dump({"vars": {"recipe": "lab", "model_path": "/models/m", "release_installer": "conda"},
-                                   "hosts": {"h1": {"address": "127.0.0.1", "port": 1}}}))
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "vars": {"recipe": "lab", "model_path": "/models/m", "release_installer": "conda"},
+                "hosts": {"h1": {"address": "127.0.0.1", "port": 1}},
+            }
+        )
+    )
     proc = k26ops("-i", str(inv), "deploy")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "h1: inventory var release_installer: 'conda': choose one of uv, pip" in proc.stderr

@@ -10,27 +10,49 @@ import pytest
 
 from k26ops.cli.context import Settings
 from k26ops.cli.report import print_results
-from k26ops.transport.fleet import HostResult
 from k26ops.cli.rollout import print_rollout
+from k26ops.transport.fleet import HostResult
 from labtools import cli
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 HOST = "gpu-rtx01.dc1"
 RELEASE = "20261201T101500Z-3f9c2a1b7e4d"
-ERROR = ("service: engine did not become healthy in 600 s: /health answered 503 and the unit "
-         "restarted 3 times (see journal tail)")
-STATUS_COLS = [("unit", "state"), ("health", "health"), ("release", "release"),
-               ("baseline / drift", "baseline"), ("uptime", "uptime"), ("model", "model_short"),
-               ("restarts", "restarts"), ("started", "started")]
+ERROR = (
+    "service: engine did not become healthy in 600 s: /health answered 503 and the unit "
+    "restarted 3 times (see journal tail)"
+)
+STATUS_COLS = [
+    ("unit", "state"),
+    ("health", "health"),
+    ("release", "release"),
+    ("baseline / drift", "baseline"),
+    ("uptime", "uptime"),
+    ("model", "model_short"),
+    ("restarts", "restarts"),
+    ("started", "started"),
+]
 
 
 def _status_results():
-    data = dict(state="active", health="healthy", release=RELEASE, baseline="prod-2026-11-30",
-                uptime="1h02m", model_short="Kimi-K2.6-Instruct-FP8", restarts=0, started="2026-12-01 10:15:02")
-    sick = dict(data, health="no answer", state="activating", baseline="drift: 3 files differ from the release manifest")
-    return [HostResult(HOST, "ok", None, dict(data), 1.2), HostResult("rtx04", "ok", None, sick, 2.0),
-            HostResult("rtx02", "failed", ERROR, {}, 600.4),
-            HostResult("rtx03", "unreachable", "bastion jump.example.com: DNS: name does not resolve", {}, 0.1)]
+    data = dict(
+        state="active",
+        health="healthy",
+        release=RELEASE,
+        baseline="prod-2026-11-30",
+        uptime="1h02m",
+        model_short="Kimi-K2.6-Instruct-FP8",
+        restarts=0,
+        started="2026-12-01 10:15:02",
+    )
+    sick = dict(
+        data, health="no answer", state="activating", baseline="drift: 3 files differ from the release manifest"
+    )
+    return [
+        HostResult(HOST, "ok", None, dict(data), 1.2),
+        HostResult("rtx04", "ok", None, sick, 2.0),
+        HostResult("rtx02", "failed", ERROR, {}, 600.4),
+        HostResult("rtx03", "unreachable", "bastion jump.example.com: DNS: name does not resolve", {}, 0.1),
+    ]
 
 
 def _render(monkeypatch, capsys, columns: int | None, fn, *args, **kw) -> list[str]:
@@ -47,8 +69,9 @@ def _render(monkeypatch, capsys, columns: int | None, fn, *args, **kw) -> list[s
 
 @pytest.mark.parametrize("columns", [80, 200, None])
 def test_status_table_keeps_hosts_states_releases_and_errors_whole(monkeypatch, capsys, columns):
-    lines = _render(monkeypatch, capsys, columns, print_results, Settings(), _status_results(),
-                    "engine status", STATUS_COLS)
+    lines = _render(
+        monkeypatch, capsys, columns, print_results, Settings(), _status_results(), "engine status", STATUS_COLS
+    )
     text = "\n".join(lines)
     if columns:
         assert max(map(len, lines)) <= columns, text
@@ -76,11 +99,31 @@ def test_status_table_keeps_hosts_states_releases_and_errors_whole(monkeypatch, 
 def test_rollout_table_with_a_multiline_error(monkeypatch, capsys, columns):
     err = "release: pip install failed\nERROR: No matching distribution found for sglang==9.9.9"
     steps = [{"step": s, "changed": True} for s in ("toolchain", "release", "drafter", "units", "service")]
-    results = [HostResult("lab1", "changed", None, {"release": RELEASE, "engine_restarted": True, "steps": steps,
-                                                     "health": {"state": "healthy", "wait_s": 3.25}}, 42.0),
-               HostResult("lab2", "failed", err, {}, 12.0)]
-    lines = _render(monkeypatch, capsys, columns, print_rollout, Settings(), results, "deploy",
-                    [("release", "release"), ("changed", "_changed"), ("engine", "_engine"), ("health", "_health")])
+    results = [
+        HostResult(
+            "lab1",
+            "changed",
+            None,
+            {
+                "release": RELEASE,
+                "engine_restarted": True,
+                "steps": steps,
+                "health": {"state": "healthy", "wait_s": 3.25},
+            },
+            42.0,
+        ),
+        HostResult("lab2", "failed", err, {}, 12.0),
+    ]
+    lines = _render(
+        monkeypatch,
+        capsys,
+        columns,
+        print_rollout,
+        Settings(),
+        results,
+        "deploy",
+        [("release", "release"), ("changed", "_changed"), ("engine", "_engine"), ("health", "_health")],
+    )
     text = "\n".join(lines)
     if columns:
         assert max(map(len, lines)) <= columns, text
@@ -95,8 +138,7 @@ def test_rollout_table_with_a_multiline_error(monkeypatch, capsys, columns):
 def test_too_narrow_for_even_the_kept_values_gives_one_block_per_host(monkeypatch, capsys):
     results = _status_results()
     results[0].host = HOST = "rtx01.a-very-long-hostname.datacenter.example.com"
-    lines = _render(monkeypatch, capsys, 80, print_results, Settings(), results,
-                    "engine status", STATUS_COLS)
+    lines = _render(monkeypatch, capsys, 80, print_results, Settings(), results, "engine status", STATUS_COLS)
     text = "\n".join(lines)
     assert max(map(len, lines)) <= 80, text
     assert HOST in lines and f"  release: {RELEASE}" in lines, text
@@ -137,4 +179,6 @@ def test_inventory_list_at_80_columns(tmp_path):
     assert max(map(len, lines)) <= 80, proc.stdout
     row = next(line for line in lines if "10.40.12.11" in line)
     assert "rtx01" in row and "deploy-operator" in row, row
-    assert "/home/operator/.ssh/keys/production/id_ed25519_rtxpro6000_fleet" in ANSI.sub("", proc.stdout).replace("\n", "")
+    assert "/home/operator/.ssh/keys/production/id_ed25519_rtxpro6000_fleet" in ANSI.sub("", proc.stdout).replace(
+        "\n", ""
+    )

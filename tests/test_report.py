@@ -9,22 +9,26 @@ import json
 import re
 
 import pytest
-from labtools import REPO, browse, cli, colour_pixels
 
 from k26ops.enginebench import figures as figs
 from k26ops.report import charts, model, page
+from labtools import REPO, browse, cli, colour_pixels
 
 DATA = REPO / "tests/data/serving"
-NEW = json.loads((DATA / "h200-bench-sglang.json").read_text())    # the real engine, SGLang's benchmark
-OLD = json.loads((DATA / "h200-bench-k26ops.json").read_text())    # the same engine, k26ops' loadgen
+NEW = json.loads((DATA / "h200-bench-sglang.json").read_text())  # the real engine, SGLang's benchmark
+OLD = json.loads((DATA / "h200-bench-k26ops.json").read_text())  # the same engine, k26ops' loadgen
 NB, OB = NEW["hosts"]["h200"]["bench"], OLD["hosts"]["h200"]["bench"]
 
 
 def compare_doc() -> dict:
     """What `k26ops --json bench --compare old` prints, from the two recorded benches."""
     doc = copy.deepcopy(NEW)
-    doc["hosts"]["h200"]["compare"] = {"tag": "k26-old", "baseline_host": "h200", "rows": figs.compare(NB, OB),
-                                       "settings_differ": figs.spec_differences(NB, OB)}
+    doc["hosts"]["h200"]["compare"] = {
+        "tag": "k26-old",
+        "baseline_host": "h200",
+        "rows": figs.compare(NB, OB),
+        "settings_differ": figs.spec_differences(NB, OB),
+    }
     return doc
 
 
@@ -32,10 +36,22 @@ def gate_doc(threshold: float) -> dict:
     """What `k26ops --json deploy --canary 1 --gate k26-old` prints for the canary."""
     verdict = figs.gate_verdict(NB, OB, list(figs.DEFAULT_GATE), threshold)
     ok = verdict["ok"]
-    return {"command": "deploy", "hosts": {"h200": {
-        "status": "ok" if ok else "failed", "bench": NB,
-        "gate": {"tag": "k26-old", "baseline_host": "h200", "ok": ok,
-                 "line": None if ok else figs.gate_line("h200", verdict), **verdict}}}}
+    return {
+        "command": "deploy",
+        "hosts": {
+            "h200": {
+                "status": "ok" if ok else "failed",
+                "bench": NB,
+                "gate": {
+                    "tag": "k26-old",
+                    "baseline_host": "h200",
+                    "ok": ok,
+                    "line": None if ok else figs.gate_line("h200", verdict),
+                    **verdict,
+                },
+            }
+        },
+    }
 
 
 # No reference the browser would follow: src/href/url()/@import, and no URL text at all.
@@ -51,9 +67,12 @@ def test_a_compare_report_is_one_self_contained_page():
     assert "http://" not in html and "https://" not in html
     assert not FETCHES.search(html), FETCHES.search(html)
     assert '<meta name="viewport"' in html
-    assert charts_of(html) == ["output tok/s against concurrency",
-                               "tok/s per user against tok/s per GPU (8 GPUs), each point one concurrency",
-                               "accept length per temperature", "TTFT and ITL, p50 and p99"]
+    assert charts_of(html) == [
+        "output tok/s against concurrency",
+        "tok/s per user against tok/s per GPU (8 GPUs), each point one concurrency",
+        "accept length per temperature",
+        "TTFT and ITL, p50 and p99",
+    ]
     # new beside the baseline: both in every chart's legend, each figure in the table
     for svg in re.findall(r"<svg.*?</svg>", html, re.S):
         assert "k26-old" in svg and "new" in svg
@@ -73,7 +92,7 @@ def test_a_bench_alone_draws_no_baseline():
 def test_the_gate_says_its_verdict_and_why():
     html = page.build_html(model.from_run(gate_doc(5.0)))
     line = figs.gate_line("h200", figs.gate_verdict(NB, OB, list(figs.DEFAULT_GATE), 5.0))
-    assert f'class="verdict fail" id="verdict">Gate failed on 1 of 1 host(s): {line[len("gate failed on "):]}' in html
+    assert f'class="verdict fail" id="verdict">Gate failed on 1 of 1 host(s): {line[len("gate failed on ") :]}' in html
     assert "gate failed on h200" not in html  # the verdict's words once, not twice
     assert "tok/s@c1/t0" in html and "over" in html
     passed = page.build_html(model.from_run(gate_doc(50.0)))
@@ -82,17 +101,32 @@ def test_the_gate_says_its_verdict_and_why():
 
 # A restart's TTFGT as the deploy reports it (k26ops.steps.warmstart.timeline), on the H100's
 # cold start of docs/how-to/warm-starts.md: ready 122.7 s after the process started, capture 65.9 s.
-TTFGT = {"milestones": [{"name": "stop", "at_s": 0.0, "source": "k26ops"},
-                        {"name": "process started", "at_s": 8.0, "source": "systemd"},
-                        {"name": "weights loaded", "at_s": 28.5, "source": "log"},
-                        {"name": "graphs captured", "at_s": 94.4, "source": "log"},
-                        {"name": "ready", "at_s": 130.7, "source": "log"},
-                        {"name": "first greedy answer", "at_s": 131.0, "source": "k26ops"},
-                        {"name": "first sampled answer", "at_s": 210.0, "source": "k26ops"}],
-         "clock": "host", "stop_s": 8.0, "ready_s": 122.7, "total_s": 210.0}
+TTFGT = {
+    "milestones": [
+        {"name": "stop", "at_s": 0.0, "source": "k26ops"},
+        {"name": "process started", "at_s": 8.0, "source": "systemd"},
+        {"name": "weights loaded", "at_s": 28.5, "source": "log"},
+        {"name": "graphs captured", "at_s": 94.4, "source": "log"},
+        {"name": "ready", "at_s": 130.7, "source": "log"},
+        {"name": "first greedy answer", "at_s": 131.0, "source": "k26ops"},
+        {"name": "first sampled answer", "at_s": 210.0, "source": "k26ops"},
+    ],
+    "clock": "host",
+    "stop_s": 8.0,
+    "ready_s": 122.7,
+    "total_s": 210.0,
+}
 # A host's drain (k26ops.traffic.drain's record) and the run's gateway watch.
-DRAIN = {"mode": "gateway", "drain_timeout_s": 300, "drain_s": 21.4, "requests": 47, "left": 2,
-         "out_of_rotation_s": 38.2, "stop_to_serving_s": 17.1, "put_back": True}
+DRAIN = {
+    "mode": "gateway",
+    "drain_timeout_s": 300,
+    "drain_s": 21.4,
+    "requests": 47,
+    "left": 2,
+    "out_of_rotation_s": 38.2,
+    "stop_to_serving_s": 17.1,
+    "put_back": True,
+}
 WATCH = {"zero_worker_windows": 0, "gateways": {"127.0.0.1:29001": {"min_healthy": 1, "zero_worker_windows": 0}}}
 
 
@@ -119,8 +153,11 @@ def test_sections_other_features_fill_appear_with_their_data():
     html = page.build_html(model.from_run(doc))
     assert "no request cut off by the restart" in html and "ZERO healthy workers 1 time(s)" in html
     # a restart without phases recorded: the wait for /health, said so
-    bare = page.build_html(model.from_run({"command": "deploy", "hosts": {"h": {
-        "engine_restarted": True, "health": {"state": "ok", "wait_s": 47.3}}}}))
+    bare = page.build_html(
+        model.from_run(
+            {"command": "deploy", "hosts": {"h": {"engine_restarted": True, "health": {"state": "ok", "wait_s": 47.3}}}}
+        )
+    )
     assert ">47.3<" in bare and "phases not recorded" in bare
 
 
@@ -163,12 +200,15 @@ def test_report_command_writes_the_file_and_says_where(tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["r.html"]  # no temporary file left
 
 
-@pytest.mark.parametrize("content, says", [
-    (None, "cannot read: No such file"),
-    ("{not json", "run.json:1: not JSON"),
-    ('{"hosts": []}', "not a k26ops --json run document"),
-    ('{"hosts": {"h": {"status": "ok"}}}', "nothing to draw"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (None, "cannot read: No such file"),
+        ("{not json", "run.json:1: not JSON"),
+        ('{"hosts": []}', "not a k26ops --json run document"),
+        ('{"hosts": {"h": {"status": "ok"}}}', "nothing to draw"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, content, says):
     run = tmp_path / "run.json"
     if content is not None:
@@ -223,7 +263,10 @@ def test_the_default_place_is_the_data_dir(monkeypatch, tmp_path):
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     at = datetime(2026, 12, 7, 7, 30, 5)
-    assert files.default_path("gate", "rel/2026-12", at) == tmp_path / "k26ops/reports/gate-rel_2026-12-20261207-073005.html"
+    assert (
+        files.default_path("gate", "rel/2026-12", at)
+        == tmp_path / "k26ops/reports/gate-rel_2026-12-20261207-073005.html"
+    )
     assert files.gpus_per_host({"tp_size": 16, "nnodes": 2}) == 8 and files.gpus_per_host({}) == 8
     assert files.gpus_per_host({"tp_size": 1}) == 1
 
@@ -233,6 +276,7 @@ def test_a_compare_with_start_up_figures_keeps_them_out_of_the_cells():
     baseline's cells are rebuilt from the cell figures only (a start-up figure has no cell:
     sorting it among them raised a TypeError in `k26ops report`)."""
     stat = {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1}
-    got = model.cells_from_figures({"tok/s@c1/t0": stat, "ready_s@start": stat, "ttfgt_s@start": stat,
-                                    "tok/s@c4/t0.7": stat})
+    got = model.cells_from_figures(
+        {"tok/s@c1/t0": stat, "ready_s@start": stat, "ttfgt_s@start": stat, "tok/s@c4/t0.7": stat}
+    )
     assert [(c["concurrency"], c["temperature"]) for c in got["cells"]] == [(1, 0.0), (4, 0.7)]

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from labtools import cli
-
 from k26ops import inventory
 from k26ops.orchestrate import rollout
-from k26ops.transport.fleet import FleetOptions
 from k26ops.orchestrate.rollout import Size, canary_batches, parse_batches, parse_size
+from k26ops.transport.fleet import FleetOptions
+from labtools import cli
 
 NAMES = [f"h{i}" for i in range(1, 11)]
 
@@ -24,7 +23,13 @@ def test_batch_sizes_read_as_ansible_serial():
     assert parse_batches(" 1, 2 ,25%") == [Size(1), Size(2), Size(25, True)]
     # the canary first, then 1, 2, then 25 % of all ten hosts (2) repeated
     assert canary_batches(NAMES, 1, parse_batches("1,2,25%")) == [
-        ["h1"], ["h2"], ["h3", "h4"], ["h5", "h6"], ["h7", "h8"], ["h9", "h10"]]
+        ["h1"],
+        ["h2"],
+        ["h3", "h4"],
+        ["h5", "h6"],
+        ["h7", "h8"],
+        ["h9", "h10"],
+    ]
     # no canary: the batches cover every host; a percent is never less than one host
     assert canary_batches(NAMES, 0, parse_batches("30%")) == [NAMES[0:3], NAMES[3:6], NAMES[6:9], NAMES[9:]]
     assert canary_batches(NAMES[:3], 0, parse_batches("1%")) == [["h1"], ["h2"], ["h3"]]
@@ -72,8 +77,9 @@ def test_a_failed_batch_stops_the_rollout_and_max_fail_lets_it_go_on(tmp_path):
     assert "batch 2 h3 failed" in [r for r in run.results if r.host == "h4"][0].error
     # one failure allowed per batch (as a count, or as 50 % of a batch of two): it goes on
     for limit in ("1", "50%"):
-        run, status, _ = _run(tmp_path, {"h3"}, canary=1, batch=parse_batches("2"),
-                              max_fail=parse_size(limit, zero=True))
+        run, status, _ = _run(
+            tmp_path, {"h3"}, canary=1, batch=parse_batches("2"), max_fail=parse_size(limit, zero=True)
+        )
         assert status == {"h1": "ok", "h2": "ok", "h3": "failed", "h4": "ok", "h5": "ok"}, limit
         assert run.stopped is None and run.code == 1
     # ... but the canary must always succeed
@@ -81,8 +87,7 @@ def test_a_failed_batch_stops_the_rollout_and_max_fail_lets_it_go_on(tmp_path):
     assert status == {"h1": "failed", "h2": "skipped", "h3": "skipped", "h4": "skipped", "h5": "skipped"}
 
 
-@pytest.mark.parametrize("args", [["--batch", "0"], ["--batch", "1,x"], ["--max-fail", "150%"],
-                                  ["--batch", "1.5"]])
+@pytest.mark.parametrize("args", [["--batch", "0"], ["--batch", "1,x"], ["--max-fail", "150%"], ["--batch", "1.5"]])
 def test_bad_batch_options_are_one_usage_line(tmp_path, args):
     inv = tmp_path / "local.yml"
     inv.write_text("hosts:\n  here:\n    connection: local\n")

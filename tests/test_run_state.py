@@ -13,12 +13,11 @@ import ast
 import functools
 from pathlib import Path
 
-from labtools import parsed
-
 from k26ops.orchestrate import playbook
 from k26ops.runstate import HostState
 from k26ops.steps import HostContext, RunOptions, Step
 from k26ops.steps.release import ReleaseDecision
+from labtools import parsed
 
 PKG = Path(__file__).resolve().parent.parent / "k26ops"
 
@@ -26,8 +25,7 @@ PKG = Path(__file__).resolve().parent.parent / "k26ops"
 @functools.cache
 def _trees() -> tuple:
     """(path, tree) of every module, parsed once per run (the tests only read them)."""
-    return tuple((path.relative_to(PKG.parent), parsed(path))
-                 for path in sorted(PKG.rglob("*.py")))
+    return tuple((path.relative_to(PKG.parent), parsed(path)) for path in sorted(PKG.rglob("*.py")))
 
 
 def shared_uses(tree) -> list[int]:
@@ -49,10 +47,14 @@ def test_no_shared_string_keys_are_left():
 
 
 def test_the_check_sees_each_form():
-    for src in ('ctx.shared["release_changed"] = True', 'x = ctx.shared.get("service")',
-                'shared["outcome"] = {}', 'run(s, shared={"pins": p})'):
+    for src in (
+        'ctx.shared["release_changed"] = True',
+        'x = ctx.shared.get("service")',
+        'shared["outcome"] = {}',
+        'run(s, shared={"pins": p})',
+    ):
         assert shared_uses(ast.parse(src)), src
-    assert not shared_uses(ast.parse('ReleaseDecision.of(ctx).changed = True'))
+    assert not shared_uses(ast.parse("ReleaseDecision.of(ctx).changed = True"))
 
 
 def test_the_service_state_has_one_constructor():
@@ -62,8 +64,11 @@ def test_the_service_state_has_one_constructor():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 f = node.func
-                if isinstance(f, ast.Name) and f.id == "ServiceState" or (
-                        isinstance(f, ast.Attribute) and f.attr == "ServiceState"):
+                if (
+                    isinstance(f, ast.Name)
+                    and f.id == "ServiceState"
+                    or (isinstance(f, ast.Attribute) and f.attr == "ServiceState")
+                ):
                     direct.append(f"{path}:{node.lineno}")
                 if isinstance(f, ast.Attribute) and f.attr == "build" and "ServiceState" in ast.unparse(f.value):
                     built.add(str(path))
@@ -95,8 +100,11 @@ class Undoes(Step):
 def test_restore_asks_the_steps_latest_first_and_stops_at_the_first_answer():
     log: list[str] = []
     ctx = HostContext(session=None, host=None, vars={}, facts={})
-    ctx.steps = [Undoes("release", "current points at r1 again", log), Undoes("service", "rolled back", log),
-                 Undoes("health", None, log)]
+    ctx.steps = [
+        Undoes("release", "current points at r1 again", log),
+        Undoes("service", "rolled back", log),
+        Undoes("health", None, log),
+    ]
     assert playbook.restore(ctx) == "rolled back"
     assert log == ["health", "service"]  # the release's undo is the service's to do with its restart
     log.clear()
@@ -120,17 +128,22 @@ def test_undo_puts_current_back_on_a_real_host_after_an_interrupt_too(tmp_path):
     yet, leaves it to the release step; a run that moved nothing has nothing to undo."""
     from k26ops import interrupt
     from k26ops.inventory import Host
-    from k26ops.transport.ssh import LocalSession
     from k26ops.steps.engine import HealthStep, ServiceStep
     from k26ops.steps.release import Release
+    from k26ops.transport.ssh import LocalSession
 
     rel = tmp_path / "releases"
     for r in ("r1", "r2"):
         (rel / r).mkdir(parents=True)
     (rel / "current").symlink_to("r2")
     host = Host(name="here", address="", connection="local", vars={"releases_root": str(rel)})
-    ctx = HostContext(session=LocalSession(host), host=host, vars=dict(host.vars), facts={},
-                      steps=[Release(), ServiceStep(), HealthStep()])
+    ctx = HostContext(
+        session=LocalSession(host),
+        host=host,
+        vars=dict(host.vars),
+        facts={},
+        steps=[Release(), ServiceStep(), HealthStep()],
+    )
     assert playbook.restore(ctx) is None
     ReleaseDecision(release_id="r2", previous="r1", changed=True).put(ctx)
     interrupt.requested.set()

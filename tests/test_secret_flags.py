@@ -19,20 +19,35 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_release  # noqa: E402
 
-from k26ops.engine import units  # noqa: E402
 from k26ops.cli import cli  # noqa: E402
+from k26ops.engine import units  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.lab.fixtures import engine_standin  # noqa: E402
 from k26ops.steps.engine import foreign_unit  # noqa: E402
 
-KEYS = ["sk-plain-123", 'qu"ote\\back', "ünï€😀", "tab\tx", "$HOME `id` %n", "x: y # z", "'q'", "@at",
-        "*star", "!tag", "123", "true", "null", "~", "a" * 300, "\u0085\u2028nel"]
+KEYS = [
+    "sk-plain-123",
+    'qu"ote\\back',
+    "ünï€😀",
+    "tab\tx",
+    "$HOME `id` %n",
+    "x: y # z",
+    "'q'",
+    "@at",
+    "*star",
+    "!tag",
+    "123",
+    "true",
+    "null",
+    "~",
+    "a" * 300,
+    "\u0085\u2028nel",
+]
 PROFILE = {"model_path": "/models/m", "python": "/v/bin/python"}
 
 
@@ -40,8 +55,9 @@ def _sglang_merger(version: str):
     """SGLang's own --config reader, from the release's sources (0.5.17 keeps it
     beside server_args.py, 0.5.23 under utils/)."""
     root = sglang_release.site_packages(version) / "sglang/srt"
-    path = next(p for p in (root / "utils/server_args_config_parser.py", root / "server_args_config_parser.py")
-                if p.exists())
+    path = next(
+        p for p in (root / "utils/server_args_config_parser.py", root / "server_args_config_parser.py") if p.exists()
+    )
     spec = importlib.util.spec_from_file_location(f"sglang_config_parser_{version}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -64,8 +80,11 @@ def _engine_parser() -> argparse.ArgumentParser:
 def test_the_engine_reads_the_secret_flags_from_its_config_file(tmp_path, key, version):
     """The unit's argv plus the rendered file give SGLang's parser the exact key
     (and the stand-in too), while the argv itself holds no trace of it."""
-    profile = {**PROFILE, "extra_args": {"api-key": key, "admin-api-key": "adm-" + key[:5]},
-               "secrets_file": str(tmp_path / "sglang-secrets.yaml")}
+    profile = {
+        **PROFILE,
+        "extra_args": {"api-key": key, "admin-api-key": "adm-" + key[:5]},
+        "secrets_file": str(tmp_path / "sglang-secrets.yaml"),
+    }
     argv, text = units.engine_launch(profile)
     assert key not in " ".join(argv) and argv[-2:] == ["--config", profile["secrets_file"]]
     Path(profile["secrets_file"]).write_text(text)
@@ -82,11 +101,14 @@ def test_a_profile_without_secret_flags_has_no_config_file_and_keeps_its_own():
     assert text is None and argv[-2:] == ["--config", "/etc/mine.yaml"]
 
 
-@pytest.mark.parametrize("profile, needle", [
-    ({"extra_args": ["--config", "/etc/mine.yaml", "--api-key", "k"]}, "--config and the secret flag --api-key"),
-    ({"extra_args": {"api-key": "-starts-with-dash"}}, "starts with '-'"),
-    ({"extra_args": {"api-key": "k"}, "secrets_file": "/etc/k26ops/secrets.env"}, "absolute .yaml path"),
-])
+@pytest.mark.parametrize(
+    "profile, needle",
+    [
+        ({"extra_args": ["--config", "/etc/mine.yaml", "--api-key", "k"]}, "--config and the secret flag --api-key"),
+        ({"extra_args": {"api-key": "-starts-with-dash"}}, "starts with '-'"),
+        ({"extra_args": {"api-key": "k"}, "secrets_file": "/etc/k26ops/secrets.env"}, "absolute .yaml path"),
+    ],
+)
 def test_secret_flags_that_cannot_reach_the_engine_are_refused(profile, needle):
     with pytest.raises(UserError, match=needle):
         units.engine_launch({**PROFILE, **profile})
@@ -106,8 +128,10 @@ def test_list_flags_named_like_secrets_stay_on_the_command_line():
 
 URL_VALUES = {
     "DATABASE_URL": ("postgres://app:pw-Zq81x@db.example:5432/app", "pw-Zq81x"),
-    "SENTRY_DSN": ("https://0123456789abcdef0123456789abcdef@o1.ingest.sentry.io/42",
-                   "0123456789abcdef0123456789abcdef"),
+    "SENTRY_DSN": (
+        "https://0123456789abcdef0123456789abcdef@o1.ingest.sentry.io/42",
+        "0123456789abcdef0123456789abcdef",
+    ),
     "REDIS": ("redis://:r3dis-pass@cache:6379/0", "r3dis-pass"),
     "MODEL_MIRROR": ("hf_AbCdEfGhIjKlMnOpQrStUv", "hf_AbCdEfGhIjKlMnOpQrStUv"),
 }
@@ -145,18 +169,30 @@ def test_typod_secret_names_are_secret(name):
     assert units.redact_vars({name: "v-Secret-1"}) == {name: units.REDACTED}
 
 
-@pytest.mark.parametrize("name", ["--max-total-tokens", "--tokenizer-path", "--enable-forward-pass-metrics",
-                                  "passes", "--tokenizer-mode", "model_path"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "--max-total-tokens",
+        "--tokenizer-path",
+        "--enable-forward-pass-metrics",
+        "passes",
+        "--tokenizer-mode",
+        "model_path",
+    ],
+)
 def test_near_words_that_are_not_secrets(name):
     assert not units.is_secret_key(name)
 
 
 def test_inventory_show_masks_a_typod_secret_under_its_unknown_key_warning(tmp_path):
     inv = tmp_path / "inv.yml"
-    inv.write_text("hosts:\n  h1:\n    address: 127.0.0.1\n    vars:\n      hf_tokn: hf_TypoedTokenValue1234\n"
-                   "      DATABASE_URL: postgres://app:s3cret-pw@db/app\n")
-    res = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["-i", str(inv), "inventory", "show", "h1"],
-                                                   catch_exceptions=False)
+    inv.write_text(
+        "hosts:\n  h1:\n    address: 127.0.0.1\n    vars:\n      hf_tokn: hf_TypoedTokenValue1234\n"
+        "      DATABASE_URL: postgres://app:s3cret-pw@db/app\n"
+    )
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["-i", str(inv), "inventory", "show", "h1"], catch_exceptions=False
+    )
     assert res.exit_code == 0 and "hf_tokn: unknown; did you mean hf_token?" in res.stderr
     assert "hf_TypoedTokenValue1234" not in res.output and "s3cret-pw" not in res.output
     assert "postgres://app:<redacted>@db/app" in res.stdout
@@ -169,15 +205,28 @@ SSH_SHOW = {"LoadState": "loaded", "FragmentPath": "/lib/systemd/system/ssh.serv
 
 def test_a_unit_k26ops_did_not_write_is_foreign():
     upath = "/etc/systemd/system/ssh.service"
-    assert "systemd already has ssh.service from /lib/systemd/system/ssh.service" in \
-        foreign_unit("ssh.service", upath, None, SSH_SHOW)
-    assert "not written by k26ops" in foreign_unit("x.service", "/etc/systemd/system/x.service",
-                                                   "[Unit]\nDescription=mine\n", {"LoadState": "loaded"})
+    assert "systemd already has ssh.service from /lib/systemd/system/ssh.service" in foreign_unit(
+        "ssh.service", upath, None, SSH_SHOW
+    )
+    assert "not written by k26ops" in foreign_unit(
+        "x.service", "/etc/systemd/system/x.service", "[Unit]\nDescription=mine\n", {"LoadState": "loaded"}
+    )
     ours = units.render_unit({"profile": PROFILE})
-    assert foreign_unit("k26-engine.service", "/etc/systemd/system/k26-engine.service", ours,
-                        {"LoadState": "loaded", "FragmentPath": "/etc/systemd/system/k26-engine.service"}) is None
-    assert foreign_unit("new.service", "/etc/systemd/system/new.service", None,
-                        {"LoadState": "not-found", "FragmentPath": ""}) is None
+    assert (
+        foreign_unit(
+            "k26-engine.service",
+            "/etc/systemd/system/k26-engine.service",
+            ours,
+            {"LoadState": "loaded", "FragmentPath": "/etc/systemd/system/k26-engine.service"},
+        )
+        is None
+    )
+    assert (
+        foreign_unit(
+            "new.service", "/etc/systemd/system/new.service", None, {"LoadState": "not-found", "FragmentPath": ""}
+        )
+        is None
+    )
 
 
 def test_a_unit_template_without_the_marker_is_refused(tmp_path):

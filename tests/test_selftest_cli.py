@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from labtools import cli, cli_json, k26ops, k26ops_json, lab_ssh
-
 from k26ops import inventory
 from k26ops.cli.commands.selftest import checks_table, default_host_timeout, payload_args
 from k26ops.host.preflight import expectations
 from k26ops.selftest.report import validate
+from labtools import cli, cli_json, k26ops, k26ops_json, lab_ssh
 
 DATA = Path(__file__).parent / "data"
 H200_X2 = DATA / "selftest-h200-x2.json"
@@ -30,6 +29,7 @@ def _local(tmp_path: Path, extra: str = "") -> Path:
 
 
 # ------------------------------------------------------------------ the lab
+
 
 def test_lab_selftest_says_no_gpu_once_per_host(lab):
     proc = k26ops("selftest", env=lab.env(), timeout=300)
@@ -74,18 +74,21 @@ def test_lab_selftest_limit_and_bad_checks(lab):
     assert rc == 3 and list(doc["hosts"]) == [name]
     proc = k26ops("selftest", "--checks", "gpus,warp", env=lab.env())
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("k26ops: error: --checks: unknown check(s) warp "
-                                   "(known: gpus,versions,cuda_graph,triton,matmul,allreduce,nvcc)")
+    assert proc.stderr.strip() == (
+        "k26ops: error: --checks: unknown check(s) warp (known: gpus,versions,cuda_graph,triton,matmul,allreduce,nvcc)"
+    )
 
 
 # ------------------------------------------------------ connection: local
+
 
 @pytest.fixture(scope="module")
 def local_json(tmp_path_factory):
     """`--json selftest` here, once for the two tests that read it (each run imports torch
     in the payload: ~2 CPU-s), with host vars that set the expectations."""
-    inv = _local(tmp_path_factory.mktemp("local"),
-                 "    vars: {gpus_per_host: 1, compute_capability: ['9.0'], min_driver: 570}\n")
+    inv = _local(
+        tmp_path_factory.mktemp("local"), "    vars: {gpus_per_host: 1, compute_capability: ['9.0'], min_driver: 570}\n"
+    )
     return cli_json("-i", str(inv), "selftest", timeout=300)
 
 
@@ -126,11 +129,11 @@ def test_host_deadline(tmp_path, monkeypatch):
 def test_missing_python_is_one_line(tmp_path):
     proc = cli("-i", str(_local(tmp_path)), "selftest", "--python", "/nonexistent/python")
     assert proc.returncode == 1
-    assert proc.stdout.startswith("here: failed — no python to run the self-test: "
-                                  "/nonexistent/python not found")
+    assert proc.stdout.startswith("here: failed — no python to run the self-test: /nonexistent/python not found")
 
 
 # ------------------------------------------------ recorded real H200 results
+
 
 def test_recorded_h200_x2_table():
     proc = cli("selftest", "--from-file", str(H200_X2))
@@ -170,13 +173,27 @@ def test_from_file_rejects_other_json(tmp_path):
 
 # ----------------------------------------------------------------- pure parts
 
+
 def test_payload_args_from_host_vars():
-    args = payload_args({"gpus_per_host": 8, "compute_capability": ["12.0", "10.x"], "min_driver": 580,
-                         "selftest_min_busbw": 40},
-                        "/opt/k26ops/toolchain/cuda-13.0/bin/nvcc", {"timeout_scale": 1.0})
-    assert args == ["--expect-gpus", "8", "--expect-cc", "12.0,10.x", "--min-driver", "580",
-                    "--timeout-scale", "1.0", "--nvcc", "/opt/k26ops/toolchain/cuda-13.0/bin/nvcc",
-                    "--min-busbw", "40.0"]
+    args = payload_args(
+        {"gpus_per_host": 8, "compute_capability": ["12.0", "10.x"], "min_driver": 580, "selftest_min_busbw": 40},
+        "/opt/k26ops/toolchain/cuda-13.0/bin/nvcc",
+        {"timeout_scale": 1.0},
+    )
+    assert args == [
+        "--expect-gpus",
+        "8",
+        "--expect-cc",
+        "12.0,10.x",
+        "--min-driver",
+        "580",
+        "--timeout-scale",
+        "1.0",
+        "--nvcc",
+        "/opt/k26ops/toolchain/cuda-13.0/bin/nvcc",
+        "--min-busbw",
+        "40.0",
+    ]
     from k26ops.selftest.payload import parse_args
 
     a = parse_args(args)  # the payload accepts what the CLI sends

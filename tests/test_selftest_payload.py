@@ -21,8 +21,9 @@ def run(*args, timeout=120):
 
 
 def has_cuda():
-    p = subprocess.run([sys.executable, "-c", "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                       capture_output=True)
+    p = subprocess.run(
+        [sys.executable, "-c", "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"], capture_output=True
+    )
     return p.returncode == 0
 
 
@@ -36,6 +37,7 @@ def test_help_documents_the_options():
 
 def test_module_docstring_documents_the_schema():
     import k26ops.selftest.payload as payload
+
     for word in ('"schema"', '"status"', '"checks"', '"figure"', '"expected"', "no-gpu", "Exit codes"):
         assert word in payload.__doc__
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from jsonshape import validate
+
 from k26ops.agents import loadgen
 from k26ops.diagnose.classify import classify
 
@@ -30,8 +31,11 @@ def test_the_same_tail_without_a_requested_stop_is_still_an_error():
 def test_an_error_before_the_stop_is_still_named():
     lines = SERVED.splitlines()
     stop = next(i for i, l in enumerate(lines) if "SIGTERM received" in l)
-    crash = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
-             "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    crash = [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    ]
     d = classify("\n".join(lines[:stop] + crash + lines[stop:]))
     assert d.signature == "illegal-memory-access"
 
@@ -46,8 +50,11 @@ def test_recorded_bench_answers_keep_the_json_shape_and_per_cell_accept():
     for gen, source in (("sglang", loadgen.PER_CELL), ("k26ops", "meta_info.spec_accept_length")):
         doc = json.loads((DATA / f"h200-bench-{gen}.json").read_text())
         validate(doc)
-        cells = doc["hosts"][0]["bench"]["cells"] if isinstance(doc["hosts"], list) else \
-            doc["hosts"]["h200"]["bench"]["cells"]
+        cells = (
+            doc["hosts"][0]["bench"]["cells"]
+            if isinstance(doc["hosts"], list)
+            else doc["hosts"]["h200"]["bench"]["cells"]
+        )
         assert [c["accept_source"] for c in cells] == [source] * 4
 
 

@@ -34,8 +34,10 @@ def test_the_next_snapshot_finishes_an_interrupted_one(tmp_path, monkeypatch, ki
 
     def dies(self, name):
         if name == killed_at:
+
             def killed(*a, **kw):
                 raise KeyboardInterrupt
+
             return killed
         return real(self, name)
 

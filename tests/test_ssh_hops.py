@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from fabric import Connection
 
-from k26ops.transport import ssh
 from k26ops.cli import cli
+from k26ops.transport import ssh
 
 
 @pytest.fixture
@@ -32,6 +32,7 @@ def silent_port():
                 held.append(srv.accept()[0])
             except OSError:
                 pass
+
     t = threading.Thread(target=accept, daemon=True)
     t.start()
     yield srv.getsockname()[1]
@@ -60,7 +61,9 @@ def test_refused_bastion_is_named_not_the_host(tmp_path):
 
 
 def test_silent_bastion_is_a_timeout_of_the_bastion(tmp_path, silent_port):
-    err = _error(tmp_path, f"hosts:\n  a: {{address: 127.0.0.2, port: 22, user: u, gateway: 'ops@127.0.0.1:{silent_port}'}}\n")
+    err = _error(
+        tmp_path, f"hosts:\n  a: {{address: 127.0.0.2, port: 22, user: u, gateway: 'ops@127.0.0.1:{silent_port}'}}\n"
+    )
     assert err.startswith(f"bastion ops@127.0.0.1:{silent_port}: timeout: ")
 
 

@@ -20,8 +20,11 @@ def _pem():
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    return io.StringIO(ed25519.Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode())
+    return io.StringIO(
+        ed25519.Ed25519PrivateKey.generate()
+        .private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+        .decode()
+    )
 
 
 def _line(name: str, key: paramiko.PKey) -> str:
@@ -50,8 +53,7 @@ def test_a_client_gets_the_keys_paramikos_rule_checks(tmp_path):
     user, inv = tmp_path / "user_known_hosts", tmp_path / "inv_known_hosts"
     k_user, k_inv, k_other, k_hashed = _key(), _key(), _key(), _key()
     hashed = paramiko.HostKeys.hash_host("10.0.0.9")  # HashKnownHosts yes; port 22 has no [..]:22
-    user.write_text(_line("[10.0.0.1]:2222", k_user) + _line("[10.0.0.1]:2222", k_other)
-                    + _line(hashed, k_hashed))
+    user.write_text(_line("[10.0.0.1]:2222", k_user) + _line("[10.0.0.1]:2222", k_other) + _line(hashed, k_hashed))
     inv.write_text(_line("[10.0.0.1]:2222", k_inv) + _line("[10.0.0.2]:2222", k_inv))
 
     def known(host, port):

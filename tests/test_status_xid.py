@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from labtools import lab_bus_ids
-
 from k26ops.cli.commands.status import xid_lines
 from k26ops.facts import xid
+from labtools import lab_bus_ids
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "facts"
 
@@ -25,9 +24,13 @@ def replay(tmp_path: Path, name: str, at: float) -> str:
 def answer(kernel: str, entered_ago_s: float) -> dict:
     """The engine agent's status answer: the unit active for `entered_ago_s` seconds."""
     now_mono = 10_000_000_000
-    return {"show": {"ActiveState": "active", "ActiveEnterTimestampMonotonic": int(now_mono - entered_ago_s * 1e6)},
-            "now_monotonic_us": now_mono, "now": time.time(), "kernel": {"rc": 0, "stdout": kernel},
-            "bus_ids": lab_bus_ids()}
+    return {
+        "show": {"ActiveState": "active", "ActiveEnterTimestampMonotonic": int(now_mono - entered_ago_s * 1e6)},
+        "now_monotonic_us": now_mono,
+        "now": time.time(),
+        "kernel": {"rc": 0, "stdout": kernel},
+        "bus_ids": lab_bus_ids(),
+    }
 
 
 def test_an_xid_after_the_engine_started_is_new_with_its_gpu_and_action(tmp_path):

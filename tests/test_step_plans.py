@@ -10,15 +10,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from replay import Replay, load
 
 from k26ops import facts as facts_mod
-from k26ops.host import preflight
 from k26ops.baselines.pins import BaselinePins
+from k26ops.host import preflight
 from k26ops.inventory import Host
 from k26ops.steps import HostContext, StepFailed
 from k26ops.steps.registry import STEPS
 from k26ops.steps.release import ReleaseDecision
-from replay import Replay, load
 
 STEP_FILES = ["cuda_toolkit", "release", "service", "driver", "baseline_pins"]
 STEP_CLASSES = {**STEPS, BaselinePins.name: BaselinePins}  # the baselines' steps are not in the registry
@@ -32,9 +32,13 @@ def _cases():
 
 def _prepared(p: dict):
     """What the release step's `prepare` learns on the control node, as the plan reads it."""
-    return SimpleNamespace(release_id=p["release_id"], recipe=SimpleNamespace(base_short=p["base_short"]),
-                           engine_wheel=SimpleNamespace(sha256=p["wheel_sha256"]),
-                           lock=SimpleNamespace(sha256=p["lock_sha256"]), patches=[None] * p["patches"])
+    return SimpleNamespace(
+        release_id=p["release_id"],
+        recipe=SimpleNamespace(base_short=p["base_short"]),
+        engine_wheel=SimpleNamespace(sha256=p["wheel_sha256"]),
+        lock=SimpleNamespace(sha256=p["lock_sha256"]),
+        patches=[None] * p["patches"],
+    )
 
 
 def plan(step_name: str, case: dict):
@@ -45,12 +49,24 @@ def plan(step_name: str, case: dict):
     session = Replay(host, case["answers"])
     facts = facts_mod.gather(session, extra=preflight.host_facts(host.vars))
     inputs = case.get("inputs") or {}  # what the run gives the step: its pins, the releases root's owner
-    step = STEP_CLASSES[step_name]({**(spec.get("params") or {}), **({"pins": inputs["pins"]} if "pins" in inputs else {})})
-    ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts, check=True, steps=[step],
-                      releases_root_state=inputs.get("releases_root_state"))
+    step = STEP_CLASSES[step_name](
+        {**(spec.get("params") or {}), **({"pins": inputs["pins"]} if "pins" in inputs else {})}
+    )
+    ctx = HostContext(
+        session=session,
+        host=host,
+        vars=dict(host.vars),
+        facts=facts,
+        check=True,
+        steps=[step],
+        releases_root_state=inputs.get("releases_root_state"),
+    )
     if "prepared" in spec or "release_id" in inputs:  # what the release step decided before
-        ReleaseDecision(release_id=inputs.get("release_id"), changed=bool(inputs.get("release_changed")),
-                        prepared=_prepared(spec["prepared"]) if "prepared" in spec else None).put(ctx)
+        ReleaseDecision(
+            release_id=inputs.get("release_id"),
+            changed=bool(inputs.get("release_changed")),
+            prepared=_prepared(spec["prepared"]) if "prepared" in spec else None,
+        ).put(ctx)
     return [c.what for c in step.plan(ctx)], session
 
 

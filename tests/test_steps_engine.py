@@ -27,10 +27,10 @@ import yaml
 from k26ops.cli.context import Settings
 from k26ops.cli.rollout import run_rollout
 from k26ops.orchestrate.rollout import playbook_work
-from k26ops.transport.ssh import q
 from k26ops.steps import Change, Step
 from k26ops.steps.registry import STEPS
 from k26ops.steps.release import ReleaseDecision
+from k26ops.transport.ssh import q
 from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
@@ -54,8 +54,9 @@ class FakeRelease(Step):
 
     def apply(self, ctx, changes):
         want = ctx.vars.get("test_release", "test-fake-a")
-        ctx.run(f"cd {q(ctx.releases_root)} && ln -sfn {q(want)} .current.tmp && mv -T .current.tmp current",
-                check=True)
+        ctx.run(
+            f"cd {q(ctx.releases_root)} && ln -sfn {q(want)} .current.tmp && mv -T .current.tmp current", check=True
+        )
         ReleaseDecision.of(ctx).changed = True
 
 
@@ -76,9 +77,13 @@ def engine(lab, tmp_path_factory):
     base = free_port_block(len(names), start=31000, stop=35000)
     ports = {n: base + i for i, n in enumerate(names)}
     for n in names:
-        ssh(lab, n, f"set -e; for r in test-fake-a test-fake-b; do mkdir -p {RELEASES}/$r/venv/bin; "
-                    f"ln -sfn /usr/bin/python3 {RELEASES}/$r/venv/bin/python; done; "
-                    f"ln -sfn test-fake-a {RELEASES}/current")
+        ssh(
+            lab,
+            n,
+            f"set -e; for r in test-fake-a test-fake-b; do mkdir -p {RELEASES}/$r/venv/bin; "
+            f"ln -sfn /usr/bin/python3 {RELEASES}/$r/venv/bin/python; done; "
+            f"ln -sfn test-fake-a {RELEASES}/current",
+        )
     inv = yaml.safe_load(lab.inventory.read_text())
     inv["vars"]["releases_root"] = RELEASES
     inv["vars"]["hf_token"] = TOKEN
@@ -87,10 +92,13 @@ def engine(lab, tmp_path_factory):
     state = {"dir": tmp_path_factory.mktemp("engine"), "inv": inv, "names": names, "ports": ports}
     yield state
     for n in names:
-        lab_ssh(lab.dir, lab.port(n),
-                f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} {ENV_FILE} {SECRETS_FILE}; "
-                f"rmdir /etc/k26ops 2>/dev/null; rm -rf /opt/k26ops/lab /opt/k26ops/state/service /opt/k26ops-test-service; "
-                f"systemctl daemon-reload; systemctl reset-failed {UNIT} 2>/dev/null; true")
+        lab_ssh(
+            lab.dir,
+            lab.port(n),
+            f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} {ENV_FILE} {SECRETS_FILE}; "
+            f"rmdir /etc/k26ops 2>/dev/null; rm -rf /opt/k26ops/lab /opt/k26ops/state/service /opt/k26ops-test-service; "
+            f"systemctl daemon-reload; systemctl reset-failed {UNIT} 2>/dev/null; true",
+        )
 
 
 def inventory(engine, name: str, **host_vars) -> Path:
@@ -172,7 +180,9 @@ def test_deploy_healthy_smoke_then_converged(lab, engine, capsys):
     assert every.returncode == 0 and "from=k26ops" in every.stdout and "/generate?from=k26ops" in every.stdout
     mine = k26ops("--limit", lab1, "logs", "--since", "1 hour ago", env=env)
     assert mine.returncode == 0 and "from=k26ops" not in mine.stdout and "Load weight" in mine.stdout
-    assert all(len(line.split()) < 2 or not line.split()[1].startswith(("lab", "k26")) for line in mine.stdout.splitlines())
+    assert all(
+        len(line.split()) < 2 or not line.split()[1].startswith(("lab", "k26")) for line in mine.stdout.splitlines()
+    )
     grep = k26ops("--limit", lab1, "logs", "--since", "1 hour ago", "--grep", "Load weight (begin|end)", env=env)
     assert grep.returncode == 0 and len(grep.stdout.splitlines()) >= 2
     assert all("Load weight" in line for line in grep.stdout.splitlines())
@@ -190,8 +200,11 @@ def test_piped_deploy_prints_one_line_per_host_event(lab, engine):
     proc = k26ops("--limit", lab1, "deploy", "--playbook", str(book), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = [line for line in proc.stderr.splitlines() if line.startswith(f"{lab1}: ")]
-    assert events[:4] == [f"{lab1}: start", f"{lab1}: 1/3 service", f"{lab1}: 2/3 health", f"{lab1}: 3/3 smoke"], proc.stderr
+    assert events[:4] == [f"{lab1}: start", f"{lab1}: 1/3 service", f"{lab1}: 2/3 health", f"{lab1}: 3/3 smoke"], (
+        proc.stderr
+    )
     assert re.fullmatch(rf"{lab1}: done ok \d+\.\ds", events[4]) and len(events) == 5, proc.stderr
+
 
 def test_logs_json_is_one_document_and_follow_is_ndjson_of_new_lines_only(lab, engine):
     """docs/reference/json.md: `logs --json` one document; `logs -f --json` a record only when a host has lines."""
@@ -202,9 +215,28 @@ def test_logs_json_is_one_document_and_follow_is_ndjson_of_new_lines_only(lab, e
     env = {**lab.env(), "K26OPS_INVENTORY": str(inventory(engine, "base")), "HF_TOKEN": ""}
     rc, doc = k26ops_json("--limit", lab1, "logs", "-n", "3", "--all", env=env)  # validated by labtools
     assert rc == 0 and list(doc["hosts"]) == [lab1] and len(doc["hosts"][lab1]["lines"]) == 3, doc
-    p = subprocess.Popen([sys.executable, "-m", "k26ops", "--limit", lab1, "logs", "-f", "--json", "-n", "5",
-                          "--all", "--interval", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=REPO, env={**os.environ, **env})
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "k26ops",
+            "--limit",
+            lab1,
+            "logs",
+            "-f",
+            "--json",
+            "-n",
+            "5",
+            "--all",
+            "--interval",
+            "0.3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **env},
+    )
     time.sleep(5)  # ~15 polls; the engine is idle: no new lines, so no more records
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
@@ -213,6 +245,7 @@ def test_logs_json_is_one_document_and_follow_is_ndjson_of_new_lines_only(lab, e
     for r in records:
         jsonschema.validate(r, schema("logs-follow"))
     assert len(records) < 5, records
+
 
 def test_check_diff_redacts_secrets(lab, engine):
     lab1 = engine["names"][0]
@@ -265,9 +298,14 @@ def test_crash_during_load_fails_fast_and_rolls_back(lab, engine, capsys):
     unit_before = ssh(lab, bad, f"cat /etc/systemd/system/{UNIT}")
     env_before = ssh(lab, bad, f"cat {ENV_FILE}")
     pids = {n: main_pid(lab, n) for n in names}
-    crash = {"engine_env": {"K26OPS_STANDIN_CRASH": "load", "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch",
-                            "K26OPS_STANDIN_LOAD_SECONDS": 2},
-             "test_release": "test-fake-b"}
+    crash = {
+        "engine_env": {
+            "K26OPS_STANDIN_CRASH": "load",
+            "K26OPS_STANDIN_CRASH_LOG": "shape-mismatch",
+            "K26OPS_STANDIN_LOAD_SECONDS": 2,
+        },
+        "test_release": "test-fake-b",
+    }
     since = time.time()
     res, out = deploy(inventory(engine, "crash", **{bad: crash}), capsys=capsys)
     r = res[bad]
@@ -295,8 +333,7 @@ def test_crash_during_load_fails_fast_and_rolls_back(lab, engine, capsys):
     assert rc == 0 and st["hosts"][bad]["health"] == "healthy"
 
 
-@pytest.mark.parametrize("mode,which,temperature", [("first-request", "greedy", 0),
-                                                     ("request:2", "sampled", 0.7)])
+@pytest.mark.parametrize("mode,which,temperature", [("first-request", "greedy", 0), ("request:2", "sampled", 0.7)])
 def test_a_crash_on_a_smoke_request_is_named(lab, engine, capsys, mode, which, temperature):
     """The seeds' case: the engine starts fine and dies on its first speculative
     verify (or on a later request). The deploy names the crash itself."""
@@ -315,8 +352,13 @@ def test_a_crash_on_a_smoke_request_is_named(lab, engine, capsys, mode, which, t
     assert j["diagnosis"]["signature"] == "cuda-graph-none-field"
     assert j["diagnosis"]["evidence"] == "AttributeError: 'NoneType' object has no attribute 'dtype'"
     assert "_grouped_foreach_copy_" in j["journal_tail"] and "Main process exited" in j["journal_tail"]
-    assert j["smoke"] == {"ok": False, "failed": which, "status": 0, "crashed": True,
-                          "signature": "cuda-graph-none-field"}
+    assert j["smoke"] == {
+        "ok": False,
+        "failed": which,
+        "status": 0,
+        "crashed": True,
+        "signature": "cuda-graph-none-field",
+    }
     assert "journal tail" in out and "cuda-graph-none-field" in out and TOKEN not in out
     assert r.elapsed < 20
     assert ssh(lab, bad, f"cat {ENV_FILE}") == env_before
@@ -397,8 +439,10 @@ def test_an_engine_with_an_api_key_is_checked_and_smoked_with_it(lab, engine, ca
     assert r.status == "changed", r.error
     assert r.data["health"]["state"] == "healthy" and r.data["smoke"]["ok"], r.data
     port = engine["ports"][lab1]
-    script = ("import sys, urllib.request as u\ntry: u.urlopen(u.Request(sys.argv[1], data=b'{}'))\n"
-              "except Exception as e: print(getattr(e, 'code', e))")
+    script = (
+        "import sys, urllib.request as u\ntry: u.urlopen(u.Request(sys.argv[1], data=b'{}'))\n"
+        "except Exception as e: print(getattr(e, 'code', e))"
+    )
     probe = f"python3 -c {q(script)} http://127.0.0.1:{port}/generate"
     assert ssh(lab, lab1, probe).strip() == "401"  # the engine really demands the key
     assert key not in ssh(lab, lab1, f"cat /etc/systemd/system/{UNIT}")
@@ -407,9 +451,13 @@ def test_an_engine_with_an_api_key_is_checked_and_smoked_with_it(lab, engine, ca
     # holds it. (The engine's own start-up line, server_args=, logs it in clear unless the release
     # carries patches/*/redact-api-key-in-startup-log.patch, as the real engine does
     # (tests/data/serving); these fake releases have no sglang: see test_lab_engine_standin.py.)
-    seen = ssh(lab, lab1, f"cd /; for c in 'ps -eo args' 'systemctl status --no-pager -n 50 {UNIT}' "
-                          f"'journalctl --no-pager -n 500'; do runuser -u nobody -- sh -c \"$c\" 2>&1; done; "
-                          f"cat /proc/$(systemctl show -p MainPID --value {UNIT})/cmdline | tr '\\0' ' '")
+    seen = ssh(
+        lab,
+        lab1,
+        f"cd /; for c in 'ps -eo args' 'systemctl status --no-pager -n 50 {UNIT}' "
+        f"'journalctl --no-pager -n 500'; do runuser -u nobody -- sh -c \"$c\" 2>&1; done; "
+        f"cat /proc/$(systemctl show -p MainPID --value {UNIT})/cmdline | tr '\\0' ' '",
+    )
     assert key not in seen and f"--config {SECRETS_FILE}" in seen, seen[-2000:]
     assert ssh(lab, lab1, f"stat -c '%a %U' {SECRETS_FILE}").split() == ["600", "root"]
     assert ssh(lab, lab1, f"runuser -u nobody -- cat {SECRETS_FILE} 2>&1 || true").find(key) < 0
@@ -430,18 +478,31 @@ def test_a_unit_k26ops_did_not_write_is_never_overwritten(lab, engine, capsys):
     lab1 = engine["names"][0]
     ssh(lab, lab1, "printf '[Service]\\nExecStart=/bin/true\\n' > /etc/systemd/system/mine-test.service")
     try:
-        for unit, why in (("ssh.service", "systemd already has ssh.service from /"),  # /lib or /usr/lib
-                          ("mine-test.service", "was not written by k26ops")):
-            before = ssh(lab, lab1, f"systemctl show -p FragmentPath,MainPID {unit}; "
-                                    f"cat /etc/systemd/system/{unit} 2>/dev/null || true")
-            res, out = deploy(inventory(engine, "foreign", **{lab1: {"engine_unit": unit}}), release=False,
-                              capsys=capsys)
+        for unit, why in (
+            ("ssh.service", "systemd already has ssh.service from /"),  # /lib or /usr/lib
+            ("mine-test.service", "was not written by k26ops"),
+        ):
+            before = ssh(
+                lab,
+                lab1,
+                f"systemctl show -p FragmentPath,MainPID {unit}; cat /etc/systemd/system/{unit} 2>/dev/null || true",
+            )
+            res, out = deploy(
+                inventory(engine, "foreign", **{lab1: {"engine_unit": unit}}), release=False, capsys=capsys
+            )
             r = res[lab1]
             assert r.status == "failed" and r.error.startswith(f"refusing engine_unit {unit}: ") and why in r.error
             assert "\n" not in r.error
             assert [l for l in out.splitlines() if lab1 in l and f"refusing engine_unit {unit}" in l], out
-            assert ssh(lab, lab1, f"systemctl show -p FragmentPath,MainPID {unit}; "
-                                  f"cat /etc/systemd/system/{unit} 2>/dev/null || true") == before
+            assert (
+                ssh(
+                    lab,
+                    lab1,
+                    f"systemctl show -p FragmentPath,MainPID {unit}; "
+                    f"cat /etc/systemd/system/{unit} 2>/dev/null || true",
+                )
+                == before
+            )
     finally:
         ssh(lab, lab1, "rm -f /etc/systemd/system/mine-test.service")
 
@@ -457,14 +518,15 @@ def test_a_failed_deploy_puts_the_previous_secrets_file_back(lab, engine):
     crash = {"extra_flags": {"api-key": new}, "engine_env": {"K26OPS_STANDIN_CRASH": "load"}}
     res, _ = deploy(inventory(engine, "key-new-crash", **{bad: crash}))
     assert res[bad].status == "failed" and "previous engine is healthy again" in res[bad].error, res[bad].error
-    assert ssh(lab, bad, f"stat -c '%a %U' {SECRETS_FILE}; cat {SECRETS_FILE}; "
-                         f"cat /etc/systemd/system/{UNIT}") == before
+    assert (
+        ssh(lab, bad, f"stat -c '%a %U' {SECRETS_FILE}; cat {SECRETS_FILE}; cat /etc/systemd/system/{UNIT}") == before
+    )
     assert old in before and new not in before
     res, _ = deploy(inventory(engine, "base"))  # back to the common state
     assert res[bad].status == "changed", res[bad].error
 
 
-FOREIGN = r'''
+FOREIGN = r"""
 import json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 log = sys.argv[2]
@@ -480,17 +542,21 @@ class H(BaseHTTPRequestHandler):
     do_GET = do_POST = answer
     def log_message(self, *a): pass
 HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-'''
+"""
 
 
 def foreign_listener(lab, host: str, port: int) -> tuple[int, str]:
     """A user (nobody) serving on the engine's port, answering 200 to everything and logging what
     it receives: (its pid, its log's path on the host)."""
     log = f"/tmp/foreign-{port}.log"
-    ssh(lab, host, f"rm -f {log}; cat > /tmp/foreign.py <<'PY'\n{FOREIGN}\nPY\n"
-                   f"touch {log}; chown nobody {log}; cd /; setsid runuser -u nobody -- python3 /tmp/foreign.py {port} {log} "
-                   f"</dev/null >/dev/null 2>&1 & "
-                   f"for i in $(seq 50); do ss -ltn 'sport = :{port}' | grep -q LISTEN && break; sleep 0.1; done")
+    ssh(
+        lab,
+        host,
+        f"rm -f {log}; cat > /tmp/foreign.py <<'PY'\n{FOREIGN}\nPY\n"
+        f"touch {log}; chown nobody {log}; cd /; setsid runuser -u nobody -- python3 /tmp/foreign.py {port} {log} "
+        f"</dev/null >/dev/null 2>&1 & "
+        f"for i in $(seq 50); do ss -ltn 'sport = :{port}' | grep -q LISTEN && break; sleep 0.1; done",
+    )
     pid = int(ssh(lab, host, f"pgrep -u nobody -f 'foreign.py {port}'").split()[0])
     return pid, log
 
@@ -511,15 +577,21 @@ def test_a_listener_of_another_user_on_the_engine_port_gets_no_request(lab, engi
         res, out = deploy(inv, capsys=capsys)
         r = res[lab1]
         assert r.status == "failed", r.data
-        assert (f"refusing to start {UNIT}: port {port} is held by pid {pid} (user nobody: python3 /tmp/foreign.py"
-                in r.error and "nothing changed" in r.error), r.error
+        assert (
+            f"refusing to start {UNIT}: port {port} is held by pid {pid} (user nobody: python3 /tmp/foreign.py"
+            in r.error
+            and "nothing changed" in r.error
+        ), r.error
         assert "\n" not in r.error
         # the agent's own ops, as the health wait, the smoke and status run them on a running unit
         # (a transient one here: its process tree does not hold the port)
         ssh(lab, lab1, "systemd-run --unit=k26-foreign-test.service sleep 300")
         src = (REPO / "k26ops/agents/engine.py").read_text()
-        for op, extra in (("poll", {"window": 1.0}), ("smoke", {"prompt": "hi", "max_new_tokens": 4}),
-                          ("status", {"current": "/nonexistent/current"})):
+        for op, extra in (
+            ("poll", {"window": 1.0}),
+            ("smoke", {"prompt": "hi", "max_new_tokens": 4}),
+            ("status", {"current": "/nonexistent/current"}),
+        ):
             req = {"op": op, "unit": "k26-foreign-test.service", "port": port, "api_key": key, **extra}
             ans = json.loads(ssh(lab, lab1, f"echo {q(json.dumps(req))} | python3 -S -c {q(src)}").splitlines()[-1])
             holder = ans.get("holder") or ans.get("foreign")

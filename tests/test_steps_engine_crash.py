@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from labtools import lab_bus_ids, lab_kernel_log
-
 from k26ops.diagnose.classify import classify
 from k26ops.steps.engine import crash_label, crash_text
+from labtools import lab_bus_ids, lab_kernel_log
 
 LOGS = Path(__file__).parent / "data" / "logs"
 IMA = (LOGS / "ima_replay_tp8.log").read_text()

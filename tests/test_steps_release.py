@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import (harmless_patch, k26ops, k26ops_json, lab_base, lab_recipe_copy, lab_ssh,
-                      write_series)
+from labtools import harmless_patch, k26ops, k26ops_json, lab_base, lab_recipe_copy, lab_ssh, write_series
 
 ENGINE_STEPS = "name: engine\nsteps:\n  - cuda_toolkit: {}\n  - release: {keep: 3}\n"
-TREE_HASH = ("cd /opt/k26ops/releases/current/venv/lib/python3*/site-packages && "
-             "find sglang -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum")
+TREE_HASH = (
+    "cd /opt/k26ops/releases/current/venv/lib/python3*/site-packages && "
+    "find sglang -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,7 @@ def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
     assert rc == 0, data
     rid = data["hosts"]["lab1"]["release"]
     from k26ops.release import recipe as rc
+
     lab_recipe = rc.load("lab")
     assert rid.startswith(f"sglang-{lab_recipe.git.commit[:12]}-") and data["hosts"]["lab2"]["release"] == rid
     for host in ("lab1", "lab2"):
@@ -76,10 +78,16 @@ def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
         wheel = eng["wheel"]["name"]
         assert _remote(lab, host, f"sha256sum /opt/k26ops/wheelhouse/{wheel}").split()[0] == eng["wheel"]["sha256"]
         # the venv holds exactly the engine wheel and the locked wheels, installed with hashes
-        pkgs = _remote(lab, host, "/opt/k26ops/releases/current/venv/bin/python -m pip list --format=freeze "
-                                  "--exclude pip --exclude setuptools")
-        locked = {n.lower().replace("_", "-"): v for n, v, _ in __import__("k26ops.release.enginelock", fromlist=["x"])
-                  .load(lab_recipe.lock_path).entries}
+        pkgs = _remote(
+            lab,
+            host,
+            "/opt/k26ops/releases/current/venv/bin/python -m pip list --format=freeze "
+            "--exclude pip --exclude setuptools",
+        )
+        locked = {
+            n.lower().replace("_", "-"): v
+            for n, v, _ in __import__("k26ops.release.enginelock", fromlist=["x"]).load(lab_recipe.lock_path).entries
+        }
         got = dict(line.lower().replace("_", "-").split("==") for line in pkgs.splitlines() if "==" in line)
         assert got == {**locked, "sglang": "0.5.23+lab"}, got
         reqs = _remote(lab, host, "cat /opt/k26ops/releases/current/k26ops/requirements.txt").splitlines()
@@ -88,14 +96,22 @@ def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
         for rel, sha in manifest["patched_files"].items():
             got = _remote(lab, host, f"sha256sum {manifest['site_packages']}/{rel}").split()[0]
             assert got == sha
-        patched = _remote(lab, host, f"grep -c PATCHED_BY_LAB_SERIES {manifest['site_packages']}/"
-                                     "sglang/srt/speculative/ddtree_lab_fixture.py")
+        patched = _remote(
+            lab,
+            host,
+            f"grep -c PATCHED_BY_LAB_SERIES {manifest['site_packages']}/sglang/srt/speculative/ddtree_lab_fixture.py",
+        )
         # the lab series: its marker patch and the API-key redaction of the start-up log
         assert int(patched) == 1 and sorted(manifest["patched_files"]) == [
-            "sglang/srt/entrypoints/engine.py", "sglang/srt/speculative/ddtree_lab_fixture.py"]
+            "sglang/srt/entrypoints/engine.py",
+            "sglang/srt/speculative/ddtree_lab_fixture.py",
+        ]
         # the real nvcc 13.0 toolchain, verified for sm_120
-        out = _remote(lab, host, "/opt/k26ops/toolchain/cuda-13.0/bin/nvcc --version; "
-                                 "cat /opt/k26ops/toolchain/cuda-13.0/k26ops-verified")
+        out = _remote(
+            lab,
+            host,
+            "/opt/k26ops/toolchain/cuda-13.0/bin/nvcc --version; cat /opt/k26ops/toolchain/cuda-13.0/k26ops-verified",
+        )
         assert "release 13.0" in out and "sm_120" in out
     # again: nothing to change, few remote commands, nothing rebuilt
     before = _remote(lab, "lab1", "stat -c %Y /opt/k26ops/releases/current/manifest.json")
@@ -111,13 +127,13 @@ def test_deploy_builds_verified_release_and_converges(lab, engine_playbook):
 
 def test_check_on_changed_recipe_lists_changes_and_changes_nothing(lab, engine_playbook, tmp_path):
     import sglang_release
+
     recipe = _recipe(tmp_path, [("extra.patch", _extra_patch_text(sglang_release.site_packages()))])
     inv = _inventory(lab, tmp_path, recipe=str(recipe))
     k26ops_json("--limit", "lab1", "deploy", "--playbook", str(engine_playbook), env=lab.env())
     current = _remote(lab, "lab1", "readlink /opt/k26ops/releases/current")
     listing = _remote(lab, "lab1", "ls /opt/k26ops/releases")
-    rc, data = k26ops_json("-i", str(inv), "--limit", "lab1", "deploy", "--check", "--playbook",
-                           str(engine_playbook))
+    rc, data = k26ops_json("-i", str(inv), "--limit", "lab1", "deploy", "--check", "--playbook", str(engine_playbook))
     assert rc == 0, data
     r = data["hosts"]["lab1"]
     new = r["release"]
@@ -130,9 +146,11 @@ def test_check_on_changed_recipe_lists_changes_and_changes_nothing(lab, engine_p
 
 
 def test_patch_that_does_not_apply_changes_no_file(lab, engine_playbook, tmp_path):
-    broken = (f"Base: {lab_base()}\nA patch whose context is not in the file.\n"
-              "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
-              "@@ -1,2 +1,3 @@\n this line is not there\n nor this one\n+# never\n")
+    broken = (
+        f"Base: {lab_base()}\nA patch whose context is not in the file.\n"
+        "--- a/sglang/version.py\n+++ b/sglang/version.py\n"
+        "@@ -1,2 +1,3 @@\n this line is not there\n nor this one\n+# never\n"
+    )
     recipe = _recipe(tmp_path, [("broken.patch", broken)])
     inv = _inventory(lab, tmp_path, recipe=str(recipe))
     k26ops_json("--limit", "lab1", "deploy", "--playbook", str(engine_playbook), env=lab.env())
@@ -150,12 +168,23 @@ def test_patch_that_does_not_apply_changes_no_file(lab, engine_playbook, tmp_pat
 
 def test_wheels_are_downloaded_once_for_all_hosts(lab, engine_playbook, tmp_path):
     import sglang_release
-    recipe = _recipe(tmp_path, [("once.patch", _extra_patch_text(sglang_release.site_packages())
-                                 .replace("k26ops test patch", "k26ops download-once test"))])
+
+    recipe = _recipe(
+        tmp_path,
+        [
+            (
+                "once.patch",
+                _extra_patch_text(sglang_release.site_packages()).replace(
+                    "k26ops test patch", "k26ops download-once test"
+                ),
+            )
+        ],
+    )
     inv = _inventory(lab, tmp_path, recipe=str(recipe))
     wh = tmp_path / "wheelhouse"
-    rc, data = k26ops_json("-i", str(inv), "deploy", "--playbook", str(engine_playbook),
-                           env={"K26OPS_WHEELHOUSE": str(wh)})
+    rc, data = k26ops_json(
+        "-i", str(inv), "deploy", "--playbook", str(engine_playbook), env={"K26OPS_WHEELHOUSE": str(wh)}
+    )
     assert rc == 0, data
     hosts = list(data["hosts"])
     assert len(hosts) == len(lab.hosts) >= 2
@@ -163,7 +192,9 @@ def test_wheels_are_downloaded_once_for_all_hosts(lab, engine_playbook, tmp_path
     downloads = [json.loads(line) for line in (wh / "downloads.log").read_text().splitlines()]
     sets = [tuple(d["requirements"]) for d in downloads]
     # one download per distinct wheel set (the lock's wheels once), however many hosts needed it
-    from k26ops.release import enginelock, recipe as rc
+    from k26ops.release import enginelock
+    from k26ops.release import recipe as rc
+
     lock = enginelock.load(rc.load("lab").lock_path)
     assert sets.count(tuple(enginelock.requirement_lines(lock.entries))) == 1
     assert len(sets) == len(set(sets))
@@ -184,7 +215,9 @@ def test_registry_source_still_deploys_and_a_patch_for_another_base_is_refused(l
     manifest = json.loads(_remote(lab, "lab1", f"cat /opt/k26ops/releases/{rid}/manifest.json"))
     assert manifest["engine"]["base"] == "sglang==0.5.23"
     # the locked set, exactly: lab-registry.lock holds the one sglang wheel `install: no-deps` installs
-    from k26ops.release import enginelock, recipe as recipe_mod
+    from k26ops.release import enginelock
+    from k26ops.release import recipe as recipe_mod
+
     lock = enginelock.load(recipe_mod.load("lab-registry").lock_path)
     assert manifest["engine"]["lock"] == {"file": "lab-registry.lock", "sha256": lock.sha256, "wheels": 1}
     assert [w["sha256"] for w in manifest["wheels"]] == [lock.entries[0][2]]
@@ -194,8 +227,16 @@ def test_registry_source_still_deploys_and_a_patch_for_another_base_is_refused(l
     listing = _remote(lab, "lab1", "ls -a /opt/k26ops/releases")
     wrong = harmless_patch("wrong base").replace(f"Base: {lab_base()}", "Base: sglang==0.5.23")
     recipe = _recipe(tmp_path, [("wrong.patch", wrong)])
-    proc = k26ops("-i", str(_inventory(lab, tmp_path, recipe=str(recipe))), "--limit", "lab1", "--json",
-                  "deploy", "--playbook", str(engine_playbook))
+    proc = k26ops(
+        "-i",
+        str(_inventory(lab, tmp_path, recipe=str(recipe))),
+        "--limit",
+        "lab1",
+        "--json",
+        "deploy",
+        "--playbook",
+        str(engine_playbook),
+    )
     assert proc.returncode == 1
     err = json.loads(proc.stdout)["hosts"]["lab1"]["error"]
     assert "patch wrong.patch is written for sglang==0.5.23, the deployed base is " + lab_base() in err

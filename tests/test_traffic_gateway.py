@@ -26,9 +26,9 @@ import pytest
 from k26ops import interrupt
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.inventory.model import Host
-from k26ops.transport.ssh import LocalSession
 from k26ops.traffic.drain import Drain, TrafficConfig
 from k26ops.traffic.gateway import Gateway, GatewayError, Watch
+from k26ops.transport.ssh import LocalSession
 from labtools import free_port, sglang_router
 
 STANDIN = Path(__file__).resolve().parent.parent / "k26ops/lab/fixtures/engine_standin.py"
@@ -52,8 +52,9 @@ def wait_http(port: int, path: str, want: int = 200, timeout: float = 30.0) -> N
 class Proc:
     def __init__(self, argv, env=None, log=None):
         self.log = open(log, "w") if log else subprocess.DEVNULL
-        self.p = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=self.log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        self.p = subprocess.Popen(
+            argv, env={**os.environ, **(env or {})}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def stop(self):
         if self.p.poll() is None:
@@ -69,9 +70,21 @@ def router(tmp_path_factory):
 
 def standin(tmp_path: Path, name: str, **env) -> tuple[Proc, int]:
     port = free_port()
-    p = Proc([sys.executable, str(STANDIN), "--model-path", "/models/m", "--host", "127.0.0.1", "--port", str(port),
-              "--enable-metrics"], env={"K26OPS_STANDIN_LOAD_SECONDS": "0", "K26OPS_STANDIN_DRAIN_POLL_S": "0.5",
-                                        **env}, log=tmp_path / f"{name}.log")
+    p = Proc(
+        [
+            sys.executable,
+            str(STANDIN),
+            "--model-path",
+            "/models/m",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--enable-metrics",
+        ],
+        env={"K26OPS_STANDIN_LOAD_SECONDS": "0", "K26OPS_STANDIN_DRAIN_POLL_S": "0.5", **env},
+        log=tmp_path / f"{name}.log",
+    )
     wait_http(port, "/health")
     return p, port
 
@@ -79,8 +92,11 @@ def standin(tmp_path: Path, name: str, **env) -> tuple[Proc, int]:
 def stream(port: int, tokens: int, out: list) -> None:
     """One streamed /generate straight to an engine; appends (completion_tokens, [DONE] seen)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", "/generate", body=json.dumps({"text": "x", "stream": True,
-                                                    "sampling_params": {"max_new_tokens": tokens}}))
+    c.request(
+        "POST",
+        "/generate",
+        body=json.dumps({"text": "x", "stream": True, "sampling_params": {"max_new_tokens": tokens}}),
+    )
     last, done = None, False
     for line in c.getresponse():
         if line.strip() == b"data: [DONE]":
@@ -225,12 +241,19 @@ def test_ctrl_c_during_the_drain_puts_the_worker_back_and_the_engine_keeps_servi
 
 
 def test_traffic_config_errors_are_one_line_naming_host_and_variable():
-    bad = [({"model_gateway": "ftp://x"}, "model_gateway"), ({"model_gateway": 7}, "model_gateway"),
-           ({"drain": "sometimes"}, "drain"), ({"drain": "gateway"}, "model_gateway"),
-           ({"drain_timeout": -1}, "drain_timeout"), ({"drain_timeout": "5m"}, "drain_timeout"),
-           ({"min_serving": 0}, "min_serving"), ({"min_serving": 1.5}, "min_serving"),
-           ({"drain_hook": "unterminated 'quote"}, "drain_hook"), ({"drain": "hook"}, "drain_hook"),
-           ({"model_gateway": "http://u:pw@gw:1", "worker_url": "nope"}, "worker_url")]
+    bad = [
+        ({"model_gateway": "ftp://x"}, "model_gateway"),
+        ({"model_gateway": 7}, "model_gateway"),
+        ({"drain": "sometimes"}, "drain"),
+        ({"drain": "gateway"}, "model_gateway"),
+        ({"drain_timeout": -1}, "drain_timeout"),
+        ({"drain_timeout": "5m"}, "drain_timeout"),
+        ({"min_serving": 0}, "min_serving"),
+        ({"min_serving": 1.5}, "min_serving"),
+        ({"drain_hook": "unterminated 'quote"}, "drain_hook"),
+        ({"drain": "hook"}, "drain_hook"),
+        ({"model_gateway": "http://u:pw@gw:1", "worker_url": "nope"}, "worker_url"),
+    ]
     for v, name in bad:
         with pytest.raises(UserError) as exc:
             TrafficConfig.of(host("lab1", 30000, **v))
@@ -264,8 +287,9 @@ def test_a_worker_is_put_back_only_after_its_own_smoke_request_answers(router, t
         d = drain_for(router, "bad", bad_port, progress=lines.append)
         with pytest.raises(StepFailed) as exc:
             smoke_before_put_back(d, d.session, None)
-        assert str(exc.value) == ("the engine answers /health but not its smoke request (HTTP 500): "
-                                  "left out of rotation"), exc.value
+        assert str(exc.value) == (
+            "the engine answers /health but not its smoke request (HTTP 500): left out of rotation"
+        ), exc.value
         g = drain_for(router, "good", good_port, progress=lines.append)
         smoke_before_put_back(g, g.session, None)
         assert lines == ["smoke before putting it back: failed", "smoke before putting it back: answered"]
@@ -279,8 +303,10 @@ def test_a_drain_hook_runs_out_before_and_in_after_and_a_failing_one_stops_nothi
     K26OPS_DRAIN=out before the stop and =in after; the in-flight wait between is the same."""
     log, fail = tmp_path / "hook.log", tmp_path / "fail"
     hook = tmp_path / "lb-drain"
-    hook.write_text(f'#!/bin/sh\necho "$K26OPS_DRAIN $K26OPS_HOST $K26OPS_WORKER_URL $#" >> {log}\n'
-                    f'if [ -e {fail} ]; then echo "lb: no such backend" >&2; exit 3; fi\n')
+    hook.write_text(
+        f'#!/bin/sh\necho "$K26OPS_DRAIN $K26OPS_HOST $K26OPS_WORKER_URL $#" >> {log}\n'
+        f'if [ -e {fail} ]; then echo "lb: no such backend" >&2; exit 3; fi\n'
+    )
     hook.chmod(0o755)
     p, port = standin(tmp_path, "hooked", K26OPS_STANDIN_DECODE_TOKS="20")
     try:
@@ -300,8 +326,10 @@ def test_a_drain_hook_runs_out_before_and_in_after_and_a_failing_one_stops_nothi
         fail.touch()
         with pytest.raises(StepFailed) as exc:
             Drain(TrafficConfig.of(h), "h1", LocalSession(h), engine_port=port).take_out()
-        assert str(exc.value) == (f"drain: drain_hook (out) {hook} exited 3: lb: no such backend; nothing was "
-                                  "taken out of rotation; the engine was not stopped")
+        assert str(exc.value) == (
+            f"drain: drain_hook (out) {hook} exited 3: lb: no such backend; nothing was "
+            "taken out of rotation; the engine was not stopped"
+        )
         assert p.p.poll() is None and got == [(30, True)]
     finally:
         p.stop()

@@ -28,10 +28,40 @@ from k26ops.engine import units
 from k26ops.errors import UserError
 
 HOSTILE = [
-    "plain", "two words", "50%", "%n", "%%", "100%% sure", 'say "hi"', "it's", "'single'",
-    "$(rm -rf /)", "`id`", "${HOME}", "$HOME", "$$", "$", "a;b", ";", "\\;", "back\\slash",
-    "trailing\\", "\\\\", "tab\there", "  lead and trail  ", "", "#not-a-comment", "a=b c",
-    "{braces}", "*?[x]", "ünïcödé ✓", "\\x41", "\\n", "&& echo pwned", "|", "> /etc/passwd",
+    "plain",
+    "two words",
+    "50%",
+    "%n",
+    "%%",
+    "100%% sure",
+    'say "hi"',
+    "it's",
+    "'single'",
+    "$(rm -rf /)",
+    "`id`",
+    "${HOME}",
+    "$HOME",
+    "$$",
+    "$",
+    "a;b",
+    ";",
+    "\\;",
+    "back\\slash",
+    "trailing\\",
+    "\\\\",
+    "tab\there",
+    "  lead and trail  ",
+    "",
+    "#not-a-comment",
+    "a=b c",
+    "{braces}",
+    "*?[x]",
+    "ünïcödé ✓",
+    "\\x41",
+    "\\n",
+    "&& echo pwned",
+    "|",
+    "> /etc/passwd",
 ]
 
 PROFILE = {
@@ -47,8 +77,19 @@ PROFILE = {
 
 # ---------------------------------------------------------------- test-side systemd parser
 
-_CESC = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-         "\\": "\\", '"': '"', "'": "'", "s": " "}
+_CESC = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "s": " ",
+}
 
 
 def systemd_split(line: str) -> list[str]:
@@ -72,7 +113,7 @@ def systemd_split(line: str) -> list[str]:
                     raise ValueError("trailing backslash")
                 nxt = line[i + 1]
                 if nxt == "x":
-                    word.append(chr(int(line[i + 2:i + 4], 16)))
+                    word.append(chr(int(line[i + 2 : i + 4], 16)))
                     i += 4
                     continue
                 word.append(_CESC.get(nxt, "\\" + nxt))  # unknown: kept (CUNESCAPE_RELAX)
@@ -101,8 +142,8 @@ def _specifiers(word: str) -> str:
     out, i = [], 0
     while i < len(word):
         if word[i] == "%":
-            if word[i + 1:i + 2] != "%":
-                raise ValueError(f"specifier %{word[i + 1:i + 2]} would be expanded in {word!r}")
+            if word[i + 1 : i + 2] != "%":
+                raise ValueError(f"specifier %{word[i + 1 : i + 2]} would be expanded in {word!r}")
             i += 1
         out.append(word[i])
         i += 1
@@ -113,7 +154,7 @@ def _env_expand(word: str) -> str:
     out, i = [], 0
     while i < len(word):
         if word[i] == "$":
-            nxt = word[i + 1:i + 2]
+            nxt = word[i + 1 : i + 2]
             if nxt == "$":
                 out.append("$")
                 i += 2
@@ -126,8 +167,18 @@ def _env_expand(word: str) -> str:
 
 
 def test_test_parser_follows_systemd_rules():
-    assert systemd_split('/bin/x "a b" \'c d\' e\\ f a\\sb "" x""y 100%% $$HOME "\\"q\\""') == \
-        ["/bin/x", "a b", "c d", "e\\ f", "a b", "", "xy", "100%", "$HOME", '"q"']
+    assert systemd_split('/bin/x "a b" \'c d\' e\\ f a\\sb "" x""y 100%% $$HOME "\\"q\\""') == [
+        "/bin/x",
+        "a b",
+        "c d",
+        "e\\ f",
+        "a b",
+        "",
+        "xy",
+        "100%",
+        "$HOME",
+        '"q"',
+    ]
     for bad in ['/bin/x "a', "/bin/x %n", "/bin/x $HOME", "/bin/x ;"]:
         with pytest.raises(ValueError):
             systemd_split(bad)
@@ -135,9 +186,11 @@ def test_test_parser_follows_systemd_rules():
 
 # ---------------------------------------------------------------- real systemd helpers
 
+
 def _verify(unit: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60
+    )
 
 
 def _can_verify() -> bool:
@@ -150,8 +203,11 @@ def _can_verify() -> bool:
 
 
 SYSTEMD = shutil.which("systemd") or next(
-    (p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)), None)
-needs_verify = pytest.mark.skipif(not _can_verify() and not os.environ.get("CI"), reason="systemd-analyze verify unavailable here")
+    (p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.path.exists(p)), None
+)
+needs_verify = pytest.mark.skipif(
+    not _can_verify() and not os.environ.get("CI"), reason="systemd-analyze verify unavailable here"
+)
 
 
 def systemd_dump_commands(unit_text: str, name: str = "k26ops-roundtrip.service") -> list[list[str]]:
@@ -167,8 +223,7 @@ def systemd_dump_commands(unit_text: str, name: str = "k26ops-roundtrip.service"
         if os.geteuid() == 0:  # "Don't run test mode as root."
             os.chown(d / "run", 65534, 65534)
             cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(d), "XDG_RUNTIME_DIR": str(d / "run"),
-               "SYSTEMD_UNIT_PATH": f"{d}:"}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(d), "XDG_RUNTIME_DIR": str(d / "run"), "SYSTEMD_UNIT_PATH": f"{d}:"}
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env).stdout
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -190,7 +245,7 @@ def _dump_words(line: str) -> list[str]:
             c = line[i]
             if c == '"':
                 quoted = not quoted
-            elif quoted and c == "\\" and line[i + 1:i + 2] in ('"', "\\", "`", "$", "t"):
+            elif quoted and c == "\\" and line[i + 1 : i + 2] in ('"', "\\", "`", "$", "t"):
                 word.append("\t" if line[i + 1] == "t" else line[i + 1])
                 i += 1
             else:
@@ -213,6 +268,7 @@ needs_dump = pytest.mark.skipif(not _can_dump() and not os.environ.get("CI"), re
 
 
 # ---------------------------------------------------------------- quoting
+
 
 @pytest.mark.parametrize("arg", HOSTILE)
 def test_systemd_quote_round_trips_in_test_parser(arg):
@@ -243,20 +299,28 @@ def test_any_printable_argv_round_trips(args):
 @needs_dump
 def test_real_systemd_parses_hostile_argv_back_exactly():
     """Hostile args into a real rendered unit; systemd's own parse gives them back."""
-    profile = {**PROFILE, "model_path": "/models/my model %i $(reboot)",
-               "extra_args": [a for pair in zip(["--x"] * len(HOSTILE), HOSTILE) for a in pair]}
+    profile = {
+        **PROFILE,
+        "model_path": "/models/my model %i $(reboot)",
+        "extra_args": [a for pair in zip(["--x"] * len(HOSTILE), HOSTILE) for a in pair],
+    }
     argv = units.engine_argv(profile)
     argv[0] = "/usr/bin/python3"
     unit = units.render_unit({"argv": argv})
     (parsed,) = systemd_dump_commands(unit)
     assert parsed == [a.replace("$", "$$") for a in argv]  # dump is before `$$` -> `$`
     exec_line = next(l for l in unit.splitlines() if l.startswith("ExecStart="))
-    assert systemd_split(exec_line[len("ExecStart="):]) == argv
+    assert systemd_split(exec_line[len("ExecStart=") :]) == argv
 
 
 @needs_dump
-@given(st.lists(st.lists(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12),
-                         max_size=4), min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.lists(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12), max_size=4),
+        min_size=1,
+        max_size=8,
+    )
+)
 @settings(max_examples=15, deadline=None)
 def test_real_systemd_agrees_on_generated_argvs(argvs):
     """Many generated command lines at once (ExecStartPre= may repeat)."""
@@ -267,42 +331,69 @@ def test_real_systemd_agrees_on_generated_argvs(argvs):
 
 # ---------------------------------------------------------------- engine argv
 
+
 def test_engine_argv_profile():
-    argv = units.engine_argv({**PROFILE, "extra_args": {"mem-fraction-static": 0.85,
-                                                         "--enable-metrics": True, "--off": False}})
+    argv = units.engine_argv(
+        {**PROFILE, "extra_args": {"mem-fraction-static": 0.85, "--enable-metrics": True, "--off": False}}
+    )
     assert argv[:3] == ["/opt/k26ops/releases/current/venv/bin/python", "-m", "sglang.launch_server"]
     joined = " ".join(argv)
-    for part in ["--model-path /models/Kimi-K2.6", "--tp-size 8", "--speculative-algorithm DDTREE",
-                 "--speculative-draft-model-path /models/Kimi-K2.6-DFlash",
-                 "--speculative-ddtree-budget 64", "--speculative-dflash-block-size 8",
-                 "--cuda-graph-max-bs-decode 32", "--host 0.0.0.0", "--port 30000",
-                 "--mem-fraction-static 0.85", "--enable-metrics"]:
+    for part in [
+        "--model-path /models/Kimi-K2.6",
+        "--tp-size 8",
+        "--speculative-algorithm DDTREE",
+        "--speculative-draft-model-path /models/Kimi-K2.6-DFlash",
+        "--speculative-ddtree-budget 64",
+        "--speculative-dflash-block-size 8",
+        "--cuda-graph-max-bs-decode 32",
+        "--host 0.0.0.0",
+        "--port 30000",
+        "--mem-fraction-static 0.85",
+        "--enable-metrics",
+    ]:
         assert part in joined
     assert "--off" not in argv and "--nnodes" not in argv and "--disable-cuda-graph" not in argv
 
 
 def test_engine_argv_lab_module_disable_graph_and_multinode():
-    argv = units.engine_argv({**PROFILE, "launch_module": "k26ops_engine_standin",
-                              "python": "/usr/bin/python3", "disable_cuda_graph": True,
-                              "nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"})
+    argv = units.engine_argv(
+        {
+            **PROFILE,
+            "launch_module": "k26ops_engine_standin",
+            "python": "/usr/bin/python3",
+            "disable_cuda_graph": True,
+            "nnodes": 2,
+            "node_rank": 1,
+            "dist_init_addr": "10.0.0.1:5000",
+        }
+    )
     assert argv[:3] == ["/usr/bin/python3", "-m", "k26ops_engine_standin"]
     assert "--disable-cuda-graph" in argv and "--cuda-graph-max-bs-decode" not in argv
-    assert argv[argv.index("--nnodes"):][:6] == ["--nnodes", "2", "--node-rank", "1",
-                                                  "--dist-init-addr", "10.0.0.1:5000"]
+    assert argv[argv.index("--nnodes") :][:6] == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--dist-init-addr",
+        "10.0.0.1:5000",
+    ]
 
 
-@pytest.mark.parametrize("bad, needle", [
-    ({"model_path": None}, "model_path"),
-    ({"tp_size": "8"}, "tp_size"),
-    ({"port": True}, "port"),
-    ({"launch_module": "x; rm -rf /"}, "launch_module"),
-    ({"nnodes": 2}, "node_rank"),
-    ({"nnodes": 2, "node_rank": 2, "dist_init_addr": "h:1"}, "node_rank"),
-    ({"nnodes": 2, "node_rank": 0}, "dist_init_addr"),
-    ({"extra_args": ["--tp-size", "4"]}, "--tp-size"),
-    ({"extra_args": "--foo"}, "extra_args"),
-    ({"extra_args": ["--x", "line\nbreak"]}, "control character"),
-])
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        ({"model_path": None}, "model_path"),
+        ({"tp_size": "8"}, "tp_size"),
+        ({"port": True}, "port"),
+        ({"launch_module": "x; rm -rf /"}, "launch_module"),
+        ({"nnodes": 2}, "node_rank"),
+        ({"nnodes": 2, "node_rank": 2, "dist_init_addr": "h:1"}, "node_rank"),
+        ({"nnodes": 2, "node_rank": 0}, "dist_init_addr"),
+        ({"extra_args": ["--tp-size", "4"]}, "--tp-size"),
+        ({"extra_args": "--foo"}, "extra_args"),
+        ({"extra_args": ["--x", "line\nbreak"]}, "control character"),
+    ],
+)
 def test_engine_argv_bad_profiles_are_user_errors(bad, needle):
     with pytest.raises(UserError, match=re.escape(needle)):
         units.engine_argv({**PROFILE, **bad})
@@ -310,11 +401,20 @@ def test_engine_argv_bad_profiles_are_user_errors(bad, needle):
 
 # ---------------------------------------------------------------- rendering
 
+
 def test_render_unit_contents():
     text = units.render_unit({"profile": PROFILE, "release_id": "r-abc", "user": "sglang"})
-    for line in ["Type=exec", "Restart=on-failure", "StartLimitBurst=5", "StartLimitIntervalSec=300",
-                 "TimeoutStartSec=3600", "LimitNOFILE=1048576", "User=sglang",
-                 "EnvironmentFile=/etc/k26ops/sglang.env", "WantedBy=multi-user.target"]:
+    for line in [
+        "Type=exec",
+        "Restart=on-failure",
+        "StartLimitBurst=5",
+        "StartLimitIntervalSec=300",
+        "TimeoutStartSec=3600",
+        "LimitNOFILE=1048576",
+        "User=sglang",
+        "EnvironmentFile=/etc/k26ops/sglang.env",
+        "WantedBy=multi-user.target",
+    ]:
         assert line in text.splitlines()
     assert text == units.render_unit({"profile": PROFILE, "release_id": "r-abc", "user": "sglang"})
 
@@ -347,8 +447,15 @@ def test_secrets_never_in_unit():
     assert "HF_TOKEN=" in units.render_env({"env": env})
 
 
-@pytest.mark.parametrize("extra", [{"api-key": "sk-UNIT-Secret-91"}, ["--api-key", "sk-UNIT-Secret-91"],
-                                   ["--api-key=sk-UNIT-Secret-91"], {"admin-api-key": "sk-UNIT-Secret-91"}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"api-key": "sk-UNIT-Secret-91"},
+        ["--api-key", "sk-UNIT-Secret-91"],
+        ["--api-key=sk-UNIT-Secret-91"],
+        {"admin-api-key": "sk-UNIT-Secret-91"},
+    ],
+)
 def test_secret_flag_kept_out_of_the_unit_and_the_engines_argv(extra):
     """The secret flag's value is neither in the unit file nor in any word of the
     engine's command line, not even as a ${VAR} systemd would expand from the env
@@ -364,16 +471,29 @@ def test_secret_flag_kept_out_of_the_unit_and_the_engines_argv(extra):
 
 
 @needs_verify
-@pytest.mark.parametrize("extra", [{}, {"disable_cuda_graph": True},
-                                   {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"},
-                                   {"extra_args": [a for x in HOSTILE for a in ("--x", x)]}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"disable_cuda_graph": True},
+        {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"},
+        {"extra_args": [a for x in HOSTILE for a in ("--x", x)]},
+    ],
+)
 def test_rendered_units_pass_systemd_analyze_verify(tmp_path, extra):
     env_file = tmp_path / "sglang.env"
     env_file.write_text(units.render_env({"env": {"HF_TOKEN": "hf_x", "CUDA_HOME": "/usr/local/cuda"}}))
     env_file.chmod(0o600)
     unit = tmp_path / "k26ops-sglang.service"
-    unit.write_text(units.render_unit({"profile": {**PROFILE, **extra, "python": sys.executable},
-                                       "env_file": str(env_file), "working_directory": str(tmp_path)}))
+    unit.write_text(
+        units.render_unit(
+            {
+                "profile": {**PROFILE, **extra, "python": sys.executable},
+                "env_file": str(env_file),
+                "working_directory": str(tmp_path),
+            }
+        )
+    )
     res = _verify(unit)
     assert res.returncode == 0, res.stderr
     assert res.stderr.strip() == "", res.stderr  # no warnings (unknown keys etc.) either
@@ -388,8 +508,24 @@ def test_systemd_analyze_verify_catches_a_broken_unit(tmp_path):
 
 # ---------------------------------------------------------------- env file
 
-ENV_VALUES = ["plain", "two words", 'quo"te', "it's", "$HOME", "${X}", "`id`", "back\\slash",
-              "trailing\\", "#hash", "; semi", "  spaced  ", "", "ünï", "tab\tx", "a=b"]
+ENV_VALUES = [
+    "plain",
+    "two words",
+    'quo"te',
+    "it's",
+    "$HOME",
+    "${X}",
+    "`id`",
+    "back\\slash",
+    "trailing\\",
+    "#hash",
+    "; semi",
+    "  spaced  ",
+    "",
+    "ünï",
+    "tab\tx",
+    "a=b",
+]
 
 
 def test_env_file_round_trips_through_posix_shell_and_systemd_rules(tmp_path):
@@ -399,15 +535,25 @@ def test_env_file_round_trips_through_posix_shell_and_systemd_rules(tmp_path):
     f = tmp_path / "env"
     f.write_text(text)
     for key, value in env.items():
-        out = subprocess.run(["/bin/sh", "-c", f'. "$1"; printf %s "${key}"', "sh", str(f)],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            ["/bin/sh", "-c", f'. "$1"; printf %s "${key}"', "sh", str(f)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         assert out == value, key
 
 
 def test_parse_env_systemd_shapes():
-    text = "# c\n; c\nA=1 \nB='x y' \"z\"\nC=a\\\nb\nD=\"multi\\\nline\"\nE = spaced\n"
+    text = '# c\n; c\nA=1 \nB=\'x y\' "z"\nC=a\\\nb\nD="multi\\\nline"\nE = spaced\n'
     assert {k: v for k, v, *_ in units.parse_env(text)} == {
-        "A": "1", "B": "x yz", "C": "ab", "D": "multiline", "E": "spaced"}
+        "A": "1",
+        "B": "x yz",
+        "C": "ab",
+        "D": "multiline",
+        "E": "spaced",
+    }
 
 
 @pytest.mark.parametrize("env", [{"BAD-KEY": "x"}, {"1X": "x"}, {"X": "a\nb"}, {"X": None}])
@@ -418,23 +564,32 @@ def test_env_file_refuses_bad_entries(env):
 
 # ---------------------------------------------------------------- secrets
 
+
 def test_redact_all_spellings():
     secret = 'hf_"ab$c\\d'
-    text = f"token={secret} env={units.env_quote(secret)} arg={units.systemd_quote(secret)} " \
-           f"sh={shlex.quote(secret)} json=\"hf_\\\"ab$c\\\\d\""
+    text = (
+        f"token={secret} env={units.env_quote(secret)} arg={units.systemd_quote(secret)} "
+        f'sh={shlex.quote(secret)} json="hf_\\"ab$c\\\\d"'
+    )
     out = units.redact(text, [secret])
     assert "ab$c" not in out and out.count("<redacted>") == 5
-    assert units.redact("HF_TOKEN=hf_1 other", {"HF_TOKEN": "hf_1", "MODEL": "other"}) == \
-        "HF_TOKEN=<redacted> other"
+    assert units.redact("HF_TOKEN=hf_1 other", {"HF_TOKEN": "hf_1", "MODEL": "other"}) == "HF_TOKEN=<redacted> other"
     assert units.redact("nothing", []) == "nothing"
 
 
 def test_env_for_baseline_masks_secret_keys_only():
-    env = {"HF_TOKEN": "hf_abc", "GITHUB_TOKEN": "ghp_x", "S3_ACCESS_KEY": "k", "MY_SECRET_X": "s",
-           "DB_PASSWORD": "p", "CUDA_HOME": "/usr/local/cuda", "PATH": "/bin"}
+    env = {
+        "HF_TOKEN": "hf_abc",
+        "GITHUB_TOKEN": "ghp_x",
+        "S3_ACCESS_KEY": "k",
+        "MY_SECRET_X": "s",
+        "DB_PASSWORD": "p",
+        "CUDA_HOME": "/usr/local/cuda",
+        "PATH": "/bin",
+    }
     text = units.render_env({"env": env}) + "hf_token='multi\nline'\n"
     out = units.env_for_baseline(text)
-    for value in ["hf_abc", "ghp_x", "S3_ACCESS_KEY=\"k\"", "\"s\"", "\"p\"", "multi", "line"]:
+    for value in ["hf_abc", "ghp_x", 'S3_ACCESS_KEY="k"', '"s"', '"p"', "multi", "line"]:
         assert value not in out
     assert 'CUDA_HOME="/usr/local/cuda"' in out and 'PATH="/bin"' in out
     assert out.count("<redacted>") == 6
@@ -448,8 +603,11 @@ def test_a_template_is_compiled_once_per_process_and_again_when_edited(tmp_path,
 
     compiled = []
     real = jinja2.Environment.compile
-    monkeypatch.setattr(jinja2.Environment, "compile",
-                        lambda self, source, name=None, *a, **k: compiled.append(name) or real(self, source, name, *a, **k))
+    monkeypatch.setattr(
+        jinja2.Environment,
+        "compile",
+        lambda self, source, name=None, *a, **k: compiled.append(name) or real(self, source, name, *a, **k),
+    )
     first = units.render_unit({"argv": ["/bin/true"]})
     assert units.render_unit({"argv": ["/bin/true"]}) == first
     units.render_env({"env": {"A": "1"}})

@@ -33,9 +33,17 @@ from k26ops.steps import warmstart
 DATA = Path(__file__).resolve().parent / "data"
 H200 = parse_gpus((DATA / "facts/h200x2-smi-query-noheader-nounits.txt").read_text(), 0)["gpus"]
 RTX = parse_gpus((DATA / "facts/constructed-rtxpro6000x8-query-noheader-nounits.txt").read_text(), 0)["gpus"]
-ARGV = units.engine_argv({"python": "/opt/k26ops/releases/current/venv/bin/python", "model_path": "/m",
-                          "draft_model_path": "/d", "speculative_algorithm": "DDTREE", "tp_size": 8,
-                          "speculative_ddtree_budget": 32, "speculative_dflash_block_size": 8})
+ARGV = units.engine_argv(
+    {
+        "python": "/opt/k26ops/releases/current/venv/bin/python",
+        "model_path": "/m",
+        "draft_model_path": "/d",
+        "speculative_algorithm": "DDTREE",
+        "tp_size": 8,
+        "speculative_ddtree_budget": 32,
+        "speculative_dflash_block_size": 8,
+    }
+)
 
 
 def test_the_cache_dir_is_keyed_by_release_gpu_tp_and_speculative_profile():
@@ -45,8 +53,15 @@ def test_the_cache_dir_is_keyed_by_release_gpu_tp_and_speculative_profile():
     assert engine_cache.key(ARGV, RTX) == "rtx-pro-6000-blackwell-server-edition-sm120-tp8-ddtree-bs8-budget32"
     tp4 = [w if w != "8" or ARGV[i - 1] != "--tp-size" else "4" for i, w in enumerate(ARGV)]
     assert engine_cache.key(tp4, H200).endswith("-tp4-ddtree-bs8-budget32")
-    dflash = units.engine_argv({"python": "/p", "model_path": "/m", "speculative_algorithm": "DFLASH",
-                                "speculative_dflash_block_size": 8, "tp_size": 1})
+    dflash = units.engine_argv(
+        {
+            "python": "/p",
+            "model_path": "/m",
+            "speculative_algorithm": "DFLASH",
+            "speculative_dflash_block_size": 8,
+            "tp_size": 1,
+        }
+    )
     assert engine_cache.key(dflash, None) == "gpu-unknown-tp1-dflash-bs8"
     assert engine_cache.release_cache("/r", "rel-a") == "/r/engine-cache/rel-a"
     for bad in ("", "../x", ".hidden", "a/b"):
@@ -70,15 +85,21 @@ def test_the_variables_follow_the_releases_engine_version():
     assert engine_cache.variables("0.5.23", d) == {"SGLANG_CACHE_DIR": "/c"}
     assert engine_cache.variables("0.5.23+lab", d) == {"SGLANG_CACHE_DIR": "/c"}
     old = engine_cache.variables("0.5.17", d)
-    assert old == {"TRITON_CACHE_DIR": "/c/triton", "FLASHINFER_WORKSPACE_BASE": "/c/flashinfer",
-                   "TVM_FFI_CACHE_DIR": "/c/tvm-ffi", "CUDA_CACHE_PATH": "/c/nv-compute",
-                   "TORCHINDUCTOR_CACHE_DIR": "/c/inductor", "XDG_CACHE_HOME": "/c/xdg"}
+    assert old == {
+        "TRITON_CACHE_DIR": "/c/triton",
+        "FLASHINFER_WORKSPACE_BASE": "/c/flashinfer",
+        "TVM_FFI_CACHE_DIR": "/c/tvm-ffi",
+        "CUDA_CACHE_PATH": "/c/nv-compute",
+        "TORCHINDUCTOR_CACHE_DIR": "/c/inductor",
+        "XDG_CACHE_HOME": "/c/xdg",
+    }
     assert engine_cache.variables(None, d) == old and engine_cache.variables("0.5.22.dev3", d) == old
 
 
 def test_an_engine_env_setting_of_a_cache_variable_wins_and_is_named():
-    env, kept = engine_cache.apply({"TRITON_CACHE_DIR": "/shared/triton", "HF_HUB_OFFLINE": "1"},
-                                   engine_cache.variables("0.5.17", "/c"))
+    env, kept = engine_cache.apply(
+        {"TRITON_CACHE_DIR": "/shared/triton", "HF_HUB_OFFLINE": "1"}, engine_cache.variables("0.5.17", "/c")
+    )
     assert env["TRITON_CACHE_DIR"] == "/shared/triton" and env["TVM_FFI_CACHE_DIR"] == "/c/tvm-ffi"
     assert kept == ["TRITON_CACHE_DIR"] and "TRITON_CACHE_DIR" in engine_cache.kept_note(kept)
     assert engine_cache.kept_note([]) is None
@@ -94,9 +115,17 @@ def test_the_ttfgt_of_the_recorded_real_cold_start():
     log = (DATA / "rehearsal/h200-qwen3-dflash-final.log").read_text()
     rep = json.loads((DATA / "rehearsal/h200-qwen3-dflash-final.json").read_text())["hosts"]["h200"]["rehearsal"]
     at = calendar.timegm(time.strptime("2026-12-01 23:56:57", "%Y-%m-%d %H:%M:%S"))
-    t = warmstart.timeline(stop_at=None, started_at=at, ready_at=at + 126, greedy_at=at + 126.3,
-                           sampled_at=at + 126.3 + rep["smoke"]["sampled"]["latency_s"], log=log, tz_offset=0,
-                           metrics=rep["metrics"], started_source="k26ops")
+    t = warmstart.timeline(
+        stop_at=None,
+        started_at=at,
+        ready_at=at + 126,
+        greedy_at=at + 126.3,
+        sampled_at=at + 126.3 + rep["smoke"]["sampled"]["latency_s"],
+        log=log,
+        tz_offset=0,
+        metrics=rep["metrics"],
+        started_source="k26ops",
+    )
     ms = {m["name"]: (m["at_s"], m["source"]) for m in t["milestones"]}
     assert list(ms) == list(warmstart.MILESTONES[1:])
     assert ms["weights loaded"] == (35.0, "log") and ms["graphs captured"] == (119.0, "log")
@@ -106,32 +135,56 @@ def test_the_ttfgt_of_the_recorded_real_cold_start():
     assert (t["weights_s"], t["weights_source"]) == (0.22, "log")  # target 0.21 + drafter 0.01
     assert t["stop_s"] is None and t["startup_s"] is None  # no stop in a rehearsal; 0.5.17 has no startup_time
     # without the metrics, the log's capture lines
-    assert warmstart.timeline(stop_at=None, started_at=at, ready_at=None, greedy_at=None, sampled_at=None,
-                              log=log)["capture_source"] == "log"
+    assert (
+        warmstart.timeline(stop_at=None, started_at=at, ready_at=None, greedy_at=None, sampled_at=None, log=log)[
+            "capture_source"
+        ]
+        == "log"
+    )
 
 
 def test_start_up_metrics_and_a_stop_are_used_where_the_engine_has_them():
-    m = warmstart.parse_metrics('# HELP x\nsglang:startup_time_seconds{engine_type="unified"} 51.5\n'
-                                'sglang:weight_load_duration_seconds_sum{model_name="m"} 12.25\n'
-                                'sglang:startup_cuda_graph_time_seconds{phase="prefill"} 1.7\n'
-                                'sglang:startup_cuda_graph_time_seconds{phase="decode"} 0.3\nother 1\n')
-    t = warmstart.timeline(stop_at=100.0, started_at=108.0, ready_at=160.0, greedy_at=160.5, sampled_at=161.0,
-                           metrics=m)
-    assert [x["name"] for x in t["milestones"]] == ["stop", "process started", "ready", "first greedy answer",
-                                                    "first sampled answer"]
+    m = warmstart.parse_metrics(
+        '# HELP x\nsglang:startup_time_seconds{engine_type="unified"} 51.5\n'
+        'sglang:weight_load_duration_seconds_sum{model_name="m"} 12.25\n'
+        'sglang:startup_cuda_graph_time_seconds{phase="prefill"} 1.7\n'
+        'sglang:startup_cuda_graph_time_seconds{phase="decode"} 0.3\nother 1\n'
+    )
+    t = warmstart.timeline(
+        stop_at=100.0, started_at=108.0, ready_at=160.0, greedy_at=160.5, sampled_at=161.0, metrics=m
+    )
+    assert [x["name"] for x in t["milestones"]] == [
+        "stop",
+        "process started",
+        "ready",
+        "first greedy answer",
+        "first sampled answer",
+    ]
     assert t["stop_s"] == 8.0 and t["ready_s"] == 52.0 and t["first_sampled_s"] == 1.0 and t["total_s"] == 61.0
-    assert (t["capture_s"], t["capture_source"], t["weights_s"], t["weights_source"], t["startup_s"]) == \
-        (2.0, "metrics", 12.25, "metrics", 51.5)
+    assert (t["capture_s"], t["capture_source"], t["weights_s"], t["weights_source"], t["startup_s"]) == (
+        2.0,
+        "metrics",
+        12.25,
+        "metrics",
+        51.5,
+    )
     assert "ready 52.0 s after start" in warmstart.summary(t) and "61.0 s from stop" in warmstart.summary(t)
 
 
 def test_a_start_that_compiles_is_named_with_its_phase():
     before = {"files": 10, "kernels": 4, "bytes": 1000}
-    warm = warmstart.compiled(before, [("start", before), ("first greedy answer", before),
-                                       ("first sampled answer", before)])
+    warm = warmstart.compiled(
+        before, [("start", before), ("first greedy answer", before), ("first sampled answer", before)]
+    )
     assert warm["compiled_new"] == 0 and warm["verdict"] == "warm start: no new kernel compiled"
-    cold = warmstart.compiled(before, [("start", before), ("first greedy answer", before),
-                                       ("first sampled answer", {"files": 14, "kernels": 6, "bytes": 9000})])
+    cold = warmstart.compiled(
+        before,
+        [
+            ("start", before),
+            ("first greedy answer", before),
+            ("first sampled answer", {"files": 14, "kernels": 6, "bytes": 9000}),
+        ],
+    )
     assert cold["compiled_new"] == 2 and cold["by_phase"]["first sampled answer"] == 2
     assert cold["verdict"] == "cold start: 2 new kernels compiled (first sampled answer: 2)"
     assert cold["files_new"] == 4 and cold["bytes_new"] == 8000
@@ -155,10 +208,15 @@ def _as_record(path: Path) -> dict:
     log = path.with_suffix(".log").read_text() if path.with_suffix(".log").exists() else ""
     greedy, sampled = rep["smoke"]["greedy"]["latency_s"], rep["smoke"]["sampled"]["latency_s"]
     how = json.loads((path.parent / "MANIFEST.json").read_text())["_how"]
-    return {"gpu": "NVIDIA H200" if "NVIDIA H200" in how else None,
-            "engine": "sglang 0.5.17" if "sglang 0.5.17" in how else None, "ready_s": rep["ready_s"],
-            "capture_s": warmstart.capture_seconds(log, rep.get("metrics") or {})[0],
-            "first_greedy_s": round(greedy, 2), "first_sampled_s": round(greedy + sampled, 2), "compiled_new": None}
+    return {
+        "gpu": "NVIDIA H200" if "NVIDIA H200" in how else None,
+        "engine": "sglang 0.5.17" if "sglang 0.5.17" in how else None,
+        "ready_s": rep["ready_s"],
+        "capture_s": warmstart.capture_seconds(log, rep.get("metrics") or {})[0],
+        "first_greedy_s": round(greedy, 2),
+        "first_sampled_s": round(greedy + sampled, 2),
+        "compiled_new": None,
+    }
 
 
 def _warmstart_pair() -> dict:
@@ -201,8 +259,9 @@ def test_the_stand_in_follows_the_recorded_real_gpu_pair_once_there_is_one():
     if set(pair) != {"cold", "warm"}:
         pytest.skip("no recorded cold/warm pair in tests/data/warmstart yet (bench/device/h200_warmstart.sh)")
     doc = json.loads(PHASES_FILE.read_text())
-    assert {s: DATA / n for s, n in doc["from"].items()} == {s: f for s, (f, _d) in pair.items()}, \
+    assert {s: DATA / n for s, n in doc["from"].items()} == {s: f for s, (f, _d) in pair.items()}, (
         "point tests/data/standin/start-phases.json at tests/data/warmstart's pair and copy its figures"
+    )
 
 
 def test_the_recorded_real_gpu_pair_meets_the_targets_or_says_which_phase_holds_it():
@@ -226,10 +285,13 @@ def test_the_recorded_real_gpu_pair_meets_the_targets_or_says_which_phase_holds_
     assert cold["compiled_new"] > 0 and warm["compiled_new"] == 0
     assert warm["ready_s"] < cold["ready_s"] and warm["capture_s"] < cold["capture_s"]
     missed = manifest.get("missed") or {}
-    for target, ok in (("warm ready <= 40 % of cold ready", warm["ready_s"] <= 0.4 * cold["ready_s"]),
-                       ("warm first sampled answer <= 2 s after ready", warm["first_sampled_s"] <= 2.0)):
-        assert ok or len(str(missed.get(target) or "")) > 20, \
+    for target, ok in (
+        ("warm ready <= 40 % of cold ready", warm["ready_s"] <= 0.4 * cold["ready_s"]),
+        ("warm first sampled answer <= 2 s after ready", warm["first_sampled_s"] <= 2.0),
+    ):
+        assert ok or len(str(missed.get(target) or "")) > 20, (
             f"target missed: {target}; the MANIFEST's missed[{target!r}] must name the phase that holds it and why"
+        )
 
 
 def _phases(**over) -> dict:
@@ -250,8 +312,9 @@ def test_the_stand_ins_phase_costs_are_the_recording_times_its_scale():
     assert ph.seconds("sampling", warm=False) == pytest.approx((c["first_sampled_s"] - c["first_greedy_s"]) * s)
     assert ph.seconds("sampling", warm=True) == pytest.approx((w["first_sampled_s"] - w["first_greedy_s"]) * s)
     assert engine_standin.Phases(doc, scale=0).seconds("capture", warm=False) == 0
-    assert engine_standin.Phases(_phases(cold__first_greedy_s=None)).seconds("sampling", warm=False) == \
-        pytest.approx(c["first_sampled_s"] * s)
+    assert engine_standin.Phases(_phases(cold__first_greedy_s=None)).seconds("sampling", warm=False) == pytest.approx(
+        c["first_sampled_s"] * s
+    )
     for bad in ({"warm__capture_s": None}, {"cold__ready_s": "fast"}, {"cold__first_sampled_s": -1}):
         with pytest.raises(ValueError, match=next(iter(bad)).replace("__", ".")):
             engine_standin.Phases(_phases(**bad))
@@ -296,9 +359,10 @@ def test_the_lab_stand_in_compiles_once_into_the_cache_it_is_pointed_at(tmp_path
     """Cold: a kernel missing from the cache dir costs the cold recording's seconds and is written;
     warm: one found there costs the warm recording's; another dir is cold again."""
     monkeypatch.setenv("K26OPS_STANDIN_PHASE_SCALE", "0.005")  # capture: 0.44 s cold, 0.017 s warm
-    for env, where in (({"SGLANG_CACHE_DIR": str(tmp_path / "a")}, tmp_path / "a" / "triton"),
-                       ({"TRITON_CACHE_DIR": str(tmp_path / "t"), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "f")},
-                        tmp_path / "t")):
+    for env, where in (
+        ({"SGLANG_CACHE_DIR": str(tmp_path / "a")}, tmp_path / "a" / "triton"),
+        ({"TRITON_CACHE_DIR": str(tmp_path / "t"), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "f")}, tmp_path / "t"),
+    ):
         k = engine_standin.KernelCache(env, engine_standin.Phases.load())
         cold_s = k.phases.seconds("capture", warm=False)
         t0 = time.monotonic()
@@ -306,8 +370,9 @@ def test_the_lab_stand_in_compiles_once_into_the_cache_it_is_pointed_at(tmp_path
         assert time.monotonic() - t0 >= cold_s  # a sleep never ends early
         assert k.ensure("triton", "g", "capture") is False and (where / "g.cubin").exists()
         assert k.compiled == 1
-    assert engine_standin.KernelCache({"SGLANG_CACHE_DIR": str(tmp_path / "b")},
-                                      engine_standin.Phases.load()).ensure("triton", "g", "capture")
+    assert engine_standin.KernelCache({"SGLANG_CACHE_DIR": str(tmp_path / "b")}, engine_standin.Phases.load()).ensure(
+        "triton", "g", "capture"
+    )
 
 
 def test_a_stand_in_start_is_warm_when_its_cache_holds_what_the_cold_start_wrote(tmp_path):
@@ -349,10 +414,16 @@ def test_bench_compare_and_the_gate_read_the_last_starts_ttfgt():
     from k26ops.errors import UserError
 
     cell = {"concurrency": 1, "temperature": 0, "figures": {"tok/s": {"median": 100, "min": 99, "max": 101, "n": 3}}}
-    base = {"cells": [cell], "spec": {"runs": 3}, "startup": {"ttfgt": {"total_s": 160.0, "ready_s": 140.0,
-                                                                        "first_sampled_s": 88.0, "capture_s": 82.5}}}
-    cur = {"cells": [cell], "spec": {"runs": 3}, "startup": {"ttfgt": {"total_s": 60.0, "ready_s": 51.0,
-                                                                       "first_sampled_s": 0.4, "capture_s": None}}}
+    base = {
+        "cells": [cell],
+        "spec": {"runs": 3},
+        "startup": {"ttfgt": {"total_s": 160.0, "ready_s": 140.0, "first_sampled_s": 88.0, "capture_s": 82.5}},
+    }
+    cur = {
+        "cells": [cell],
+        "spec": {"runs": 3},
+        "startup": {"ttfgt": {"total_s": 60.0, "ready_s": 51.0, "first_sampled_s": 0.4, "capture_s": None}},
+    }
     assert figs.parse_figure("ready_s@start") == ("ready_s", None, None)
     for bad in ("tok/s@start", "ready_s@c1/t0", "nope@start"):
         with pytest.raises(UserError):
@@ -375,6 +446,10 @@ def test_a_baseline_env_file_names_its_release_cache():
         c = warmstart.cache_in_env({}, text)
         assert c.dir == d and c.top == "/opt/k26ops/engine-cache" and c.kept == []
     assert warmstart.cache_in_env({}, 'TRITON_CACHE_DIR="/tmp/cache/triton"\n') is None  # the user's own
-    assert warmstart.cache_in_env({"k26ops_root": "/srv/k"}, units.render_env(
-        {"env": engine_cache.variables("0.5.23", d)})) is None  # another root's
+    assert (
+        warmstart.cache_in_env(
+            {"k26ops_root": "/srv/k"}, units.render_env({"env": engine_cache.variables("0.5.23", d)})
+        )
+        is None
+    )  # another root's
     assert warmstart.cache_in_env({}, None) is None

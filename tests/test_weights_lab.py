@@ -11,17 +11,17 @@ from __future__ import annotations
 import http.server
 import json
 import signal
-import threading
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import yaml
-from labtools import REPO, k26ops, k26ops_json, lab_ssh, private_lab
 
 from k26ops.lab import model_fixture
 from k26ops.weights import manifest as mf
+from labtools import REPO, k26ops, k26ops_json, lab_ssh, private_lab
 
 MODEL = "/srv/k26/model"
 ORIGIN = "lab1:/models/Kimi-K2.6"
@@ -100,8 +100,11 @@ def test_one_byte_changed_is_named_by_verify_full_and_check_refuses_it(lab, inv)
     assert doc["hosts"]["lab1"]["status"] != "failed" or "weights" not in (doc["hosts"]["lab1"]["error"] or "")
     rc, doc = k26ops_json("-i", inv, "--limit", "lab2", "deploy", timeout=600)  # the deploy's preflight too
     err = doc["hosts"]["lab2"]["error"]
-    assert rc == 1 and err.startswith(f"preflight: weights: {MODEL}: {SHARD2} changed since its last sha256 check") \
-        and err.endswith("; nothing was changed"), doc
+    assert (
+        rc == 1
+        and err.startswith(f"preflight: weights: {MODEL}: {SHARD2} changed since its last sha256 check")
+        and err.endswith("; nothing was changed")
+    ), doc
     rc, doc = k26ops_json("-i", inv, "model", "verify", "--full", timeout=300)
     err = doc["hosts"]["lab2"]["error"]
     assert rc == 1 and err.startswith(f"{MODEL}: {SHARD2}: sha256 ") and M.by_path()[SHARD2].sha256 in err, doc
@@ -116,8 +119,10 @@ def test_a_truncated_shard_is_refused_by_check_and_deploy_before_any_change(lab,
     assert rc == 1 and line in doc["hosts"]["lab3"]["error"] and "\n" not in doc["hosts"]["lab3"]["error"], doc
     # what a deploy would change: releases, units, the model; the deploy takes the host lock and
     # marks k26ops_root its own (.k26ops-owned) before its preflight, as every deploy does
-    state = ("ls -a /opt/k26ops /etc/systemd/system 2>&1 | grep -v '^.k26ops-owned$'; "
-             f"cat /root/.ssh/authorized_keys; ls -l --time-style=+%s {MODEL}")
+    state = (
+        "ls -a /opt/k26ops /etc/systemd/system 2>&1 | grep -v '^.k26ops-owned$'; "
+        f"cat /root/.ssh/authorized_keys; ls -l --time-style=+%s {MODEL}"
+    )
     before = sh(lab, "lab3", state)
     rc, doc = k26ops_json("-i", inv, "--limit", "lab3", "deploy", timeout=600)
     assert rc == 1 and doc["hosts"]["lab3"]["error"] == f"preflight: {line}; nothing was changed", doc
@@ -140,8 +145,11 @@ def test_sync_repairs_what_it_wrote_and_never_replaces_a_file_it_did_not_write(l
     inv2.write_text(yaml.safe_dump(data, sort_keys=False))
     rc, doc = k26ops_json("-i", str(inv2), "--limit", "lab2", "model", "sync", "--origin", ORIGIN, timeout=600)
     err = doc["hosts"]["lab2"]["error"]
-    assert rc == 1 and err.startswith(f"{other}/config.json (3 bytes) is not the manifest's") \
-        and "k26ops did not write it" in err, doc
+    assert (
+        rc == 1
+        and err.startswith(f"{other}/config.json (3 bytes) is not the manifest's")
+        and "k26ops did not write it" in err
+    ), doc
     assert sh(lab, "lab2", f"cat {other}/config.json; ls {other}").split() == ["{}", "config.json"]
 
 
@@ -151,8 +159,7 @@ def test_the_release_and_the_baseline_record_the_model_manifest(lab, inv, tmp_pa
     rel = json.loads(sh(lab, "lab1", "cat /opt/k26ops/releases/current/manifest.json"))
     assert rel["model"] == {"name": "lab-random-f16", "manifest_sha256": M.sha256, "files": 5, "bytes": M.total}, rel
     env = {"K26OPS_BASELINES": str(tmp_path / "baselines")}
-    rc, doc = k26ops_json("-i", inv, "--limit", "lab1", "snapshot", "--tag", "weights-known-good", env=env,
-                          timeout=300)
+    rc, doc = k26ops_json("-i", inv, "--limit", "lab1", "snapshot", "--tag", "weights-known-good", env=env, timeout=300)
     assert rc == 0, doc
     base = tmp_path / "baselines" / "hosts" / "lab1"
     rec = json.loads((base / "baseline.json").read_text())
@@ -165,14 +172,17 @@ def test_the_release_and_the_baseline_record_the_model_manifest(lab, inv, tmp_pa
     assert doc["hosts"]["lab1"]["weights_short"] == f"{M.sha256[:8]} full {w['last_full']['at']}"
     rc, doc = k26ops_json("-i", inv, "--limit", "lab1", "check", timeout=300)
     detail = {c["check"]: c["detail"] for c in doc["hosts"]["lab1"]["checks"]}["weights"]
-    assert detail.startswith(f"{MODEL}: 5 files, 0.1 GB as manifest {M.sha256[:12]} (lab-random-f16); "
-                             f"last full verify {w['last_full']['at']}, 5 of 5 files unchanged since"), detail
+    assert detail.startswith(
+        f"{MODEL}: 5 files, 0.1 GB as manifest {M.sha256[:12]} (lab-random-f16); "
+        f"last full verify {w['last_full']['at']}, 5 of 5 files unchanged since"
+    ), detail
 
 
 class OriginHandler(http.server.BaseHTTPRequestHandler):
     """Test stand-in for an HTTP(S) mirror and for the Hub's download URLs (the Hub cannot be
     reached here): the lab model's files at /mirror/PATH and /ORG/REPO/resolve/REV/PATH, with
     `Range: bytes=N-` (what curl -C - sends to resume); it records each request's path and headers."""
+
     seen: list = []
 
     def do_GET(self):
@@ -216,10 +226,23 @@ def _inv_at(inv: str, tmp_path, model: str) -> str:
 def test_an_http_mirror_origin_resumes_a_cut_download_with_curl(lab, inv, tmp_path, origin_server):
     model, shard = "/srv/k26/http", model_fixture.FILES[2]
     half = M.by_path()[shard].size // 2
-    sh(lab, "lab3", f"mkdir -p {model}/.k26ops-partial && head -c {half} /models/Kimi-K2.6/{shard}"
-                    f" > {model}/.k26ops-partial/{shard}")
-    rc, doc = k26ops_json("-i", _inv_at(inv, tmp_path, model), "--limit", "lab3", "model", "sync",
-                          "--origin", origin_server + "/mirror/", timeout=300)
+    sh(
+        lab,
+        "lab3",
+        f"mkdir -p {model}/.k26ops-partial && head -c {half} /models/Kimi-K2.6/{shard}"
+        f" > {model}/.k26ops-partial/{shard}",
+    )
+    rc, doc = k26ops_json(
+        "-i",
+        _inv_at(inv, tmp_path, model),
+        "--limit",
+        "lab3",
+        "model",
+        "sync",
+        "--origin",
+        origin_server + "/mirror/",
+        timeout=300,
+    )
     assert rc == 0 and doc["hosts"]["lab3"]["fetched"] == 5, doc
     assert doc["bytes_from_origin"] == M.total - half, doc  # the cut half was not fetched again
     ranges = {p.rsplit("/", 1)[-1]: h.get("Range") for p, h in OriginHandler.seen}
@@ -227,16 +250,26 @@ def test_an_http_mirror_origin_resumes_a_cut_download_with_curl(lab, inv, tmp_pa
     assert verified(lab, "lab3", model) == {e.path for e in M.entries}
 
 
-def test_the_hub_origin_asks_for_the_pinned_revision_with_the_token_never_in_output(lab, inv, tmp_path,
-                                                                                   origin_server):
+def test_the_hub_origin_asks_for_the_pinned_revision_with_the_token_never_in_output(lab, inv, tmp_path, origin_server):
     model, rev, token = "/srv/k26/hub", "0123456789abcdef0123456789abcdef01234567", "hf_k26opsTestToken0123"
-    proc = k26ops("--json", "-i", _inv_at(inv, tmp_path, model), "--limit", "lab3", "model", "sync",
-                  "--origin", f"hf://moonshotai/Kimi-K2.6@{rev}", timeout=300,
-                  env={"HF_ENDPOINT": origin_server, "HF_TOKEN": token})
+    proc = k26ops(
+        "--json",
+        "-i",
+        _inv_at(inv, tmp_path, model),
+        "--limit",
+        "lab3",
+        "model",
+        "sync",
+        "--origin",
+        f"hf://moonshotai/Kimi-K2.6@{rev}",
+        timeout=300,
+        env={"HF_ENDPOINT": origin_server, "HF_TOKEN": token},
+    )
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0 and doc["hosts"]["lab3"]["fetched"] == 5, (proc.stdout, proc.stderr)
     assert sorted(p for p, _h in OriginHandler.seen) == sorted(
-        f"/moonshotai/Kimi-K2.6/resolve/{rev}/{e.path}" for e in M.entries)
+        f"/moonshotai/Kimi-K2.6/resolve/{rev}/{e.path}" for e in M.entries
+    )
     assert {h.get("Authorization") for _p, h in OriginHandler.seen} == {f"Bearer {token}"}
     assert token not in proc.stdout + proc.stderr
     assert sh(lab, "lab3", f"grep -rl {token} /opt/k26ops /root {model} 2>/dev/null || true").strip() == ""
@@ -246,11 +279,15 @@ def test_a_host_short_of_disk_space_is_refused_before_any_byte_moves(lab, inv, t
     model = "/srv/small/model"
     sh(lab, "lab2", "mkdir -p /srv/small && mount -t tmpfs -o size=30m tmpfs /srv/small")  # 30 MB for 63 MB
     try:
-        rc, doc = k26ops_json("-i", _inv_at(inv, tmp_path, model), "--limit", "lab2", "model", "sync",
-                              "--origin", ORIGIN, timeout=300)
+        rc, doc = k26ops_json(
+            "-i", _inv_at(inv, tmp_path, model), "--limit", "lab2", "model", "sync", "--origin", ORIGIN, timeout=300
+        )
         err = doc["hosts"]["lab2"]["error"]
-        assert rc == 1 and err.startswith(f"{model}: 0.0 GB free, the 5 missing file(s) need 0.1 GB") \
-            and err.endswith("nothing fetched"), doc
+        assert (
+            rc == 1
+            and err.startswith(f"{model}: 0.0 GB free, the 5 missing file(s) need 0.1 GB")
+            and err.endswith("nothing fetched")
+        ), doc
         assert doc["bytes_from_origin"] == 0 and doc.get("bytes_between_hosts") == 0
         assert sh(lab, "lab2", f"find {model} -type f | wc -l").strip() == "0"
         assert "k26ops-model-sync" not in sh(lab, "lab1", "cat /root/.ssh/authorized_keys")
@@ -264,5 +301,6 @@ def test_the_manifest_made_from_a_copy_on_a_host_is_the_committed_one(inv, tmp_p
     assert rc == 0 and doc["sha256"] == M.sha256 and doc["files"] == 5, doc
     assert mf.load(out).entries == M.entries and mf.load(out).source == "host:lab1:/models/Kimi-K2.6"
     proc = k26ops("-i", inv, "model", "manifest", "lab1:/models/nope", timeout=300)
-    assert proc.returncode == 2 and proc.stderr.strip() == "k26ops: error: lab1: /models/nope is not a directory", \
+    assert proc.returncode == 2 and proc.stderr.strip() == "k26ops: error: lab1: /models/nope is not a directory", (
         proc.stderr
+    )

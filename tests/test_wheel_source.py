@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import private_lab
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, private_lab
 
 ENGINE_STEPS = "name: engine\nsteps:\n  - cuda_toolkit: {}\n  - release: {keep: 3}\n"
 WH = "/opt/k26ops/wheelhouse"
@@ -47,8 +46,12 @@ def peer_lab():
     with private_lab(3, "peer") as lab:
         (d / "engine.yml").write_text(ENGINE_STEPS)
         ports = free_port_block(3, start=36000, stop=40000)
-        inv = _inventory(lab, d / "inventory.yml", {"wheel_source": "peer"},
-                         **{f"lab{i + 1}": {"wheel_peer_port": ports + i} for i in range(3)})
+        inv = _inventory(
+            lab,
+            d / "inventory.yml",
+            {"wheel_source": "peer"},
+            **{f"lab{i + 1}": {"wheel_peer_port": ports + i} for i in range(3)},
+        )
         try:
             yield lab, inv, d / "engine.yml", ports
         finally:
@@ -71,8 +74,9 @@ def test_peer_relay_gets_the_wheels_once_and_the_others_fetch_them(peer_lab):
     for w in manifest["wheels"]:  # the fetched wheels are the control node's bytes
         assert _sh(lab, "lab3", f"sha256sum {WH}/{w['name']}").split()[0] == w["sha256"]
     # the relay's server is stopped with the batch: nothing listens on its port, no temp files
-    assert _sh(lab, "lab1", f"ss -ltnH 'sport = :{ports}' | wc -l; ls -A {WH} | grep -c k26ops-fetch; true") \
-        .split() == ["0", "0"]
+    assert _sh(
+        lab, "lab1", f"ss -ltnH 'sport = :{ports}' | wc -l; ls -A {WH} | grep -c k26ops-fetch; true"
+    ).split() == ["0", "0"]
     assert "relay.pid" not in _sh(lab, "lab1", f"ls -A {WH}")
 
 
@@ -81,25 +85,33 @@ def test_a_wheel_changed_on_the_relay_is_refused_by_hash(peer_lab):
     rid = _sh(lab, "lab3", "readlink /opt/k26ops/releases/current")
     engine = json.loads(_sh(lab, "lab3", "cat /opt/k26ops/releases/current/manifest.json"))["engine"]["wheel"]
     # A compromised relay: lab1 appends to the engine wheel the moment it arrives (a real systemd path unit).
-    _sh(lab, "lab1", f"""rm -f {WH}/{engine['name']}
+    _sh(
+        lab,
+        "lab1",
+        f"""rm -f {WH}/{engine["name"]}
 cat > /etc/systemd/system/k26test-tamper.path <<EOF
 [Path]
-PathExists={WH}/{engine['name']}
+PathExists={WH}/{engine["name"]}
 EOF
 cat > /etc/systemd/system/k26test-tamper.service <<EOF
 [Service]
 Type=oneshot
-ExecStart=/bin/sh -c 'echo tampered >> {WH}/{engine['name']}'
+ExecStart=/bin/sh -c 'echo tampered >> {WH}/{engine["name"]}'
 EOF
-systemctl daemon-reload && systemctl start k26test-tamper.path""")
+systemctl daemon-reload && systemctl start k26test-tamper.path""",
+    )
     # lab3 must build the release again, so it fetches the engine wheel from the relay
     _sh(lab, "lab3", f"rm -rf /opt/k26ops/releases/{rid} {WH}/{engine['name']}")
     try:
-        rc, data = k26ops_json("-i", str(inv), "--limit", "lab1,lab3", "deploy", "--playbook", str(playbook),
-                               timeout=900)
+        rc, data = k26ops_json(
+            "-i", str(inv), "--limit", "lab1,lab3", "deploy", "--playbook", str(playbook), timeout=900
+        )
     finally:
-        _sh(lab, "lab1", "systemctl stop k26test-tamper.path; rm -f /etc/systemd/system/k26test-tamper.*; "
-                         "systemctl daemon-reload")
+        _sh(
+            lab,
+            "lab1",
+            "systemctl stop k26test-tamper.path; rm -f /etc/systemd/system/k26test-tamper.*; systemctl daemon-reload",
+        )
     assert rc == 1, data
     assert _sh(lab, "lab1", f"sha256sum {WH}/{engine['name']}").split()[0] != engine["sha256"]  # it was tampered
     err = data["hosts"]["lab3"]["error"]
@@ -113,10 +125,12 @@ systemctl daemon-reload && systemctl start k26test-tamper.path""")
 
 def test_bad_wheel_source_values_are_one_line_before_any_host(peer_lab, tmp_path):
     lab, inv, playbook, _ = peer_lab
-    for var, value, says in (("wheel_source", "torrent", "must be one of push, index, peer"),
-                             ("wheel_peer_port", 80, "must be a port number 1024-65535"),
-                             ("wheel_index_url", "ftp://x", "must be an http(s) URL"),
-                             ("wheel_peer_address", "a b;rm", "must be an IP address or host name")):
+    for var, value, says in (
+        ("wheel_source", "torrent", "must be one of push, index, peer"),
+        ("wheel_peer_port", 80, "must be a port number 1024-65535"),
+        ("wheel_index_url", "ftp://x", "must be an http(s) URL"),
+        ("wheel_peer_address", "a b;rm", "must be an IP address or host name"),
+    ):
         bad = _inventory(lab, tmp_path / f"{var}.yml", {var: value})
         proc = k26ops("-i", str(bad), "--limit", "lab2", "deploy", "--playbook", str(playbook))
         assert proc.returncode == 2, proc.stderr
@@ -150,6 +164,7 @@ def engine_size(lab, name: str) -> int:
 
 # --- a relay that stalls, is refused or is locked (issue 35.6)
 
+
 def _forget(lab, host: str) -> None:
     """`host` must build its release again, so it fetches every wheel from the relay."""
     rid = _sh(lab, host, "readlink /opt/k26ops/releases/current")
@@ -168,12 +183,15 @@ def _silent(port: int) -> socket.socket:
                 held.append(sock.accept()[0])
             except OSError:
                 return
+
     threading.Thread(target=accept, daemon=True).start()
     return sock
 
 
 def _agents(lab, host: str) -> str:
-    return lab_ssh(lab.dir, lab.port(host), "pgrep -af 'Host agent of the wheel relay' | grep -v pgrep; true").stdout.strip()
+    return lab_ssh(
+        lab.dir, lab.port(host), "pgrep -af 'Host agent of the wheel relay' | grep -v pgrep; true"
+    ).stdout.strip()
 
 
 def test_ctrl_c_during_a_stalled_relay_returns_at_once_and_leaves_no_agent_then_the_push_takes_over(peer_lab):
@@ -181,9 +199,24 @@ def test_ctrl_c_during_a_stalled_relay_returns_at_once_and_leaves_no_agent_then_
     _forget(lab, "lab2")
     silent = _silent(ports)  # lab1's wheel_peer_port
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "k26ops", "-i", str(inv), "--limit", "lab1,lab2", "deploy",
-                                 "--playbook", str(playbook)], text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "k26ops",
+                "-i",
+                str(inv),
+                "--limit",
+                "lab1,lab2",
+                "deploy",
+                "--playbook",
+                str(playbook),
+            ],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 600
             while not _agents(lab, "lab2"):
@@ -202,8 +235,9 @@ def test_ctrl_c_during_a_stalled_relay_returns_at_once_and_leaves_no_agent_then_
         assert _agents(lab, "lab2") == ""
         # again, to the end: the stalled relay fails within READ_TIMEOUT and lab2 gets the push
         t0 = time.monotonic()
-        rc, data = k26ops_json("-i", str(inv), "--limit", "lab1,lab2", "deploy", "--playbook", str(playbook),
-                               timeout=900)
+        rc, data = k26ops_json(
+            "-i", str(inv), "--limit", "lab1,lab2", "deploy", "--playbook", str(playbook), timeout=900
+        )
         assert rc == 0, data
         assert set(data["hosts"]["lab2"]["wheels"]) == {"pushed"}, data["hosts"]["lab2"]
     finally:
@@ -218,8 +252,9 @@ def test_a_locked_or_refused_relay_receives_no_byte_and_the_others_get_the_push(
     pid = _sh(lab, "lab1", "flock /opt/k26ops/state/lock sleep 900 </dev/null >/dev/null 2>&1 & echo $!")
     _forget(lab, "lab2")
     try:
-        rc, data = k26ops_json("-i", str(inv), "--limit", "lab1,lab2", "deploy", "--playbook", str(playbook),
-                               timeout=900)
+        rc, data = k26ops_json(
+            "-i", str(inv), "--limit", "lab1,lab2", "deploy", "--playbook", str(playbook), timeout=900
+        )
     finally:
         _sh(lab, "lab1", f"kill {pid}")
     h = data["hosts"]
@@ -229,12 +264,17 @@ def test_a_locked_or_refused_relay_receives_no_byte_and_the_others_get_the_push(
     assert _sh(lab, "lab1", f"test -e {WH} && echo present || echo absent") == "absent"
     # a k26ops_root that is not k26ops's (it holds someone's data): refused, and nothing is written there
     _sh(lab, "lab1", "mkdir -p /srv/foreign && echo mine > /srv/foreign/data")
-    refused = _inventory(lab, tmp_path / "foreign.yml", {"wheel_source": "peer"},
-                         lab1={"wheel_peer_port": ports, "k26ops_root": "/srv/foreign"},
-                         lab3={"wheel_peer_port": ports + 2})
+    refused = _inventory(
+        lab,
+        tmp_path / "foreign.yml",
+        {"wheel_source": "peer"},
+        lab1={"wheel_peer_port": ports, "k26ops_root": "/srv/foreign"},
+        lab3={"wheel_peer_port": ports + 2},
+    )
     _forget(lab, "lab3")
-    rc, data = k26ops_json("-i", str(refused), "--limit", "lab1,lab3", "deploy", "--playbook", str(playbook),
-                           timeout=900)
+    rc, data = k26ops_json(
+        "-i", str(refused), "--limit", "lab1,lab3", "deploy", "--playbook", str(playbook), timeout=900
+    )
     h = data["hosts"]
     assert rc == 1 and "k26ops_root /srv/foreign holds 1 entry" in h["lab1"]["error"], h["lab1"]
     assert h["lab3"]["status"] in ("ok", "changed") and set(h["lab3"]["wheels"]) == {"pushed"}, h["lab3"]
@@ -243,14 +283,19 @@ def test_a_locked_or_refused_relay_receives_no_byte_and_the_others_get_the_push(
 
 # --- what a host prints is bounded on the control node (issue 35.8)
 
+
 def test_an_agent_printing_1_gb_fails_in_one_line_and_bounded_memory(peer_lab):
     """A python3 on the host that prints 1 GB before the agent's answer: the
     host fails naming itself and the agent, and the control node reads at most
     ssh.OUTPUT_LIMIT (it took 936 MB of memory for this before)."""
     lab, inv, _, _ = peer_lab
     noisy = "/usr/local/bin/k26test-noisy-python3"
-    _sh(lab, "lab2", f"cat > {noisy} <<'EOF'\n#!/bin/sh\nhead -c 1000000000 /dev/zero | tr '\\0' x\n"
-                     f"exec python3 \"$@\"\nEOF\nchmod 755 {noisy}")
+    _sh(
+        lab,
+        "lab2",
+        f"cat > {noisy} <<'EOF'\n#!/bin/sh\nhead -c 1000000000 /dev/zero | tr '\\0' x\n"
+        f'exec python3 "$@"\nEOF\nchmod 755 {noisy}',
+    )
     script = f"""
 import resource
 from k26ops import inventory
@@ -266,14 +311,21 @@ except agents.AgentFailed as exc:
 print("MAXRSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
     try:
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                              cwd=Path(__file__).resolve().parents[1])
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).resolve().parents[1],
+        )
     finally:
         _sh(lab, "lab2", f"rm -f {noisy}")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "FAILED ownership agent (state) on lab2 printed more than 64 MiB: stopped reading " \
-        "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)", lines
+    assert (
+        lines[0] == "FAILED ownership agent (state) on lab2 printed more than 64 MiB: stopped reading "
+        "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)"
+    ), lines
     rss = int(lines[1].split()[1])
     # the reading stops at 64 MiB: the peak stays far below what a whole read needs (1 GB of
     # output took 3x that before; 300 MB took 947 MB), whatever the machine's load

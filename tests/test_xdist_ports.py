@@ -15,8 +15,15 @@ from labtools import free_port_block
 
 # (count, start, stop) as the tests call it: the lab fixtures' default range and the
 # overlapping ranges of the tests that pick an engine or rehearsal port
-CALLS = [(3, 23000, 29000), (1, 23000, 29000), (64, 23000, 29000), (1, 35000, 39000),
-         (3, 36000, 40000), (2, 41000, 45000), (2, 31000, 35000)]
+CALLS = [
+    (3, 23000, 29000),
+    (1, 23000, 29000),
+    (64, 23000, 29000),
+    (1, 35000, 39000),
+    (3, 36000, 40000),
+    (2, 41000, 45000),
+    (2, 31000, 35000),
+]
 
 
 def _ports(workers: int, worker: int, monkeypatch) -> set[int]:

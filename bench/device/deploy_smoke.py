@@ -23,8 +23,8 @@ import sys
 
 from k26ops.engine.host import agent
 from k26ops.inventory import load
-from k26ops.transport.ssh import connect
 from k26ops.steps.engine import SmokeStep, smoke_outcome, smoke_summary
+from k26ops.transport.ssh import connect
 
 
 def main() -> int:
@@ -36,13 +36,29 @@ def main() -> int:
     session = connect(host)
     try:
         for name, api_key in (("without_key", None), ("with_key", key)):
-            r = agent(session, "smoke", timeout=timeout, port=port, host="127.0.0.1", unit=None, base=None,
-                      api_key=api_key, **body)
-            out[name] = {"failed": r["failed"], "results": [
-                {k: v for k, v in res.items() if k != "body"} | {"body": res["body"] if isinstance(res["body"], str)
-                                                                else {"text": res["body"].get("text"),
-                                                                      "meta_info": res["body"].get("meta_info")}}
-                for res in r["results"]]}
+            r = agent(
+                session,
+                "smoke",
+                timeout=timeout,
+                port=port,
+                host="127.0.0.1",
+                unit=None,
+                base=None,
+                api_key=api_key,
+                **body,
+            )
+            out[name] = {
+                "failed": r["failed"],
+                "results": [
+                    {k: v for k, v in res.items() if k != "body"}
+                    | {
+                        "body": res["body"]
+                        if isinstance(res["body"], str)
+                        else {"text": res["body"].get("text"), "meta_info": res["body"].get("meta_info")}
+                    }
+                    for res in r["results"]
+                ],
+            }
             if not r["failed"]:
                 s = smoke_outcome(r["results"])
                 out[name]["deploy_says"] = smoke_summary(s)

@@ -13,6 +13,7 @@ ids 0/1/2 (the configs' pad/bos/eos) and the drafter's mask token appended; the
 drafter config's mask_token_id is set to the id the tokenizer gave it.
 Device only: nothing here is a k26ops code path.
 """
+
 import json
 import shutil
 import sys
@@ -37,8 +38,12 @@ def tokenizer(vocab, mask_token):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab - 1, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab - 1,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus(), trainer)
     tok.add_special_tokens([mask_token])
     return tok
@@ -60,13 +65,27 @@ def main(recipe_models, target, drafter):
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         tok.save(str(d / "tokenizer.json"))
-        (d / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-            "pad_token": "<pad>", "model_max_length": tcfg["max_position_embeddings"]}, indent=2) + "\n")
-        (d / "special_tokens_map.json").write_text(json.dumps(
-            {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}) + "\n")
-    print(json.dumps({"vocab": tok.get_vocab_size(), "mask_token_id": mask_id,
-                      "target": str(target), "drafter": str(drafter)}))
+        (d / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "bos_token": "<s>",
+                    "eos_token": "</s>",
+                    "pad_token": "<pad>",
+                    "model_max_length": tcfg["max_position_embeddings"],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        (d / "special_tokens_map.json").write_text(
+            json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}) + "\n"
+        )
+    print(
+        json.dumps(
+            {"vocab": tok.get_vocab_size(), "mask_token_id": mask_id, "target": str(target), "drafter": str(drafter)}
+        )
+    )
 
 
 if __name__ == "__main__":

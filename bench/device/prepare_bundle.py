@@ -20,12 +20,12 @@ version (work/machine-has.txt, from .library/device/KINDS.md) and (2) what the
 DFLASH + triton attention + pytorch sampling + grammar none path never
 imports (EXCLUDED below).
 """
+
 import argparse
 import hashlib
 import os
 import subprocess
 import sys
-import tarfile
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,10 +41,19 @@ FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 STRIPPED = []  # (wheel, member, old size, new size) after strip --strip-debug
 
 PLATFORMS = [
-    "manylinux_2_39_x86_64", "manylinux_2_35_x86_64", "manylinux_2_34_x86_64",
-    "manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
-    "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-    "manylinux_2_5_x86_64", "manylinux1_x86_64", "linux_x86_64", "any",
+    "manylinux_2_39_x86_64",
+    "manylinux_2_35_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+    "any",
 ]
 
 # sglang 0.5.17 runtime set for the device (cp312, manylinux x86_64).
@@ -76,42 +85,48 @@ zstandard==0.25.0
 EXCLUDED = {
     "from the device image": "torch triton torchvision torchaudio nvidia-* (CUDA wheels) numba llvmlite numpy",
     "not on this path (field notes)": "tilelang z3-solver nvidia-cutlass-dsl(+libs) flash-attn-4 sgl-deep-gemm torchao",
-    "not on this path (only quant/MoE/MLA/multimodal/modelscope code)":
-        "humming-kernels pyelftools helion filecheck quack-kernels tokenspeed-mla tokenspeed-triton "
-        "nccl4py torchcodec kernels kernels-data tomlkit modelscope modelscope-hub cryptography "
-        "nvidia-cuda-nvcc/crt/nvvm/nvdisasm/cccl nvidia-mathdx nvidia-cudnn-frontend",
-    "to fit the size budget (lazily imported; not on this path)":
-        "py-spy (watchdog stack dumps only) llguidance outlines outlines-core airportsdata diskcache "
-        "(grammar backends; --grammar-backend none) pycryptodomex (blobfile/azure connector) "
-        "timm==1.0.16 (vision models; the image's own timm stands in)",
+    "not on this path (only quant/MoE/MLA/multimodal/modelscope code)": "humming-kernels pyelftools helion filecheck quack-kernels tokenspeed-mla tokenspeed-triton "
+    "nccl4py torchcodec kernels kernels-data tomlkit modelscope modelscope-hub cryptography "
+    "nvidia-cuda-nvcc/crt/nvvm/nvdisasm/cccl nvidia-mathdx nvidia-cudnn-frontend",
+    "to fit the size budget (lazily imported; not on this path)": "py-spy (watchdog stack dumps only) llguidance outlines outlines-core airportsdata diskcache "
+    "(grammar backends; --grammar-backend none) pycryptodomex (blobfile/azure connector) "
+    "timm==1.0.16 (vision models; the image's own timm stands in)",
 }
+
 
 # (wheel name prefix, predicate on member name -> drop)
 def _drop_sgl_kernel(n):
     return (
-        n == "sgl_kernel/flash_ops.abi3.so"          # FA3, 1.12 GB
-        or n.startswith("sgl_kernel/sm100/")          # Blackwell-only common ops
-        or n.startswith("sgl_kernel/infllm_ops")      # InfLLM ops
-        or n.startswith("sgl_kernel/flashmla_ops")    # FlashMLA ops
+        n == "sgl_kernel/flash_ops.abi3.so"  # FA3, 1.12 GB
+        or n.startswith("sgl_kernel/sm100/")  # Blackwell-only common ops
+        or n.startswith("sgl_kernel/infllm_ops")  # InfLLM ops
+        or n.startswith("sgl_kernel/flashmla_ops")  # FlashMLA ops
     )
 
+
 def _drop_xgrammar(n):
-    return n == "xgrammar/lib/libxgrammar.a"         # static library
+    return n == "xgrammar/lib/libxgrammar.a"  # static library
+
 
 def _drop_sglang(n):
-    return n.startswith("sglang/multimodal_gen/")    # diffusion runtime (sglang serve/generate CLI only)
+    return n.startswith("sglang/multimodal_gen/")  # diffusion runtime (sglang serve/generate CLI only)
+
 
 def _drop_mistral(n):
     return n.startswith("mistral_common/data/tekken_")  # bundled Mistral tekken vocabularies
 
+
 def _drop_jedi(n):
-    return n.startswith("jedi/third_party/")         # typeshed/django stubs (completion only)
+    return n.startswith("jedi/third_party/")  # typeshed/django stubs (completion only)
+
 
 def _drop_pycountry(n):
-    return n.startswith("pycountry/locales/")        # translations (.mo)
+    return n.startswith("pycountry/locales/")  # translations (.mo)
+
 
 def _drop_zstandard(n):
-    return n.startswith("zstandard/_cffi")           # cffi backend; the C backend stays
+    return n.startswith("zstandard/_cffi")  # cffi backend; the C backend stays
+
 
 SLIM = {
     "sglang_kernel-": _drop_sgl_kernel,
@@ -139,14 +154,27 @@ def norm(n):
 
 
 def download(req, dest):
-    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-            "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-            "--index-url", "https://pypi.org/simple", "-d", str(dest)]
+    args = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--index-url",
+        "https://pypi.org/simple",
+        "-d",
+        str(dest),
+    ]
     for p in PLATFORMS:
         args += ["--platform", p]
     env = dict(os.environ, PIP_CONSTRAINT="", PIP_FIND_LINKS="")
-    subprocess.run(args + [req], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(args + [req], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def find_wheel(d, req):
@@ -170,8 +198,7 @@ def rewrite(src: Path, dst: Path):
                 removed.append((i.filename, i.file_size))
             else:
                 keep.append(i)
-        dist_info = [i for i in keep if ".dist-info/" in i.filename and
-                     i.filename.split("/")[0].endswith(".dist-info")]
+        dist_info = [i for i in keep if ".dist-info/" in i.filename and i.filename.split("/")[0].endswith(".dist-info")]
         rec_name = next(i.filename for i in dist_info if i.filename.endswith("/RECORD"))
         gone = {n for n, _ in removed}
         keep.sort(key=lambda i: (i in dist_info, i.filename))
@@ -205,7 +232,7 @@ def rewrite(src: Path, dst: Path):
                 if i.is_dir():
                     zi.external_attr = (0o40755 << 16) | 0x10
                 else:
-                    zi.external_attr = ((0o100755 if mode & 0o111 else 0o100644) << 16)
+                    zi.external_attr = (0o100755 if mode & 0o111 else 0o100644) << 16
                 zout.writestr(zi, data)
         tmp.replace(dst)
     return removed
@@ -213,6 +240,7 @@ def rewrite(src: Path, dst: Path):
 
 def _record_hash(data):
     import base64
+
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
@@ -221,11 +249,13 @@ def strip_debug(name, data):
     if not name.endswith(".so") or data[:4] != b"\x7fELF" or len(data) < (1 << 20):
         return None
     import tempfile
+
     with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as t:
         t.write(data)
     try:
-        subprocess.run(["strip", "--strip-debug", t.name], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["strip", "--strip-debug", t.name], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         out = Path(t.name).read_bytes()
     finally:
         os.unlink(t.name)
@@ -266,13 +296,15 @@ def main():
         if removed:
             slimmed[src.name] = removed
         lock.append(f"{r} --hash=sha256:{sha256(dst)}")
-    hdr = ["# wheelhouse.lock - sglang 0.5.17 runtime for the H200 device (cp312, manylinux x86_64)",
-           "# generated by .device/prepare.py; hashes are of the wheels AS WRITTEN in wheelhouse/",
-           "# (re-zipped: ZIP_STORED, date 1980-01-01, members sorted, dist-info last).",
-           "# install: pip install --no-index --no-deps --require-hashes -r wheelhouse.lock --find-links wheelhouse",
-           "# torch 2.11.0+cu130, triton 3.6.0, torchvision, torchaudio, numpy, numba/llvmlite and the",
-           "# nvidia-* CUDA wheels come from the machine's image (/opt/torch/.venv), not from here.",
-           "# Left out:"]
+    hdr = [
+        "# wheelhouse.lock - sglang 0.5.17 runtime for the H200 device (cp312, manylinux x86_64)",
+        "# generated by .device/prepare.py; hashes are of the wheels AS WRITTEN in wheelhouse/",
+        "# (re-zipped: ZIP_STORED, date 1980-01-01, members sorted, dist-info last).",
+        "# install: pip install --no-index --no-deps --require-hashes -r wheelhouse.lock --find-links wheelhouse",
+        "# torch 2.11.0+cu130, triton 3.6.0, torchvision, torchaudio, numpy, numba/llvmlite and the",
+        "# nvidia-* CUDA wheels come from the machine's image (/opt/torch/.venv), not from here.",
+        "# Left out:",
+    ]
     for k, v in EXCLUDED.items():
         hdr.append(f"#   {k}: {v}")
     hdr.append("# Slimmed (files removed; RECORD lines dropped):")
@@ -292,9 +324,23 @@ def main():
             BUNDLE.unlink()
         # deterministic tar: sorted names, fixed owner/mtime
         tar = subprocess.run(
-            ["tar", "--sort=name", "--owner=0", "--group=0", "--numeric-owner",
-             "--mtime=@315532800", "-C", str(HERE), "-cf", "-", "wheelhouse", "wheelhouse.lock"],
-            check=True, stdout=subprocess.PIPE).stdout
+            [
+                "tar",
+                "--sort=name",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--mtime=@315532800",
+                "-C",
+                str(HERE),
+                "-cf",
+                "-",
+                "wheelhouse",
+                "wheelhouse.lock",
+            ],
+            check=True,
+            stdout=subprocess.PIPE,
+        ).stdout
         with open(BUNDLE, "wb") as f:
             subprocess.run(["xz", "-9e", "-T2", "-c"], input=tar, stdout=f, check=True)
         print(f"bundle {BUNDLE.stat().st_size} bytes ({BUNDLE.stat().st_size / 2**20:.2f} MiB)")

@@ -20,6 +20,7 @@ engine runs on the release venv's python). It writes one JSON of timelines to OU
 Nothing here is a k26ops code path; k26ops' lab stand-in and drain logic are checked
 against what this records.
 """
+
 import argparse
 import http.client
 import json
@@ -60,8 +61,11 @@ def req(port, method, path, body=None, timeout=5.0):
 
 
 def gen_body(temperature, max_new_tokens, stream=False, text="def main():\n    return"):
-    return {"text": text, "stream": stream,
-            "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    return {
+        "text": text,
+        "stream": stream,
+        "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+    }
 
 
 class Stream(threading.Thread):
@@ -76,8 +80,12 @@ class Stream(threading.Thread):
     def run(self):
         try:
             c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-            c.request("POST", self.path, body=json.dumps(gen_body(0, self.n, True)).encode(),
-                      headers={"Content-Type": "application/json"})
+            c.request(
+                "POST",
+                self.path,
+                body=json.dumps(gen_body(0, self.n, True)).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             r = c.getresponse()
             self.status = r.status
             while True:
@@ -104,9 +112,17 @@ class Stream(threading.Thread):
         self.end = now()
 
     def record(self):
-        return {"started": self.started, "status": self.status, "chunks": self.chunks, "first_chunk": self.first,
-                "last_chunk": self.last, "end": self.end, "done_marker": self.done_marker, "error": self.error,
-                "final_meta": self.meta}
+        return {
+            "started": self.started,
+            "status": self.status,
+            "chunks": self.chunks,
+            "first_chunk": self.first,
+            "last_chunk": self.last,
+            "end": self.end,
+            "done_marker": self.done_marker,
+            "error": self.error,
+            "final_meta": self.meta,
+        }
 
 
 def running_reqs(port):
@@ -146,8 +162,13 @@ def startup_line(logfile):
 def log_marks(logfile, t_start_wall):
     """Wall-clock marks of the engine's log lines we phase on, as seconds after start."""
     marks = {}
-    pats = {"weights_loaded": "Load weight end", "uvicorn_running": "Uvicorn running",
-            "fired_up": "fired up and ready to roll", "sigterm_logged": "SIGTERM", "draining_logged": "Drain"}
+    pats = {
+        "weights_loaded": "Load weight end",
+        "uvicorn_running": "Uvicorn running",
+        "fired_up": "fired up and ready to roll",
+        "sigterm_logged": "SIGTERM",
+        "draining_logged": "Drain",
+    }
     for line in Path(logfile).read_text(errors="replace").splitlines():
         m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", line)
         if not m:
@@ -161,8 +182,9 @@ def log_marks(logfile, t_start_wall):
 
 def start_engine(py, args, logfile, env):
     f = open(logfile, "w")
-    p = subprocess.Popen([py, "-m", "sglang.launch_server", *args], stdout=f, stderr=subprocess.STDOUT,
-                         env=env, start_new_session=True)
+    p = subprocess.Popen(
+        [py, "-m", "sglang.launch_server", *args], stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     return p
 
 
@@ -203,9 +225,14 @@ def start_phase(name, a, env, sampled_after=True):
         log(f"{name}: first sampled {code} in {secs} s")
         code, text, secs = req(a.port, "POST", "/generate", gen_body(0.7, 32), timeout=600)
         rec["second_sampled"] = {"status": code, "seconds": secs}
-    rec.update(cache_at_ready=at_ready, cache_after_greedy=after_greedy, cache_after_sampled=cache_count(a.cache),
-               engine_startup_timings=startup_line(logfile), log_marks=log_marks(logfile, wall0),
-               since_start_s=round(time.monotonic() - t, 2))
+    rec.update(
+        cache_at_ready=at_ready,
+        cache_after_greedy=after_greedy,
+        cache_after_sampled=cache_count(a.cache),
+        engine_startup_timings=startup_line(logfile),
+        log_marks=log_marks(logfile, wall0),
+        since_start_s=round(time.monotonic() - t, 2),
+    )
     return rec, proc
 
 
@@ -217,8 +244,12 @@ def drain(a, proc, port, via=None, tag="drain"):
     while s.chunks < 5 and s.end is None:
         time.sleep(0.05)
     time.sleep(2.0)
-    rec = {"stream_port": target, "engine_port": port, "chunks_before_sigterm": s.chunks,
-           "sigterm_to": "process group" if a.signal_group else "main process"}
+    rec = {
+        "stream_port": target,
+        "engine_port": port,
+        "chunks_before_sigterm": s.chunks,
+        "sigterm_to": "process group" if a.signal_group else "main process",
+    }
     t_term = now()
     if a.signal_group:  # systemd's KillMode=control-group: every process of the engine gets SIGTERM
         os.killpg(proc.pid, signal.SIGTERM)
@@ -248,8 +279,15 @@ def drain(a, proc, port, via=None, tag="drain"):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     s.join(timeout=30)
-    rec.update(sigterm_at=t_term, exit_after_s=exit_t, returncode=rc, killed_by_us=rc is None,
-               polls=polls, new_requests_during_drain=news, stream=s.record())
+    rec.update(
+        sigterm_at=t_term,
+        exit_after_s=exit_t,
+        returncode=rc,
+        killed_by_us=rc is None,
+        polls=polls,
+        new_requests_during_drain=news,
+        stream=s.record(),
+    )
     log(f"{tag}: exit after {exit_t} s rc {rc}; stream {s.record()}")
     return rec
 
@@ -259,10 +297,20 @@ def gateway(a, env, proc):
     glog = open(f"{a.out}/router.log", "w")
     helpf = f"{a.out}/router-help.txt"
     with open(helpf, "w") as hf:
-        subprocess.run([a.py, "-m", "sglang_router.launch_router", "--help"], stdout=hf, stderr=subprocess.STDOUT,
-                       env=env, timeout=60)
-    g = subprocess.Popen([a.py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(gport)],
-                         stdout=glog, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        subprocess.run(
+            [a.py, "-m", "sglang_router.launch_router", "--help"],
+            stdout=hf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=60,
+        )
+    g = subprocess.Popen(
+        [a.py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(gport)],
+        stdout=glog,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     rec, t = {"port": gport}, time.monotonic()
     while time.monotonic() - t < 60 and req(gport, "GET", "/health", timeout=2)[0] != 200:
         time.sleep(0.3)
@@ -295,10 +343,15 @@ def gateway(a, env, proc):
     rec["delete"] = {"worker_id": wid, "answer": req(gport, "DELETE", f"/workers/{wid}")[:2], "at_chunks": s.chunks}
     after = []
     for i in range(12):
-        after.append({"t": round(now() - t_del, 2), "workers": req(gport, "GET", "/workers")[1][:160],
-                      "readiness": req(gport, "GET", "/readiness")[0],
-                      "generate": req(gport, "POST", "/generate", gen_body(0, 8), timeout=30)[:2] if i in (2, 8) else None,
-                      "stream_chunks": s.chunks})
+        after.append(
+            {
+                "t": round(now() - t_del, 2),
+                "workers": req(gport, "GET", "/workers")[1][:160],
+                "readiness": req(gport, "GET", "/readiness")[0],
+                "generate": req(gport, "POST", "/generate", gen_body(0, 8), timeout=30)[:2] if i in (2, 8) else None,
+                "stream_chunks": s.chunks,
+            }
+        )
         time.sleep(0.5)
     s.join(timeout=300)
     rec["after_delete"], rec["stream_during_delete"] = after, s.record()
@@ -330,8 +383,11 @@ def main():
     ap.add_argument("--stream-tokens", type=int, default=3800)
     ap.add_argument("--drain-watch", type=float, default=90)
     ap.add_argument("--skip", default="")
-    ap.add_argument("--signal-group", action="store_true",
-                    help="SIGTERM the whole process group (KillMode=control-group), not the main process")
+    ap.add_argument(
+        "--signal-group",
+        action="store_true",
+        help="SIGTERM the whole process group (KillMode=control-group), not the main process",
+    )
     ap.add_argument("engine_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     a.engine_args = [x for x in a.engine_args if x != "--"]

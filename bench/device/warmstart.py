@@ -32,14 +32,13 @@ import sys
 import time
 
 from k26ops import facts
-from k26ops.transport import agents
 from k26ops.engine import units
 from k26ops.engine.host import EngineHost
 from k26ops.inventory import load
-from k26ops.transport.ssh import connect
-from k26ops.steps import HostContext
-from k26ops.steps import warmstart
+from k26ops.steps import HostContext, warmstart
 from k26ops.steps.engine import SmokeStep
+from k26ops.transport import agents
+from k26ops.transport.ssh import connect
 
 
 def healthy(port: int, path: str) -> bool:
@@ -75,14 +74,21 @@ def main() -> int:
     log_path = f"/tmp/warmstart-{label}.log"
     full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     full.update({k: str(v) for k, v in env.items()})
-    out: dict = {"label": label, "gpu": (warmstart.gpus_of(ctx.facts) or [{}])[0].get("name"),
-                 "engine": f"sglang {version}", "release": release_id, "argv": " ".join(argv),
-                 "cache_dir": cache.dir, "cache_variables": {k: env[k] for k in cache.variables},
-                 "kept_from_engine_env": cache.kept, "cache_before": before}
-    stop_at = time.time()  # nothing served before: the start is the stop
+    out: dict = {
+        "label": label,
+        "gpu": (warmstart.gpus_of(ctx.facts) or [{}])[0].get("name"),
+        "engine": f"sglang {version}",
+        "release": release_id,
+        "argv": " ".join(argv),
+        "cache_dir": cache.dir,
+        "cache_variables": {k: env[k] for k in cache.variables},
+        "kept_from_engine_env": cache.kept,
+        "cache_before": before,
+    }
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, env=full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     started_at = time.time()
     try:
         ready_at = None
@@ -98,24 +104,58 @@ def main() -> int:
             return 1
         ready_cache = agents.run(session, "engine", "cache", cache=req)["cache"]
         body, timeout = SmokeStep({}).request()
-        r = agents.run(session, "engine", "smoke", timeout=timeout + 60, port=port, host="127.0.0.1", unit=None,
-                       base=None, api_key=units.engine_flag_secrets(profile).get("--api-key"), cache=req,
-                       startup=warmstart.STARTUP_REQUEST, **body)
+        r = agents.run(
+            session,
+            "engine",
+            "smoke",
+            timeout=timeout + 60,
+            port=port,
+            host="127.0.0.1",
+            unit=None,
+            base=None,
+            api_key=units.engine_flag_secrets(profile).get("--api-key"),
+            cache=req,
+            startup=warmstart.STARTUP_REQUEST,
+            **body,
+        )
         with open(log_path, encoding="utf-8", errors="replace") as fh:
             text = fh.read()
         lines = "\n".join(l for l in text.splitlines() if any(k in l for k in warmstart.LOG_LINES))
         at = {x["name"]: x.get("at") for x in r["results"]}
-        t = warmstart.timeline(stop_at=None, started_at=started_at, ready_at=ready_at, greedy_at=at.get("greedy"),
-                               sampled_at=at.get("sampled"), log=lines, tz_offset=r["startup"]["tz_offset"],
-                               metrics=warmstart.parse_metrics(r["startup"]["metrics"]), started_source="k26ops")
+        t = warmstart.timeline(
+            stop_at=None,
+            started_at=started_at,
+            ready_at=ready_at,
+            greedy_at=at.get("greedy"),
+            sampled_at=at.get("sampled"),
+            log=lines,
+            tz_offset=r["startup"]["tz_offset"],
+            metrics=warmstart.parse_metrics(r["startup"]["metrics"]),
+            started_source="k26ops",
+        )
         cached = {x["name"]: x.get("cache") for x in r["results"]}
-        c = warmstart.compiled(before, [("start", ready_cache), ("first greedy answer", cached.get("greedy")),
-                                        ("first sampled answer", cached.get("sampled"))])
-        out.update(ready_s=t["ready_s"], capture_s=t["capture_s"], first_greedy_s=t["first_greedy_s"],
-                   first_sampled_s=t["first_sampled_s"], compiled_new=c["compiled_new"], ttfgt=t, warm_start=c,
-                   smoke={x["name"]: {"status": x["status"], "latency_s": x["latency_s"]} for x in r["results"]},
-                   failed=r.get("failed"), metrics=r["startup"]["metrics"], log_lines=lines.splitlines()[-40:],
-                   cache_after=cached.get("sampled") or cached.get("greedy"))
+        c = warmstart.compiled(
+            before,
+            [
+                ("start", ready_cache),
+                ("first greedy answer", cached.get("greedy")),
+                ("first sampled answer", cached.get("sampled")),
+            ],
+        )
+        out.update(
+            ready_s=t["ready_s"],
+            capture_s=t["capture_s"],
+            first_greedy_s=t["first_greedy_s"],
+            first_sampled_s=t["first_sampled_s"],
+            compiled_new=c["compiled_new"],
+            ttfgt=t,
+            warm_start=c,
+            smoke={x["name"]: {"status": x["status"], "latency_s": x["latency_s"]} for x in r["results"]},
+            failed=r.get("failed"),
+            metrics=r["startup"]["metrics"],
+            log_lines=lines.splitlines()[-40:],
+            cache_after=cached.get("sampled") or cached.get("greedy"),
+        )
         print(json.dumps(out, indent=1))
         return 0 if not r.get("failed") else 1
     finally:

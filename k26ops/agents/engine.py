@@ -2,28 +2,48 @@
 file and secret-flags file (both 0600), health, smoke and logs. Run through agents.run (stdlib only); each
 `op_*` is one remote round trip.
 """
-import json, os, subprocess, sys, time, hashlib  # shutil and http.client where used: a read skips them
 
-PROPS = ("ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
-         "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic,"
-         "FragmentPath")
+import hashlib  # shutil and http.client where used: a read skips them
+import json
+import os
+import subprocess
+import sys
+import time
+
+PROPS = (
+    "ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,"
+    "ExecMainStatus,Result,ExecMainStartTimestamp,ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic,"
+    "FragmentPath"
+)
+
 
 def sh(argv, timeout=60):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
+
 LIMIT_LINE = "Start request repeated too quickly"
+
 
 def show(unit):
     _, out, _ = sh(["systemctl", "show", unit, "-p", PROPS])
     d = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
-    for k in ("MainPID", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ActiveEnterTimestampMonotonic"):
-        try: d[k] = int(d.get(k) or 0)
-        except ValueError: d[k] = 0
+    for k in (
+        "MainPID",
+        "NRestarts",
+        "ExecMainStatus",
+        "ExecMainStartTimestampMonotonic",
+        "ActiveEnterTimestampMonotonic",
+    ):
+        try:
+            d[k] = int(d.get(k) or 0)
+        except ValueError:
+            d[k] = 0
     if d.get("ActiveState") == "failed":  # systemd 252 keeps Result=exit-code at its start limit: its last lines say
         _, tail, _ = sh(["journalctl", "-u", unit, "-n", "8", "-o", "cat", "--no-pager"])
         d["StartLimitHit"] = LIMIT_LINE in tail
     return d
+
 
 def run_id(s):
     """The engine run being watched: another MainPID, NRestarts or InvocationID later means
@@ -33,12 +53,18 @@ def run_id(s):
 
 def read(path):
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh: return fh.read()
-    except FileNotFoundError: return None
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
 
 def mode(path):
-    try: return os.stat(path).st_mode & 0o7777
-    except FileNotFoundError: return None
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+
 
 def write(path, text, perm):
     """Temp file + rename; the same text already there is left alone (a rollback
@@ -61,6 +87,7 @@ def write(path, text, perm):
         raise
     os.replace(tmp, path)
 
+
 # The engine's --api-key, when it has one (the request's "api_key"; never in an answer).
 # SGLang asks for it on every path but /health*, /ready* and /metrics*.
 API_KEY = []
@@ -82,8 +109,10 @@ def port_sockets(port):
     found = set()
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            with open(name) as fh: rows = fh.read().splitlines()[1:]
-        except OSError: continue
+            with open(name) as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
         for row in rows:
             f = row.split()
             if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
@@ -91,77 +120,111 @@ def port_sockets(port):
     found.discard("0")
     return found
 
+
 def pid_sockets(pid):
     out = set()
-    try: fds = os.listdir("/proc/%d/fd" % pid)
-    except OSError: return out
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return out
     for fd in fds:
-        try: link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError: continue
-        if link.startswith("socket:["): out.add(link[8:-1])
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(link[8:-1])
     return out
+
 
 def proc_line(pid, name):
     try:
-        with open("/proc/%d/%s" % (pid, name), "rb") as fh: return fh.read()
-    except OSError: return b""
+        with open("/proc/%d/%s" % (pid, name), "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
 
 def holder(pid):
     """pid, user and command of a process (what a refusal names)."""
     import pwd
+
     uid = None
     for line in proc_line(pid, "status").decode(errors="replace").splitlines():
-        if line.startswith("Uid:"): uid = int(line.split()[1])
-    try: user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
-    except KeyError: user = str(uid)
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+    try:
+        user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
+    except KeyError:
+        user = str(uid)
     cmd = proc_line(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
     return {"pid": pid, "user": user, "command": cmd[:120] or "?"}
 
+
 def pids():
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
 
 def in_tree(pid, main):
     """Is `pid` the engine's MainPID, a descendant of it, or in the same cgroup (the unit's)?"""
     seen, p = 0, pid
     while p > 1 and seen < 64:
-        if p == main: return True
+        if p == main:
+            return True
         stat = proc_line(p, "stat").decode(errors="replace")
-        try: p = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (ValueError, IndexError): break
+        try:
+            p = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (ValueError, IndexError):
+            break
         seen += 1
     cg = proc_line(main, "cgroup").strip()
     unit = (UNIT[0] if UNIT and UNIT[0] else "").encode()
     return bool(unit) and cg.endswith(b"/" + unit) and cg == proc_line(pid, "cgroup").strip()
+
 
 def check_listener(port, main):
     """Raise Foreign unless every listener on `port` belongs to the engine (`main`: its MainPID).
     Nothing listening passes (a request then finds no one). A socket no process here holds
     (another network namespace's) is foreign too."""
     socks = port_sockets(port)
-    if not socks: return
-    if main: socks -= pid_sockets(main)  # the fast case: the engine's own process listens
-    if not socks: return
+    if not socks:
+        return
+    if main:
+        socks -= pid_sockets(main)  # the fast case: the engine's own process listens
+    if not socks:
+        return
     everyone = pids()
     for pid in everyone:
         mine = pid_sockets(pid) & socks
-        if not mine: continue
+        if not mine:
+            continue
         if main and in_tree(pid, main):
             socks -= mine
             continue
         raise Foreign(holder(pid))
     if socks:
-        raise Foreign({"pid": None, "user": "?", "command": "a socket no process of this host holds "
-                       "(another network namespace's)"})
+        raise Foreign(
+            {
+                "pid": None,
+                "user": "?",
+                "command": "a socket no process of this host holds (another network namespace's)",
+            }
+        )
+
 
 def main_pid(unit):
     _, out, _ = sh(["systemctl", "show", unit, "-p", "MainPID", "--value"])
-    try: return int(out.strip() or 0)
-    except ValueError: return 0
+    try:
+        return int(out.strip() or 0)
+    except ValueError:
+        return 0
+
 
 def auth_headers(path):
     if API_KEY and API_KEY[0] and not path.startswith(("/health", "/ready", "/metrics")):
         return {"Authorization": "Bearer " + API_KEY[0]}
     return {}
+
 
 def http(port, path, body=None, timeout=5.0, host="127.0.0.1", pid=None):
     """(status, body) of one GET (POST with `body`); a status outside 2xx keeps 300 chars of
@@ -175,6 +238,7 @@ def http(port, path, body=None, timeout=5.0, host="127.0.0.1", pid=None):
     elif auth_headers(path):
         raise Foreign({"pid": None, "user": "?", "command": "no engine unit to match the listener against"})
     from http.client import HTTPConnection
+
     # Marked as k26ops' own (health, smoke), so `k26ops logs` can hide them; engines ignore the query.
     url = "%s%sfrom=k26ops" % (path, "&" if "?" in path else "?")
     data = json.dumps(body).encode() if body is not None else None
@@ -184,9 +248,12 @@ def http(port, path, body=None, timeout=5.0, host="127.0.0.1", pid=None):
         conn.request("GET" if data is None else "POST", url, body=data, headers=headers)
         r = conn.getresponse()
         text = r.read().decode(errors="replace")
-    except Exception as e: return 0, "%s: %s" % (e.__class__.__name__, e)
-    finally: conn.close()
+    except Exception as e:
+        return 0, "%s: %s" % (e.__class__.__name__, e)
+    finally:
+        conn.close()
     return r.status, text if 200 <= r.status < 300 else text[:300]
+
 
 def journal(unit, lines, invocation=None):
     argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines)]
@@ -194,8 +261,23 @@ def journal(unit, lines, invocation=None):
     _, out, _ = sh(argv)
     return out
 
-MEANINGFUL = ("Loading safetensors", "Load weight", "Capture cuda graph", "CUDA graph", "KV Cache", "Init torch",
-              "fired up", "Uvicorn running", "ERROR", "Error", "Traceback", "Starting", "server_args")
+
+MEANINGFUL = (
+    "Loading safetensors",
+    "Load weight",
+    "Capture cuda graph",
+    "CUDA graph",
+    "KV Cache",
+    "Init torch",
+    "fired up",
+    "Uvicorn running",
+    "ERROR",
+    "Error",
+    "Traceback",
+    "Starting",
+    "server_args",
+)
+
 
 def last_meaningful(text):
     for line in reversed(text.splitlines()):
@@ -203,6 +285,7 @@ def last_meaningful(text):
             return line.strip()[:200]
     lines = [l for l in text.splitlines() if l.strip()]
     return lines[-1].strip()[:200] if lines else ""
+
 
 def crashed(s, base):
     if s.get("ActiveState") in ("failed", "inactive", "deactivating"):
@@ -215,7 +298,9 @@ def crashed(s, base):
         return "systemd restarted the engine"
     return None
 
+
 EXIT_LINES = ("Main process exited", "Failed with result", "Deactivated successfully", "Succeeded.")
+
 
 def exit_line(invocation, wait):
     """Wait (at most `wait` s) for systemd's own line about this run's end: it
@@ -231,14 +316,16 @@ def exit_line(invocation, wait):
     time.sleep(min(wait, 0.4))
     return None
 
+
 def kernel_nvrm(s, limit=50):
     """The kernel's NVRM lines from shortly before this run of the unit started (an Xid there is
     what the crash may be the symptom of), and nvidia-smi's bus ids when there are any."""
     start = s.get("ExecMainStartTimestampMonotonic") or 0
     since = time.time() - (time.monotonic() - start / 1e6) - 300 if start else time.time() - 3600
     try:
-        _, o, _ = sh(["journalctl", "-k", "-b", "-o", "short-iso", "--no-pager", "--since", "@%d" % int(since)],
-                     timeout=20)
+        _, o, _ = sh(
+            ["journalctl", "-k", "-b", "-o", "short-iso", "--no-pager", "--since", "@%d" % int(since)], timeout=20
+        )
         lines = [l for l in o.splitlines() if "NVRM" in l][-limit:]
         if not lines:
             return {}
@@ -247,6 +334,7 @@ def kernel_nvrm(s, limit=50):
         return {}
     return {"kernel": "\n".join(lines), "bus_ids": bus if rc == 0 else ""}
 
+
 def crash_report(unit, base, why, lines, wait=3.0):
     """The crash as the control node reports it: why, the unit's state and the
     journal of the run that died (its own invocation only)."""
@@ -254,6 +342,7 @@ def crash_report(unit, base, why, lines, wait=3.0):
     line = exit_line(inv, wait)
     s = show(unit)
     return {"why": why, "exit_line": line, "show": s, "journal": journal(unit, lines, inv), **kernel_nvrm(s)}
+
 
 def died(unit, base, wait):
     """After a failed request: did the engine die of it? Polls the unit (a dying
@@ -266,6 +355,7 @@ def died(unit, base, wait):
             return why, s
         time.sleep(0.1)
 
+
 def cache_stat(c):
     """What the engine's cache dir holds ({"files", "kernels", "bytes"}; None when absent).
     `c`: the request's "cache" ({"dir", "suffixes": what a compiled kernel's file name ends with})."""
@@ -275,11 +365,14 @@ def cache_stat(c):
     ends = tuple(c.get("suffixes") or ())
     for root, _dirs, names in os.walk(c["dir"]):
         for n in names:
-            try: size += os.lstat(os.path.join(root, n)).st_size
-            except OSError: continue
+            try:
+                size += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                continue
             files += 1
             kernels += n.endswith(ends)
     return {"files": files, "kernels": kernels, "bytes": size}
+
 
 def make_cache(c):
     """The cache dir, root-only: its top (`c["top"]`, k26ops_root/engine-cache) and every
@@ -292,50 +385,72 @@ def make_cache(c):
     uid = gid = None
     if c.get("owner"):
         import pwd
+
         pw = pwd.getpwnam(c["owner"])
         uid, gid = pw.pw_uid, pw.pw_gid
     path = top
     for part in [""] + rel.split(os.sep):
         path = os.path.join(path, part) if part else path
         os.makedirs(path, mode=0o700, exist_ok=True)
-        if mode(path) != 0o700: os.chmod(path, 0o700)
-        if uid is not None and path != top: os.chown(path, uid, gid)
-    if uid is not None: os.chmod(top, 0o711)  # the user passes through to its own dir only
+        if mode(path) != 0o700:
+            os.chmod(path, 0o700)
+        if uid is not None and path != top:
+            os.chown(path, uid, gid)
+    if uid is not None:
+        os.chmod(top, 0o711)  # the user passes through to its own dir only
+
 
 def started_at(s):
     """The wall time the unit's main process started (systemd's monotonic stamp, on this host's clock)."""
     mono = s.get("ExecMainStartTimestampMonotonic") or 0
     return time.time() - (time.monotonic() - mono / 1e6) if mono else None
 
+
 def op_cache(r):
-    if r.get("make"): make_cache(r["cache"])
+    if r.get("make"):
+        make_cache(r["cache"])
     return {"cache": cache_stat(r["cache"]), "at": time.time()}
+
 
 def op_read(r):
     cur = None
-    try: cur = os.readlink(r["current"])
-    except OSError: pass
+    try:
+        cur = os.readlink(r["current"])
+    except OSError:
+        pass
     lab = r.get("lab_module")
     sha = None
     if lab and os.path.exists(lab):
-        with open(lab, "rb") as fh: sha = hashlib.sha256(fh.read()).hexdigest()
+        with open(lab, "rb") as fh:
+            sha = hashlib.sha256(fh.read()).hexdigest()
     spath = r.get("secrets_path")
-    return {"prev_unsettled": unsettled(r.get("state_dir")),
-            "unit": read(r["unit_path"]), "env": read(r["env_path"]), "env_mode": mode(r["env_path"]),
-            "secrets": read(spath) if spath else None, "secrets_mode": mode(spath) if spath else None,
-            "current": cur, "lab_module_sha": sha, "show": show(r["unit"])}
+    return {
+        "prev_unsettled": unsettled(r.get("state_dir")),
+        "unit": read(r["unit_path"]),
+        "env": read(r["env_path"]),
+        "env_mode": mode(r["env_path"]),
+        "secrets": read(spath) if spath else None,
+        "secrets_mode": mode(spath) if spath else None,
+        "current": cur,
+        "lab_module_sha": sha,
+        "show": show(r["unit"]),
+    }
+
 
 def prev_manifest(state_dir):
     try:
-        with open(os.path.join(state_dir, "service", "prev", "manifest.json")) as fh: return json.load(fh)
+        with open(os.path.join(state_dir, "service", "prev", "manifest.json")) as fh:
+            return json.load(fh)
     except (OSError, ValueError, TypeError):
         return None
+
 
 def unsettled(state_dir):
     """An install whose engine was never seen healthy (its run killed mid-install): prev/ still
     holds what ran before it, which a failed run restores (op_settle marks it seen)."""
     m = prev_manifest(state_dir) if state_dir else None
     return isinstance(m, dict) and m.get("settled") is False
+
 
 def op_settle(r):
     """The engine of the last install answered healthy: prev/ is its own run's to restore no more."""
@@ -345,15 +460,20 @@ def op_settle(r):
         write(os.path.join(r["state_dir"], "service", "prev", "manifest.json"), json.dumps(m), 0o600)
     return {"ok": True}
 
+
 def op_apply(r):
     import shutil
+
     unit, upath, epath = r["unit"], r["unit_path"], r["env_path"]
     sdir = os.path.join(r["state_dir"], "service")
     new, prev = os.path.join(sdir, "new"), os.path.join(sdir, "prev")
     if r.get("port") and (r.get("restart") or r.get("start")):
-        try: check_listener(r["port"], main_pid(unit))  # before anything changes: the engine could not bind
-        except Foreign as e: return {"ok": False, "error": "port", "holder": e.holder}
-    for d in (new, prev): os.makedirs(d, mode=0o700, exist_ok=True)
+        try:
+            check_listener(r["port"], main_pid(unit))  # before anything changes: the engine could not bind
+        except Foreign as e:
+            return {"ok": False, "error": "port", "holder": e.holder}
+    for d in (new, prev):
+        os.makedirs(d, mode=0o700, exist_ok=True)
     if r.get("unit_text") is not None:
         staged = os.path.join(new, unit)
         write(staged, r["unit_text"], 0o644)
@@ -369,29 +489,43 @@ def op_apply(r):
     spath = r.get("secrets_path")
     manifest = prev_manifest(r["state_dir"]) if unsettled(r["state_dir"]) else None
     if manifest is None:
-        manifest = {"unit_existed": os.path.exists(upath), "env_existed": os.path.exists(epath),
-                    "was_enabled": show(unit).get("UnitFileState") == "enabled", "time": time.time(),
-                    "settled": False}
+        manifest = {
+            "unit_existed": os.path.exists(upath),
+            "env_existed": os.path.exists(epath),
+            "was_enabled": show(unit).get("UnitFileState") == "enabled",
+            "time": time.time(),
+            "settled": False,
+        }
         if spath:
             manifest["secrets_existed"] = os.path.exists(spath)
         for src, name in ((upath, "unit"), (epath, "env"), (spath, "secrets")):
             dst = os.path.join(prev, name)
-            if src and os.path.exists(src): shutil.copy2(src, dst)
-            elif os.path.exists(dst): os.unlink(dst)
+            if src and os.path.exists(src):
+                shutil.copy2(src, dst)
+            elif os.path.exists(dst):
+                os.unlink(dst)
         write(os.path.join(prev, "manifest.json"), json.dumps(manifest), 0o600)
-    if r.get("env_text") is not None: write(epath, r["env_text"], 0o600)
-    elif os.path.exists(epath) and mode(epath) != 0o600: os.chmod(epath, 0o600)
-    if r.get("secrets_text") is not None: write(spath, r["secrets_text"], 0o600)
-    elif spath and os.path.exists(spath) and mode(spath) != 0o600: os.chmod(spath, 0o600)
-    if r.get("lab_module_text") is not None: write(r["lab_module"], r["lab_module_text"], 0o644)
+    if r.get("env_text") is not None:
+        write(epath, r["env_text"], 0o600)
+    elif os.path.exists(epath) and mode(epath) != 0o600:
+        os.chmod(epath, 0o600)
+    if r.get("secrets_text") is not None:
+        write(spath, r["secrets_text"], 0o600)
+    elif spath and os.path.exists(spath) and mode(spath) != 0o600:
+        os.chmod(spath, 0o600)
+    if r.get("lab_module_text") is not None:
+        write(r["lab_module"], r["lab_module_text"], 0o644)
     if r.get("unit_text") is not None:
         write(upath, r["unit_text"], 0o644)
         rc, out, err = sh(["systemctl", "daemon-reload"])
-        if rc: return {"ok": False, "error": "daemon-reload", "output": err.strip()[-500:]}
-    if r.get("secrets_remove") and os.path.exists(spath): os.unlink(spath)  # after the unit stopped naming it
+        if rc:
+            return {"ok": False, "error": "daemon-reload", "output": err.strip()[-500:]}
+    if r.get("secrets_remove") and os.path.exists(spath):
+        os.unlink(spath)  # after the unit stopped naming it
     if r.get("enable"):
         rc, out, err = sh(["systemctl", "enable", unit])
-        if rc: return {"ok": False, "error": "enable", "output": err.strip()[-500:]}
+        if rc:
+            return {"ok": False, "error": "enable", "output": err.strip()[-500:]}
     warm = {}
     if r.get("cache"):  # the release's engine cache: made root-only, and what it holds before the start
         make_cache(r["cache"])
@@ -400,14 +534,17 @@ def op_apply(r):
         sh(["systemctl", "reset-failed", unit])
         warm["stop_at"] = time.time()  # the old engine stops serving here (time to first good token from here)
         rc, out, err = sh(["systemctl", "restart" if r.get("restart") else "start", unit], timeout=600)
-        if rc: return {"ok": False, "error": "restart", "output": err.strip()[-500:], "show": show(unit)}
+        if rc:
+            return {"ok": False, "error": "restart", "output": err.strip()[-500:], "show": show(unit)}
     return {"ok": True, "show": show(unit), "manifest": manifest, **warm}
+
 
 def op_rollback(r):
     unit, upath, epath = r["unit"], r["unit_path"], r["env_path"]
     prev = os.path.join(r["state_dir"], "service", "prev")
     try:
-        with open(os.path.join(prev, "manifest.json")) as fh: m = json.load(fh)
+        with open(os.path.join(prev, "manifest.json")) as fh:
+            m = json.load(fh)
     except (OSError, ValueError):
         return {"ok": False, "error": "no backup of the previous unit and env file"}
     done = []
@@ -416,27 +553,32 @@ def op_rollback(r):
         files.append(("secrets", r["secrets_path"], m["secrets_existed"], 0o600))
     for name, path, existed, perm in files:
         if existed:
-            with open(os.path.join(prev, name), encoding="utf-8") as fh: write(path, fh.read(), perm)
+            with open(os.path.join(prev, name), encoding="utf-8") as fh:
+                write(path, fh.read(), perm)
             done.append("restored " + path)
         elif os.path.exists(path):
-            os.unlink(path); done.append("removed " + path)
+            os.unlink(path)
+            done.append("removed " + path)
     if r.get("previous_release"):
         cur = r["current"]
         tmp = cur + ".k26ops-tmp"
-        if os.path.lexists(tmp): os.unlink(tmp)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         os.symlink(r["previous_release"], tmp)
         os.replace(tmp, cur)
         done.append("current -> " + r["previous_release"])
     sh(["systemctl", "daemon-reload"])
     sh(["systemctl", "reset-failed", unit])
     if m["unit_existed"]:
-        if not m.get("was_enabled"): sh(["systemctl", "disable", unit])
+        if not m.get("was_enabled"):
+            sh(["systemctl", "disable", unit])
         rc, _, err = sh(["systemctl", "restart", unit], timeout=600)
         done.append("restarted" if rc == 0 else "restart failed: " + err.strip()[-200:])
     else:
         sh(["systemctl", "disable", "--now", unit])
         done.append("stopped (no previous unit)")
     return {"ok": True, "done": done, "show": show(unit), "had_unit": m["unit_existed"]}
+
 
 def op_poll(r):
     unit, port, host = r["unit"], r["port"], r.get("host", "127.0.0.1")
@@ -454,19 +596,35 @@ def op_poll(r):
         try:
             code, _ = http(port, "/health", timeout=2.0, host=host, pid=s.get("MainPID") or 0)
             if code == 200:
-                code2, body2 = http(port, "/health_generate", timeout=r.get("generate_timeout", 30.0), host=host,
-                                    pid=s.get("MainPID") or 0)
+                code2, body2 = http(
+                    port,
+                    "/health_generate",
+                    timeout=r.get("generate_timeout", 30.0),
+                    host=host,
+                    pid=s.get("MainPID") or 0,
+                )
                 if code2 == 200:
                     check_listener(port, s.get("MainPID") or 0)  # still the engine's after the answers
-                    return {"state": "healthy", "show": s, "base": base, "at": time.time(),
-                            **({"cache": cache_stat(r["cache"])} if r.get("cache") else {})}
+                    return {
+                        "state": "healthy",
+                        "show": s,
+                        "base": base,
+                        "at": time.time(),
+                        **({"cache": cache_stat(r["cache"])} if r.get("cache") else {}),
+                    }
         except Foreign as e:
             return {"state": "foreign", "holder": e.holder, "show": s, "base": base}
         if time.monotonic() >= end:
             j = journal(unit, 30, base.get("InvocationID"))
-            return {"state": "loading" if code in (0, 503) else "unhealthy", "health": code,
-                    "last_line": last_meaningful(j), "show": s, "base": base}
+            return {
+                "state": "loading" if code in (0, 503) else "unhealthy",
+                "health": code,
+                "last_line": last_meaningful(j),
+                "show": s,
+                "base": base,
+            }
         time.sleep(r.get("interval", 0.25))
+
 
 def inflight_now(port, host):
     """(status, running, queued) from the engine's /metrics: sglang:num_running_reqs and
@@ -478,9 +636,12 @@ def inflight_now(port, host):
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in got:
-            try: got[name] = (got[name] or 0) + float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError): pass
+            try:
+                got[name] = (got[name] or 0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                pass
     return code, got["sglang:num_running_reqs"], got["sglang:num_queue_reqs"]
+
 
 def op_inflight(r):
     """Long-poll (r["window"] s) until the engine has no request running or queued; answers
@@ -495,21 +656,38 @@ def op_inflight(r):
             return {"status": code, "metrics": True, "running": int(running), "queued": int(queued or 0)}
         time.sleep(r.get("interval", 0.25))
 
+
 def generate(r, name, sampling):
     body = {"text": r["prompt"], "sampling_params": dict(sampling, max_new_tokens=r["max_new_tokens"])}
     pid = main_pid(UNIT[0]) if UNIT and UNIT[0] else None  # read before the clock starts
     t0 = time.monotonic()
-    code, text = http(r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"),
-                      pid=pid)
+    code, text = http(
+        r["port"], "/generate", body, timeout=r.get("timeout_s", 120.0), host=r.get("host", "127.0.0.1"), pid=pid
+    )
     latency = time.monotonic() - t0
-    try: data = json.loads(text)
-    except ValueError: data = None
-    return {"name": name, "sampling": sampling, "status": code, "latency_s": round(latency, 4),
-            "body": data if isinstance(data, dict) else text[:300], "at": time.time()}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    return {
+        "name": name,
+        "sampling": sampling,
+        "status": code,
+        "latency_s": round(latency, 4),
+        "body": data if isinstance(data, dict) else text[:300],
+        "at": time.time(),
+    }
+
 
 def answered(res):
     body = res["body"]
-    return res["status"] == 200 and isinstance(body, dict) and isinstance(body.get("text"), str) and bool(body["text"].strip())
+    return (
+        res["status"] == 200
+        and isinstance(body, dict)
+        and isinstance(body.get("text"), str)
+        and bool(body["text"].strip())
+    )
+
 
 def op_smoke(r):
     """The smoke requests in order (default: one greedy); the first that fails
@@ -521,7 +699,8 @@ def op_smoke(r):
         base = run_id(s0)
     results = []
     for req in r.get("requests") or [{"name": "greedy", "sampling": {"temperature": 0}}]:
-        try: res = generate(r, req["name"], req["sampling"])
+        try:
+            res = generate(r, req["name"], req["sampling"])
         except Foreign as e:  # nothing was sent to it, the api key least of all
             return {"results": results, "failed": req["name"], "crash": None, "foreign": e.holder}
         if r.get("cache"):
@@ -544,6 +723,7 @@ def op_smoke(r):
         out["startup"] = startup(unit, base, r["startup"], r)
     return out
 
+
 def startup(unit, base, want, r):
     """The engine's start-up as it told it: the unit's start time, its log lines that
     mark a phase (`want["lines"]`: what they contain) and its start-up metrics."""
@@ -551,13 +731,22 @@ def startup(unit, base, want, r):
     text = journal(unit, want.get("max_lines", 20000), base.get("InvocationID")) if unit else ""
     lines = [l for l in text.splitlines() if any(k in l for k in want["lines"])]
     code, metrics = http(r["port"], "/metrics", timeout=10.0, host=r.get("host", "127.0.0.1"))
-    keep = [l for l in metrics.splitlines() if not l.startswith("#") and any(k in l for k in want["metrics"])] \
-        if code == 200 else []
-    return {"started_at": started_at(s), "log": "\n".join(lines[-400:]), "metrics": "\n".join(keep),
-            "tz_offset": time.localtime().tm_gmtoff}
+    keep = (
+        [l for l in metrics.splitlines() if not l.startswith("#") and any(k in l for k in want["metrics"])]
+        if code == 200
+        else []
+    )
+    return {
+        "started_at": started_at(s),
+        "log": "\n".join(lines[-400:]),
+        "metrics": "\n".join(keep),
+        "tz_offset": time.localtime().tm_gmtoff,
+    }
+
 
 def sha256(text):
     return hashlib.sha256(text.encode()).hexdigest() if text is not None else None
+
 
 def op_converge(r):
     """`read`, and when the host already is as planned (the unit's and env
@@ -570,11 +759,15 @@ def op_converge(r):
     want = r.get("want")
     s = out["show"]
     out["converged"] = bool(want) and (
-        sha256(out["unit"]) == want.get("unit_sha") and sha256(out["env"]) == want.get("env_sha")
-        and out["env_mode"] == 0o600 and sha256(out["secrets"]) == want.get("secrets_sha")
-        and out["secrets_mode"] in (None, 0o600) and out["lab_module_sha"] == want.get("lab_module_sha")
+        sha256(out["unit"]) == want.get("unit_sha")
+        and sha256(out["env"]) == want.get("env_sha")
+        and out["env_mode"] == 0o600
+        and sha256(out["secrets"]) == want.get("secrets_sha")
+        and out["secrets_mode"] in (None, 0o600)
+        and out["lab_module_sha"] == want.get("lab_module_sha")
         and s.get("UnitFileState") == "enabled"
-        and s.get("ActiveState") == "active")
+        and s.get("ActiveState") == "active"
+    )
     if not out["converged"] or not r.get("poll"):
         return out
     t0 = time.monotonic()
@@ -584,8 +777,10 @@ def op_converge(r):
         out["smoke"] = op_smoke(dict(r["smoke"], unit=r["unit"], base=p["base"]))
     return out
 
+
 def op_tail(r):
     return {"journal": journal(r["unit"], r.get("lines", 400), r.get("invocation"))}
+
 
 def engine_releases(pid, current):
     """The releases the engine process runs from. A real engine keeps its venv's
@@ -601,21 +796,29 @@ def engine_releases(pid, current):
             for line in fh:
                 i = line.find(root)
                 if i >= 0:
-                    rid = line[i + len(root):].split("/", 1)[0].strip()
+                    rid = line[i + len(root) :].split("/", 1)[0].strip()
                     if rid and rid not in ("current", ".current.tmp"):
                         found.add(rid)
     except OSError:
         return None
     return sorted(found)
 
+
 def op_status(r):
     unit = r["unit"]
     s = show(unit)
     cur = None
-    try: cur = os.readlink(r["current"])
-    except OSError: pass
-    out = {"show": s, "current": cur, "now_monotonic_us": int(time.monotonic() * 1e6), "now": time.time(),
-           "engine_releases": engine_releases(s.get("MainPID"), r["current"])}
+    try:
+        cur = os.readlink(r["current"])
+    except OSError:
+        pass
+    out = {
+        "show": s,
+        "current": cur,
+        "now_monotonic_us": int(time.monotonic() * 1e6),
+        "now": time.time(),
+        "engine_releases": engine_releases(s.get("MainPID"), r["current"]),
+    }
     if r.get("kernel") and s.get("ActiveEnterTimestampMonotonic"):  # the kernel's Xid lines, and the GPUs' bus ids
         try:
             rc, o, e = sh(["sh", "-c", r["kernel"]], timeout=20)
@@ -629,36 +832,49 @@ def op_status(r):
         out["weights"] = weights_status(r["weights_record"], cur and os.path.join(os.path.dirname(r["current"]), cur))
     if r.get("rehearsal_record"):  # a killed rehearsal's handle (agents/rehearse.py op_leftovers removes it)
         try:
-            with open(r["rehearsal_record"]) as fh: h = json.load(fh)
-            out["rehearsal_left"] = ([h["unit"]] if h.get("unit") and show(h["unit"]).get("ActiveState") not in
-                                     ("inactive", "failed", "", None) else []) + \
-                ([h["tmp"]] if os.path.isdir(h.get("tmp") or "") else [])
+            with open(r["rehearsal_record"]) as fh:
+                h = json.load(fh)
+            out["rehearsal_left"] = (
+                [h["unit"]]
+                if h.get("unit") and show(h["unit"]).get("ActiveState") not in ("inactive", "failed", "", None)
+                else []
+            ) + ([h["tmp"]] if os.path.isdir(h.get("tmp") or "") else [])
         except (OSError, ValueError, TypeError, AttributeError):
             pass
     if s.get("ActiveState") == "active":
         try:
-            out["health"] = http(r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"),
-                                 pid=s.get("MainPID") or 0)[0]
-            code, body = http(r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"),
-                              pid=s.get("MainPID") or 0)
+            out["health"] = http(
+                r["port"], "/health", timeout=2.0, host=r.get("host", "127.0.0.1"), pid=s.get("MainPID") or 0
+            )[0]
+            code, body = http(
+                r["port"], "/v1/models", timeout=2.0, host=r.get("host", "127.0.0.1"), pid=s.get("MainPID") or 0
+            )
         except Foreign as e:
             out["health"], out["foreign"], code, body = None, e.holder, 0, ""
-        try: out["model"] = json.loads(body)["data"][0]["id"] if code == 200 else None
-        except Exception: out["model"] = None
+        try:
+            out["model"] = json.loads(body)["data"][0]["id"] if code == 200 else None
+        except Exception:
+            out["model"] = None
     return out
+
 
 def weights_status(record_path, release):
     """{"release_manifest": the release's model manifest sha256, "last_full": {"at", "manifest"}}."""
     out = {"release_manifest": None, "last_full": None}
-    for path, key in ((release and os.path.join(release, "manifest.json"), "release_manifest"),
-                      (record_path, "last_full")):
+    for path, key in (
+        (release and os.path.join(release, "manifest.json"), "release_manifest"),
+        (record_path, "last_full"),
+    ):
         try:
             with open(path) as f:
                 doc = json.load(f)
-            out[key] = (doc.get("model") or {}).get("manifest_sha256") if key == "release_manifest" else doc.get("last_full")
+            out[key] = (
+                (doc.get("model") or {}).get("manifest_sha256") if key == "release_manifest" else doc.get("last_full")
+            )
         except (OSError, TypeError, ValueError, AttributeError):
             pass
     return out
+
 
 def op_logs(r):
     argv = ["journalctl", "--no-pager", "-u", r["unit"], "-o", "short-iso", "--show-cursor"]
@@ -672,15 +888,17 @@ def op_logs(r):
     cursor = r.get("cursor")
     lines = out.splitlines()
     if lines and lines[-1].startswith("-- cursor: "):
-        cursor = lines.pop()[len("-- cursor: "):]
+        cursor = lines.pop()[len("-- cursor: ") :]
     lines = [l for l in lines if l != "-- No entries --"]
     return {"lines": lines, "cursor": cursor, "env": read(r["env_path"]) if r.get("with_env") else None}
+
 
 def handle(req):
     """One request (agents.run's, or agents/hub.py's): its api_key kept for http(), then its op."""
     API_KEY[:] = [req.pop("api_key", None)]
     UNIT[:] = [req.get("unit")]
     return globals()["op_" + req.pop("op")](req)
+
 
 if __name__ == "__main__":
     res = handle(json.loads(sys.stdin.read()))

@@ -3,7 +3,11 @@ router's /health with its unit watched, and read its state for `k26ops gateway s
 The unit's files are installed and rolled back by the engine agent's `apply` and
 `rollback` (the same code, the gateway's own paths and state dir).
 """
-import json, subprocess, sys, time
+
+import json
+import subprocess
+import sys
+import time
 
 PROPS = "ActiveState,SubState,MainPID,NRestarts,UnitFileState,LoadState,InvocationID,Result,ExecMainStartTimestamp"
 
@@ -12,21 +16,26 @@ def show(unit):
     p = subprocess.run(["systemctl", "show", unit, "-p", PROPS], capture_output=True, text=True, timeout=60)
     d = dict(l.split("=", 1) for l in p.stdout.splitlines() if "=" in l)
     for k in ("MainPID", "NRestarts"):
-        try: d[k] = int(d.get(k) or 0)
-        except ValueError: d[k] = 0
+        try:
+            d[k] = int(d.get(k) or 0)
+        except ValueError:
+            d[k] = 0
     return d
 
 
 def http(host, port, path, timeout=3.0):
     """(status, body text up to 2000 chars); (0, why) when nothing answers."""
     from http.client import HTTPConnection
+
     conn = HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path)
         r = conn.getresponse()
         return r.status, r.read().decode(errors="replace")[:2000]
-    except Exception as e: return 0, "%s: %s" % (e.__class__.__name__, e)
-    finally: conn.close()
+    except Exception as e:
+        return 0, "%s: %s" % (e.__class__.__name__, e)
+    finally:
+        conn.close()
 
 
 def journal(unit, lines, invocation=None):
@@ -59,28 +68,36 @@ def op_poll(r):
         why = crashed(s, base)
         if why:
             time.sleep(0.3)  # its last words reach the journal
-            return {"state": "crashed", "why": why, "show": s,
-                    "journal": journal(unit, 40, base.get("InvocationID"))}
+            return {"state": "crashed", "why": why, "show": s, "journal": journal(unit, 40, base.get("InvocationID"))}
         code, _ = http(host, port, "/health", timeout=2.0)
         if code == 200:
             return {"state": "healthy", "show": s, "wait_s": round(time.monotonic() - t0, 2)}
         if time.monotonic() >= end:
-            return {"state": "timeout", "health": code, "show": s,
-                    "journal": journal(unit, 40, base.get("InvocationID"))}
+            return {
+                "state": "timeout",
+                "health": code,
+                "show": s,
+                "journal": journal(unit, 40, base.get("InvocationID")),
+            }
         time.sleep(r.get("interval", 0.2))
 
 
 def op_status(r):
     import os
+
     s = show(r["unit"])
-    try: cur = os.readlink(r["current"])
-    except OSError: cur = None
+    try:
+        cur = os.readlink(r["current"])
+    except OSError:
+        cur = None
     out = {"show": s, "current": cur, "health": None, "readiness": None}
     if s.get("ActiveState") == "active":
         out["health"] = http(r["host"], r["port"], "/health")[0]
         code, body = http(r["host"], r["port"], "/readiness")
-        try: detail = json.loads(body)
-        except ValueError: detail = None
+        try:
+            detail = json.loads(body)
+        except ValueError:
+            detail = None
         out["readiness"] = {"status": code, "detail": detail if isinstance(detail, dict) else None}
     return out
 

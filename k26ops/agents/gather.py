@@ -16,6 +16,7 @@ The control node marks items so only when this agent runs as `python3`, the
 interpreter python_version's command names.
 Threads, not concurrent.futures: its import (logging, ...) is a few ms of host CPU per run.
 """
+
 import json
 import os
 import signal
@@ -71,8 +72,11 @@ def release_current(root, release):
                 done = fh.read(1) == b"}"
     except OSError:
         pass
-    probes = b"".join(b"current/%s/state.json\n" % d.encode() for d in PROBE_DIRS
-                      if os.path.isfile(os.path.join(root, "current", d, "state.json")))
+    probes = b"".join(
+        b"current/%s/state.json\n" % d.encode()
+        for d in PROBE_DIRS
+        if os.path.isfile(os.path.join(root, "current", d, "state.json"))
+    )
     return ok(link + b"===\n" + (b"complete\n" if done else b"") + b"===\n" + probes)
 
 
@@ -135,18 +139,30 @@ def model(path, mark, max_files):
 # Answers given here, byte for byte the command's, without starting it (OWN[name](*args));
 # None: the command runs after all (its rarer branches and error texts stay the command's own).
 # `python3 --version` prints "Python " and sys.version's first word (3.12.3, 3.13.0rc1, 3.12.0+)
-OWN = {"python_version": lambda: {"rc": 0, "stdout": "Python %s\n" % sys.version.split()[0], "stderr": ""},
-       "os_release": os_release, "release_current": release_current, "toolchains_verified": toolchains_verified,
-       "drafter": drafter, "model": model}
+OWN = {
+    "python_version": lambda: {"rc": 0, "stdout": "Python %s\n" % sys.version.split()[0], "stderr": ""},
+    "os_release": os_release,
+    "release_current": release_current,
+    "toolchains_verified": toolchains_verified,
+    "drafter": drafter,
+    "model": model,
+}
 
 
 def run_one(item):
     timeout = float(item.get("timeout") or DEFAULT_TIMEOUT)
     env = dict(os.environ, LC_ALL="C", LANG="C")
     try:
-        p = subprocess.Popen(item["command"], shell=True, executable="/bin/sh", env=env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
+        p = subprocess.Popen(
+            item["command"],
+            shell=True,
+            executable="/bin/sh",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as e:
         return {"rc": 127, "stdout": "", "stderr": str(e)}
     try:

@@ -14,6 +14,7 @@ ANSWER + {"hub_error": the exception's last line} (the hub goes on). An agent
 with a `handle(request)` function is called through it (the engine's takes its
 api_key out first); the others' op_<op>(request). EOF on stdin: exit.
 """
+
 import json
 import sys
 
@@ -38,7 +39,9 @@ def last_line(exc):
     """The last line traceback.format_exc() would print, without importing traceback
     (its imports, linecache and tokenize, cost every hub start)."""
     kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else kind.__module__ + "." + kind.__qualname__
+    name = (
+        kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else kind.__module__ + "." + kind.__qualname__
+    )
     return ("%s: %s" % (name, exc) if str(exc) else name).strip().splitlines()[-1]
 
 

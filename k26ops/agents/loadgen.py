@@ -31,11 +31,22 @@ per-request meta_info.spec_accept_length (tokenizer_manager.py: completion_token
 spec_verify_ct). Without /metrics the lifetime figure is kept and `accept_source`
 says it is one.
 """
-import json, os, random, subprocess, sys, tempfile, threading, time, http.client
 
-WORDS = ("the of and to in is was for on are as with his they at be this from have or by one had not but what "
-         "all were when we there can an your which their said if do will each about how up out them then she "
-         "many some so these would other into has more her two like him see time could no make than first").split()
+import http.client
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+WORDS = (
+    "the of and to in is was for on are as with his they at be this from have or by one had not but what "
+    "all were when we there can an your which their said if do will each about how up out them then she "
+    "many some so these would other into has more her two like him see time could no make than first"
+).split()
 
 
 def percentile(values, q):
@@ -63,15 +74,22 @@ def metrics(outputs, duration_s, server_accept=None):
             hist += [0] * (i + 1 - len(hist))
             hist[i] += n
     dur = max(duration_s, 1e-9)
-    return {"completed": len(ok), "failed": len(outputs) - len(ok), "duration_s": duration_s,
-            "total_output_tokens": out_tokens,
-            "output_throughput": out_tokens / dur, "request_throughput": len(ok) / dur,
-            "median_ttft_ms": percentile(ttfts, 50) * 1000, "p99_ttft_ms": percentile(ttfts, 99) * 1000,
-            "median_itl_ms": percentile(itls, 50) * 1000, "p99_itl_ms": percentile(itls, 99) * 1000,
-            "p99_e2e_latency_ms": percentile([o["latency"] for o in ok], 99) * 1000,
-            "accept_length": accept,
-            "accept_source": "meta_info.spec_accept_length" if accepts else ("/server_info" if accept else None),
-            "accept_histogram": hist or None}
+    return {
+        "completed": len(ok),
+        "failed": len(outputs) - len(ok),
+        "duration_s": duration_s,
+        "total_output_tokens": out_tokens,
+        "output_throughput": out_tokens / dur,
+        "request_throughput": len(ok) / dur,
+        "median_ttft_ms": percentile(ttfts, 50) * 1000,
+        "p99_ttft_ms": percentile(ttfts, 99) * 1000,
+        "median_itl_ms": percentile(itls, 50) * 1000,
+        "p99_itl_ms": percentile(itls, 99) * 1000,
+        "p99_e2e_latency_ms": percentile([o["latency"] for o in ok], 99) * 1000,
+        "accept_length": accept,
+        "accept_source": "meta_info.spec_accept_length" if accepts else ("/server_info" if accept else None),
+        "accept_histogram": hist or None,
+    }
 
 
 def prompt(rng, n):
@@ -89,9 +107,13 @@ def auth():
 def one_request(host, port, text, output_len, temperature, timeout):
     """One streaming /generate; timings as bench_serving's async_request_sglang_generate takes them.
     `text` may be a list of token ids (an engine started with --skip-tokenizer-init)."""
-    body = json.dumps({("input_ids" if isinstance(text, list) else "text"): text, "stream": True,
-                       "sampling_params": {"temperature": temperature, "max_new_tokens": output_len,
-                                           "ignore_eos": True}}).encode()
+    body = json.dumps(
+        {
+            ("input_ids" if isinstance(text, list) else "text"): text,
+            "stream": True,
+            "sampling_params": {"temperature": temperature, "max_new_tokens": output_len, "ignore_eos": True},
+        }
+    ).encode()
     out = {"ok": False, "ttft": 0.0, "itl": [], "latency": 0.0, "output_len": 0, "accept": None, "error": ""}
     st = time.perf_counter()
     last_t, last_len = st, 0
@@ -252,8 +274,12 @@ def op_probe(r):
     why = ""
     for module in ("sglang.benchmark.serving", "sglang.bench_serving"):
         try:
-            p = subprocess.run([py, "-W", "ignore", "-c", "import " + module], capture_output=True, text=True,
-                               timeout=r.get("timeout_s", 300))
+            p = subprocess.run(
+                [py, "-W", "ignore", "-c", "import " + module],
+                capture_output=True,
+                text=True,
+                timeout=r.get("timeout_s", 300),
+            )
         except subprocess.TimeoutExpired:
             return {"available": False, "why": "importing %s timed out" % module}
         if p.returncode == 0:
@@ -279,16 +305,46 @@ def op_metrics(r):
 def op_bench_serving(r):
     with tempfile.TemporaryDirectory(prefix="k26ops-bench-") as d:
         out = os.path.join(d, "result.jsonl")
-        extra = {"sampling_params": {"temperature": r["temperature"], "max_new_tokens": r["output_len"],
-                                     "ignore_eos": True}}
-        argv = [r["python"], "-m", r.get("module") or "sglang.bench_serving", "--backend", "sglang", "--host", r["host"],
-                "--port", str(r["port"]), "--model", r["model"], "--tokenizer", r["tokenizer"],
-                "--dataset-name", "random-ids", "--random-input-len", str(r["input_len"]),
-                "--random-output-len", str(r["output_len"]), "--random-range-ratio", "1",
-                "--num-prompts", str(r["num_prompts"]), "--max-concurrency", str(r["concurrency"]),
-                "--seed", str(r["seed"]), "--extra-request-body", json.dumps(extra),
-                "--output-file", out, "--disable-tqdm"]
-        env = dict(os.environ, OPENAI_API_KEY=API_KEY[0]) if API_KEY and API_KEY[0] else None  # what SGLang's bench reads
+        extra = {
+            "sampling_params": {"temperature": r["temperature"], "max_new_tokens": r["output_len"], "ignore_eos": True}
+        }
+        argv = [
+            r["python"],
+            "-m",
+            r.get("module") or "sglang.bench_serving",
+            "--backend",
+            "sglang",
+            "--host",
+            r["host"],
+            "--port",
+            str(r["port"]),
+            "--model",
+            r["model"],
+            "--tokenizer",
+            r["tokenizer"],
+            "--dataset-name",
+            "random-ids",
+            "--random-input-len",
+            str(r["input_len"]),
+            "--random-output-len",
+            str(r["output_len"]),
+            "--random-range-ratio",
+            "1",
+            "--num-prompts",
+            str(r["num_prompts"]),
+            "--max-concurrency",
+            str(r["concurrency"]),
+            "--seed",
+            str(r["seed"]),
+            "--extra-request-body",
+            json.dumps(extra),
+            "--output-file",
+            out,
+            "--disable-tqdm",
+        ]
+        env = (
+            dict(os.environ, OPENAI_API_KEY=API_KEY[0]) if API_KEY and API_KEY[0] else None
+        )  # what SGLang's bench reads
         before = spec_counters(r["host"], r["port"])
         p = subprocess.run(argv, capture_output=True, text=True, timeout=r.get("timeout_s", 3600), cwd=d, env=env)
         after = spec_counters(r["host"], r["port"])
@@ -298,10 +354,24 @@ def op_bench_serving(r):
                 rows = [json.loads(l) for l in fh if l.strip()]
         if p.returncode != 0 or not rows:
             lines = [l for l in (p.stderr + p.stdout).splitlines() if l.strip()]
-            return {"ok": False, "error": "sglang.bench_serving exited %d: %s" % (p.returncode, lines[-1][:300] if lines else "")}
+            return {
+                "ok": False,
+                "error": "sglang.bench_serving exited %d: %s" % (p.returncode, lines[-1][:300] if lines else ""),
+            }
         res = rows[-1]
-        keys = ("completed", "duration", "total_output_tokens", "output_throughput", "request_throughput",
-                "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "p99_e2e_latency_ms", "accept_length")
+        keys = (
+            "completed",
+            "duration",
+            "total_output_tokens",
+            "output_throughput",
+            "request_throughput",
+            "median_ttft_ms",
+            "p99_ttft_ms",
+            "median_itl_ms",
+            "p99_itl_ms",
+            "p99_e2e_latency_ms",
+            "accept_length",
+        )
         m = {k: res.get(k) for k in keys}
         m["duration_s"] = m.pop("duration")
         m["accept_lifetime"] = m.get("accept_length")

@@ -6,7 +6,10 @@ Request: {"op": "state" | "releases" | "delete", "dir": path, "kind": "root" |
 "root_entries": [names k26ops makes under k26ops_root], "names": [to delete]}.
 The markers come with the request so that ownership.py stays their one source.
 """
-import json, os, sys  # shutil in op_delete: the hub's reads skip its import
+
+import json
+import os
+import sys  # shutil in op_delete: the hub's reads skip its import
 
 
 def is_release(d, name, release_marker):
@@ -35,10 +38,14 @@ def op_state(r):
     if r["kind"] == "root":
         foreign = [n for n in names if n not in set(r["root_entries"])]
     else:
-        foreign = [n for n in names if n not in ("current", ".current.tmp")
-                   and not is_release(d, n, r["release_marker"])]
-    return {"state": "foreign" if foreign else ("empty" if not names else "ours"), "foreign": foreign[:5],
-            "count": len(foreign)}
+        foreign = [
+            n for n in names if n not in ("current", ".current.tmp") and not is_release(d, n, r["release_marker"])
+        ]
+    return {
+        "state": "foreign" if foreign else ("empty" if not names else "ours"),
+        "foreign": foreign[:5],
+        "count": len(foreign),
+    }
 
 
 def op_states(r):
@@ -57,6 +64,7 @@ def op_releases(r):
 
 def op_delete(r):
     import shutil
+
     d, gone = r["dir"], []
     for name in r["names"]:
         if "/" not in name and not name.startswith(".") and is_release(d, name, r["release_marker"]):

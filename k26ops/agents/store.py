@@ -25,7 +25,15 @@ op "seal" {"store": dir, "locks": [path]}: after uv ran: its lock files 0600
   them all), no directory writable by others; `locks` (uv's lock in the venv it
   installed into): 0600 where they exist. {"fixed": n}.
 """
-import fcntl, hashlib, json, os, pwd, shutil, sys, zipfile
+
+import fcntl
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import sys
+import zipfile
 
 
 def op_uv(r):
@@ -132,28 +140,39 @@ def op_alone(r):
 def _holder(pid):
     def read(name):
         try:
-            with open("/proc/%d/%s" % (pid, name), "rb") as fh: return fh.read()
-        except OSError: return b""
+            with open("/proc/%d/%s" % (pid, name), "rb") as fh:
+                return fh.read()
+        except OSError:
+            return b""
+
     uid = None
     for line in read("status").decode(errors="replace").splitlines():
-        if line.startswith("Uid:"): uid = int(line.split()[1])
-    try: user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
-    except KeyError: user = str(uid)
-    return {"pid": pid, "user": user,
-            "command": read("cmdline").replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"}
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+    try:
+        user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
+    except KeyError:
+        user = str(uid)
+    return {
+        "pid": pid,
+        "user": user,
+        "command": read("cmdline").replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?",
+    }
 
 
 def held_locks(store):
     """The store's lock files that a process holds now: /proc/locks by device and inode."""
     try:
         dev = os.stat(store).st_dev
-        with open("/proc/locks") as fh: rows = fh.read().splitlines()
+        with open("/proc/locks") as fh:
+            rows = fh.read().splitlines()
     except OSError:
         return []
     held = {}
     for row in rows:
         f = row.split()
-        if "->" in f: f.remove("->")  # a waiter
+        if "->" in f:
+            f.remove("->")  # a waiter
         try:
             pid, (maj, mnr, ino) = int(f[4]), f[5].split(":")
         except (IndexError, ValueError):
@@ -167,8 +186,10 @@ def held_locks(store):
         for name in files:
             if name.endswith(".lock"):
                 p = os.path.join(base, name)
-                try: ino = os.lstat(p).st_ino
-                except OSError: continue
+                try:
+                    ino = os.lstat(p).st_ino
+                except OSError:
+                    continue
                 if ino in held:
                     out.append(dict(_holder(held[ino]), path=p))
     return out
@@ -178,7 +199,8 @@ def clones(d):
     """Does the filesystem of `d` clone a file (FICLONE: reflinks, copy-on-write)?"""
     a, b = os.path.join(d, ".k26ops-clone-a"), os.path.join(d, ".k26ops-clone-b")
     try:
-        with open(a, "wb") as fa: fa.write(b"k26ops")
+        with open(a, "wb") as fa:
+            fa.write(b"k26ops")
         with open(a, "rb") as fa, open(b, "wb") as fb:
             fcntl.ioctl(fb.fileno(), 0x40049409, fa.fileno())
         return True
@@ -186,8 +208,10 @@ def clones(d):
         return False
     finally:
         for p in (a, b):
-            try: os.unlink(p)
-            except OSError: pass
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
 
 
 def op_prepare(r):
@@ -204,19 +228,25 @@ def op_seal(r):
             p = os.path.join(base, name)
             st = os.lstat(p)
             if st.st_mode & 0o002 and not os.path.islink(p):
-                os.chmod(p, st.st_mode & 0o7755); fixed += 1
+                os.chmod(p, st.st_mode & 0o7755)
+                fixed += 1
         for name in files:
             p = os.path.join(base, name)
             st = os.lstat(p)
-            if os.path.islink(p): continue
+            if os.path.islink(p):
+                continue
             want = 0o600 if name.endswith(".lock") else st.st_mode & 0o7555
             if st.st_mode & 0o7777 != want:
-                os.chmod(p, want); fixed += 1
+                os.chmod(p, want)
+                fixed += 1
     for p in r.get("locks") or []:
-        try: st = os.lstat(p)
-        except OSError: continue
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
         if not os.path.islink(p) and st.st_mode & 0o7777 != 0o600:
-            os.chmod(p, 0o600); fixed += 1
+            os.chmod(p, 0o600)
+            fixed += 1
     return {"fixed": fixed}
 
 

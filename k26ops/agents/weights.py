@@ -27,7 +27,17 @@ op "authorize" {"keys": [pub], "dir": the model dir served, "marker", "ttl_s"}: 
   keys to this login's authorized_keys as restrict + command="rrsync -ro DIR" +
   expiry-time; op "deauthorize" {"marker"}: remove the lines with the marker.
 """
-import fcntl, hashlib, json, os, shutil, subprocess, sys, tempfile, threading, time
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 
 CHUNK = 8 << 20
 PARTIAL = ".k26ops-partial"
@@ -35,8 +45,7 @@ PARTIAL = ".k26ops-partial"
 
 def stat_key(p):
     s = os.stat(p)
-    return [s.st_size, "%d.%09d" % divmod(s.st_mtime_ns, 10 ** 9), "%d.%09d" % divmod(s.st_ctime_ns, 10 ** 9),
-            s.st_ino]
+    return [s.st_size, "%d.%09d" % divmod(s.st_mtime_ns, 10**9), "%d.%09d" % divmod(s.st_ctime_ns, 10**9), s.st_ino]
 
 
 def drop_cache(p):
@@ -165,13 +174,24 @@ def op_verify(r):
                 files[rel] = {"written": bool((files.get(rel) or {}).get("written"))}  # vouches for nothing now
                 continue
             old = files.get(rel) or {}
-            files[rel] = {"stat": key, "sha256": h, "verified_at": now(),
-                          "written": bool(old.get("written")) and (old.get("stat") or [0])[-1] == key[-1]}
+            files[rel] = {
+                "stat": key,
+                "sha256": h,
+                "verified_at": now(),
+                "written": bool(old.get("written")) and (old.get("stat") or [0])[-1] == key[-1],
+            }
         if not bad:
             rec.data["last_full"] = {"at": now(), "manifest": r.get("manifest")}
-        return {"bad": bad, "hashed": len(todo), "hashed_bytes": sum(t[1] for t in todo), "hash_s": hash_s,
-                "read_bytes": sum(read), "read_s": read_s, "workers": workers,
-                "last_full": rec.data.get("last_full")}
+        return {
+            "bad": bad,
+            "hashed": len(todo),
+            "hashed_bytes": sum(t[1] for t in todo),
+            "hash_s": hash_s,
+            "read_bytes": sum(read),
+            "read_s": read_s,
+            "workers": workers,
+            "last_full": rec.data.get("last_full"),
+        }
     finally:
         rec.close()
 
@@ -203,8 +223,14 @@ def free_bytes(path):
 
 def op_prepare(r):
     root = r["path"]
-    out = {"free": free_bytes(root), "partial": {}, "have": [], "foreign": [],
-           "rsync": shutil.which("rsync") is not None, "curl": shutil.which("curl") is not None}
+    out = {
+        "free": free_bytes(root),
+        "partial": {},
+        "have": [],
+        "foreign": [],
+        "rsync": shutil.which("rsync") is not None,
+        "curl": shutil.which("curl") is not None,
+    }
     os.makedirs(os.path.join(root, PARTIAL), exist_ok=True)
     rec = Record(r["record"])
     try:
@@ -225,10 +251,12 @@ def op_prepare(r):
 
 
 def ssh_command(src, key, known_hosts):
-    return ("ssh -p %d -i %s -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes "
-            "-o UserKnownHostsFile=%s -o GlobalKnownHostsFile=/dev/null -o ConnectTimeout=15 "
-            "-o ServerAliveInterval=15 -o ForwardAgent=no -o ClearAllForwardings=yes" % (
-                int(src["port"]), quote(key), quote(known_hosts)))
+    return (
+        "ssh -p %d -i %s -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes "
+        "-o UserKnownHostsFile=%s -o GlobalKnownHostsFile=/dev/null -o ConnectTimeout=15 "
+        "-o ServerAliveInterval=15 -o ForwardAgent=no -o ClearAllForwardings=yes"
+        % (int(src["port"]), quote(key), quote(known_hosts))
+    )
 
 
 def quote(s):
@@ -245,8 +273,11 @@ def transfer(r, part, stdin_token):
         if src["kind"] == "peer":
             with open(r["known_hosts"], "w") as f:
                 f.write("".join(line + "\n" for line in src["host_keys"]))
-            cmd += ["-e", ssh_command(src, r["key"], r["known_hosts"]),
-                    "%s@%s:%s" % (src["user"], src["address"], r["rel"])]
+            cmd += [
+                "-e",
+                ssh_command(src, r["key"], r["known_hosts"]),
+                "%s@%s:%s" % (src["user"], src["address"], r["rel"]),
+            ]
         else:
             cmd.append(os.path.join(src["path"], r["rel"]))
         return cmd + [part], None
@@ -278,8 +309,11 @@ def op_fetch(r):
     n, got = read_file(part)
     if n != size or got != sha:
         os.unlink(part)  # a wrong copy is dropped: the next try starts afresh
-        return {"ok": False, "why": "%s: %d bytes with sha256 %s, expected %d bytes with %s (the copy was dropped)"
-                % (rel, n, got, size, sha)}
+        return {
+            "ok": False,
+            "why": "%s: %d bytes with sha256 %s, expected %d bytes with %s (the copy was dropped)"
+            % (rel, n, got, size, sha),
+        }
     rec = Record(r["record"])
     try:
         os.replace(part, full)
@@ -296,8 +330,12 @@ def op_keygen(r):
     for p in (key, key + ".pub"):
         if os.path.exists(p):
             os.unlink(p)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "k26ops-model-sync", "-f", key],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "k26ops-model-sync", "-f", key],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     with open(key + ".pub") as f:
         return {"pub": f.read().strip(), "key": key}
 
@@ -320,8 +358,9 @@ def rewrite(path, lines):
 
 
 def op_authorize(r):
-    rrsync = shutil.which("rrsync") or next((p for p in ("/usr/bin/rrsync", "/usr/share/rsync/scripts/rrsync")
-                                              if os.access(p, os.X_OK)), None)
+    rrsync = shutil.which("rrsync") or next(
+        (p for p in ("/usr/bin/rrsync", "/usr/share/rsync/scripts/rrsync") if os.access(p, os.X_OK)), None
+    )
     if not rrsync or not shutil.which("rsync"):
         return {"ok": False, "why": "rsync (with its rrsync) is not installed: apt-get install rsync"}
     path = authorized_keys()

@@ -13,7 +13,15 @@ op "fetch" {"base": relay URL, "dest": wheelhouse dir, "wheels": [[name, sha256]
 op "connect" {"address", "port", "wait"}: does a TCP connection to the
   relay's server open from this host? {"ok": bool, "error": why}.
 """
-import hashlib, json, os, socket, sys, time, urllib.parse, urllib.request
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+import urllib.parse
+import urllib.request
 
 
 def fetch_one(base, dest, name, read_timeout=15.0, min_bytes=256 << 10):
@@ -21,8 +29,10 @@ def fetch_one(base, dest, name, read_timeout=15.0, min_bytes=256 << 10):
     tmp = os.path.join(dest, ".k26ops-fetch-" + name)
     h = hashlib.sha256()
     try:
-        with urllib.request.urlopen(base + "/" + urllib.parse.quote(name), timeout=read_timeout) as r, \
-                open(tmp, "wb") as f:
+        with (
+            urllib.request.urlopen(base + "/" + urllib.parse.quote(name), timeout=read_timeout) as r,
+            open(tmp, "wb") as f,
+        ):
             window, got = time.monotonic(), 0
             for chunk in iter(lambda: r.read1(1 << 20), b""):
                 h.update(chunk)

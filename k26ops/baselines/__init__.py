@@ -18,5 +18,5 @@ else the config file's `baselines`, else ~/.local/share/k26ops/baselines
 (k26ops.config); created by the first snapshot.
 """
 
-from k26ops.baselines.repo import Baselines, TagInfo, check_tag_name, default_dir  # noqa: F401
 from k26ops.baselines import drift, pins, rollback, snapshot  # noqa: F401
+from k26ops.baselines.repo import Baselines, TagInfo, check_tag_name, default_dir  # noqa: F401

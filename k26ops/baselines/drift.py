@@ -6,11 +6,11 @@ release, files, unit and env file (secrets masked) compared with every tag.
 
 from __future__ import annotations
 
-from k26ops.engine import units
 from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.baselines.snapshot import sha256
 from k26ops.baselines.validate import BaselineCorrupt
+from k26ops.engine import units
 
 
 def load_index(baselines_dir=None, warn=lambda line: None) -> list[tuple[str, dict]]:
@@ -26,7 +26,7 @@ def load_index(baselines_dir=None, warn=lambda line: None) -> list[tuple[str, di
             warn(f"{t.error}: tag left out of the comparison")
             continue
         recs = {}
-        for h in (t.index.get("hosts") or {}):
+        for h in t.index.get("hosts") or {}:
             try:
                 rec = repo.host_record(t.commit, h)
             except BaselineCorrupt as exc:
@@ -43,15 +43,30 @@ def tag_file(state_dir: str) -> str:
     return f"{state_dir}/baseline-tag"
 
 
-def host_drift(session, releases_root: str, unit_path: str, env_path: str, index: list,
-               state_dir: str | None = None, verify: str = "cheap") -> dict:
+def host_drift(
+    session,
+    releases_root: str,
+    unit_path: str,
+    env_path: str,
+    index: list,
+    state_dir: str | None = None,
+    verify: str = "cheap",
+) -> dict:
     """The first (newest) tag whose record matches what runs; the tag a rollback
     recorded on the host first, when it matches too (several tags may hold the same content).
     `verify`: the release's files against their wheels' RECORD by size and mtime ("cheap"),
     or every byte ("full": `status --verify`)."""
-    p = hostscript.call(session, "probe", 1800 if verify == "full" else 300, releases_root=releases_root,
-                        release=None, verify=verify, unit_path=unit_path, env_path=env_path,
-                        tag_file=tag_file(state_dir) if state_dir else None)
+    p = hostscript.call(
+        session,
+        "probe",
+        1800 if verify == "full" else 300,
+        releases_root=releases_root,
+        release=None,
+        verify=verify,
+        unit_path=unit_path,
+        env_path=env_path,
+        tag_file=tag_file(state_dir) if state_dir else None,
+    )
     recorded = p.get("recorded_tag")
     index = sorted(index, key=lambda item: item[0] != recorded)  # stable: newest first otherwise
     r = p["release"]
@@ -62,9 +77,16 @@ def host_drift(session, releases_root: str, unit_path: str, env_path: str, index
     changed += [x for x in record_bad if x.split(" (")[0] not in changed]
     unit_sha = sha256(p.get("unit"))
     env_sha = sha256(units.env_for_baseline(p["env"])) if p.get("env") is not None else None
-    out = {"release": r["current"], "canonical": bool(m) and not changed,
-           "drifted_files": changed, "probe_left": bool(r.get("probe_files")), "record_bad": len(record_bad),
-           "baseline": None, "differs_from": None, "engine": m.get("engine")}
+    out = {
+        "release": r["current"],
+        "canonical": bool(m) and not changed,
+        "drifted_files": changed,
+        "probe_left": bool(r.get("probe_files")),
+        "record_bad": len(record_bad),
+        "baseline": None,
+        "differs_from": None,
+        "engine": m.get("engine"),
+    }
     name = session.host.name
     for tag, recs in index:
         rec = recs.get(name)
@@ -109,8 +131,7 @@ def describe(d: dict) -> str:
     if d["drifted_files"]:
         why = "a probe (diagnose cuda-graph, rehearse --probe) is still applied; " if d.get("probe_left") else ""
         what = "the release manifest" + (" and their wheels' RECORD" if d.get("record_bad") else "")
-        return (f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from {what}: "
-                + ", ".join(d["drifted_files"][:3]))
+        return f"DRIFT: {why}{len(d['drifted_files'])} file(s) differ from {what}: " + ", ".join(d["drifted_files"][:3])
     if d["baseline"]:
         return f"= {d['baseline']}"
     if d["differs_from"]:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from k26ops.orchestrate import rollout
 from k26ops.baselines.repo import Baselines
 from k26ops.errors import UserError
 from k26ops.host.lock import HostLock
+from k26ops.orchestrate import rollout
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, text_diff
@@ -52,8 +52,9 @@ class BaselinePins(Step):
         pin = [r for r in want if r not in have]
         NewPins(new).put(ctx)
         ctx.report.update(pins=new, unpinned=unpin, newly_pinned=pin)
-        changes = ([Change(f"unpin {r} (no remaining baseline records it)") for r in unpin]
-                   + [Change(f"pin {r} (a baseline records it)") for r in pin])
+        changes = [Change(f"unpin {r} (no remaining baseline records it)") for r in unpin] + [
+            Change(f"pin {r} (a baseline records it)") for r in pin
+        ]
         if changes:
             changes[0].diff = text_diff(path, old, "".join(f"{r}\n" for r in new))
         return changes
@@ -67,8 +68,9 @@ def read_pins(ctx: HostContext) -> tuple[str | None, list[str]]:
     path = ctx.pins_file
     res = ctx.run(f"if test -f {q(path)}; then echo exists; cat -- {q(path)}; fi", check=True)
     mark, _, text = res.stdout.partition("\n")
-    return (text if mark == "exists" else None), list(dict.fromkeys(ln.strip() for ln in text.splitlines()
-                                                                     if ln.strip()))
+    return (text if mark == "exists" else None), list(
+        dict.fromkeys(ln.strip() for ln in text.splitlines() if ln.strip())
+    )
 
 
 def write_pins(ctx: HostContext, ids: list[str]) -> None:
@@ -95,8 +97,12 @@ def repin_hosts(hosts, options, pins: dict[str, list[str]], *, check: bool, log=
     if not hosts:
         return rollout.Rollout()
     work = rollout.playbook_work([BaselinePins({"pins": pins})], check=check, purpose="baselines repin")
-    return rollout.run(hosts, lambda session: work(session, lambda m: log(f"{session.host.name}: {m}")), options,
-                       on_event=lambda h, m: log(f"{h}: {m}"))
+    return rollout.run(
+        hosts,
+        lambda session: work(session, lambda m: log(f"{session.host.name}: {m}")),
+        options,
+        on_event=lambda h, m: log(f"{h}: {m}"),
+    )
 
 
 def open_repo(baselines_dir) -> Baselines:
@@ -114,8 +120,13 @@ def _stale(results) -> dict[str, str]:
 def repin(repo: Baselines, hosts, options, *, check: bool = False, log=lambda m: None) -> dict:
     """Rewrite `hosts`' pins from every tag in the repository."""
     run = repin_hosts(hosts, options, repo.releases_by_host(), check=check, log=log)
-    return {"repo": str(repo.path), "check": check, "results": run.results, "stale_pins": _stale(run.results),
-            "interrupted": bool(run.interrupted)}
+    return {
+        "repo": str(repo.path),
+        "check": check,
+        "results": run.results,
+        "stale_pins": _stale(run.results),
+        "interrupted": bool(run.interrupted),
+    }
 
 
 def recorded_hosts(repo: Baselines, tags: list[str]) -> list[str]:
@@ -124,8 +135,9 @@ def recorded_hosts(repo: Baselines, tags: list[str]) -> list[str]:
     return list(dict.fromkeys(h for i in infos for h in ((i.index or {}).get("hosts") or {})))
 
 
-def delete(repo: Baselines, tags: list[str], selected, options, *, limited: bool, check: bool = False,
-           log=lambda m: None) -> dict:
+def delete(
+    repo: Baselines, tags: list[str], selected, options, *, limited: bool, check: bool = False, log=lambda m: None
+) -> dict:
     """Delete `tags` (all must exist, else nothing changes), then repin the
     `selected` hosts they recorded. The deletion stands whatever the hosts do.
     `limited`: the selection was narrowed by --limit (named in the stale hosts' reason)."""
@@ -141,5 +153,11 @@ def delete(repo: Baselines, tags: list[str], selected, options, *, limited: bool
     names = {h.name for h in selected}
     why = "not selected by --limit, or not in the inventory" if limited else "not in the inventory"
     stale.update({h: why for h in recorded if h not in names})
-    return {"repo": str(repo.path), "check": check, "tags": tags, "results": results, "stale_pins": stale,
-            "interrupted": bool(run.interrupted)}
+    return {
+        "repo": str(repo.path),
+        "check": check,
+        "tags": tags,
+        "results": results,
+        "stale_pins": stale,
+        "interrupted": bool(run.interrupted),
+    }

@@ -135,8 +135,11 @@ class Baselines:
             try:  # a damaged git object spoils only its own tag (TagInfo.error), never the listing
                 t = ref.tag
                 commit = ref.commit
-                date, message, sha = float(t.tagged_date if t else commit.committed_date), \
-                    (t.message if t else commit.message).strip(), commit.hexsha
+                date, message, sha = (
+                    float(t.tagged_date if t else commit.committed_date),
+                    (t.message if t else commit.message).strip(),
+                    commit.hexsha,
+                )
             except _damage() as exc:
                 out.append(TagInfo(ref.name, 0.0, "", "", {}, self._damaged(ref.name, exc)))
                 continue
@@ -186,8 +189,10 @@ class Baselines:
     def _damaged(self, tag: str, exc: Exception, path: str | None = None) -> str:
         """One line: which tag (and file) a damaged git object spoils, and how to see more."""
         said = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
-        return (f"baseline tag {tag}" + (f": {path}" if path else "") + f": a git object of {self.path} cannot be "
-                f"read ({said}); `git -C {self.path} fsck` names the damage")
+        return (
+            f"baseline tag {tag}" + (f": {path}" if path else "") + f": a git object of {self.path} cannot be "
+            f"read ({said}); `git -C {self.path} fsck` names the damage"
+        )
 
     def _index(self, commit, tag: str) -> dict:
         try:
@@ -227,7 +232,7 @@ class Baselines:
             out = {}
             for item in tree.traverse():
                 if item.type == "blob":
-                    out[item.path[len(prefix.rstrip("/")) + 1:]] = item.data_stream.read()
+                    out[item.path[len(prefix.rstrip("/")) + 1 :]] = item.data_stream.read()
         except KeyError:
             return {}
         except _damage() as exc:
@@ -267,12 +272,17 @@ class Baselines:
             r.git.config("user.email")
         except Exception:
             name, mail = "k26ops", f"k26ops@{socket.gethostname() or 'control-node'}"
-            env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": mail,
-                   "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": mail}
+            env = {
+                "GIT_AUTHOR_NAME": name,
+                "GIT_AUTHOR_EMAIL": mail,
+                "GIT_COMMITTER_NAME": name,
+                "GIT_COMMITTER_EMAIL": mail,
+            }
         return env
 
-    def commit_snapshot(self, files: dict[str, bytes], message: str, tag: str, tag_message: str,
-                        force: bool = False) -> str:
+    def commit_snapshot(
+        self, files: dict[str, bytes], message: str, tag: str, tag_message: str, force: bool = False
+    ) -> str:
         """Commit exactly `files` as the owned paths and tag it (annotated); return the commit sha."""
         git = _git()
 
@@ -280,8 +290,9 @@ class Baselines:
             return self._commit_snapshot(files, message, tag, tag_message, force)
         except git.GitCommandError as exc:
             err = (exc.stderr or "").strip().splitlines()
-            raise UserError(f"{self.path}: git {exc.command[1] if len(exc.command) > 1 else ''} failed: "
-                            f"{err[-1] if err else exc}") from None
+            raise UserError(
+                f"{self.path}: git {exc.command[1] if len(exc.command) > 1 else ''} failed: {err[-1] if err else exc}"
+            ) from None
 
     def _commit_snapshot(self, files, message, tag, tag_message, force) -> str:
         git = _git()
@@ -291,12 +302,15 @@ class Baselines:
         self.finish_interrupted()
         dirty = self.dirty_owned()
         if dirty:
-            raise UserError(f"{self.path} has uncommitted changes in files a snapshot writes: "
-                            f"{', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''} "
-                            "(commit or move them first); nothing was written")
+            raise UserError(
+                f"{self.path} has uncommitted changes in files a snapshot writes: "
+                f"{', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''} "
+                "(commit or move them first); nothing was written"
+            )
         if self.has_tag(tag) and not force:
-            raise UserError(f"baseline tag {tag!r} already exists in {self.path} (use --force to move it); "
-                            "nothing was written")
+            raise UserError(
+                f"baseline tag {tag!r} already exists in {self.path} (use --force to move it); nothing was written"
+            )
         repo = self._ensure()
         g = repo.git
         try:
@@ -313,10 +327,8 @@ class Baselines:
             if old:
                 g.read_tree(old, env=ienv)
                 g.rm("-r", "--cached", "-q", "--ignore-unmatch", "--", *OWNED, env=ienv)
-                old_paths = set(g.ls_tree("-r", "--name-only", old, "--", *OWNED).splitlines())
             else:
                 g.read_tree("--empty", env=ienv)
-                old_paths = set()
             lines = []
             for path, data in sorted(files.items()):
                 sha = repo.odb.store(_istream(data)).binsha.hex()
@@ -330,8 +342,14 @@ class Baselines:
             msgf.write_text(message.rstrip() + "\n")
             commit = g.commit_tree(tree, *(["-p", old] if old else []), "-F", str(msgf), env=env)
         # from here to the work tree's sync, an interrupted run is finished by the next one
-        pending = {"commit": commit, "old": old, "branch": branch, "tag": tag, "tag_message": tag_message,
-                   "force": force}
+        pending = {
+            "commit": commit,
+            "old": old,
+            "branch": branch,
+            "tag": tag,
+            "tag_message": tag_message,
+            "force": force,
+        }
         _write_atomic(self._pending_file, json.dumps(pending).encode())
         self._finish(pending)
         return commit
@@ -349,8 +367,10 @@ class Baselines:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise UserError(f"{self._pending_file}: an interrupted snapshot's record cannot be read ({exc}); "
-                            "remove it once `git log` and `git tag` look right") from None
+            raise UserError(
+                f"{self._pending_file}: an interrupted snapshot's record cannot be read ({exc}); "
+                "remove it once `git log` and `git tag` look right"
+            ) from None
         return self._finish(pending)
 
     def _finish(self, p: dict) -> str | None:
@@ -373,8 +393,7 @@ class Baselines:
             with tempfile.TemporaryDirectory(prefix="k26ops-baseline-") as tmp:
                 tagf = Path(tmp) / "tagmsg"
                 tagf.write_text(p["tag_message"].rstrip() + "\n")
-                g.tag("-a", *(["-f"] if p["force"] or tagged else []), "-F", str(tagf), "--", p["tag"], commit,
-                      env=env)
+                g.tag("-a", *(["-f"] if p["force"] or tagged else []), "-F", str(tagf), "--", p["tag"], commit, env=env)
         if head != commit:
             g.update_ref("-m", f"k26ops snapshot {p['tag']}", p["branch"], commit, old or ZERO, env=env)
         # Bring the owned paths (clean when the snapshot began) in line with the new commit; nothing else.
@@ -384,10 +403,16 @@ class Baselines:
             (self.path / path).unlink(missing_ok=True)
             _prune_empty(self.path, (self.path / path).parent)
         if new_paths:
-            g.checkout(commit, "--", *[o for o in OWNED if any(n == o or n.startswith(o + "/") for n in new_paths)],
-                       env=env)
-        g.reset("-q", commit, "--", *[o for o in OWNED if any(n == o or n.startswith(o + "/")
-                                                              for n in new_paths | old_paths)], env=env)
+            g.checkout(
+                commit, "--", *[o for o in OWNED if any(n == o or n.startswith(o + "/") for n in new_paths)], env=env
+            )
+        g.reset(
+            "-q",
+            commit,
+            "--",
+            *[o for o in OWNED if any(n == o or n.startswith(o + "/") for n in new_paths | old_paths)],
+            env=env,
+        )
         self._pending_file.unlink(missing_ok=True)
         return commit
 

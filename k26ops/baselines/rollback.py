@@ -29,21 +29,21 @@ from pathlib import Path
 
 import yaml
 
-from k26ops.transport import agents
-from k26ops.engine import profile, units
 from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
+from k26ops.engine import profile, units
 from k26ops.engine.host import EngineHost
 from k26ops.errors import UserError
-from k26ops.release import installer
 from k26ops.orchestrate.rollout import playbook_work
+from k26ops.release import installer
 from k26ops.runstate import HostState
 from k26ops.steps import Change, HostContext, Step, StepFailed
-from k26ops.steps import release as release_step
 from k26ops.steps import engine as engine_steps
-from k26ops.steps.release import ReleaseDecision
+from k26ops.steps import release as release_step
 from k26ops.steps import traffic as traffic_step
+from k26ops.steps.release import ReleaseDecision
 from k26ops.steps.traffic import TrafficStep
+from k26ops.transport import agents
 
 
 def _b(step: Step, ctx: HostContext) -> dict:
@@ -92,31 +92,55 @@ class BaselineRelease(Step):
         rec = b["record"]
         rid = rec["release_id"]
         # full: every file of the release read against its wheels' RECORD (what it switches to runs these bytes)
-        probe = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=rid, verify="full",
-                                unit_path=rec["unit"]["path"], env_path=rec["env"]["path"], timeout=1800)
+        probe = hostscript.call(
+            ctx.session,
+            "probe",
+            releases_root=ctx.releases_root,
+            release=rid,
+            verify="full",
+            unit_path=rec["unit"]["path"],
+            env_path=rec["env"]["path"],
+            timeout=1800,
+        )
         r = probe["release"]
         m = r.get("manifest") or {}
         probed = set(r.get("probe_files") or [])  # a probe a killed run left: reverted by apply, not rebuilt
         bad = sorted(p for p, h in rec["patched_files"].items() if r["hashes"].get(p) != h and p not in probed)
         damaged = r.get("record_bad") or []
-        ok = (r["exists"] and m.get("release_id") == rid and (m.get("patched_files") or {}) == rec["patched_files"]
-              and not bad and not damaged)
-        found = BaselineCheck(probe, "switch" if ok else "rebuild",
-                              "missing" if not r["exists"] else "no manifest" if not m
-                              else f"{len(bad)} file(s) differ" if bad else
-                              f"{len(damaged)} file(s) differ from their wheels' RECORD "
-                              f"({', '.join(d['path'] + ': ' + d['why'] for d in damaged[:2])})" if damaged
-                              else "manifest differs").put(ctx)
+        ok = (
+            r["exists"]
+            and m.get("release_id") == rid
+            and (m.get("patched_files") or {}) == rec["patched_files"]
+            and not bad
+            and not damaged
+        )
+        found = BaselineCheck(
+            probe,
+            "switch" if ok else "rebuild",
+            "missing"
+            if not r["exists"]
+            else "no manifest"
+            if not m
+            else f"{len(bad)} file(s) differ"
+            if bad
+            else f"{len(damaged)} file(s) differ from their wheels' RECORD "
+            f"({', '.join(d['path'] + ': ' + d['why'] for d in damaged[:2])})"
+            if damaged
+            else "manifest differs",
+        ).put(ctx)
         if ok:
             return
         if not rec.get("rebuildable"):
-            raise StepFailed(f"release {rid} is {found.damage} on the host and the tag cannot "
-                             f"rebuild it: {rec.get('rebuild_check')}")
+            raise StepFailed(
+                f"release {rid} is {found.damage} on the host and the tag cannot rebuild it: {rec.get('rebuild_check')}"
+            )
         profile.use_recorded(ctx, b["override"])
         ctx.progress(f"baseline: release {rid} {found.damage}: preparing a rebuild from the tag")
         prep = release_step.prepare(ctx)
         if prep.release_id != rid:
-            raise StepFailed(f"the tag's sources give release {prep.release_id}, not the recorded {rid}; not rebuilding")
+            raise StepFailed(
+                f"the tag's sources give release {prep.release_id}, not the recorded {rid}; not rebuilding"
+            )
         ReleaseDecision.of(ctx).prepare(ctx, prep)
 
     def plan(self, ctx: HostContext) -> list[Change]:
@@ -129,8 +153,13 @@ class BaselineRelease(Step):
         if found.mode == "rebuild":
             changes.append(Change(f"rebuild release {rid} from the baseline ({found.damage} on the host)"))
         elif found.probe["release"].get("probe_dirs"):
-            changes.append(Change(f"revert the probe left applied in release {rid} "
-                                  f"({', '.join(found.probe['release']['probe_dirs'])})", action="unprobe"))
+            changes.append(
+                Change(
+                    f"revert the probe left applied in release {rid} "
+                    f"({', '.join(found.probe['release']['probe_dirs'])})",
+                    action="unprobe",
+                )
+            )
         if cur != rid or changes:
             changes.append(Change(f"switch current: {cur or '(none)'} -> {rid}"))
         return changes
@@ -142,13 +171,21 @@ class BaselineRelease(Step):
         if found.mode == "rebuild":
             inodes = [x["ino"] for x in found.probe["release"].get("record_bad") or [] if x.get("ino")]
             if inodes:  # the damaged files' store entries (hard links share the inode): unpacked again
-                agents.run(ctx.session, "store", "evict", 600, what="store agent",
-                           store=installer.store_dir(ctx.root), inodes=inodes)
+                agents.run(
+                    ctx.session,
+                    "store",
+                    "evict",
+                    600,
+                    what="store agent",
+                    store=installer.store_dir(ctx.root),
+                    inodes=inodes,
+                )
             release_step.Release()._build(ctx, d.prepared)
             ctx.report["release_rebuilt"] = True
         elif any(c.action == "unprobe" for c in changes):
-            ctx.report["probe_reverted"] = release_step.revert_probes(ctx, f"{ctx.releases_root}/{rid}",
-                                                                      found.probe["release"]["probe_dirs"])
+            ctx.report["probe_reverted"] = release_step.revert_probes(
+                ctx, f"{ctx.releases_root}/{rid}", found.probe["release"]["probe_dirs"]
+            )
         release_step.point_current(ctx, rid)
         d.changed = True
 
@@ -174,8 +211,10 @@ class BaselineService(engine_steps.ServiceStep):
         for key, value, start, end in reversed(units.parse_env(env_text)):
             if value == b["record"]["env"].get("marker", units.REDACTED):  # a secret name or a credential in it
                 if want.get(key) in (None, ""):
-                    raise StepFailed(f"the baseline's env file needs {key}: set it in the inventory "
-                                     f"(or the control node's environment) as for a deploy")
+                    raise StepFailed(
+                        f"the baseline's env file needs {key}: set it in the inventory "
+                        f"(or the control node's environment) as for a deploy"
+                    )
                 env_text = env_text[:start] + units.env_quote(want[key]) + env_text[end:]
         BaselineEnv(env_text).put(ctx)
 
@@ -185,30 +224,65 @@ class BaselineService(engine_steps.ServiceStep):
         unit, upath, epath = rec["unit"]["name"], rec["unit"]["path"], rec["env"]["path"]
         spath = units.secrets_file_beside(epath)
         eh = EngineHost(ctx)
-        cur = engine_steps.agent(ctx.session, "read", unit=unit, unit_path=upath, env_path=epath,
-                            current=eh.layout.current, lab_module=None, secrets_path=spath)
+        cur = engine_steps.agent(
+            ctx.session,
+            "read",
+            unit=unit,
+            unit_path=upath,
+            env_path=epath,
+            current=eh.layout.current,
+            lab_module=None,
+            secrets_path=spath,
+        )
         env_text = BaselineEnv.of(ctx).text
         secrets = eh.secrets(old_env_text=cur["env"], old_secret_config=cur.get("secrets"))
         show = cur["show"]
         # the deploy's constructor: the same fields, the engine's api_key included (smoke needs it)
-        svc = engine_steps.ServiceState.build(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath,
-                                              port=b.get("port"), show=show, secrets_path=spath).put(ctx)
+        svc = engine_steps.ServiceState.build(
+            eh,
+            secrets=secrets,
+            unit=unit,
+            unit_path=upath,
+            env_path=epath,
+            port=b.get("port"),
+            show=show,
+            secrets_path=spath,
+        ).put(ctx)
         changes, todo, reasons = [], {}, []
         secret_text = None
         bu = baseline_unit(ctx, b).put(ctx)
         if b["unit_text"] is not None and f"--config {spath}" in b["unit_text"]:
             secret_text = units.engine_launch(eh.profile())[1]
             if secret_text is None:
-                raise StepFailed(f"the baseline's unit reads secret engine flags from {spath}: set them "
-                                 "(extra_flags: api-key ...) in the inventory as for a deploy")
+                raise StepFailed(
+                    f"the baseline's unit reads secret engine flags from {spath}: set them "
+                    "(extra_flags: api-key ...) in the inventory as for a deploy"
+                )
         engine_steps.plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
         if bu.text is not None:
-            engine_steps.plan_file(cur, "unit", upath, bu.text, f"restore {upath} from the baseline"
-                                   + (f" ({bu.note})" if bu.note else ""), secrets, changes, todo, reasons)
+            engine_steps.plan_file(
+                cur,
+                "unit",
+                upath,
+                bu.text,
+                f"restore {upath} from the baseline" + (f" ({bu.note})" if bu.note else ""),
+                secrets,
+                changes,
+                todo,
+                reasons,
+            )
         if env_text is not None:
-            engine_steps.plan_file(cur, "env", epath, env_text,
-                                   f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
-                                   secrets, changes, todo, reasons)
+            engine_steps.plan_file(
+                cur,
+                "env",
+                epath,
+                env_text,
+                f"restore {epath} from the baseline (mode 0600, secrets from the inventory)",
+                secrets,
+                changes,
+                todo,
+                reasons,
+            )
         return engine_steps.plan_enable_and_restart(ctx, svc, show, unit, changes, todo, reasons)
 
 
@@ -223,9 +297,16 @@ class BaselineVerify(Step):
         b = _b(self, ctx)
         rec = b["record"]
         # the same call records the tag on the host: `status` names it among tags of the same content
-        p = hostscript.call(ctx.session, "probe", releases_root=ctx.releases_root, release=None,
-                            unit_path=rec["unit"]["path"], env_path=rec["env"]["path"],
-                            tag_file=drift.tag_file(ctx.state_dir), record_tag=rec.get("tag"))
+        p = hostscript.call(
+            ctx.session,
+            "probe",
+            releases_root=ctx.releases_root,
+            release=None,
+            unit_path=rec["unit"]["path"],
+            env_path=rec["env"]["path"],
+            tag_file=drift.tag_file(ctx.state_dir),
+            record_tag=rec.get("tag"),
+        )
         r = p["release"]
         why = []
         if r["current"] != rec["release_id"]:
@@ -237,8 +318,11 @@ class BaselineVerify(Step):
         if want_unit is not None and p["unit"] != want_unit:
             why.append("unit file differs")
         if why:
-            engine_steps.fail_and_roll_back(ctx, engine_steps.ServiceState.of(ctx),
-                                            "after rollback the host does not match the baseline: " + "; ".join(why))
+            engine_steps.fail_and_roll_back(
+                ctx,
+                engine_steps.ServiceState.of(ctx),
+                "after rollback the host does not match the baseline: " + "; ".join(why),
+            )
         out = ctx.report
         out["verified_files"] = len(rec["patched_files"])
         out["baseline"] = rec.get("tag")
@@ -252,8 +336,14 @@ def steps(baselines: dict) -> list[Step]:
     """The rollback's playbook: the tag's release and unit, the deploy's health and smoke, then
     verify. `baselines`: host_baselines' answer, the tag's steps' input."""
     tagged = {"baselines": baselines}
-    return [BaselineRelease(tagged), BaselineService(tagged), engine_steps.HealthStep(), engine_steps.SmokeStep(),
-            BaselineVerify(tagged), TrafficStep()]  # back into rotation only once verified healthy
+    return [
+        BaselineRelease(tagged),
+        BaselineService(tagged),
+        engine_steps.HealthStep(),
+        engine_steps.SmokeStep(),
+        BaselineVerify(tagged),
+        TrafficStep(),
+    ]  # back into rotation only once verified healthy
 
 
 def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -> dict:
@@ -262,8 +352,10 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
     index_hosts = list((info.index or {}).get("hosts") or {})
     missing = [h for h in hosts if h not in index_hosts]
     if missing:
-        raise UserError(f"baseline {tag!r} has no record of {', '.join(missing)} (it holds: "
-                        f"{', '.join(index_hosts) or 'no hosts'}); use --limit; nothing was changed")
+        raise UserError(
+            f"baseline {tag!r} has no record of {', '.join(missing)} (it holds: "
+            f"{', '.join(index_hosts) or 'no hosts'}); use --limit; nothing was changed"
+        )
     out = {}
     for h in hosts:
         rec = repo.host_record(tag, h)
@@ -292,8 +384,10 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
         lock = repo.read(tag, f"{base}/engine.lock")
         if isinstance(doc.get("engine"), dict):  # git sources and registry releases alike
             if lock is None:
-                raise UserError(f"baseline {tag!r}: {h}: the engine's lock (hosts/{h}/engine.lock) was not "
-                                "recorded; this baseline cannot rebuild its engine")
+                raise UserError(
+                    f"baseline {tag!r}: {h}: the engine's lock (hosts/{h}/engine.lock) was not "
+                    "recorded; this baseline cannot rebuild its engine"
+                )
             name = (((rec.get("engine") or {}).get("lock") or {}).get("file")) or "engine.lock"
             name = name if "/" not in name and not name.startswith((".", "-")) else "engine.lock"
             (d / name).write_bytes(lock)  # its own name: the rebuilt release's provenance is the same
@@ -306,16 +400,24 @@ def host_baselines(repo: Baselines, tag: str, hosts: list[str], workdir: Path) -
                 (d / "model.manifest").write_bytes(model)
                 doc["model"]["manifest"] = "model.manifest"
         (d / "recipe.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        src = ((rec.get("engine") or {}).get("source") or {})
-        override = {"recipe": str(d / "recipe.yml"), "source_url": src.get("git"),
-                    "patches": [(n, str(pdir / s)) for n, s in zip(names, series)],
-                    "engine_argv": rec.get("engine_argv")}
+        src = (rec.get("engine") or {}).get("source") or {}
+        override = {
+            "recipe": str(d / "recipe.yml"),
+            "source_url": src.get("git"),
+            "patches": [(n, str(pdir / s)) for n, s in zip(names, series)],
+            "engine_argv": rec.get("engine_argv"),
+        }
         # the port the recorded engine really ran with (its command line), not the one of
         # whichever run first built this release (the manifest's engine_argv)
         argv = rec.get("cmdline") or rec.get("engine_argv") or []
         port = int(argv[argv.index("--port") + 1]) if "--port" in argv[:-1] else None
-        out[h] = {"record": rec, "port": port, "unit_text": unit.decode() if unit is not None else None,
-                  "env_text": env.decode() if env is not None else None, "override": override}
+        out[h] = {
+            "record": rec,
+            "port": port,
+            "unit_text": unit.decode() if unit is not None else None,
+            "env_text": env.decode() if env is not None else None,
+            "override": override,
+        }
     return out
 
 
@@ -341,5 +443,11 @@ def prepared(repo: Baselines, tag: str, hosts: list[str], *, check: bool = False
 
 
 # The rollback's table columns (k26ops.cli shows them).
-COLUMNS = [("release", "release"), ("changed", "_changed"), ("engine", "_engine"),
-           ("health", "_health"), ("smoke", "_smoke"), ("verified", "verified_files")]
+COLUMNS = [
+    ("release", "release"),
+    ("changed", "_changed"),
+    ("engine", "_engine"),
+    ("health", "_health"),
+    ("smoke", "_smoke"),
+    ("verified", "verified_files"),
+]

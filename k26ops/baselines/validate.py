@@ -51,32 +51,56 @@ def index(data: bytes, tag: str) -> dict:
     path = "baseline.json"
     doc = _parse(data, tag, path)
     hosts = doc.get("hosts", {})
-    _check(isinstance(hosts, dict) and all(isinstance(h, str) and isinstance(v, dict) for h, v in hosts.items()),
-           tag, path, "`hosts` is not a mapping of host name to record")
+    _check(
+        isinstance(hosts, dict) and all(isinstance(h, str) and isinstance(v, dict) for h, v in hosts.items()),
+        tag,
+        path,
+        "`hosts` is not a mapping of host name to record",
+    )
     for h, v in hosts.items():  # what `baselines delete`/`repin` keep pinned
-        _check(isinstance(v.get("release_id"), str) and v["release_id"] != "", tag, path,
-               f"host {h}: `release_id` is missing or not a string")
+        _check(
+            isinstance(v.get("release_id"), str) and v["release_id"] != "",
+            tag,
+            path,
+            f"host {h}: `release_id` is missing or not a string",
+        )
     return doc
 
 
 def host_record(data: bytes, tag: str, path: str) -> dict:
     """hosts/<host>/baseline.json: what rollback and drift compare."""
     rec = _parse(data, tag, path)
-    _check(isinstance(rec.get("release_id"), str) and rec["release_id"].strip() != "", tag, path,
-           "`release_id` is missing or not a string")
+    _check(
+        isinstance(rec.get("release_id"), str) and rec["release_id"].strip() != "",
+        tag,
+        path,
+        "`release_id` is missing or not a string",
+    )
     _check(_str_map(rec.get("patched_files")), tag, path, "`patched_files` is not a mapping of path to hash")
     for key, fields in (("unit", ("name", "file", "path")), ("env", ("file", "path"))):
         part = rec.get(key)
-        _check(isinstance(part, dict) and all(isinstance(part.get(f), str) and part[f] for f in fields),
-               tag, path, f"`{key}` lacks {', '.join(fields)}")
+        _check(
+            isinstance(part, dict) and all(isinstance(part.get(f), str) and part[f] for f in fields),
+            tag,
+            path,
+            f"`{key}` lacks {', '.join(fields)}",
+        )
     for key in ("shipped_series", "cmdline", "engine_argv"):
         v = rec.get(key)
-        _check(v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)), tag, path,
-               f"`{key}` is not a list of strings")
+        _check(
+            v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+            tag,
+            path,
+            f"`{key}` is not a list of strings",
+        )
     patches = rec.get("patches")
-    _check(patches is None or (isinstance(patches, list) and all(
-        isinstance(p, dict) and isinstance(p.get("name"), str) for p in patches)), tag, path,
-        "`patches` is not a list of named patches")
+    _check(
+        patches is None
+        or (isinstance(patches, list) and all(isinstance(p, dict) and isinstance(p.get("name"), str) for p in patches)),
+        tag,
+        path,
+        "`patches` is not a list of named patches",
+    )
     _check(rec.get("engine") is None or isinstance(rec["engine"], dict), tag, path, "`engine` is not a mapping")
     return rec
 
@@ -93,15 +117,25 @@ def bench(data: bytes, tag: str, path: str) -> dict:
     cells = b.get("cells")
     _check(isinstance(cells, list) and cells != [], tag, path, "`cells` is missing or empty")
     for i, cell in enumerate(cells, 1):
-        _check(isinstance(cell, dict) and isinstance(cell.get("concurrency"), int)
-               and not isinstance(cell.get("concurrency"), bool) and _finite(cell.get("temperature")),
-               tag, path, f"cell {i}: no concurrency or temperature")
+        _check(
+            isinstance(cell, dict)
+            and isinstance(cell.get("concurrency"), int)
+            and not isinstance(cell.get("concurrency"), bool)
+            and _finite(cell.get("temperature")),
+            tag,
+            path,
+            f"cell {i}: no concurrency or temperature",
+        )
         figs = cell.get("figures")
         _check(isinstance(figs, dict), tag, path, f"cell {i}: `figures` is not a mapping")
         for name, stat in figs.items():
             where = f"figure {name}@c{cell['concurrency']}/t{cell['temperature']:g}"
             _check(isinstance(stat, dict), tag, path, f"{where}: not a mapping")
             for k in ("median", "min", "max"):
-                _check(_finite(stat.get(k)) and stat[k] >= 0, tag, path,
-                       f"{where}: {k} is {stat.get(k)!r}, not a finite number >= 0")
+                _check(
+                    _finite(stat.get(k)) and stat[k] >= 0,
+                    tag,
+                    path,
+                    f"{where}: {k} is {stat.get(k)!r}, not a finite number >= 0",
+                )
     return b

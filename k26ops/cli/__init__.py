@@ -14,13 +14,33 @@ from click.core import ParameterSource
 
 from k26ops import config as operator_config  # the name `config` is the package's submodule k26ops.cli.commands.config
 from k26ops.cli import globalopts, jsonout, pipe
-from k26ops.cli.commands import baselines, bench, config, deploy, diagnose, engine, gateway, hosts, inventory, lab, model, monitoring, provision, rehearse, report_cmd as reportcmd, selftest, status
+from k26ops.cli.commands import (
+    baselines,
+    bench,
+    config,
+    deploy,
+    diagnose,
+    engine,
+    gateway,
+    hosts,
+    inventory,
+    lab,
+    model,
+    monitoring,
+    provision,
+    rehearse,
+    selftest,
+    status,
+)
+from k26ops.cli.commands import (
+    report_cmd as reportcmd,
+)
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
 from k26ops.cli.globalopts import _finite
 from k26ops.errors import EXIT_INTERRUPTED, UserError
-from k26ops.transport.fleet import FleetInterrupted
 from k26ops.hostvars import complete_with
+from k26ops.transport.fleet import FleetInterrupted
 
 
 class K26Group(click.Group):
@@ -29,7 +49,9 @@ class K26Group(click.Group):
     def invoke(self, ctx):
         try:
             return self._invoke(ctx)
-        except OSError as exc:  # our stdout/stderr closed (`| head`), also while saying an error: as a closed pipe would
+        except (
+            OSError
+        ) as exc:  # our stdout/stderr closed (`| head`), also while saying an error: as a closed pipe would
             if pipe.is_output_error(exc) and pipe.silence():
                 sys.exit(pipe.EXIT_CLOSED_PIPE)
             raise
@@ -62,38 +84,85 @@ def _print_version(ctx, _param, value) -> None:
 
 
 @click.group(cls=K26Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Show the version (from the git tag it was built from) and exit.")
-@click.option("--inventory", "-i", "inventory", metavar="PATH", envvar="K26OPS_INVENTORY",
-              help="Inventory YAML (default: $K26OPS_INVENTORY, else the config file's, else the running lab's).")
-@click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts or groups (Ansible host pattern).",
-              shell_complete=host_patterns)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version (from the git tag it was built from) and exit.",
+)
+@click.option(
+    "--inventory",
+    "-i",
+    "inventory",
+    metavar="PATH",
+    envvar="K26OPS_INVENTORY",
+    help="Inventory YAML (default: $K26OPS_INVENTORY, else the config file's, else the running lab's).",
+)
+@click.option(
+    "--limit",
+    "-l",
+    metavar="PATTERN",
+    help="Only these hosts or groups (Ansible host pattern).",
+    shell_complete=host_patterns,
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
-@click.option("--forks", "-f", type=click.IntRange(1, 512), default=16, show_default=True,
-              help="Hosts worked on at once.")
-@click.option("--deadline", type=click.FloatRange(1), callback=lambda c, p, v: _finite(p, v), default=3600, show_default=True,
-              help="Seconds one host may take before it is reported failed.")
-@click.option("--connect-timeout", type=click.FloatRange(0.1), callback=lambda c, p, v: _finite(p, v), default=10, show_default=True,
-              help="Seconds to wait for a host's SSH connection.")
-@click.option("--accept-new-host-keys", is_flag=True,
-              help="Trust-on-first-use: record unknown host keys (changed keys are always refused).")
-@click.option("--strict", is_flag=True,
-              help="An inventory variable k26ops does not read is an error (exit 2), not a warning.")
+@click.option(
+    "--forks", "-f", type=click.IntRange(1, 512), default=16, show_default=True, help="Hosts worked on at once."
+)
+@click.option(
+    "--deadline",
+    type=click.FloatRange(1),
+    callback=lambda c, p, v: _finite(p, v),
+    default=3600,
+    show_default=True,
+    help="Seconds one host may take before it is reported failed.",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(0.1),
+    callback=lambda c, p, v: _finite(p, v),
+    default=10,
+    show_default=True,
+    help="Seconds to wait for a host's SSH connection.",
+)
+@click.option(
+    "--accept-new-host-keys",
+    is_flag=True,
+    help="Trust-on-first-use: record unknown host keys (changed keys are always refused).",
+)
+@click.option(
+    "--strict", is_flag=True, help="An inventory variable k26ops does not read is an error (exit 2), not a warning."
+)
 @click.option("--lab-dir", metavar="DIR", envvar="K26OPS_LAB_DIR", hidden=True)
 @click.pass_context
-def cli(ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeout,
-        accept_new_host_keys, strict, lab_dir):
+def cli(
+    ctx, inventory, limit, as_json, verbose, forks, deadline, connect_timeout, accept_new_host_keys, strict, lab_dir
+):
     """Deploy, baseline, roll back and diagnose a TP8 DDTree SGLang engine over SSH."""
-    ctx.obj = Settings(inventory=inventory, limit=limit, as_json=as_json, verbose=verbose,
-                       lab_dir=lab_dir, forks=forks, deadline=deadline,
-                       connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
-                       strict=strict)
+    ctx.obj = Settings(
+        inventory=inventory,
+        limit=limit,
+        as_json=as_json,
+        verbose=verbose,
+        lab_dir=lab_dir,
+        forks=forks,
+        deadline=deadline,
+        connect_timeout=connect_timeout,
+        accept_new_host_keys=accept_new_host_keys,
+        strict=strict,
+    )
     _apply_config(ctx, ctx.obj)
 
 
-_FLAGS = {"inventory": "--inventory", "forks": "--forks", "deadline": "--deadline",
-          "connect_timeout": "--connect-timeout"}
+_FLAGS = {
+    "inventory": "--inventory",
+    "forks": "--forks",
+    "deadline": "--deadline",
+    "connect_timeout": "--connect-timeout",
+}
 
 
 def _apply_config(ctx, settings: Settings) -> None:
@@ -106,8 +175,11 @@ def _apply_config(ctx, settings: Settings) -> None:
         if args[:2] != ["lab", "down"] and not {"--help", "-h"} & set(args):
             raise
         # taking a lab down or reading help must never depend on the operator's defaults
-        click.echo(f"k26ops: warning: {exc} (ignored: {'lab down' if args[:2] == ['lab', 'down'] else '--help'} "
-                   "does not use it)", err=True)
+        click.echo(
+            f"k26ops: warning: {exc} (ignored: {'lab down' if args[:2] == ['lab', 'down'] else '--help'} "
+            "does not use it)",
+            err=True,
+        )
         conf = {}
     for name, flag in _FLAGS.items():
         source = ctx.get_parameter_source(name)

@@ -40,18 +40,28 @@ class FailLimit(click.ParamType):
 
 
 def batch_option(default=None, help_more: str = ""):
-    return click.option("--batch", type=BatchSizes(), default=default, show_default=default is not None,
-                        metavar="N|P%|LIST",
-                        help="Hosts per batch after the canary: N, P% of all hosts, or a list as Ansible's "
-                             "serial (1,2,25%: each in turn, the last repeated); a batch starts only when the "
-                             "one before it succeeded." + help_more)
+    return click.option(
+        "--batch",
+        type=BatchSizes(),
+        default=default,
+        show_default=default is not None,
+        metavar="N|P%|LIST",
+        help="Hosts per batch after the canary: N, P% of all hosts, or a list as Ansible's "
+        "serial (1,2,25%: each in turn, the last repeated); a batch starts only when the "
+        "one before it succeeded." + help_more,
+    )
 
 
 def max_fail_option():
-    return click.option("--max-fail", type=FailLimit(), default=None, metavar="N|P%",
-                        help="Failed hosts a batch after the canary may have and the rollout still go on "
-                             "(N hosts or P% of the batch; default 0: any failure stops it). "
-                             "The canary must always succeed.")
+    return click.option(
+        "--max-fail",
+        type=FailLimit(),
+        default=None,
+        metavar="N|P%",
+        help="Failed hosts a batch after the canary may have and the rollout still go on "
+        "(N hosts or P% of the batch; default 0: any failure stops it). "
+        "The canary must always succeed.",
+    )
 
 
 def default_batch(settings, batch):

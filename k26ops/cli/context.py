@@ -11,8 +11,8 @@ import click
 from k26ops import config, inventory
 from k26ops.engine import multinode
 from k26ops.errors import UserError
-from k26ops.transport.fleet import FleetOptions
 from k26ops.inventory.targets import targets
+from k26ops.transport.fleet import FleetOptions
 
 
 def lab_dir_record() -> Path:
@@ -76,8 +76,9 @@ class Settings:
         lab_inv = self.lab_path / "inventory.yml"
         if lab_inv.exists():
             return lab_inv
-        raise UserError("no inventory: pass --inventory PATH, set K26OPS_INVENTORY, "
-                        "or start the lab with `k26ops lab up`")
+        raise UserError(
+            "no inventory: pass --inventory PATH, set K26OPS_INVENTORY, or start the lab with `k26ops lab up`"
+        )
 
     def targets(self, inv):
         """The hosts commands act on by default (k26ops.inventory.targets): the
@@ -92,14 +93,19 @@ class Settings:
         kept = [h for h in hosts if h.name in t.names]
         if hosts and not kept:
             names = ", ".join(h.name for h in hosts[:5]) + (" ..." if len(hosts) > 5 else "")
-            raise UserError(f"{inv.path}: --limit {pattern!r} selects only hosts that are not targets "
-                            f"({names}); the targets are {t.why}")
+            raise UserError(
+                f"{inv.path}: --limit {pattern!r} selects only hosts that are not targets "
+                f"({names}); the targets are {t.why}"
+            )
         return kept
 
     def fleet_options(self):
-        return FleetOptions(forks=self.forks, deadline=self.deadline,
-                            connect_timeout=self.connect_timeout,
-                            accept_new_host_keys=self.accept_new_host_keys)
+        return FleetOptions(
+            forks=self.forks,
+            deadline=self.deadline,
+            connect_timeout=self.connect_timeout,
+            accept_new_host_keys=self.accept_new_host_keys,
+        )
 
     def selected_hosts(self):
         """The inventory's hosts after --limit (UserError on a bad inventory or limit)."""

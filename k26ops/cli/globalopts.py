@@ -17,9 +17,16 @@ from k26ops.cli.context import Settings
 # (option strings, Settings attribute, click keyword arguments)
 GLOBAL = [
     (("--inventory", "-i"), "inventory", dict(metavar="PATH", help="Inventory YAML (as the global --inventory).")),
-    (("--limit", "-l"), "limit", dict(metavar="PATTERN", help="Ansible host pattern (as the global --limit).",
-                                      shell_complete=host_patterns)),
-    (("--forks", "-f"), "forks", dict(type=click.IntRange(1, 512), help="Hosts worked on at once (as the global --forks).")),
+    (
+        ("--limit", "-l"),
+        "limit",
+        dict(metavar="PATTERN", help="Ansible host pattern (as the global --limit).", shell_complete=host_patterns),
+    ),
+    (
+        ("--forks", "-f"),
+        "forks",
+        dict(type=click.IntRange(1, 512), help="Hosts worked on at once (as the global --forks)."),
+    ),
     (("--json",), "as_json", dict(is_flag=True, help="Machine-readable output.")),
     (("--verbose", "-v"), "verbose", dict(count=True, help="More detail (repeat for more).")),
 ]
@@ -30,8 +37,11 @@ USES = {
     "lab": set(),  # its own --dir; never an inventory
     "diagnose log": set(),  # a file
     "engine": set(),  # recipes and locks on this machine
-    "baselines list": set(), "baselines show": set(),  # the baselines repository
-    "inventory list": {"inventory", "limit"}, "inventory show": {"inventory"}, "inventory vars": set(),
+    "baselines list": set(),
+    "baselines show": set(),  # the baselines repository
+    "inventory list": {"inventory", "limit"},
+    "inventory show": {"inventory"},
+    "inventory vars": set(),
     "config show": {"inventory", "forks"},  # shows where they come from
 }
 
@@ -57,6 +67,7 @@ def _store(attr: str, flag: str):
                 setattr(settings, attr, value)
                 settings.sources[attr] = flag
         return value
+
     return callback
 
 
@@ -82,8 +93,9 @@ def attach(command: click.Command, path: str = "") -> None:
         free = [o for o in opts if o not in taken]
         if not free or (attr in names and len(free) < len(opts)):
             continue
-        command.params.append(click.Option([*free, f"global_{attr}"], expose_value=False,
-                                           callback=_store(attr, opts[0]), **kwargs))
+        command.params.append(
+            click.Option([*free, f"global_{attr}"], expose_value=False, callback=_store(attr, opts[0]), **kwargs)
+        )
 
 
 def _remember_name(command: click.Command) -> None:

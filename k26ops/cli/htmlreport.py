@@ -18,9 +18,14 @@ from k26ops.report import files, model, page
 
 
 def report_option(what: str):
-    return click.option("--report", "report_path", metavar="PATH", type=click.Path(dir_okay=False),
-                        help=f"Write the HTML report of {what} here (default: a new file in "
-                             "$XDG_DATA_HOME/k26ops/reports, ~/.local/share/k26ops/reports when unset).")
+    return click.option(
+        "--report",
+        "report_path",
+        metavar="PATH",
+        type=click.Path(dir_okay=False),
+        help=f"Write the HTML report of {what} here (default: a new file in "
+        "$XDG_DATA_HOME/k26ops/reports, ~/.local/share/k26ops/reports when unset).",
+    )
 
 
 def now() -> datetime:

@@ -15,7 +15,6 @@ import sys
 
 import click
 
-
 CURRENT = {"command": ""}  # the leaf command being run (set by globalopts.attach)
 
 
@@ -28,16 +27,24 @@ def command_name(ctx: click.Context | None = None) -> str:
 
 
 def document(body: dict, exit_code: int = 0, command: str | None = None) -> dict:
-    doc = {"command": command if command is not None else command_name(), "ok": exit_code == 0,
-           "exit_code": exit_code, "hosts": {}}
+    doc = {
+        "command": command if command is not None else command_name(),
+        "ok": exit_code == 0,
+        "exit_code": exit_code,
+        "hosts": {},
+    }
     doc.update({k: v for k, v in body.items() if k not in ("command", "ok", "exit_code")})
     return doc
 
 
-def emit(body: dict, exit_code: int = 0, *, indent: int | None = None, command: str | None = None,
-         sort_keys: bool = False) -> None:
-    click.echo(json.dumps(document(body, exit_code, command), indent=indent, default=str,
-                          ensure_ascii=False, sort_keys=sort_keys))
+def emit(
+    body: dict, exit_code: int = 0, *, indent: int | None = None, command: str | None = None, sort_keys: bool = False
+) -> None:
+    click.echo(
+        json.dumps(
+            document(body, exit_code, command), indent=indent, default=str, ensure_ascii=False, sort_keys=sort_keys
+        )
+    )
 
 
 def _named(ctx: click.Context | None, args: list | None) -> str:
@@ -59,7 +66,7 @@ def _named(ctx: click.Context | None, args: list | None) -> str:
 def wanted(args: list[str] | None = None) -> bool:
     """--json anywhere before `--` (errors can come before the settings exist)."""
     args = sys.argv[1:] if args is None else args
-    head = args[:args.index("--")] if "--" in args else args
+    head = args[: args.index("--")] if "--" in args else args
     return "--json" in head
 
 
@@ -68,5 +75,14 @@ def error(message: str, exit_code: int, ctx: click.Context | None = None, args: 
     so, or the command line does: errors can come before the settings exist)."""
     settings = getattr(ctx, "obj", None) if ctx is not None else None
     if getattr(settings, "as_json", False) or wanted():
-        click.echo(json.dumps({"command": command_name(ctx) or _named(ctx, args), "ok": False, "exit_code": exit_code,
-                               "error": message}, ensure_ascii=False))
+        click.echo(
+            json.dumps(
+                {
+                    "command": command_name(ctx) or _named(ctx, args),
+                    "ok": False,
+                    "exit_code": exit_code,
+                    "error": message,
+                },
+                ensure_ascii=False,
+            )
+        )

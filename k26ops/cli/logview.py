@@ -47,5 +47,7 @@ def check_since(since: str | None, results) -> None:
         return
     bad = [r for r in results if r.error and "Failed to parse timestamp" in r.error]
     if bad and len(bad) == len([r for r in results if r.error]):
-        raise UserError(f"--since {since!r}: not a time journalctl understands (on {bad[0].host}); "
-                        "e.g. '1h ago', 'today', 'yesterday', '2026-12-01 10:00'")
+        raise UserError(
+            f"--since {since!r}: not a time journalctl understands (on {bad[0].host}); "
+            "e.g. '1h ago', 'today', 'yesterday', '2026-12-01 10:00'"
+        )

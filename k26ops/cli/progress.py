@@ -57,8 +57,11 @@ class HostProgress:
         self.t_end, self.result, self.error = now, status, error
         word = "done" if status in RESULT_STYLE else status
         tail = f": {error.splitlines()[0]}" if error else ""
-        return f"{word} {status} {self.elapsed(now):.1f}s{tail}" if word == "done" else \
-            f"{word} {self.elapsed(now):.1f}s{tail}"
+        return (
+            f"{word} {status} {self.elapsed(now):.1f}s{tail}"
+            if word == "done"
+            else f"{word} {self.elapsed(now):.1f}s{tail}"
+        )
 
     def elapsed(self, now: float) -> float:
         if self.t0 is None:

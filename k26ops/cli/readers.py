@@ -7,9 +7,10 @@ tests/test_inventory_vars.py holds this list to the modules that call `declare`.
 """
 
 from k26ops import inventory, layout  # noqa: F401 (declarations)
-from k26ops.engine import host as enginehost, multinode, profile  # noqa: F401 (declarations)
-from k26ops.host import preflight  # noqa: F401 (declarations)
 from k26ops.cli.commands import selftest  # noqa: F401 (declarations)
+from k26ops.engine import host as enginehost  # noqa: F401 (declarations)
+from k26ops.engine import multinode, profile  # noqa: F401 (declarations)
+from k26ops.host import preflight  # noqa: F401 (declarations)
 from k26ops.inventory import fields, variables  # noqa: F401 (declarations)
 from k26ops.release import installer, wheelsource  # noqa: F401 (declarations)
 from k26ops.steps import driver, engine, gateway_spec, toolchain  # noqa: F401 (declarations)

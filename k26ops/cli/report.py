@@ -8,20 +8,25 @@ import click
 from rich import box
 from rich.console import Console
 
-from k26ops.orchestrate import rollout
 from k26ops.cli import jsonout, tables
 from k26ops.cli.pipe import quiet
+from k26ops.orchestrate import rollout
 from k26ops.transport.fleet import HostResult, exit_code
 
-STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red",
-         "interrupted": "magenta", "skipped": "magenta"}  # any other status (an engine state: stopped ...) is red
+STYLE = {
+    "ok": "green",
+    "changed": "yellow",
+    "failed": "red",
+    "unreachable": "red",
+    "interrupted": "magenta",
+    "skipped": "magenta",
+}  # any other status (an engine state: stopped ...) is red
 
 # Columns whose values an operator acts on: never wrapped, cut or hidden.
 KEEP = {"unit", "health", "release", "verdict", "signature", "engine"}
 
 
-def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None,
-                   host_status=None) -> None:
+def run_and_report(settings, work, *, title: str, columns=(), render=None, exit_with=None, host_status=None) -> None:
     """Run `work` over the selected hosts (k26ops.orchestrate.rollout.run, one batch), print,
     and exit with the fleet's code.
 
@@ -57,8 +62,9 @@ def verbose_events(settings):
     return quiet(lambda h, m: err.print(f"[dim]{h}: {m}[/dim]"))
 
 
-def print_results(settings, results: list[HostResult], title: str, columns=(), code: int | None = None,
-                  extra: dict | None = None) -> None:
+def print_results(
+    settings, results: list[HostResult], title: str, columns=(), code: int | None = None, extra: dict | None = None
+) -> None:
     """The table for people, or the one JSON document (k26ops.cli.jsonout) with
     `extra` keys; `code` is the exit code it will end with (default: the fleet's)."""
     if settings.as_json:
@@ -67,12 +73,32 @@ def print_results(settings, results: list[HostResult], title: str, columns=(), c
             doc["warnings"] = list(settings.warnings)
         jsonout.emit(doc, exit_code(results) if code is None else code)
         return
-    cols = [tables.Col("host", keep=True), tables.Col("status", keep=True),
-            *[tables.Col(c[0], keep=c[2] if len(c) > 2 else c[0] in KEEP) for c in columns], tables.Col("time", justify="right")]
-    rows = [[r.host, f"[{STYLE.get(r.status, 'red')}]{r.status}[/]",
-             *[_cell(r.data.get(c[1])) for c in columns], f"{r.elapsed:.1f}s"] for r in results]
-    tables.show(wide_console(), title, cols, rows, [r.error for r in results],
-                box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)  # no vertical rules: more fits at 80
+    cols = [
+        tables.Col("host", keep=True),
+        tables.Col("status", keep=True),
+        *[tables.Col(c[0], keep=c[2] if len(c) > 2 else c[0] in KEEP) for c in columns],
+        tables.Col("time", justify="right"),
+    ]
+    rows = [
+        [
+            r.host,
+            f"[{STYLE.get(r.status, 'red')}]{r.status}[/]",
+            *[_cell(r.data.get(c[1])) for c in columns],
+            f"{r.elapsed:.1f}s",
+        ]
+        for r in results
+    ]
+    tables.show(
+        wide_console(),
+        title,
+        cols,
+        rows,
+        [r.error for r in results],
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+    )  # no vertical rules: more fits at 80
     counts = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1

@@ -8,25 +8,36 @@ import sys
 import click
 from rich.console import Console
 
-from k26ops.orchestrate import rollout
 from k26ops.cli.pipe import quiet
 from k26ops.cli.progress import Board
 from k26ops.cli.report import print_results, wide_console
-from k26ops.transport.fleet import HostResult
+from k26ops.orchestrate import rollout
 from k26ops.steps.engine import smoke_summary
 from k26ops.traffic.drain import TrafficConfig
 from k26ops.traffic.gateway import Gateway, Watch
+from k26ops.transport.fleet import HostResult
 
 
-def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy", columns=(),
-                render=None, exit: bool = True, batch=None, max_fail=None,
-                stopped: str = "not deployed") -> list[HostResult]:
+def run_rollout(
+    settings,
+    work,
+    canary: int | None = 0,
+    *,
+    title: str = "deploy",
+    columns=(),
+    render=None,
+    exit: bool = True,
+    batch=None,
+    max_fail=None,
+    stopped: str = "not deployed",
+) -> list[HostResult]:
     """Run `work(session, progress)` over the selected hosts in canary batches,
     print the results and (exit=True) exit with the fleet's code."""
     hosts = settings.selected_hosts()
     err = Console(stderr=True)
-    board = Board([h.name for h in hosts], err, live=err.is_terminal and not settings.as_json,
-                  verbose=bool(settings.verbose))
+    board = Board(
+        [h.name for h in hosts], err, live=err.is_terminal and not settings.as_json, verbose=bool(settings.verbose)
+    )
 
     update = quiet(board.update)  # output errors never reach host work (k26ops.cli.pipe)
 
@@ -36,16 +47,26 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
 
     watch = gateway_watch(hosts)
     with board, watch:
-        run = rollout.run(hosts, with_progress, settings.fleet_options(), canary=canary, batch=batch,
-                          max_fail=max_fail, stopped=stopped,
-                          on_result=quiet(lambda r: board.finish(r.host, r.status, r.error)))
+        run = rollout.run(
+            hosts,
+            with_progress,
+            settings.fleet_options(),
+            canary=canary,
+            batch=batch,
+            max_fail=max_fail,
+            stopped=stopped,
+            on_result=quiet(lambda r: board.finish(r.host, r.status, r.error)),
+        )
     traffic = watch.report() if watch.gateways else None
     print_rollout(settings, run.results, title, columns, canary=canary, code=run.code, traffic=traffic)
     if render and not settings.as_json:
         render(run.results)
     if run.stopped:
-        click.echo(f"k26ops: rollout stopped: {run.stopped.host}: {run.stopped.error}; "
-                   f"untouched: {names_brief(run.stopped.untouched)}", err=True)
+        click.echo(
+            f"k26ops: rollout stopped: {run.stopped.host}: {run.stopped.error}; "
+            f"untouched: {names_brief(run.stopped.untouched)}",
+            err=True,
+        )
     if not exit:
         return run.results
     if run.interrupted:
@@ -55,7 +76,7 @@ def run_rollout(settings, work, canary: int | None = 0, *, title: str = "deploy"
 
 def gateway_watch(hosts) -> Watch:
     """A watch on every gateway the hosts name (none: a watch that watches nothing)."""
-    urls, key = {}, {}
+    urls = {}
     for h in hosts:
         cfg = TrafficConfig.of(h)
         if cfg.mode == "gateway":
@@ -78,13 +99,26 @@ def traffic_cell(t: dict) -> str:
     return ", ".join(parts) or t.get("mode", "-")
 
 
-def print_rollout(settings, results: list[HostResult], title: str, columns=(), canary=0,
-                  code: int | None = None, traffic: dict | None = None) -> None:
+def print_rollout(
+    settings,
+    results: list[HostResult],
+    title: str,
+    columns=(),
+    canary=0,
+    code: int | None = None,
+    traffic: dict | None = None,
+) -> None:
     """The results table (or JSON), then each failed host's diagnosis and journal tail;
     `traffic`: the run's gateway watch (zero healthy workers ever?)."""
     if settings.as_json:
-        print_results(settings, results, title, columns, code=code,
-                      extra={"canary": canary or 0, **({"traffic": traffic} if traffic else {})})
+        print_results(
+            settings,
+            results,
+            title,
+            columns,
+            code=code,
+            extra={"canary": canary or 0, **({"traffic": traffic} if traffic else {})},
+        )
         return
     cols = list(columns) or [("engine", "_engine"), ("health", "_health"), ("smoke", "_smoke")]
     if any(isinstance(r.data.get("traffic"), dict) for r in results):
@@ -109,10 +143,17 @@ def print_rollout(settings, results: list[HostResult], title: str, columns=(), c
     console = wide_console()
     if traffic:
         z = traffic["zero_worker_windows"]
-        console.print(("[red]traffic: a gateway had ZERO healthy workers " + f"{z} time(s)[/]" if z else
-                       "traffic: no gateway ever had zero healthy workers")
-                      + " (" + ", ".join(f"{n}: at least {g['min_healthy']} healthy" for n, g in traffic["gateways"].items())
-                      + ")", highlight=False)
+        console.print(
+            (
+                "[red]traffic: a gateway had ZERO healthy workers " + f"{z} time(s)[/]"
+                if z
+                else "traffic: no gateway ever had zero healthy workers"
+            )
+            + " ("
+            + ", ".join(f"{n}: at least {g['min_healthy']} healthy" for n, g in traffic["gateways"].items())
+            + ")",
+            highlight=False,
+        )
     for r in results:
         tail = r.data.get("journal_tail")
         diag = r.data.get("diagnosis") or {}

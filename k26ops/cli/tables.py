@@ -37,8 +37,15 @@ def _build(title, cols: list[Col], rows: list[list], keep_idx: list[int], **kw) 
     table = Table(title=title, **kw)
     for i in keep_idx:
         c = cols[i]
-        whole = max(cell_len(line) for cell in [c.header, *(r[i] for r in rows)]
-                    for line in plain(cell).splitlines() or [""]) if c.keep else None
+        whole = (
+            max(
+                cell_len(line)
+                for cell in [c.header, *(r[i] for r in rows)]
+                for line in plain(cell).splitlines() or [""]
+            )
+            if c.keep
+            else None
+        )
         table.add_column(c.header, justify=c.justify, no_wrap=c.keep, overflow="fold", min_width=whole)
     for row in rows:
         table.add_row(*[row[i] for i in keep_idx])
@@ -49,8 +56,7 @@ def _measure(console: Console, table: Table) -> Measurement:
     return Measurement.get(console, console.options.update_width(UNBOUNDED), table)
 
 
-def show(console: Console, title, cols: list[Col], rows: list[list], details: list | None = None,
-         **table_kw) -> None:
+def show(console: Console, title, cols: list[Col], rows: list[list], details: list | None = None, **table_kw) -> None:
     """Print `rows` (cells: str with markup, or Text) under `cols`; `details[i]`
     (text or None) is row i's detail: a last column when every detail is one
     short line and the table fits, else `host: detail` lines below (host = the row's first cell)."""
@@ -73,8 +79,10 @@ def show(console: Console, title, cols: list[Col], rows: list[list], details: li
         table = _build(title, all_cols, all_rows, shown, **table_kw)
     hidden = []
     optional = [i for i in shown if not all_cols[i].keep]
-    if _measure(console, _build(title, all_cols, all_rows, [i for i in shown if all_cols[i].keep],
-                                **table_kw)).minimum > width:
+    if (
+        _measure(console, _build(title, all_cols, all_rows, [i for i in shown if all_cols[i].keep], **table_kw)).minimum
+        > width
+    ):
         _records(console, title, all_cols, all_rows)  # not even the kept values fit in a row
         _below(console, rows, details, inline)
         return
@@ -85,8 +93,13 @@ def show(console: Console, title, cols: list[Col], rows: list[list], details: li
         table = _build(title, all_cols, all_rows, shown, **table_kw)
     console.print(table)
     if hidden:
-        console.print(Text(f"(not shown at {width} columns: {', '.join(reversed(hidden))}; "
-                           "a wider terminal, a pipe or --json shows them)", style="dim"))
+        console.print(
+            Text(
+                f"(not shown at {width} columns: {', '.join(reversed(hidden))}; "
+                "a wider terminal, a pipe or --json shows them)",
+                style="dim",
+            )
+        )
     _below(console, rows, details, inline)
 
 

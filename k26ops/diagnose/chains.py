@@ -13,81 +13,107 @@ import re
 from k26ops.diagnose.logtext import Line
 
 HEADER = re.compile(r"^Traceback \(most recent call last\):")
-CHAIN_MARK = re.compile(r"The above exception was the direct cause|"
-                        r"During handling of the above exception")
+CHAIN_MARK = re.compile(
+    r"The above exception was the direct cause|"
+    r"During handling of the above exception"
+)
 FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+, in (?P<fn>[\w<>.]+)')
 EXC_LINE = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z_]\w*)?(?:Error|Exception|Exit|Interrupt|Fault))"
-    r"(?::\s*(?P<msg>.*))?$")
+    r"(?::\s*(?P<msg>.*))?$"
+)
 # Error-ish lines when no exception line is there: words, a traceback header, a torch
 # size message pasted without its first half.
-ERRORISH = re.compile(r"\b(?:error|fatal|failed|failure|exception)\b|^Traceback \(most recent|"
-                      r"\bnon-singleton\s+dimension\b", re.IGNORECASE)
+ERRORISH = re.compile(
+    r"\b(?:error|fatal|failed|failure|exception)\b|^Traceback \(most recent|"
+    r"\bnon-singleton\s+dimension\b",
+    re.IGNORECASE,
+)
 # sglang 0.5.17/0.5.23 name the graph: "Capture target verify CUDA graph begin." (seen on a real H200 run)
-PROGRESS = re.compile(r"(?P<begin>Capture (?:[\w-]+ )*(?:cuda|CUDA) graph begin|Capturing batches)|"
-                      r"(?P<end>Capture (?:[\w-]+ )*(?:cuda|CUDA) graph end|fired up and ready to roll|"
-                      r"Uvicorn running on)", re.IGNORECASE)
+PROGRESS = re.compile(
+    r"(?P<begin>Capture (?:[\w-]+ )*(?:cuda|CUDA) graph begin|Capturing batches)|"
+    r"(?P<end>Capture (?:[\w-]+ )*(?:cuda|CUDA) graph end|fired up and ready to roll|"
+    r"Uvicorn running on)",
+    re.IGNORECASE,
+)
 # Lines with an error word that a healthy engine prints (seen in real sglang 0.5.17 start-up
 # logs, tests/data/rehearsal: a model module whose optional dependency is absent is skipped;
 # the rerank endpoint's warning without a tokenizer, entrypoints/openai/serving_rerank.py:45).
-BENIGN = re.compile(r"Ignore import error when loading sglang\.srt\.[\w.]+|"
-                    # unified-memory GPUs (GB10/Grace): nvidia-smi reports no memory, sglang falls back to
-                    # torch.cuda.mem_get_info() and serves (CoralLeiCN/DGXSpark-Small-LLMs' run notes)
-                    r"Failed to get GPU memory capacity from nvidia-smi|"
-                    # NVSwitch SXid lines that are no fault: non-fatal ones and their Severity/Data lines
-                    r"SXid \([^)]*\): \d+, (?:Non-fatal|Severity \d|Data \{)|"
-                    # nvidia-smi -q counters: "Correctable Error : 0", "Double Bit ECC : 0" are zeros, not errors
-                    r"^[A-Za-z][\w .()/-]*\b(?:Errors?|ECC|Failure Occurred)\b[\w .()/-]*:\s*(?:0|No|N/A|None|"
-                    r"\[N/A\]|Not Active|Not Supported)\s*$|"
-                    r"Failed to get yes/no token IDs dynamically|"
-                    # NCCL's plugin probe at init (INFO level): NVIDIA/nccl#1000, aws-ofi-nccl#715
-                    r"\bNCCL INFO (?:NET|ENV|TUNER|PROFILER)/Plugin ?: (?:Failed to find \w+ symbol|"
-                    r"Could not find|No plugin found|Plugin load returned)")
+BENIGN = re.compile(
+    r"Ignore import error when loading sglang\.srt\.[\w.]+|"
+    # unified-memory GPUs (GB10/Grace): nvidia-smi reports no memory, sglang falls back to
+    # torch.cuda.mem_get_info() and serves (CoralLeiCN/DGXSpark-Small-LLMs' run notes)
+    r"Failed to get GPU memory capacity from nvidia-smi|"
+    # NVSwitch SXid lines that are no fault: non-fatal ones and their Severity/Data lines
+    r"SXid \([^)]*\): \d+, (?:Non-fatal|Severity \d|Data \{)|"
+    # nvidia-smi -q counters: "Correctable Error : 0", "Double Bit ECC : 0" are zeros, not errors
+    r"^[A-Za-z][\w .()/-]*\b(?:Errors?|ECC|Failure Occurred)\b[\w .()/-]*:\s*(?:0|No|N/A|None|"
+    r"\[N/A\]|Not Active|Not Supported)\s*$|"
+    r"Failed to get yes/no token IDs dynamically|"
+    # NCCL's plugin probe at init (INFO level): NVIDIA/nccl#1000, aws-ofi-nccl#715
+    r"\bNCCL INFO (?:NET|ENV|TUNER|PROFILER)/Plugin ?: (?:Failed to find \w+ symbol|"
+    r"Could not find|No plugin found|Plugin load returned)"
+)
 # A request-level error: the server caught it, answered that request with an error status and
 # went on serving (vLLM's OpenAI handlers, entrypoints/openai/serving_*.py; uvicorn's per-request
 # handler). Seen in vllm-project/vllm#15018 and PR #21391.
-REQUEST_LEVEL = re.compile(r"Error in preprocessing prompt inputs|^Error with model object=|"
-                           r"^Exception in ASGI application$")
+REQUEST_LEVEL = re.compile(
+    r"Error in preprocessing prompt inputs|^Error with model object=|"
+    r"^Exception in ASGI application$"
+)
 # Lines that say the server finished starting and listens: an error line before one of them did not
 # stop the start (sglang's "The server is fired up and ready to roll!", uvicorn's own lines).
 READY = re.compile(r"fired up and ready to roll|Application startup complete|Uvicorn running on")
 # Lines that say the server served a request or ran a batch.
-SERVING = re.compile(r'"(?:POST|GET) /\S* HTTP/[\d.]+" 2\d\d\b|\b(?:Prefill|Decode) batch[.,]|'
-                     r"Avg prompt throughput: .*Running: \d+ reqs")
+SERVING = re.compile(
+    r'"(?:POST|GET) /\S* HTTP/[\d.]+" 2\d\d\b|\b(?:Prefill|Decode) batch[.,]|'
+    r"Avg prompt throughput: .*Running: \d+ reqs"
+)
 # An orderly stop that someone asked for: sglang's SIGTERM handler (0.5.17, seen on a real
 # H200 run stopped by SIGTERM to its process group, as `systemctl stop/restart` stops it;
 # tests/data/serving), systemd's own "Stopping <unit>". What follows it and only echoes the
 # stop (the scheduler "crashed" with -15/-9, the SIGQUIT cleanup) is not an error.
-STOP_REQUESTED = re.compile(r"SIGTERM received\b.*(?:Draining|shutting down)|^Stopping \S+\.service\b|"
-                            # vLLM's own shutdown log (launcher.py / core.py, "[shutdown] ..." since 2026)
-                            r"\[shutdown\] (?:API server: shutdown triggered|EngineCore: trigger received "
-                            r"signal=SIG(?:TERM|INT))|"
-                            # systemd stopping a unit by its description: "Stopping vLLM Qwen3 (...)..."
-                            r"^Stopping .+\.\.\.$|"
-                            # sglang's drain after SIGTERM (tokenizer_manager.sigterm_watchdog; older builds
-                            # print only this line): "Gracefully exiting... Remaining number of requests 0"
-                            r"^Gracefully exiting\.\.\. remaining number of requests", re.IGNORECASE)
+STOP_REQUESTED = re.compile(
+    r"SIGTERM received\b.*(?:Draining|shutting down)|^Stopping \S+\.service\b|"
+    # vLLM's own shutdown log (launcher.py / core.py, "[shutdown] ..." since 2026)
+    r"\[shutdown\] (?:API server: shutdown triggered|EngineCore: trigger received "
+    r"signal=SIG(?:TERM|INT))|"
+    # systemd stopping a unit by its description: "Stopping vLLM Qwen3 (...)..."
+    r"^Stopping .+\.\.\.$|"
+    # sglang's drain after SIGTERM (tokenizer_manager.sigterm_watchdog; older builds
+    # print only this line): "Gracefully exiting... Remaining number of requests 0"
+    r"^Gracefully exiting\.\.\. remaining number of requests",
+    re.IGNORECASE,
+)
 # A (re)start after a stop: systemd's "Started <unit>." / "Starting <unit>...", the engine's first lines.
-STARTED = re.compile(r"^Started .+\.$|^Starting .+\.\.\.$|server_args=ServerArgs\(|Started server process \[\d+\]|"
-                     r"vLLM API server version")
-STOP_ECHO = re.compile(r"crashed with exit code -(?:15|9)\b|Triggering SIGQUIT for cleanup|SIGQUIT received|"
-                       # vLLM's output handler meeting the engine it is stopping (vllm-project/vllm#48745)
-                       r"AsyncLLM output_handler failed|EngineDeadError|EngineCore encountered an issue|"
-                       r"force killing remaining process|"
-                       r"Received sigquit|before crash diagnostics|No live scheduler processes found|"
-                       r"kill_process_tree called|"
-                       # the drain's end: sglang SIGKILLs its own process tree (kill_process_tree with the
-                       # parent), so the shell says "Killed" and systemd "code=killed, status=9/KILL"
-                       r"^Killed\s*$|code=killed, status=(?:9/KILL|15/TERM)|Failed with result 'signal'|"
-                       r"State 'stop-sigterm' timed out|with signal SIGKILL|"
-                       # systemd's account of the stopped process's exit status: the stop's, not a crash
-                       r"Main process exited, code=exited, status=\d+|Failed with result 'exit-code'", re.IGNORECASE)
+STARTED = re.compile(
+    r"^Started .+\.$|^Starting .+\.\.\.$|server_args=ServerArgs\(|Started server process \[\d+\]|"
+    r"vLLM API server version"
+)
+STOP_ECHO = re.compile(
+    r"crashed with exit code -(?:15|9)\b|Triggering SIGQUIT for cleanup|SIGQUIT received|"
+    # vLLM's output handler meeting the engine it is stopping (vllm-project/vllm#48745)
+    r"AsyncLLM output_handler failed|EngineDeadError|EngineCore encountered an issue|"
+    r"force killing remaining process|"
+    r"Received sigquit|before crash diagnostics|No live scheduler processes found|"
+    r"kill_process_tree called|"
+    # the drain's end: sglang SIGKILLs its own process tree (kill_process_tree with the
+    # parent), so the shell says "Killed" and systemd "code=killed, status=9/KILL"
+    r"^Killed\s*$|code=killed, status=(?:9/KILL|15/TERM)|Failed with result 'signal'|"
+    r"State 'stop-sigterm' timed out|with signal SIGKILL|"
+    # systemd's account of the stopped process's exit status: the stop's, not a crash
+    r"Main process exited, code=exited, status=\d+|Failed with result 'exit-code'",
+    re.IGNORECASE,
+)
 # Python's report of an exception it ignored (in a __del__, a weakref callback, atexit), then its traceback.
 IGNORED = re.compile(r"^Exception ignored (?:in|on|while)\b")
 # Lines that say the process died or is going down.
-FATAL = re.compile(r"Received sigquit|SIGQUIT|\bKilled\b|core dumped|\bAborted\b|Fatal Python error|"
-                   r"EngineDeadError|Main process exited|Failed with result|Shutting down|"
-                   r"terminate called|exited with|is dead|died\b", re.IGNORECASE)
+FATAL = re.compile(
+    r"Received sigquit|SIGQUIT|\bKilled\b|core dumped|\bAborted\b|Fatal Python error|"
+    r"EngineDeadError|Main process exited|Failed with result|Shutting down|"
+    r"terminate called|exited with|is dead|died\b",
+    re.IGNORECASE,
+)
 MAX_BLOCK = 250
 
 
@@ -103,8 +129,7 @@ def block_start(lines: list[Line], i: int) -> int | None:
         if HEADER.match(text):
             return j
         if is_exception(text) and not FRAME.match(lines[j - 1].text if j else ""):
-            continued = anchor - j <= 12 and not any(
-                lines[k].new_record for k in range(j + 1, anchor + 1))
+            continued = anchor - j <= 12 and not any(lines[k].new_record for k in range(j + 1, anchor + 1))
             if not continued:
                 return None  # the end of an earlier traceback
             anchor = j  # line i continues the message of exception j
@@ -168,8 +193,7 @@ def chain(lines: list[Line], i: int) -> tuple[int, int, bool]:
         first, end = start, block_end(lines, start)
     # Walk back over earlier chained blocks.
     while first > 0:
-        prev = [j for j in range(first - 1, max(-1, first - 4), -1)
-                if CHAIN_MARK.search(lines[j].text)]
+        prev = [j for j in range(first - 1, max(-1, first - 4), -1) if CHAIN_MARK.search(lines[j].text)]
         if not prev:
             break
         earlier = block_start(lines, prev[0])
@@ -201,7 +225,8 @@ def progress_marks(lines: list[Line]) -> list[tuple[int, str]]:
     marks = []
     for j, line in enumerate(lines):
         if ("aptur" in line.text or "ready to roll" in line.text or "Uvicorn" in line.text) and (
-                m := PROGRESS.search(line.text)):
+            m := PROGRESS.search(line.text)
+        ):
             marks.append((j, "capture" if m.group("begin") else "running"))
     return marks
 

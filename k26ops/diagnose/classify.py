@@ -23,16 +23,16 @@ from k26ops.facts import xid as X
 class Diagnosis:
     """What crashed, where, and what to do. `signature` is a stable id."""
 
-    signature: str | None           # None: no error in the log; "unclassified": an unknown one
+    signature: str | None  # None: no error in the log; "unclassified": an unknown one
     evidence: str
-    phase: str | None = None        # "capture" (startup) / "replay" (runtime) / None
-    rank: str | None = None         # "TP3", "DP2 TP2 EP2", "rank3", None
-    algorithm: str | None = None    # DDTREE / DFLASH / EAGLE / ... if visible
+    phase: str | None = None  # "capture" (startup) / "replay" (runtime) / None
+    rank: str | None = None  # "TP3", "DP2 TP2 EP2", "rank3", None
+    algorithm: str | None = None  # DDTREE / DFLASH / EAGLE / ... if visible
     detail: dict = field(default_factory=dict)
     suggestion: str = ""
     title: str = ""
-    line: int | None = None         # 1-based line of the evidence in the input
-    error_found: bool = True        # False: the log holds no error at all (a clean log)
+    line: int | None = None  # 1-based line of the evidence in the input
+    error_found: bool = True  # False: the log holds no error at all (a clean log)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -68,13 +68,25 @@ class _Log:
             self.stop_echo.update(range(start if start is not None else k, k + 1))
         for k in [k for k, line in enumerate(self.lines) if chains.IGNORED.match(line.text)]:
             # Python's own "Exception ignored in: <...>" (a __del__ or atexit at exit): ignored by it, and by us
-            head = next((j for j in range(k + 1, min(len(self.lines), k + 4)) if chains.HEADER.match(
-                self.lines[j].text)), None)
-            end = next((j for j in range(head + 1, min(len(self.lines), head + chains.MAX_BLOCK))
-                        if chains.is_exception(self.lines[j].text)), head) if head is not None else k
+            head = next(
+                (j for j in range(k + 1, min(len(self.lines), k + 4)) if chains.HEADER.match(self.lines[j].text)), None
+            )
+            end = (
+                next(
+                    (
+                        j
+                        for j in range(head + 1, min(len(self.lines), head + chains.MAX_BLOCK))
+                        if chains.is_exception(self.lines[j].text)
+                    ),
+                    head,
+                )
+                if head is not None
+                else k
+            )
             self.stop_echo.update(range(k, end + 1))  # at exit the frames come without their code lines
-        self.fatal = [k for k, line in enumerate(self.lines)
-                      if chains.FATAL.search(line.text) and k not in self.stop_echo]
+        self.fatal = [
+            k for k, line in enumerate(self.lines) if chains.FATAL.search(line.text) and k not in self.stop_echo
+        ]
         self._survived: dict[int, str | bool] = {}  # line -> "request" / "served" / False
 
     def index(self, offset: int) -> int:
@@ -87,7 +99,7 @@ class _Log:
 
 def _graph_context(log: _Log, i: int, sig: S.Signature) -> bool:
     first, last, has_frames = chains.chain(log.lines, i)
-    text = "\n".join(line.text for line in log.lines[first:last + 1])
+    text = "\n".join(line.text for line in log.lines[first : last + 1])
     if S.GRAPH_HINTS.search(text):
         return True
     if has_frames:
@@ -102,19 +114,31 @@ def phase_at(log: _Log, i: int) -> str | None:
     """capture / replay from the banner, then frames (innermost first), then
     startup progress lines."""
     first, last, _ = chains.chain(log.lines, i)
-    window = "\n".join(line.text for line in log.lines[first:last + 1])
+    window = "\n".join(line.text for line in log.lines[first : last + 1])
     if S.CAPTURE_BANNER.search(window):
         return "capture"
     for path, fn, _code in reversed(chains.frames(log.lines, first, last)):
         name = fn.lower()
         if "replay" in name:
             return "replay"
-        if "capture" in name or name in ("init_device_graphs", "init_cuda_graphs") or (
-                name == "__init__" and "graph_runner" in path):
+        if (
+            "capture" in name
+            or name in ("init_device_graphs", "init_cuda_graphs")
+            or (name == "__init__" and "graph_runner" in path)
+        ):
             return "capture"
     for path, fn, _code in reversed(chains.frames(log.lines, first, last)):
-        if fn in ("event_loop_normal", "event_loop_overlap", "run_batch",
-                  "forward_batch_generation", "process_batch_result") or "event_loop" in fn:
+        if (
+            fn
+            in (
+                "event_loop_normal",
+                "event_loop_overlap",
+                "run_batch",
+                "forward_batch_generation",
+                "process_batch_result",
+            )
+            or "event_loop" in fn
+        ):
             return "replay"
     state = chains.startup_state(log.marks, i)
     return {"capture": "capture", "running": "replay"}.get(state or "")
@@ -148,32 +172,54 @@ def _primary(log: _Log) -> int | None:
     """The first real error: an exception closing a traceback, else any
     exception line, else an error-ish line; echoes of other failures and errors of
     single requests the server survived skipped."""
-    candidates = [k for k, line in enumerate(log.lines)
-                  if chains.is_exception(line.text) and not S.SECONDARY.search(line.text) and k not in log.stop_echo
-                  and not line.quiet and not (k and chains.FRAME.match(log.lines[k - 1].text))
-                  and not survived(log, k)]
+    candidates = [
+        k
+        for k, line in enumerate(log.lines)
+        if chains.is_exception(line.text)
+        and not S.SECONDARY.search(line.text)
+        and k not in log.stop_echo
+        and not line.quiet
+        and not (k and chains.FRAME.match(log.lines[k - 1].text))
+        and not survived(log, k)
+    ]
     with_tb = next((k for k in candidates if chains.block_start(log.lines, k) is not None), None)
     if with_tb is not None or candidates:
         return with_tb if with_tb is not None else candidates[0]
     for k, line in enumerate(log.lines):
-        if (chains.ERRORISH.search(line.text) or line.error_level) and line.text and not line.quiet \
-                and not S.SECONDARY.search(line.text) and not chains.BENIGN.search(line.text) \
-                and k not in log.stop_echo and not survived(log, k):
+        if (
+            (chains.ERRORISH.search(line.text) or line.error_level)
+            and line.text
+            and not line.quiet
+            and not S.SECONDARY.search(line.text)
+            and not chains.BENIGN.search(line.text)
+            and k not in log.stop_echo
+            and not survived(log, k)
+        ):
             return k
     # Only echoes of a failure (e.g. gloo "Connection closed"): show the first.
-    return next((k for k, line in enumerate(log.lines) if not chains.BENIGN.search(line.text)
-                 and k not in log.stop_echo and not line.quiet and (
-                 chains.is_exception(line.text) or chains.ERRORISH.search(line.text)
-                 or (line.error_level and line.text)) and not survived(log, k)), None)
+    return next(
+        (
+            k
+            for k, line in enumerate(log.lines)
+            if not chains.BENIGN.search(line.text)
+            and k not in log.stop_echo
+            and not line.quiet
+            and (
+                chains.is_exception(line.text) or chains.ERRORISH.search(line.text) or (line.error_level and line.text)
+            )
+            and not survived(log, k)
+        ),
+        None,
+    )
 
 
 def _request_errors(log: _Log) -> int:
     """How many request-level errors the server survived: each handler message, and each
     exception the server outlived that no handler message headed."""
-    heads = sum(1 for k, line in enumerate(log.lines)
-                if chains.REQUEST_LEVEL.search(line.text) and survived(log, k))
-    served = sum(1 for k, line in enumerate(log.lines)
-                 if chains.is_exception(line.text) and log._survived.get(k) == "served")
+    heads = sum(1 for k, line in enumerate(log.lines) if chains.REQUEST_LEVEL.search(line.text) and survived(log, k))
+    served = sum(
+        1 for k, line in enumerate(log.lines) if chains.is_exception(line.text) and log._survived.get(k) == "served"
+    )
     return heads + served
 
 
@@ -190,7 +236,7 @@ def oom_phase(log: _Log, i: int) -> str | None:
     first, last, has_frames = chains.chain(log.lines, i)
     text = "\n".join(f"{path} {fn} {code}" for path, fn, code in chains.frames(log.lines, first, last))
     if not has_frames:  # a traceback in another shape (IPython's "File [...], in fn(...)"): the lines above
-        text = "\n".join(line.text for line in log.lines[max(0, i - 30):i])
+        text = "\n".join(line.text for line in log.lines[max(0, i - 30) : i])
     for phase, rx, _where, _fix in S.OOM_PHASES:  # in the table's order: the start-up phases first
         if rx.search(text + "\n" + log.lines[i].text):
             return phase
@@ -247,8 +293,11 @@ def _first_accepted(log: _Log, sig: S.Signature, primary: int | None):
 
 def algorithm_in(text: str) -> str | None:
     """The speculative algorithm named in server args or frames, if any."""
-    m = re.search(r"speculative[_-]algorithm['\"]?\s*[=:]?\s*['\"]?(?:SpeculativeAlgorithm\.)?"
-                  r"([A-Za-z0-9_]+)", text)
+    m = re.search(
+        r"speculative[_-]algorithm['\"]?\s*[=:]?\s*['\"]?(?:SpeculativeAlgorithm\.)?"
+        r"([A-Za-z0-9_]+)",
+        text,
+    )
     algo = m.group(1).upper() if m and m.group(1).upper() in S.ALGORITHMS else None  # not a code name
     budget = re.search(r"speculative[_-]ddtree[_-]budget['\"]?\s*[=:]?\s*['\"]?\d", text)
     if algo in (None, "DFLASH") and (budget or re.search(r"ddtree", text, re.I)):
@@ -275,39 +324,75 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
     if pick is None:
         return None
     gpus = sorted({e.gpu for e in (hardware or [pick]) if e.gpu is not None})
-    detail = {"xid": pick.xid, "pci": pick.pci, "gpu": pick.gpu, "uuid": pick.uuid, "source": pick.source,
-              "action": pick.action, "meaning": pick.meaning, "events": len(events)}
+    detail = {
+        "xid": pick.xid,
+        "pci": pick.pci,
+        "gpu": pick.gpu,
+        "uuid": pick.uuid,
+        "source": pick.source,
+        "action": pick.action,
+        "meaning": pick.meaning,
+        "events": len(events),
+    }
     if pick.caused_by:
         detail["caused_by"] = pick.caused_by
     if len(gpus) > 1:
         detail["gpus"] = gpus
-    engine_error = (soft.error_found and soft.signature and "NVRM" not in soft.evidence
-                    and soft.signature != S.GPU_ERROR_TEXT.id)
+    engine_error = (
+        soft.error_found and soft.signature and "NVRM" not in soft.evidence and soft.signature != S.GPU_ERROR_TEXT.id
+    )
     if engine_error:
         detail["symptom"] = soft.signature
         detail["symptom_evidence"] = soft.evidence[:300]
-    where = (f"GPU {pick.gpu} ({pick.pci})" if pick.gpu is not None else f"the GPU at PCI {pick.pci}" if pick.pci
-             else f"the driver's {pick.name}" if pick.name else "a GPU")
+    where = (
+        f"GPU {pick.gpu} ({pick.pci})"
+        if pick.gpu is not None
+        else f"the GPU at PCI {pick.pci}"
+        if pick.pci
+        else f"the driver's {pick.name}"
+        if pick.name
+        else "a GPU"
+    )
     if pick.source == "sxid":
         where = f"NVSwitch {pick.name} (PCI {pick.pci})"
     said = f"The engine's own error ({soft.signature}: {soft.evidence[:120]})" if engine_error else ""
-    symptom = (f"{said} is what this fault caused, not its cause. " if hardware else
-               f"{said} is this fault seen from the program. ") if engine_error else ""
+    symptom = (
+        (
+            f"{said} is what this fault caused, not its cause. "
+            if hardware
+            else f"{said} is this fault seen from the program. "
+        )
+        if engine_error
+        else ""
+    )
     detail = {k: v for k, v in detail.items() if v is not None}
     if hardware:
-        return Diagnosis(signature=S.GPU_HARDWARE_FAULT, evidence=pick.text, title=S.GPU_HARDWARE_TITLE,
-                         detail=detail, line=pick.line + 1, rank=None, phase=soft.phase,
-                         algorithm=soft.algorithm,
-                         suggestion=S.GPU_FAULT_SUGGESTION.format(
-                             where=where, xid=pick.label, meaning=pick.meaning, symptom=symptom,
-                             action=X.ACTION_TEXT[pick.action]))
+        return Diagnosis(
+            signature=S.GPU_HARDWARE_FAULT,
+            evidence=pick.text,
+            title=S.GPU_HARDWARE_TITLE,
+            detail=detail,
+            line=pick.line + 1,
+            rank=None,
+            phase=soft.phase,
+            algorithm=soft.algorithm,
+            suggestion=S.GPU_FAULT_SUGGESTION.format(
+                where=where, xid=pick.label, meaning=pick.meaning, symptom=symptom, action=X.ACTION_TEXT[pick.action]
+            ),
+        )
     if soft.error_found and soft.signature != S.UNCLASSIFIED:
         soft.detail = {**soft.detail, "xid": pick.xid, "xid_pci": pick.pci}
         return soft
-    return Diagnosis(signature=S.GPU_APP_FAULT, evidence=pick.text, title=S.GPU_APP_TITLE, detail=detail,
-                     line=pick.line + 1, phase=soft.phase, algorithm=soft.algorithm,
-                     suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.label, meaning=pick.meaning,
-                                                            symptom=symptom))
+    return Diagnosis(
+        signature=S.GPU_APP_FAULT,
+        evidence=pick.text,
+        title=S.GPU_APP_TITLE,
+        detail=detail,
+        line=pick.line + 1,
+        phase=soft.phase,
+        algorithm=soft.algorithm,
+        suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.label, meaning=pick.meaning, symptom=symptom),
+    )
 
 
 def classify(text: str, base: str | None = None, bus_ids: dict | None = None) -> Diagnosis:
@@ -332,35 +417,59 @@ def _classify_software(text: str, base: str | None = None) -> Diagnosis:
             if sig is S.GPU_OOM:
                 detail, suggestion = oom_detail(oom_phase(log, first), phase_at(log, first))
                 title = f"out of GPU memory ({detail['phase']})"
-            return Diagnosis(signature=sig.id, evidence=evidence, phase=phase_at(log, first),
-                             rank=log.lines[first].rank, algorithm=algorithm, detail=detail,
-                             suggestion=suggestion, title=title,
-                             line=log.lines[first].raw_index + 1)
+            return Diagnosis(
+                signature=sig.id,
+                evidence=evidence,
+                phase=phase_at(log, first),
+                rank=log.lines[first].rank,
+                algorithm=algorithm,
+                detail=detail,
+                suggestion=suggestion,
+                title=title,
+                line=log.lines[first].raw_index + 1,
+            )
     if (killed := _killed(log, primary)) is not None:
         return killed
     if primary is None:
         survived_n = _request_errors(log)
-        return Diagnosis(None, "", suggestion=S.NO_ERROR_SUGGESTION + (
-                             f" {survived_n} request-level error(s) the server survived were skipped."
-                             if survived_n else ""),
-                         title="no error found", algorithm=algorithm, error_found=False,
-                         detail={"request_errors": survived_n} if survived_n else {})
+        return Diagnosis(
+            None,
+            "",
+            suggestion=S.NO_ERROR_SUGGESTION
+            + (f" {survived_n} request-level error(s) the server survived were skipped." if survived_n else ""),
+            title="no error found",
+            algorithm=algorithm,
+            error_found=False,
+            detail={"request_errors": survived_n} if survived_n else {},
+        )
     line = log.lines[primary]
     exc = chains.EXC_LINE.match(line.text)
-    return Diagnosis(signature=S.UNCLASSIFIED, evidence=line.text, phase=phase_at(log, primary),
-                     rank=line.rank, algorithm=algorithm,
-                     detail={"exception": exc.group("type")} if exc else {},
-                     suggestion=S.UNCLASSIFIED_SUGGESTION, title="no known crash signature",
-                     line=line.raw_index + 1)
+    return Diagnosis(
+        signature=S.UNCLASSIFIED,
+        evidence=line.text,
+        phase=phase_at(log, primary),
+        rank=line.rank,
+        algorithm=algorithm,
+        detail={"exception": exc.group("type")} if exc else {},
+        suggestion=S.UNCLASSIFIED_SUGGESTION,
+        title="no known crash signature",
+        line=line.raw_index + 1,
+    )
 
 
 def _continues(log: _Log, k: int) -> bool:
     """Line k is the rest of the exception line above it, wrapped by a paste ("... (4.26 GiB KV cach" /
     "e is needed, ..."): no record or frame of its own, the line above an exception not ending a sentence."""
     above, line = log.lines[k - 1].text, log.lines[k]
-    return (chains.is_exception(above) and not chains.is_exception(line.text) and not line.new_record
-            and not chains.FRAME.match(line.text) and not above.rstrip().endswith((".", "!", ")", ":"))
-            and line.raw_index == log.lines[k - 1].raw_index + 1 and not line.text[:1].isupper())
+    return (
+        chains.is_exception(above)
+        and not chains.is_exception(line.text)
+        and not line.new_record
+        and not chains.FRAME.match(line.text)
+        and not above.rstrip().endswith((".", "!", ")", ":"))
+        and line.raw_index == log.lines[k - 1].raw_index + 1
+        and not line.text[:1].isupper()
+    )
 
 
 def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
@@ -380,11 +489,17 @@ def _killed(log: _Log, primary: int | None) -> Diagnosis | None:
     k = ooms[0] if ooms else kills[-1]
     oom = bool(ooms)
     title = S.KILLED_TITLE + (" by the OOM killer" if oom else "")
-    return Diagnosis(signature=S.PROCESS_KILLED, evidence=log.lines[k].text, title=title,
-                     detail={"signal": 9, "oom_killer": oom},
-                     suggestion=S.KILLED_SUGGESTION.format(by=" (by the OOM killer)" if oom else "",
-                                                           fix=S.KILLED_FIX_OOM if oom else S.KILLED_FIX),
-                     phase=phase_at(log, k), line=log.lines[k].raw_index + 1)
+    return Diagnosis(
+        signature=S.PROCESS_KILLED,
+        evidence=log.lines[k].text,
+        title=title,
+        detail={"signal": 9, "oom_killer": oom},
+        suggestion=S.KILLED_SUGGESTION.format(
+            by=" (by the OOM killer)" if oom else "", fix=S.KILLED_FIX_OOM if oom else S.KILLED_FIX
+        ),
+        phase=phase_at(log, k),
+        line=log.lines[k].raw_index + 1,
+    )
 
 
 def classify_file(path: str | Path) -> Diagnosis:

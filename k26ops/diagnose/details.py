@@ -39,8 +39,13 @@ def _innermost(lines: list[Line], i: int) -> tuple[str, str] | None:
 
 def _none_field(m: re.Match, lines: list[Line], i: int) -> dict:
     groups = m.groupdict()
-    detail = {"field": groups.get("field"), "index": _int(groups.get("index")),
-              "side": groups.get("side"), "graph": groups.get("graph"), "copy": groups.get("site")}
+    detail = {
+        "field": groups.get("field"),
+        "index": _int(groups.get("index")),
+        "side": groups.get("side"),
+        "graph": groups.get("graph"),
+        "copy": groups.get("site"),
+    }
     if groups.get("arg") is not None:  # torch._foreach_copy_(dsts, srcs)
         detail["side"] = "src" if groups["arg"] == "1" else "dst"
     if groups.get("arg_name") == "src":
@@ -61,8 +66,14 @@ def _none_field(m: re.Match, lines: list[Line], i: int) -> dict:
 
 def _shape(m: re.Match) -> dict:
     g = m.groupdict()
-    detail = {"got": _int(g.get("a")), "expected": _int(g.get("b")), "dim": _int(g.get("dim")),
-              "field": g.get("field"), "graph": g.get("graph"), "copy": g.get("site")}
+    detail = {
+        "got": _int(g.get("a")),
+        "expected": _int(g.get("b")),
+        "dim": _int(g.get("dim")),
+        "field": g.get("field"),
+        "graph": g.get("graph"),
+        "copy": g.get("site"),
+    }
     return {k: v for k, v in detail.items() if v is not None}
 
 
@@ -91,8 +102,10 @@ def _config(evidence: str, sig: S.Signature) -> tuple[dict, str]:
     for name, rx in S.CONFIG_RULE_MESSAGES:
         if re.search(rx, evidence, re.IGNORECASE):
             rule = next(r for r in launch_rules.RULES if r.name == name)
-            return ({"rule": name, "flag": rule.flag},
-                    S.CONFIG_RULE_SUGGESTION.format(rule=name, where=rule.where, fix=rule.fix))
+            return (
+                {"rule": name, "flag": rule.flag},
+                S.CONFIG_RULE_SUGGESTION.format(rule=name, where=rule.where, fix=rule.fix),
+            )
     exc = chains.EXC_LINE.match(evidence)
     return ({"exception": exc.group("type")} if exc else {}), sig.suggestion
 
@@ -114,14 +127,20 @@ def oom_detail(phase: str | None, fallback: str | None) -> tuple[dict, str]:
         if name == phase:
             return {"phase": name}, S.GPU_OOM.suggestion.format(where=where, fix=fix[0].upper() + fix[1:] + ".")
     where = "while serving" if fallback == "replay" else "at start-up" if fallback is None else f"({fallback})"
-    return ({"phase": "serving" if fallback == "replay" else "startup"},
-            S.GPU_OOM.suggestion.format(where=where, fix="Lower --mem-fraction-static, --max-running-requests or "
-                                        "--chunked-prefill-size, or use more GPUs; check `nvidia-smi` for other "
-                                        "processes on these GPUs."))
+    return (
+        {"phase": "serving" if fallback == "replay" else "startup"},
+        S.GPU_OOM.suggestion.format(
+            where=where,
+            fix="Lower --mem-fraction-static, --max-running-requests or "
+            "--chunked-prefill-size, or use more GPUs; check `nvidia-smi` for other "
+            "processes on these GPUs.",
+        ),
+    )
 
 
-def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
-               algorithm: str | None, base: str | None = None) -> tuple[dict, str]:
+def detail_for(
+    sig: S.Signature, m: re.Match, lines: list[Line], i: int, algorithm: str | None, base: str | None = None
+) -> tuple[dict, str]:
     """(detail, suggestion) for a hit of `sig` at line i."""
     evidence = lines[i].text
     if sig is S.NONE_FIELD:
@@ -136,10 +155,17 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         return detail, head + sig.suggestion + " " + S.NONE_FIELD_UNNAMED
     if sig is S.SHAPE_MISMATCH:
         detail = _shape(m)
-        sizes = (f" When copying into a graph buffer, tensor a ({detail['got']}) is the buffer and b "
-                 f"({detail['expected']}) the batch." if "got" in detail else "")
-        ddtree = (S.DDTREE_SHAPE_FIXED_BASE.format(where=S.VERIFY_AT_BUDGET_PLUS_1[base])
-                  if base in S.VERIFY_AT_BUDGET_PLUS_1 else S.DDTREE_SHAPE_SUGGESTION)
+        sizes = (
+            f" When copying into a graph buffer, tensor a ({detail['got']}) is the buffer and b "
+            f"({detail['expected']}) the batch."
+            if "got" in detail
+            else ""
+        )
+        ddtree = (
+            S.DDTREE_SHAPE_FIXED_BASE.format(where=S.VERIFY_AT_BUDGET_PLUS_1[base])
+            if base in S.VERIFY_AT_BUDGET_PLUS_1
+            else S.DDTREE_SHAPE_SUGGESTION
+        )
         if algorithm == "DDTREE":
             return detail, ddtree + sizes
         if algorithm == "DFLASH":
@@ -171,8 +197,11 @@ def detail_for(sig: S.Signature, m: re.Match, lines: list[Line], i: int,
         return detail, sig.suggestion + (f" This GPU's compute capability: {cc}." if cc else "")
     if sig is S.GPU_ERROR_TEXT:
         what = re.sub(r"\s+", " ", m.group("what")).strip()
-        return {"error": "nvlink" if "nvlink" in what.lower() else "uncorrectable-ecc", "reported_by": "cuda",
-                "action": "reset-gpu"}, sig.suggestion
+        return {
+            "error": "nvlink" if "nvlink" in what.lower() else "uncorrectable-ecc",
+            "reported_by": "cuda",
+            "action": "reset-gpu",
+        }, sig.suggestion
     if sig is S.SPEC_REFUSED:
         return {"exception": m.group("exc").split(".")[-1]}, sig.suggestion
     return {}, sig.suggestion

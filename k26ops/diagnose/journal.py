@@ -16,7 +16,8 @@ from k26ops.transport import agents
 def last_crash(session, unit: str, lines: int = 20000, keep: int = 5000) -> dict:
     """The unit's newest failed invocation on the host (agents/journal.py), unclassified."""
     try:
-        return agents.run(session, "journal", "last_crash", 180, what="journal agent", unit=unit, lines=lines,
-                          keep=keep)
+        return agents.run(
+            session, "journal", "last_crash", 180, what="journal agent", unit=unit, lines=lines, keep=keep
+        )
     except agents.AgentFailed as exc:
         raise RuntimeError(f"reading the journal of {unit} failed: {exc}") from None

@@ -40,8 +40,10 @@ class Read:
             return None
         parts = []
         if self.left_out:
-            parts.append(f"{self.left_out} of {self.lines} lines in the middle left out (read: the first "
-                         f"{HEAD >> 20} MiB and the last {TAIL >> 20} MiB of {self.bytes / (1 << 20):.0f} MiB)")
+            parts.append(
+                f"{self.left_out} of {self.lines} lines in the middle left out (read: the first "
+                f"{HEAD >> 20} MiB and the last {TAIL >> 20} MiB of {self.bytes / (1 << 20):.0f} MiB)"
+            )
         if self.cut:
             parts.append(f"{self.cut} line(s) longer than {LINE_MAX} bytes cut")
         return "; ".join(parts)
@@ -88,5 +90,11 @@ def read_bounded(fh, head: int = HEAD, tail: int = TAIL, line_max: int = LINE_MA
     if cur or extra:
         done(bytes(cur), extra)
     kept = first + ([b"[... %d lines left out by k26ops ...]" % st["dropped"]] if st["dropped"] else []) + list(last)
-    return Read(b"\n".join(kept).decode("utf-8", "replace"), lines=st["lines"], bytes=total,
-                head_lines=len(first), left_out=st["dropped"], cut=st["cut"])
+    return Read(
+        b"\n".join(kept).decode("utf-8", "replace"),
+        lines=st["lines"],
+        bytes=total,
+        head_lines=len(first),
+        left_out=st["dropped"],
+        cut=st["cut"],
+    )

@@ -30,17 +30,18 @@ from pathlib import Path
 from typing import Callable
 
 from k26ops import resources
-from k26ops.transport import agents
-from k26ops.engine import units
-from k26ops.diagnose.signatures import PROBE_WATCHED
 from k26ops.diagnose.classify import classify
-from k26ops.engine.host import EngineHost, agent as engine_agent, wait_ready
+from k26ops.diagnose.signatures import PROBE_WATCHED
+from k26ops.engine import units
+from k26ops.engine.host import EngineHost, wait_ready
+from k26ops.engine.host import agent as engine_agent
 from k26ops.errors import StepFailed, UserError
-from k26ops.release import patchset
 from k26ops.host.lock import HostLock, HostLocked
+from k26ops.release import patchset
 from k26ops.steps import session_context
 from k26ops.traffic import drain as drain_mod
 from k26ops.traffic.gateway import GatewayError
+from k26ops.transport import agents
 
 PATCHES = resources.path("patches")
 PROBE_GUARD = "diagnose"
@@ -52,8 +53,9 @@ def probe_patch_for(base: str | None) -> Path:
     Each base's series (patches/<base>/series) lists its own probe: the copy
     call sites of `_grouped_foreach_copy_` differ between engine code bases."""
     if not base:
-        raise UserError("the deployed release records no engine base (built before engine provenance): "
-                        "redeploy it, then probe")
+        raise UserError(
+            "the deployed release records no engine base (built before engine provenance): redeploy it, then probe"
+        )
     want = patchset.parse_base(base)
     for series in sorted(PATCHES.glob("*/series")):
         for e in patchset.parse_series(series.read_text(), str(series)):
@@ -63,12 +65,17 @@ def probe_patch_for(base: str | None) -> Path:
             p = patchset.parse_patch(path.read_text(), e.path, e.strip)
             if any((b[0], b[1]) == want for b in p.bases):
                 return path
-    raise UserError(f"no probe patch is written for the deployed base {base} (none of patches/*/series has a "
-                    f"[{PROBE_GUARD}] patch whose Base: names it)")
+    raise UserError(
+        f"no probe patch is written for the deployed base {base} (none of patches/*/series has a "
+        f"[{PROBE_GUARD}] patch whose Base: names it)"
+    )
+
+
 DROPIN_NAME = "zz-k26ops-probe.conf"
 PROBE_STATE = "probe-state"
 DEFAULT_READY_TIMEOUT = 1800.0
 DEFAULT_REQUESTS = 3
+
 
 class ProbeFailed(Exception):
     """The workflow could not run (the engine was restored); one line."""
@@ -110,7 +117,7 @@ def graphs_on_exec(unit_text: str | None) -> str | None:
     lines = [ln for ln in unit_text.splitlines() if ln.strip().startswith("ExecStart=")]
     if not lines:
         return None
-    value = lines[-1].strip()[len("ExecStart="):]
+    value = lines[-1].strip()[len("ExecStart=") :]
     words = value.split(" ")
     kept = _without_graph_off(words)
     if kept == words:
@@ -130,7 +137,7 @@ def watched_counts(text: str) -> dict | None:
             key, _, value = item.partition("=")
             n = int(value)
             if key.startswith("fill_from[") and key.endswith("]"):
-                graph = key[len("fill_from["):-1]
+                graph = key[len("fill_from[") : -1]
                 out["fill_from"][graph] = max(out["fill_from"].get(graph, 0), n)
             elif key in ("copy_slots", "slots_checked"):
                 out[key] = max(out[key], n)
@@ -138,13 +145,17 @@ def watched_counts(text: str) -> dict | None:
 
 
 def dropin_text(exec_start: str | None) -> str:
-    text = ("# k26ops diagnose cuda-graph: temporary (runtime) drop-in; removed when the probe ends.\n"
-            "[Service]\n"
-            "# The probed code must not leave bytecode in the release.\n"
-            "Environment=PYTHONDONTWRITEBYTECODE=1\n")
+    text = (
+        "# k26ops diagnose cuda-graph: temporary (runtime) drop-in; removed when the probe ends.\n"
+        "[Service]\n"
+        "# The probed code must not leave bytecode in the release.\n"
+        "Environment=PYTHONDONTWRITEBYTECODE=1\n"
+    )
     if exec_start is not None:
-        text += ("# CUDA graphs on: the unit's command line without --disable-cuda-graph / "
-                 "--cuda-graph-backend-*=disabled.\nExecStart=\n")
+        text += (
+            "# CUDA graphs on: the unit's command line without --disable-cuda-graph / "
+            "--cuda-graph-backend-*=disabled.\nExecStart=\n"
+        )
         text += f"ExecStart={exec_start}\n"
     return text
 
@@ -159,7 +170,7 @@ class ProbeReport:
     graphs_enabled_by_dropin: bool = False
     ready_s: float | None = None
     crashed: bool | None = None
-    crash_when: str | None = None   # "startup" / "request"
+    crash_when: str | None = None  # "startup" / "request"
     request_error: str | None = None  # a request failed but the engine lived
     diagnosis: dict | None = None
     watched: dict | None = None  # the probe's own count of the copies it checked
@@ -174,10 +185,18 @@ class ProbeReport:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def run_probe(session, host, *, unit: str | None = None, force: bool = False,
-              ready_timeout: float = DEFAULT_READY_TIMEOUT, requests: int = DEFAULT_REQUESTS,
-              progress: Callable[[str], None] = lambda m: None, check: bool = False,
-              confirm: Callable[[list[str], bool], bool] | None = None) -> ProbeReport:
+def run_probe(
+    session,
+    host,
+    *,
+    unit: str | None = None,
+    force: bool = False,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    requests: int = DEFAULT_REQUESTS,
+    progress: Callable[[str], None] = lambda m: None,
+    check: bool = False,
+    confirm: Callable[[list[str], bool], bool] | None = None,
+) -> ProbeReport:
     """The whole workflow on one host (caller holds the session). Raises
     UserError for a refusal before anything changed; ProbeFailed /
     KeyboardInterrupt after restoring; returns the report.
@@ -213,9 +232,24 @@ def run_probe(session, host, *, unit: str | None = None, force: bool = False,
         exec_start = graphs_on_exec(st["unit_text"])
         rep.graphs_enabled_by_dropin = exec_start is not None
         try:
-            _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
-                      ready_timeout, requests, progress, classify, api_key=eh.api_key(),
-                      drain=drain_mod.for_session(session, progress))
+            _workflow(
+                session,
+                rep,
+                st,
+                uname,
+                ehost,
+                port,
+                patch_text,
+                exec_start,
+                was_active,
+                secrets,
+                ready_timeout,
+                requests,
+                progress,
+                classify,
+                api_key=eh.api_key(),
+                drain=drain_mod.for_session(session, progress),
+            )
         except BaseException as exc:  # restored already; let the caller say how the restore went
             exc.probe_report = rep
             raise
@@ -234,8 +268,16 @@ class Declined(UserError):
 def _checked(session, host, rep, uname, ctx, epath, force, progress, dry: bool = False) -> dict:
     """The host agent's prepare (dry: change nothing) and the refusals before any change."""
     progress("checking the deployed engine is canonical")
-    st = agent(session, "prepare", unit=uname, releases=ctx.releases_root, env_path=epath,
-               dropin=DROPIN_NAME, probe_state=PROBE_STATE, dry=dry)
+    st = agent(
+        session,
+        "prepare",
+        unit=uname,
+        releases=ctx.releases_root,
+        env_path=epath,
+        dropin=DROPIN_NAME,
+        probe_state=PROBE_STATE,
+        dry=dry,
+    )
     if not st.get("ok"):
         raise UserError(f"{host.name}: {st.get('error')}")
     rep.release, rep.notes, rep.drift = st["release_id"], st["notes"], st["drift"]
@@ -246,8 +288,11 @@ def _checked(session, host, rep, uname, ctx, epath, force, progress, dry: bool =
         raise UserError(f"{probe_path}: cannot read the probe patch: {exc.strerror}") from None
     rep.canonical = not st["drift"]
     if st["drift"] and not force:
-        raise UserError(f"{host.name}: the deployed engine is not canonical (release {st['release_id']}): "
-                        + describe_drift(st["drift"]) + "; redeploy, or pass --force to probe it anyway")
+        raise UserError(
+            f"{host.name}: the deployed engine is not canonical (release {st['release_id']}): "
+            + describe_drift(st["drift"])
+            + "; redeploy, or pass --force to probe it anyway"
+        )
     if st["show"].get("LoadState") != "loaded" or not st.get("unit_text"):
         raise UserError(f"{host.name}: {uname} is not installed (deploy first)")
     return st
@@ -255,12 +300,14 @@ def _checked(session, host, rep, uname, ctx, epath, force, progress, dry: bool =
 
 def plan(rep, uname: str, serving: bool, requests: int) -> list[str]:
     """What the probe will do to the host, in order (shown by --check and before asking)."""
-    return [*rep.notes,
-            f"apply the None-field probe to release {rep.release}",
-            f"restart {uname} with CUDA graphs on" + (" (it is serving now: its requests fail until restored)"
-                                                       if serving else ""),
-            f"send up to {requests} request(s) to reach the speculative verify path; name any crash",
-            "revert the probe, then " + (f"restart {uname} as deployed" if serving else f"stop {uname} again")]
+    return [
+        *rep.notes,
+        f"apply the None-field probe to release {rep.release}",
+        f"restart {uname} with CUDA graphs on"
+        + (" (it is serving now: its requests fail until restored)" if serving else ""),
+        f"send up to {requests} request(s) to reach the speculative verify path; name any crash",
+        "revert the probe, then " + (f"restart {uname} as deployed" if serving else f"stop {uname} again"),
+    ]
 
 
 def describe_drift(drift: list) -> str:
@@ -277,31 +324,64 @@ def describe_drift(drift: list) -> str:
     return f"{len(drift)} file(s) differ from the release manifest: " + ", ".join(parts) + more
 
 
-def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_active, secrets,
-              ready_timeout, requests, progress, classify, api_key=None, drain=None) -> None:
+def _workflow(
+    session,
+    rep,
+    st,
+    uname,
+    ehost,
+    port,
+    patch_text,
+    exec_start,
+    was_active,
+    secrets,
+    ready_timeout,
+    requests,
+    progress,
+    classify,
+    api_key=None,
+    drain=None,
+) -> None:
     restarted = False
     try:
         progress(f"applying the probe patch to release {st['release_id']}")
-        res = agent(session, "apply_probe", release=st["release"], site=st["site"], patch_text=patch_text,
-                    probe_state=PROBE_STATE, base=st.get("base"))
+        res = agent(
+            session,
+            "apply_probe",
+            release=st["release"],
+            site=st["site"],
+            patch_text=patch_text,
+            probe_state=PROBE_STATE,
+            base=st.get("base"),
+        )
         if not res.get("ok"):
             raise ProbeFailed(f"the probe patch does not apply to release {st['release_id']}: {res.get('error')}")
         if was_active and drain is not None:  # out of rotation and drained before the restart
             drain.take_out()
-        progress("restarting the engine with CUDA graphs on"
-                 + (" (temporary drop-in without --disable-cuda-graph)" if exec_start else ""))
-        r = agent(session, "restart", timeout=700, unit=uname, dropin=DROPIN_NAME,
-                  dropin_text=dropin_text(exec_start))
+        progress(
+            "restarting the engine with CUDA graphs on"
+            + (" (temporary drop-in without --disable-cuda-graph)" if exec_start else "")
+        )
+        r = agent(session, "restart", timeout=700, unit=uname, dropin=DROPIN_NAME, dropin_text=dropin_text(exec_start))
         restarted = True
         cursor = r.get("cursor")
         if not r.get("ok"):
             raise ProbeFailed(f"systemctl restart {uname} failed: {units.redact(r.get('error') or '', secrets)}")
         base = {k: r["show"].get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
         crashed = None
-        w = wait_ready(session, uname, ehost, port, base=base, timeout=ready_timeout, secrets=secrets,
-                       journal_lines=50,
-                       on_wait=lambda w: progress(f"waiting for ready: {w.poll['state']} {w.elapsed:.0f}s"
-                                                  + (f": {w.last_line}" if w.last_line else "")))
+        w = wait_ready(
+            session,
+            uname,
+            ehost,
+            port,
+            base=base,
+            timeout=ready_timeout,
+            secrets=secrets,
+            journal_lines=50,
+            on_wait=lambda w: progress(
+                f"waiting for ready: {w.poll['state']} {w.elapsed:.0f}s" + (f": {w.last_line}" if w.last_line else "")
+            ),
+        )
         el, last = w.elapsed, w.last_line
         if w.state == "healthy":
             rep.ready_s = round(el, 1)
@@ -310,14 +390,26 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
             crashed, rep.crash_when = w.poll.get("why"), "startup"
             progress(f"engine crashed while starting ({crashed}) after {el:.0f}s")
         else:
-            raise ProbeFailed(f"{uname} not ready after {ready_timeout:.0f}s with the probe "
-                              f"({w.poll['state']})" + (f"; last log line: {last}" if last else ""))
+            raise ProbeFailed(
+                f"{uname} not ready after {ready_timeout:.0f}s with the probe "
+                f"({w.poll['state']})" + (f"; last log line: {last}" if last else "")
+            )
         if crashed is None:
             for n in range(1, requests + 1):
                 progress(f"request {n}/{requests}: /generate (speculative verify path)")
-                r = engine_agent(session, "smoke", timeout=200, port=port, host=ehost, unit=uname, base=base,
-                                 api_key=api_key,
-                              prompt="Write a short poem about CUDA graphs.", max_new_tokens=32, timeout_s=120.0)
+                r = engine_agent(
+                    session,
+                    "smoke",
+                    timeout=200,
+                    port=port,
+                    host=ehost,
+                    unit=uname,
+                    base=base,
+                    api_key=api_key,
+                    prompt="Write a short poem about CUDA graphs.",
+                    max_new_tokens=32,
+                    timeout_s=120.0,
+                )
                 if r.get("crash"):  # the agent waited for the unit to show the death
                     crashed, rep.crash_when = r["crash"]["why"], "request"
                     progress(f"engine crashed on request {n} ({crashed})")
@@ -339,12 +431,23 @@ def _workflow(session, rep, st, uname, ehost, port, patch_text, exec_start, was_
         else:
             rep.diagnosis = d.to_json()
     finally:
-        _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
-                 ready_timeout, drain if restarted else None)
+        _restore(
+            session,
+            rep,
+            st,
+            uname,
+            ehost,
+            port,
+            was_active,
+            restarted,
+            secrets,
+            progress,
+            ready_timeout,
+            drain if restarted else None,
+        )
 
 
-def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress,
-             ready_timeout, drain=None):
+def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress, ready_timeout, drain=None):
     """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this."""
     interrupted = []
     old = None
@@ -353,12 +456,23 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
     except ValueError:  # not the main thread
         pass
     try:
-        progress("restoring: removing the drop-in, reverting the probe"
-                 + (", restarting the engine" if was_active and restarted else ""))
+        progress(
+            "restoring: removing the drop-in, reverting the probe"
+            + (", restarting the engine" if was_active and restarted else "")
+        )
         try:
-            r = agent(session, "restore", timeout=700, unit=uname, dropin=DROPIN_NAME,
-                      release=st["release"], site=st["site"], probe_state=PROBE_STATE,
-                      was_active=was_active and restarted, stop=restarted and not was_active)
+            r = agent(
+                session,
+                "restore",
+                timeout=700,
+                unit=uname,
+                dropin=DROPIN_NAME,
+                release=st["release"],
+                site=st["site"],
+                probe_state=PROBE_STATE,
+                was_active=was_active and restarted,
+                stop=restarted and not was_active,
+            )
         except ProbeFailed as exc:
             rep.restore_errors.append(str(exc))
             return
@@ -369,10 +483,17 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
         show = r.get("show") or {}
         if was_active and restarted and r.get("ok"):
             base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
-            w = wait_ready(session, uname, ehost, port, base=base, timeout=ready_timeout, secrets=secrets,
-                           journal_lines=30,
-                           on_wait=lambda w: progress(f"restoring: waiting for the engine: {w.poll['state']} "
-                                                      f"{w.elapsed:.0f}s"))
+            w = wait_ready(
+                session,
+                uname,
+                ehost,
+                port,
+                base=base,
+                timeout=ready_timeout,
+                secrets=secrets,
+                journal_lines=30,
+                on_wait=lambda w: progress(f"restoring: waiting for the engine: {w.poll['state']} {w.elapsed:.0f}s"),
+            )
             if w.state == "healthy":
                 rep.restored.append(f"the engine is healthy again ({w.elapsed:.0f}s)")
                 if drain is not None:  # back into rotation only once the restored engine answers
@@ -420,16 +541,25 @@ def summary(rep: ProbeReport) -> str:
             graph = {g: n for g, n in seen.items() if g in GRAPH_PATHS}
             if graph:
                 unseen = [g for g in GRAPH_PATHS if g not in graph]
-                return ("no crash: with CUDA graphs on and the probe applied, no None or wrongly sized input "
-                        f"reached the copies it watched ({watched_text(w)})"
-                        + (f"; the {' and '.join(unseen)} graph's fill was not seen, so it was not checked"
-                           if unseen else ""))
+                return (
+                    "no crash: with CUDA graphs on and the probe applied, no None or wrongly sized input "
+                    f"reached the copies it watched ({watched_text(w)})"
+                    + (
+                        f"; the {' and '.join(unseen)} graph's fill was not seen, so it was not checked"
+                        if unseen
+                        else ""
+                    )
+                )
             if w is None:
-                return ("not checked: the engine served without a crash, but the probe reported no watched copy "
-                        "(no `K26OPS-PROBE watched:` line): the requests never reached the graph-buffer fill it "
-                        "instruments (fill_from, copy_slots), so the path that served was not checked")
-            return (f"not checked: the engine served without a crash, but the probe watched only {watched_text(w)}, "
-                    "none on the draft or verify graph path; that path was not checked")
+                return (
+                    "not checked: the engine served without a crash, but the probe reported no watched copy "
+                    "(no `K26OPS-PROBE watched:` line): the requests never reached the graph-buffer fill it "
+                    "instruments (fill_from, copy_slots), so the path that served was not checked"
+                )
+            return (
+                f"not checked: the engine served without a crash, but the probe watched only {watched_text(w)}, "
+                "none on the draft or verify graph path; that path was not checked"
+            )
         return "no crash signature found"
     det = d.get("detail") or {}
     if d["signature"] == "cuda-graph-none-field" and det.get("field"):

@@ -21,14 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from k26ops.transport import agents
 from k26ops.engine import profile as profile_mod
 from k26ops.engine import units
 from k26ops.errors import UserError
-from k26ops.transport.fleet import interrupt_requested
 from k26ops.hostvars import Var, declare
 from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live in layout)
-    DEFAULT_ROOT, DEFAULT_UNIT, DEFAULT_PORT, UNIT_DIR, LAB_MODULE, PASS_ENV, NVLS_OFF, Layout, check_unit_name)
+    DEFAULT_PORT,
+    DEFAULT_ROOT,
+    DEFAULT_UNIT,
+    LAB_MODULE,
+    NVLS_OFF,
+    PASS_ENV,
+    UNIT_DIR,
+    Layout,
+    check_unit_name,
+)
+from k26ops.transport import agents
+from k26ops.transport.fleet import interrupt_requested
 
 # Lab fixture: the engine stand-in, shipped as one file with the real engine's recorded start
 # phases filled in (tests/data/standin/start-phases.json; issue 43). Never outside the lab.
@@ -42,25 +51,36 @@ def lab_standin_text() -> str:
     try:
         phases = json.dumps(json.loads(STANDIN_PHASES.read_text()), sort_keys=True)
     except (OSError, ValueError) as exc:
-        raise UserError(f"lab: the engine stand-in's recorded start phases {STANDIN_PHASES} are unreadable "
-                        f"({exc}); the lab runs from a k26ops checkout") from None
+        raise UserError(
+            f"lab: the engine stand-in's recorded start phases {STANDIN_PHASES} are unreadable "
+            f"({exc}); the lab runs from a k26ops checkout"
+        ) from None
     text = STANDIN.read_text()
     if text.count(_PHASES_LINE) != 1:
         raise UserError(f"lab: {STANDIN} has no `RECORDED_PHASES = None` line to fill")
     return text.replace(_PHASES_LINE, f"\nRECORDED_PHASES = {phases!r}\n")
 
 
-declare(__name__, "the engine's unit and environment",
-        Var("engine_unit", "str", DEFAULT_UNIT, "the engine's systemd unit name (NAME.service)"),
-        Var("engine_env_file", "path", units.ENV_FILE, "the engine's environment file (mode 0600)"),
-        Var("engine_env", "mapping", {}, "extra variables for the engine's env file (e.g. CUDA_VISIBLE_DEVICES)"),
-        Var("hf_token", "str (secret)", None, "HF_TOKEN for the engine (never printed)", "$HF_TOKEN here"),
-        Var("HF_TOKEN", "str (secret)", None, "same as hf_token", "$HF_TOKEN here"),
-        Var("cuda_home", "path", None, "CUDA_HOME for the engine", "the toolchain step's"),
-        Var("nvlink_multicast", "bool", True, "false: NVLink multicast (NVLS) off in the engine's environment: "
-            + ", ".join(f"{k}={v}" for k, v in NVLS_OFF.items()) + " (engine_env still wins)",
-            "true (NCCL's own default)"),
-        Var("lab", "bool", False, "lab fixture: the engine is the stand-in (`k26ops lab up` sets it)"))
+declare(
+    __name__,
+    "the engine's unit and environment",
+    Var("engine_unit", "str", DEFAULT_UNIT, "the engine's systemd unit name (NAME.service)"),
+    Var("engine_env_file", "path", units.ENV_FILE, "the engine's environment file (mode 0600)"),
+    Var("engine_env", "mapping", {}, "extra variables for the engine's env file (e.g. CUDA_VISIBLE_DEVICES)"),
+    Var("hf_token", "str (secret)", None, "HF_TOKEN for the engine (never printed)", "$HF_TOKEN here"),
+    Var("HF_TOKEN", "str (secret)", None, "same as hf_token", "$HF_TOKEN here"),
+    Var("cuda_home", "path", None, "CUDA_HOME for the engine", "the toolchain step's"),
+    Var(
+        "nvlink_multicast",
+        "bool",
+        True,
+        "false: NVLink multicast (NVLS) off in the engine's environment: "
+        + ", ".join(f"{k}={v}" for k, v in NVLS_OFF.items())
+        + " (engine_env still wins)",
+        "true (NCCL's own default)",
+    ),
+    Var("lab", "bool", False, "lab fixture: the engine is the stand-in (`k26ops lab up` sets it)"),
+)
 
 
 def poll_target(profile: dict) -> tuple[str, int]:
@@ -158,8 +178,9 @@ class EngineHost:
             env["PYTHONPATH"] = self.layout.lab_module_dir
         return env
 
-    def secrets(self, env: dict | None = None, old_env_text: str | None = None,
-                old_secret_config: str | None = None) -> list[str]:
+    def secrets(
+        self, env: dict | None = None, old_env_text: str | None = None, old_secret_config: str | None = None
+    ) -> list[str]:
         """Every value to redact, longest first: the env's secrets (default: `env()`),
         those in the host's current env file and secrets file, secret-named vars at
         any depth, secret flags' values, !vault values, and the passed-through environment."""
@@ -182,9 +203,14 @@ def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
 def foreign_listener(port: int, unit: str, holder: dict, secrets: list[str] | None = None) -> str:
     """One line naming what holds the engine's port instead of `unit`'s process tree (the agent's
     `foreign` answer): pid, user, command; nothing was sent to it, the api key least of all."""
-    what = (f"pid {holder.get('pid')} (user {holder.get('user')}: "
-            f"{units.redact(str(holder.get('command') or '?'), secrets or [])})") if holder.get("pid") else (
-        str(holder.get("command") or "an unknown process"))
+    what = (
+        (
+            f"pid {holder.get('pid')} (user {holder.get('user')}: "
+            f"{units.redact(str(holder.get('command') or '?'), secrets or [])})"
+        )
+        if holder.get("pid")
+        else (str(holder.get("command") or "an unknown process"))
+    )
     return f"port {port} is held by {what}, not by {unit}'s engine; no request was sent to it"
 
 
@@ -201,10 +227,22 @@ class Ready:
     last_line: str = ""  # the last meaningful journal line seen, redacted
 
 
-def wait_ready(session, unit: str, host: str, port: int, *, base: dict | None, timeout: float,
-               secrets: list[str], window: float = 2.0, journal_lines: int | None = None,
-               on_wait: Callable[[Ready], None] = lambda r: None, interruptible: bool = False,
-               poll: Callable[[float, dict], dict] | None = None, request: dict | None = None) -> Ready:
+def wait_ready(
+    session,
+    unit: str,
+    host: str,
+    port: int,
+    *,
+    base: dict | None,
+    timeout: float,
+    secrets: list[str],
+    window: float = 2.0,
+    journal_lines: int | None = None,
+    on_wait: Callable[[Ready], None] = lambda r: None,
+    interruptible: bool = False,
+    poll: Callable[[float, dict], dict] | None = None,
+    request: dict | None = None,
+) -> Ready:
     """Wait for the engine to answer /health and /health_generate, polling from
     the host in long-poll windows (one remote command each). A crash (unit
     failed, process exited or restarted since `base`) ends the wait at once;

@@ -16,15 +16,20 @@ from k26ops.hostvars import Var, declare
 
 DEFAULT_DIST_INIT_PORT = 5000
 
-declare(__name__, "multi-node",
-        Var("tp_group", "str (group)", None, "this host is one node of the engine formed by that group's hosts"),
-        Var("dist_init_port", "int", DEFAULT_DIST_INIT_PORT, "port of --dist-init-addr on the first node"))
+declare(
+    __name__,
+    "multi-node",
+    Var("tp_group", "str (group)", None, "this host is one node of the engine formed by that group's hosts"),
+    Var("dist_init_port", "int", DEFAULT_DIST_INIT_PORT, "port of --dist-init-addr on the first node"),
+)
 # Set by `assign` from tp_group; k26ops.engine.profile passes them to the engine.
-ENGINE_VARS = declare(__name__, "multi-node",
-                      Var("nnodes", "int", None, "--nnodes (normally set by tp_group)", "set from tp_group"),
-                      Var("node_rank", "int", None, "--node-rank (normally set by tp_group)", "set from tp_group"),
-                      Var("dist_init_addr", "str", None, "--dist-init-addr (normally set by tp_group)",
-                          "set from tp_group"))
+ENGINE_VARS = declare(
+    __name__,
+    "multi-node",
+    Var("nnodes", "int", None, "--nnodes (normally set by tp_group)", "set from tp_group"),
+    Var("node_rank", "int", None, "--node-rank (normally set by tp_group)", "set from tp_group"),
+    Var("dist_init_addr", "str", None, "--dist-init-addr (normally set by tp_group)", "set from tp_group"),
+)
 
 
 def assign(inv, hosts) -> None:
@@ -44,8 +49,7 @@ def assign(inv, hosts) -> None:
         if not isinstance(port, int) or not 1 <= port <= 65535:
             raise UserError(f"{inv.path}: host {h.name}: dist_init_port must be a port number, got {port!r}")
         if len(peers) > 1:
-            h.vars.update(nnodes=len(peers), node_rank=peers.index(h.name),
-                          dist_init_addr=f"{first.address}:{port}")
+            h.vars.update(nnodes=len(peers), node_rank=peers.index(h.name), dist_init_addr=f"{first.address}:{port}")
 
 
 def serves_http(host_vars: dict) -> bool:

@@ -43,25 +43,45 @@ def release_override(ctx) -> dict | None:
     """The baseline's recorded release this host rebuilds (use_recorded), or None."""
     return HostRecipe.of(ctx).override
 
+
 DEFAULT_MODEL_PATH = "/models/Kimi-K2.6"  # also what preflight checks when neither recipe nor inventory names one
 
-declare(__name__, "the engine",
-        Var("recipe", "str", recipe_mod.DEFAULT_RECIPE,
-            "recipe name or path: the engine version, patches and profile to build"),
-        Var("engine_source_mirrors", "mapping", {}, "a recipe's git URL -> mirror URL to fetch the engine source from"),
-        Var("engine_profile", "mapping", {}, "engine flags over the recipe's profile (tp_size, page_size, ...)"),
-        Var("engine_port", "int", DEFAULT_PORT, "the engine's HTTP port (--port)", f"the recipe's port ({DEFAULT_PORT})"),
-        Var("extra_flags", "list", [], "extra engine command-line flags"),
-        Var("monitoring", "bool or mapping", False,
-            "scrape this host: the engine runs with --enable-metrics and `k26ops monitoring` writes its "
-            "Prometheus targets; a mapping sets dcgm_port (9400; 0: none) and gateway (HOST:PORT)"))
+declare(
+    __name__,
+    "the engine",
+    Var(
+        "recipe",
+        "str",
+        recipe_mod.DEFAULT_RECIPE,
+        "recipe name or path: the engine version, patches and profile to build",
+    ),
+    Var("engine_source_mirrors", "mapping", {}, "a recipe's git URL -> mirror URL to fetch the engine source from"),
+    Var("engine_profile", "mapping", {}, "engine flags over the recipe's profile (tp_size, page_size, ...)"),
+    Var("engine_port", "int", DEFAULT_PORT, "the engine's HTTP port (--port)", f"the recipe's port ({DEFAULT_PORT})"),
+    Var("extra_flags", "list", [], "extra engine command-line flags"),
+    Var(
+        "monitoring",
+        "bool or mapping",
+        False,
+        "scrape this host: the engine runs with --enable-metrics and `k26ops monitoring` writes its "
+        "Prometheus targets; a mapping sets dcgm_port (9400; 0: none) and gateway (HOST:PORT)",
+    ),
+)
 # Taken into the engine profile as they are, over the recipe's.
-PROFILE_VARS = declare(__name__, "the engine",
-                       Var("model_path", "path", DEFAULT_MODEL_PATH, "the model's weights directory (--model-path)"),
-                       Var("draft_model_path", "path", None, "the DFlash drafter's directory "
-                           "(--speculative-draft-model-path)", "the recipe's drafter path"),
-                       Var("launch_module", "str", units.LAUNCH_MODULE, "python -m module that starts the engine"),
-                       Var("served_model_name", "str", None, "--served-model-name"))
+PROFILE_VARS = declare(
+    __name__,
+    "the engine",
+    Var("model_path", "path", DEFAULT_MODEL_PATH, "the model's weights directory (--model-path)"),
+    Var(
+        "draft_model_path",
+        "path",
+        None,
+        "the DFlash drafter's directory (--speculative-draft-model-path)",
+        "the recipe's drafter path",
+    ),
+    Var("launch_module", "str", units.LAUNCH_MODULE, "python -m module that starts the engine"),
+    Var("served_model_name", "str", None, "--served-model-name"),
+)
 
 
 def inventory_recipe(ctx) -> recipe_mod.Recipe:
@@ -92,8 +112,9 @@ def recipe_for(vars: dict, override: dict | None = None, cache: dict | None = No
     for src_url, mirror in mirrors.items():  # git reads a value that starts with `-` as an option
         why = inputs.git_url_problem(mirror)
         if why:
-            raise UserError(f"inventory var engine_source_mirrors[{src_url!r}]: {mirror!r}: not a git URL "
-                            f"k26ops fetches: {why}")
+            raise UserError(
+                f"inventory var engine_source_mirrors[{src_url!r}]: {mirror!r}: not a git URL k26ops fetches: {why}"
+            )
     key = (str(vars.get("recipe")), json.dumps(mirrors, sort_keys=True))
     if key not in cache:
         r = recipe_mod.load(vars.get("recipe"))
@@ -136,7 +157,11 @@ def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
 def with_metrics(extra):
     """extra_args with --enable-metrics (the inventory's `monitoring`), unless already there."""
     if isinstance(extra, dict):
-        return extra if extra.get("--enable-metrics") or extra.get("enable-metrics") else {**extra, "--enable-metrics": True}
+        return (
+            extra
+            if extra.get("--enable-metrics") or extra.get("enable-metrics")
+            else {**extra, "--enable-metrics": True}
+        )
     words = list(extra or [])
     return words if "--enable-metrics" in words else [*words, "--enable-metrics"]
 
@@ -151,12 +176,16 @@ def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock:
     where = "the repository and the package index" if r.git else "the package index"
     py = f" --python {r.python}" if len(r.pythons) > 1 else ""
     if recipe_mod.shipped(r.source):  # a wheel install: nobody writes into site-packages
-        how = (f"make it with `k26ops engine lock {r.name}{py}` on a control node that reaches {where}: it "
-               f"writes the recipe and its lock into your recipes dir ({config.recipes_dir()[0]}), "
-               "where the deploy finds them")
+        how = (
+            f"make it with `k26ops engine lock {r.name}{py}` on a control node that reaches {where}: it "
+            f"writes the recipe and its lock into your recipes dir ({config.recipes_dir()[0]}), "
+            "where the deploy finds them"
+        )
     else:
-        how = (f"make it with `k26ops engine lock {r.source}{py}` on a control node that reaches {where}, "
-               "then commit it beside the recipe")
+        how = (
+            f"make it with `k26ops engine lock {r.source}{py}` on a control node that reaches {where}, "
+            "then commit it beside the recipe"
+        )
     lock = enginelock.load(r.lock_path)
     if r.git is None:
         if lock is None:
@@ -165,14 +194,19 @@ def lock_for(r: recipe_mod.Recipe) -> enginelock.Lock:
         bad = [k for k in ("source", "engine", "install", "requirements", "python") if lock.meta.get(k) != want[k]]
         if bad:
             k = bad[0]
-            raise UserError(f"{r.lock_path}: the lock's {k} is {lock.meta.get(k) or '(none)'!r}, the recipe's is "
-                            f"{want[k]!r}: remake it: {how}")
+            raise UserError(
+                f"{r.lock_path}: the lock's {k} is {lock.meta.get(k) or '(none)'!r}, the recipe's is "
+                f"{want[k]!r}: remake it: {how}"
+            )
         return lock
     if lock is None:
-        raise UserError(f"{r.source}: no dependency lock for {r.git.url} @ {r.git.commit[:12]} "
-                        f"({r.lock_path} is missing): {how}")
+        raise UserError(
+            f"{r.source}: no dependency lock for {r.git.url} @ {r.git.commit[:12]} ({r.lock_path} is missing): {how}"
+        )
     if lock.commit != r.git.commit or lock.meta.get("subdir", "python") != r.git.subdir:
-        raise UserError(f"{r.lock_path}: the lock is for commit {lock.commit[:12] or '?'} "
-                        f"({lock.meta.get('subdir', 'python')}/), the recipe pins {r.git.commit[:12]} "
-                        f"({r.git.subdir}/): remake it: {how}")
+        raise UserError(
+            f"{r.lock_path}: the lock is for commit {lock.commit[:12] or '?'} "
+            f"({lock.meta.get('subdir', 'python')}/), the recipe pins {r.git.commit[:12]} "
+            f"({r.git.subdir}/): remake it: {how}"
+        )
     return lock

@@ -48,18 +48,57 @@ def run_identity(show: dict) -> dict:
 
 # systemd.exec(5) "Process Exit Codes": what systemd itself exits the service's process with when it
 # could not set it up (before the engine ran a line). Named where a start failure is reported.
-SYSTEMD_EXIT = {200: "CHDIR", 201: "NICE", 202: "FDS", 203: "EXEC", 204: "MEMORY", 205: "LIMITS",
-                206: "OOM_ADJUST", 207: "SIGNAL_MASK", 208: "STDIN", 209: "STDOUT", 210: "CHROOT", 211: "IOPRIO",
-                212: "TIMERSLACK", 213: "SECUREBITS", 214: "SETSCHEDULER", 215: "CPUAFFINITY", 216: "GROUP",
-                217: "USER", 218: "CAPABILITIES", 219: "CGROUP", 220: "SETSID", 221: "CONFIRM", 222: "STDERR",
-                224: "PAM", 225: "NETWORK", 226: "NAMESPACE", 227: "NO_NEW_PRIVILEGES", 228: "SECCOMP",
-                229: "SELINUX_CONTEXT", 230: "PERSONALITY", 231: "APPARMOR_PROFILE", 232: "ADDRESS_FAMILIES",
-                233: "RUNTIME_DIRECTORY", 235: "CHOWN", 236: "SMACK_PROCESS_LABEL", 237: "KEYRING",
-                238: "STATE_DIRECTORY", 239: "CACHE_DIRECTORY", 240: "LOGS_DIRECTORY",
-                241: "CONFIGURATION_DIRECTORY", 242: "NUMA_POLICY", 243: "CREDENTIALS", 245: "BPF"}
-SYSTEMD_EXIT_WHY = {203: "the ExecStart program could not be run (missing or not executable for the unit's User)",
-                    217: "the unit's User= does not exist on the host", 216: "the unit's Group= does not exist",
-                    200: "the unit's WorkingDirectory= is missing or not reachable for its User"}
+SYSTEMD_EXIT = {
+    200: "CHDIR",
+    201: "NICE",
+    202: "FDS",
+    203: "EXEC",
+    204: "MEMORY",
+    205: "LIMITS",
+    206: "OOM_ADJUST",
+    207: "SIGNAL_MASK",
+    208: "STDIN",
+    209: "STDOUT",
+    210: "CHROOT",
+    211: "IOPRIO",
+    212: "TIMERSLACK",
+    213: "SECUREBITS",
+    214: "SETSCHEDULER",
+    215: "CPUAFFINITY",
+    216: "GROUP",
+    217: "USER",
+    218: "CAPABILITIES",
+    219: "CGROUP",
+    220: "SETSID",
+    221: "CONFIRM",
+    222: "STDERR",
+    224: "PAM",
+    225: "NETWORK",
+    226: "NAMESPACE",
+    227: "NO_NEW_PRIVILEGES",
+    228: "SECCOMP",
+    229: "SELINUX_CONTEXT",
+    230: "PERSONALITY",
+    231: "APPARMOR_PROFILE",
+    232: "ADDRESS_FAMILIES",
+    233: "RUNTIME_DIRECTORY",
+    235: "CHOWN",
+    236: "SMACK_PROCESS_LABEL",
+    237: "KEYRING",
+    238: "STATE_DIRECTORY",
+    239: "CACHE_DIRECTORY",
+    240: "LOGS_DIRECTORY",
+    241: "CONFIGURATION_DIRECTORY",
+    242: "NUMA_POLICY",
+    243: "CREDENTIALS",
+    245: "BPF",
+}
+SYSTEMD_EXIT_WHY = {
+    203: "the ExecStart program could not be run (missing or not executable for the unit's User)",
+    217: "the unit's User= does not exist on the host",
+    216: "the unit's Group= does not exist",
+    200: "the unit's WorkingDirectory= is missing or not reachable for its User",
+}
 
 
 def exit_status_text(status) -> str:
@@ -96,20 +135,34 @@ def engine_state(show: dict, health: int | None, uptime_s: float | None, unit: s
             # SGLang's own end after a drain: kill_process_tree SIGKILLs the tree, itself included
             # (tests/data/drain). A crash ends so too, but then Restart=on-failure starts it again:
             # only a stop leaves it failed so (the start limit is told apart above)
-            return EngineState("stopped", should, "stopped (the engine ended by its own SIGKILL after its drain, "
-                               "as SGLang does; systemd says result signal)" + ("" if should else ", not enabled"))
-        return EngineState("failed", should, f"result {result or 'unknown'}"
-                           + (f", exit status {exit_status_text(status)}" if status else "")
-                           + "; `k26ops diagnose service` names the crash")
+            return EngineState(
+                "stopped",
+                should,
+                "stopped (the engine ended by its own SIGKILL after its drain, "
+                "as SGLang does; systemd says result signal)" + ("" if should else ", not enabled"),
+            )
+        return EngineState(
+            "failed",
+            should,
+            f"result {result or 'unknown'}"
+            + (f", exit status {exit_status_text(status)}" if status else "")
+            + "; `k26ops diagnose service` names the crash",
+        )
     if sub == "auto-restart" or (active == "activating" and restarts > 0):
-        return EngineState("crash-looping", should, f"{restarts} restart(s), last result {result or 'unknown'}; "
-                           "`k26ops diagnose service` names the crash")
+        return EngineState(
+            "crash-looping",
+            should,
+            f"{restarts} restart(s), last result {result or 'unknown'}; `k26ops diagnose service` names the crash",
+        )
     if active == "active":
         if health == 200:
             return EngineState("serving", should, "")
         if uptime_s is not None and uptime_s > STARTING_S:
-            return EngineState("unhealthy", should, f"up {uptime_s / 60:.0f} min, /health "
-                               + (f"HTTP {health}" if health else "does not answer"))
+            return EngineState(
+                "unhealthy",
+                should,
+                f"up {uptime_s / 60:.0f} min, /health " + (f"HTTP {health}" if health else "does not answer"),
+            )
         return EngineState("starting", should, "/health " + (f"HTTP {health}" if health else "does not answer yet"))
     if active in ("activating", "reloading"):
         return EngineState("starting", should, f"unit {active}")

@@ -10,8 +10,8 @@ pure: no host access.
 from __future__ import annotations
 
 import difflib
-import functools
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -40,13 +40,27 @@ SECRETS_FILE = "/etc/k26ops/sglang-secrets.yaml"
 UNIT_MARKER = "# Managed by k26ops"
 
 # Flags engine_argv sets itself; extra_args may not repeat them.
-MANAGED_FLAGS = frozenset({
-    "--model-path", "--tp-size", "--trust-remote-code", "--served-model-name",
-    "--speculative-algorithm", "--speculative-draft-model-path",
-    "--speculative-ddtree-budget", "--speculative-dflash-block-size", "--page-size",
-    "--disable-cuda-graph", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill",
-    "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr",
-})
+MANAGED_FLAGS = frozenset(
+    {
+        "--model-path",
+        "--tp-size",
+        "--trust-remote-code",
+        "--served-model-name",
+        "--speculative-algorithm",
+        "--speculative-draft-model-path",
+        "--speculative-ddtree-budget",
+        "--speculative-dflash-block-size",
+        "--page-size",
+        "--disable-cuda-graph",
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-max-bs-prefill",
+        "--host",
+        "--port",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+    }
+)
 
 UNIT_DEFAULTS = {
     "description": "SGLang engine (k26ops)",
@@ -79,6 +93,7 @@ _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 # ---------------------------------------------------------------- escaping
+
 
 def _check_text(value: str, what: str) -> str:
     if not isinstance(value, str):
@@ -159,6 +174,7 @@ def env_line(key: str, value) -> str:
 
 # ---------------------------------------------------------------- engine argv
 
+
 def _req(profile: Mapping, key: str):
     if profile.get(key) in (None, ""):
         raise UserError(f"engine profile: missing required setting {key!r}")
@@ -179,8 +195,10 @@ def _extra_args(extra) -> list[str]:
     out = flag_words(extra, "engine profile: extra_args")
     for word in out:
         if word.split("=", 1)[0] in MANAGED_FLAGS:
-            raise UserError(f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
-                            "it comes from the profile's own setting")
+            raise UserError(
+                f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
+                "it comes from the profile's own setting"
+            )
     return out
 
 
@@ -267,9 +285,11 @@ def engine_argv(profile: Mapping) -> list[str]:
     argv, secret = split_secret_flags(argv)
     if secret:
         if any(w.split("=", 1)[0] == "--config" for w in argv):
-            raise UserError(f"engine profile: extra_args has --config and the secret flag {next(iter(secret))}: "
-                            "k26ops passes secret flags in its own --config file and the engine reads only one; "
-                            "put that file's settings in extra_args instead")
+            raise UserError(
+                f"engine profile: extra_args has --config and the secret flag {next(iter(secret))}: "
+                "k26ops passes secret flags in its own --config file and the engine reads only one; "
+                "put that file's settings in extra_args instead"
+            )
         render_secret_config(secret)  # a value the file cannot carry is refused here, before any host
         argv += ["--config", secrets_file(profile)]
     return argv
@@ -318,8 +338,10 @@ def render_secret_config(flags: Mapping[str, str]) -> str:
     for flag, value in flags.items():
         _check_text(value, f"engine flag {flag}")
         if value.startswith("-"):
-            raise UserError(f"engine flag {flag}: its value starts with '-', which the engine would read as an "
-                            "option (a --config file passes it as a word of its own)")
+            raise UserError(
+                f"engine flag {flag}: its value starts with '-', which the engine would read as an "
+                "option (a --config file passes it as a word of its own)"
+            )
         lines.append(f"{flag.lstrip('-')}: {_yaml_quote(value)}")
     return "\n".join(lines) + "\n"
 
@@ -342,6 +364,7 @@ def engine_launch(profile: Mapping) -> tuple[list[str], str | None]:
 
 # ---------------------------------------------------------------- rendering
 
+
 @functools.lru_cache(maxsize=16)
 def _environment(templates_dir: Path | None) -> jinja2.Environment:
     """One environment per templates dir for the process: jinja's own cache then compiles a
@@ -349,10 +372,15 @@ def _environment(templates_dir: Path | None) -> jinja2.Environment:
     per host: 16 compiles for 8 hosts, GIL-bound); auto_reload recompiles an edited file."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir or TEMPLATES_DIR)),
-        undefined=jinja2.StrictUndefined, autoescape=False,
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters.update(systemd_exec=systemd_exec, unit_value=unit_value,
-                       unit_path=unit_path, int_value=int_value, env_quote=env_quote)
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        systemd_exec=systemd_exec, unit_value=unit_value, unit_path=unit_path, int_value=int_value, env_quote=env_quote
+    )
     env.globals["env_line"] = env_line
     return env
 
@@ -372,16 +400,35 @@ def render(template: str, ctx: Mapping, templates_dir: Path | None = None) -> st
 # unit_settings in systemd's spelling for the settings the template writes itself: the value
 # replaces the template's (a second `RestartSec=` line would be ambiguous to a reader).
 SETTING_ALIASES = {
-    "Description": "description", "User": "user", "Group": "group", "WorkingDirectory": "working_directory",
-    "RestartSec": "restart_sec", "TimeoutStartSec": "timeout_start_sec", "TimeoutStopSec": "timeout_stop_sec",
-    "StartLimitIntervalSec": "start_limit_interval_sec", "StartLimitBurst": "start_limit_burst",
-    "LimitNOFILE": "limit_nofile", "SyslogIdentifier": "syslog_identifier",
+    "Description": "description",
+    "User": "user",
+    "Group": "group",
+    "WorkingDirectory": "working_directory",
+    "RestartSec": "restart_sec",
+    "TimeoutStartSec": "timeout_start_sec",
+    "TimeoutStopSec": "timeout_stop_sec",
+    "StartLimitIntervalSec": "start_limit_interval_sec",
+    "StartLimitBurst": "start_limit_burst",
+    "LimitNOFILE": "limit_nofile",
+    "SyslogIdentifier": "syslog_identifier",
 }
 # What the engine's launch depends on: the profile and `env` set these, never unit_settings.
-OWNED_DIRECTIVES = {"ExecStart": "the profile", "Type": "k26ops (exec)", "EnvironmentFile": "k26ops",
-                    "Environment": "the `env` inventory variable"}
-_INT_SETTINGS = frozenset({"restart_sec", "timeout_start_sec", "timeout_stop_sec", "start_limit_interval_sec",
-                           "start_limit_burst", "limit_nofile"})
+OWNED_DIRECTIVES = {
+    "ExecStart": "the profile",
+    "Type": "k26ops (exec)",
+    "EnvironmentFile": "k26ops",
+    "Environment": "the `env` inventory variable",
+}
+_INT_SETTINGS = frozenset(
+    {
+        "restart_sec",
+        "timeout_start_sec",
+        "timeout_stop_sec",
+        "start_limit_interval_sec",
+        "start_limit_burst",
+        "limit_nofile",
+    }
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -425,12 +472,19 @@ def unit_settings(raw: Mapping) -> dict:
             continue
         else:
             near = difflib.get_close_matches(key, sorted(service_directives() | set(SETTING_ALIASES)), n=1)
-            raise UserError(f"unit_settings: {key}: not a systemd [Service] directive"
-                            + (f"; did you mean {near[0]}?" if near else " (systemd.exec(5), systemd.service(5), "
-                               "systemd.resource-control(5) name them)"))
+            raise UserError(
+                f"unit_settings: {key}: not a systemd [Service] directive"
+                + (
+                    f"; did you mean {near[0]}?"
+                    if near
+                    else " (systemd.exec(5), systemd.service(5), systemd.resource-control(5) name them)"
+                )
+            )
         if name in _INT_SETTINGS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise UserError(f"unit_settings: {key}: expected a non-negative number of "
-                            f"{'seconds' if name.endswith('_sec') else 'units'}, got {value!r}")
+            raise UserError(
+                f"unit_settings: {key}: expected a non-negative number of "
+                f"{'seconds' if name.endswith('_sec') else 'units'}, got {value!r}"
+            )
         out[name] = value
     if extra:
         out["service_extra"] = extra
@@ -468,15 +522,20 @@ def is_secret_key(name: str) -> bool:
     GCP_CREDENTIALS, K26OPS_SECRET_*; not --max-total-tokens (TOKENS counts
     things) nor --tokenizer-path. Plus the inventory's secret_vars / secret_patterns."""
     up = str(name).upper()
-    if up.lstrip("-") in EXTRA_SECRET_NAMES or any(fnmatch.fnmatchcase(up.lstrip("-"), p.upper())
-                                                   for p in EXTRA_SECRET_PATTERNS):
+    if up.lstrip("-") in EXTRA_SECRET_NAMES or any(
+        fnmatch.fnmatchcase(up.lstrip("-"), p.upper()) for p in EXTRA_SECRET_PATTERNS
+    ):
         return True
     words = [w for w in re.split(r"[^A-Z0-9]+", up) if w]
     if words and words[-1] in ("FILE", "PATH", "DIR", "FILENAME", "FILES"):
         return False  # where a secret is (ansible_ssh_private_key_file), not the secret
     for word in words:
-        if word in _SECRET_WORDS or word.endswith(("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD")) \
-                or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL")) or _near_secret_word(word):
+        if (
+            word in _SECRET_WORDS
+            or word.endswith(("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD"))
+            or word.startswith(("SECRET", "PASSWORD", "CREDENTIAL"))
+            or _near_secret_word(word)
+        ):
             return True
     return False
 
@@ -490,16 +549,23 @@ def _near_secret_word(word: str) -> bool:
     """A typo'd secret word (hf_tokn, DB_PASWORD, MY_SECRT): one letter off.
     Cached: difflib per word was most of listing a 200,000-host inventory (the
     same few variable names on every host)."""
-    return len(word) >= 4 and word not in _NOT_SECRET_WORDS and any(
-        abs(len(word) - len(w)) <= 1 and difflib.SequenceMatcher(None, word, w).ratio() >= 0.8
-        for w in ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY"))
+    return (
+        len(word) >= 4
+        and word not in _NOT_SECRET_WORDS
+        and any(
+            abs(len(word) - len(w)) <= 1 and difflib.SequenceMatcher(None, word, w).ratio() >= 0.8
+            for w in ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY")
+        )
+    )
 
 
 # scheme://user:password@host, scheme://KEY@host (a Sentry DSN); user and password end at / ? # @ or space
 _URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?P<user>[^\s/?#@:]*)(?::(?P<pw>[^\s/?#@]*))?@")
 # Tokens whose shape says what they are, whatever the key is called.
-_TOKEN_SHAPES = re.compile(r"(?:hf_|sk-|sk_live_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abpr]-)[A-Za-z0-9_-]{16,}"
-                           r"|AKIA[0-9A-Z]{16}")
+_TOKEN_SHAPES = re.compile(
+    r"(?:hf_|sk-|sk_live_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abpr]-)[A-Za-z0-9_-]{16,}"
+    r"|AKIA[0-9A-Z]{16}"
+)
 
 
 def credentials_in(value) -> list[str]:
@@ -534,8 +600,9 @@ def set_secret_policy(names=(), patterns=()) -> None:
 def secrets_of(env: Mapping) -> list[str]:
     """The values of an env mapping's secret keys and the credentials inside any
     of its values (a DATABASE_URL's password), for redact."""
-    return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")] + \
-        [c for v in env.values() for c in credentials_in(v)]
+    return [str(v) for k, v in env.items() if is_secret_key(k) and v not in (None, "")] + [
+        c for v in env.values() for c in credentials_in(v)
+    ]
 
 
 def is_secret_item(key: str, value) -> bool:
@@ -603,9 +670,17 @@ def redact_vars(value, _active: set | None = None, _memo: dict | None = None):
     cycles = memo["cycles"]
     active.add(id(value))
     if isinstance(value, Mapping):
-        new = {k: (REDACTED if is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple))
-                   and type(v).__name__ != "Vault" and v not in (None, "") else redact_vars(v, active, memo))
-               for k, v in value.items()}
+        new = {
+            k: (
+                REDACTED
+                if is_secret_key(str(k))
+                and not isinstance(v, (Mapping, list, tuple))
+                and type(v).__name__ != "Vault"
+                and v not in (None, "")
+                else redact_vars(v, active, memo)
+            )
+            for k, v in value.items()
+        }
         result = value if all(new[k] is value[k] for k in value) else new
     else:
         hits = secret_flag_values([str(w) for w in value])
@@ -633,8 +708,11 @@ def split_secret_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     of a command line: (the words without them, {flag: value}). Their values go
     to the root-only --config file (render_secret_config), never into the unit,
     the manifest or the engine's argv."""
-    hits = {i: h for i, h in secret_flag_values(argv).items()  # a list flag (`--x-token-map A B`) holds no secret
-            if h[2] or i + 1 >= len(argv) or argv[i + 1].startswith("--")}
+    hits = {
+        i: h
+        for i, h in secret_flag_values(argv).items()  # a list flag (`--x-token-map A B`) holds no secret
+        if h[2] or i + 1 >= len(argv) or argv[i + 1].startswith("--")
+    }
     drop = {i - 1 for i, (_f, _v, inline) in hits.items() if not inline}
     out = [w for i, w in enumerate(argv) if i not in hits and i not in drop]
     return out, {flag: val for _i, (flag, val, _inline) in sorted(hits.items())}

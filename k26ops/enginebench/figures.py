@@ -18,9 +18,11 @@ def parse_figure(name: str) -> tuple[str, int | None, float | None]:
     """(metric, concurrency, temperature); a start-up figure (`ready_s@start`) has no cell: None, None."""
     m = _FIG.fullmatch(name.strip())
     if not m or m["metric"] not in (START_METRICS if m["start"] else METRICS):
-        raise UserError(f"--gate-figures: {name!r} is not a figure; write METRIC@cN/tT with METRIC one of "
-                        f"{', '.join(METRICS)} (e.g. tok/s@c1/t0), or START@start with START one of "
-                        f"{', '.join(START_METRICS)} (the last start's time to first good token)")
+        raise UserError(
+            f"--gate-figures: {name!r} is not a figure; write METRIC@cN/tT with METRIC one of "
+            f"{', '.join(METRICS)} (e.g. tok/s@c1/t0), or START@start with START one of "
+            f"{', '.join(START_METRICS)} (the last start's time to first good token)"
+        )
     return (m["metric"], None, None) if m["start"] else (m["metric"], int(m["c"]), float(m["t"]))
 
 
@@ -81,10 +83,18 @@ def judge(metric: str, base: dict, cur: dict) -> dict:
     if metric in START_METRICS:  # one start on each side: no spread to test; a start's phases move
         worse = regression_pct(metric, base["median"], cur["median"])  # by tens of percent (cold/warm)
         if abs(worse) < START_NOISE_PCT:
-            return {"verdict": NOISE, "p_value": None, "ranges_apart": False,
-                    "why": f"one start each, changed under {START_NOISE_PCT:g}%"}
-        return {"verdict": "worse" if worse > 0 else "better", "p_value": None, "ranges_apart": True,
-                "why": f"one start each, changed {abs(worse):.0f}% (over {START_NOISE_PCT:g}%)"}
+            return {
+                "verdict": NOISE,
+                "p_value": None,
+                "ranges_apart": False,
+                "why": f"one start each, changed under {START_NOISE_PCT:g}%",
+            }
+        return {
+            "verdict": "worse" if worse > 0 else "better",
+            "p_value": None,
+            "ranges_apart": True,
+            "why": f"one start each, changed {abs(worse):.0f}% (over {START_NOISE_PCT:g}%)",
+        }
     bn, cn = int(base.get("n") or 1), int(cur.get("n") or 1)
     b_lo, b_hi = base.get("min", base["median"]), base.get("max", base["median"])
     c_lo, c_hi = cur.get("min", cur["median"]), cur.get("max", cur["median"])
@@ -93,11 +103,19 @@ def judge(metric: str, base: dict, cur: dict) -> dict:
     if not apart:
         return {"verdict": NOISE, "p_value": None, "ranges_apart": False, "why": "ranges overlap"}
     if p > ALPHA:
-        return {"verdict": NOISE, "p_value": round(p, 4), "ranges_apart": True,
-                "why": f"ranges apart, but {bn} vs {cn} run(s) cannot tell (p {p:.2f} > {ALPHA:g}: --runs 5)"}
+        return {
+            "verdict": NOISE,
+            "p_value": round(p, 4),
+            "ranges_apart": True,
+            "why": f"ranges apart, but {bn} vs {cn} run(s) cannot tell (p {p:.2f} > {ALPHA:g}: --runs 5)",
+        }
     worse = regression_pct(metric, base["median"], cur["median"]) > 0
-    return {"verdict": "worse" if worse else "better", "p_value": round(p, 4), "ranges_apart": True,
-            "why": f"ranges apart, p {p:.3f}"}
+    return {
+        "verdict": "worse" if worse else "better",
+        "p_value": round(p, 4),
+        "ranges_apart": True,
+        "why": f"ranges apart, p {p:.3f}",
+    }
 
 
 def regression_pct(metric: str, base: float, cur: float) -> float:
@@ -120,12 +138,27 @@ def compare(current: dict, baseline: dict) -> list[dict]:
         b, c = bs["median"], stat["median"]
         worse = round(regression_pct(metric, b, c), 2)
         j = judge(metric, bs, stat)
-        rows.append({"figure": name, "label": FIGURES[metric][1], "baseline": b, "current": c,
-                     "baseline_min": bs.get("min", b), "baseline_max": bs.get("max", b), "baseline_n": bs.get("n", 1),
-                     "current_min": stat.get("min", c), "current_max": stat.get("max", c), "current_n": stat.get("n", 1),
-                     "change_pct": None if change_pct(b, c) is None else round(change_pct(b, c), 2),
-                     "worse_pct": worse, "better": direction(metric), "verdict": j["verdict"],
-                     "p_value": j["p_value"], "ranges_apart": j["ranges_apart"], "why": j["why"]})
+        rows.append(
+            {
+                "figure": name,
+                "label": FIGURES[metric][1],
+                "baseline": b,
+                "current": c,
+                "baseline_min": bs.get("min", b),
+                "baseline_max": bs.get("max", b),
+                "baseline_n": bs.get("n", 1),
+                "current_min": stat.get("min", c),
+                "current_max": stat.get("max", c),
+                "current_n": stat.get("n", 1),
+                "change_pct": None if change_pct(b, c) is None else round(change_pct(b, c), 2),
+                "worse_pct": worse,
+                "better": direction(metric),
+                "verdict": j["verdict"],
+                "p_value": j["p_value"],
+                "ranges_apart": j["ranges_apart"],
+                "why": j["why"],
+            }
+        )
     return rows
 
 
@@ -134,8 +167,9 @@ def spec_for_compare(baseline_spec: dict, spec: dict, given: set) -> dict:
     (concurrency, temperatures, lengths, prompts, seed, generator), except those in `given` (set on
     the command line). Not its run count: more runs now only sharpen the test (5 vs 3 stored can
     show a change, 3 vs 3 cannot)."""
-    keep = {k: v for k, v in (baseline_spec or {}).items()
-            if k in spec and k != "runs" and k not in given and v is not None}
+    keep = {
+        k: v for k, v in (baseline_spec or {}).items() if k in spec and k != "runs" and k not in given and v is not None
+    }
     return {**spec, **keep}
 
 
@@ -164,8 +198,16 @@ def gate_verdict(current: dict, baseline: dict, figures: list[str], threshold: f
             failed.append({"figure": name, "why": unusable})
             continue
         worse = regression_pct(metric, b, c)
-        row = {"figure": name, "label": FIGURES[metric][1], "baseline": b, "current": c,
-               "min": cur[name]["min"], "max": cur[name]["max"], "worse_pct": round(worse, 2), "runs": runs}
+        row = {
+            "figure": name,
+            "label": FIGURES[metric][1],
+            "baseline": b,
+            "current": c,
+            "min": cur[name]["min"],
+            "max": cur[name]["max"],
+            "worse_pct": round(worse, 2),
+            "runs": runs,
+        }
         checked.append(row)
         if not worse <= threshold:
             failed.append(row)
@@ -190,9 +232,11 @@ def gate_line(host: str, verdict: dict) -> str:
     if "why" in f:
         return f"gate failed on {host}: {f['figure']} {f['why']}"
     more = f" (and {len(verdict['failed']) - 1} more)" if len(verdict["failed"]) > 1 else ""
-    return (f"gate failed on {host}: {f['figure']} ({f['label']}) measured {f['current']:g} vs baseline "
-            f"{f['baseline']:g}: {f['worse_pct']:.1f}% worse, threshold {verdict['threshold_pct']:g}% "
-            f"(median of {f['runs']} run(s), min-max {f['min']:g}-{f['max']:g}){more}")
+    return (
+        f"gate failed on {host}: {f['figure']} ({f['label']}) measured {f['current']:g} vs baseline "
+        f"{f['baseline']:g}: {f['worse_pct']:.1f}% worse, threshold {verdict['threshold_pct']:g}% "
+        f"(median of {f['runs']} run(s), min-max {f['min']:g}-{f['max']:g}){more}"
+    )
 
 
 def cells_for(figures: list[str]) -> tuple[list[int], list[float]]:

@@ -9,27 +9,31 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from k26ops.orchestrate import playbook
+from k26ops.engine.multinode import serves_http
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.enginebench.stored import baseline_for
 from k26ops.errors import UserError
-from k26ops.engine.multinode import serves_http
+from k26ops.orchestrate import playbook
 from k26ops.steps import Change, HostContext, Step, StepFailed
 
 
 def plan_gate(stored: dict[str, dict], tag: str, figures: list[str]) -> BenchSpec:
     """The bench the gate runs, from the baseline's stored settings; bad input exits 2 before any host."""
     if not stored:
-        raise UserError(f"--gate {tag}: the baseline has no bench results (take one with "
-                        f"`k26ops snapshot --tag NAME --bench`); nothing was deployed")
+        raise UserError(
+            f"--gate {tag}: the baseline has no bench results (take one with "
+            f"`k26ops snapshot --tag NAME --bench`); nothing was deployed"
+        )
     for name in figures:
         figs.parse_figure(name)
         for host, b in stored.items():
             if name not in figs.flatten(b):
                 have = ", ".join(sorted(figs.flatten(b))[:6])
-                raise UserError(f"--gate {tag}: host {host}'s stored bench has no figure {name} "
-                                f"(it has {have} ...); nothing was deployed")
+                raise UserError(
+                    f"--gate {tag}: host {host}'s stored bench has no figure {name} "
+                    f"(it has {have} ...); nothing was deployed"
+                )
     first = next(iter(stored.values()))
     cs, ts = figs.cells_for(figures)
     return replace(BenchSpec.from_json(first["spec"]), concurrency=cs, temperatures=ts)
@@ -53,8 +57,13 @@ class BenchGate(Step):
             verdict = figs.gate_verdict(bench, base, p["figures"], p["threshold"])
             ctx.report["bench"] = bench
             line = None if verdict["ok"] else figs.gate_line(ctx.host.name, verdict)
-        ctx.report["gate"] = {"tag": p["tag"], "baseline_host": base_host, "ok": line is None,
-                                "line": line, **(verdict or {})}
+        ctx.report["gate"] = {
+            "tag": p["tag"],
+            "baseline_host": base_host,
+            "ok": line is None,
+            "line": line,
+            **(verdict or {}),
+        }
         if line is None:
             worst = max(verdict["checked"], key=lambda r: r["worse_pct"])
             ctx.progress(f"gate: passed ({worst['figure']} {worst['current']:g} vs {worst['baseline']:g})")

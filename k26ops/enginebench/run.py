@@ -9,12 +9,12 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from k26ops.transport import agents
-from k26ops.enginebench import accept
 from k26ops.engine.host import EngineHost, poll_target
+from k26ops.enginebench import accept
 from k26ops.errors import UserError
 from k26ops.shell import q
 from k26ops.steps import StepFailed
+from k26ops.transport import agents
 
 GENERATORS = ("auto", "sglang", "k26ops")
 OWN = "k26ops loadgen"  # else the generator is named by SGLang's module that ran
@@ -73,8 +73,10 @@ def parse_list(text: str, kind, what: str) -> list:
         try:
             v = kind(part)
         except ValueError:
-            raise UserError(f"--{what}: {part!r} is not a {'number' if kind is float else 'whole number'} "
-                            f"(give a comma list, e.g. {'0,0.7' if kind is float else '1,4,16'})") from None
+            raise UserError(
+                f"--{what}: {part!r} is not a {'number' if kind is float else 'whole number'} "
+                f"(give a comma list, e.g. {'0,0.7' if kind is float else '1,4,16'})"
+            ) from None
         if (kind is int and v < 1) or (kind is float and not 0 <= v <= 2):
             raise UserError(f"--{what}: {part} is out of range ({'>= 1' if kind is int else '0 to 2'})")
         if v not in out:
@@ -98,8 +100,14 @@ def target(ctx) -> dict:
     profile = eh.profile()
     host, port = poll_target(profile)
     model = str(profile.get("served_model_name") or profile.get("model_path") or "")
-    return {"host": host, "port": port, "model": model, "tokenizer": str(profile.get("model_path") or model),
-            "python": f"{eh.layout.current}/venv/bin/python", "api_key": eh.api_key()}
+    return {
+        "host": host,
+        "port": port,
+        "model": model,
+        "tokenizer": str(profile.get("model_path") or model),
+        "python": f"{eh.layout.current}/venv/bin/python",
+        "api_key": eh.api_key(),
+    }
 
 
 def choose_generator(session, spec: BenchSpec, t: dict) -> tuple[str, str]:
@@ -114,8 +122,9 @@ def choose_generator(session, spec: BenchSpec, t: dict) -> tuple[str, str]:
     return OWN, probe["why"]
 
 
-def run_host(ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: dict | None = None,
-             extra: dict | None = None) -> dict:
+def run_host(
+    ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: dict | None = None, extra: dict | None = None
+) -> dict:
     """Bench one host; raise StepFailed when a cell gets no answer at all.
     `target_override`: another engine than the unit's (a rehearsal's); `extra`:
     more of the load generator's request (token_ids: an engine without tokenizer)."""
@@ -128,15 +137,34 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: 
     cells = spec.cells()
     for run in range(spec.runs):
         for i, (c, temp) in enumerate(cells, 1):
-            progress(f"bench ({gen}): run {run + 1}/{spec.runs}, cell {i}/{len(cells)}: "
-                     f"concurrency {c}, temperature {temp:g}")
-            r = agent(ctx.session, op, timeout=3700, module=t.get("module"), host=t["host"], port=t["port"], model=t["model"],
-                      tokenizer=t["tokenizer"], python=t["python"], concurrency=c, temperature=temp,
-                      num_prompts=spec.prompts(c), input_len=spec.input_len, output_len=spec.output_len,
-                      seed=spec.seed + run, api_key=t["api_key"], **(extra or {}))
+            progress(
+                f"bench ({gen}): run {run + 1}/{spec.runs}, cell {i}/{len(cells)}: "
+                f"concurrency {c}, temperature {temp:g}"
+            )
+            r = agent(
+                ctx.session,
+                op,
+                timeout=3700,
+                module=t.get("module"),
+                host=t["host"],
+                port=t["port"],
+                model=t["model"],
+                tokenizer=t["tokenizer"],
+                python=t["python"],
+                concurrency=c,
+                temperature=temp,
+                num_prompts=spec.prompts(c),
+                input_len=spec.input_len,
+                output_len=spec.output_len,
+                seed=spec.seed + run,
+                api_key=t["api_key"],
+                **(extra or {}),
+            )
             if not r.get("ok"):
-                raise StepFailed(f"bench {cell_key(c, temp)} on {t['host']}:{t['port']}: "
-                                 f"{r.get('error') or '; '.join(r.get('errors') or []) or 'no request completed'}")
+                raise StepFailed(
+                    f"bench {cell_key(c, temp)} on {t['host']}:{t['port']}: "
+                    f"{r.get('error') or '; '.join(r.get('errors') or []) or 'no request completed'}"
+                )
             raw.setdefault(cell_key(c, temp), []).append(r["metrics"])
     out_cells = []
     for c, temp in cells:
@@ -145,15 +173,30 @@ def run_host(ctx, spec: BenchSpec, progress=lambda m: None, *, target_override: 
         for name, (key, _label, _better) in METRICS.items():
             vals = [m[key] for m in runs if m.get(key) is not None]
             if vals:
-                figs[name] = {"median": round(statistics.median(vals), 4), "min": round(min(vals), 4),
-                              "max": round(max(vals), 4), "n": len(vals)}
-        out_cells.append({"concurrency": c, "temperature": temp, "figures": figs,
-                          "failed_requests": sum(m.get("failed") or 0 for m in runs),
-                          "accept_source": runs[-1].get("accept_source"),
-                          **accept.histogram_field([m.get("accept_histogram") for m in runs])})
+                figs[name] = {
+                    "median": round(statistics.median(vals), 4),
+                    "min": round(min(vals), 4),
+                    "max": round(max(vals), 4),
+                    "n": len(vals),
+                }
+        out_cells.append(
+            {
+                "concurrency": c,
+                "temperature": temp,
+                "figures": figs,
+                "failed_requests": sum(m.get("failed") or 0 for m in runs),
+                "accept_source": runs[-1].get("accept_source"),
+                **accept.histogram_field([m.get("accept_histogram") for m in runs]),
+            }
+        )
     progress(f"bench: done ({gen})")
-    out = {"generator": gen, "generator_why": why, "spec": spec.to_json(), "cells": out_cells,
-           "elapsed_s": round(time.monotonic() - t0, 2)}
+    out = {
+        "generator": gen,
+        "generator_why": why,
+        "spec": spec.to_json(),
+        "cells": out_cells,
+        "elapsed_s": round(time.monotonic() - t0, 2),
+    }
     start = None if target_override else last_start(ctx)
     if start:
         out["startup"] = start

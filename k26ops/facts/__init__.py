@@ -15,14 +15,22 @@ gathering itself (no python3 on the host, garbled output) raises GatherError.
 
 from __future__ import annotations
 
-from k26ops.transport import agents
 from k26ops.facts import cuda, disk, driver, fabric, gpu, smi_q, xid
 from k26ops.facts import os as os_facts
 from k26ops.facts.base import Fact
 from k26ops.facts.disk import disk_free_fact
+from k26ops.transport import agents
 
-FACTS: dict[str, Fact] = {**gpu.FACTS, **smi_q.FACTS, **xid.FACTS, **cuda.FACTS, **os_facts.FACTS, **disk.FACTS,
-                          **driver.FACTS, **fabric.FACTS}
+FACTS: dict[str, Fact] = {
+    **gpu.FACTS,
+    **smi_q.FACTS,
+    **xid.FACTS,
+    **cuda.FACTS,
+    **os_facts.FACTS,
+    **disk.FACTS,
+    **driver.FACTS,
+    **fabric.FACTS,
+}
 SLACK_S = 15.0
 
 __all__ = ["FACTS", "Fact", "GatherError", "gather", "command_list", "parse_results", "disk_free_fact"]
@@ -50,9 +58,11 @@ def command_list(names=None, extra=(), python: str = "python3") -> list[dict]:
     """The JSON-able list agents/gather.py's op "gather" runs. A fact the agent answers
     itself (Fact.own) is marked so only when the agent runs as `python3`, the
     interpreter those commands name; under another it runs the command."""
-    return [{"name": f.name, "command": f.command, "timeout": f.timeout}
-            | ({"own": f.own, "args": list(f.own_args)} if f.own and python == "python3" else {})
-            for f in _select(names, extra)]
+    return [
+        {"name": f.name, "command": f.command, "timeout": f.timeout}
+        | ({"own": f.own, "args": list(f.own_args)} if f.own and python == "python3" else {})
+        for f in _select(names, extra)
+    ]
 
 
 def parse_results(raw: dict, names=None, extra=()) -> dict:
@@ -86,8 +96,9 @@ def gather(host_runner, names=None, *, extra=(), python: str = "python3") -> dic
     items = command_list(names, extra, python)
     timeout = max((i["timeout"] for i in items), default=0) + SLACK_S
     try:
-        raw = agents.run(host_runner, "gather", "gather", timeout, what="fact gathering", interpreter=python,
-                         commands=items)
+        raw = agents.run(
+            host_runner, "gather", "gather", timeout, what="fact gathering", interpreter=python, commands=items
+        )
     except agents.AgentFailed as exc:
         raise GatherError(str(exc)) from None
     return parse_results(raw, names, extra)

@@ -65,7 +65,7 @@ def split_marked(stdout: str, marker: str, first: str) -> dict[str, str]:
     for line in stdout.splitlines(keepends=True):
         if line.startswith(marker):
             out[name] = "".join(buf)
-            name, buf = line[len(marker):].strip(), []
+            name, buf = line[len(marker) :].strip(), []
         else:
             buf.append(line)
     out[name] = "".join(buf)

@@ -7,12 +7,14 @@ from __future__ import annotations
 from k26ops.facts.smi_q import norm_bus
 
 # (key in gpu_health's per-GPU record, sub-key, what a change means)
-COUNTERS = (("ecc", "volatile_uncorrectable", "uncorrectable ECC errors (volatile)"),
-            ("ecc", "aggregate_uncorrectable", "uncorrectable ECC errors (aggregate)"),
-            ("remapped_rows", "uncorrectable", "rows remapped for uncorrectable errors"),
-            ("remapped_rows", "correctable", "rows remapped for correctable errors"),
-            ("remapped_rows", "pending", "row remap pending"),
-            ("remapped_rows", "failure", "row remapping failed"))
+COUNTERS = (
+    ("ecc", "volatile_uncorrectable", "uncorrectable ECC errors (volatile)"),
+    ("ecc", "aggregate_uncorrectable", "uncorrectable ECC errors (aggregate)"),
+    ("remapped_rows", "uncorrectable", "rows remapped for uncorrectable errors"),
+    ("remapped_rows", "correctable", "rows remapped for correctable errors"),
+    ("remapped_rows", "pending", "row remap pending"),
+    ("remapped_rows", "failure", "row remapping failed"),
+)
 # faults the counters above already say
 COUNTED = {"ecc-uncorrectable", "row-remap-pending", "row-remap-failure"}
 
@@ -38,8 +40,14 @@ def _health_changes(before: dict, after: dict) -> list[dict]:
         seen = {f["fault"] for f in was.get("faults") or []}
         for f in g.get("faults") or []:
             if f["fault"] not in seen and f["fault"] not in COUNTED:
-                out.append({"gpu": _who(g, bus), "change": f"new fault {f['fault']}: {f['evidence']}",
-                            "before": None, "after": f.get("action")})
+                out.append(
+                    {
+                        "gpu": _who(g, bus),
+                        "change": f"new fault {f['fault']}: {f['evidence']}",
+                        "before": None,
+                        "after": f.get("action"),
+                    }
+                )
     for bus, g in old.items():
         out.append({"gpu": _who(g, bus), "change": "gone from nvidia-smi -q", "before": bus, "after": None})
     return out
@@ -54,9 +62,17 @@ def _xid_changes(before: dict, after: dict) -> list[dict]:
     for e in after.get("events") or []:
         if key(e) not in seen:
             new.setdefault((e.get("gpu") if e.get("gpu") is not None else e.get("pci"), e.get("xid")), []).append(e)
-    return [{"gpu": gpu, "change": f"new Xid {code}" + (f" ({len(es)} times)" if len(es) > 1 else "")
-             + (f": {es[0]['meaning']}" if es[0].get("meaning") else ""), "before": None, "after": code}
-            for (gpu, code), es in new.items()]
+    return [
+        {
+            "gpu": gpu,
+            "change": f"new Xid {code}"
+            + (f" ({len(es)} times)" if len(es) > 1 else "")
+            + (f": {es[0]['meaning']}" if es[0].get("meaning") else ""),
+            "before": None,
+            "after": code,
+        }
+        for (gpu, code), es in new.items()
+    ]
 
 
 def gpu_changes(before: dict, after: dict) -> list[dict] | None:

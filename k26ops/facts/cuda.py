@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from k26ops.layout import Layout
 from k26ops.facts.base import Fact, safe
+from k26ops.layout import Layout
 
 TOOLCHAIN_DIR = Layout().toolchain_dir  # a host without k26ops_root; preflight.host_facts passes its own
 
@@ -21,10 +21,15 @@ def nvcc_command(toolchain_dir: str = TOOLCHAIN_DIR) -> str:
     `toolchain_dir` is <k26ops_root>/toolchain, where the toolchain step installs.
     A path two patterns name (cuda-*/ and */ do) runs once: every nvcc start is host CPU."""
     d = shlex.quote(toolchain_dir)
-    return ('seen=; for n in "$(command -v nvcc 2>/dev/null)" ' + d + "/cuda-*/bin/nvcc "
-            + d + "/*/bin/nvcc /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do "
-            '[ -n "$n" ] && [ -x "$n" ] || continue; case "$seen" in *"|$n|"*) continue;; esac; seen="$seen|$n|"; '
-            'echo "== $n"; "$n" --version 2>&1; done; true')
+    return (
+        'seen=; for n in "$(command -v nvcc 2>/dev/null)" '
+        + d
+        + "/cuda-*/bin/nvcc "
+        + d
+        + "/*/bin/nvcc /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do "
+        '[ -n "$n" ] && [ -x "$n" ] || continue; case "$seen" in *"|$n|"*) continue;; esac; seen="$seen|$n|"; '
+        'echo "== $n"; "$n" --version 2>&1; done; true'
+    )
 
 
 NVCC_COMMAND = nvcc_command()

@@ -17,9 +17,11 @@ DEFAULT_PATHS = ("/",)
 def disk_command(paths) -> str:
     """One '== <asked>\\t<measured>' marker line plus `df -P -B1` output per path."""
     quoted = " ".join(shlex.quote(str(p)) for p in paths)
-    return ("for p in " + quoted + '; do d="$p"; '
-            'while [ ! -e "$d" ] && [ "$d" != / ] && [ "$d" != . ]; do d=$(dirname "$d"); done; '
-            'printf "== %s\\t%s\\n" "$p" "$d"; df -P -B1 -- "$d" 2>&1; done')
+    return (
+        "for p in " + quoted + '; do d="$p"; '
+        'while [ ! -e "$d" ] && [ "$d" != / ] && [ "$d" != . ]; do d=$(dirname "$d"); done; '
+        'printf "== %s\\t%s\\n" "$p" "$d"; df -P -B1 -- "$d" 2>&1; done'
+    )
 
 
 def _parse_df_table(text: str) -> list[dict]:
@@ -28,8 +30,16 @@ def _parse_df_table(text: str) -> list[dict]:
         parts = line.split(None, 5)
         if len(parts) < 6 or parts[0] == "Filesystem" or not parts[1].isdigit():
             continue
-        rows.append({"filesystem": parts[0], "size": int(parts[1]), "used": int(parts[2]),
-                     "available": int(parts[3]), "capacity": parts[4], "mounted_on": parts[5]})
+        rows.append(
+            {
+                "filesystem": parts[0],
+                "size": int(parts[1]),
+                "used": int(parts[2]),
+                "available": int(parts[3]),
+                "capacity": parts[4],
+                "mounted_on": parts[5],
+            }
+        )
     return rows
 
 
@@ -49,8 +59,11 @@ def parse_disk_free(stdout: str, rc: int) -> dict:
         head, _, rest = block.partition("\n")
         asked, _, measured = head.partition("\t")
         rows = _parse_df_table(rest)
-        out[asked] = ({**rows[0], "path": measured or asked, "error": None} if rows
-                      else {"path": measured or asked, "error": first_line(rest)[:200] or "no df output"})
+        out[asked] = (
+            {**rows[0], "path": measured or asked, "error": None}
+            if rows
+            else {"path": measured or asked, "error": first_line(rest)[:200] or "no df output"}
+        )
     return out
 
 

@@ -19,9 +19,11 @@ _MARK = "== k26ops-drafter "
 
 def drafter_command(path: str) -> str:
     p = shlex.quote(str(path))
-    return (f'if [ -r {p}/config.json ]; then echo "{_MARK}config"; head -c 1000000 {p}/config.json; '
-            f'elif [ -d {p} ]; then echo "{_MARK}noconfig"; ls -1 {p} 2>&1 | head -5; '
-            f'elif [ -e {p} ]; then echo "{_MARK}notdir"; else echo "{_MARK}missing"; fi')
+    return (
+        f'if [ -r {p}/config.json ]; then echo "{_MARK}config"; head -c 1000000 {p}/config.json; '
+        f'elif [ -d {p} ]; then echo "{_MARK}noconfig"; ls -1 {p} 2>&1 | head -5; '
+        f'elif [ -e {p} ]; then echo "{_MARK}notdir"; else echo "{_MARK}missing"; fi'
+    )
 
 
 def block_size_of(config: dict) -> int | None:
@@ -37,10 +39,13 @@ def parse_drafter(stdout: str, rc: int) -> dict:
     head, _, rest = stdout.partition("\n")
     if not head.startswith(_MARK):
         return {"state": None, "error": first_line(stdout)[:200] or f"no output (exit {rc})"}
-    state = head[len(_MARK):].strip()
+    state = head[len(_MARK) :].strip()
     if state != "config":
-        why = {"noconfig": "has no readable config.json", "notdir": "is not a directory",
-               "missing": "does not exist"}.get(state, state)
+        why = {
+            "noconfig": "has no readable config.json",
+            "notdir": "is not a directory",
+            "missing": "does not exist",
+        }.get(state, state)
         return {"state": state, "block_size": None, "error": why}
     try:
         cfg = json.loads(rest)
@@ -48,8 +53,12 @@ def parse_drafter(stdout: str, rc: int) -> dict:
         return {"state": "badconfig", "block_size": None, "error": f"config.json is not JSON ({exc})"}
     if not isinstance(cfg, dict):
         return {"state": "badconfig", "block_size": None, "error": "config.json is not a JSON object"}
-    return {"state": "config", "block_size": block_size_of(cfg), "architectures": cfg.get("architectures"),
-            "error": None}
+    return {
+        "state": "config",
+        "block_size": block_size_of(cfg),
+        "architectures": cfg.get("architectures"),
+        "error": None,
+    }
 
 
 def drafter_fact(path: str) -> Fact:

@@ -42,7 +42,7 @@ def parse_proc_version(text: str) -> dict:
     for line in text.splitlines():
         if line.startswith("NVRM version:"):
             words = line.split()
-            after = words[words.index("Module") + 1:] if "Module" in words else words
+            after = words[words.index("Module") + 1 :] if "Module" in words else words
             version = next((w for w in after if VERSION_RE.match(w)), None)
             flavour = "open" if "Open Kernel Module" in line else "proprietary"
             return {"loaded": True, "version": version, "flavour": flavour}
@@ -61,12 +61,18 @@ def parse_nvidia_module(stdout: str, rc: int) -> dict:
         if lines and "not found" in lines[0].lower():  # modinfo: ERROR: Module nvidia not found.
             installed["known"] = True
         elif len(lines) >= 2 and VERSION_RE.match(lines[0]):
-            installed.update(version=lines[0], license=lines[1], flavour=flavour_of_license(lines[1]),
-                             known=True)
+            installed.update(version=lines[0], license=lines[1], flavour=flavour_of_license(lines[1]), known=True)
     pending = bool(loaded["version"] and installed["version"] and loaded["version"] != installed["version"])
-    return {"loaded": loaded["loaded"], "loaded_version": loaded["version"], "flavour": loaded["flavour"],
-            "installed_version": installed["version"], "installed_flavour": installed["flavour"],
-            "installed_known": installed["known"], "mismatch": pending, "error": None}
+    return {
+        "loaded": loaded["loaded"],
+        "loaded_version": loaded["version"],
+        "flavour": loaded["flavour"],
+        "installed_version": installed["version"],
+        "installed_flavour": installed["flavour"],
+        "installed_known": installed["known"],
+        "mismatch": pending,
+        "error": None,
+    }
 
 
 @safe
@@ -83,10 +89,18 @@ def parse_nvswitch(stdout: str, rc: int) -> dict:
             gpus.append(parts[0])
         elif cls.startswith("0x0680"):
             switches.append(parts[0])
-    nodes = [n for n in s.get("dev", "").split() if n.startswith("/dev/nvidia-nvswitch")
-             and n[len("/dev/nvidia-nvswitch"):].isdigit()]
-    return {"present": bool(switches or nodes), "pci_switches": switches, "dev_nodes": nodes,
-            "pci_gpus": gpus, "error": None}
+    nodes = [
+        n
+        for n in s.get("dev", "").split()
+        if n.startswith("/dev/nvidia-nvswitch") and n[len("/dev/nvidia-nvswitch") :].isdigit()
+    ]
+    return {
+        "present": bool(switches or nodes),
+        "pci_switches": switches,
+        "dev_nodes": nodes,
+        "pci_gpus": gpus,
+        "error": None,
+    }
 
 
 @safe
@@ -135,25 +149,36 @@ SERVICES = ("nvidia-persistenced.service", "nvidia-fabricmanager.service")
 PACKAGE_GLOBS = ("nvidia-*", "libnvidia-*", "cuda-drivers*", "cuda-keyring")
 
 FACTS = {
-    "nvidia_module": Fact("nvidia_module",
-                          f"cat /proc/driver/nvidia/version 2>&1; echo '{SEP}modinfo'; "
-                          "modinfo -F version nvidia 2>&1 && modinfo -F license nvidia 2>&1",
-                          parse_nvidia_module),
-    "nvswitch": Fact("nvswitch",
-                     "for d in /sys/bus/pci/devices/*; do [ \"$(cat \"$d/vendor\" 2>/dev/null)\" = 0x10de ] && "
-                     "echo \"${d##*/} $(cat \"$d/class\") $(cat \"$d/device\")\"; done; "
-                     f"echo '{SEP}dev'; ls -1d /dev/nvidia-nvswitch* 2>/dev/null; true",
-                     parse_nvswitch),
-    "nvidia_services": Fact("nvidia_services",
-                            "systemctl show -p Id -p LoadState -p ActiveState -p SubState -p UnitFileState "
-                            + " ".join(SERVICES) + " 2>&1", parse_systemctl_show),
-    "driver_packages": Fact("driver_packages",
-                            "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n' "
-                            + " ".join(f"'{g}'" for g in PACKAGE_GLOBS) + " 2>/dev/null; "
-                            "command -v dpkg-query >/dev/null || echo 'dpkg-query: not found'",
-                            parse_packages),
-    "reboot_required": Fact("reboot_required",
-                            "if [ -e /var/run/reboot-required ]; then echo required; "
-                            "cat /var/run/reboot-required.pkgs 2>/dev/null; fi; true",
-                            parse_reboot_required),
+    "nvidia_module": Fact(
+        "nvidia_module",
+        f"cat /proc/driver/nvidia/version 2>&1; echo '{SEP}modinfo'; "
+        "modinfo -F version nvidia 2>&1 && modinfo -F license nvidia 2>&1",
+        parse_nvidia_module,
+    ),
+    "nvswitch": Fact(
+        "nvswitch",
+        'for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] && '
+        'echo "${d##*/} $(cat "$d/class") $(cat "$d/device")"; done; '
+        f"echo '{SEP}dev'; ls -1d /dev/nvidia-nvswitch* 2>/dev/null; true",
+        parse_nvswitch,
+    ),
+    "nvidia_services": Fact(
+        "nvidia_services",
+        "systemctl show -p Id -p LoadState -p ActiveState -p SubState -p UnitFileState " + " ".join(SERVICES) + " 2>&1",
+        parse_systemctl_show,
+    ),
+    "driver_packages": Fact(
+        "driver_packages",
+        "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n' "
+        + " ".join(f"'{g}'" for g in PACKAGE_GLOBS)
+        + " 2>/dev/null; "
+        "command -v dpkg-query >/dev/null || echo 'dpkg-query: not found'",
+        parse_packages,
+    ),
+    "reboot_required": Fact(
+        "reboot_required",
+        "if [ -e /var/run/reboot-required ]; then echo required; "
+        "cat /var/run/reboot-required.pkgs 2>/dev/null; fi; true",
+        parse_reboot_required,
+    ),
 }

@@ -32,9 +32,17 @@ import re
 # (first engine version that reads them, {variable: subdir of the cache dir ("" = the dir)}), newest first
 CACHE_VARS: tuple[tuple[tuple[int, ...], dict[str, str]], ...] = (
     ((0, 5, 23), {"SGLANG_CACHE_DIR": ""}),
-    ((), {"TRITON_CACHE_DIR": "triton", "FLASHINFER_WORKSPACE_BASE": "flashinfer",
-            "TVM_FFI_CACHE_DIR": "tvm-ffi", "CUDA_CACHE_PATH": "nv-compute",
-            "TORCHINDUCTOR_CACHE_DIR": "inductor", "XDG_CACHE_HOME": "xdg"}),
+    (
+        (),
+        {
+            "TRITON_CACHE_DIR": "triton",
+            "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+            "TVM_FFI_CACHE_DIR": "tvm-ffi",
+            "CUDA_CACHE_PATH": "nv-compute",
+            "TORCHINDUCTOR_CACHE_DIR": "inductor",
+            "XDG_CACHE_HOME": "xdg",
+        },
+    ),
 )
 # A compiled kernel on disk: triton's .cubin, a JIT-built extension module (flashinfer, tvm-ffi, sglang's jit)
 KERNEL_SUFFIXES = (".cubin", ".so", ".hsaco")
@@ -70,9 +78,16 @@ def _flag(argv: list[str], flag: str) -> str | None:
 def gpu_part(gpus: list[dict] | None) -> str:
     """`h200-sm90` from the gpus fact's list (every SKU on the host, joined); `gpu-unknown`
     when nvidia-smi said nothing."""
-    kinds = sorted({(_slug(g.get("name") or "").removeprefix("nvidia-") or "gpu",
-                     "sm" + str(g.get("compute_cap") or "").replace(".", "")) for g in gpus or []
-                    if g.get("name") or g.get("compute_cap")})
+    kinds = sorted(
+        {
+            (
+                _slug(g.get("name") or "").removeprefix("nvidia-") or "gpu",
+                "sm" + str(g.get("compute_cap") or "").replace(".", ""),
+            )
+            for g in gpus or []
+            if g.get("name") or g.get("compute_cap")
+        }
+    )
     return "+".join(f"{n}-{cc}" if cc != "sm" else n for n, cc in kinds) or "gpu-unknown"
 
 
@@ -113,8 +128,10 @@ def apply(env: dict, wanted: dict[str, str]) -> tuple[dict, list[str]]:
 def kept_note(kept: list[str]) -> str | None:
     if not kept:
         return None
-    return (f"engine cache: engine_env sets {', '.join(kept)} itself; those caches stay where it says "
-            "(shared between releases, outside the warm-start check)")
+    return (
+        f"engine cache: engine_env sets {', '.join(kept)} itself; those caches stay where it says "
+        "(shared between releases, outside the warm-start check)"
+    )
 
 
 def other_key_note(rehearsal_argv: list[str], unit_argv: list[str], gpus: list[dict] | None) -> str | None:
@@ -123,8 +140,10 @@ def other_key_note(rehearsal_argv: list[str], unit_argv: list[str], gpus: list[d
     mine, unit = key(rehearsal_argv, gpus), key(unit_argv, gpus)
     if mine == unit:
         return None
-    return (f"engine cache: the rehearsal fills {mine}, the unit's start reads {unit} (another TP size or "
-            "speculative profile compiles other kernels): the unit's start stays cold")
+    return (
+        f"engine cache: the rehearsal fills {mine}, the unit's start reads {unit} (another TP size or "
+        "speculative profile compiles other kernels): the unit's start stays cold"
+    )
 
 
 def grew(before: dict | None, after: dict | None) -> dict:

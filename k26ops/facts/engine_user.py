@@ -20,13 +20,15 @@ def engine_user_command(user: str, paths: list[str]) -> str:
     enter it), tried as the user with runuser (util-linux, on every systemd host)."""
     u = shlex.quote(user)
     checks = "; ".join(
-        f"if runuser -u {u} -- sh -c 'if [ -d \"$1\" ]; then [ -r \"$1\" ] && [ -x \"$1\" ]; "
+        f'if runuser -u {u} -- sh -c \'if [ -d "$1" ]; then [ -r "$1" ] && [ -x "$1" ]; '
         f"else [ -r \"$1\" ]; fi' sh {shlex.quote(p)} 2>/dev/null; then printf 'ok %s\\n' {shlex.quote(p)}; "
         f"elif [ -e {shlex.quote(p)} ]; then printf 'denied %s\\n' {shlex.quote(p)}; "
         f"else printf 'absent %s\\n' {shlex.quote(p)}; fi"
-        for p in paths)
-    return (f"if id -u {u} >/dev/null 2>&1; then echo \"{_MARK}uid $(id -u {u})\"; {checks}; "
-            f"else echo \"{_MARK}missing\"; fi")
+        for p in paths
+    )
+    return (
+        f'if id -u {u} >/dev/null 2>&1; then echo "{_MARK}uid $(id -u {u})"; {checks}; else echo "{_MARK}missing"; fi'
+    )
 
 
 @safe
@@ -35,7 +37,7 @@ def parse_engine_user(stdout: str, rc: int) -> dict:
     lines = stdout.splitlines()
     if not lines or not lines[0].startswith(_MARK):
         return {"exists": None, "error": first_line(stdout)[:200] or f"no output (exit {rc})"}
-    head = lines[0][len(_MARK):].split()
+    head = lines[0][len(_MARK) :].split()
     if head[0] == "missing":
         return {"exists": False, "uid": None, "readable": [], "denied": [], "absent": [], "error": None}
     out = {"exists": True, "uid": int(head[1]), "readable": [], "denied": [], "absent": [], "error": None}

@@ -31,24 +31,29 @@ GUIDE_URL = "https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/
 
 ACTION_TEXT = {
     "install-matching": "install nvidia-fabricmanager of exactly the loaded driver's version "
-                        "(`k26ops provision` pins both), then start it",
+    "(`k26ops provision` pins both), then start it",
     "install-nvlsm": "on an NVLink 5 NVSwitch host (B200/B300) install the NVLink subnet manager (nvlsm) "
-                     "the fabric manager needs; on older ones check that the NVSwitch driver sees the switches",
+    "the fabric manager needs; on older ones check that the NVSwitch driver sees the switches",
     "fix-config": "fix the named item in /usr/share/nvidia/nvswitch/fabricmanager.cfg, then start it",
     "read-log": "read `journalctl -u nvidia-fabricmanager` and /var/log/fabricmanager.log, fix the cause "
-                "and start it; GPUs on an NVSwitch host have no NVLink fabric until it runs",
+    "and start it; GPUs on an NVSwitch host have no NVLink fabric until it runs",
     "start": "start it (systemctl start nvidia-fabricmanager) and enable it: "
-             "an NVSwitch host has no NVLink fabric without it",
+    "an NVSwitch host has no NVLink fabric without it",
     "install": "install nvidia-fabricmanager of the driver's version (`k26ops provision` does it on NVSwitch hosts)",
     "none": "no action",
 }
 
-MISMATCH = re.compile(r"fabric manager NVIDIA GPU driver interface version (?P<fm>[\d.]+) do(?:n|esn)\S?t match "
-                      r"with driver version (?P<driver>\d+(?:\.\d+)*)")
+MISMATCH = re.compile(
+    r"fabric manager NVIDIA GPU driver interface version (?P<fm>[\d.]+) do(?:n|esn)\S?t match "
+    r"with driver version (?P<driver>\d+(?:\.\d+)*)"
+)
 NOTHING = re.compile(r"NV_WARN_NOTHING_TO_DO")
 CONFIG = re.compile(r"fabric manager config file item: (?P<item>\S+) has an invalid value")
-SYSTEMD_FAIL = re.compile(r"(?:Control process exited, code=\S+ status=\S+|Main process exited, code=\S+ status=\S+"
-                          r"|Failed with result '[^']+'|Failed to start .*fabric manager.*)", re.I)
+SYSTEMD_FAIL = re.compile(
+    r"(?:Control process exited, code=\S+ status=\S+|Main process exited, code=\S+ status=\S+"
+    r"|Failed with result '[^']+'|Failed to start .*fabric manager.*)",
+    re.I,
+)
 
 
 def reasons(text: str) -> list[dict]:
@@ -62,13 +67,17 @@ def reasons(text: str) -> list[dict]:
         line = raw.strip()
         if not line:
             continue
-        evidence = line[line.find("fabric manager") if "fabric manager" in line else 0:][:240]
+        evidence = line[line.find("fabric manager") if "fabric manager" in line else 0 :][:240]
         if m := MISMATCH.search(line):
-            r = {"reason": "version-mismatch", "action": "install-matching",
-                 "fabric_manager_version": m.group("fm"), "driver_version": m.group("driver").rstrip(".")}
+            r = {
+                "reason": "version-mismatch",
+                "action": "install-matching",
+                "fabric_manager_version": m.group("fm"),
+                "driver_version": m.group("driver").rstrip("."),
+            }
         elif NOTHING.search(line):
             r = {"reason": "nothing-to-do", "action": "install-nvlsm"}
-            evidence = line[line.find("request to") if "request to" in line else 0:][:240]
+            evidence = line[line.find("request to") if "request to" in line else 0 :][:240]
         elif m := CONFIG.search(line):
             r = {"reason": "config-invalid", "action": "fix-config", "item": m.group("item")}
         else:
@@ -91,7 +100,7 @@ def last_start(journal: str) -> str:
     reasons of the latest start, not of an earlier one that was since fixed."""
     lines = journal.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if STARTING.search(line)]
-    return "".join(lines[starts[-1]:] if starts else lines)
+    return "".join(lines[starts[-1] :] if starts else lines)
 
 
 def _show(text: str) -> dict:
@@ -110,12 +119,24 @@ def parse_fabric_manager(stdout: str, rc: int) -> dict:
     s = split_marked(stdout, SEP, "show")
     show = _show(s.get("show", ""))
     if not show and command_missing(stdout, rc):
-        return {"present": False, "active_state": None, "sub_state": None, "result": None, "reasons": [],
-                "error": "systemctl not found"}
+        return {
+            "present": False,
+            "active_state": None,
+            "sub_state": None,
+            "result": None,
+            "reasons": [],
+            "error": "systemctl not found",
+        }
     present = show.get("LoadState") == "loaded"
     text = last_start(s.get("journal", "")) + "\n" + s.get("log", "")
-    return {"present": present, "active_state": show.get("ActiveState"), "sub_state": show.get("SubState"),
-            "result": show.get("Result"), "reasons": reasons(text) if present else [], "error": None}
+    return {
+        "present": present,
+        "active_state": show.get("ActiveState"),
+        "sub_state": show.get("SubState"),
+        "result": show.get("Result"),
+        "reasons": reasons(text) if present else [],
+        "error": None,
+    }
 
 
 def verdict(fm: dict, nvswitch: dict | None) -> dict | None:
@@ -138,22 +159,28 @@ def verdict(fm: dict, nvswitch: dict | None) -> dict | None:
     if not found:
         if not switches and state == "inactive":
             return _v(True, None, "nvidia-fabricmanager inactive, no NVSwitch on this host", "none")
-        return _v(False, "not-running", f"nvidia-fabricmanager {state or 'unknown'}"
-                  + (f" ({fm['result']})" if fm.get("result") not in (None, "", "success") else ""), "start")
+        return _v(
+            False,
+            "not-running",
+            f"nvidia-fabricmanager {state or 'unknown'}"
+            + (f" ({fm['result']})" if fm.get("result") not in (None, "", "success") else ""),
+            "start",
+        )
     r = found[0]
     return _v(False, r["reason"], r["evidence"], r["action"])
 
 
 def _v(ok: bool, reason, evidence: str, action: str) -> dict:
-    line = (f"nvidia-fabricmanager {reason}: {evidence}; action: {ACTION_TEXT[action]}" if not ok
-            else evidence)
+    line = f"nvidia-fabricmanager {reason}: {evidence}; action: {ACTION_TEXT[action]}" if not ok else evidence
     return {"ok": ok, "reason": reason, "evidence": evidence, "action": action, "line": line}
 
 
-COMMAND = (f"systemctl show -p LoadState -p ActiveState -p SubState -p Result {UNIT} 2>&1; "
-           f"if [ \"$(systemctl show -p LoadState --value {UNIT} 2>/dev/null)\" = loaded ]; then "
-           f"echo '{SEP}journal'; journalctl -u {UNIT} -b -o short-iso --no-pager -n 40 2>&1 | tail -n 40; "
-           f"echo '{SEP}log'; tail -n 2000 /var/log/fabricmanager.log 2>/dev/null "
-           "| grep -iE 'error|fail|match|invalid' | tail -n 20; fi; true")
+COMMAND = (
+    f"systemctl show -p LoadState -p ActiveState -p SubState -p Result {UNIT} 2>&1; "
+    f'if [ "$(systemctl show -p LoadState --value {UNIT} 2>/dev/null)" = loaded ]; then '
+    f"echo '{SEP}journal'; journalctl -u {UNIT} -b -o short-iso --no-pager -n 40 2>&1 | tail -n 40; "
+    f"echo '{SEP}log'; tail -n 2000 /var/log/fabricmanager.log 2>/dev/null "
+    "| grep -iE 'error|fail|match|invalid' | tail -n 20; fi; true"
+)
 
 FACTS = {"fabric_manager": Fact("fabric_manager", COMMAND, parse_fabric_manager, timeout=20.0)}

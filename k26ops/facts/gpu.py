@@ -23,8 +23,12 @@ def nvidia_smi_error(stdout: str, rc: int) -> str | None:
     """A one-line reason when nvidia-smi did not answer, else None."""
     if command_missing(stdout, rc):
         return "nvidia-smi: command not found"
-    for pat in (r"Failed to initialize NVML[^\n]*", r"No devices were found[^\n]*",
-                r"NVIDIA-SMI has failed[^\n]*", r"Unable to determine the device handle[^\n]*"):
+    for pat in (
+        r"Failed to initialize NVML[^\n]*",
+        r"No devices were found[^\n]*",
+        r"NVIDIA-SMI has failed[^\n]*",
+        r"Unable to determine the device handle[^\n]*",
+    ):
         m = re.search(pat, stdout)
         if m:
             return m.group(0).strip()
@@ -52,7 +56,7 @@ def _query_rows(stdout: str, fields):
         if len(cells) > len(fields):  # a comma inside the name: keep the middle together
             extra = len(cells) - len(fields)
             i = fields.index("name") if "name" in fields else 0
-            cells[i:i + extra + 1] = [", ".join(cells[i:i + extra + 1])]
+            cells[i : i + extra + 1] = [", ".join(cells[i : i + extra + 1])]
         yield {f: _value(c) for f, c in zip(fields, cells)}, cells
 
 
@@ -90,9 +94,15 @@ def split_sections(stdout: str) -> dict[str, str]:
 def _from_query(text: str, fields, source: str) -> list[dict]:
     gpus = []
     for row, raw in _query_rows(text, fields):
-        g = {"index": _num(row.get("index")), "name": row.get("name"),
-             "memory_mib": _num(row.get("memory.total")), "driver_version": row.get("driver_version"),
-             "compute_cap": row.get("compute_cap"), "uuid": row.get("uuid"), "bus_id": row.get("pci.bus_id")}
+        g = {
+            "index": _num(row.get("index")),
+            "name": row.get("name"),
+            "memory_mib": _num(row.get("memory.total")),
+            "driver_version": row.get("driver_version"),
+            "compute_cap": row.get("compute_cap"),
+            "uuid": row.get("uuid"),
+            "bus_id": row.get("pci.bus_id"),
+        }
         g["sources"] = {k: source for k, v in g.items() if v is not None}
         bad = sorted({e for e in _QUERY_ERRORS for c in raw if c == e})
         g["error"] = f"{', '.join(bad)} in the GPU query" if bad else None
@@ -103,11 +113,21 @@ def _from_query(text: str, fields, source: str) -> list[dict]:
 def _from_table(table: dict, text: str) -> list[dict]:
     m = re.search(_HEADER_RES["driver_version"], text)
     driver = m.group(1) if m else None
-    return [{"index": t["index"], "name": t["name"], "memory_mib": t["memory_mib"], "driver_version": driver,
-             "compute_cap": None, "uuid": None, "bus_id": t["bus_id"],
-             "sources": {k: "table" for k in ("index", "name", "memory_mib", "bus_id") if t[k] is not None}
-             | ({"driver_version": "table"} if driver else {}),
-             "error": None} for t in table["gpus"]]
+    return [
+        {
+            "index": t["index"],
+            "name": t["name"],
+            "memory_mib": t["memory_mib"],
+            "driver_version": driver,
+            "compute_cap": None,
+            "uuid": None,
+            "bus_id": t["bus_id"],
+            "sources": {k: "table" for k in ("index", "name", "memory_mib", "bus_id") if t[k] is not None}
+            | ({"driver_version": "table"} if driver else {}),
+            "error": None,
+        }
+        for t in table["gpus"]
+    ]
 
 
 def _merge_table(gpus: list[dict], table: dict) -> None:
@@ -126,19 +146,24 @@ def _merge_table(gpus: list[dict], table: dict) -> None:
 
 def gpu_errors(gpus: list[dict]) -> list[str]:
     """One line per failed GPU, naming its index and bus id."""
-    return [f"GPU {g.get('index')} ({g.get('bus_id') or 'bus id unknown'}): {g['error']}"
-            for g in gpus if g.get("error")]
+    return [
+        f"GPU {g.get('index')} ({g.get('bus_id') or 'bus id unknown'}): {g['error']}" for g in gpus if g.get("error")
+    ]
 
 
-_HANDLE = re.compile(r"Unable to determine the device handle for GPU ?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
-                     r"[0-9A-Fa-f]{2}\.[0-7]): ([^\n]*)")
+_HANDLE = re.compile(
+    r"Unable to determine the device handle for GPU ?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+    r"[0-9A-Fa-f]{2}\.[0-7]): ([^\n]*)"
+)
 
 
 def handle_failures(stdout: str) -> list[dict]:
     """GPUs nvidia-smi could not open ("Unable to determine the device handle for GPU
     0000:03:00.0: Unknown Error"): a fault of that GPU, named by its bus id."""
-    return [{"bus_id": m.group(1), "error": f"nvidia-smi cannot open it: {m.group(2).strip()}"}
-            for m in _HANDLE.finditer(stdout or "")]
+    return [
+        {"bus_id": m.group(1), "error": f"nvidia-smi cannot open it: {m.group(2).strip()}"}
+        for m in _HANDLE.finditer(stdout or "")
+    ]
 
 
 @safe
@@ -155,8 +180,13 @@ def parse_gpus(stdout: str, rc: int) -> dict:
     refused = refused_field(secs["query"])
     err = None if refused else nvidia_smi_error(secs["query"], rc)
     if failed := handle_failures(stdout):  # one GPU nvidia-smi cannot open: its fault, not "no GPUs"
-        return {"count": 0, "gpus": [], "error": err, "gpu_errors": [
-            f"GPU ({f['bus_id']}): {f['error']}" for f in failed], "failed_gpus": failed}
+        return {
+            "count": 0,
+            "gpus": [],
+            "error": err,
+            "gpu_errors": [f"GPU ({f['bus_id']}): {f['error']}" for f in failed],
+            "failed_gpus": failed,
+        }
     if err:
         return {"count": 0, "gpus": [], "error": err}
     table = parse_table(secs[TABLE_SECTION]) if TABLE_SECTION in secs else None
@@ -175,10 +205,17 @@ def parse_gpus(stdout: str, rc: int) -> dict:
                 g["sources"]["compute_cap"] = "name"
     error = None
     if refused and not gpus:
-        error = (f"nvidia-smi exited {rc}: " if rc else "nvidia-smi: ") + \
-            f'Field "{refused}" is not a valid field to query, and no fallback listed GPUs'
-    return {"count": len(gpus), "gpus": gpus, "source": source, "query_refused": refused,
-            "gpu_errors": gpu_errors(gpus), "error": error}
+        error = (
+            f"nvidia-smi exited {rc}: " if rc else "nvidia-smi: "
+        ) + f'Field "{refused}" is not a valid field to query, and no fallback listed GPUs'
+    return {
+        "count": len(gpus),
+        "gpus": gpus,
+        "source": source,
+        "query_refused": refused,
+        "gpu_errors": gpu_errors(gpus),
+        "error": error,
+    }
 
 
 _MULTIWORD = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
@@ -228,7 +265,7 @@ def parse_topology(stdout: str, rc: int) -> dict:
             break
         matrix[row] = {col: cells[i] for i, col in enumerate(header) if i > 0 and col and i < len(cells)}
     gpus = sorted((k for k in matrix if k.startswith("GPU")), key=lambda s: int(s[3:]))
-    links = {f"{a}-{b}": matrix[a].get(b, "") for i, a in enumerate(gpus) for b in gpus[i + 1:]}
+    links = {f"{a}-{b}": matrix[a].get(b, "") for i, a in enumerate(gpus) for b in gpus[i + 1 :]}
     if len(gpus) < 2:
         kind = None
     else:
@@ -253,8 +290,13 @@ def parse_smi_header(stdout: str, rc: int) -> dict:
     """
     err = nvidia_smi_error(stdout, rc)
     if err:
-        return {"driver_version": None, "cuda_version": None, "smi_version": None, "error": err,
-                "gpu_errors": [f"GPU ({f['bus_id']}): {f['error']}" for f in handle_failures(stdout)]}
+        return {
+            "driver_version": None,
+            "cuda_version": None,
+            "smi_version": None,
+            "error": err,
+            "gpu_errors": [f"GPU ({f['bus_id']}): {f['error']}" for f in handle_failures(stdout)],
+        }
     out = {"error": None}
     for key, pat in _HEADER_RES.items():
         m = re.search(pat, stdout)
@@ -263,8 +305,9 @@ def parse_smi_header(stdout: str, rc: int) -> dict:
     table = parse_table(stdout)
     out["gpu_names"] = [g["name"] for g in table["gpus"]]
     out.update(table)
-    out["gpu_errors"] = gpu_errors([dict(g, error=f"{', '.join(g['errors'])} in nvidia-smi's table")
-                                    for g in table["gpus"] if g["errors"]])
+    out["gpu_errors"] = gpu_errors(
+        [dict(g, error=f"{', '.join(g['errors'])} in nvidia-smi's table") for g in table["gpus"] if g["errors"]]
+    )
     if out["driver_version"] is None:
         out["error"] = "no driver version in nvidia-smi output: " + first_line(stdout)[:200]
     return out

@@ -29,10 +29,12 @@ MAX_FILES = 5000
 def model_command(path: str) -> str:
     """The state of `path`, its config.json (first MB) and its weight file names."""
     p = shlex.quote(str(path))
-    return (f'if [ -d {p} ]; then echo "{_MARK}dir"; '
-            f'if [ -r {p}/config.json ]; then echo "{_MARK}config"; head -c 1000000 {p}/config.json; echo; fi; '
-            f'echo "{_MARK}files"; ls -1 {p} 2>&1 | grep -E "\\.safetensors(\\.index\\.json)?$" | head -{MAX_FILES}; '
-            f'elif [ -e {p} ]; then echo "{_MARK}notdir"; else echo "{_MARK}missing"; fi')
+    return (
+        f'if [ -d {p} ]; then echo "{_MARK}dir"; '
+        f'if [ -r {p}/config.json ]; then echo "{_MARK}config"; head -c 1000000 {p}/config.json; echo; fi; '
+        f'echo "{_MARK}files"; ls -1 {p} 2>&1 | grep -E "\\.safetensors(\\.index\\.json)?$" | head -{MAX_FILES}; '
+        f'elif [ -e {p} ]; then echo "{_MARK}notdir"; else echo "{_MARK}missing"; fi'
+    )
 
 
 def weights_problem(files: list[str]) -> tuple[str | None, int]:
@@ -63,17 +65,27 @@ def parse_model(stdout: str, rc: int) -> dict:
     head, _, rest = stdout.partition("\n")
     if not head.startswith(_MARK):
         return {"state": None, "error": first_line(stdout)[:200] or f"no output (exit {rc})"}
-    state = head[len(_MARK):].strip()
+    state = head[len(_MARK) :].strip()
     if state != "dir":
-        return {"state": state, "error": {"notdir": "is not a directory", "missing": "does not exist"}.get(state, state)}
+        return {
+            "state": state,
+            "error": {"notdir": "is not a directory", "missing": "does not exist"}.get(state, state),
+        }
     config_text, files_text = None, rest
     if rest.startswith(_MARK + "config\n"):
-        config_text, _, files_text = rest[len(_MARK + "config\n"):].rpartition("\n" + _MARK + "files\n")
+        config_text, _, files_text = rest[len(_MARK + "config\n") :].rpartition("\n" + _MARK + "files\n")
     else:
         files_text = rest.partition(_MARK + "files\n")[2]
     files = [line.strip() for line in files_text.splitlines() if line.strip()]
-    out = {"state": "dir", "config": False, "architectures": None, "model_type": None,
-           "shards": 0, "index": INDEX in files, "error": None}
+    out = {
+        "state": "dir",
+        "config": False,
+        "architectures": None,
+        "model_type": None,
+        "shards": 0,
+        "index": INDEX in files,
+        "error": None,
+    }
     if config_text is None:
         out["error"] = "has no readable config.json"
         return out

@@ -22,11 +22,13 @@ MAX_FILES = 20000
 
 def model_files_command(path: str, record: str) -> str:
     p, r = shlex.quote(str(path)), shlex.quote(str(record))
-    return (f'if [ -d {p} ]; then echo "{_MARK}dir"; cd {p} && '
-            f'find . -path ./{PARTIAL_DIR} -prune -o -type f -print0 | head -zn {MAX_FILES} | '
-            "xargs -0r stat -c '%s %.9Y %.9Z %i %n'; "
-            f'echo "{_MARK}record"; cat {r} 2>/dev/null; '
-            f'elif [ -e {p} ]; then echo "{_MARK}notdir"; else echo "{_MARK}missing"; fi')
+    return (
+        f'if [ -d {p} ]; then echo "{_MARK}dir"; cd {p} && '
+        f"find . -path ./{PARTIAL_DIR} -prune -o -type f -print0 | head -zn {MAX_FILES} | "
+        "xargs -0r stat -c '%s %.9Y %.9Z %i %n'; "
+        f'echo "{_MARK}record"; cat {r} 2>/dev/null; '
+        f'elif [ -e {p} ]; then echo "{_MARK}notdir"; else echo "{_MARK}missing"; fi'
+    )
 
 
 @safe
@@ -34,12 +36,20 @@ def parse_model_files(stdout: str, rc: int) -> dict:
     """{"state": dir|notdir|missing, "files": {path: Stat}, "record": dict or None, "error"}."""
     head, _, rest = stdout.partition("\n")
     if not head.startswith(_MARK):
-        return {"state": None, "files": {}, "record": None,
-                "error": first_line(stdout)[:200] or f"no output (exit {rc})"}
-    state = head[len(_MARK):].strip()
+        return {
+            "state": None,
+            "files": {},
+            "record": None,
+            "error": first_line(stdout)[:200] or f"no output (exit {rc})",
+        }
+    state = head[len(_MARK) :].strip()
     if state != "dir":
-        return {"state": state, "files": {}, "record": None,
-                "error": {"notdir": "is not a directory", "missing": "does not exist"}.get(state, state)}
+        return {
+            "state": state,
+            "files": {},
+            "record": None,
+            "error": {"notdir": "is not a directory", "missing": "does not exist"}.get(state, state),
+        }
     listing, _, record_text = rest.partition(_MARK + "record\n")
     files = {}
     for line in listing.splitlines():

@@ -30,10 +30,14 @@ def parse_os_release(stdout: str, rc: int) -> dict:
         fields[key.strip()] = value
     if not fields:
         return {"error": "no os-release: " + (first_line(stdout)[:200] or f"exit {rc}")}
-    return {"id": fields.get("ID"), "version_id": fields.get("VERSION_ID"),
-            "pretty_name": fields.get("PRETTY_NAME"),
-            "codename": fields.get("VERSION_CODENAME") or fields.get("UBUNTU_CODENAME"),
-            "fields": fields, "error": None}
+    return {
+        "id": fields.get("ID"),
+        "version_id": fields.get("VERSION_ID"),
+        "pretty_name": fields.get("PRETTY_NAME"),
+        "codename": fields.get("VERSION_CODENAME") or fields.get("UBUNTU_CODENAME"),
+        "fields": fields,
+        "error": None,
+    }
 
 
 @safe
@@ -44,8 +48,11 @@ def parse_python_version(stdout: str, rc: int) -> dict | None:
     m = re.search(r"Python (\d+)\.(\d+)\.(\d+)(\S*)", stdout)
     if not m:
         return {"error": f"unexpected python3 --version output: {first_line(stdout)[:200]}"}
-    return {"version": ".".join(m.group(1, 2, 3)) + m.group(4),
-            "tuple": [int(m.group(i)) for i in (1, 2, 3)], "error": None}
+    return {
+        "version": ".".join(m.group(1, 2, 3)) + m.group(4),
+        "tuple": [int(m.group(i)) for i in (1, 2, 3)],
+        "error": None,
+    }
 
 
 @safe
@@ -57,8 +64,12 @@ def parse_systemd_version(stdout: str, rc: int) -> dict | None:
     if not m:
         return {"error": f"unexpected systemctl --version output: {first_line(stdout)[:200]}"}
     feats = stdout.splitlines()[1].split() if len(stdout.splitlines()) > 1 else []
-    return {"version": int(m.group(1)), "full": m.group(2) or m.group(1),
-            "features": [f for f in feats if f[:1] in "+-"], "error": None}
+    return {
+        "version": int(m.group(1)),
+        "full": m.group(2) or m.group(1),
+        "features": [f for f in feats if f[:1] in "+-"],
+        "error": None,
+    }
 
 
 @safe
@@ -72,8 +83,12 @@ def parse_user(stdout: str, rc: int) -> dict:
 
 FACTS = {
     # the gather agent reads /etc/os-release itself (no sh, no cat); the command where it cannot
-    "os_release": Fact("os_release", "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>&1",
-                       parse_os_release, own="os_release"),
+    "os_release": Fact(
+        "os_release",
+        "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>&1",
+        parse_os_release,
+        own="os_release",
+    ),
     # the gather agent runs in this python3: it answers from sys.version, no second python3 start
     "python3": Fact("python3", "python3 --version 2>&1", parse_python_version, own="python_version"),
     "systemd": Fact("systemd", "systemctl --version 2>&1", parse_systemd_version),

@@ -21,8 +21,12 @@ def parse_platform(stdout: str, rc: int) -> dict:
     m = re.fullmatch(r"glibc (\d+)\.(\d+)(?:\.\d+)?", lines[0]) if lines else None
     machine = lines[-1] if len(lines) >= 2 and re.fullmatch(r"[\w-]+", lines[-1]) else None
     if not m:  # musl (Alpine) has no GNU_LIBC_VERSION: manylinux wheels do not install there
-        return {"libc": None, "version": None, "machine": machine,
-                "error": f"no glibc: {first_line(stdout)[:200] or f'exit {rc}'}"}
+        return {
+            "libc": None,
+            "version": None,
+            "machine": machine,
+            "error": f"no glibc: {first_line(stdout)[:200] or f'exit {rc}'}",
+        }
     return {"libc": "glibc", "version": [int(m.group(1)), int(m.group(2))], "machine": machine, "error": None}
 
 

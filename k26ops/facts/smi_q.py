@@ -128,25 +128,34 @@ def gpu_health(gpu: dict) -> dict:
     "reset_status", "gsp_firmware", "faults": [{"fault", "evidence", "action"}], "action"}."""
     t, faults = gpu["tree"], []
     ecc = _sec(t, "ECC Errors")
-    volatile, aggregate = _flat(_sec(ecc, "Volatile")), _flat(_sec(ecc, "Aggregate"))
+    aggregate = _flat(_sec(ecc, "Aggregate"))
+
     def uncorrectable(section):
         """Uncorrectable counters: "DRAM Uncorrectable : 0" (Ampere+) or the "Double Bit" section's
         "Total" (older drivers, where Single Bit and Double Bit hold the same keys)."""
-        out = {k: _int(v) for k, v in section.items() if not isinstance(v, dict)
-               and ("Uncorrectable" in k or "Double Bit" in k) and _int(v) is not None}
+        out = {
+            k: _int(v)
+            for k, v in section.items()
+            if not isinstance(v, dict) and ("Uncorrectable" in k or "Double Bit" in k) and _int(v) is not None
+        }
         double = section.get("Double Bit")
         if isinstance(double, dict):
             total = _int(double.get("Total"))
-            out.update({"Double Bit Total": total} if total is not None else
-                       {f"Double Bit {k}": _int(v) for k, v in double.items() if _int(v) is not None})
+            out.update(
+                {"Double Bit Total": total}
+                if total is not None
+                else {f"Double Bit {k}": _int(v) for k, v in double.items() if _int(v) is not None}
+            )
         return out
+
     vol_unc, agg_unc = uncorrectable(_sec(ecc, "Volatile")), uncorrectable(_sec(ecc, "Aggregate"))
     for k, n in vol_unc.items():
         if n:
             _fault(faults, "ecc-uncorrectable", f"ECC Errors, Volatile: {k} : {n}", "reset-gpu")
     if str(aggregate.get("SRAM Threshold Exceeded", "")).strip() == "Yes":
-        _fault(faults, "sram-threshold-exceeded", "ECC Errors, Aggregate: SRAM Threshold Exceeded : Yes",
-               "drain-and-rma")
+        _fault(
+            faults, "sram-threshold-exceeded", "ECC Errors, Aggregate: SRAM Threshold Exceeded : Yes", "drain-and-rma"
+        )
     for k in ("Channel Repair Pending", "TPC Repair Pending"):
         if str(ecc.get(k, "")).strip() == "Yes":
             _fault(faults, k.lower().replace(" ", "-"), f"ECC Errors: {k} : Yes", "reset-gpu")
@@ -163,35 +172,59 @@ def gpu_health(gpu: dict) -> dict:
         _fault(faults, "row-remap-failure", "Remapped Rows: Remapping Failure Occurred : Yes", "drain-and-rma")
     if str(rows.get("Pending", "")).strip() == "Yes":
         unc = rows.get("Uncorrectable Error")
-        _fault(faults, "row-remap-pending",
-               "Remapped Rows: Pending : Yes" + (f" (Uncorrectable Error : {unc})" if unc else ""), "reset-gpu")
+        _fault(
+            faults,
+            "row-remap-pending",
+            "Remapped Rows: Pending : Yes" + (f" (Uncorrectable Error : {unc})" if unc else ""),
+            "reset-gpu",
+        )
 
     reasons = _flat(_sec(t, "Clocks Event Reasons", "Clocks Throttle Reasons"))
     active = [k for k, v in reasons.items() if str(v).strip() == "Active"]
     slowed = [k for k in SLOWDOWN_REASONS if k in active]
     if slowed:
-        _fault(faults, "thermal-slowdown" if any("Thermal" in k for k in slowed) else "hw-slowdown",
-               "Clocks Event Reasons: " + ", ".join(f"{k} : Active" for k in slowed), "check-cooling")
+        _fault(
+            faults,
+            "thermal-slowdown" if any("Thermal" in k for k in slowed) else "hw-slowdown",
+            "Clocks Event Reasons: " + ", ".join(f"{k} : Active" for k in slowed),
+            "check-cooling",
+        )
 
     temp = _sec(t, "Temperature")
-    tt = {"current_c": _temp(temp.get("GPU Current Temp")),
-          "slowdown_c": _temp(temp.get("GPU Slowdown Temp")),
-          "shutdown_c": _temp(temp.get("GPU Shutdown Temp")),
-          "tlimit_c": _temp(temp.get("GPU T.Limit Temp")),
-          "slowdown_tlimit_c": _temp(temp.get("GPU Slowdown T.Limit Temp")),
-          "shutdown_tlimit_c": _temp(temp.get("GPU Shutdown T.Limit Temp")),
-          "memory_c": _temp(temp.get("Memory Current Temp"))}
+    tt = {
+        "current_c": _temp(temp.get("GPU Current Temp")),
+        "slowdown_c": _temp(temp.get("GPU Slowdown Temp")),
+        "shutdown_c": _temp(temp.get("GPU Shutdown Temp")),
+        "tlimit_c": _temp(temp.get("GPU T.Limit Temp")),
+        "slowdown_tlimit_c": _temp(temp.get("GPU Slowdown T.Limit Temp")),
+        "shutdown_tlimit_c": _temp(temp.get("GPU Shutdown T.Limit Temp")),
+        "memory_c": _temp(temp.get("Memory Current Temp")),
+    }
     cur = tt["current_c"]
     if cur is not None and tt["shutdown_c"] is not None and cur >= tt["shutdown_c"]:
-        _fault(faults, "over-shutdown-temp", f"Temperature: GPU Current Temp {cur} C >= shutdown {tt['shutdown_c']} C",
-               "check-cooling")
+        _fault(
+            faults,
+            "over-shutdown-temp",
+            f"Temperature: GPU Current Temp {cur} C >= shutdown {tt['shutdown_c']} C",
+            "check-cooling",
+        )
     elif cur is not None and tt["slowdown_c"] is not None and cur >= tt["slowdown_c"]:
-        _fault(faults, "over-slowdown-temp", f"Temperature: GPU Current Temp {cur} C >= slowdown {tt['slowdown_c']} C",
-               "check-cooling")
-    elif tt["tlimit_c"] is not None and tt["slowdown_tlimit_c"] is not None \
-            and tt["tlimit_c"] <= tt["slowdown_tlimit_c"]:
-        _fault(faults, "over-slowdown-temp", f"Temperature: GPU T.Limit Temp {tt['tlimit_c']} C <= slowdown "
-               f"T.Limit {tt['slowdown_tlimit_c']} C (current {cur} C)", "check-cooling")
+        _fault(
+            faults,
+            "over-slowdown-temp",
+            f"Temperature: GPU Current Temp {cur} C >= slowdown {tt['slowdown_c']} C",
+            "check-cooling",
+        )
+    elif (
+        tt["tlimit_c"] is not None and tt["slowdown_tlimit_c"] is not None and tt["tlimit_c"] <= tt["slowdown_tlimit_c"]
+    ):
+        _fault(
+            faults,
+            "over-slowdown-temp",
+            f"Temperature: GPU T.Limit Temp {tt['tlimit_c']} C <= slowdown "
+            f"T.Limit {tt['slowdown_tlimit_c']} C (current {cur} C)",
+            "check-cooling",
+        )
 
     recovery = t.get("GPU Recovery Action")
     if recovery and recovery.strip() not in NA and recovery.strip().lower() != "none":
@@ -207,12 +240,19 @@ def gpu_health(gpu: dict) -> dict:
     return {
         "bus_id": gpu.get("bus_id"),
         "ecc_mode": (_sec(t, "ECC Mode").get("Current") or None),
-        "ecc": {"volatile_uncorrectable": sum(v for v in vol_unc.values() if v) if vol_unc else None,
-                "aggregate_uncorrectable": sum(v for v in agg_unc.values() if v) if agg_unc else None},
+        "ecc": {
+            "volatile_uncorrectable": sum(v for v in vol_unc.values() if v) if vol_unc else None,
+            "aggregate_uncorrectable": sum(v for v in agg_unc.values() if v) if agg_unc else None,
+        },
         "retired_pages": {k: v for k, v in retired.items() if not isinstance(v, dict)} or None,
-        "remapped_rows": {"pending": rows.get("Pending"), "failure": rows.get("Remapping Failure Occurred"),
-                          "uncorrectable": _int(rows.get("Uncorrectable Error")),
-                          "correctable": _int(rows.get("Correctable Error"))} if rows else None,
+        "remapped_rows": {
+            "pending": rows.get("Pending"),
+            "failure": rows.get("Remapping Failure Occurred"),
+            "uncorrectable": _int(rows.get("Uncorrectable Error")),
+            "correctable": _int(rows.get("Correctable Error")),
+        }
+        if rows
+        else None,
         "clock_event_reasons_active": active,
         "temperature": tt,
         "recovery_action": recovery,
@@ -227,17 +267,26 @@ def parse_health(text: str) -> dict:
     """Every GPU's health from `nvidia-smi -q` text (pure; the fact's parser wraps it)."""
     tree = parse_tree(text)
     gpus = [gpu_health(g) for g in tree["gpus"]]
-    return {"driver_version": tree["driver_version"], "gpus": gpus,
-            "faults": sum(len(g["faults"]) for g in gpus),
-            "action": max((g["action"] for g in gpus), key=ACTIONS.index, default="none"), "error": None}
+    return {
+        "driver_version": tree["driver_version"],
+        "gpus": gpus,
+        "faults": sum(len(g["faults"]) for g in gpus),
+        "action": max((g["action"] for g in gpus), key=ACTIONS.index, default="none"),
+        "error": None,
+    }
 
 
 @safe
 def parse_health_fact(stdout: str, rc: int) -> dict:
     err = nvidia_smi_error(stdout, rc)
-    failed = [{"bus_id": f["bus_id"], "faults": [{"fault": "gpu-unreachable", "evidence": f["error"],
-                                                 "action": "reboot"}], "action": "reboot"}
-              for f in handle_failures(stdout)]  # nvidia-smi cannot open that GPU: its fault
+    failed = [
+        {
+            "bus_id": f["bus_id"],
+            "faults": [{"fault": "gpu-unreachable", "evidence": f["error"], "action": "reboot"}],
+            "action": "reboot",
+        }
+        for f in handle_failures(stdout)
+    ]  # nvidia-smi cannot open that GPU: its fault
     if err and not re.search(r"^\s*GPU [0-9A-Fa-f]{4,8}:", stdout or "", re.MULTILINE):
         if failed:
             return {"driver_version": None, "gpus": failed, "faults": len(failed), "action": "reboot", "error": None}

@@ -60,8 +60,14 @@ def parse_table(text: str) -> dict:
             m = _GPU_ROW.match(line)
             if m:
                 name = m.group(2).strip()  # "ERR!" in the name cell is the GPU's fault, never its name
-                cur = {"index": int(m.group(1)), "name": None if name in ERROR_MARKERS else name,
-                       "bus_id": m.group(4), "memory_used_mib": None, "memory_mib": None, "errors": _markers(line)}
+                cur = {
+                    "index": int(m.group(1)),
+                    "name": None if name in ERROR_MARKERS else name,
+                    "bus_id": m.group(4),
+                    "memory_used_mib": None,
+                    "memory_mib": None,
+                    "errors": _markers(line),
+                }
                 gpus.append(cur)
             elif cur is not None and line.startswith("|"):
                 mem = _MEM.search(line)
@@ -73,16 +79,32 @@ def parse_table(text: str) -> dict:
         elif section == "mig":
             m = _MIG_ROW.match(line)
             if m:
-                migs.append({"gpu": int(m.group(1)), "gi": int(m.group(2)), "ci": int(m.group(3)),
-                             "device": int(m.group(4)), "memory_used_mib": int(m.group(5)),
-                             "memory_mib": int(m.group(6)), "sm": int(m.group(7)) if m.group(7) else None})
+                migs.append(
+                    {
+                        "gpu": int(m.group(1)),
+                        "gi": int(m.group(2)),
+                        "ci": int(m.group(3)),
+                        "device": int(m.group(4)),
+                        "memory_used_mib": int(m.group(5)),
+                        "memory_mib": int(m.group(6)),
+                        "sm": int(m.group(7)) if m.group(7) else None,
+                    }
+                )
         elif section == "processes":
             m = _PROC_ROW.match(line)
             if m:
                 gi, ci = (None if v in (None, "N/A") else v for v in (m.group(2), m.group(3)))
-                procs.append({"gpu": int(m.group(1)), "gi": gi, "ci": ci, "pid": int(m.group(4)),
-                              "type": m.group(5), "name": m.group(6).strip(),
-                              "memory_mib": int(m.group(7)[:-3]) if m.group(7) != "N/A" else None})
+                procs.append(
+                    {
+                        "gpu": int(m.group(1)),
+                        "gi": gi,
+                        "ci": ci,
+                        "pid": int(m.group(4)),
+                        "type": m.group(5),
+                        "name": m.group(6).strip(),
+                        "memory_mib": int(m.group(7)[:-3]) if m.group(7) != "N/A" else None,
+                    }
+                )
     return {"gpus": gpus, "mig_devices": migs, "processes": procs}
 
 

@@ -34,17 +34,25 @@ FATAL_SXID_NOTE = " (fatal NVSwitch errors need the GPUs and NVSwitches reset: a
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
 # "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus." / older drivers "Xid (0000:01:00): 3, ..."
-XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                      r"(?:\.\d)?\): (?P<xid>\d+)(?:, pid=(?P<pid>'[^']*'|[^,\s]+))?"
-                      r"(?:, name=(?P<name>[^,]+))?,?\s*(?P<message>.*)$")
+XID_LINE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+    r"(?:\.\d)?\): (?P<xid>\d+)(?:, pid=(?P<pid>'[^']*'|[^,\s]+))?"
+    r"(?:, name=(?P<name>[^,]+))?,?\s*(?P<message>.*)$"
+)
 # "NVRM: GPU at 0000:01:00.0 has fallen off the bus." / "NVRM: GPU 0000:2b:00.0: GPU has fallen off
 # the bus." / the multi-line "NVRM: The NVIDIA GPU 0000:b3:00.0 ... fallen off the bus"
-FALLEN = re.compile(r"NVRM: (?:GPU at |GPU |The NVIDIA GPU )(?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?"
-                    r"[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?:?(?: has)?(?: GPU has)? fallen off the bus")
-FALLEN_SPLIT = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:"
-                          r"[0-9a-fA-F]{2})(?:\.\d)?\s*$")
-GPU_AT = re.compile(r"NVRM: GPU at (?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                    r"(?:\.\d)?: (?P<uuid>GPU-[0-9a-fA-F-]+)")
+FALLEN = re.compile(
+    r"NVRM: (?:GPU at |GPU |The NVIDIA GPU )(?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?"
+    r"[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?:?(?: has)?(?: GPU has)? fallen off the bus"
+)
+FALLEN_SPLIT = re.compile(
+    r"NVRM: The NVIDIA GPU (?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:"
+    r"[0-9a-fA-F]{2})(?:\.\d)?\s*$"
+)
+GPU_AT = re.compile(
+    r"NVRM: GPU at (?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+    r"(?:\.\d)?: (?P<uuid>GPU-[0-9a-fA-F-]+)"
+)
 MAX_EVENTS = 200
 # journalctl -o short-iso / short-iso-precise: "2026-12-02T03:04:05+0000" / "...05.123456+00:00"
 ISO_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d:?\d\d|Z)\s")
@@ -65,32 +73,32 @@ def line_time(line: str) -> float | None:
 
 @dataclass
 class XidEvent:
-    xid: int | None          # None for nvidia-smi's own error; 79 for a "fallen off the bus" line without an Xid number
-    pci: str | None          # None when a GSP line names only the driver's GPUn; normalised "0000:2b:00" (domain:bus:device)
+    xid: int | None  # None for nvidia-smi's own error; 79 for a "fallen off the bus" line without an Xid number
+    pci: str | None  # None when a GSP line names only the driver's GPUn; normalised "0000:2b:00" (domain:bus:device)
     message: str
-    line: int                # 0-based line in the input
-    text: str                # the kernel line from "NVRM:" on
+    line: int  # 0-based line in the input
+    text: str  # the kernel line from "NVRM:" on
     pid: str | None = None
     name: str | None = None
     meaning: str = ""
-    kind: str = "unknown"    # hardware / application / echo / info / unused / unknown (xid_table.py)
+    kind: str = "unknown"  # hardware / application / echo / info / unused / unknown (xid_table.py)
     action: str = "none"
     uuid: str | None = None
-    gpu: int | None = None   # index, when nvidia-smi's bus ids are known
+    gpu: int | None = None  # index, when nvidia-smi's bus ids are known
     caused_by: int | None = None  # "... caused by previous Xid 149": the Xid this one echoes
     time: float | None = None  # epoch seconds, where the line has a full time stamp (journalctl -o short-iso)
     # what reported it: "xid" (NVRM Xid or fallen-off-the-bus), "sxid" (an NVSwitch; `xid` is the
     # SXid), "gsp" (the GSP firmware's own NVRM lines; `xid` is the catalogue's 119/120),
     # "nvidia-smi" (a GPU nvidia-smi cannot open; `xid` None)
     source: str = "xid"
-    label: str = ""          # how to name it: "Xid 79", "SXid 12028 (fatal)", "GSP", "nvidia-smi"
+    label: str = ""  # how to name it: "Xid 79", "SXid 12028 (fatal)", "GSP", "nvidia-smi"
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def norm_pci(value: str | None) -> str | None:
-    """"PCI:0000:2b:00", "00000000:2B:00.0", "2b:00" -> "0000:2b:00"; None stays None."""
+    """ "PCI:0000:2b:00", "00000000:2B:00.0", "2b:00" -> "0000:2b:00"; None stays None."""
     if value is None:
         return None
     value = value.strip().lower().removeprefix("pci:")
@@ -106,35 +114,70 @@ UNKNOWN_XID = ("not in k26ops' table: see NVIDIA's Xid catalogue", "unknown", "n
 CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 # Xid 154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
 RECOVERY = re.compile(r"recovery action changed from .*? to \S+ \(([^)]+)\)")
-RECOVERY_ACTIONS = {"none": "none", "gpu reset required": "reset-gpu", "drain and reset": "reset-gpu",
-                    "drain p2p": "reset-gpu", "node reboot required": "reboot"}
+RECOVERY_ACTIONS = {
+    "none": "none",
+    "gpu reset required": "reset-gpu",
+    "drain and reset": "reset-gpu",
+    "drain p2p": "reset-gpu",
+    "node reboot required": "reboot",
+}
 
 _PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
 # NVSwitch: "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ
 # interrupt", followed by its "Severity ..." and "Data {...}" lines (the same SXid, same switch)
-SXID_LINE = re.compile(r"(?P<switch>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<pci>" + _PCI + r")(?:\.\d)?\): "
-                       r"(?P<sxid>\d+), (?P<rest>.*?)\s*$")
+SXID_LINE = re.compile(
+    r"(?P<switch>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<pci>" + _PCI + r")(?:\.\d)?\): "
+    r"(?P<sxid>\d+), (?P<rest>.*?)\s*$"
+)
 SXID_SEVERITY = re.compile(r"^(?P<sev>Non-fatal|Fatal)\b,?\s*(?P<what>.*)$", re.IGNORECASE)
 # The GSP firmware's faults, in the driver's own words (open-gpu-kernel-modules #446, #1080, #1200)
 GSP_FAULTS = (
-    (119, re.compile(r"_kgspIsHeartbeatTimedOut: Heartbeat timed out|GSP RM heartbeat timed out|"
-                     r"LibOS heartbeat timed out"), "GSP firmware heartbeat timed out"),
-    (119, re.compile(r"Timeout waiting for RPC from GSP|rpcRecvPoll timedout|GSP RPC timeout|"
-                     r"Timeout after \d+s of waiting for RPC response from \w+ GSP"), "GSP firmware RPC timeout"),
+    (
+        119,
+        re.compile(
+            r"_kgspIsHeartbeatTimedOut: Heartbeat timed out|GSP RM heartbeat timed out|"
+            r"LibOS heartbeat timed out"
+        ),
+        "GSP firmware heartbeat timed out",
+    ),
+    (
+        119,
+        re.compile(
+            r"Timeout waiting for RPC from GSP|rpcRecvPoll timedout|GSP RPC timeout|"
+            r"Timeout after \d+s of waiting for RPC response from \w+ GSP"
+        ),
+        "GSP firmware RPC timeout",
+    ),
     # the GSP firmware failing to boot (open-gpu-kernel-modules #974: "kgspBootstrap_GH100: GSP-FMC reported an
     # error while attempting to boot GSP")
-    (120, re.compile(r"GSP-FMC reported an error|error while attempting to boot GSP|cannot proceed with booting GSP|"
-                     r"Cannot initialize GSP firmware RM"), "GSP firmware failed to boot"),
-    (120, re.compile(r"Reset required \[NV_ERR_RESET_REQUIRED\]|GPU marked for reset"),
-     "the driver marked the GPU for reset after a GSP fault (reset required)"),
-    (120, re.compile(r"GspRmAlloc failed|rpcRmApiAlloc_GSP.*failed|RmInitAdapter failed|kgspInitRm\w*.*failed",
-                     re.IGNORECASE), "GSP firmware RPC or allocation failure"),
+    (
+        120,
+        re.compile(
+            r"GSP-FMC reported an error|error while attempting to boot GSP|cannot proceed with booting GSP|"
+            r"Cannot initialize GSP firmware RM"
+        ),
+        "GSP firmware failed to boot",
+    ),
+    (
+        120,
+        re.compile(r"Reset required \[NV_ERR_RESET_REQUIRED\]|GPU marked for reset"),
+        "the driver marked the GPU for reset after a GSP fault (reset required)",
+    ),
+    (
+        120,
+        re.compile(
+            r"GspRmAlloc failed|rpcRmApiAlloc_GSP.*failed|RmInitAdapter failed|kgspInitRm\w*.*failed", re.IGNORECASE
+        ),
+        "GSP firmware RPC or allocation failure",
+    ),
 )
 GSP_GPU = re.compile(r"NVRM: (?:(?P<drv>GPU\d+) |GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r")(?:\.\d)?:? )")
 # nvidia-smi failing for one GPU: "Unable to determine the device handle for GPU 0000:03:00.0: Unknown Error"
 # (also "GPU0000:4F:00.0" without the space, and "...: GPU is lost. Reboot the system to recover this GPU")
-SMI_HANDLE = re.compile(r"Unable to determine the device handle for GPU ?(?P<pci>" + _PCI + r")(?:\.\d)?: "
-                        r"(?P<why>.*?)\s*$")
+SMI_HANDLE = re.compile(
+    r"Unable to determine the device handle for GPU ?(?P<pci>" + _PCI + r")(?:\.\d)?: "
+    r"(?P<why>.*?)\s*$"
+)
 
 
 def _event(xid: int, pci: str, message: str, line: int, text: str, pid=None, name=None) -> XidEvent:
@@ -147,11 +190,20 @@ def _event(xid: int, pci: str, message: str, line: int, text: str, pid=None, nam
         action = RECOVERY_ACTIONS.get(recovery.group(1).strip().lower(), action)
         kind = "hardware" if action != "none" else "info"
     unknown = ("<unknown>", "")
-    return XidEvent(xid=xid, pci=norm_pci(pci), message=message.strip().rstrip(")").strip(), line=line,
-                    text=text, pid=None if (pid or "").strip("'") in unknown else pid.strip("'"),
-                    name=None if (name or "").strip() in unknown else name.strip(),
-                    meaning=meaning, kind=kind, action=action,
-                    caused_by=int(cause.group(1)) if cause else None, label=f"Xid {xid}")
+    return XidEvent(
+        xid=xid,
+        pci=norm_pci(pci),
+        message=message.strip().rstrip(")").strip(),
+        line=line,
+        text=text,
+        pid=None if (pid or "").strip("'") in unknown else pid.strip("'"),
+        name=None if (name or "").strip() in unknown else name.strip(),
+        meaning=meaning,
+        kind=kind,
+        action=action,
+        caused_by=int(cause.group(1)) if cause else None,
+        label=f"Xid {xid}",
+    )
 
 
 def _gsp_event(raw: str, at: str, i: int, events: list[XidEvent]) -> XidEvent | None:
@@ -163,9 +215,20 @@ def _gsp_event(raw: str, at: str, i: int, events: list[XidEvent]) -> XidEvent | 
             drv = g.group("drv") if g and g.group("drv") else None
             if any(e.source == "gsp" and e.message == what and e.pci == pci and e.name == drv for e in events):
                 return None
-            return XidEvent(xid=xid, pci=pci, message=what, line=i, text=at, name=drv,
-                            meaning=f"{what} ({XID_TABLE[xid][0]})", kind="hardware", action="reset-gpu",
-                            time=line_time(raw), source="gsp", label="GSP")
+            return XidEvent(
+                xid=xid,
+                pci=pci,
+                message=what,
+                line=i,
+                text=at,
+                name=drv,
+                meaning=f"{what} ({XID_TABLE[xid][0]})",
+                kind="hardware",
+                action="reset-gpu",
+                time=line_time(raw),
+                source="gsp",
+                label="GSP",
+            )
     return None
 
 
@@ -175,8 +238,14 @@ def _other_event(raw: str, i: int, events: list[XidEvent]) -> XidEvent | None:
     if "SXid" in raw and (m := SXID_LINE.search(raw)):
         pci, sxid, rest = norm_pci(m.group("pci")), int(m.group("sxid")), m.group("rest")
         sev = SXID_SEVERITY.match(rest)
-        prev = next((e for e in reversed(events[-6:]) if e.source == "sxid" and e.pci == pci and e.xid == sxid
-                     and i - e.line <= 6), None)
+        prev = next(
+            (
+                e
+                for e in reversed(events[-6:])
+                if e.source == "sxid" and e.pci == pci and e.xid == sxid and i - e.line <= 6
+            ),
+            None,
+        )
         # the same SXid of that switch: a Data/Severity line folds in, and so does the severity-word line
         # of an event whose first line had none (a second severity-word line is another link's error)
         if prev is not None and (not sev or not SXID_SEVERITY.match(prev.message)):
@@ -184,24 +253,43 @@ def _other_event(raw: str, i: int, events: list[XidEvent]) -> XidEvent | None:
                 _sxid_severity(prev, sev)
                 prev.message = rest
             return None
-        e = XidEvent(xid=sxid, pci=pci, message=rest, line=i, text=raw[raw.index(m.group("switch")):].strip(),
-                     name=m.group("switch"), time=line_time(raw), source="sxid",
-                     meaning=f"NVSwitch SXid {sxid}: severity not in these lines nor in NVIDIA's SXid tables",
-                     kind="unknown", label=f"SXid {sxid}")
+        e = XidEvent(
+            xid=sxid,
+            pci=pci,
+            message=rest,
+            line=i,
+            text=raw[raw.index(m.group("switch")) :].strip(),
+            name=m.group("switch"),
+            time=line_time(raw),
+            source="sxid",
+            meaning=f"NVSwitch SXid {sxid}: severity not in these lines nor in NVIDIA's SXid tables",
+            kind="unknown",
+            label=f"SXid {sxid}",
+        )
         if sxid in SXID_TABLE:  # a Data/Severity line alone: NVIDIA's table gives the severity
             name, severity, e.kind, e.action = SXID_TABLE[sxid]
             e.label = f"SXid {sxid} ({severity})"
             e.meaning = f"NVSwitch SXid {sxid} ({name}), {severity} in NVIDIA's SXid tables" + (
-                FATAL_SXID_NOTE if severity == "fatal" else "")
+                FATAL_SXID_NOTE if severity == "fatal" else ""
+            )
         if sev:
             _sxid_severity(e, sev)
         return e
     if "device handle" in raw and (m := SMI_HANDLE.search(raw)):
         why = m.group("why")
-        return XidEvent(xid=None, pci=norm_pci(m.group("pci")), message=why, line=i,
-                        text=raw[raw.index("Unable"):].strip(), time=line_time(raw), source="nvidia-smi",
-                        meaning=f"nvidia-smi cannot open this GPU ({why})", kind="hardware", action="reboot",
-                        label="nvidia-smi")
+        return XidEvent(
+            xid=None,
+            pci=norm_pci(m.group("pci")),
+            message=why,
+            line=i,
+            text=raw[raw.index("Unable") :].strip(),
+            time=line_time(raw),
+            source="nvidia-smi",
+            meaning=f"nvidia-smi cannot open this GPU ({why})",
+            kind="hardware",
+            action="reboot",
+            label="nvidia-smi",
+        )
     return None
 
 
@@ -210,8 +298,9 @@ def _sxid_severity(e: XidEvent, sev: re.Match) -> None:
     e.kind, e.action = ("hardware", "reboot") if fatal else ("info", "none")
     e.label = f"SXid {e.xid} ({'fatal' if fatal else 'non-fatal'})"
     name = f" ({SXID_TABLE[e.xid][0]})" if e.xid in SXID_TABLE else ""
-    e.meaning = (f"NVSwitch SXid {e.xid}{name}, {'fatal' if fatal else 'non-fatal'}: {sev.group('what')}"
-                 + (FATAL_SXID_NOTE if fatal else ""))
+    e.meaning = f"NVSwitch SXid {e.xid}{name}, {'fatal' if fatal else 'non-fatal'}: {sev.group('what')}" + (
+        FATAL_SXID_NOTE if fatal else ""
+    )
 
 
 def label(event: dict) -> str:
@@ -233,17 +322,18 @@ def parse_kernel_text(text: str, bus_ids: dict | None = None, limit: int = MAX_E
             if (e := _other_event(raw, i, events)) is not None:
                 events.append(e)
             continue
-        at = raw[raw.index("NVRM"):].strip()
+        at = raw[raw.index("NVRM") :].strip()
         if m := GPU_AT.search(raw):
             uuids[norm_pci(m.group("pci"))] = m.group("uuid")
         if m := XID_LINE.search(raw):
-            events.append(_event(int(m.group("xid")), m.group("pci"), m.group("message"), i, at,
-                                 m.group("pid"), m.group("name")))
+            events.append(
+                _event(int(m.group("xid")), m.group("pci"), m.group("message"), i, at, m.group("pid"), m.group("name"))
+            )
             events[-1].time = line_time(raw)
             continue
         m = FALLEN.search(raw)
         if not m and (s := FALLEN_SPLIT.search(raw)):
-            window = " ".join(lines[i + 1:i + 3])
+            window = " ".join(lines[i + 1 : i + 3])
             m = s if "fallen off the bus" in window else None
         if m:
             pci = norm_pci(m.group("pci"))
@@ -320,13 +410,15 @@ def worst_action(events: list[XidEvent]) -> str:
 # journal, else dmesg. Reading the kernel log may need root (dmesg_restrict, the journal's
 # groups): the refusal's own line passes the filter, so it is reported, not hidden.
 _REFUSALS = "Operation not permitted|insufficient permissions|No journal files|not seeing messages from other users"
-XID_COMMAND = ("F='NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus|SXid|kgsp|GSP|Reset required|"
-               "dmesg: not found|" + _REFUSALS + "'; "
-               "if command -v journalctl >/dev/null 2>&1 && ! journalctl -k -b -n 1 --no-pager 2>&1 "
-               "| grep -q 'No journal files were found'; then "
-               "journalctl -k -b -o short-iso --since '-24h' --no-pager 2>&1 | grep -E \"$F\" | tail -n 400; "
-               "else dmesg 2>&1 | grep -E \"$F\" | tail -n 400; fi; "
-               "echo __K26OPS_RC=$?")
+XID_COMMAND = (
+    "F='NVRM: (Xid|GPU|The NVIDIA GPU)|fallen off the bus|SXid|kgsp|GSP|Reset required|"
+    "dmesg: not found|" + _REFUSALS + "'; "
+    "if command -v journalctl >/dev/null 2>&1 && ! journalctl -k -b -n 1 --no-pager 2>&1 "
+    "| grep -q 'No journal files were found'; then "
+    "journalctl -k -b -o short-iso --since '-24h' --no-pager 2>&1 | grep -E \"$F\" | tail -n 400; "
+    'else dmesg 2>&1 | grep -E "$F" | tail -n 400; fi; '
+    "echo __K26OPS_RC=$?"
+)
 
 
 @safe
@@ -336,13 +428,24 @@ def parse_xid_fact(stdout: str, rc: int) -> dict:
     if command_missing(stdout, rc):
         return {"events": [], "count": 0, "worst_action": "none", "error": "neither journalctl nor dmesg found"}
     text = re.sub(r"^__K26OPS_RC=\d+\s*$", "", stdout, flags=re.M)
-    if re.search(r"Operation not permitted|No journal files were (?:found|opened)|insufficient permissions"
-                 r"|not seeing messages from other users", text):
-        return {"events": [], "count": 0, "worst_action": "none",
-                "error": "the kernel log could not be read (run as root or with become: true)"}
+    if re.search(
+        r"Operation not permitted|No journal files were (?:found|opened)|insufficient permissions"
+        r"|not seeing messages from other users",
+        text,
+    ):
+        return {
+            "events": [],
+            "count": 0,
+            "worst_action": "none",
+            "error": "the kernel log could not be read (run as root or with become: true)",
+        }
     events = parse_kernel_text(text)
-    return {"events": [e.to_json() for e in events], "count": len(events),
-            "worst_action": worst_action(events), "error": None}
+    return {
+        "events": [e.to_json() for e in events],
+        "count": len(events),
+        "worst_action": worst_action(events),
+        "error": None,
+    }
 
 
 def with_gpu_index(xid_fact: dict, gpus: list[dict]) -> dict:

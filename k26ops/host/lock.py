@@ -31,7 +31,7 @@ import time
 from datetime import datetime, timezone
 
 from k26ops.shell import q
-from k26ops.transport.ssh import BECOME_HINT, SSHSession, Session
+from k26ops.transport.ssh import BECOME_HINT, Session, SSHSession
 
 LOCK_BUSY = 75
 NOT_ROOT = 77
@@ -69,21 +69,23 @@ def lock_script(state_dir: str, lock: str, owner_file: str, me: str, need: int) 
     owner = q(owner_file)
     # bash (root's usual login shell) has a read-only $EUID; sh (dash, under sudo) does not: id then.
     uid = "case ${BASH_VERSION:+b} in b) u=$EUID;; *) u=$(id -u);; esac; "
-    return (uid + f"[ \"$u\" = 0 ] || {{ echo \"NOTROOT $(id -un)\"; exit {NOT_ROOT}; }}; "
-            f"{{ [ -d {q(state_dir)} ] || mkdir -p {q(state_dir)}; }} && exec 9>>{q(lock)} || exit 1; "
-            f"flock -n -E {LOCK_BUSY} 9 || exit $?; "
-            f"prev=; [ -f {owner} ] && IFS= read -r prev < {owner}; "
-            # POSIX df -P: a header of 7 words, then device, blocks, used, available, ...
-            f"set -f; set -- $(df -Pk {q(state_dir)} 2>/dev/null); set +f; avail=${{11:-}}; "
-            "case \"$avail\" in ''|*[!0-9]*) ;; *) "
-            f"if [ $((avail * 1024)) -lt {need} ]; then echo \"NOSPACE $((avail * 1024))\"; "
-            f"exit {NO_ROOM}; fi;; esac; "
-            f"if ! err=$( {{ printf '%s\\n' {q(me)} | cat > {tmp} && mv -f {tmp} {owner}; }} 2>&1 ); then "
-            f"rm -f {tmp}; echo \"NOWRITE ${{err##*{NL}}}\"; exit {NO_ROOM}; fi; "
-            "echo \"LOCKED $prev\"; IFS= read -r bye; while IFS= read -r rest; do :; done; "
-            # Only a clean release says goodbye: a run that died (EOF
-            # without it) leaves its owner record, reported as stale.
-            f"if [ \"$bye\" = {RELEASED} ]; then rm -f {owner}; fi")
+    return (
+        uid + f'[ "$u" = 0 ] || {{ echo "NOTROOT $(id -un)"; exit {NOT_ROOT}; }}; '
+        f"{{ [ -d {q(state_dir)} ] || mkdir -p {q(state_dir)}; }} && exec 9>>{q(lock)} || exit 1; "
+        f"flock -n -E {LOCK_BUSY} 9 || exit $?; "
+        f"prev=; [ -f {owner} ] && IFS= read -r prev < {owner}; "
+        # POSIX df -P: a header of 7 words, then device, blocks, used, available, ...
+        f"set -f; set -- $(df -Pk {q(state_dir)} 2>/dev/null); set +f; avail=${{11:-}}; "
+        "case \"$avail\" in ''|*[!0-9]*) ;; *) "
+        f'if [ $((avail * 1024)) -lt {need} ]; then echo "NOSPACE $((avail * 1024))"; '
+        f"exit {NO_ROOM}; fi;; esac; "
+        f"if ! err=$( {{ printf '%s\\n' {q(me)} | cat > {tmp} && mv -f {tmp} {owner}; }} 2>&1 ); then "
+        f'rm -f {tmp}; echo "NOWRITE ${{err##*{NL}}}"; exit {NO_ROOM}; fi; '
+        'echo "LOCKED $prev"; IFS= read -r bye; while IFS= read -r rest; do :; done; '
+        # Only a clean release says goodbye: a run that died (EOF
+        # without it) leaves its owner record, reported as stale.
+        f'if [ "$bye" = {RELEASED} ]; then rm -f {owner}; fi'
+    )
 
 
 class HostLock:
@@ -100,9 +102,13 @@ class HostLock:
         return f"{self.state_dir}/lock.owner"
 
     def owner(self) -> dict:
-        return {"user": getpass.getuser(), "control_node": socket.gethostname(), "pid": os.getpid(),
-                "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "purpose": self.purpose}
+        return {
+            "user": getpass.getuser(),
+            "control_node": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "purpose": self.purpose,
+        }
 
     def acquire(self) -> None:
         lock = f"{self.state_dir}/lock"
@@ -144,8 +150,9 @@ class HostLock:
         if rc == LOCK_BUSY:
             raise HostLocked(self._describe_holder())
         said = (buf or err).decode(errors="replace").strip().splitlines()
-        raise HostLocked(f"could not take the host lock {lock} (exit {rc}): "
-                         + (said[-1] if said else "flock missing?"))
+        raise HostLocked(
+            f"could not take the host lock {lock} (exit {rc}): " + (said[-1] if said else "flock missing?")
+        )
 
     def _acquire_local(self, script: str) -> None:
         proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -156,8 +163,11 @@ class HostLock:
                 raise NotRoot(self._not_root(line))
             if proc.returncode == NO_ROOM and line.startswith((b"NOSPACE", b"NOWRITE")):
                 raise OwnerNotWritten(self._not_written(line))
-            raise HostLocked(self._describe_holder() if proc.returncode == LOCK_BUSY
-                             else f"could not take the host lock (exit {proc.returncode})")
+            raise HostLocked(
+                self._describe_holder()
+                if proc.returncode == LOCK_BUSY
+                else f"could not take the host lock (exit {proc.returncode})"
+            )
         self.chan = proc
 
     @staticmethod
@@ -179,8 +189,10 @@ class HostLock:
         res = self.session.run(f"cat {q(self.owner_file)} 2>/dev/null")
         try:
             o = json.loads(res.stdout)
-            return (f"host is locked by another k26ops run: {o.get('user')}@{o.get('control_node')} "
-                    f"pid {o.get('pid')} since {o.get('since')} ({o.get('purpose')})")
+            return (
+                f"host is locked by another k26ops run: {o.get('user')}@{o.get('control_node')} "
+                f"pid {o.get('pid')} since {o.get('since')} ({o.get('purpose')})"
+            )
         except ValueError:
             return "host is locked by another k26ops run (owner unknown)"
 

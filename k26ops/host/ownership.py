@@ -12,20 +12,41 @@ it will remove in `--check` and in the report.
 
 from __future__ import annotations
 
-from k26ops.transport import agents
 from k26ops.shell import q
+from k26ops.transport import agents
 
 MARKER = ".k26ops-owned"
 RELEASE_MARKER = ".k26ops-release"
 # What k26ops itself makes under k26ops_root (a directory holding only these is ours).
-ROOT_ENTRIES = {"state", "releases", "wheelhouse", "toolchain", "lab", "store", "tools", "engine-cache", "gateway",
-                MARKER}
+ROOT_ENTRIES = {
+    "state",
+    "releases",
+    "wheelhouse",
+    "toolchain",
+    "lab",
+    "store",
+    "tools",
+    "engine-cache",
+    "gateway",
+    MARKER,
+}
 
 
 def _call(session, d: str | None, kind: str | None, op: str, *names: str, **req):
     """One operation of agents/ownership.py on the host (the markers travel with the request)."""
-    return agents.run(session, "ownership", op, what="ownership agent", dir=d, kind=kind, names=list(names),
-                      marker=MARKER, release_marker=RELEASE_MARKER, root_entries=sorted(ROOT_ENTRIES), **req)
+    return agents.run(
+        session,
+        "ownership",
+        op,
+        what="ownership agent",
+        dir=d,
+        kind=kind,
+        names=list(names),
+        marker=MARKER,
+        release_marker=RELEASE_MARKER,
+        root_entries=sorted(ROOT_ENTRIES),
+        **req,
+    )
 
 
 def refusal(d: str, kind: str, st: dict) -> str | None:
@@ -35,8 +56,10 @@ def refusal(d: str, kind: str, st: dict) -> str | None:
         return f"{what} {d} is not a directory"
     if st["state"] == "foreign":
         shown = ", ".join(st["foreign"]) + (" ..." if st["count"] > len(st["foreign"]) else "")
-        return (f"{what} {d} holds {st['count']} entr{'y' if st['count'] == 1 else 'ies'} k26ops did not make "
-                f"({shown}): choose an empty directory or one k26ops owns (k26ops deletes old releases there)")
+        return (
+            f"{what} {d} holds {st['count']} entr{'y' if st['count'] == 1 else 'ies'} k26ops did not make "
+            f"({shown}): choose an empty directory or one k26ops owns (k26ops deletes old releases there)"
+        )
     return None
 
 
@@ -51,8 +74,11 @@ def states(session, dirs: list[tuple[str, str]]) -> list[dict]:
 
 def claim(session, d: str) -> None:
     """Mark `d` as k26ops's own (after `state` said empty, ours or absent)."""
-    session.run(f"mkdir -p {q(d)} && printf '%s\\n' 'made and owned by k26ops: old releases here are deleted' "
-                f"> {q(d + '/' + MARKER)}", check=True)
+    session.run(
+        f"mkdir -p {q(d)} && printf '%s\\n' 'made and owned by k26ops: old releases here are deleted' "
+        f"> {q(d + '/' + MARKER)}",
+        check=True,
+    )
 
 
 def releases(session, d: str) -> list[str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from k26ops.engine import units
+from k26ops.engine.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
 from k26ops.errors import UserError
 from k26ops.facts import smi_q
 from k26ops.facts.cuda import cuda_toolkit_fact
@@ -24,22 +26,25 @@ from k26ops.facts.smi_q import ACTIONS, fault_lines
 from k26ops.facts.xid import ACTION_TEXT, distinct, label, who
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
-from k26ops.engine.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
-from k26ops.engine import units
 from k26ops.release import launch_rules
 from k26ops.release import recipe as recipe_mod
 from k26ops.transport.ssh import BECOME_HINT
 
 EXPECTED = declare(
-    __name__, "what the host must have (preflight: check, deploy)",
+    __name__,
+    "what the host must have (preflight: check, deploy)",
     Var("gpus_per_host", "int", 8, "GPUs the host must have"),
     Var("compute_capability", "str|list", ["12.0", "10.x"], "accepted GPU compute capabilities (10.x: any 10)"),
     Var("min_driver", "int", 580, "lowest NVIDIA driver major version", "580 (the recipe's)"),
     Var("model_size_gb", "int", 590, "disk the model needs at model_path"),
     Var("disk_margin_gb", "int", 50, "free disk kept beyond the model"),
-    Var("release_size_gb", "int", 20, "free disk one release needs at releases_root"))
-DEFAULTS = {**{name: v.default for name, v in EXPECTED.items()},
-            "model_path": DEFAULT_MODEL_PATH, "releases_root": Layout().releases_root}
+    Var("release_size_gb", "int", 20, "free disk one release needs at releases_root"),
+)
+DEFAULTS = {
+    **{name: v.default for name, v in EXPECTED.items()},
+    "model_path": DEFAULT_MODEL_PATH,
+    "releases_root": Layout().releases_root,
+}
 
 
 @dataclass
@@ -73,10 +78,19 @@ def engine_wanted(host_vars: dict) -> dict:
     weights = None
     if r.model is not None:  # the recipe's model manifest: check and the deploy compare the host's files with it
         from k26ops.weights.manifest import record_path  # lazy: only for a recipe with a model manifest
-        weights = {"manifest": str(r.model.manifest), "name": r.model.name,
-                   "record": record_path(Layout.of(host_vars).state_dir, model_path)}
-    return {"model_path": model_path, "drafter": drafter_wanted(host_vars), "weights": weights,
-            "user": engine_user(host_vars), "releases_root": str(Layout.of(host_vars).releases_root)}
+
+        weights = {
+            "manifest": str(r.model.manifest),
+            "name": r.model.name,
+            "record": record_path(Layout.of(host_vars).state_dir, model_path),
+        }
+    return {
+        "model_path": model_path,
+        "drafter": drafter_wanted(host_vars),
+        "weights": weights,
+        "user": engine_user(host_vars),
+        "releases_root": str(Layout.of(host_vars).releases_root),
+    }
 
 
 def engine_user(host_vars: dict) -> str | None:
@@ -97,8 +111,12 @@ def drafter_wanted(host_vars: dict) -> dict | None:
         return None
     d = r.drafter
     block = prof.get("speculative_dflash_block_size") or (d.block_size if d else None)
-    return {"path": str(prof["draft_model_path"]), "block_size": block,
-            "repo": d.repo if d else None, "revision": d.revision if d else None}
+    return {
+        "path": str(prof["draft_model_path"]),
+        "block_size": block,
+        "repo": d.repo if d else None,
+        "revision": d.revision if d else None,
+    }
 
 
 def recipe_lock(host_vars: dict) -> dict:
@@ -107,8 +125,13 @@ def recipe_lock(host_vars: dict) -> dict:
     try:
         r = recipe_for(host_vars)
     except UserError as exc:
-        return {"recipe": str(host_vars.get("recipe") or ""), "source": None, "lock": None, "ok": False,
-                "problem": str(exc)}
+        return {
+            "recipe": str(host_vars.get("recipe") or ""),
+            "source": None,
+            "lock": None,
+            "ok": False,
+            "problem": str(exc),
+        }
     out = {"recipe": r.name, "source": str(r.source), "lock": str(r.lock_path) if r.lock_path else None}
     try:
         lock_for(r)
@@ -137,7 +160,9 @@ def lock_check(host_vars: dict, facts: dict) -> Check:
         return Check("engine_lock", False, str(exc))
     ver = (facts.get("python3") or {}).get("version")
     if not ver:
-        return Check("engine_lock", False, f"no python3 on the host: {(facts.get('python3') or {}).get('error') or 'absent'}")
+        return Check(
+            "engine_lock", False, f"no python3 on the host: {(facts.get('python3') or {}).get('error') or 'absent'}"
+        )
     py = ".".join(ver.split(".")[:2])
     try:
         r = recipe_mod.for_python(r, py)
@@ -153,13 +178,26 @@ def lock_check(host_vars: dict, facts: dict) -> Check:
             return Check("engine_lock", False, f"{lock.path.name}: {why}")
     major, gpus = _cuda_major(lock), (facts.get("gpus") or {}).get("gpus") or []
     low = CUDA_MIN_CC.get(major)
-    old = sorted({g["compute_cap"] for g in gpus if low and g.get("compute_cap")
-                  and tuple(int(x) for x in g["compute_cap"].split(".")[:2]) < low})
+    old = sorted(
+        {
+            g["compute_cap"]
+            for g in gpus
+            if low and g.get("compute_cap") and tuple(int(x) for x in g["compute_cap"].split(".")[:2]) < low
+        }
+    )
     if old:
-        return Check("engine_lock", False, f"{lock.path.name}: the CUDA {major} runtime runs on compute capability "
-                                           f"{low[0]}.{low[1]} and newer, this host's GPUs are {', '.join(old)}")
-    return Check("engine_lock", True, f"{lock.path.name}: python {py}, {plat or 'platform not recorded'}"
-                                      + (f", CUDA {major} runtime" if major else ""))
+        return Check(
+            "engine_lock",
+            False,
+            f"{lock.path.name}: the CUDA {major} runtime runs on compute capability "
+            f"{low[0]}.{low[1]} and newer, this host's GPUs are {', '.join(old)}",
+        )
+    return Check(
+        "engine_lock",
+        True,
+        f"{lock.path.name}: python {py}, {plat or 'platform not recorded'}"
+        + (f", CUDA {major} runtime" if major else ""),
+    )
 
 
 def launch_check(host_vars: dict) -> Check:
@@ -189,6 +227,7 @@ def engine_facts(want: dict) -> list:
     out = [model_fact(want["model_path"])]
     if want.get("weights"):
         from k26ops.facts.model_files import model_files_fact  # lazy: as the model fact above
+
         out.append(model_files_fact(want["model_path"], want["weights"]["record"]))
     if (want.get("drafter") or {}).get("path"):
         out.append(drafter_fact(want["drafter"]["path"]))
@@ -209,14 +248,25 @@ def engine_user_check(fact: dict, user: str) -> Check:
     if fact.get("error"):
         return Check("engine_user", False, f"{user}: {fact['error']}")
     if not fact.get("exists"):
-        return Check("engine_user", False, f"user {user} (unit_settings User) does not exist on the host: the "
-                     "engine would fail with 217/USER; create it (useradd --system) or drop User")
+        return Check(
+            "engine_user",
+            False,
+            f"user {user} (unit_settings User) does not exist on the host: the "
+            "engine would fail with 217/USER; create it (useradd --system) or drop User",
+        )
     if fact.get("denied"):
-        return Check("engine_user", False, f"user {user} cannot read {', '.join(fact['denied'])}: the engine "
-                     "would fail to start; give it read access (chgrp/chmod, or an ACL: setfacl -R -m u:"
-                     f"{user}:rX PATH)")
-    return Check("engine_user", True, f"user {user} (uid {fact.get('uid')}) reads "
-                 + (", ".join(fact.get("readable") or []) or "nothing checked"))
+        return Check(
+            "engine_user",
+            False,
+            f"user {user} cannot read {', '.join(fact['denied'])}: the engine "
+            "would fail to start; give it read access (chgrp/chmod, or an ACL: setfacl -R -m u:"
+            f"{user}:rX PATH)",
+        )
+    return Check(
+        "engine_user",
+        True,
+        f"user {user} (uid {fact.get('uid')}) reads " + (", ".join(fact.get("readable") or []) or "nothing checked"),
+    )
 
 
 def paths(host_vars: dict) -> list[str]:
@@ -227,7 +277,7 @@ def paths(host_vars: dict) -> list[str]:
 def _cc_matches(cc: str | None, wanted) -> bool:
     if cc is None:
         return False
-    for w in ([wanted] if isinstance(wanted, str) else list(wanted)):
+    for w in [wanted] if isinstance(wanted, str) else list(wanted):
         w = str(w)
         if w.endswith(".x") and cc.split(".")[0] == w[:-2]:
             return True
@@ -246,9 +296,18 @@ def driver_version(facts: dict) -> tuple[str | None, int | None]:
     A deploy reads the query and -q (gpu_health), not the table: one nvidia-smi start fewer."""
     gpus = (facts.get("gpus") or {}).get("gpus") or []
     drivers = sorted({g.get("driver_version") for g in gpus} - {None})
-    driver = drivers[0] if drivers else next(
-        (f["driver_version"] for f in (facts.get("nvidia_smi"), facts.get("gpu_health"))
-         if isinstance(f, dict) and f.get("driver_version")), None)
+    driver = (
+        drivers[0]
+        if drivers
+        else next(
+            (
+                f["driver_version"]
+                for f in (facts.get("nvidia_smi"), facts.get("gpu_health"))
+                if isinstance(f, dict) and f.get("driver_version")
+            ),
+            None,
+        )
+    )
     try:
         return driver, int(str(driver).split(".")[0])
     except ValueError:
@@ -278,8 +337,11 @@ def gpu_health_check(facts: dict) -> Check:
     bad = list(gpus.get("gpu_errors") or [])
     seen = {g.get("index") for g in gpus.get("gpus") or [] if g.get("error")}
     table = facts.get("nvidia_smi") or {}
-    bad += [line for g, line in zip([g for g in table.get("gpus") or [] if g.get("errors")],
-                                    table.get("gpu_errors") or []) if g["index"] not in seen]
+    bad += [
+        line
+        for g, line in zip([g for g in table.get("gpus") or [] if g.get("errors")], table.get("gpu_errors") or [])
+        if g["index"] not in seen
+    ]
     health, xids = facts.get("gpu_health"), facts.get("gpu_xid")
     bad += fault_lines(health) if isinstance(health, dict) else []
     bad += xid_fault_lines(xids) if isinstance(xids, dict) else []
@@ -292,8 +354,11 @@ def gpu_health_check(facts: dict) -> Check:
         return Check("gpu_health", False, "; ".join(bad + unread))
     src = gpus.get("source")
     how = f" (GPU values from {src})" if src and src != "query" else ""
-    read = [w for w, f in (("nvidia-smi -q", health), ("kernel Xid log", xids))
-            if isinstance(f, dict) and not f.get("error")]
+    read = [
+        w
+        for w, f in (("nvidia-smi -q", health), ("kernel Xid log", xids))
+        if isinstance(f, dict) and not f.get("error")
+    ]
     more = (f"; no fault in {' or '.join(read)}" if read else "") + "".join(f"; {u}" for u in unread)
     return Check("gpu_health", True, f"no GPU reports an error{how}{more}")
 
@@ -328,42 +393,57 @@ def evaluate(facts: dict, host_vars: dict) -> list[Check]:
         ok = bool(ccs) and all(_cc_matches(cc, e["compute_capability"]) for cc in ccs)
         wanted = e["compute_capability"]
         wanted = wanted if isinstance(wanted, str) else " or ".join(map(str, wanted))
-        checks.append(Check("compute_capability", ok,
-                            f"{', '.join(ccs) or 'none'}, expected {wanted}"))
+        checks.append(Check("compute_capability", ok, f"{', '.join(ccs) or 'none'}, expected {wanted}"))
     checks.append(gpu_health_check(facts))
     if (fm := fabric_manager_check(facts)) is not None:
         checks.append(fm)
     driver, major = driver_version(facts)
     driver_ok = major is not None and major >= int(e["min_driver"])
-    checks.append(Check("driver", driver_ok,
-                        f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"
-                        + ("" if driver_ok else "; `k26ops provision` installs it")))
+    checks.append(
+        Check(
+            "driver",
+            driver_ok,
+            f"driver {driver or 'unknown'}, CUDA 13 needs >= {e['min_driver']}"
+            + ("" if driver_ok else "; `k26ops provision` installs it"),
+        )
+    )
     if isinstance(facts.get("model"), dict):
         checks.append(model_check(facts["model"], host_vars.get("_model_path") or str(e["model_path"])))
     disk = facts.get("disk_free") or {}
     model_need = (int(e["model_size_gb"]) + int(e["disk_margin_gb"])) * 10**9
     if model_present(facts.get("model")):  # downloaded: only the margin must stay free beside it
         model_need = int(e["disk_margin_gb"]) * 10**9
-    for label, path, need in (("disk_model", str(e["model_path"]), model_need),
-                              ("disk_releases", str(e["releases_root"]), int(e["release_size_gb"]) * 10**9)):
+    for check_name, path, need in (
+        ("disk_model", str(e["model_path"]), model_need),
+        ("disk_releases", str(e["releases_root"]), int(e["release_size_gb"]) * 10**9),
+    ):
         row = disk.get(path) or {}
         if row.get("error") or "available" not in row:
-            checks.append(Check(label, False, f"{path}: {row.get('error', 'not measured')}"))
+            checks.append(Check(check_name, False, f"{path}: {row.get('error', 'not measured')}"))
         else:
-            checks.append(Check(label, row["available"] >= need,
-                                f"{path}: {_gb(row['available'])} free, needs {_gb(need)}"))
+            checks.append(
+                Check(check_name, row["available"] >= need, f"{path}: {_gb(row['available'])} free, needs {_gb(need)}")
+            )
     if "user" in facts:
         checks.append(root_check(facts["user"] or {}))
     if (facts.get("model_files") or {}).get("state") == "dir" and host_vars.get("_weights"):  # else `model` says it
-        checks.append(weights_check(facts["model_files"], host_vars["_weights"], host_vars.get("_model_path")
-                                    or str(e["model_path"])))
+        checks.append(
+            weights_check(
+                facts["model_files"], host_vars["_weights"], host_vars.get("_model_path") or str(e["model_path"])
+            )
+        )
     if "drafter" in facts and host_vars.get("_drafter"):
         checks.append(drafter_check(facts["drafter"] or {}, host_vars["_drafter"]))
     if isinstance(facts.get("engine_user"), dict) and engine_user(host_vars):
         checks.append(engine_user_check(facts["engine_user"], engine_user(host_vars)))
     sd = facts.get("systemd") or {}
-    checks.append(Check("systemd", bool(sd.get("version")),
-                        f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd")))
+    checks.append(
+        Check(
+            "systemd",
+            bool(sd.get("version")),
+            f"systemd {sd.get('version')}" if sd.get("version") else (sd.get("error") or "no systemd"),
+        )
+    )
     return checks
 
 
@@ -376,8 +456,12 @@ def model_check(fact: dict, path: str) -> Check:
     if fact.get("error"):
         return Check("model", False, f"{path}: {fact['error']}")
     arch = ", ".join(fact.get("architectures") or []) or fact.get("model_type") or "no architectures in config"
-    return Check("model", True, f"{path}: config.json ({arch}), {fact.get('shards')} safetensors file(s)"
-                 + (", index" if fact.get("index") else ""))
+    return Check(
+        "model",
+        True,
+        f"{path}: config.json ({arch}), {fact.get('shards')} safetensors file(s)"
+        + (", index" if fact.get("index") else ""),
+    )
 
 
 def weights_check(fact: dict, want: dict, path: str) -> Check:
@@ -385,6 +469,7 @@ def weights_check(fact: dict, want: dict, path: str) -> Check:
     a missing, truncated or extra file fails, naming it, the expected size and the found one;
     so does a file changed since its last sha256 check (`k26ops model verify --full`)."""
     from k26ops.weights import manifest as mf  # lazy: only for a recipe with a model manifest
+
     try:
         m = mf.load(want["manifest"])
     except UserError as exc:
@@ -392,17 +477,31 @@ def weights_check(fact: dict, want: dict, path: str) -> Check:
     v = mf.compare(m, fact.get("files") or {}, fact.get("record"))
     rec = fact.get("record") or {}
     if v["problems"]:
-        return Check("weights", False, f"{path}: " + "; ".join(v["problems"][:3])
-                     + (f" and {len(v['problems']) - 3} more" if len(v["problems"]) > 3 else ""))
+        return Check(
+            "weights",
+            False,
+            f"{path}: "
+            + "; ".join(v["problems"][:3])
+            + (f" and {len(v['problems']) - 3} more" if len(v["problems"]) > 3 else ""),
+        )
     stale = [p for p in v["changed"] if p in (rec.get("files") or {})]
     if stale:
-        return Check("weights", False, f"{path}: {stale[0]}" + (f" and {len(stale) - 1} more" if len(stale) > 1 else "")
-                     + " changed since its last sha256 check (size, mtime or inode differ from the record): "
-                       "run `k26ops model verify --full`")
+        return Check(
+            "weights",
+            False,
+            f"{path}: {stale[0]}"
+            + (f" and {len(stale) - 1} more" if len(stale) > 1 else "")
+            + " changed since its last sha256 check (size, mtime or inode differ from the record): "
+            "run `k26ops model verify --full`",
+        )
     last = (rec.get("last_full") or {}).get("at")
-    return Check("weights", True, f"{path}: {len(m.entries)} files, {m.total / 1e9:.1f} GB as manifest "
-                 f"{m.sha256[:12]} ({want.get('name')}); last full verify "
-                 + (f"{last}, {v['verified']} of {len(m.entries)} files unchanged since" if last else "never"))
+    return Check(
+        "weights",
+        True,
+        f"{path}: {len(m.entries)} files, {m.total / 1e9:.1f} GB as manifest "
+        f"{m.sha256[:12]} ({want.get('name')}); last full verify "
+        + (f"{last}, {v['verified']} of {len(m.entries)} files unchanged since" if last else "never"),
+    )
 
 
 # What a deploy refuses before it changes a host: the checks about what it will start.
@@ -422,8 +521,9 @@ def gpu_reset_check(facts: dict) -> Check:
     for g in (health.get("gpus") or []) if isinstance(health, dict) else []:
         worst = g.get("action") or "none"
         if ACTIONS.index(worst) >= ACTIONS.index("reset-gpu"):
-            who = (f"GPU {g['index']}" if g.get("index") is not None else "GPU") + \
-                  (f" ({g['bus_id']})" if g.get("bus_id") else "")
+            who = (f"GPU {g['index']}" if g.get("index") is not None else "GPU") + (
+                f" ({g['bus_id']})" if g.get("bus_id") else ""
+            )
             why = ", ".join(f["evidence"] for f in g.get("faults") or [] if f["action"] != "check-cooling")
             bad.append(f"{who} needs {worst}: {why}; {smi_q.ACTION_TEXT[worst]}")
     if bad:
@@ -433,8 +533,15 @@ def gpu_reset_check(facts: dict) -> Check:
 
 def deploy_refusals(facts: dict, host_vars: dict, want: dict) -> list[Check]:
     """The failed checks a deploy refuses a host on, before any change (DEPLOY_CHECKS)."""
-    checks = evaluate(facts, {**host_vars, "_drafter": want.get("drafter"), "_model_path": want["model_path"],
-                              "_weights": want.get("weights")})
+    checks = evaluate(
+        facts,
+        {
+            **host_vars,
+            "_drafter": want.get("drafter"),
+            "_model_path": want["model_path"],
+            "_weights": want.get("weights"),
+        },
+    )
     checks.append(gpu_reset_check(facts))
     return [c for c in checks if c.name in DEPLOY_CHECKS and not c.ok]
 
@@ -446,8 +553,11 @@ def drafter_check(fact: dict, want: dict) -> Check:
         return Check("drafter", False, f"{path}: {fact['error']}")
     got = fact.get("block_size")
     if block is not None and got is not None and int(got) != int(block):
-        return Check("drafter", False, f"{path}: config.json block_size {got}, the profile's "
-                                       f"speculative_dflash_block_size is {block}")
+        return Check(
+            "drafter",
+            False,
+            f"{path}: config.json block_size {got}, the profile's speculative_dflash_block_size is {block}",
+        )
     src = f" ({want['repo']} @ {want['revision'][:12]})" if want.get("repo") and want.get("revision") else ""
     return Check("drafter", True, f"{path}: block size {got if got is not None else 'not in config'}{src}")
 
@@ -462,16 +572,18 @@ def health_summary(facts: dict) -> str:
     for g in (health or {}).get("gpus") or [] if isinstance(health, dict) else []:
         for f in g.get("faults") or []:
             per.setdefault(g.get("index") if g.get("index") is not None else g.get("bus_id"), []).append(
-                (f["action"], f["fault"]))
+                (f["action"], f["fault"])
+            )
     for e in (xids or {}).get("events") or [] if isinstance(xids, dict) else []:
         if e.get("kind") in ("hardware", "echo") and e.get("action") in ("reset-gpu", "reboot", "drain-and-rma"):
             per.setdefault(e.get("gpu") if e.get("gpu") is not None else e.get("pci"), []).append(
-                (e["action"], label(e).split(" (")[0].lower().replace(" ", "-")))
+                (e["action"], label(e).split(" (")[0].lower().replace(" ", "-"))
+            )
     parts = []
-    for who, items in per.items():
+    for gpu_index, items in per.items():
         worst = max((a for a, _ in items), key=ACTIONS.index)
         names = sorted({n for _, n in items}, key=[n for _, n in items].index)
-        parts.append(f"GPU {who} {worst} ({', '.join(names)})")
+        parts.append(f"GPU {gpu_index} {worst} ({', '.join(names)})")
     fm = verdict(facts.get("fabric_manager"), facts.get("nvswitch"))
     if fm and not fm["ok"]:
         parts.append(f"fabric manager {fm['action']} ({fm['reason']})")

@@ -17,17 +17,17 @@ import logging
 import time
 from typing import Callable
 
-from k26ops.layout import DEFAULT_UNIT, Layout, check_unit_name
 from k26ops import facts as facts_mod
+from k26ops.errors import StepFailed
 from k26ops.host import ownership
 from k26ops.host.lock import HostLock
 from k26ops.host.preflight import driver_version
-from k26ops.transport.fleet import Outcome
-from k26ops.shell import q
-from k26ops.transport.ssh import HostKeyRefused, Session, Unreachable, connect
-from k26ops.errors import StepFailed
 from k26ops.interrupt import check as check_interrupted
+from k26ops.layout import DEFAULT_UNIT, Layout, check_unit_name
+from k26ops.shell import q
 from k26ops.traffic import drain as drain_mod
+from k26ops.transport.fleet import Outcome
+from k26ops.transport.ssh import HostKeyRefused, Session, Unreachable, connect
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 DEFAULT_TIMEOUT = 900.0
@@ -50,9 +50,14 @@ def refuse_serving(unit: str | None, allow: bool) -> None:
         raise StepFailed(f"{unit} is serving: not rebooting this host without --allow-reboot")
 
 
-def reboot_and_wait(session: Session, *, accept_new: bool, connect_timeout: float,
-                    timeout: float = DEFAULT_TIMEOUT,
-                    progress: Callable[[str], None] = lambda m: None) -> tuple[Session, str, float]:
+def reboot_and_wait(
+    session: Session,
+    *,
+    accept_new: bool,
+    connect_timeout: float,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Callable[[str], None] = lambda m: None,
+) -> tuple[Session, str, float]:
     """Reboot, wait (deadline `timeout` s) for SSH with a new boot id and for
     systemd to finish booting. Returns (new session, systemd state, seconds).
     The old session is closed; the caller closes the new one."""
@@ -73,8 +78,9 @@ def reboot_and_wait(session: Session, *, accept_new: bool, connect_timeout: floa
             raise StepFailed(f"did not come back within {timeout:.0f}s after its reboot ({last})")
         progress(f"rebooting: waiting for SSH ({elapsed:.0f}s of {timeout:.0f}s)")
         try:
-            new = connect(host, accept_new=accept_new,
-                          connect_timeout=max(1.0, min(connect_timeout, timeout - elapsed)))
+            new = connect(
+                host, accept_new=accept_new, connect_timeout=max(1.0, min(connect_timeout, timeout - elapsed))
+            )
         except HostKeyRefused:
             raise
         except Unreachable as exc:
@@ -134,8 +140,17 @@ def same_host(before: dict, after: dict) -> list[str]:
     return problems
 
 
-def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect_timeout: float,
-                    timeout: float, progress, check, names=None) -> tuple[dict, float]:
+def reboot_verified(
+    session: Session,
+    *,
+    purpose: str,
+    accept_new: bool,
+    connect_timeout: float,
+    timeout: float,
+    progress,
+    check,
+    names=None,
+) -> tuple[dict, float]:
     """Lock, reboot, wait, lock again (released cleanly), re-gather facts and
     run `check(after) -> [problems]`; StepFailed when the host came back unhealthy.
     Returns (the facts after, seconds it took)."""
@@ -150,8 +165,9 @@ def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect
             drain.put_back()  # nothing was stopped
         raise
     failed_before = set(failed_units(session))
-    new, state, secs = reboot_and_wait(session, accept_new=accept_new, connect_timeout=connect_timeout,
-                                       timeout=timeout, progress=progress)
+    new, state, secs = reboot_and_wait(
+        session, accept_new=accept_new, connect_timeout=connect_timeout, timeout=timeout, progress=progress
+    )
     try:
         take_lock(new, purpose).release()
         progress("re-gathering facts")
@@ -172,8 +188,9 @@ def reboot_verified(session: Session, *, purpose: str, accept_new: bool, connect
     return after, secs
 
 
-def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_reboot: bool,
-                timeout: float = DEFAULT_TIMEOUT):
+def reboot_work(
+    *, accept_new: bool, connect_timeout: float, check: bool, allow_reboot: bool, timeout: float = DEFAULT_TIMEOUT
+):
     """Rollout work for `k26ops reboot`: refuse a serving engine, reboot, wait,
     re-gather facts and check the host came back as it was."""
     names = ["gpus", "nvidia_smi", "nvidia_module", "nvidia_services", "nvswitch"]
@@ -183,13 +200,19 @@ def reboot_work(*, accept_new: bool, connect_timeout: float, check: bool, allow_
         before = facts_mod.gather(session, names)
         unit = engine_serving(session, session.host.vars)
         if check:
-            would = (f"would refuse: {unit} is serving (--allow-reboot)" if unit and not allow_reboot
-                     else "would reboot")
+            would = f"would refuse: {unit} is serving (--allow-reboot)" if unit and not allow_reboot else "would reboot"
             return Outcome(changed=False, reboot=would)
         refuse_serving(unit, allow_reboot)
-        after, secs = reboot_verified(session, purpose="reboot", accept_new=accept_new,
-                                      connect_timeout=connect_timeout, timeout=timeout, progress=progress,
-                                      check=lambda after: same_host(before, after), names=names)
+        after, secs = reboot_verified(
+            session,
+            purpose="reboot",
+            accept_new=accept_new,
+            connect_timeout=connect_timeout,
+            timeout=timeout,
+            progress=progress,
+            check=lambda after: same_host(before, after),
+            names=names,
+        )
         out = Outcome(changed=True, reboot=f"rebooted, back in {secs:.0f}s")
         if after.get("traffic"):
             out["traffic"] = after["traffic"]

@@ -31,9 +31,12 @@ from k26ops.inventory.yamlsrc import Vault, is_jinja, line_of, oneline, show
 
 __all__ = ["Host", "Inventory", "load", "Vault"]
 
-SECRETS = declare(__name__, "what is never printed",
-                  Var("secret_vars", "list of names", [], "more variable names whose values are never printed"),
-                  Var("secret_patterns", "list of globs", [], "globs of variable names never printed"))
+SECRETS = declare(
+    __name__,
+    "what is never printed",
+    Var("secret_vars", "list of names", [], "more variable names whose values are never printed"),
+    Var("secret_patterns", "list of globs", [], "globs of variable names never printed"),
+)
 
 
 def load(path: Path | str, ssh_config: Path | str | None | bool = True) -> Inventory:
@@ -69,21 +72,30 @@ def _load(path: Path | str, ssh_config) -> Inventory:
     graph.path = path
     _vars_dirs(graph, path if path.is_dir() else path.parent)
     graph.finish()
-    unknown = [f"{file_of(line, path)}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"
-               for line, where, msg in variables.unknown_keys(graph, shape)]
+    unknown = [
+        f"{file_of(line, path)}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"
+        for line, where, msg in variables.unknown_keys(graph, shape)
+    ]
     warnings.extend(unknown)
     for line, where, msg in variables.bad_values(graph)[:1]:  # bad input: one line, nothing runs
         raise UserError(oneline(f"{file_of(line, path)}:{line}: {where}: {msg}" if line else f"{path}: {where}: {msg}"))
-    ssh = SSHConfig(default_path() if ssh_config is True
-                    else Path(ssh_config) if ssh_config else None)
+    ssh = SSHConfig(default_path() if ssh_config is True else Path(ssh_config) if ssh_config else None)
     notes: dict = {}
     hosts = {name: _host(graph, name, shape, ssh, warnings, notes) for name in graph.hosts}
     _secret_policy(hosts)
     groups = {g: graph.group_hosts(g) for g in graph.groups}
     children = {g: list(node.children) for g, node in graph.groups.items()}
     members = {g: list(node.hosts) for g, node in graph.groups.items()}
-    return Inventory(path=path, hosts=hosts, groups=groups, warnings=warnings, shape=shape,
-                     children=children, members=members, unknown_vars=unknown)
+    return Inventory(
+        path=path,
+        hosts=hosts,
+        groups=groups,
+        warnings=warnings,
+        shape=shape,
+        children=children,
+        members=members,
+        unknown_vars=unknown,
+    )
 
 
 def _vars_dirs(graph: Graph, base: Path) -> None:
@@ -99,8 +111,9 @@ def _vars_dirs(graph: Graph, base: Path) -> None:
                     raise UserError(oneline(f"{f}: must be a mapping of variables"))
                 for var, value in data.items():
                     if not isinstance(var, str) or not var:
-                        raise UserError(oneline(f"{f}:{line_of(data, var)}: variable name {show(var)} "
-                                                f"must be a non-empty string"))
+                        raise UserError(
+                            oneline(f"{f}:{line_of(data, var)}: variable name {show(var)} must be a non-empty string")
+                        )
                     node.file_vars[var] = value
                     node.file_lines[var] = At(line_of(data, var) or 1, f)
 
@@ -152,8 +165,10 @@ def path_problem(value) -> str | None:
         return f"must be an absolute path, got {show(value)}"
     if not _SAFE_PATH.fullmatch(value):
         bad = sorted({c for c in value if not re.fullmatch(r"[A-Za-z0-9._+@=,/-]", c)})
-        return (f"may only hold letters, digits and . _ + @ = , - /, got {show(value)} "
-                f"(refused: {' '.join(repr(c) for c in bad)})")
+        return (
+            f"may only hold letters, digits and . _ + @ = , - /, got {show(value)} "
+            f"(refused: {' '.join(repr(c) for c in bad)})"
+        )
     if posixpath.normpath(value) != value or value.startswith("//"):
         return f"must be normalised (no //, /./, /../ or trailing /), got {show(value)}"
     if value == "/":
@@ -170,8 +185,7 @@ def _check_paths(graph: Graph, name: str, values: dict, origins: dict) -> None:
                 graph.fail(o.line if o else None, f"host {show(name)}: {var} {why}")
 
 
-def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[str],
-          note_cache: dict) -> Host:
+def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[str], note_cache: dict) -> Host:
     values, origins = graph.merged_vars(name)
     _check_paths(graph, name, values, origins)
     r = resolve(graph, name, values, origins, shape, ssh)
@@ -185,13 +199,19 @@ def _host(graph: Graph, name: str, shape: str, ssh: SSHConfig, warnings: list[st
         elif conn in ("local", "ansible.builtin.local"):
             conn = "local"
         else:
-            warnings.append(f"{graph.path}: host {show(name)}: ansible_connection {show(conn)} "
-                            f"is not one k26ops can use (ssh or local)")
+            warnings.append(
+                f"{graph.path}: host {show(name)}: ansible_connection {show(conn)} "
+                f"is not one k26ops can use (ssh or local)"
+            )
     notes = list(r.notes)
     notes += _value_notes(values, "vars", note_cache)
-    vault_used = [f"{_where(graph, origins[k])}: {k}" for k, v in values.items()
-                  if variables.is_read(k) and k not in BECOME_PASSWORD_VARS
-                  and any("!vault" in n for n in _value_notes({k: v}, "vars", note_cache, limit=1))]
+    vault_used = [
+        f"{_where(graph, origins[k])}: {k}"
+        for k, v in values.items()
+        if variables.is_read(k)
+        and k not in BECOME_PASSWORD_VARS
+        and any("!vault" in n for n in _value_notes({k: v}, "vars", note_cache, limit=1))
+    ]
     return Host(
         name=name,
         address=r.values["address"],

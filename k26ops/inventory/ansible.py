@@ -16,13 +16,14 @@ SECTIONS = ("vars", "children", "hosts")
 
 def parse(data: dict, graph: Graph, warnings: list[str]) -> None:
     if data.get("plugin"):
-        graph.fail(line_of(data, "plugin"),
-                   "this is an inventory plugin configuration, not a YAML inventory")
+        graph.fail(line_of(data, "plugin"), "this is an inventory plugin configuration, not a YAML inventory")
     for name, body in data.items():
         line = line_of(data, name)
         if not isinstance(body, (dict, type(None))):
-            warnings.append(f"{graph.path}:{line}: skipping {show(name)}: not a valid group "
-                            f"definition ({type_name(body)}, not a mapping)")
+            warnings.append(
+                f"{graph.path}:{line}: skipping {show(name)}: not a valid group "
+                f"definition ({type_name(body)}, not a mapping)"
+            )
             continue
         _group(graph, name, body, line, warnings)
 
@@ -49,18 +50,21 @@ def _group(graph: Graph, name, body, line, warnings: list[str], stack=()) -> str
         if isinstance(value, str):
             value = {value: None}
         if not isinstance(value, (dict, type(None))):
-            graph.fail(line_of(body, section),
-                       f"group {show(name)}: {section} must be a mapping, got {type_name(value)}"
-                       + (" (Ansible's YAML shape lists hosts as keys: `hosts: {a:, b:}`)"
-                          if isinstance(value, list) else ""))
+            graph.fail(
+                line_of(body, section),
+                f"group {show(name)}: {section} must be a mapping, got {type_name(value)}"
+                + (" (Ansible's YAML shape lists hosts as keys: `hosts: {a:, b:}`)" if isinstance(value, list) else ""),
+            )
         sections[section] = value
     for key, value in body.items():
         kline = line_of(body, key)
         if key not in SECTIONS:
             near = difflib.get_close_matches(str(key), SECTIONS, n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
-            warnings.append(f"{graph.path}:{kline}: group {show(name)}: ignoring key {show(key)} "
-                            f"({hint}ansible reads only vars, children and hosts)")
+            warnings.append(
+                f"{graph.path}:{kline}: group {show(name)}: ignoring key {show(key)} "
+                f"({hint}ansible reads only vars, children and hosts)"
+            )
             continue
         value = sections[key]
         if value is None:
@@ -73,8 +77,11 @@ def _group(graph: Graph, name, body, line, warnings: list[str], stack=()) -> str
             for child, child_body in value.items():
                 cline = line_of(value, child)
                 if not isinstance(child_body, (dict, type(None))):
-                    graph.fail(cline, f"group {show(name)}: child group {show(child)} must be a "
-                                      f"mapping or empty, got {type_name(child_body)}")
+                    graph.fail(
+                        cline,
+                        f"group {show(name)}: child group {show(child)} must be a "
+                        f"mapping or empty, got {type_name(child_body)}",
+                    )
                 child = _group(graph, child, child_body, cline, warnings)
                 graph.add_child(name, child, cline)
         else:
@@ -85,8 +92,7 @@ def _group(graph: Graph, name, body, line, warnings: list[str], stack=()) -> str
 
 def _hosts(graph: Graph, group: str, pattern, hvars, line, warnings: list[str]) -> None:
     if not isinstance(pattern, str):
-        graph.fail(line, f"group {show(group)}: host name {show(pattern)} must be a string "
-                         f"(quote numbers)")
+        graph.fail(line, f"group {show(group)}: host name {show(pattern)} must be a string (quote numbers)")
     try:
         names, port = hostpattern.parse(pattern)
     except hostpattern.PatternError as exc:
@@ -94,8 +100,7 @@ def _hosts(graph: Graph, group: str, pattern, hvars, line, warnings: list[str]) 
     if hvars is None:
         hvars = {}
     if not isinstance(hvars, dict):
-        graph.fail(line, f"host {show(pattern)}: expected a mapping of variables or nothing, "
-                         f"got {type_name(hvars)}")
+        graph.fail(line, f"host {show(pattern)}: expected a mapping of variables or nothing, got {type_name(hvars)}")
     for var in hvars:
         _check_var(graph, var, line_of(hvars, var))
     for host in names:
@@ -110,8 +115,10 @@ def _hosts(graph: Graph, group: str, pattern, hvars, line, warnings: list[str]) 
         # host named like an existing group land on that group (and it warns).
         as_group = host in graph.groups
         if hvars and as_group:
-            warnings.append(f"{graph.path}:{line}: host {show(host)} has the name of a group: "
-                            f"its vars apply to group {show(host)}, as in ansible")
+            warnings.append(
+                f"{graph.path}:{line}: host {show(host)} has the name of a group: "
+                f"its vars apply to group {show(host)}, as in ansible"
+            )
         for var, val in hvars.items():
             if as_group:
                 graph.set_group_var(host, var, val, line_of(hvars, var))

@@ -115,16 +115,14 @@ class Graph:
             try:
                 g.priority = int(value)
             except (TypeError, ValueError):
-                self.fail(line, f"group {show(group)}: ansible_group_priority must be an "
-                                f"integer, got {show(value)}")
+                self.fail(line, f"group {show(group)}: ansible_group_priority must be an integer, got {show(value)}")
             return
         g.vars[var] = value
         g.var_lines[var] = line
 
     def add_child(self, parent: str, child: str, line: int | None = None) -> None:
         if child == parent or child in self.ancestors(parent):
-            self.fail(line, f"group {show(child)} as a child of {show(parent)} "
-                            f"makes a loop of groups")
+            self.fail(line, f"group {show(child)} as a child of {show(parent)} makes a loop of groups")
         p, c = self.group(parent), self.group(child)
         if child not in p.children:
             p.children.append(child)
@@ -218,6 +216,5 @@ class Graph:
         for node, layer, level in layers:
             for k, v in layer.items():
                 values[k] = v
-                origins[k] = Origin(level, node.var_lines.get(k) if layer is node.vars
-                                    else node.file_lines.get(k), k)
+                origins[k] = Origin(level, node.var_lines.get(k) if layer is node.vars else node.file_lines.get(k), k)
         return values, origins

@@ -56,7 +56,7 @@ def expand(pattern: str) -> list[str]:
         i, j = string.ascii_letters.index(beg), string.ascii_letters.index(end)
         if i > j:
             raise PatternError(f"host range [{body}] must have begin <= end")
-        seq = list(string.ascii_letters[i:j + 1:step])
+        seq = list(string.ascii_letters[i : j + 1 : step])
     else:
         try:
             b, e = int(beg), int(end)

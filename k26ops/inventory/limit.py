@@ -89,8 +89,13 @@ def _with_files(terms: list[str]) -> list[str]:
             continue
         path = Path(t[1:])
         if not path.is_file():
-            raise UserError(oneline(f"--limit {show(t)}: no such file" if not path.exists()
-                                    else f"--limit {show(t)}: must be a file, not a directory"))
+            raise UserError(
+                oneline(
+                    f"--limit {show(t)}: no such file"
+                    if not path.exists()
+                    else f"--limit {show(t)}: must be a file, not a directory"
+                )
+            )
         try:
             out.extend(line.strip() for line in path.read_text(encoding="utf-8").split("\n"))
         except (OSError, UnicodeDecodeError) as exc:
@@ -163,12 +168,13 @@ def _one(inv, term: str) -> list[str]:
         start, end = sub
         try:
             if end:  # as Ansible: [i:0] is [i]
-                hosts = hosts[start:(len(hosts) - 1 if end == -1 else end) + 1]
+                hosts = hosts[start : (len(hosts) - 1 if end == -1 else end) + 1]
             else:
                 hosts = [hosts[start]]
         except IndexError:
-            raise UserError(oneline(f"{inv.path}: --limit {show(term)}: no host at that index "
-                                    f"({len(hosts)} matched {show(expr)})")) from None
+            raise UserError(
+                oneline(f"{inv.path}: --limit {show(term)}: no host at that index ({len(hosts)} matched {show(expr)})")
+            ) from None
     return hosts
 
 

@@ -53,9 +53,11 @@ class Inventory:
         for h in hosts:
             if h.vault_used:
                 more = f" (and {len(h.vault_used) - 1} more)" if len(h.vault_used) > 1 else ""
-                raise UserError(f"{h.vault_used[0]} is a !vault value and k26ops does not decrypt "
-                                f"ansible-vault: give host {h.name} the value in plain text (or, for "
-                                f"HF_TOKEN, through this node's environment){more}")
+                raise UserError(
+                    f"{h.vault_used[0]} is a !vault value and k26ops does not decrypt "
+                    f"ansible-vault: give host {h.name} the value in plain text (or, for "
+                    f"HF_TOKEN, through this node's environment){more}"
+                )
 
     def select(self, limit: str | None) -> list[Host]:
         """Hosts matching --limit, in inventory order (see k26ops.inventory.limit)."""

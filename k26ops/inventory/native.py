@@ -11,8 +11,7 @@ from k26ops.inventory.ansible import group_name
 from k26ops.inventory.graph import Graph
 from k26ops.inventory.yamlsrc import line_of, show, type_name
 
-FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection",
-          "become")
+FIELDS = ("address", "port", "user", "identity_file", "gateway", "known_hosts", "connection", "become")
 TOP_KEYS = ("hosts", "groups", "vars")
 HOST_KEYS = FIELDS + ("groups", "vars")
 GROUP_KEYS = ("hosts", "children", "vars")
@@ -55,8 +54,7 @@ def _names(graph: Graph, parent, key, what: str) -> list[tuple[str, int | None]]
     if isinstance(value, dict):
         for k, v in value.items():
             if v is not None:
-                graph.fail(line_of(value, k), f"{what}: {show(k)} must have no value here, "
-                                              f"got {type_name(v)}")
+                graph.fail(line_of(value, k), f"{what}: {show(k)} must have no value here, got {type_name(v)}")
         items = [(k, line_of(value, k)) for k in value]
     elif isinstance(value, list):
         items = [(v, line_of(value, i)) for i, v in enumerate(value)]
@@ -72,8 +70,7 @@ def _vars(graph: Graph, parent, what: str) -> tuple[dict, dict]:
     values = _mapping(graph, parent, "vars", f"{what}vars")
     for var in values:
         if not isinstance(var, str) or not var:
-            graph.fail(line_of(values, var), f"{what}variable name {show(var)} must be a "
-                                             f"non-empty string")
+            graph.fail(line_of(values, var), f"{what}variable name {show(var)} must be a non-empty string")
     return dict(values), {k: line_of(values, k) for k in values}
 
 
@@ -107,12 +104,18 @@ def parse(data: dict, graph: Graph, warnings: list[str]) -> None:
         for var, val in values.items():
             graph.set_group_var(name, var, val, lines[var])
         for host, line in _names(graph, spec, "hosts", f"group {show(name)} hosts"):
-            _defined(graph, line, host, graph.hosts, f"group {show(name)} lists host {show(host)}, which is not "
-                                                     f"under hosts:")
+            _defined(
+                graph, line, host, graph.hosts, f"group {show(name)} lists host {show(host)}, which is not under hosts:"
+            )
             graph.add_host(host, name, line)
         for child, line in _names(graph, spec, "children", f"group {show(name)} children"):
-            _defined(graph, line, child, graph.groups, f"group {show(name)} lists child group {show(child)}, "
-                                                       f"which is not defined")
+            _defined(
+                graph,
+                line,
+                child,
+                graph.groups,
+                f"group {show(name)} lists child group {show(child)}, which is not defined",
+            )
             graph.add_child(name, child, line)
 
 

@@ -33,8 +33,7 @@ from k26ops.inventory.yamlsrc import MAX_BYTES, Map, oneline, read, show
 VARS_EXTS = (".yml", ".yaml", ".json")
 YAML_EXTS = VARS_EXTS
 # ansible-core's defaults: REJECT_EXTS + .orig .cfg .retry, hidden files, backups.
-IGNORED_EXTS = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg",
-                ".retry")
+IGNORED_EXTS = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry")
 VARS_DIRS = ("group_vars", "host_vars")
 MAX_FILES = 10_000  # bounded input: a directory of more files is refused
 
@@ -183,8 +182,9 @@ def read_ini(path: Path) -> Map:
                 _put(hosts, words[0], hv, n)
     for name, n in pending.items():
         if name not in declared:
-            raise UserError(oneline(f"{path}:{n}: group {show(name)} is used here but never defined "
-                                    f"(no [{name}] section)"))
+            raise UserError(
+                oneline(f"{path}:{n}: group {show(name)} is used here but never defined (no [{name}] section)")
+            )
     return top
 
 
@@ -244,10 +244,13 @@ def read_vars_file(path: Path) -> Map | None:
     except OSError as exc:
         raise UserError(oneline(f"{path}: cannot read: {exc.strerror or exc}")) from None
     if head.startswith(b"$ANSIBLE_VAULT;"):
-        raise UserError(oneline(
-            f"{path}: encrypted whole with ansible-vault: k26ops does not decrypt vault files; "
-            f"keep secrets as single !vault values (shown as <vault>, never sent) or pass them "
-            f"through the environment (e.g. HF_TOKEN)"))
+        raise UserError(
+            oneline(
+                f"{path}: encrypted whole with ansible-vault: k26ops does not decrypt vault files; "
+                f"keep secrets as single !vault values (shown as <vault>, never sent) or pass them "
+                f"through the environment (e.g. HF_TOKEN)"
+            )
+        )
     try:
         data = read(path)
     except UserError as exc:

@@ -39,8 +39,7 @@ class SSHConfig:
         try:
             found = self._config.lookup(name)
         except Exception as exc:
-            raise UserError(oneline(f"{self.path}: cannot apply ssh config to {name!r}: {exc}")) \
-                from None
+            raise UserError(oneline(f"{self.path}: cannot apply ssh config to {name!r}: {exc}")) from None
         out: dict = {}
         if found.get("hostname") and found["hostname"] != name:
             out["address"] = found["hostname"]
@@ -48,8 +47,7 @@ class SSHConfig:
             try:
                 out["port"] = int(found["port"])
             except ValueError:
-                raise UserError(oneline(f"{self.path}: Port {found['port']!r} for {name!r} "
-                                        f"is not a number")) from None
+                raise UserError(oneline(f"{self.path}: Port {found['port']!r} for {name!r} is not a number")) from None
         if found.get("user"):
             out["user"] = found["user"]
         if found.get("identityfile"):

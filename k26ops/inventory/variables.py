@@ -14,8 +14,7 @@ import difflib
 
 from k26ops.hostvars import Var, declare, declared, is_declared
 
-declare(__name__, "for people only",
-        Var("description", "str", None, "free text for people", informational=True))
+declare(__name__, "for people only", Var("description", "str", None, "free text for people", informational=True))
 
 
 def variables() -> tuple[Var, ...]:
@@ -35,8 +34,11 @@ def is_known(name: str) -> bool:
 # Names people write for a setting k26ops reads under another name (or that
 # look like a known name but are not one): checked before spelling distance.
 ALIASES = {
-    "engine_service": "engine_unit", "service": "engine_unit", "unit": "engine_unit",
-    "releases_dir": "releases_root", "release_dir": "releases_root",
+    "engine_service": "engine_unit",
+    "service": "engine_unit",
+    "unit": "engine_unit",
+    "releases_dir": "releases_root",
+    "release_dir": "releases_root",
     "tp_size": "engine_profile: {tp_size: N}",
     "cuda_visible_devices": "engine_env: {CUDA_VISIBLE_DEVICES: ...}",
     "CUDA_VISIBLE_DEVICES": "engine_env: {CUDA_VISIBLE_DEVICES: ...}",
@@ -49,8 +51,9 @@ def nearest(name: str) -> str | None:
     """The known name (or a hint) `name` was probably meant to be."""
     if name in ALIASES:
         return ALIASES[name]
-    near = difflib.get_close_matches(name, [v.name for v in declared() if not v.name.startswith("ansible_")],
-                                    n=1, cutoff=0.8)
+    near = difflib.get_close_matches(
+        name, [v.name for v in declared() if not v.name.startswith("ansible_")], n=1, cutoff=0.8
+    )
     return near[0] if near else None
 
 
@@ -103,8 +106,11 @@ def value_error(var: Var, value) -> str | None:
 def bad_values(graph) -> list[tuple[int | None, str, str]]:
     """(line, where, message) for each value of a declared int/number variable that is not one
     (`engine_port: abc` said `invalid literal for int()` at deploy time, naming nothing)."""
-    want = {v.name: v for v in declared() if v.type in ("int", "number") and v.module != "k26ops.inventory.fields"
-            and not v.name.startswith("ansible_")}  # the connection's fields say their own range (fields.py)
+    want = {
+        v.name: v
+        for v in declared()
+        if v.type in ("int", "number") and v.module != "k26ops.inventory.fields" and not v.name.startswith("ansible_")
+    }  # the connection's fields say their own range (fields.py)
     out = []
     nodes = [("vars" if g == "all" else f"group {g}", n) for g, n in graph.groups.items()]
     nodes += [(f"host {h}", n) for h, n in graph.hosts.items()]
@@ -119,9 +125,14 @@ def bad_values(graph) -> list[tuple[int | None, str, str]]:
 
 def markdown() -> str:
     """docs/reference/inventory.md, generated from the declarations: one table per declaring module and topic."""
+
     def row(v: Var) -> str:
-        cells = (f"`{v.name}`", v.type, v.shown_default,
-                 v.meaning + (" (informational: nothing reads it)" if v.informational else ""))
+        cells = (
+            f"`{v.name}`",
+            v.type,
+            v.shown_default,
+            v.meaning + (" (informational: nothing reads it)" if v.informational else ""),
+        )
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
     out = [
@@ -142,6 +153,14 @@ def markdown() -> str:
     for v in declared():
         if (v.module, v.topic) != section:
             section = (v.module, v.topic)
-            out += ["", f"## {v.topic[:1].upper()}{v.topic[1:]}", "", f"Read by `{v.module}`.", "", "| variable | type | default | meaning |", "|---|---|---|---|"]
+            out += [
+                "",
+                f"## {v.topic[:1].upper()}{v.topic[1:]}",
+                "",
+                f"Read by `{v.module}`.",
+                "",
+                "| variable | type | default | meaning |",
+                "|---|---|---|---|",
+            ]
         out.append(row(v))
     return "\n".join(out + [""])

@@ -108,8 +108,11 @@ def expanded_size(root) -> int:
 def _check_size(node):
     if node is not None and expanded_size(node) > MAX_EXPANDED_NODES:
         raise yaml.composer.ComposerError(
-            None, None, f"more than {MAX_EXPANDED_NODES:,} values once its aliases (*name) are expanded: "
-            "refused (an alias bomb?)", node.start_mark)
+            None,
+            None,
+            f"more than {MAX_EXPANDED_NODES:,} values once its aliases (*name) are expanded: refused (an alias bomb?)",
+            node.start_mark,
+        )
     return node
 
 
@@ -142,12 +145,12 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode):
             hash(key)
         except TypeError:
             raise yaml.constructor.ConstructorError(
-                None, None, "a mapping key must be a plain value, not a list or mapping",
-                key_node.start_mark) from None
+                None, None, "a mapping key must be a plain value, not a list or mapping", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {show(key)} (first at line {seen[key]})",
-                key_node.start_mark)
+                None, None, f"duplicate key {show(key)} (first at line {seen[key]})", key_node.start_mark
+            )
         seen[key] = key_node.start_mark.line + 1
     loader.flatten_mapping(node)
     for key_node, value_node in node.value:
@@ -214,9 +217,11 @@ def read(path: Path):
     if data is None:
         raise UserError(oneline(f"{path}: inventory is empty"))
     if not isinstance(data, dict):
-        raise UserError(oneline(
-            f"{path}:{line_of(data, 0) or 1}: inventory must be a mapping at the top level, "
-            f"got {type_name(data)}"))
+        raise UserError(
+            oneline(
+                f"{path}:{line_of(data, 0) or 1}: inventory must be a mapping at the top level, got {type_name(data)}"
+            )
+        )
     if not data:
         raise UserError(oneline(f"{path}: inventory is empty"))
     return data
@@ -236,7 +241,11 @@ def type_name(value) -> str:
         return "null"
     if isinstance(value, Vault):
         return "a !vault value"
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number"}.get(
-        next((t for t in (dict, list, str, bool, int, float) if isinstance(value, t)), None),
-        type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }.get(next((t for t in (dict, list, str, bool, int, float) if isinstance(value, t)), None), type(value).__name__)

@@ -66,8 +66,14 @@ def _sources() -> list[Path]:
     """Files whose bytes decide what a lab deploy writes (see the module doc)."""
     pkg = Path(__file__).resolve().parent.parent
     top = resources.root()
-    files = [p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-             and p.suffix not in (".pyc",) and "_data" not in p.relative_to(pkg).parts[:1]]
+    files = [
+        p
+        for p in pkg.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p.suffix not in (".pyc",)
+        and "_data" not in p.relative_to(pkg).parts[:1]
+    ]
     for sub in ("templates", "playbooks", "patches"):
         files += [p for p in (top / sub).rglob("*") if p.is_file()]
     if STANDIN_PHASES.is_file():  # the stand-in is installed with the recorded start phases filled in
@@ -82,8 +88,12 @@ def key(image: Path, recipe_name: str | Path = "lab") -> dict:
     h = hashlib.sha256()
     for p in _sources():
         h.update("/".join(p.parts[-3:]).encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
-    return {"release_id": release_id, "sources": h.hexdigest()[:16], "rootfs": Path(image).name,
-            "version": LAYER_VERSION}
+    return {
+        "release_id": release_id,
+        "sources": h.hexdigest()[:16],
+        "rootfs": Path(image).name,
+        "version": LAYER_VERSION,
+    }
 
 
 def layer_dir(k: dict) -> Path:
@@ -147,7 +157,7 @@ def _collect(keep: Path, log) -> None:
             except OSError:
                 continue
     cutoff = time.time() - KEEP_HOURS * 3600
-    for used, d in sorted(dirs, reverse=True)[KEEP_NEWEST - 1:]:
+    for used, d in sorted(dirs, reverse=True)[KEEP_NEWEST - 1 :]:
         if used < cutoff:
             shutil.rmtree(d, ignore_errors=True)
             log(f"removed the deployed lab layer {d.name} (unused for {KEEP_HOURS} h)")
@@ -160,8 +170,10 @@ def host_unit(layer: Path, engine_port: int) -> str:
     text = (layer / UNIT_PATH).read_text()
     new, n = re.subn(rf"^(ExecStart=.* --port ){meta['engine_port']}$", rf"\g<1>{engine_port}", text, flags=re.M)
     if n != 1:
-        raise UserError(f"deployed lab layer {layer}: its unit's ExecStart does not end in "
-                        f"--port {meta['engine_port']}; remove the layer to rebuild it")
+        raise UserError(
+            f"deployed lab layer {layer}: its unit's ExecStart does not end in "
+            f"--port {meta['engine_port']}; remove the layer to rebuild it"
+        )
     return new
 
 

@@ -29,9 +29,14 @@ from k26ops.release import engine_source, wheelhouse
 SGLANG = "0.5.23"
 BRANCH = "refs/heads/ddtree-lab"
 PR_REF = "refs/pull/29907/head"  # the same commit under a PR-like ref, for `engine pin --ref`
-_ENV = {"GIT_AUTHOR_NAME": "k26ops-lab", "GIT_AUTHOR_EMAIL": "lab@k26ops.invalid",
-        "GIT_COMMITTER_NAME": "k26ops-lab", "GIT_COMMITTER_EMAIL": "lab@k26ops.invalid",
-        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
+_ENV = {
+    "GIT_AUTHOR_NAME": "k26ops-lab",
+    "GIT_AUTHOR_EMAIL": "lab@k26ops.invalid",
+    "GIT_COMMITTER_NAME": "k26ops-lab",
+    "GIT_COMMITTER_EMAIL": "lab@k26ops.invalid",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
+}
 
 PYPROJECT = f'''# k26ops LAB fixture: the build configuration of the lab's engine source.
 # The sources are sglang {SGLANG}'s own; the dependency list is cut to two small
@@ -57,8 +62,13 @@ include = ["sglang*"]
 
 def _git(repo: Path, *args: str) -> str:
     env = {**os.environ, **_ENV}
-    return subprocess.run(["git", "-C", str(repo), "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false",
-                           *args], check=True, capture_output=True, text=True, env=env).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
 
 
 def repo_path() -> Path:
@@ -91,15 +101,23 @@ def ensure() -> tuple[str, str]:
         _git(repo, "commit", "-q", "-m", f"sglang {SGLANG} sources (lab base; no compiled extensions)")
         pkg = py / "sglang"
         info = pkg / "srt/speculative/spec_info.py"
-        info.write_text(info.read_text().replace(
-            "    DFLASH = auto()\n", "    DFLASH = auto()\n    DDTREE = auto()  # k26ops LAB fixture\n"))
+        info.write_text(
+            info.read_text().replace(
+                "    DFLASH = auto()\n", "    DFLASH = auto()\n    DDTREE = auto()  # k26ops LAB fixture\n"
+            )
+        )
         spec = pkg / "srt/arg_groups/fields/spec.py"
         anchor = "    speculative_dflash_block_size: A["
-        spec.write_text(spec.read_text().replace(
-            anchor, '    speculative_ddtree_budget: A[Optional[int], "k26ops LAB fixture: DDTree budget."] = None\n'
-            + anchor))
+        spec.write_text(
+            spec.read_text().replace(
+                anchor,
+                '    speculative_ddtree_budget: A[Optional[int], "k26ops LAB fixture: DDTree budget."] = None\n'
+                + anchor,
+            )
+        )
         (pkg / "srt/speculative/ddtree_lab_fixture.py").write_text(
-            '"""k26ops LAB fixture: marks the lab DDTree source; no DDTree code here."""\n')
+            '"""k26ops LAB fixture: marks the lab DDTree source; no DDTree code here."""\n'
+        )
         _git(repo, "add", "-A")
         _git(repo, "commit", "-q", "-m", "LAB fixture: register DDTREE (stands in for a DDTree branch)")
         _git(repo, "update-ref", BRANCH, "HEAD")

@@ -41,17 +41,24 @@ def install(*, smi_q: str | None = None, kernel_log: str | None = None, fabric_m
     if smi_q is not None:
         cmds += [_put(f"{KNOBS}/q.txt", smi_q), f"echo K26OPS_LAB_SMI_Q={KNOBS}/q.txt > {KNOBS}/nvidia-smi.env"]
     if kernel_log is not None:
-        cmds += [_put(f"{KNOBS}/kernel.log", kernel_log),
-                 f"echo K26OPS_LAB_KERNEL_LOG={KNOBS}/kernel.log > {KNOBS}/kernel.env"]
+        cmds += [
+            _put(f"{KNOBS}/kernel.log", kernel_log),
+            f"echo K26OPS_LAB_KERNEL_LOG={KNOBS}/kernel.log > {KNOBS}/kernel.env",
+        ]
     if fabric_manager_log is not None:
-        cmds += [_put(f"{KNOBS}/fabricmanager.log", fabric_manager_log),
-                 f"echo K26OPS_LAB_FM_LOG={KNOBS}/fabricmanager.log > {KNOBS}/fabricmanager.env",
-                 _put(FM_UNIT, FM_UNIT_TEXT), "systemctl daemon-reload",
-                 "systemctl start nvidia-fabricmanager.service >/dev/null 2>&1; true"]
+        cmds += [
+            _put(f"{KNOBS}/fabricmanager.log", fabric_manager_log),
+            f"echo K26OPS_LAB_FM_LOG={KNOBS}/fabricmanager.log > {KNOBS}/fabricmanager.env",
+            _put(FM_UNIT, FM_UNIT_TEXT),
+            "systemctl daemon-reload",
+            "systemctl start nvidia-fabricmanager.service >/dev/null 2>&1; true",
+        ]
     return " && ".join(cmds)
 
 
 def clear() -> str:
     """The shell command that puts a lab host back to healthy stand-ins."""
-    return (f"rm -f {KNOBS}/nvidia-smi.env {KNOBS}/kernel.env {KNOBS}/fabricmanager.env {FM_UNIT}; "
-            "systemctl reset-failed nvidia-fabricmanager.service >/dev/null 2>&1; systemctl daemon-reload")
+    return (
+        f"rm -f {KNOBS}/nvidia-smi.env {KNOBS}/kernel.env {KNOBS}/fabricmanager.env {FM_UNIT}; "
+        "systemctl reset-failed nvidia-fabricmanager.service >/dev/null 2>&1; systemctl daemon-reload"
+    )

@@ -38,9 +38,9 @@ MEM_PER_HOST = 64 << 20  # a deployed lab host: ~35 MB booted, the engine stand-
 
 @dataclass(frozen=True)
 class Limit:
-    sysctl: str     # dotted name (fs.inotify.max_user_instances)
-    per_host: int   # what one host needs, with headroom
-    floor: int      # what this machine itself needs besides the lab (what root already uses is added)
+    sysctl: str  # dotted name (fs.inotify.max_user_instances)
+    per_host: int  # what one host needs, with headroom
+    floor: int  # what this machine itself needs besides the lab (what root already uses is added)
     what: str
 
     @property
@@ -66,8 +66,10 @@ class Shortfall:
     need: int
 
     def line(self, count: int) -> str:
-        return (f"{self.limit.sysctl} is {self.have}, a lab of {count} hosts needs {self.need} "
-                f"({self.limit.what}): raise it with `sysctl -w {self.limit.sysctl}={self.need}` as root")
+        return (
+            f"{self.limit.sysctl} is {self.have}, a lab of {count} hosts needs {self.need} "
+            f"({self.limit.what}): raise it with `sysctl -w {self.limit.sysctl}={self.need}` as root"
+        )
 
 
 def needed(count: int, current: dict[str, int], in_use: dict[str, int]) -> list[Shortfall]:
@@ -120,8 +122,13 @@ def in_use(proc: Path = Path("/proc")) -> dict[str, int]:
         files = int((proc / "sys/fs/file-nr").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         files = 0
-    return {"fs.inotify.max_user_instances": instances, "fs.inotify.max_user_watches": watches,
-            "kernel.pid_max": tasks, "kernel.threads-max": tasks, "fs.file-max": files}
+    return {
+        "fs.inotify.max_user_instances": instances,
+        "fs.inotify.max_user_watches": watches,
+        "kernel.pid_max": tasks,
+        "kernel.threads-max": tasks,
+        "fs.file-max": files,
+    }
 
 
 def mem_available(proc: Path = Path("/proc")) -> int | None:
@@ -163,8 +170,15 @@ def _now(proc_sys: Path, name: str) -> int | None:
         return None
 
 
-def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print, lab: str = "",
-           use: dict[str, int] | None = None) -> dict[str, list[int]]:
+def ensure(
+    count: int,
+    *,
+    may_raise: bool,
+    proc_sys: Path = PROC_SYS,
+    log=print,
+    lab: str = "",
+    use: dict[str, int] | None = None,
+) -> dict[str, list[int]]:
     """Check the limits for `count` hosts; raise the short ones when allowed
     (root, and /proc/sys writable), else refuse with one line. Returns what
     was changed: {sysctl: [old, new]}. `lab` (its directory) becomes a holder
@@ -173,8 +187,10 @@ def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print,
     hold now (read live when not given)."""
     avail = mem_available()
     if avail is not None and avail < count * MEM_PER_HOST:
-        raise UserError(f"a lab of {count} hosts needs about {count * MEM_PER_HOST >> 20} MB of memory, "
-                        f"{avail >> 20} MB is available: boot fewer hosts (--hosts)")
+        raise UserError(
+            f"a lab of {count} hosts needs about {count * MEM_PER_HOST >> 20} MB of memory, "
+            f"{avail >> 20} MB is available: boot fewer hosts (--hosts)"
+        )
     short = needed(count, read(proc_sys), in_use() if use is None else use)
     if short and not may_raise:
         raise UserError(short[0].line(count))
@@ -193,8 +209,10 @@ def ensure(count: int, *, may_raise: bool, proc_sys: Path = PROC_SYS, log=print,
                 entry = reg[s.limit.sysctl] = {"original": s.have, "labs": []}
             entry["value"] = s.need
             changed[s.limit.sysctl] = [s.have, s.need]
-            log(f"raised {s.limit.sysctl} from {s.have} to {s.need} for this lab of {count} hosts "
-                "(`k26ops lab down` puts it back)")
+            log(
+                f"raised {s.limit.sysctl} from {s.have} to {s.need} for this lab of {count} hosts "
+                "(`k26ops lab down` puts it back)"
+            )
         if lab:
             for name, entry in list(reg.items()):
                 if _now(proc_sys, name) == entry["value"] and lab not in entry["labs"]:

@@ -44,9 +44,11 @@ CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # (the keys sglang's parse_dflash_draft_config reads; no weights: the engine is the stand-in).
 LAB_DRAFTER = "/models/Kimi-K2.6-DFlash"
 LAB_SOURCE_URL = "file:///var/lib/k26ops-lab/sglang-0.5.23-ddtree-lab"  # the lab recipe's engine.source.git
-DRAFTER_CONFIG = ('{"k26ops_lab_fixture": "a DFlash drafter config for the lab; no weights",\n'
-                  ' "architectures": ["DFlashDraftModel"], "num_hidden_layers": 6,\n'
-                  ' "dflash_config": {"block_size": 8}}\n')
+DRAFTER_CONFIG = (
+    '{"k26ops_lab_fixture": "a DFlash drafter config for the lab; no weights",\n'
+    ' "architectures": ["DFlashDraftModel"], "num_hidden_layers": 6,\n'
+    ' "dflash_config": {"block_size": 8}}\n'
+)
 # Lab fixture: the lab model at the lab inventory's model_path: a real small model (the
 # recipe's K2.6 config.json, an index and three safetensors shards of random tensors,
 # k26ops/lab/model_fixture.py; the engine stand-in reads no weights), the bytes the lab
@@ -130,12 +132,19 @@ class Lab:
         data = json.loads(self.state_file.read_text())
         return [LabHost(**h) for h in data.get("hosts", [])]
 
-    def _save(self, hosts: list[LabHost], image: Path, raised: dict | None = None,
-              layer: Path | None = None) -> None:
+    def _save(self, hosts: list[LabHost], image: Path, raised: dict | None = None, layer: Path | None = None) -> None:
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rootfs": str(image), "deployed_layer": str(layer) if layer else None,
-                                   "hosts": [asdict(h) for h in hosts],
-                                   "raised_limits": raised or {}}, indent=1))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "rootfs": str(image),
+                    "deployed_layer": str(layer) if layer else None,
+                    "hosts": [asdict(h) for h in hosts],
+                    "raised_limits": raised or {},
+                },
+                indent=1,
+            )
+        )
         tmp.replace(self.state_file)
 
     def raised_limits(self) -> dict:
@@ -152,8 +161,14 @@ class Lab:
         return out
 
     # -- up ------------------------------------------------------------------
-    def up(self, count: int = 2, base_port: int = DEFAULT_BASE_PORT, log=print,
-           raise_limits: bool = True, deployed: bool = False) -> list[LabHost]:
+    def up(
+        self,
+        count: int = 2,
+        base_port: int = DEFAULT_BASE_PORT,
+        log=print,
+        raise_limits: bool = True,
+        deployed: bool = False,
+    ) -> list[LabHost]:
         """Boot `count` hosts; with `deployed`, on the cached deployed layer (k26ops/lab/deployed.py:
         the lab recipe already deployed and its engine serving), built first if missing."""
         _preflight()
@@ -164,18 +179,24 @@ class Lab:
                 log(f"lab already up in {self.dir} ({count} hosts); nothing to do")
                 return existing
             if len(alive) == len(existing):
-                raise UserError(f"lab in {self.dir} is up with {len(existing)} hosts, not {count}: "
-                                "run `k26ops lab down` first")
-            raise UserError(f"lab in {self.dir} is half-started ({len(alive)} of {len(existing)} hosts "
-                            "running): run `k26ops lab down` first")
+                raise UserError(
+                    f"lab in {self.dir} is up with {len(existing)} hosts, not {count}: run `k26ops lab down` first"
+                )
+            raise UserError(
+                f"lab in {self.dir} is half-started ({len(alive)} of {len(existing)} hosts "
+                "running): run `k26ops lab down` first"
+            )
         if any(c in str(self.dir.resolve()) for c in ",:\\"):
-            raise UserError(f"lab dir {self.dir}: a path with ',', ':' or '\\' cannot hold an overlay root; "
-                            "choose another --dir")
+            raise UserError(
+                f"lab dir {self.dir}: a path with ',', ':' or '\\' cannot hold an overlay root; choose another --dir"
+            )
         if count < 1 or count > 64:
             raise UserError(f"--hosts {count}: must be between 1 and 64")
         if base_port < 1024 or base_port + count - 1 + ENGINE_PORT_OFFSET > 65535:
-            raise UserError(f"--base-port {base_port}: the hosts' ports and their engine ports (+{ENGINE_PORT_OFFSET}) "
-                            f"must lie in 1024-65535: pick a base port up to {65535 - ENGINE_PORT_OFFSET - count + 1}")
+            raise UserError(
+                f"--base-port {base_port}: the hosts' ports and their engine ports (+{ENGINE_PORT_OFFSET}) "
+                f"must lie in 1024-65535: pick a base port up to {65535 - ENGINE_PORT_OFFSET - count + 1}"
+            )
         ports = [base_port + i for i in range(count)]
         for p in ports + [p + ENGINE_PORT_OFFSET for p in ports]:
             if not _port_free(p):
@@ -212,29 +233,46 @@ class Lab:
     def _client_key(self) -> None:
         key = self.dir / "id_ed25519"
         if not key.exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "k26ops-lab",
-                            "-f", str(key)], check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "k26ops-lab", "-f", str(key)], check=True
+            )
         auth = self.dir / "authorized_keys"
         auth.write_text((self.dir / "id_ed25519.pub").read_text())
         auth.chmod(0o600)
 
-    def _boot(self, name: str, port: int, engine_port: int, image: Path,
-              layer: Path | None = None) -> tuple[LabHost, str]:
+    def _boot(
+        self, name: str, port: int, engine_port: int, image: Path, layer: Path | None = None
+    ) -> tuple[LabHost, str]:
         hdir = self.dir / "hosts" / name
         if hdir.exists():
             shutil.rmtree(hdir)
         (hdir / "ssh").mkdir(parents=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}-hostkey",
-                        "-f", str(hdir / "ssh/ssh_host_ed25519_key")], check=True)
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"{name}-hostkey",
+                "-f",
+                str(hdir / "ssh/ssh_host_ed25519_key"),
+            ],
+            check=True,
+        )
         (hdir / "sshd.conf").write_text(
             f"# k26ops lab host {name}\nPort {port}\nListenAddress 127.0.0.1\n"
             "HostKey /etc/ssh/k26ops/ssh_host_ed25519_key\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nMaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\n")
+            "KbdInteractiveAuthentication no\nMaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\n"
+        )
         (hdir / "hostname").write_text(name + "\n")
         # As on a real install: the host resolves its own name (sudo warns on
         # every command otherwise: "unable to resolve host").
-        (hdir / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n"
-                                    "::1\tlocalhost ip6-localhost ip6-loopback\n")
+        (hdir / "hosts").write_text(
+            f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        )
         pub = (hdir / "ssh/ssh_host_ed25519_key.pub").read_text().split()
         key_line = f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n"
         binds = [
@@ -276,12 +314,23 @@ class Lab:
             deployed_layer.place_host_unit(layer, root / "upper", engine_port)
             lower = f"{layer}:{image}"
         machine = self._machine(name)
-        nspawn = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root / "merged"),
-                  "-b", f"--machine={machine}", "--console=read-only", *binds]
+        nspawn = [
+            "systemd-nspawn",
+            "--register=no",
+            "--keep-unit",
+            "--quiet",
+            "-D",
+            str(root / "merged"),
+            "-b",
+            f"--machine={machine}",
+            "--console=read-only",
+            *binds,
+        ]
         cmd = overlay_boot(lower, root, nspawn, own_cgroups(machine), metacopy=layer is not None)
         with open(hdir / "console.log", "wb") as console:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True
+            )
         time.sleep(0.05)
         return LabHost(name, port, proc.pid, _proc_start(proc.pid) or "", engine_port), key_line
 
@@ -304,8 +353,9 @@ class Lab:
                 if _banner(h.port):
                     pending.remove(h)
             if pending and time.monotonic() > deadline:
-                raise UserError(f"lab hosts {', '.join(h.name for h in pending)} did not answer ssh "
-                                f"within {timeout:.0f}s")
+                raise UserError(
+                    f"lab hosts {', '.join(h.name for h in pending)} did not answer ssh within {timeout:.0f}s"
+                )
             time.sleep(0.2)
 
     def _write_inventory(self, hosts: list[LabHost]) -> None:
@@ -329,11 +379,14 @@ class Lab:
             },
             "hosts": {
                 h.name: {
-                    "address": "127.0.0.1", "port": h.port, "user": "root",
+                    "address": "127.0.0.1",
+                    "port": h.port,
+                    "user": "root",
                     "identity_file": str(self.dir / "id_ed25519"),
                     "known_hosts": str(self.dir / "known_hosts"),
                     "vars": {"engine_port": h.engine_port},
-                } for h in hosts
+                }
+                for h in hosts
             },
             "groups": {"lab": {"hosts": [h.name for h in hosts]}},
         }
@@ -354,9 +407,17 @@ class Lab:
 
     # Files `up` writes at the top of the lab dir; purge removes these and
     # nothing else (the dir may be one the user chose, holding their own files).
-    MADE = ("lab.json", "lab.tmp", "inventory.yml", "known_hosts", "authorized_keys",
-            "id_ed25519", "id_ed25519.pub", "drafter/config.json",
-            *(f"model/{name}" for name in LAB_MODEL_FILES))
+    MADE = (
+        "lab.json",
+        "lab.tmp",
+        "inventory.yml",
+        "known_hosts",
+        "authorized_keys",
+        "id_ed25519",
+        "id_ed25519.pub",
+        "drafter/config.json",
+        *(f"model/{name}" for name in LAB_MODEL_FILES),
+    )
 
     def purge(self) -> tuple[list[str], int]:
         """After `down`: remove what `up` made here (host dirs with their overlay
@@ -499,8 +560,9 @@ def remove_cgroups(machine: str) -> None:
                 pass
 
 
-def overlay_boot(image: Path | str, root: Path, nspawn: list[str], cgroups: list[Path] = (),
-                 metacopy: bool = False) -> list[str]:
+def overlay_boot(
+    image: Path | str, root: Path, nspawn: list[str], cgroups: list[Path] = (), metacopy: bool = False
+) -> list[str]:
     """The command that boots one host on a copy-on-write view of the shared rootfs.
 
     Why not `nspawn --ephemeral`: off btrfs it copies the whole rootfs (about
@@ -536,20 +598,38 @@ def overlay_boot(image: Path | str, root: Path, nspawn: list[str], cgroups: list
     its container's init by pid in /proc ("Failed to get container cgroup
     path: No such process" with the outer namespace's /proc).
     """
-    join = "".join(f'mkdir -p {q(str(c))} && echo $$ > {q(str(c / "cgroup.procs"))} && ' for c in cgroups)
+    join = "".join(f"mkdir -p {q(str(c))} && echo $$ > {q(str(c / 'cgroup.procs'))} && " for c in cgroups)
     meta = ",metacopy=on,redirect_dir=on" if metacopy else ""
-    script = join + (f'mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3{meta}" "$4" && shift 4 || exit 1; '
-              'mount -t proc proc /proc || exit 1; hold="$1"; shift; stop=0; trap \'stop=1; kill -TERM $c 2>/dev/null\' TERM INT HUP; '
-              'while :; do "$@" & c=$!; rc=0; wait $c || rc=$?; '
-              'while kill -0 $c 2>/dev/null; do rc=0; wait $c || rc=$?; done; '
-              '[ "$stop" = 0 ] && [ "$rc" = 133 ] || exit "$rc"; '
-              'echo "k26ops lab: the host rebooted; booting it again" >&2; '
-              'while [ -e "$hold" ] && [ "$stop" = 0 ]; do sleep 0.5; done; '
-              '[ "$stop" = 0 ] || exit 0; done')
-    return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--",
-            "sh", "-c", script, "k26ops-lab-boot",
-            str(image), str(root / "upper"), str(root / "work"), str(root / "merged"),
-            str(root.parent / HOLD_DOWN), *nspawn]
+    script = join + (
+        f'mount -t overlay k26ops-lab -o "lowerdir=$1,upperdir=$2,workdir=$3{meta}" "$4" && shift 4 || exit 1; '
+        "mount -t proc proc /proc || exit 1; hold=\"$1\"; shift; stop=0; trap 'stop=1; kill -TERM $c 2>/dev/null' TERM INT HUP; "
+        'while :; do "$@" & c=$!; rc=0; wait $c || rc=$?; '
+        "while kill -0 $c 2>/dev/null; do rc=0; wait $c || rc=$?; done; "
+        '[ "$stop" = 0 ] && [ "$rc" = 133 ] || exit "$rc"; '
+        'echo "k26ops lab: the host rebooted; booting it again" >&2; '
+        'while [ -e "$hold" ] && [ "$stop" = 0 ]; do sleep 0.5; done; '
+        '[ "$stop" = 0 ] || exit 0; done'
+    )
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "k26ops-lab-boot",
+        str(image),
+        str(root / "upper"),
+        str(root / "work"),
+        str(root / "merged"),
+        str(root.parent / HOLD_DOWN),
+        *nspawn,
+    ]
 
 
 def _reap(pid: int) -> None:
@@ -580,14 +660,23 @@ def build_layer(dest: Path, log) -> dict:
     work = Path(tempfile.mkdtemp(prefix="k26ops-layer-", dir="/var/tmp"))
     lab = Lab(work)
     try:
-        port = next(p for p in (random.randrange(40000, 45000) for _ in range(200))
-                    if _port_free(p) and _port_free(p + ENGINE_PORT_OFFSET))
+        port = next(
+            p
+            for p in (random.randrange(40000, 45000) for _ in range(200))
+            if _port_free(p) and _port_free(p + ENGINE_PORT_OFFSET)
+        )
         lab.up(1, port, log=log)
         pkg_parent = Path(__file__).resolve().parent.parent.parent
         env = {k: v for k, v in os.environ.items() if not k.startswith("K26OPS_")}
         env.update(K26OPS_CONFIG=os.devnull, K26OPS_LAB_DIR=str(work))
-        proc = subprocess.run([sys.executable, "-m", "k26ops", "-i", str(lab.inventory_file), "--json", "deploy"],
-                              capture_output=True, text=True, env=env, cwd=pkg_parent, timeout=1800)
+        proc = subprocess.run(
+            [sys.executable, "-m", "k26ops", "-i", str(lab.inventory_file), "--json", "deploy"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=pkg_parent,
+            timeout=1800,
+        )
         if proc.returncode != 0:
             tail = " | ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:])
             raise UserError(f"building the deployed lab layer: the deploy failed (exit {proc.returncode}): {tail}")

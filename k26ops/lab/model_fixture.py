@@ -35,8 +35,11 @@ VERSION = 1  # bump when the bytes change (and remake playbooks/recipes/lab.mode
 SHARDS = 3
 # per shard: (name suffix, shape) -> 2 x 4096 x 1280 x 2 bytes = 21 MB
 TENSORS = (("mlp.up_proj.weight", (4096, 1280)), ("mlp.down_proj.weight", (1280, 4096)))
-FILES = ("config.json", "model.safetensors.index.json",
-         *(f"model-{i:05d}-of-{SHARDS:05d}.safetensors" for i in range(1, SHARDS + 1)))
+FILES = (
+    "config.json",
+    "model.safetensors.index.json",
+    *(f"model-{i:05d}-of-{SHARDS:05d}.safetensors" for i in range(1, SHARDS + 1)),
+)
 
 
 def cache_dir() -> Path:
@@ -76,8 +79,10 @@ def _write(d: Path) -> None:
             weight_map[tname] = name
             total += shape[0] * shape[1] * 2
         (d / name).write_bytes(safetensors_bytes(tensors))
-    index = {"metadata": {"total_size": total, "k26ops_lab_fixture": "random F16 tensors (k26ops/lab/model_fixture.py)"},
-             "weight_map": dict(sorted(weight_map.items()))}
+    index = {
+        "metadata": {"total_size": total, "k26ops_lab_fixture": "random F16 tensors (k26ops/lab/model_fixture.py)"},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
     (d / FILES[1]).write_text(json.dumps(index, indent=2) + "\n")
     shutil.copyfile(resources.path("playbooks", "recipes", "models", "kimi-k2.6", "config.json"), d / "config.json")
 

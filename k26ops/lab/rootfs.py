@@ -24,8 +24,20 @@ SUITE = "bookworm"
 # with venv, TLS roots, tar and git; g++ because nvcc needs a host compiler;
 # sudo because real hosts are often reached as a sudoer (inventory `become`).
 PACKAGES = [
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-    "ca-certificates", "tar", "git", "iproute2", "procps", "g++", "curl", "sudo",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-venv",
+    "ca-certificates",
+    "tar",
+    "git",
+    "iproute2",
+    "procps",
+    "g++",
+    "curl",
+    "sudo",
     "rsync",  # `k26ops model sync` moves shards host to host with it (docs/how-to/weights-sync.md)
 ]
 CUSTOMISE_VERSION = 2  # bump when _customise changes
@@ -56,8 +68,7 @@ def host_mirror() -> str:
 
 
 def recipe() -> dict:
-    return {"suite": SUITE, "mirror": host_mirror(), "packages": PACKAGES,
-            "customise": CUSTOMISE_VERSION}
+    return {"suite": SUITE, "mirror": host_mirror(), "packages": PACKAGES, "customise": CUSTOMISE_VERSION}
 
 
 def recipe_hash(r: dict | None = None) -> str:
@@ -105,8 +116,7 @@ def ensure(log=print) -> Path:
     work = target.with_name(target.name + ".building")
     shutil.rmtree(work, ignore_errors=True)
     log(f"building lab root filesystem {target.name} with debootstrap from {r['mirror']} (about 1-2 min, once)")
-    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES),
-           SUITE, str(work), r["mirror"]]
+    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, str(work), r["mirror"]]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = " | ".join(proc.stdout.strip().splitlines()[-3:])

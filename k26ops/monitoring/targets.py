@@ -20,15 +20,19 @@ def settings(vars: dict, host: str) -> dict:
     if value is True:
         return {"dcgm_port": DCGM_PORT}
     if not isinstance(value, dict):
-        raise UserError(f"host {host}: inventory var monitoring must be true or a mapping "
-                        f"(dcgm_port, gateway), got {value!r}")
+        raise UserError(
+            f"host {host}: inventory var monitoring must be true or a mapping (dcgm_port, gateway), got {value!r}"
+        )
     unknown = sorted(set(value) - {"dcgm_port", "gateway"})
     if unknown:
-        raise UserError(f"host {host}: inventory var monitoring: unknown key {unknown[0]!r} "
-                        "(known: dcgm_port, gateway)")
+        raise UserError(
+            f"host {host}: inventory var monitoring: unknown key {unknown[0]!r} (known: dcgm_port, gateway)"
+        )
     port = value.get("dcgm_port", DCGM_PORT)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise UserError(f"host {host}: inventory var monitoring.dcgm_port must be a port number (0: none), got {port!r}")
+        raise UserError(
+            f"host {host}: inventory var monitoring.dcgm_port must be a port number (0: none), got {port!r}"
+        )
     gw = value.get("gateway")
     if gw is not None and (not isinstance(gw, str) or ":" not in gw or any(c.isspace() for c in gw)):
         raise UserError(f"host {host}: inventory var monitoring.gateway must be HOST:PORT, got {gw!r}")
@@ -44,13 +48,20 @@ def host_target(h, baseline_accept: float | None = None) -> tuple[HostTarget, li
     warnings = []
     addr = h.address if bind in ("0.0.0.0", "::", "", *LOOPBACK) else bind
     if bind in LOOPBACK and h.address not in LOOPBACK:
-        warnings.append(f"{h.name}: the engine listens on {bind} only: a Prometheus on another machine cannot "
-                        f"scrape {h.address}:{port} (set engine_profile host: 0.0.0.0, or scrape from the host)")
+        warnings.append(
+            f"{h.name}: the engine listens on {bind} only: a Prometheus on another machine cannot "
+            f"scrape {h.address}:{port} (set engine_profile host: 0.0.0.0, or scrape from the host)"
+        )
     mon = settings(h.vars, h.name) or {"dcgm_port": DCGM_PORT}
     key = units.engine_flag_secrets(prof).get("--api-key") or None
-    return HostTarget(host=h.name, engine=f"{_wrap(addr)}:{port}",
-                      dcgm=f"{_wrap(h.address)}:{mon['dcgm_port']}" if mon.get("dcgm_port") else None,
-                      gateway=mon.get("gateway"), api_key=key, baseline_accept=baseline_accept), warnings
+    return HostTarget(
+        host=h.name,
+        engine=f"{_wrap(addr)}:{port}",
+        dcgm=f"{_wrap(h.address)}:{mon['dcgm_port']}" if mon.get("dcgm_port") else None,
+        gateway=mon.get("gateway"),
+        api_key=key,
+        baseline_accept=baseline_accept,
+    ), warnings
 
 
 def _wrap(addr: str) -> str:

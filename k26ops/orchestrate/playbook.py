@@ -16,17 +16,17 @@ import yaml
 
 from k26ops import facts as facts_mod
 from k26ops import resources
-from k26ops.host import ownership, preflight
-from k26ops.transport.agenthub import Hub
-from k26ops.facts.changes import gpu_changes
-from k26ops.layout import Layout
 from k26ops.errors import UserError
-from k26ops.transport.fleet import Outcome, reporter
+from k26ops.facts.changes import gpu_changes
+from k26ops.host import ownership, preflight
 from k26ops.host.lock import HostLock
+from k26ops.layout import Layout
 from k26ops.release import wheelsource
-from k26ops.transport.ssh import LocalSession, SSHSession
 from k26ops.steps import HostContext, Interrupted, RunOptions, Step, StepFailed
 from k26ops.steps.release import ReleaseDecision
+from k26ops.transport.agenthub import Hub
+from k26ops.transport.fleet import Outcome, reporter
+from k26ops.transport.ssh import LocalSession, SSHSession
 
 PLAYBOOKS_DIR = resources.path("playbooks")
 
@@ -89,7 +89,7 @@ def load(name_or_path: str) -> list[Step]:
             item = {item: {}}
         if not isinstance(item, dict) or len(item) != 1:
             raise UserError(f"{_shown(path)}: step {i}: write each step as `- NAME: {{params}}`")
-        (name, params), = item.items()
+        ((name, params),) = item.items()
         if name not in STEPS:
             raise UserError(f"{_shown(path)}: step {i}: unknown step {name!r} (known: {', '.join(sorted(STEPS))})")
         if params is not None and not isinstance(params, dict):
@@ -113,12 +113,24 @@ def restore(ctx: HostContext) -> str | None:
 
 # The agents' short reads a run makes in turn (ownership, facts, the engine's converge): one
 # python3 on one channel for all of them (k26ops.transport.agenthub); everything else runs as before.
-HUB_OPS = {("ownership", "states"), ("ownership", "releases"), ("gather", "gather"), ("engine", "read"),
-           ("engine", "converge")}
+HUB_OPS = {
+    ("ownership", "states"),
+    ("ownership", "releases"),
+    ("gather", "gather"),
+    ("engine", "read"),
+    ("engine", "converge"),
+}
 
 
-def run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions | None = None,
-                progress=lambda m: None, purpose: str = "deploy") -> Outcome:
+def run_on_host(
+    session,
+    steps: list[Step],
+    *,
+    check: bool,
+    options: RunOptions | None = None,
+    progress=lambda m: None,
+    purpose: str = "deploy",
+) -> Outcome:
     """Run the steps on one host; raise StepFailed (or others) on failure."""
     if not isinstance(session, (SSHSession, LocalSession)) or session.hub is not None:
         return _run_on_host(session, steps, check=check, options=options, progress=progress, purpose=purpose)
@@ -130,8 +142,9 @@ def run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions 
         hub.close()
 
 
-def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions | None, progress,
-                 purpose: str) -> Outcome:
+def _run_on_host(
+    session, steps: list[Step], *, check: bool, options: RunOptions | None, progress, purpose: str
+) -> Outcome:
     host = session.host
     progress = reporter(progress)  # output errors never reach the steps (a closed pipe: issue 35.4)
     layout = Layout.of(host.vars)
@@ -157,11 +170,21 @@ def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions
         # kept out of the steps' facts (preflight would then refuse a host with any Xid of the day)
         xid_aside = names is not None and "gpu_health" in names and "gpu_xid" not in names
         facts = facts_mod.gather(session, [*names, "gpu_xid"] if xid_aside else names, extra=extra)
-        health_before = {"gpu_health": facts.get("gpu_health"),
-                         "gpu_xid": facts.pop("gpu_xid", None) if xid_aside else facts.get("gpu_xid")}
-        ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts, check=check,
-                          progress=progress, steps=list(steps), options=options or RunOptions(),
-                          releases_root_state=rel_st)
+        health_before = {
+            "gpu_health": facts.get("gpu_health"),
+            "gpu_xid": facts.pop("gpu_xid", None) if xid_aside else facts.get("gpu_xid"),
+        }
+        ctx = HostContext(
+            session=session,
+            host=host,
+            vars=dict(host.vars),
+            facts=facts,
+            check=check,
+            progress=progress,
+            steps=list(steps),
+            options=options or RunOptions(),
+            releases_root_state=rel_st,
+        )
         report, changed = [], False
         for step in steps:
             step.check_host(ctx)
@@ -193,9 +216,14 @@ def _run_on_host(session, steps: list[Step], *, check: bool, options: RunOptions
                     ctx.report["rollback"] = back
                     raise StepFailed(f"{exc}; {back}") from None
             changed = changed or bool(changes)
-            report.append({"step": step.name, "changed": bool(changes),
-                           "changes": [c.what for c in changes],
-                           "diffs": [c.diff for c in changes if c.diff]})
+            report.append(
+                {
+                    "step": step.name,
+                    "changed": bool(changes),
+                    "changes": [c.what for c in changes],
+                    "diffs": [c.diff for c in changes if c.diff],
+                }
+            )
         out = Outcome(changed=changed, steps=report, release=ReleaseDecision.of(ctx).release_id)
         out.update(ctx.report)  # steps' report data (health, smoke, ...)
         if changed and not check:

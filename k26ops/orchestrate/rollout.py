@@ -22,11 +22,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from k26ops.orchestrate import playbook
 from k26ops.errors import EXIT_INTERRUPTED
-from k26ops.transport.fleet import (CHANGED, OK, Connections, Fleet, FleetInterrupted, FleetOptions, HostResult,
-                          Work, exit_code)
+from k26ops.orchestrate import playbook
 from k26ops.release import wheelsource
+from k26ops.transport.fleet import (
+    CHANGED,
+    OK,
+    Connections,
+    Fleet,
+    FleetInterrupted,
+    FleetOptions,
+    HostResult,
+    Work,
+    exit_code,
+)
 
 SKIPPED = "skipped"
 Progress = Callable[[str], None]
@@ -115,16 +124,24 @@ def canary_batches(hosts: list, n: int | None, batch: "int | list[Size] | None" 
     out, i, k = [first], 0, 0
     while i < len(rest):
         size = sizes[min(k, len(sizes) - 1)].of(len(hosts))
-        out.append(rest[i:i + size])
+        out.append(rest[i : i + size])
         i, k = i + size, k + 1
     return [b for b in out if b]
 
 
-def run(hosts: list, work: Work, options: FleetOptions | None = None, *, canary: int | None = 0,
-        batch: "int | list[Size] | None" = None, max_fail: Size | None = None, stopped: str = "not deployed",
-        on_event: Callable[[str, str], None] | None = None,
-        on_result: Callable[[HostResult], None] | None = None,
-        connections: Connections | None = None) -> Rollout:
+def run(
+    hosts: list,
+    work: Work,
+    options: FleetOptions | None = None,
+    *,
+    canary: int | None = 0,
+    batch: "int | list[Size] | None" = None,
+    max_fail: Size | None = None,
+    stopped: str = "not deployed",
+    on_event: Callable[[str, str], None] | None = None,
+    on_result: Callable[[HostResult], None] | None = None,
+    connections: Connections | None = None,
+) -> Rollout:
     """Run `work(session)` over `hosts` in canary batches; never raises for a host.
     A failed canary stops the rollout; a later batch stops it when its failures
     exceed `max_fail` (default: any failure).
@@ -179,7 +196,7 @@ def run(hosts: list, work: Work, options: FleetOptions | None = None, *, canary:
         if failed and limit.exceeded(len(failed), len(part)) and i + 1 < len(batches):
             what = "canary" if is_canary else f"batch {i + 1}"
             why = f"{stopped}: {what} {', '.join(failed)} failed"
-            untouched = [h.name for later in batches[i + 1:] for h in later]
+            untouched = [h.name for later in batches[i + 1 :] for h in later]
             for name in untouched:
                 results[name] = HostResult(name, SKIPPED, why)
                 if on_result:
@@ -200,7 +217,6 @@ def playbook_work(steps, *, check: bool = False, purpose: str = "deploy", option
     data (its context's `report`)."""
 
     def work(session, progress: Progress):
-        return playbook.run_on_host(session, steps, check=check, progress=progress, purpose=purpose,
-                                    options=options)
+        return playbook.run_on_host(session, steps, check=check, progress=progress, purpose=purpose, options=options)
 
     return work

@@ -29,9 +29,22 @@ def record_path(state_dir: str) -> str:
     """Where a running rehearsal's handle is kept on the host (its stop removes it): what a
     killed run left is found there by the next rehearse (removed) and by status (shown)."""
     return f"{state_dir}/rehearsal.json"
-DROP_WITH_VALUE = ("--nnodes", "--node-rank", "--dist-init-addr", "--api-key", "--load-format",
-                   "--speculative-draft-load-format", "--tokenizer-path", "--port", "--host",
-                   "--mem-fraction-static", "--model-path", "--speculative-draft-model-path")
+
+
+DROP_WITH_VALUE = (
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+    "--api-key",
+    "--load-format",
+    "--speculative-draft-load-format",
+    "--tokenizer-path",
+    "--port",
+    "--host",
+    "--mem-fraction-static",
+    "--model-path",
+    "--speculative-draft-model-path",
+)
 DROP_BARE = ("--skip-tokenizer-init",)
 SECRETS_SUFFIX = "-secrets.yaml"  # units.secrets_file_beside
 
@@ -105,8 +118,10 @@ def rehearsal_argv(argv: list[str], opts: Options, *, port: int, has_draft: bool
         new += ["--speculative-draft-model-path", f"{TMP}/draft"]
         if opts.draft_dummy_flag:
             new += ["--speculative-draft-load-format", "dummy"]
-        changes.append(f"--speculative-draft-model-path {seen.get('--speculative-draft-model-path')} -> "
-                       "a copy of its config only" + (", dummy weights" if opts.draft_dummy_flag else ""))
+        changes.append(
+            f"--speculative-draft-model-path {seen.get('--speculative-draft-model-path')} -> "
+            "a copy of its config only" + (", dummy weights" if opts.draft_dummy_flag else "")
+        )
     new += ["--skip-tokenizer-init"]
     changes.append("--skip-tokenizer-init: requests are token ids")
     new += ["--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", f"{opts.mem_fraction:g}"]
@@ -116,7 +131,9 @@ def rehearsal_argv(argv: list[str], opts: Options, *, port: int, has_draft: bool
         if flag in seen:
             changes.append(f"{flag} dropped (one host rehearses alone)")
     if "--api-key" in seen:
-        changes.append("--api-key dropped, with the other secret flags in k26ops' --config file (the rehearsal listens on loopback only)")
+        changes.append(
+            "--api-key dropped, with the other secret flags in k26ops' --config file (the rehearsal listens on loopback only)"
+        )
     return head + new + out, changes
 
 
@@ -124,11 +141,11 @@ def graphs_on(argv: list[str]) -> bool:
     """Whether the command line leaves CUDA graphs on (0.5.23 also spells it
     --cuda-graph-backend-decode disabled)."""
     words = " ".join(argv)
-    return "--disable-cuda-graph" not in argv and not re.search(
-        r"--cuda-graph-backend-decode[= ]disabled", words)
+    return "--disable-cuda-graph" not in argv and not re.search(r"--cuda-graph-backend-decode[= ]disabled", words)
 
 
 # ---------------------------------------------------------------- model configs
+
 
 def layer_count(config: dict) -> int | None:
     for c in (config, config.get("text_config") or {}):
@@ -150,8 +167,10 @@ def fit_model(config: dict, layers: int | None) -> tuple[dict, list[str]]:
             c["num_hidden_layers"] = layers
             dense = c.get("first_k_dense_replace")
             if isinstance(dense, int) and dense >= layers:
-                notes.append(f"first_k_dense_replace {dense} >= {layers} layers: every layer is dense, "
-                             "so no MoE layer is rehearsed; use --layers > " + str(dense))
+                notes.append(
+                    f"first_k_dense_replace {dense} >= {layers} layers: every layer is dense, "
+                    "so no MoE layer is rehearsed; use --layers > " + str(dense)
+                )
     return cfg, notes
 
 
@@ -182,13 +201,19 @@ def fit_draft(draft: dict, target_layers: int | None) -> tuple[dict, list[str]]:
     if not all(isinstance(i, int) and 0 <= i < usable for i in ids):
         k = len(ids)
         if k > usable:
-            raise UserError(f"rehearsal: the drafter reads {k} target layers ({key} {ids}), the outputs of "
-                            f"layers 0..N-2 of an N-layer target; give --layers {k + 1} or more")
+            raise UserError(
+                f"rehearsal: the drafter reads {k} target layers ({key} {ids}), the outputs of "
+                f"layers 0..N-2 of an N-layer target; give --layers {k + 1} or more"
+            )
         new = sorted({round(j * (usable - 1) / max(1, k - 1)) for j in range(k)}) if k > 1 else [usable - 1]
         holder[key] = new
         notes.append(f"drafter {key} {ids} -> {new} (spread over the outputs of target layers 0..{usable - 1})")
     for where, h in (("", cfg), ("dflash_config.", cfg.get("dflash_config"))):  # sglang checks the ids against it
-        if isinstance(h, dict) and isinstance(h.get("num_target_layers"), int) and h["num_target_layers"] != target_layers:
+        if (
+            isinstance(h, dict)
+            and isinstance(h.get("num_target_layers"), int)
+            and h["num_target_layers"] != target_layers
+        ):
             notes.append(f"drafter {where}num_target_layers {h['num_target_layers']} -> {target_layers}")
             h["num_target_layers"] = target_layers
     return cfg, notes
@@ -210,9 +235,12 @@ def capture_times(log: str, metrics: dict | None = None) -> dict:
     per phase (sglang 0.5.17+), a second source for the same figure."""
     ends = [((m.group(1) or "").strip() or "decode", float(m.group(2))) for m in _CAPTURE.finditer(log)]
     begun = len(_CAPTURE_BEGIN.findall(log))
-    out = {"captures": [{"graph": g, "seconds": s} for g, s in ends],
-           "total_s": round(sum(s for _, s in ends), 3) if ends else None,
-           "begun": begun, "ended": len(ends)}
+    out = {
+        "captures": [{"graph": g, "seconds": s} for g, s in ends],
+        "total_s": round(sum(s for _, s in ends), 3) if ends else None,
+        "begun": begun,
+        "ended": len(ends),
+    }
     phases = {}
     for key, value in (metrics or {}).items():
         m = re.match(r'sglang:startup_cuda_graph_time_seconds\{.*phase="(\w+)"', key)
@@ -225,6 +253,17 @@ def capture_times(log: str, metrics: dict | None = None) -> dict:
 
 def engine_lines(log: str, limit: int = 60) -> list[str]:
     """The log lines k26ops reads (start-up milestones, captures, errors), for the report and recorded data."""
-    keys = ("server_args", "Load weight", "KV Cache", "Capture", "cuda graph", "fired up", "Uvicorn running",
-            "Error", "ERROR", "Traceback", "K26OPS-PROBE")
+    keys = (
+        "server_args",
+        "Load weight",
+        "KV Cache",
+        "Capture",
+        "cuda graph",
+        "fired up",
+        "Uvicorn running",
+        "Error",
+        "ERROR",
+        "Traceback",
+        "K26OPS-PROBE",
+    )
     return [ln for ln in log.splitlines() if any(k in ln for k in keys)][:limit]

@@ -17,21 +17,20 @@ import time
 from dataclasses import dataclass
 
 from k26ops import facts
-from k26ops.transport import agents
 from k26ops.engine import units
-from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.engine.host import LAB_MODULE, EngineHost, lab_standin_text, wait_ready
+from k26ops.engine.profile import effective_recipe
+from k26ops.enginebench.run import BenchSpec, run_host
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
-from k26ops.engine.profile import effective_recipe
 from k26ops.rehearsal import plan
 from k26ops.runstate import HostState
 from k26ops.shell import q
-from k26ops.steps import HostContext, StepFailed
-from k26ops.steps import warmstart
+from k26ops.steps import HostContext, StepFailed, warmstart
 from k26ops.steps.engine import SmokeStep, smoke_requests
 from k26ops.traffic import drain as drain_mod
 from k26ops.traffic.gateway import GatewayError
+from k26ops.transport import agents
 
 PROBE_STATE = "rehearse-probe-state"
 
@@ -43,8 +42,11 @@ class RehearsalFailed(StepFailed):
     def __init__(self, message: str, report: dict):
         super().__init__(message)
         self.report = report
-        self.details = {"rehearsal": report, "diagnosis": report.get("diagnosis") or {},
-                        "journal_tail": report.get("log_tail") or ""}
+        self.details = {
+            "rehearsal": report,
+            "diagnosis": report.get("diagnosis") or {},
+            "journal_tail": report.get("log_tail") or "",
+        }
 
 
 def agent(session, op: str, timeout: float = 120.0, **req) -> dict:
@@ -59,8 +61,9 @@ def options_for(ctx: HostContext, opts: plan.Options) -> tuple[plan.Options, obj
     if rh:
         o.layers = o.layers if o.layers is not None else rh.layers
         o.tp_size = o.tp_size or rh.tp_size
-        o.mem_fraction = rh.mem_fraction if (rh.mem_fraction and opts.mem_fraction == plan.Options.mem_fraction) \
-            else o.mem_fraction
+        o.mem_fraction = (
+            rh.mem_fraction if (rh.mem_fraction and opts.mem_fraction == plan.Options.mem_fraction) else o.mem_fraction
+        )
         o.expected_load_s = o.expected_load_s if o.expected_load_s is not None else rh.expected_load_s
         o.draft_dummy_flag = rh.draft_dummy_flag and o.draft_dummy_flag
     return o, r
@@ -74,8 +77,10 @@ def _configs(ctx, eh_profile: dict, recipe, opts: plan.Options, report: dict) ->
     have = agent(ctx.session, "configs", model_path=model_path, draft_path=draft_path)
     rh = recipe.rehearsal
     specs = {}
-    for key, path, host_cfg, file in (("model", model_path, have.get("model"), rh and rh.model_config),
-                                      ("draft", draft_path, have.get("draft"), rh and rh.draft_config)):
+    for key, path, host_cfg, file in (
+        ("model", model_path, have.get("model"), rh and rh.model_config),
+        ("draft", draft_path, have.get("draft"), rh and rh.draft_config),
+    ):
         if key == "draft" and not path:
             continue
         if isinstance(host_cfg, dict):
@@ -90,8 +95,10 @@ def _configs(ctx, eh_profile: dict, recipe, opts: plan.Options, report: dict) ->
                 raise UserError(f"{file}: not a JSON config: {exc}") from None
             report["notes"].append(f"{key} config: {file.name} from the recipe (the host has no {path}/config.json)")
         else:
-            raise StepFailed(f"rehearsal: no config.json at {path} on the host and the recipe "
-                             f"{recipe.name} has no rehearsal.{key}_config: nothing to build dummy weights from")
+            raise StepFailed(
+                f"rehearsal: no config.json at {path} on the host and the recipe "
+                f"{recipe.name} has no rehearsal.{key}_config: nothing to build dummy weights from"
+            )
     specs["model"]["config"], notes = plan.fit_model(specs["model"]["config"], opts.layers)
     report["notes"] += notes
     n = plan.layer_count(specs["model"]["config"])
@@ -120,8 +127,14 @@ def _release_site(ctx, release_dir: str) -> dict:
     return r
 
 
-def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = None,
-             env: dict | None = None, progress=lambda m: None) -> dict:
+def rehearse(
+    ctx: HostContext,
+    opts: plan.Options,
+    *,
+    release_dir: str | None = None,
+    env: dict | None = None,
+    progress=lambda m: None,
+) -> dict:
     """Rehearse on one host; the report (dict). Raises RehearsalFailed when the
     engine crashed or did not serve, StepFailed/UserError when it could not run."""
     # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
@@ -155,12 +168,16 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     serving = chk.get("serving") in ("active", "activating", "reloading")
     report["serving_engine"] = chk.get("serving")
     if serving and opts.serving == "refuse":
-        raise StepFailed(f"rehearsal refused: the serving engine {eh.unit} is {chk.get('serving')} and holds "
-                         "the GPUs; nothing changed. Pass --alongside to rehearse beside it in the GPUs' free "
-                         "memory, or --stop-serving to stop it for the rehearsal (it is started again after)")
+        raise StepFailed(
+            f"rehearsal refused: the serving engine {eh.unit} is {chk.get('serving')} and holds "
+            "the GPUs; nothing changed. Pass --alongside to rehearse beside it in the GPUs' free "
+            "memory, or --stop-serving to stop it for the rehearsal (it is started again after)"
+        )
     if not chk.get("port_free"):
-        raise StepFailed(f"rehearsal: port {port} on the host is taken (the rehearsal engine listens on the "
-                         f"serving port + 100 unless told); nothing changed. Pick a free one with --rehearse-port")
+        raise StepFailed(
+            f"rehearsal: port {port} on the host is taken (the rehearsal engine listens on the "
+            f"serving port + 100 unless told); nothing changed. Pick a free one with --rehearse-port"
+        )
     model, draft = _configs(ctx, profile, recipe, opts, report)
     argv, changes = plan.rehearsal_argv(unit_argv, opts, port=port, has_draft=draft is not None)
     report["changes"] = changes
@@ -186,14 +203,28 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
             stopped_serving = True  # before: an interrupt during the stop still starts it again
             ctx.run(f"systemctl stop {q(eh.unit)}", check=True, timeout=drain_stop_timeout(drain))
         progress(f"starting the engine on dummy weights (port {port})")
-        st = agent(ctx.session, "start", argv=argv, env=env, model=model, draft=draft, files=files,
-                   deadline_s=opts.deadline_s, record=record)
+        st = agent(
+            ctx.session,
+            "start",
+            argv=argv,
+            env=env,
+            model=model,
+            draft=draft,
+            files=files,
+            deadline_s=opts.deadline_s,
+            record=record,
+        )
         if not st.get("ok"):
-            raise StepFailed(f"rehearsal: the engine could not be started: {units.redact(st.get('error') or '', secrets)}")
+            raise StepFailed(
+                f"rehearsal: the engine could not be started: {units.redact(st.get('error') or '', secrets)}"
+            )
         handle = st["handle"]
         report["started_at"], report["tz_offset"] = st.get("at"), st.get("tz_offset") or 0
-        report["runner"] = "transient unit " + handle["unit"] if handle["kind"] == "unit" else \
-            f"process group {handle['pgid']} (no systemd)"
+        report["runner"] = (
+            "transient unit " + handle["unit"]
+            if handle["kind"] == "unit"
+            else f"process group {handle['pgid']} (no systemd)"
+        )
         report["notes"] += st.get("notes") or []
         _serve(ctx, opts, report, handle, port, model, secrets, progress, smoke_requests(_smoke_params(ctx)), t0)
     finally:
@@ -217,11 +248,18 @@ def rehearse(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = 
     report["elapsed_s"] = round(time.monotonic() - t0, 1)
     if report["state"] != "served":
         d = report.get("diagnosis") or {}
-        saved = (f"; caught before the real model load (the recipe expects {opts.expected_load_s:.0f} s of it)"
-                 if opts.expected_load_s and d.get("signature") not in (None, "unclassified") else "")
+        saved = (
+            f"; caught before the real model load (the recipe expects {opts.expected_load_s:.0f} s of it)"
+            if opts.expected_load_s and d.get("signature") not in (None, "unclassified")
+            else ""
+        )
         report["saved_s"] = opts.expected_load_s if saved else None
-        raise RehearsalFailed(f"rehearsal: {report['why']}" + (f": {d['signature']}: {d.get('evidence', '')[:200]}"
-                                                               if d.get("signature") else "") + saved, report)
+        raise RehearsalFailed(
+            f"rehearsal: {report['why']}"
+            + (f": {d['signature']}: {d.get('evidence', '')[:200]}" if d.get("signature") else "")
+            + saved,
+            report,
+        )
     left = (report.get("cleanup") or {}).get("left")
     if left:
         raise RehearsalFailed("rehearsal: the engine was stopped but left " + ", ".join(left), report)
@@ -258,9 +296,16 @@ def _filled(ctx, cache, report, log: str) -> None:
     own time to first good token (from its start: there was no stop)."""
     smoke = report.get("smoke") or {}
     report["ttfgt"] = warmstart.timeline(
-        stop_at=None, started_at=report.pop("started_at", None), ready_at=report.pop("ready_at", None),
-        greedy_at=(smoke.get("greedy") or {}).get("at"), sampled_at=(smoke.get("sampled") or {}).get("at"),
-        log=log, tz_offset=report.pop("tz_offset", 0), metrics=report.get("metrics"), started_source="k26ops")
+        stop_at=None,
+        started_at=report.pop("started_at", None),
+        ready_at=report.pop("ready_at", None),
+        greedy_at=(smoke.get("greedy") or {}).get("at"),
+        sampled_at=(smoke.get("sampled") or {}).get("at"),
+        log=log,
+        tz_offset=report.pop("tz_offset", 0),
+        metrics=report.get("metrics"),
+        started_source="k26ops",
+    )
     if cache is None:
         return
     try:
@@ -274,34 +319,65 @@ def _filled(ctx, cache, report, log: str) -> None:
 
 def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, t0) -> None:
     """Ready-wait, smoke, bench: fills the report; sets state 'served' only when all answered."""
+
     def poll(window, req):
         return agent(ctx.session, "poll", timeout=window + 200, handle=handle, port=port, window=window, **req)
 
-    w = wait_ready(ctx.session, "", "127.0.0.1", port, base=None, timeout=opts.ready_timeout, secrets=secrets,
-                   interruptible=True, poll=poll,
-                   on_wait=lambda r: progress(f"waiting for the engine: {r.poll.get('state')} {r.elapsed:.0f}s"
-                                              + (f": {r.last_line}" if r.last_line else "")))
+    w = wait_ready(
+        ctx.session,
+        "",
+        "127.0.0.1",
+        port,
+        base=None,
+        timeout=opts.ready_timeout,
+        secrets=secrets,
+        interruptible=True,
+        poll=poll,
+        on_wait=lambda r: progress(
+            f"waiting for the engine: {r.poll.get('state')} {r.elapsed:.0f}s"
+            + (f": {r.last_line}" if r.last_line else "")
+        ),
+    )
     report["ready_s"] = round(w.elapsed, 1)
     report["ready_at"] = w.poll.get("at")
     if w.state != "healthy":
         report["state"] = "crashed" if w.state == "crashed" else w.state
-        report["why"] = (f"the engine crashed while starting ({w.poll.get('why')}) after {w.elapsed:.0f}s"
-                         if w.state == "crashed" else f"the engine was not ready after {w.elapsed:.0f}s ({w.state})")
+        report["why"] = (
+            f"the engine crashed while starting ({w.poll.get('why')}) after {w.elapsed:.0f}s"
+            if w.state == "crashed"
+            else f"the engine was not ready after {w.elapsed:.0f}s ({w.state})"
+        )
         return
     progress(f"ready after {w.elapsed:.0f}s; smoke requests (token ids)")
     ids = token_ids(model["config"])
-    s = agent(ctx.session, "smoke", timeout=opts.request_timeout * len(requests) + 60, handle=handle, port=port,
-              requests=requests, input_ids=ids, max_new_tokens=32, timeout_s=opts.request_timeout)
+    s = agent(
+        ctx.session,
+        "smoke",
+        timeout=opts.request_timeout * len(requests) + 60,
+        handle=handle,
+        port=port,
+        requests=requests,
+        input_ids=ids,
+        max_new_tokens=32,
+        timeout_s=opts.request_timeout,
+    )
     report["smoke"] = {r["name"]: _smoke_record(r) for r in s["results"]}
     if s.get("failed"):
         last = s["results"][-1]
         if s.get("crash"):
-            report["state"], report["why"] = "crashed", (f"the engine crashed on the {s['failed']} request "
-                                                         f"(temperature {last['sampling'].get('temperature')})")
+            report["state"], report["why"] = (
+                "crashed",
+                (
+                    f"the engine crashed on the {s['failed']} request "
+                    f"(temperature {last['sampling'].get('temperature')})"
+                ),
+            )
         else:
             report["state"] = "failed"
-            report["why"] = (f"the {s['failed']} request failed (HTTP {last['status']}: "
-                             f"{units.redact(str(last['body'])[:200], secrets)}); the engine did not die")
+            report["why"] = (
+                f"the {s['failed']} request failed (HTTP {last['status']}: "
+                f"{units.redact(str(last['body'])[:200], secrets)}); the engine did not die"
+            )
         return
     greedy = report["smoke"].get("greedy") or {}
     report["accept_length"] = greedy.get("spec_accept_length")
@@ -315,17 +391,37 @@ def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, 
 def _smoke_record(r: dict) -> dict:
     body = r["body"] if isinstance(r["body"], dict) else {}
     meta = body.get("meta_info") or {}
-    keep = ("spec_accept_length", "spec_verify_ct", "completion_tokens", "prompt_tokens", "spec_accept_rate",
-            "spec_num_correct_drafts", "spec_num_proposed_drafts", "finish_reason")
-    return {"status": r["status"], "latency_s": r["latency_s"], "sampling": r["sampling"], "at": r.get("at"),
-            **{k: meta.get(k) for k in keep if k in meta},
-            "output_ids": (body.get("output_ids") or [])[:16]}
+    keep = (
+        "spec_accept_length",
+        "spec_verify_ct",
+        "completion_tokens",
+        "prompt_tokens",
+        "spec_accept_rate",
+        "spec_num_correct_drafts",
+        "spec_num_proposed_drafts",
+        "finish_reason",
+    )
+    return {
+        "status": r["status"],
+        "latency_s": r["latency_s"],
+        "sampling": r["sampling"],
+        "at": r.get("at"),
+        **{k: meta.get(k) for k in keep if k in meta},
+        "output_ids": (body.get("output_ids") or [])[:16],
+    }
 
 
 def _bench(ctx, opts, report, port, model, progress) -> None:
     """A short bench through k26ops' own load generator (token ids: no tokenizer)."""
-    spec = BenchSpec(concurrency=opts.concurrency, temperatures=opts.temperatures, input_len=opts.input_len,
-                     output_len=opts.output_len, runs=1, num_prompts=opts.num_prompts, generator="k26ops")
+    spec = BenchSpec(
+        concurrency=opts.concurrency,
+        temperatures=opts.temperatures,
+        input_len=opts.input_len,
+        output_len=opts.output_len,
+        runs=1,
+        num_prompts=opts.num_prompts,
+        generator="k26ops",
+    )
     t = {"host": "127.0.0.1", "port": port, "model": "rehearsal", "tokenizer": "", "python": "", "api_key": None}
     b = run_host(ctx, spec, progress, target_override=t, extra={"token_ids": {"vocab": vocab_size(model["config"])}})
     report["bench"] = b
@@ -337,11 +433,13 @@ def _bench(ctx, opts, report, port, model, progress) -> None:
 
 def _metrics(text: str) -> dict:
     """The few Prometheus lines a rehearsal reports (spec accept, graph capture time)."""
-    return warmstart.parse_metrics(text, ("spec_accept_length", "spec_verify_calls_total", "cuda_graph_passes")
-                                   + warmstart.METRIC_NAMES)
+    return warmstart.parse_metrics(
+        text, ("spec_accept_length", "spec_verify_calls_total", "cuda_graph_passes") + warmstart.METRIC_NAMES
+    )
 
 
 # ---------------------------------------------------------------- --probe
+
 
 def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
     # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
@@ -351,8 +449,18 @@ def _apply_probe(ctx, release_dir: str, report: dict, progress) -> dict:
     patch = probe_patch_for(info.get("base"))
     progress(f"applying the None-field probe ({patch.name}) to {release_dir}")
     before = agent(ctx.session, "hashes", root=info["site"], under="sglang")
-    res = agents.run(ctx.session, "probe", "apply_probe", 300, what="probe agent", release=info["release"],
-                     site=info["site"], patch_text=patch.read_text(), probe_state=PROBE_STATE, base=info.get("base"))
+    res = agents.run(
+        ctx.session,
+        "probe",
+        "apply_probe",
+        300,
+        what="probe agent",
+        release=info["release"],
+        site=info["site"],
+        patch_text=patch.read_text(),
+        probe_state=PROBE_STATE,
+        base=info.get("base"),
+    )
     if not res.get("ok"):
         raise StepFailed(f"rehearsal --probe: the probe patch does not apply to {release_dir}: {res.get('error')}")
     report["probe"] = {"patch": patch.name, "files": res.get("files") or []}
@@ -365,18 +473,30 @@ def _revert_probe(ctx, probe: dict, report: dict, log: str) -> None:
 
     w = watched_counts(log)
     seen = sorted(g for g in GRAPH_PATHS if (w or {}).get("fill_from", {}).get(g))
-    report["probe"].update(watched=watched_text(w), watched_counts=w,
-                           unwatched=[g for g in GRAPH_PATHS if g not in seen])
+    report["probe"].update(
+        watched=watched_text(w), watched_counts=w, unwatched=[g for g in GRAPH_PATHS if g not in seen]
+    )
     if report.get("state") == "served" and not seen:
-        report["notes"].append("the probe watched no draft/verify graph copy: the speculative graph path was NOT "
-                               "checked for None fields (" + watched_text(w) + ")")
+        report["notes"].append(
+            "the probe watched no draft/verify graph copy: the speculative graph path was NOT "
+            "checked for None fields (" + watched_text(w) + ")"
+        )
     info = probe["info"]
-    r = agents.run(ctx.session, "probe", "revert", 300, what="probe agent", release=info["release"],
-                   site=info["site"], probe_state=PROBE_STATE)
+    r = agents.run(
+        ctx.session,
+        "probe",
+        "revert",
+        300,
+        what="probe agent",
+        release=info["release"],
+        site=info["site"],
+        probe_state=PROBE_STATE,
+    )
     after = agent(ctx.session, "hashes", root=info["site"], under="sglang")["hashes"]
     differ = sorted(k for k in set(probe["before"]) | set(after) if probe["before"].get(k) != after.get(k))
-    report["probe"].update(reverted=r.get("done"), byte_exact=not differ and not r.get("error"),
-                           differ=differ[:10], error=r.get("error"))
+    report["probe"].update(
+        reverted=r.get("done"), byte_exact=not differ and not r.get("error"), differ=differ[:10], error=r.get("error")
+    )
 
 
 def drain_stop_timeout(drain) -> float:
@@ -390,12 +510,22 @@ def _restart_serving(ctx, eh, secrets, report, progress, drain=None) -> None:
     # must not leave the host without its engine)
     ctx.session.run(f"systemctl start {q(eh.unit)}", timeout=600)
     host, port = eh.target()
-    w = wait_ready(ctx.session, eh.unit, host, port, base=None, timeout=1800, secrets=secrets,
-                   on_wait=lambda r: progress(f"waiting for the serving engine: {r.poll['state']} {r.elapsed:.0f}s"))
+    w = wait_ready(
+        ctx.session,
+        eh.unit,
+        host,
+        port,
+        base=None,
+        timeout=1800,
+        secrets=secrets,
+        on_wait=lambda r: progress(f"waiting for the serving engine: {r.poll['state']} {r.elapsed:.0f}s"),
+    )
     report["serving_after"] = w.state
     if w.state != "healthy":
-        report.setdefault("notes", []).append(f"the serving engine {eh.unit} is {w.state} after the rehearsal"
-                                              + ("; left out of rotation" if drain else ""))
+        report.setdefault("notes", []).append(
+            f"the serving engine {eh.unit} is {w.state} after the rehearsal"
+            + ("; left out of rotation" if drain else "")
+        )
     elif drain is not None:
         try:
             drain_mod.smoke_before_put_back(drain, ctx.session, eh.unit)
@@ -409,6 +539,7 @@ def _restart_serving(ctx, eh, secrets, report, progress, drain=None) -> None:
 
 
 # ---------------------------------------------------------------- deploy --rehearse
+
 
 class Gate:
     """`deploy --rehearse`, as the release and service steps see it: called before
@@ -431,8 +562,9 @@ class Rehearsed(HostState):
     done: bool = False
 
 
-def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | None = None,
-                   env: dict | None = None) -> None:
+def before_restart(
+    ctx: HostContext, opts: plan.Options, *, release_dir: str | None = None, env: dict | None = None
+) -> None:
     """Rehearse what the deploy is about to run (a new release before `current`
     moves to it, or a new unit/env file before the restart), once per run, beside
     the serving engine. A failed rehearsal raises RehearsalFailed; the serving
@@ -447,9 +579,11 @@ def before_restart(ctx: HostContext, opts: plan.Options, *, release_dir: str | N
         exc.report.pop("_log", None)
         ctx.report.update(rehearsal=exc.report, engine_restarted=False)
         saved = exc.report.get("saved_s")
-        failed = RehearsalFailed(f"{exc}; the serving engine was not touched (no restart, `current` not moved)"
-                                 + (f"; about {saved:.0f} s of model load not wasted" if saved else ""),
-                                 exc.report)
+        failed = RehearsalFailed(
+            f"{exc}; the serving engine was not touched (no restart, `current` not moved)"
+            + (f"; about {saved:.0f} s of model load not wasted" if saved else ""),
+            exc.report,
+        )
         failed.details["engine_restarted"] = False
         raise failed from None
     rep.pop("_log", None)

@@ -11,11 +11,13 @@ def figures(rep: dict) -> dict:
     ready = rep.get("ready_s")
     accept = rep.get("accept_length")
     toks = rep.get("tok_s")
-    return {"state": rep.get("state"),
-            "ready": f"{ready:.0f} s" if ready is not None else None,
-            "capture": f"{cap:.0f} s" if cap is not None else ("off" if rep.get("cuda_graphs") is False else None),
-            "accept": f"{accept:.2f}" if accept is not None else None,
-            "tok/s": f"{toks:.0f}" if toks is not None else None}
+    return {
+        "state": rep.get("state"),
+        "ready": f"{ready:.0f} s" if ready is not None else None,
+        "capture": f"{cap:.0f} s" if cap is not None else ("off" if rep.get("cuda_graphs") is False else None),
+        "accept": f"{accept:.2f}" if accept is not None else None,
+        "tok/s": f"{toks:.0f}" if toks is not None else None,
+    }
 
 
 def line(rep: dict) -> str:
@@ -24,6 +26,9 @@ def line(rep: dict) -> str:
     f = figures(rep)
     if f["state"] != "served":
         return f"rehearsal {f['state'] or 'did not run'}"
-    parts = [f"{k} {f[k]}" if k != "capture" or f[k] != "off" else "CUDA graphs off"
-             for k in ("ready", "capture", "accept") if f[k] is not None]
+    parts = [
+        f"{k} {f[k]}" if k != "capture" or f[k] != "off" else "CUDA graphs off"
+        for k in ("ready", "capture", "accept")
+        if f[k] is not None
+    ]
     return "rehearsed: " + ", ".join(parts)

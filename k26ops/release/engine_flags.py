@@ -83,8 +83,11 @@ class EngineFlags:
     @property
     def aliases(self) -> dict[str, str]:
         """option string -> canonical flag, for every alias (not the `--no-` forms)."""
-        return {n: f.canonical for n, f in self.flags.items()
-                if n != f.canonical and not (f.kind == "boolean_optional" and n.startswith("--no-"))}
+        return {
+            n: f.canonical
+            for n, f in self.flags.items()
+            if n != f.canonical and not (f.kind == "boolean_optional" and n.startswith("--no-"))
+        }
 
 
 def _pkg(sources_root) -> Path:
@@ -140,9 +143,13 @@ class _Names:
                     env[a.asname or a.name] = ("import", st.module, a.name)
             elif isinstance(st, ast.ClassDef):
                 env[st.name] = ("class", st, dotted)
-            elif (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)  # NAME.extend([...]) at import
-                  and isinstance(st.value.func, ast.Attribute) and st.value.func.attr in ("extend", "append")
-                  and isinstance(st.value.func.value, ast.Name)):
+            elif (
+                isinstance(st, ast.Expr)
+                and isinstance(st.value, ast.Call)  # NAME.extend([...]) at import
+                and isinstance(st.value.func, ast.Attribute)
+                and st.value.func.attr in ("extend", "append")
+                and isinstance(st.value.func.value, ast.Name)
+            ):
                 env.setdefault("__extends__", []).append((st.value.func.value.id, st.value.func.attr, st.value.args))
         return env
 
@@ -157,8 +164,13 @@ class _Names:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             a, b = self.value(node.left, mod, scope, depth + 1), self.value(node.right, mod, scope, depth + 1)
             return a + b if isinstance(a, list) and isinstance(b, list) else _UNKNOWN
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1
-                and node.func.id in ("list", "tuple", "set", "frozenset", "sorted") and not node.keywords):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and len(node.args) == 1
+            and node.func.id in ("list", "tuple", "set", "frozenset", "sorted")
+            and not node.keywords
+        ):
             v = self.value(node.args[0], mod, scope, depth + 1)
             return sorted(v, key=str) if isinstance(v, list) and node.func.id == "sorted" else v
         if isinstance(node, ast.Name):
@@ -170,8 +182,13 @@ class _Names:
             if ent and ent[0] == "import":
                 ent = self.module(ent[1]).get(ent[2])
             if ent and ent[0] == "class":
-                body = {t.id: st.value for st in ent[1].body if isinstance(st, ast.Assign)
-                        for t in st.targets if isinstance(t, ast.Name)}
+                body = {
+                    t.id: st.value
+                    for st in ent[1].body
+                    if isinstance(st, ast.Assign)
+                    for t in st.targets
+                    if isinstance(t, ast.Name)
+                }
                 if node.attr in body:
                     return self.value(body[node.attr], ent[2], body, depth + 1)
         return _UNKNOWN
@@ -216,15 +233,16 @@ def _action_defaults(names: _Names, mod: str, action: ast.AST) -> dict:
     for st in ent[1].body:
         if isinstance(st, ast.FunctionDef) and st.name == "__init__":
             a = st.args
-            pos = a.args[len(a.args) - len(a.defaults):]
+            pos = a.args[len(a.args) - len(a.defaults) :]
             out = {p.arg: _const(d) for p, d in zip(pos, a.defaults)}
             out.update({p.arg: _const(d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
             return out
     return {}
 
 
-def _flags_for(names_: list[str], kw: dict, names: _Names, mod: str, where: str,
-               type_name: str | None = None) -> list[Flag]:
+def _flags_for(
+    names_: list[str], kw: dict, names: _Names, mod: str, where: str, type_name: str | None = None
+) -> list[Flag]:
     """The option strings one add_argument(*names_, **kw) call makes, as argparse makes them."""
     action = kw.get("action")
     action_name = action.value if isinstance(action, ast.Constant) else _name_of(action)
@@ -236,30 +254,37 @@ def _flags_for(names_: list[str], kw: dict, names: _Names, mod: str, where: str,
         action_name = ""
     if action_name == "BooleanOptionalAction":
         out = [Flag(n, False, None, 0, names_[0], "boolean_optional", None, where) for n in names_]
-        out += [Flag("--no-" + n[2:], False, None, 0, names_[0], "boolean_optional", None, where)
-                for n in names_ if n.startswith("--")]
+        out += [
+            Flag("--no-" + n[2:], False, None, 0, names_[0], "boolean_optional", None, where)
+            for n in names_
+            if n.startswith("--")
+        ]
         return out
-    if (action_name in _NO_VALUE_ACTIONS or "StoreTrue" in action_name or "StoreFalse" in action_name
-            or nargs == 0):
+    if action_name in _NO_VALUE_ACTIONS or "StoreTrue" in action_name or "StoreFalse" in action_name or nargs == 0:
         return [Flag(n, False, None, 0, names_[0], "store_true", None, where) for n in names_]
-    return [Flag(n, True, choices, nargs if isinstance(nargs, (str, int)) else None, names_[0], "store",
-                 type_name, where) for n in names_]
+    return [
+        Flag(n, True, choices, nargs if isinstance(nargs, (str, int)) else None, names_[0], "store", type_name, where)
+        for n in names_
+    ]
 
 
 def _add_argument_flags(tree: ast.AST, names: _Names, mod: str, path: Path) -> list[Flag]:
     out = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+        ):
             continue
-        opts = [a.value for a in node.args if isinstance(a, ast.Constant)
-                and isinstance(a.value, str) and a.value.startswith("-")]
+        opts = [
+            a.value
+            for a in node.args
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+        ]
         if not opts:
             continue
         kw = {k.arg: k.value for k in node.keywords if k.arg}
         tp = _name_of(kw.get("type")) if "type" in kw else None
-        out += _flags_for(opts, kw, names, mod, f"{path.name}:{node.lineno}",
-                          tp if tp in ("int", "float") else None)
+        out += _flags_for(opts, kw, names, mod, f"{path.name}:{node.lineno}", tp if tp in ("int", "float") else None)
     return out
 
 
@@ -306,7 +331,9 @@ def _field_flags(tree: ast.AST, names: _Names, mod: str, path: Path) -> list[Fla
             kw = {}
             if isinstance(meta, ast.Call) and _name_of(meta.func) == "Arg":
                 kw = {k.arg: k.value for k in meta.keywords if k.arg}
-            elif not (isinstance(meta, ast.Constant) and isinstance(meta.value, str)) and not isinstance(meta, ast.JoinedStr):
+            elif not (isinstance(meta, ast.Constant) and isinstance(meta.value, str)) and not isinstance(
+                meta, ast.JoinedStr
+            ):
                 continue
             if "no_cli" in kw and _const(kw["no_cli"]) is True:
                 continue
@@ -330,8 +357,14 @@ def _field_flags(tree: ast.AST, names: _Names, mod: str, path: Path) -> list[Fla
                 choices = kw.get("choices") or ast.List([ast.Constant(v) for v in lits])
                 t = type(lits[0]).__name__ if lits else "str"
                 # a type_parser converts before argparse compares with the choices: not checked here
-                out += _flags_for(opts, {} if parser_given else {"choices": choices}, names, mod, where,
-                                  t if t in ("int", "float") and not parser_given else None)
+                out += _flags_for(
+                    opts,
+                    {} if parser_given else {"choices": choices},
+                    names,
+                    mod,
+                    where,
+                    t if t in ("int", "float") and not parser_given else None,
+                )
             elif head in ("List", "list") and not parser_given:
                 elem = _name_of(inner.slice) if isinstance(inner, ast.Subscript) else "str"
                 akw = {"nargs": kw.get("nargs") or ast.Constant("+")}
@@ -342,8 +375,9 @@ def _field_flags(tree: ast.AST, names: _Names, mod: str, path: Path) -> list[Fla
                 out += _flags_for(opts, {"action": ast.Constant("store_true")}, names, mod, where)
             else:
                 akw = {k: kw[k] for k in ("choices", "nargs") if k in kw and not (k == "choices" and parser_given)}
-                out += _flags_for(opts, akw, names, mod, where,
-                                  head if head in ("int", "float") and not parser_given else None)
+                out += _flags_for(
+                    opts, akw, names, mod, where, head if head in ("int", "float") and not parser_given else None
+                )
     return out
 
 
@@ -362,7 +396,9 @@ def _spec_algorithms(pkg: Path, flags: dict[str, Flag]) -> frozenset[str]:
         tree = _parse(path)
         for node in ast.walk(tree) if tree else ():
             if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_RESERVED_ALIASES" for t in node.targets):
-                names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+                names |= {
+                    c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                }
     names.discard("NONE")
     return frozenset(names)
 
@@ -376,7 +412,7 @@ def _version(pkg: Path) -> str | None:
         if m:
             return m.group(1)
     for d in sorted(pkg.parent.glob("sglang-*.dist-info")):
-        return d.name[len("sglang-"):-len(".dist-info")]
+        return d.name[len("sglang-") : -len(".dist-info")]
     return None
 
 
@@ -416,8 +452,10 @@ def _normalize(flags) -> list[str]:
 
 
 def _ddtree_missing(ef: EngineFlags) -> UserError:
-    return UserError(f"the DDTree source is missing: sglang {ef.version or '(unknown version)'} has no DDTREE; "
-                     f"build the engine from a git source pinned to a DDTree commit (recipe engine.source) (sources: {ef.root})")
+    return UserError(
+        f"the DDTree source is missing: sglang {ef.version or '(unknown version)'} has no DDTREE; "
+        f"build the engine from a git source pinned to a DDTree commit (recipe engine.source) (sources: {ef.root})"
+    )
 
 
 def _unknown(name: str, ef: EngineFlags) -> UserError:
@@ -426,8 +464,9 @@ def _unknown(name: str, ef: EngineFlags) -> UserError:
         new, release = RENAMED[name]
         present = [n for n in new if n in ef.flags]
         if present:
-            return UserError(f"engine flag {name} is not accepted by {where}: sglang {release} renamed it to "
-                             f"{' and '.join(present)}")
+            return UserError(
+                f"engine flag {name} is not accepted by {where}: sglang {release} renamed it to {' and '.join(present)}"
+            )
     if name.startswith("--speculative-ddtree") and not ef.has_ddtree:
         return _ddtree_missing(ef)
     close = difflib.get_close_matches(name, list(ef.flags), n=3, cutoff=0.75)
@@ -469,7 +508,9 @@ def parser_for(ef: EngineFlags) -> argparse.ArgumentParser:
         groups.setdefault(f.canonical, []).append(f)
     for canon, fs in groups.items():
         kind = fs[0].kind
-        opts = [f.name for f in fs if not (kind == "boolean_optional" and f.name.startswith("--no-") and f.name != canon)]
+        opts = [
+            f.name for f in fs if not (kind == "boolean_optional" and f.name.startswith("--no-") and f.name != canon)
+        ]
         opts = [canon] + [o for o in opts if o != canon]
         dest = "f_" + canon.lstrip("-").replace("-", "_")
         try:
@@ -527,15 +568,20 @@ def validate(flags, sources_root, engine: EngineFlags | None = None) -> None:
         vals = values if isinstance(values, list) else [values]
         if canon == SPEC_FLAG:
             if vals and ef.spec_algorithms and str(vals[0]).upper() not in ef.spec_algorithms:
-                raise UserError(f"engine flag {SPEC_FLAG} {vals[0]}: not an algorithm of sglang {ef.version}; "
-                                f"known: {', '.join(sorted(ef.spec_algorithms))}")
+                raise UserError(
+                    f"engine flag {SPEC_FLAG} {vals[0]}: not an algorithm of sglang {ef.version}; "
+                    f"known: {', '.join(sorted(ef.spec_algorithms))}"
+                )
             continue
         for v in vals:
             try:
                 got = _convert(v, info.type)
             except ValueError:
-                raise UserError(f"engine flag {opt} {v}: not an {info.type} "
-                                f"(sglang {ef.version}, {info.where})") from None
+                raise UserError(
+                    f"engine flag {opt} {v}: not an {info.type} (sglang {ef.version}, {info.where})"
+                ) from None
             if info.choices and got not in info.choices and str(got) not in {str(c) for c in info.choices}:
-                raise UserError(f"engine flag {opt} {v}: not one of {', '.join(map(str, info.choices))} "
-                                f"(sglang {ef.version}, {info.where})")
+                raise UserError(
+                    f"engine flag {opt} {v}: not one of {', '.join(map(str, info.choices))} "
+                    f"(sglang {ef.version}, {info.where})"
+                )

@@ -106,8 +106,9 @@ def resolve_ref(url: str, ref: str) -> str:
     d = _repo(url)
     proc = _fetch(d, url, ref, depth=1)
     if proc.returncode != 0:
-        raise UserError(f"engine source: cannot fetch {ref} from {url}: {git_error(proc)}; "
-                        f"{MIRROR_HINT.format(url=url)}")
+        raise UserError(
+            f"engine source: cannot fetch {ref} from {url}: {git_error(proc)}; {MIRROR_HINT.format(url=url)}"
+        )
     local = "refs/k26ops/" + hashlib.sha256(ref.encode()).hexdigest()[:16]
     return _git(d, "rev-parse", f"{local}^{{commit}}").stdout.strip()
 
@@ -129,14 +130,18 @@ def fetch(url: str, commit: str, ref: str | None = None) -> Path:
     if tried[0][1].returncode != 0 and ref:
         tried.append((ref, _fetch(d, url, ref, depth=None)))
     if not _has_commit(d, commit):
-        what = "; ".join(f"{name}: {git_error(p) if p.returncode else 'fetched, the commit is not on it'}"
-                         for name, p in tried)
+        what = "; ".join(
+            f"{name}: {git_error(p) if p.returncode else 'fetched, the commit is not on it'}" for name, p in tried
+        )
         answered = all(p.returncode == 0 or _ANSWERED.search(p.stderr or "") for _, p in tried)
         if answered:  # the server is there and says it has no such commit (or ref)
-            raise UserError(f"engine source: {url} has no commit {commit} (tried {what}): check the recipe's "
-                            f"engine.source commit and ref; {MIRROR_HINT.format(url=url)}")
-        raise UserError(f"engine source: cannot fetch commit {commit[:12]} from {url} (tried {what}); "
-                        f"{MIRROR_HINT.format(url=url)}")
+            raise UserError(
+                f"engine source: {url} has no commit {commit} (tried {what}): check the recipe's "
+                f"engine.source commit and ref; {MIRROR_HINT.format(url=url)}"
+            )
+        raise UserError(
+            f"engine source: cannot fetch commit {commit[:12]} from {url} (tried {what}); {MIRROR_HINT.format(url=url)}"
+        )
     return d
 
 
@@ -151,8 +156,10 @@ def git_error(proc: subprocess.CompletedProcess) -> str:
     return first or (lines[-1] if lines else f"git exited {proc.returncode}")
 
 
-MIRROR_HINT = ("from a mirror of it, set the inventory's engine_source_mirrors: {{{url}: MIRROR_URL}} "
-               "or pass --source-url MIRROR_URL to `k26ops engine lock`/`pin`")
+MIRROR_HINT = (
+    "from a mirror of it, set the inventory's engine_source_mirrors: {{{url}: MIRROR_URL}} "
+    "or pass --source-url MIRROR_URL to `k26ops engine lock`/`pin`"
+)
 
 
 def export(url: str, commit: str, dest: Path) -> Path:
@@ -161,11 +168,17 @@ def export(url: str, commit: str, dest: Path) -> Path:
     d = git_cache(url)
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile() as tf:
-        proc = subprocess.run(["git", *_GIT_SAFE, "-C", str(d), "archive", "--format=tar", commit], stdout=tf,
-                              stderr=subprocess.PIPE, text=False)
+        proc = subprocess.run(
+            ["git", *_GIT_SAFE, "-C", str(d), "archive", "--format=tar", commit],
+            stdout=tf,
+            stderr=subprocess.PIPE,
+            text=False,
+        )
         if proc.returncode != 0:
-            raise UserError(f"engine source: git archive {commit[:12]} failed: "
-                            f"{proc.stderr.decode(errors='replace').strip()[-200:]}")
+            raise UserError(
+                f"engine source: git archive {commit[:12]} failed: "
+                f"{proc.stderr.decode(errors='replace').strip()[-200:]}"
+            )
         tf.seek(0)
         try:
             with tarfile.open(fileobj=tf) as tar:
@@ -176,9 +189,15 @@ def export(url: str, commit: str, dest: Path) -> Path:
 
 
 # What a build backend or build requirement needs on the control node, besides Python.
-_TOOLS = {"setuptools-rust": "cargo", "setuptools_rust": "cargo", "maturin": "cargo",
-          "scikit-build-core": "cmake", "scikit_build_core": "cmake", "cmake": "cmake",
-          "torch": "a CUDA build environment (torch as a build requirement compiles kernels)"}
+_TOOLS = {
+    "setuptools-rust": "cargo",
+    "setuptools_rust": "cargo",
+    "maturin": "cargo",
+    "scikit-build-core": "cmake",
+    "scikit_build_core": "cmake",
+    "cmake": "cmake",
+    "torch": "a CUDA build environment (torch as a build requirement compiles kernels)",
+}
 
 
 def build_requirements(project: Path) -> list[str]:
@@ -198,9 +217,15 @@ def build_requirements(project: Path) -> list[str]:
 # Extension kinds a setup.py can declare (read as text with ast, never executed), and the
 # tool each needs. sglang 0.5.23 declares its 5 compiled Rust modules there
 # (setuptools_rust RustExtension, `rust_extensions=`), not in [build-system].
-_SETUP_CALLS = {"RustExtension": "cargo", "RustBin": "cargo", "Extension": "cc", "CppExtension": "cc",
-                "Pybind11Extension": "cc", "cythonize": "cc",
-                "CUDAExtension": "a CUDA build environment (nvcc, for CUDAExtension in setup.py)"}
+_SETUP_CALLS = {
+    "RustExtension": "cargo",
+    "RustBin": "cargo",
+    "Extension": "cc",
+    "CppExtension": "cc",
+    "Pybind11Extension": "cc",
+    "cythonize": "cc",
+    "CUDAExtension": "a CUDA build environment (nvcc, for CUDAExtension in setup.py)",
+}
 _SETUP_KEYWORDS = {"rust_extensions": "cargo", "ext_modules": "cc"}
 
 
@@ -224,7 +249,9 @@ def setup_py_extensions(project: Path) -> dict[str, str]:
             if fn in _SETUP_CALLS:
                 found.setdefault(f"setup.py:{node.lineno} {fn}(...)", _SETUP_CALLS[fn])
             for kw in node.keywords:
-                if kw.arg in _SETUP_KEYWORDS and not (isinstance(kw.value, (ast.List, ast.Tuple)) and not kw.value.elts):
+                if kw.arg in _SETUP_KEYWORDS and not (
+                    isinstance(kw.value, (ast.List, ast.Tuple)) and not kw.value.elts
+                ):
                     found.setdefault(f"setup.py:{node.lineno} {kw.arg}=", _SETUP_KEYWORDS[kw.arg])
     return found
 
@@ -254,9 +281,11 @@ def missing_tools(project: Path) -> list[str]:
 
 
 # pip's own frame around a failed build: not the cause
-_PIP_FRAME = re.compile(r"^(error: (subprocess-exited-with-error|metadata-generation-failed|failed-wheel-build"
-                        r"|legacy-install-failure)|note: This error originates from a subprocess|"
-                        r"╰─> |× |│ |\[end of output\]|\[\d+ lines of output\]|hint: )")
+_PIP_FRAME = re.compile(
+    r"^(error: (subprocess-exited-with-error|metadata-generation-failed|failed-wheel-build"
+    r"|legacy-install-failure)|note: This error originates from a subprocess|"
+    r"╰─> |× |│ |\[end of output\]|\[\d+ lines of output\]|hint: )"
+)
 _EXC = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit)(?:: .*)?$")
 _TOOL_ERR = re.compile(r"(^|\s|:)(error(\[\w+\])?|fatal error|CMake Error[^:]*):", re.I)
 
@@ -270,10 +299,12 @@ def build_failure(output: str) -> tuple[str, str, list[str]]:
     pip's own frame ("note: This error originates from a subprocess")."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     inner = [ln for ln in lines if not _PIP_FRAME.match(ln) and not re.fullmatch(r"[\^~\s]+", ln)]
-    cause = (next((ln for ln in inner if _EXC.match(ln)), None)
-             or next((ln for ln in inner if _TOOL_ERR.search(ln)), None)
-             or next((ln for ln in inner if "error" in ln.lower()), None)
-             or (lines[-1] if lines else "no output"))
+    cause = (
+        next((ln for ln in inner if _EXC.match(ln)), None)
+        or next((ln for ln in inner if _TOOL_ERR.search(ln)), None)
+        or next((ln for ln in inner if "error" in ln.lower()), None)
+        or (lines[-1] if lines else "no output")
+    )
     stage = next((ln[1:].strip() for ln in lines if ln.startswith("× ")), "")
     return cause, stage, [ln for ln in inner[-4:] if ln != cause]
 
@@ -283,23 +314,27 @@ def wheel_info(path: Path, sha256: str | None = None) -> BuiltWheel:
         dist, version = wheel_name_version(path.name)
     except UserError as exc:
         raise UserError(f"engine wheel {path.parent}/{exc}") from None
-    return BuiltWheel(path.name, sha256 or file_sha256(path), path.stat().st_size, path,
-                      re.sub(r"[-_.]+", "-", dist).lower(), version)
+    return BuiltWheel(
+        path.name, sha256 or file_sha256(path), path.stat().st_size, path, re.sub(r"[-_.]+", "-", dist).lower(), version
+    )
 
 
 def check_python(wheel: BuiltWheel, python: str) -> None:
     """A wheel with compiled parts is built for one python: it must be the hosts'."""
-    tag = wheel.name[:-len(".whl")].split("-")[-3]
+    tag = wheel.name[: -len(".whl")].split("-")[-3]
     want = "cp" + python.replace(".", "")
     tags = tag.split(".")
     if any(t.startswith("py3") for t in tags) or want in tags:
         return
-    raise UserError(f"engine wheel {wheel.name} is for {tag}, the hosts run python {python} ({want}): build it "
-                    f"with python {python} (pip wheel), or give a prebuilt {want} wheel as engine.source.wheel")
+    raise UserError(
+        f"engine wheel {wheel.name} is for {tag}, the hosts run python {python} ({want}): build it "
+        f"with python {python} (pip wheel), or give a prebuilt {want} wheel as engine.source.wheel"
+    )
 
 
-def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
-          progress=lambda msg: None) -> BuiltWheel:
+def build(
+    url: str, commit: str, subdir: str = "python", ref: str | None = None, progress=lambda msg: None
+) -> BuiltWheel:
     """The engine wheel built from `subdir` of `commit` with its own build
     configuration (pip wheel --no-deps), once per (commit, subdir) on this node."""
     _check_commit(commit)  # before it names any path
@@ -325,18 +360,35 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
             if not inputs.is_inside(project, tree):  # a symlink in the commit pointing elsewhere
                 raise UserError(f"engine source: {url} @ {commit[:12]}: {subdir}/ leaves the commit's tree")
             if not (project / "pyproject.toml").exists() and not (project / "setup.py").exists():
-                raise UserError(f"engine source: {url} @ {commit[:12]} has no {subdir}/pyproject.toml "
-                                "(set engine.source.subdir to the directory that builds the engine)")
+                raise UserError(
+                    f"engine source: {url} @ {commit[:12]} has no {subdir}/pyproject.toml "
+                    "(set engine.source.subdir to the directory that builds the engine)"
+                )
             missing = missing_tools(project)
             if missing:
-                raise UserError(f"engine source: building {url} @ {commit[:12]} needs {', '.join(missing)}, which "
-                                "this control node lacks: install it, or build the wheel elsewhere and set "
-                                "engine.source.wheel {path|url, sha256} in the recipe (docs/how-to/engine-source.md)")
+                raise UserError(
+                    f"engine source: building {url} @ {commit[:12]} needs {', '.join(missing)}, which "
+                    "this control node lacks: install it, or build the wheel elsewhere and set "
+                    "engine.source.wheel {path|url, sha256} in the recipe (docs/how-to/engine-source.md)"
+                )
             progress(f"building the engine wheel from {subdir}/ @ {commit[:12]} (pip wheel, once per commit)")
             dist = Path(tmp) / "dist"
-            proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                                   "--disable-pip-version-check", "-w", str(dist), str(project)],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "-q",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    "-w",
+                    str(dist),
+                    str(project),
+                ],
+                capture_output=True,
+                text=True,
+            )
             wheels = sorted(dist.glob("*.whl")) if dist.exists() else []
             if proc.returncode != 0 or len(wheels) != 1:
                 text = (proc.stdout or "") + (proc.stderr or "")
@@ -348,22 +400,25 @@ def build(url: str, commit: str, subdir: str = "python", ref: str | None = None,
                     + (f" ({stage})" if stage else "")
                     + (f"; output tail: {' | '.join(tail)[-400:]}" if tail else "")
                     + f"; the whole output: {log}; or build the wheel elsewhere and set engine.source.wheel "
-                    "{path|url, sha256} in the recipe (docs/how-to/engine-source.md)")
+                    "{path|url, sha256} in the recipe (docs/how-to/engine-source.md)"
+                )
             partial = out.with_name(out.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()
             shutil.move(str(wheels[0]), partial / wheels[0].name)
             info = wheel_info(partial / wheels[0].name)
-            (partial / "built.json").write_text(json.dumps(
-                {"name": info.name, "sha256": info.sha256, "url": url, "commit": commit, "subdir": subdir},
-                indent=1) + "\n")
+            (partial / "built.json").write_text(
+                json.dumps(
+                    {"name": info.name, "sha256": info.sha256, "url": url, "commit": commit, "subdir": subdir}, indent=1
+                )
+                + "\n"
+            )
             shutil.rmtree(out, ignore_errors=True)
             partial.rename(out)
         return wheel_info(out / info.name, info.sha256)
 
 
-def prebuilt(path: str | None, url: str | None, sha256: str, recipe_dir: Path,
-             progress=lambda msg: None) -> BuiltWheel:
+def prebuilt(path: str | None, url: str | None, sha256: str, recipe_dir: Path, progress=lambda msg: None) -> BuiltWheel:
     """A wheel built elsewhere (path or URL), accepted only with its sha256."""
     if url and not path:
         root = _cache_root() / "engine" / "prebuilt"
@@ -398,13 +453,19 @@ def describe(engine: dict | None) -> list[str]:
     if not engine:
         return ["engine (not recorded: a release built before engine provenance)"]
     src = engine.get("source") or {}
-    where = (f"{src['git']} @ {src.get('commit')} ({src.get('subdir', 'python')}/, {src.get('built', 'built')})"
-             if src.get("git") else f"{src.get('registry')} ({src.get('install', 'full')})")
+    where = (
+        f"{src['git']} @ {src.get('commit')} ({src.get('subdir', 'python')}/, {src.get('built', 'built')})"
+        if src.get("git")
+        else f"{src.get('registry')} ({src.get('install', 'full')})"
+    )
     wheel, lock = engine.get("wheel") or {}, engine.get("lock")
-    return [f"engine {engine.get('base')}  from {where}",
-            f"wheel  {wheel.get('name')}  sha256 {wheel.get('sha256')}",
-            f"lock   {lock['file']}  sha256 {lock['sha256']}  ({lock.get('wheels')} wheels)" if lock
-            else "lock   none (a registry release built before registry releases were locked)"]
+    return [
+        f"engine {engine.get('base')}  from {where}",
+        f"wheel  {wheel.get('name')}  sha256 {wheel.get('sha256')}",
+        f"lock   {lock['file']}  sha256 {lock['sha256']}  ({lock.get('wheels')} wheels)"
+        if lock
+        else "lock   none (a registry release built before registry releases were locked)",
+    ]
 
 
 def wheel_for(recipe, progress=lambda msg: None) -> BuiltWheel:

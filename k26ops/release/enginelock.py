@@ -33,22 +33,27 @@ from pathlib import Path
 from k26ops.errors import UserError
 from k26ops.release.wheelhouse import PLATFORMS
 
-HEADER = ("# k26ops engine lock: made by `k26ops engine lock {recipe}`; commit it beside the recipe\n"
-          "# and review changes as a diff. Hosts install exactly these wheels (pip --require-hashes\n"
-          "# --no-index) plus the engine wheel built from the source commit below.\n")
-REGISTRY_HEADER = ("# k26ops engine lock: made by `k26ops engine lock {recipe}`; commit it beside the recipe\n"
-                   "# and review changes as a diff. Hosts install exactly these wheels (pip --require-hashes\n"
-                   "# --no-index), the engine's own wheel among them.\n")
-_KEYS = ("source", "commit", "subdir", "engine", "install", "requirements", "python", "platform",
-         "cuda runtime wheels")
+HEADER = (
+    "# k26ops engine lock: made by `k26ops engine lock {recipe}`; commit it beside the recipe\n"
+    "# and review changes as a diff. Hosts install exactly these wheels (pip --require-hashes\n"
+    "# --no-index) plus the engine wheel built from the source commit below.\n"
+)
+REGISTRY_HEADER = (
+    "# k26ops engine lock: made by `k26ops engine lock {recipe}`; commit it beside the recipe\n"
+    "# and review changes as a diff. Hosts install exactly these wheels (pip --require-hashes\n"
+    "# --no-index), the engine's own wheel among them.\n"
+)
+_KEYS = ("source", "commit", "subdir", "engine", "install", "requirements", "python", "platform", "cuda runtime wheels")
 # The oldest host k26ops supports is Ubuntu 22.04 (glibc 2.35; Debian 12 has 2.36, Ubuntu 24.04
 # 2.39): a locked wheel must install on all of them. sglang 0.5.23's wheels are manylinux_2_34.
 GLIBC = (2, 35)
 UV_PLATFORM = f"x86_64-manylinux_{GLIBC[0]}_{GLIBC[1]}"
 # CUDA runtime wheels a lock review should see with their versions (an unpinned dependency
 # can pull nvcc/nvvm/nvjitlink of another CUDA minor than the recipe's toolkit)
-_CUDA = re.compile(r"nvidia-(cuda-.+|.+-cu1\d|nvjitlink.*|nvvm.*|cublas.*|cufft.*|curand.*|cusolver.*|"
-                   r"cusparse.*|cufile.*|nvtx.*|nccl.*|nvshmem.*)|cuda-toolkit")
+_CUDA = re.compile(
+    r"nvidia-(cuda-.+|.+-cu1\d|nvjitlink.*|nvvm.*|cublas.*|cufft.*|curand.*|cusolver.*|"
+    r"cusparse.*|cufile.*|nvtx.*|nccl.*|nvshmem.*)|cuda-toolkit"
+)
 _ENTRY = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s+--hash=sha256:([0-9a-f]{64})")
 
 
@@ -82,8 +87,9 @@ def parse(text: str, path: Path | str = "<lock>") -> Lock:
         if logical and not raw.startswith((" ", "\t")):
             m = _ENTRY.fullmatch(" ".join(logical.split()))
             if not m:
-                raise UserError(f"{path}:{start}: not a lock entry `name==version --hash=sha256:HEX`: "
-                                f"{logical.strip()[:80]!r}")
+                raise UserError(
+                    f"{path}:{start}: not a lock entry `name==version --hash=sha256:HEX`: {logical.strip()[:80]!r}"
+                )
             entries.append((m.group(1), m.group(2), m.group(3)))
             logical = ""
         if raw.strip():
@@ -111,9 +117,14 @@ def platform_line(python: str) -> str:
 
 def registry_meta(recipe) -> dict[str, str]:
     """The header a registry recipe's lock has: what a deploy checks it against."""
-    return {"source": "registry", "engine": f"sglang=={recipe.sglang}", "install": recipe.install,
-            "requirements": " ".join(recipe.requirements()), "python": recipe.python,
-            "platform": platform_line(recipe.python)}
+    return {
+        "source": "registry",
+        "engine": f"sglang=={recipe.sglang}",
+        "install": recipe.install,
+        "requirements": " ".join(recipe.requirements()),
+        "python": recipe.python,
+        "platform": platform_line(recipe.python),
+    }
 
 
 def cuda_runtime(entries) -> list[tuple[str, str]]:
@@ -155,8 +166,11 @@ def supported_tags(python: str) -> list[tuple[str, str, str]]:
     manylinux x86_64 up to GLIBC, best first (the order of packaging.tags.sys_tags)."""
     major, minor = (int(x) for x in python.split("."))
     plats = [f"manylinux_{GLIBC[0]}_{m}_x86_64" for m in range(GLIBC[1], 4, -1)]
-    legacy = {"manylinux_2_17_x86_64": "manylinux2014_x86_64", "manylinux_2_12_x86_64": "manylinux2010_x86_64",
-              "manylinux_2_5_x86_64": "manylinux1_x86_64"}
+    legacy = {
+        "manylinux_2_17_x86_64": "manylinux2014_x86_64",
+        "manylinux_2_12_x86_64": "manylinux2010_x86_64",
+        "manylinux_2_5_x86_64": "manylinux1_x86_64",
+    }
     plats = [q for p in plats for q in ((p, legacy[p]) if p in legacy else (p,))] + ["linux_x86_64"]
     cp = f"cp{major}{minor}"
     tags = [(cp, cp, p) for p in plats] + [(cp, "abi3", p) for p in plats] + [(cp, "none", p) for p in plats]
@@ -178,30 +192,68 @@ def best_wheel(filenames, python: str) -> str | None:
         if len(parts) < 5:
             continue
         pyt, abit, platt = parts[-3:]
-        r = min((rank[(a, b, c)] for a in pyt.split(".") for b in abit.split(".") for c in platt.split(".")
-                 if (a, b, c) in rank), default=None)
+        r = min(
+            (
+                rank[(a, b, c)]
+                for a in pyt.split(".")
+                for b in abit.split(".")
+                for c in platt.split(".")
+                if (a, b, c) in rank
+            ),
+            default=None,
+        )
         if r is not None and (best is None or (r, fn) < best):
             best = (r, fn)
     return best[1] if best else None
 
 
 # uv settings from the environment that would change what a lock holds: not taken
-_UV_ENV_CHANGES_RESULT = ("UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_FIND_LINKS", "UV_PYTHON",
-                          "UV_CONSTRAINT", "UV_OVERRIDE", "UV_EXCLUDE_NEWER", "UV_PRERELEASE", "UV_RESOLUTION",
-                          "UV_NO_BINARY", "UV_NO_BUILD", "UV_TORCH_BACKEND", "UV_CONFIG_FILE")
+_UV_ENV_CHANGES_RESULT = (
+    "UV_INDEX",
+    "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_FIND_LINKS",
+    "UV_PYTHON",
+    "UV_CONSTRAINT",
+    "UV_OVERRIDE",
+    "UV_EXCLUDE_NEWER",
+    "UV_PRERELEASE",
+    "UV_RESOLUTION",
+    "UV_NO_BINARY",
+    "UV_NO_BUILD",
+    "UV_TORCH_BACKEND",
+    "UV_CONFIG_FILE",
+)
 
 
-def resolve_requirements(requirements: list[str], python: str, index_urls=(), *, no_deps: bool = False,
-                         exclude: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+def resolve_requirements(
+    requirements: list[str], python: str, index_urls=(), *, no_deps: bool = False, exclude: tuple[str, ...] = ()
+) -> list[tuple[str, str, str]]:
     """(name, version, sha256) of the wheels `requirements` resolve to for the hosts
     (cpython `python`, manylinux x86_64 up to GLIBC), by uv, whatever python runs this;
     one wheel per package: the one the hosts' pip would pick."""
     with tempfile.TemporaryDirectory(prefix="k26ops-lock-") as tmp:
         req, out = Path(tmp) / "requirements.in", Path(tmp) / "pylock.toml"
         req.write_text("".join(r + "\n" for r in requirements))
-        cmd = [uv_bin(), "pip", "compile", "--quiet", "--no-config", "--no-python-downloads",
-               "--python-version", python, "--python-platform", UV_PLATFORM, "--only-binary", ":all:",
-               "--format", "pylock.toml", "--output-file", str(out), str(req)]
+        cmd = [
+            uv_bin(),
+            "pip",
+            "compile",
+            "--quiet",
+            "--no-config",
+            "--no-python-downloads",
+            "--python-version",
+            python,
+            "--python-platform",
+            UV_PLATFORM,
+            "--only-binary",
+            ":all:",
+            "--format",
+            "pylock.toml",
+            "--output-file",
+            str(out),
+            str(req),
+        ]
         if no_deps:
             cmd.append("--no-deps")
         for u in index_urls:  # like pip's --extra-index-url: the best version over all indexes
@@ -212,8 +264,10 @@ def resolve_requirements(requirements: list[str], python: str, index_urls=(), *,
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             errs = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("warning:")]
-            raise UserError("engine lock: resolving the engine's dependencies failed: "
-                            + (" ".join(errs)[:400] if errs else f"uv exited {proc.returncode}"))
+            raise UserError(
+                "engine lock: resolving the engine's dependencies failed: "
+                + (" ".join(errs)[:400] if errs else f"uv exited {proc.returncode}")
+            )
         # lazy: tomllib only when a lock is made (engine lock), never in a deploy's start
         import tomllib
 
@@ -227,8 +281,10 @@ def resolve_requirements(requirements: list[str], python: str, index_urls=(), *,
         wheels = {w.get("name") or w.get("url", "").rsplit("/", 1)[-1]: w for w in pkg.get("wheels") or []}
         pick = best_wheel(wheels, python)
         if pick is None or not version:
-            raise UserError(f"engine lock: {name}{'==' + version if version else ''} has no wheel for cpython "
-                            f"{python} on {platform_line(python)} (the hosts install wheels only)")
+            raise UserError(
+                f"engine lock: {name}{'==' + version if version else ''} has no wheel for cpython "
+                f"{python} on {platform_line(python)} (the hosts install wheels only)"
+            )
         sha = (wheels[pick].get("hashes") or {}).get("sha256")
         if not sha:
             raise UserError(f"engine lock: the index gave no sha256 for {pick}; use an index that publishes hashes")
@@ -240,8 +296,9 @@ def resolve(engine_wheel: Path, python: str, index_urls=()) -> list[tuple[str, s
     """A git source: every wheel the engine wheel built from its commit needs on the
     hosts, the engine itself excluded."""
     dist = Path(engine_wheel).name.split("-")[0]
-    return resolve_requirements([f"{dist} @ {Path(engine_wheel).resolve().as_uri()}"], python, index_urls,
-                                exclude=(dist,))
+    return resolve_requirements(
+        [f"{dist} @ {Path(engine_wheel).resolve().as_uri()}"], python, index_urls, exclude=(dist,)
+    )
 
 
 def requirement_lines(entries) -> list[str]:

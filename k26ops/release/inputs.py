@@ -15,9 +15,11 @@ from pathlib import Path, PurePosixPath
 
 SHA = re.compile(r"[0-9a-f]{40}")
 # git transports k26ops fetches engine sources over; no ext::, fd::, or helper schemes
-_URL = re.compile(r"(?:(?:https?|ssh|git|file)://(?P<auth>[^/\s]*)\S*"  # scheme://[user@]host/...
-                  r"|(?P<scp>[\w.][\w.-]*@[\w.][\w.-]*):\S+"  # user@host:path (scp-like ssh)
-                  r"|/\S*)")  # a local path
+_URL = re.compile(
+    r"(?:(?:https?|ssh|git|file)://(?P<auth>[^/\s]*)\S*"  # scheme://[user@]host/...
+    r"|(?P<scp>[\w.][\w.-]*@[\w.][\w.-]*):\S+"  # user@host:path (scp-like ssh)
+    r"|/\S*)"
+)  # a local path
 _REF = re.compile(r"[\w./-]+")
 
 

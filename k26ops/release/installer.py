@@ -30,9 +30,16 @@ from k26ops.shell import q
 
 INSTALLERS = ("uv", "pip")
 DEFAULT_INSTALLER = "uv"
-declare(__name__, "installing a release",
-        Var("release_installer", "|".join(INSTALLERS), DEFAULT_INSTALLER, "what installs a release's locked wheels "
-            "on the host: uv (links from <k26ops_root>/store) or pip"))
+declare(
+    __name__,
+    "installing a release",
+    Var(
+        "release_installer",
+        "|".join(INSTALLERS),
+        DEFAULT_INSTALLER,
+        "what installs a release's locked wheels on the host: uv (links from <k26ops_root>/store) or pip",
+    ),
+)
 UV_VERSION = "0.13.9"
 # uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl (PyPI)
 UV_SHA256 = "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"
@@ -42,8 +49,10 @@ def choice(hvars: dict, host: str = "") -> str:
     """The inventory's `release_installer` (default uv); a bad value is a user error."""
     val = hvars.get("release_installer", DEFAULT_INSTALLER)
     if val not in INSTALLERS:
-        raise UserError(f"{host + ': ' if host else ''}inventory var release_installer: {val!r}: "
-                        f"choose one of {', '.join(INSTALLERS)}")
+        raise UserError(
+            f"{host + ': ' if host else ''}inventory var release_installer: {val!r}: "
+            f"choose one of {', '.join(INSTALLERS)}"
+        )
     return val
 
 
@@ -71,8 +80,12 @@ def install_command(installer: str, root: str, wheelhouse_dir: str, no_deps: boo
     release's file is its own) or hardlink (one inode shared by the store and its releases)."""
     nd = "--no-deps " if no_deps else ""
     if installer == "pip":
-        return (f"venv/bin/python -m pip install -q --disable-pip-version-check --no-index "
-                f"--find-links {q(wheelhouse_dir)} --require-hashes {nd}-r k26ops/requirements.txt")
-    return (f"UV_CACHE_DIR={q(store_dir(root))} UV_NO_CONFIG=1 {q(uv_path(root))} pip install -q --offline "
-            f"--no-index --find-links {q(wheelhouse_dir)} --require-hashes {nd}--link-mode {q(link_mode)} "
-            f"--python venv/bin/python -r k26ops/requirements.txt")
+        return (
+            f"venv/bin/python -m pip install -q --disable-pip-version-check --no-index "
+            f"--find-links {q(wheelhouse_dir)} --require-hashes {nd}-r k26ops/requirements.txt"
+        )
+    return (
+        f"UV_CACHE_DIR={q(store_dir(root))} UV_NO_CONFIG=1 {q(uv_path(root))} pip install -q --offline "
+        f"--no-index --find-links {q(wheelhouse_dir)} --require-hashes {nd}--link-mode {q(link_mode)} "
+        f"--python venv/bin/python -r k26ops/requirements.txt"
+    )

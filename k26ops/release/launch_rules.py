@@ -45,7 +45,7 @@ def parse_flags(argv: list[str], engine=None) -> dict[str, object]:
     and how many words each flag takes; without, the ALIASES above and a guess (a flag
     followed by a word takes it). Anything before `-m MODULE` is the interpreter."""
     if "-m" in argv:
-        argv = argv[argv.index("-m") + 2:]
+        argv = argv[argv.index("-m") + 2 :]
     out: dict[str, object] = {}
     i = 0
     while i < len(argv):
@@ -108,8 +108,10 @@ class Rule:
 
 def _block_size_given(flags):
     if block_size(flags) is None:
-        return ("the block size is not on the command line: the engine would read it from the drafter's "
-                "config.json only after the weights load, and then check the full-tree/triton rule")
+        return (
+            "the block size is not on the command line: the engine would read it from the drafter's "
+            "config.json only after the weights load, and then check the full-tree/triton rule"
+        )
     return None
 
 
@@ -120,8 +122,10 @@ def _full_tree_triton(flags):
     pre, dec = attention_backends(flags)
     if pre == "triton" and dec == "triton":
         return None
-    return (f"--speculative-ddtree-budget {budget} > block size {block} - 1 (a full tree) needs the triton "
-            f"attention backend for prefill and decode; got prefill {pre or '(default)'}, decode {dec or '(default)'}")
+    return (
+        f"--speculative-ddtree-budget {budget} > block size {block} - 1 (a full tree) needs the triton "
+        f"attention backend for prefill and decode; got prefill {pre or '(default)'}, decode {dec or '(default)'}"
+    )
 
 
 def _dflash_block_matches(flags):
@@ -132,38 +136,97 @@ def _dflash_block_matches(flags):
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("drafter-path", ("DFLASH", "DDTREE"), "--speculative-draft-model-path", f"{HOOK}:_handle_dflash",
-         "set the drafter's path (recipe `drafter.path` or inventory `draft_model_path`)",
-         lambda f: None if f.get("--speculative-draft-model-path") not in (None, True, "")
-         else "DFLASH/DDTREE speculative decoding needs a drafter path"),
-    Rule("no-dp-attention", ("DFLASH", "DDTREE"), "--enable-dp-attention", f"{HOOK}:_handle_dflash",
-         "remove --enable-dp-attention",
-         lambda f: "DFLASH does not support dp attention" if f.get("--enable-dp-attention") else None),
-    Rule("pp-size-1", ("DFLASH", "DDTREE"), "--pp-size", f"{HOOK}:_handle_dflash", "use --pp-size 1",
-         lambda f: None if _int(f, "--pp-size", 1) in (1, None) else f"DFLASH needs --pp-size 1, got {f['--pp-size']}"),
-    Rule("block-size-match", ("DFLASH", "DDTREE"), "--speculative-num-draft-tokens", f"{HOOK}:_handle_dflash",
-         "drop --speculative-num-draft-tokens or make it equal to the block size", _dflash_block_matches),
-    Rule("budget-positive", ("DDTREE",), "--speculative-ddtree-budget", f"{HOOK}:_handle_ddtree",
-         "use a budget >= 1",
-         lambda f: None if _int(f, "--speculative-ddtree-budget", 1) is None or _int(f, "--speculative-ddtree-budget", 1) >= 1
-         else f"--speculative-ddtree-budget must be >= 1, got {f['--speculative-ddtree-budget']}"),
-    Rule("no-rejection-sampling", ("DDTREE",), "--speculative-use-rejection-sampling", f"{HOOK}:_handle_ddtree",
-         "remove --speculative-use-rejection-sampling (DDTree samples on the target side)",
-         lambda f: "DDTREE does not support rejection sampling" if f.get("--speculative-use-rejection-sampling") else None),
+    Rule(
+        "drafter-path",
+        ("DFLASH", "DDTREE"),
+        "--speculative-draft-model-path",
+        f"{HOOK}:_handle_dflash",
+        "set the drafter's path (recipe `drafter.path` or inventory `draft_model_path`)",
+        lambda f: (
+            None
+            if f.get("--speculative-draft-model-path") not in (None, True, "")
+            else "DFLASH/DDTREE speculative decoding needs a drafter path"
+        ),
+    ),
+    Rule(
+        "no-dp-attention",
+        ("DFLASH", "DDTREE"),
+        "--enable-dp-attention",
+        f"{HOOK}:_handle_dflash",
+        "remove --enable-dp-attention",
+        lambda f: "DFLASH does not support dp attention" if f.get("--enable-dp-attention") else None,
+    ),
+    Rule(
+        "pp-size-1",
+        ("DFLASH", "DDTREE"),
+        "--pp-size",
+        f"{HOOK}:_handle_dflash",
+        "use --pp-size 1",
+        lambda f: None if _int(f, "--pp-size", 1) in (1, None) else f"DFLASH needs --pp-size 1, got {f['--pp-size']}",
+    ),
+    Rule(
+        "block-size-match",
+        ("DFLASH", "DDTREE"),
+        "--speculative-num-draft-tokens",
+        f"{HOOK}:_handle_dflash",
+        "drop --speculative-num-draft-tokens or make it equal to the block size",
+        _dflash_block_matches,
+    ),
+    Rule(
+        "budget-positive",
+        ("DDTREE",),
+        "--speculative-ddtree-budget",
+        f"{HOOK}:_handle_ddtree",
+        "use a budget >= 1",
+        lambda f: (
+            None
+            if _int(f, "--speculative-ddtree-budget", 1) is None or _int(f, "--speculative-ddtree-budget", 1) >= 1
+            else f"--speculative-ddtree-budget must be >= 1, got {f['--speculative-ddtree-budget']}"
+        ),
+    ),
+    Rule(
+        "no-rejection-sampling",
+        ("DDTREE",),
+        "--speculative-use-rejection-sampling",
+        f"{HOOK}:_handle_ddtree",
+        "remove --speculative-use-rejection-sampling (DDTree samples on the target side)",
+        lambda f: (
+            "DDTREE does not support rejection sampling" if f.get("--speculative-use-rejection-sampling") else None
+        ),
+    ),
     # _handle_ddtree compares the raw field (`server_args.page_size != 1`), and at that
     # point of __post_init__ an unset page size may still be None: so it must be given.
-    Rule("page-size-1", ("DDTREE",), "--page-size", f"{HOOK}:_handle_ddtree",
-         "set --page-size 1 (engine_profile page_size: 1)",
-         lambda f: None if _int(f, "--page-size") == 1 else
-         f"DDTREE supports only page size 1, got {f.get('--page-size') or 'none given (the raw field is checked)'}"),
+    Rule(
+        "page-size-1",
+        ("DDTREE",),
+        "--page-size",
+        f"{HOOK}:_handle_ddtree",
+        "set --page-size 1 (engine_profile page_size: 1)",
+        lambda f: (
+            None
+            if _int(f, "--page-size") == 1
+            else f"DDTREE supports only page size 1, got {f.get('--page-size') or 'none given (the raw field is checked)'}"
+        ),
+    ),
     # _handle_ddtree infers a missing block size from the drafter's config after the
     # weights load, then refuses a full tree without triton: so k26ops needs it given.
-    Rule("block-size-given", ("DDTREE",), "--speculative-dflash-block-size", f"{HOOK}:_handle_ddtree",
-         "set engine_profile speculative_dflash_block_size to the drafter's block size "
-         "(its config.json dflash_config.block_size)", _block_size_given),
-    Rule("full-tree-triton", ("DDTREE",), "--attention-backend", f"{HOOK}:_handle_ddtree",
-         "set --attention-backend triton (engine_profile attention_backend: triton), or a budget <= block size - 1",
-         _full_tree_triton),
+    Rule(
+        "block-size-given",
+        ("DDTREE",),
+        "--speculative-dflash-block-size",
+        f"{HOOK}:_handle_ddtree",
+        "set engine_profile speculative_dflash_block_size to the drafter's block size "
+        "(its config.json dflash_config.block_size)",
+        _block_size_given,
+    ),
+    Rule(
+        "full-tree-triton",
+        ("DDTREE",),
+        "--attention-backend",
+        f"{HOOK}:_handle_ddtree",
+        "set --attention-backend triton (engine_profile attention_backend: triton), or a budget <= block size - 1",
+        _full_tree_triton,
+    ),
 )
 
 

@@ -45,6 +45,7 @@ class PatchError(_ErrorBase):
 
 # ---------------------------------------------------------------- parsing
 
+
 @dataclass
 class Hunk:
     old_start: int
@@ -99,8 +100,9 @@ def parse_patch(text: str, name: str = "<patch>", strip: int = 1) -> Patch:
     lines = text.splitlines(keepends=True)
     sha = hashlib.sha256(text.encode()).hexdigest()
     i, header, files = 0, [], []
-    while i < len(lines) and not (lines[i].startswith("--- ") and i + 1 < len(lines)
-                                  and lines[i + 1].startswith("+++ ")):
+    while i < len(lines) and not (
+        lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+    ):
         header.append(lines[i])
         i += 1
     while i < len(lines):
@@ -110,8 +112,7 @@ def parse_patch(text: str, name: str = "<patch>", strip: int = 1) -> Patch:
             continue
         old_p = _strip_path(line[4:], strip)
         new_p = _strip_path(lines[i + 1][4:], strip)
-        fp = FilePatch(path=new_p or old_p or "", old_missing=old_p is None,
-                       new_missing=new_p is None, hunks=[])
+        fp = FilePatch(path=new_p or old_p or "", old_missing=old_p is None, new_missing=new_p is None, hunks=[])
         i += 2
         while i < len(lines) and lines[i].startswith("@@"):
             m = _HUNK_RE.match(lines[i])
@@ -122,8 +123,7 @@ def parse_patch(text: str, name: str = "<patch>", strip: int = 1) -> Patch:
             hunk = Hunk(int(m.group(1)), int(m.group(3)), [], [])
             i += 1
             last: list[list[str]] = []
-            while len(hunk.old) < old_len or len(hunk.new) < new_len or (
-                    i < len(lines) and lines[i].startswith("\\")):
+            while len(hunk.old) < old_len or len(hunk.new) < new_len or (i < len(lines) and lines[i].startswith("\\")):
                 if i >= len(lines):
                     raise PatchError(f"{name}: {fp.path}: hunk {len(fp.hunks) + 1} is truncated")
                 raw = lines[i]
@@ -156,8 +156,7 @@ def parse_patch(text: str, name: str = "<patch>", strip: int = 1) -> Patch:
         m = _BASE_RE.match(h)
         if m:
             bases.append((m.group(1), m.group(2).replace(" ", ""), (m.group(3) or "").strip()))
-    return Patch(name=name, sha256=sha, header=head, base=bases[0] if bases else None, files=files,
-                 bases=tuple(bases))
+    return Patch(name=name, sha256=sha, header=head, base=bases[0] if bases else None, files=files, bases=tuple(bases))
 
 
 def parse_series(text: str, source: str = "series") -> list[SeriesEntry]:
@@ -168,7 +167,7 @@ def parse_series(text: str, source: str = "series") -> list[SeriesEntry]:
         m = _GUARD_RE.search(raw)
         if m:
             guards += [g.strip() for g in m.group(1).replace(",", " ").split() if g.strip()]
-            raw = raw[:m.start()]
+            raw = raw[: m.start()]
         raw = raw.split("#", 1)[0].strip()
         if not raw:
             continue
@@ -218,6 +217,7 @@ def load_series(series: str | os.PathLike, tags=()) -> list[Patch]:
 
 # ---------------------------------------------------------------- applying
 
+
 class _HunkFailed(Exception):
     def __init__(self, index: int):
         self.index = index
@@ -230,8 +230,8 @@ def _find(lines: list[str], want: list[str], expected: int, lo: int) -> int | No
         return None
     expected = min(max(expected, lo), hi)
     for d in range(0, max(expected - lo, hi - expected) + 1):
-        for pos in ((expected + d, expected - d) if d else (expected,)):
-            if lo <= pos <= hi and lines[pos:pos + len(want)] == want:
+        for pos in (expected + d, expected - d) if d else (expected,):
+            if lo <= pos <= hi and lines[pos : pos + len(want)] == want:
                 return pos
     return None
 
@@ -307,8 +307,7 @@ def parse_base(text: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
-def plan(root, patches: list[Patch], installed: dict | None = None,
-         state: dict | None = None) -> dict:
+def plan(root, patches: list[Patch], installed: dict | None = None, state: dict | None = None) -> dict:
     """Dry-run the whole series in memory. Returns {"patches": [...], "files": {rel: bytes|None},
     "original": {rel: bytes|None}, "warnings": [...]}; raises PatchError naming the first failure."""
     root = Path(root)
@@ -326,17 +325,22 @@ def plan(root, patches: list[Patch], installed: dict | None = None,
     for p in patches:
         prev = applied_before.get(p.name)
         if prev and prev["sha256"] != p.sha256:
-            raise PatchError(f"patch {p.name} changed since it was applied (state sha256 {prev['sha256'][:12]}, "
-                             f"now {p.sha256[:12]}): revert the series first")
+            raise PatchError(
+                f"patch {p.name} changed since it was applied (state sha256 {prev['sha256'][:12]}, "
+                f"now {p.sha256[:12]}): revert the series first"
+            )
         pkgs = {b[0] for b in p.bases}
         for pkg in sorted(pkgs & set(installed)):
             have = _spec(installed[pkg])
             if not any(b[0] == pkg and b[1] == have for b in p.bases):
-                raise PatchError(f"patch {p.name} is written for {', '.join(_fmt_base(b) for b in p.bases)}, "
-                                 f"the deployed base is {pkg}{have}: nothing was applied")
+                raise PatchError(
+                    f"patch {p.name} is written for {', '.join(_fmt_base(b) for b in p.bases)}, "
+                    f"the deployed base is {pkg}{have}: nothing was applied"
+                )
         if installed and not p.bases:
-            raise PatchError(f"patch {p.name} has no Base: header (which engine it was written for): "
-                             "nothing was applied")
+            raise PatchError(
+                f"patch {p.name} has no Base: header (which engine it was written for): nothing was applied"
+            )
         mismatch = None
         fwd, finfo = _try(p, view, reverse=False)
         rev, _rinfo = _try(p, view, reverse=True)
@@ -357,10 +361,16 @@ def plan(root, patches: list[Patch], installed: dict | None = None,
         reversed_original = rev if status == "applied" else None
         if status == "apply":
             files.update(fwd)
-        out.append({"name": p.name, "sha256": p.sha256, "status": status,
-                    "base": _fmt_base(p.base) if p.base else None,
-                    "files": {rel: {"before": before[rel], "after": sha256_bytes(files[rel])} for rel in before},
-                    "_pristine": reversed_original})
+        out.append(
+            {
+                "name": p.name,
+                "sha256": p.sha256,
+                "status": status,
+                "base": _fmt_base(p.base) if p.base else None,
+                "files": {rel: {"before": before[rel], "after": sha256_bytes(files[rel])} for rel in before},
+                "_pristine": reversed_original,
+            }
+        )
     return {"patches": out, "files": files, "original": original, "warnings": warnings}
 
 
@@ -396,8 +406,7 @@ def load_state(state) -> dict | None:
         return None
 
 
-def apply(root, patches: list[Patch], state, installed: dict | None = None,
-          check: bool = False) -> dict:
+def apply(root, patches: list[Patch], state, installed: dict | None = None, check: bool = False) -> dict:
     """Apply the series (or, with check=True, only report what would change).
 
     Writes nothing unless every hunk of every patch dry-ran cleanly."""
@@ -416,8 +425,12 @@ def apply(root, patches: list[Patch], state, installed: dict | None = None,
                 new_pristine[rel] = p["_pristine"].get(rel, pl["original"][rel])
             else:
                 new_pristine[rel] = pl["original"][rel]
-    result = {"changed": bool(changed), "files": changed, "warnings": pl["warnings"],
-              "patches": [{k: v for k, v in p.items() if k != "_pristine"} for p in pl["patches"]]}
+    result = {
+        "changed": bool(changed),
+        "files": changed,
+        "warnings": pl["warnings"],
+        "patches": [{k: v for k, v in p.items() if k != "_pristine"} for p in pl["patches"]],
+    }
     if check:
         return result
     for rel, data in new_pristine.items():
@@ -448,8 +461,13 @@ def apply(root, patches: list[Patch], state, installed: dict | None = None,
             dst.unlink(missing_ok=True)
         else:
             os.replace(tmp, dst)
-    st = {"version": 1, "root": str(root), "installed": dict(installed or {}),
-          "patches": result["patches"], "pristine": pristine}
+    st = {
+        "version": 1,
+        "root": str(root),
+        "installed": dict(installed or {}),
+        "patches": result["patches"],
+        "pristine": pristine,
+    }
     data = json.dumps(st, indent=1, sort_keys=True).encode() + b"\n"
     if _read(sfile.parent, sfile.name) != data:
         _atomic_write(sfile, data)
@@ -504,6 +522,7 @@ def revert(root, state) -> dict:
 
 # ---------------------------------------------------------------- script
 
+
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="patchset.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -515,8 +534,14 @@ def _main(argv=None) -> int:
         if name in ("apply", "check"):
             s.add_argument("--series", required=True)
             s.add_argument("--tag", action="append", default=[], help="enable guarded patches")
-            s.add_argument("--installed", "--base", action="append", default=[], metavar="PKG==VER|PKG@COMMIT",
-                           help="the deployed base; every patch must name it in a Base: line")
+            s.add_argument(
+                "--installed",
+                "--base",
+                action="append",
+                default=[],
+                metavar="PKG==VER|PKG@COMMIT",
+                help="the deployed base; every patch must name it in a Base: line",
+            )
     a = ap.parse_args(argv)
     if a.cmd == "site":
         print(sysconfig.get_paths()["purelib"])

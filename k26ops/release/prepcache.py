@@ -49,11 +49,13 @@ def pristine(wheel: Path, sha256: str) -> Path:
 def linked_copy(src: Path, dst: Path) -> None:
     """A copy of src at dst whose files are hard links (falls back to copying
     across filesystems)."""
+
     def link(s, d):
         try:
             os.link(s, d)
         except OSError:
             shutil.copy2(s, d)
+
     shutil.copytree(src, dst, copy_function=link)
 
 

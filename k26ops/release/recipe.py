@@ -24,9 +24,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from k26ops import config, resources
+from k26ops.errors import UserError
 from k26ops.inventory import path_problem
 from k26ops.release import inputs, patchset
-from k26ops.errors import UserError
 
 RECIPES_DIR = resources.path("playbooks", "recipes")
 DEFAULT_RECIPE = "k26-tp8-ddtree"
@@ -39,12 +39,30 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GPU_PINS = ("torch", "triton", "flashinfer-python")
 _TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile", "rehearsal", "model"}
 # engine_profile keys understood by units.engine_argv (plus extra_args)
-PROFILE_INT = {"tp_size": 1, "speculative_ddtree_budget": 1, "speculative_dflash_block_size": 1,
-               "page_size": 1, "cuda_graph_max_bs_decode": 1, "cuda_graph_max_bs_prefill": 1,
-               "port": 1, "nnodes": 1}
-PROFILE_OTHER = {"model_path", "draft_model_path", "launch_module", "served_model_name",
-                 "speculative_algorithm", "trust_remote_code", "disable_cuda_graph", "host", "extra_args",
-                 "attention_backend", "prefill_attention_backend", "decode_attention_backend"}
+PROFILE_INT = {
+    "tp_size": 1,
+    "speculative_ddtree_budget": 1,
+    "speculative_dflash_block_size": 1,
+    "page_size": 1,
+    "cuda_graph_max_bs_decode": 1,
+    "cuda_graph_max_bs_prefill": 1,
+    "port": 1,
+    "nnodes": 1,
+}
+PROFILE_OTHER = {
+    "model_path",
+    "draft_model_path",
+    "launch_module",
+    "served_model_name",
+    "speculative_algorithm",
+    "trust_remote_code",
+    "disable_cuda_graph",
+    "host",
+    "extra_args",
+    "attention_backend",
+    "prefill_attention_backend",
+    "decode_attention_backend",
+}
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,7 @@ class Toolkit:
 @dataclass(frozen=True)
 class GitSource:
     """The engine built from one commit: its Python, compiled parts and dependency pins."""
+
     url: str
     commit: str  # full 40-hex: a deploy never follows a moving ref
     subdir: str = "python"  # where the commit's pyproject.toml is
@@ -77,6 +96,7 @@ class GitSource:
 @dataclass(frozen=True)
 class Drafter:
     """The speculative drafter (DFlash for K2.6): where it is on the host, where it came from."""
+
     path: str | None
     block_size: int | None
     repo: str | None = None
@@ -87,6 +107,7 @@ class Drafter:
 class Model:
     """`model:` of a recipe: which weights the engine serves and their manifest (the
     sha256 and size of every file, k26ops/weights/manifest.py), kept beside the recipe."""
+
     name: str
     manifest: Path
     source: str | None = None  # where `k26ops model sync` downloads it once per site (hf://, https://, HOST:PATH)
@@ -215,7 +236,7 @@ class _Ctx:
 
     def version(self, value, key: tuple) -> str:
         if not isinstance(value, str) or not _VERSION.fullmatch(value):
-            raise self.err(key, f"must be a quoted version string like \"0.5.23\", got {value!r}")
+            raise self.err(key, f'must be a quoted version string like "0.5.23", got {value!r}')
         return value
 
     def choice(self, value, key: tuple, choices) -> str:
@@ -287,20 +308,25 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
         node, data = _compose_and_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise UserError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                        f"{getattr(exc, 'problem', None) or exc}") from None
+        raise UserError(
+            f"{path}:{mark.line + 1 if mark else 1}: not valid YAML: {getattr(exc, 'problem', None) or exc}"
+        ) from None
     c = _Ctx(path, _marks(node) if node is not None else {})
     top = c.mapping(data, (), _TOP, required=("name", "engine", "cuda_toolkit"))
     name = top["name"]
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise c.err(("name",), f"must be a simple name, got {name!r}")
 
-    eng = c.mapping(top["engine"], ("engine",), {"sglang", "install", "pins", "extras", "source", "lock",
-                                                  "python", "index_urls"})
+    eng = c.mapping(
+        top["engine"], ("engine",), {"sglang", "install", "pins", "extras", "source", "lock", "python", "index_urls"}
+    )
     git = None
     if (eng.get("sglang") is None) == (eng.get("source") is None):
-        raise c.err(("engine",), "give exactly one of sglang: VERSION (a registry release) "
-                                 "or source: {git: URL, commit: SHA} (a git commit)")
+        raise c.err(
+            ("engine",),
+            "give exactly one of sglang: VERSION (a registry release) "
+            "or source: {git: URL, commit: SHA} (a git commit)",
+        )
     sglang = c.version(eng["sglang"], ("engine", "sglang")) if eng.get("sglang") is not None else None
     install = c.choice(eng.get("install", "full"), ("engine", "install"), ("full", "no-deps"))
     pins_raw = c.mapping(eng.get("pins"), ("engine", "pins"))
@@ -322,32 +348,43 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
         extras[pkg] = list(ex)
     raw_py = eng.get("python", "3.11")
     pythons = tuple(str(v) for v in raw_py) if isinstance(raw_py, list) else (str(raw_py),)
-    if not pythons or not all(isinstance(v, str) and _PY.fullmatch(v)
-                              for v in (raw_py if isinstance(raw_py, list) else [raw_py])):
-        raise c.err(("engine", "python"), "must be a quoted python version like \"3.12\" or a list of them "
-                    f"(one lock each), got {raw_py!r}")
+    if not pythons or not all(
+        isinstance(v, str) and _PY.fullmatch(v) for v in (raw_py if isinstance(raw_py, list) else [raw_py])
+    ):
+        raise c.err(
+            ("engine", "python"),
+            f'must be a quoted python version like "3.12" or a list of them (one lock each), got {raw_py!r}',
+        )
     if len(set(pythons)) != len(pythons):
         raise c.err(("engine", "python"), f"lists a python twice: {raw_py!r}")
     python = pythons[-1]
     index_urls = eng.get("index_urls") or []
-    if not isinstance(index_urls, list) or not all(isinstance(u, str) and re.match(r"https?://\S+$", u)
-                                                   for u in index_urls):
+    if not isinstance(index_urls, list) or not all(
+        isinstance(u, str) and re.match(r"https?://\S+$", u) for u in index_urls
+    ):
         raise c.err(("engine", "index_urls"), "must be a list of http(s) index URLs")
     lock_path = None
     if eng.get("source") is not None:
-        src = c.mapping(eng["source"], ("engine", "source"), {"git", "commit", "subdir", "ref", "wheel"},
-                        required=("git", "commit"))
+        src = c.mapping(
+            eng["source"], ("engine", "source"), {"git", "commit", "subdir", "ref", "wheel"}, required=("git", "commit")
+        )
         if pins or extras or "install" in eng:
-            raise c.err(("engine", "pins" if pins else "install"), "a git source takes its dependency pins from "
-                        "the commit's own pyproject (recorded in the lock), not from the recipe")
+            raise c.err(
+                ("engine", "pins" if pins else "install"),
+                "a git source takes its dependency pins from "
+                "the commit's own pyproject (recorded in the lock), not from the recipe",
+            )
         url = src["git"]
         why = inputs.git_url_problem(url)
         if why:
             raise c.err(("engine", "source", "git"), f"not a git URL: {url!r}: {why}")
         commit = src["commit"]
         if not isinstance(commit, str) or not _SHA.fullmatch(commit):
-            raise c.err(("engine", "source", "commit"), f"must be a full 40-hex commit, got {commit!r} (a deploy "
-                        "never follows a branch or PR; find the commit with `k26ops engine pin RECIPE --ref REF`)")
+            raise c.err(
+                ("engine", "source", "commit"),
+                f"must be a full 40-hex commit, got {commit!r} (a deploy "
+                "never follows a branch or PR; find the commit with `k26ops engine pin RECIPE --ref REF`)",
+            )
         subdir = src.get("subdir", "python")
         ref = src.get("ref")
         if not isinstance(subdir, str) or not re.fullmatch(r"[\w./-]+", subdir):
@@ -383,12 +420,13 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
     if why:
         raise c.err(("engine", "lock"), f"{lock_rel!r}: {why}")
 
-    tk = c.mapping(top["cuda_toolkit"], ("cuda_toolkit",), {"method", "version", "min_driver"},
-                   required=("method", "version"))
+    tk = c.mapping(
+        top["cuda_toolkit"], ("cuda_toolkit",), {"method", "version", "min_driver"}, required=("method", "version")
+    )
     method = c.choice(tk["method"], ("cuda_toolkit", "method"), ("apt", "pip"))
     tver = tk["version"]
     if not isinstance(tver, str) or not re.fullmatch(r"\d+\.\d+", tver):
-        raise c.err(("cuda_toolkit", "version"), f"must be a quoted major.minor like \"13.0\", got {tver!r}")
+        raise c.err(("cuda_toolkit", "version"), f'must be a quoted major.minor like "13.0", got {tver!r}')
     min_driver = tk.get("min_driver", 580)
     if isinstance(min_driver, bool) or not isinstance(min_driver, int) or min_driver < 1:
         raise c.err(("cuda_toolkit", "min_driver"), f"must be a driver major number, got {min_driver!r}")
@@ -404,11 +442,15 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
     declared = patchset.series_base(series.read_text(errors="replace"))
     want_base = f"sglang@{git.commit}" if git else f"sglang=={sglang}"
     if declared is None:
-        raise c.err(("patches", "series"), f"{series} does not say which base it is for: add a "
-                    f"`# Base: {want_base}` line")
+        raise c.err(
+            ("patches", "series"), f"{series} does not say which base it is for: add a `# Base: {want_base}` line"
+        )
     if declared[1] != want_base and check_series_base:
-        raise c.err(("patches", "series"), f"{series}:{declared[0]} is written for {declared[1]}, the engine "
-                    f"source is {want_base}: use the series for this base (patches/<base>/series)")
+        raise c.err(
+            ("patches", "series"),
+            f"{series}:{declared[0]} is written for {declared[1]}, the engine "
+            f"source is {want_base}: use the series for this base (patches/<base>/series)",
+        )
     tags = pt.get("tags") or []
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise c.err(("patches", "tags"), "must be a list of tag names")
@@ -424,12 +466,19 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
             raise c.err(("engine_profile",), "speculative_algorithm DDTREE needs speculative_ddtree_budget")
         if profile.get("page_size", 1) != 1:
             raise c.err(("engine_profile", "page_size"), "DDTREE needs page_size 1")
-    if isinstance(algo, str) and algo.upper() in ("DFLASH", "DDTREE") and profile.get("speculative_dflash_block_size") is None:
+    if (
+        isinstance(algo, str)
+        and algo.upper() in ("DFLASH", "DDTREE")
+        and profile.get("speculative_dflash_block_size") is None
+    ):
         # Without it the engine reads the drafter's config.json after the weights load
         # (_handle_dflash/_handle_ddtree), so DDTree's full-tree/triton rule could not be
         # checked before a restart; given here, `k26ops check` compares it with the drafter.
-        raise c.err(("engine_profile",), f"speculative_algorithm {algo.upper()} needs speculative_dflash_block_size "
-                    "(the drafter's block size: its config.json dflash_config.block_size)")
+        raise c.err(
+            ("engine_profile",),
+            f"speculative_algorithm {algo.upper()} needs speculative_dflash_block_size "
+            "(the drafter's block size: its config.json dflash_config.block_size)",
+        )
     drafter = None
     if top.get("drafter") is not None:
         dr = c.mapping(top["drafter"], ("drafter",), {"path", "block_size", "repo", "revision"})
@@ -442,16 +491,36 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
             raise c.err(("drafter", "block_size"), f"must be an integer >= 1, got {bs!r}")
         rev = dr.get("revision")
         if dr.get("repo") is not None and not (isinstance(rev, str) and _SHA.fullmatch(rev)):
-            raise c.err(("drafter", "revision"), "a drafter from a hub repo needs its full 40-hex revision "
-                        "(a branch name moves)")
+            raise c.err(
+                ("drafter", "revision"),
+                "a drafter from a hub repo needs its full 40-hex revision (a branch name moves)",
+            )
         pbs = profile.get("speculative_dflash_block_size")
         if bs is not None and pbs is not None and bs != pbs:
-            raise c.err(("drafter", "block_size"), f"{bs} differs from engine_profile speculative_dflash_block_size {pbs}")
+            raise c.err(
+                ("drafter", "block_size"), f"{bs} differs from engine_profile speculative_dflash_block_size {pbs}"
+            )
         drafter = Drafter(dr.get("path"), bs, dr.get("repo"), rev)
-    return Recipe(name=name, source=path, sglang=sglang, install=install, pins=pins, extras=extras,
-                  toolkit=toolkit, git=git, series=series, tags=tuple(tags), profile=profile,
-                  lock_path=lock_path, python=python, pythons=pythons, index_urls=tuple(index_urls), drafter=drafter,
-                  rehearsal=_rehearsal(c, top.get("rehearsal"), path), model=_model(c, top.get("model"), path))
+    return Recipe(
+        name=name,
+        source=path,
+        sglang=sglang,
+        install=install,
+        pins=pins,
+        extras=extras,
+        toolkit=toolkit,
+        git=git,
+        series=series,
+        tags=tuple(tags),
+        profile=profile,
+        lock_path=lock_path,
+        python=python,
+        pythons=pythons,
+        index_urls=tuple(index_urls),
+        drafter=drafter,
+        rehearsal=_rehearsal(c, top.get("rehearsal"), path),
+        model=_model(c, top.get("model"), path),
+    )
 
 
 def _model(c: "_Ctx", node, path: Path) -> Model | None:
@@ -475,8 +544,11 @@ def _model(c: "_Ctx", node, path: Path) -> Model | None:
 def _rehearsal(c: "_Ctx", node, path: Path) -> Rehearsal | None:
     if node is None:
         return None
-    rh = c.mapping(node, ("rehearsal",), {"model_config", "draft_config", "layers", "mem_fraction", "tp_size",
-                                          "expected_load_s", "draft_dummy_flag"})
+    rh = c.mapping(
+        node,
+        ("rehearsal",),
+        {"model_config", "draft_config", "layers", "mem_fraction", "tp_size", "expected_load_s", "draft_dummy_flag"},
+    )
     files = {}
     for key in ("model_config", "draft_config"):
         rel = rh.get(key)
@@ -500,15 +572,21 @@ def _rehearsal(c: "_Ctx", node, path: Path) -> Rehearsal | None:
     flag = rh.get("draft_dummy_flag", True)
     if not isinstance(flag, bool):
         raise c.err(("rehearsal", "draft_dummy_flag"), f"must be true or false, got {flag!r}")
-    return Rehearsal(files.get("model_config"), files.get("draft_config"), rh.get("layers"),
-                     float(mf) if mf is not None else None, rh.get("tp_size"),
-                     float(ls) if ls is not None else None, flag)
+    return Rehearsal(
+        files.get("model_config"),
+        files.get("draft_config"),
+        rh.get("layers"),
+        float(mf) if mf is not None else None,
+        rh.get("tp_size"),
+        float(ls) if ls is not None else None,
+        flag,
+    )
 
 
 def lock_file_for(lock_path: Path, python: str) -> Path:
     """The lock of one python where a recipe lists several: `k26.lock` -> `k26.py3.11.lock`."""
     name = lock_path.name
-    stem = re.sub(r"\.py3\.\d+$", "", name[:-len(".lock")] if name.endswith(".lock") else name)
+    stem = re.sub(r"\.py3\.\d+$", "", name[: -len(".lock")] if name.endswith(".lock") else name)
     return lock_path.with_name(f"{stem}.py{python}.lock")
 
 
@@ -519,9 +597,11 @@ def for_python(recipe: Recipe, python: str) -> Recipe:
     if python == recipe.python or len(recipe.pythons) <= 1:
         return recipe
     if python not in recipe.pythons:
-        raise UserError(f"{recipe.source}: no engine lock for python {python} (engine.python lists "
-                        f"{', '.join(recipe.pythons)}): add \"{python}\" to engine.python and run "
-                        f"`k26ops engine lock {cli_name(recipe)} --python {python}`")
+        raise UserError(
+            f"{recipe.source}: no engine lock for python {python} (engine.python lists "
+            f'{", ".join(recipe.pythons)}): add "{python}" to engine.python and run '
+            f"`k26ops engine lock {cli_name(recipe)} --python {python}`"
+        )
     return replace(recipe, python=python, lock_path=lock_file_for(recipe.lock_path, python))
 
 
@@ -536,9 +616,11 @@ def cli_name(recipe: Recipe) -> str:
 
 def python_mismatch(recipe: Recipe, locked: str, host: str) -> str:
     """One line for a host whose python the recipe's lock is not for (check and deploy say the same)."""
-    return (f"the engine lock {recipe.lock_path.name} is for python {locked}, this host has python {host}: list "
-            f"\"{host}\" in {recipe.source.name}'s engine.python and run `k26ops engine lock {cli_name(recipe)} "
-            f"--python {host}`")
+    return (
+        f"the engine lock {recipe.lock_path.name} is for python {locked}, this host has python {host}: list "
+        f'"{host}" in {recipe.source.name}\'s engine.python and run `k26ops engine lock {cli_name(recipe)} '
+        f"--python {host}`"
+    )
 
 
 def with_source_url(recipe: Recipe, url: str, what: str = "source URL") -> Recipe:
@@ -573,11 +655,14 @@ def check_requirements(recipe: Recipe, requires_dist: list[str], required_by: st
         try:
             ok = req.specifier.contains(Version(ver), prereleases=True)
         except InvalidVersion:
-            raise UserError(f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {ver!r} is not a "
-                            "PEP 440 version") from None
+            raise UserError(
+                f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {ver!r} is not a PEP 440 version"
+            ) from None
         if not ok:
-            raise UserError(f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {pkg}=={ver} does not "
-                            f"satisfy {required_by}'s requirement {req.name}{req.specifier}")
+            raise UserError(
+                f"{recipe.source}:{_pin_line(recipe, pkg) or 1}: engine.pins.{pkg}: {pkg}=={ver} does not "
+                f"satisfy {required_by}'s requirement {req.name}{req.specifier}"
+            )
 
 
 def _pin_line(recipe: Recipe, pkg: str) -> int | None:
@@ -614,10 +699,21 @@ def release_id(recipe: Recipe, lock_sha256: str | None, patch_contents) -> str:
     if not lock_sha256:
         raise UserError(f"{recipe.source}: the engine source's lock is not loaded yet")
     doc = {
-        "engine": ({"commit": recipe.git.commit, "subdir": recipe.git.subdir, "lock": lock_sha256,
-                    "wheel": recipe.git.wheel_sha256} if recipe.git else
-                   {"sglang": recipe.sglang, "install": recipe.install, "requirements": recipe.requirements(),
-                    "lock": lock_sha256}),
+        "engine": (
+            {
+                "commit": recipe.git.commit,
+                "subdir": recipe.git.subdir,
+                "lock": lock_sha256,
+                "wheel": recipe.git.wheel_sha256,
+            }
+            if recipe.git
+            else {
+                "sglang": recipe.sglang,
+                "install": recipe.install,
+                "requirements": recipe.requirements(),
+                "lock": lock_sha256,
+            }
+        ),
         "toolkit": asdict(recipe.toolkit),
         "patches": patches,
     }

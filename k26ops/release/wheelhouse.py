@@ -66,12 +66,22 @@ def ensure(requirements: list[str], *, no_deps: bool, python: str = "3.11", hash
         manifest = d / "manifest.json"
         if not manifest.exists():
             _download(d, requirements, no_deps, python, hashes)
-            wheels = [{"name": p.name, "sha256": file_sha256(p), "size": p.stat().st_size}
-                      for p in sorted(d.glob("*.whl"))]
+            wheels = [
+                {"name": p.name, "sha256": file_sha256(p), "size": p.stat().st_size} for p in sorted(d.glob("*.whl"))
+            ]
             manifest.write_text(json.dumps({"request": key_doc, "wheels": wheels}, indent=1))
             with open(root / "downloads.log", "a") as log:
-                log.write(json.dumps({"time": time.time(), "key": key, "requirements": requirements,
-                                      "bytes": sum(w["size"] for w in wheels)}) + "\n")
+                log.write(
+                    json.dumps(
+                        {
+                            "time": time.time(),
+                            "key": key,
+                            "requirements": requirements,
+                            "bytes": sum(w["size"] for w in wheels),
+                        }
+                    )
+                    + "\n"
+                )
         data = json.loads(manifest.read_text())
     return [Wheel(w["name"], w["sha256"], w["size"], d / w["name"]) for w in data["wheels"]]
 
@@ -82,8 +92,21 @@ def _download(d: Path, requirements: list[str], no_deps: bool, python: str, hash
         for p in tmp.iterdir():
             p.unlink()
     tmp.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-           "-d", str(tmp), "--only-binary=:all:", "--implementation", "cp", "--python-version", python]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--disable-pip-version-check",
+        "-d",
+        str(tmp),
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python,
+    ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
     if no_deps:
@@ -97,8 +120,7 @@ def _download(d: Path, requirements: list[str], no_deps: bool, python: str, hash
     proc = subprocess.run(cmd + args, capture_output=True, text=True)
     if proc.returncode != 0:
         errs = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
-        raise UserError(f"pip download {shown} failed: "
-                        + (errs[-1] if errs else proc.stderr.strip()[-300:]))
+        raise UserError(f"pip download {shown} failed: " + (errs[-1] if errs else proc.stderr.strip()[-300:]))
     tmp.rename(d)
 
 
@@ -115,7 +137,7 @@ def requirements_file(wheels: list[Wheel]) -> str:
 
 def wheel_name_version(filename: str) -> tuple[str, str]:
     """(distribution, version) from `name-version-python-abi-platform.whl` (PEP 427)."""
-    parts = filename[:-len(".whl")].split("-")
+    parts = filename[: -len(".whl")].split("-")
     if not filename.endswith(".whl") or len(parts) < 5:
         raise UserError(f"{filename}: not a wheel file name (name-version-python-abi-platform.whl)")
     return parts[0], parts[1]
@@ -124,8 +146,11 @@ def wheel_name_version(filename: str) -> tuple[str, str]:
 def missing(session: Session, wheels: list[Wheel], remote_dir: str) -> list[Wheel]:
     """The wheels the host's `remote_dir` lacks (by name and sha256)."""
     names = " ".join(q(w.name) for w in wheels)
-    res = session.run(f"mkdir -p {q(remote_dir)} && cd {q(remote_dir)} && "
-                      f"for f in {names}; do [ -f \"$f\" ] && sha256sum \"$f\"; done; true", check=True)
+    res = session.run(
+        f"mkdir -p {q(remote_dir)} && cd {q(remote_dir)} && "
+        f'for f in {names}; do [ -f "$f" ] && sha256sum "$f"; done; true',
+        check=True,
+    )
     have = {}
     for line in res.stdout.splitlines():
         parts = line.split()
@@ -153,5 +178,6 @@ def need_free(session: Session, directory: str, need: int, what: str) -> None:
     res = session.run(f"df -P -B1 -- {q(directory)} 2>/dev/null | awk 'NR==2 {{print $4}}'")
     free = res.stdout.strip()
     if free.isdigit() and int(free) < need:
-        raise StepFailed(f"not enough disk space for {what} in {directory}: needs {need:,} bytes, "
-                         f"{int(free):,} bytes free")
+        raise StepFailed(
+            f"not enough disk space for {what} in {directory}: needs {need:,} bytes, {int(free):,} bytes free"
+        )

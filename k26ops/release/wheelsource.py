@@ -36,25 +36,37 @@ import threading
 import time
 from dataclasses import dataclass
 
-from k26ops.transport import agents
-from k26ops.interrupt import check as check_interrupted
-from k26ops.release import wheelhouse
-from k26ops.layout import Layout
 from k26ops.errors import StepFailed, UserError
 from k26ops.hostvars import Var, declare
+from k26ops.interrupt import check as check_interrupted
+from k26ops.layout import Layout
+from k26ops.release import wheelhouse
 from k26ops.shell import q, tied_to_channel
+from k26ops.transport import agents
 
 MODES = ("push", "index", "peer")
 DEFAULT_MODE = "push"
 DEFAULT_INDEX = "https://pypi.org/simple"
 DEFAULT_PEER_PORT = 8873
-declare(__name__, "where hosts get a release's wheels",
-        Var("wheel_source", "|".join(MODES), DEFAULT_MODE,
-            "how hosts get a release's wheels: pushed by this node, from a relay host of the batch, or the index"),
-        Var("wheel_index_url", "url", DEFAULT_INDEX, "the package index hosts download from with wheel_source: index"),
-        Var("wheel_peer_address", "str", None, "address a relay host serves wheels on (wheel_source: peer)",
-            "the host's address"),
-        Var("wheel_peer_port", "int", DEFAULT_PEER_PORT, "port a relay host serves wheels on (1024-65535)"))
+declare(
+    __name__,
+    "where hosts get a release's wheels",
+    Var(
+        "wheel_source",
+        "|".join(MODES),
+        DEFAULT_MODE,
+        "how hosts get a release's wheels: pushed by this node, from a relay host of the batch, or the index",
+    ),
+    Var("wheel_index_url", "url", DEFAULT_INDEX, "the package index hosts download from with wheel_source: index"),
+    Var(
+        "wheel_peer_address",
+        "str",
+        None,
+        "address a relay host serves wheels on (wheel_source: peer)",
+        "the host's address",
+    ),
+    Var("wheel_peer_port", "int", DEFAULT_PEER_PORT, "port a relay host serves wheels on (1024-65535)"),
+)
 RELAY_LIFETIME = 4 * 3600  # the relay's server exits by itself after this, whatever happens to the run
 READ_TIMEOUT = 15.0  # seconds without a byte from the relay (connect, headers, any read): it is stalled
 MIN_BYTES = 256 << 10  # fewer bytes than this in a READ_TIMEOUT window: a trickling relay, stalled too
@@ -116,9 +128,11 @@ def deliver(ctx, wheels: list, remote_dir: str, local: tuple = ()) -> dict:
             ctx.progress(f"fetching {len(todo)} wheel(s) from relay {CURRENT.relay.name}")
             refused, why = _fetch(ctx, todo, remote_dir, url)
             if refused:
-                raise StepFailed(f"wheel {refused[0]} from relay {CURRENT.relay.name} ({url}) has sha256 "
-                                 f"{refused[1][:16]}..., the release expects {refused[2][:16]}...: refused "
-                                 "(the relay's copy is not the control node's)")
+                raise StepFailed(
+                    f"wheel {refused[0]} from relay {CURRENT.relay.name} ({url}) has sha256 "
+                    f"{refused[1][:16]}..., the release expects {refused[2][:16]}...: refused "
+                    "(the relay's copy is not the control node's)"
+                )
             if not why:
                 got["peer"] = [w.name for w in todo]
                 return _note(ctx, got)
@@ -153,10 +167,12 @@ def _download(ctx, wheels: list, remote_dir: str, index_url: str) -> None:
     reqs = f"{remote_dir}/.index-requirements.txt"
     ctx.session.put(wheelhouse.requirements_file(wheels).encode(), reqs)
     ca = "/etc/ssl/certs/ca-certificates.crt"  # the host's own trust store (pip's bundled one knows no private CA)
-    script = (f"set -e; [ -x {q(tool)}/bin/pip ] || python3 -m venv {q(tool)}; "
-              f"cert=; [ -f {ca} ] && cert='--cert {ca}'; "
-              f"{q(tool)}/bin/pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "
-              f"--require-hashes --index-url {q(index_url)} $cert -d {q(remote_dir)} -r {q(reqs)}")
+    script = (
+        f"set -e; [ -x {q(tool)}/bin/pip ] || python3 -m venv {q(tool)}; "
+        f"cert=; [ -f {ca} ] && cert='--cert {ca}'; "
+        f"{q(tool)}/bin/pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "
+        f"--require-hashes --index-url {q(index_url)} $cert -d {q(remote_dir)} -r {q(reqs)}"
+    )
     res = ctx.run(tied_to_channel(script), timeout=3600)
     if not res.ok:
         lines = [x for x in (res.stderr.replace("\0", "") + "\n" + res.stdout).splitlines() if x.strip()]
@@ -172,9 +188,19 @@ def _fetch(ctx, wheels: list, remote_dir: str, url: str) -> tuple[tuple | None, 
     The host fetches and checks each sha256 itself (agents/wheelfetch.py)."""
     wheelhouse.need_free(ctx.session, remote_dir, sum(w.size for w in wheels), "the wheels to fetch")
     try:
-        res = agents.run(ctx.session, "wheelfetch", "fetch", FETCH_TIMEOUT, what="wheel fetch agent", tied=True,
-                         base=url, dest=remote_dir, wheels=[[w.name, w.sha256] for w in wheels],
-                         read_timeout=READ_TIMEOUT, min_bytes=MIN_BYTES)
+        res = agents.run(
+            ctx.session,
+            "wheelfetch",
+            "fetch",
+            FETCH_TIMEOUT,
+            what="wheel fetch agent",
+            tied=True,
+            base=url,
+            dest=remote_dir,
+            wheels=[[w.name, w.sha256] for w in wheels],
+            read_timeout=READ_TIMEOUT,
+            min_bytes=MIN_BYTES,
+        )
     except agents.AgentFailed as exc:
         return None, str(exc)
     if res.get("refused"):
@@ -269,8 +295,10 @@ class Batch:
         s = settings(self.relay)
         addr, port = s.peer_address, s.peer_port
         pid = f"{self.dir}/.relay.pid"
-        script = (f"echo $$ > {q(pid)}; exec timeout {RELAY_LIFETIME} python3 -m http.server {port} "
-                  f"--bind {q(addr)} --directory {q(self.dir)}")
+        script = (
+            f"echo $$ > {q(pid)}; exec timeout {RELAY_LIFETIME} python3 -m http.server {port} "
+            f"--bind {q(addr)} --directory {q(self.dir)}"
+        )
 
         def run():
             try:
@@ -309,8 +337,10 @@ class Batch:
             return
         try:
             self._session_for(self.relay).run(
-                f"p=$(cat {q(self.dir)}/.relay.pid 2>/dev/null) && kill \"$p\" 2>/dev/null; "
-                f"rm -f {q(self.dir)}/.relay.pid", timeout=30)
+                f'p=$(cat {q(self.dir)}/.relay.pid 2>/dev/null) && kill "$p" 2>/dev/null; '
+                f"rm -f {q(self.dir)}/.relay.pid",
+                timeout=30,
+            )
         except Exception:
             pass  # the connection is gone: so is the server (tied to its channel)
         self._server.join(timeout=10)
@@ -338,8 +368,11 @@ def keeps(host, lock) -> bool:
 def _answers(session, addr: str, port: int) -> bool:
     """Does the relay's server accept a connection, seen from the relay itself?"""
     try:
-        return bool(agents.run(session, "wheelfetch", "connect", 30, what="wheel fetch agent", address=addr,
-                               port=port, wait=2)["ok"])
+        return bool(
+            agents.run(session, "wheelfetch", "connect", 30, what="wheel fetch agent", address=addr, port=port, wait=2)[
+                "ok"
+            ]
+        )
     except agents.AgentFailed:
         return False
 

@@ -26,11 +26,13 @@ NEW_COLOUR, BASE_COLOUR = "#1f77b4", "#8c8c8c"
 def _figure(w: float = 6.4, h: float = 3.2, cols: int = 1):
     # lazy: matplotlib (about 0.3 s to import) only when a report is drawn
     import matplotlib
+
     # lazy: as above
     from matplotlib.figure import Figure
 
-    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "k26ops", "font.size": 9,
-                                "axes.grid": True, "grid.alpha": 0.3})
+    matplotlib.rcParams.update(
+        {"svg.fonttype": "none", "svg.hashsalt": "k26ops", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
+    )
     fig = Figure(figsize=(w, h), layout="constrained")
     axes = fig.subplots(1, cols, squeeze=False)[0]
     return fig, list(axes)
@@ -82,9 +84,11 @@ def _tok_lines(new: dict, base: dict | None, new_label: str, base_label: str | N
         return None
     temps = _temps(new, base)
     fig, (ax,) = _figure()
-    lines = [(pts, _colour(temps, t), f"T={t:g} {label}", style)
-             for data, label, style in ((bs, base_label, BASE_STYLE), (ns, new_label, NEW_STYLE))
-             for t, pts in data.items()]
+    lines = [
+        (pts, _colour(temps, t), f"T={t:g} {label}", style)
+        for data, label, style in ((bs, base_label, BASE_STYLE), (ns, new_label, NEW_STYLE))
+        for t, pts in data.items()
+    ]
     return fig, ax, lines
 
 
@@ -138,8 +142,9 @@ def accept(new: dict, base: dict | None, new_label: str, base_label: str | None)
     temps = _temps(new, base)
     fig, (ax,) = _figure(h=3.2)
     width = 0.38 if bs else 0.6
-    for k, (data, label, hatch, off) in enumerate(((bs, base_label, "//", -width / 2),
-                                                   (ns, new_label, "", width / 2 if bs else 0))):
+    for k, (data, label, hatch, off) in enumerate(
+        ((bs, base_label, "//", -width / 2), (ns, new_label, "", width / 2 if bs else 0))
+    ):
         if not data:
             continue
         for i, (t, c) in enumerate(groups):
@@ -147,8 +152,15 @@ def accept(new: dict, base: dict | None, new_label: str, base_label: str | None)
             if not stat:
                 continue
             colour = _colour(temps, t)
-            ax.bar(i + off, stat["median"], width, color="white" if hatch else colour, edgecolor=colour,
-                   hatch=hatch, label=label if i == 0 else None)
+            ax.bar(
+                i + off,
+                stat["median"],
+                width,
+                color="white" if hatch else colour,
+                edgecolor=colour,
+                hatch=hatch,
+                label=label if i == 0 else None,
+            )
             ax.annotate(f"{stat['median']:.2f}", (i + off, stat["median"]), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(groups)), [f"T={t:g}\nc{c}" for t, c in groups])
     ax.set_ylabel("accept length (tokens per verify)")
@@ -160,9 +172,14 @@ def accept(new: dict, base: dict | None, new_label: str, base_label: str | None)
 def by_position(new: dict, base: dict | None, new_label: str, base_label: str | None) -> str | None:
     """Acceptance rate per draft position, where a cell has the engine's histogram
     (`accept_histogram`, k26ops.enginebench.accept)."""
+
     def rows(bench):
-        return [(float(c["temperature"]), int(c["concurrency"]), accept_mod.by_position(c["accept_histogram"]))
-                for c in (bench or {}).get("cells") or [] if accept_mod.by_position(c.get("accept_histogram"))]
+        return [
+            (float(c["temperature"]), int(c["concurrency"]), accept_mod.by_position(c["accept_histogram"]))
+            for c in (bench or {}).get("cells") or []
+            if accept_mod.by_position(c.get("accept_histogram"))
+        ]
+
     nr, br = rows(new), rows(base)
     if not nr:
         return None
@@ -187,17 +204,27 @@ def latency(new: dict, base: dict | None, new_label: str, base_label: str | None
         return None
     fig, axes = _figure(h=3.4, cols=2)
     for ax, (what, p50, p99) in zip(axes, LATENCY):
-        cells = sorted({(t, c) for m in (p50, p99) for b in (new, base) for t, pts in series(b, m).items()
-                        for c, _s in pts})
-        bars = [(base, base_label, BASE_COLOUR), (new, new_label, NEW_COLOUR)] if base else [(new, new_label, NEW_COLOUR)]
+        cells = sorted(
+            {(t, c) for m in (p50, p99) for b in (new, base) for t, pts in series(b, m).items() for c, _s in pts}
+        )
+        bars = (
+            [(base, base_label, BASE_COLOUR), (new, new_label, NEW_COLOUR)] if base else [(new, new_label, NEW_COLOUR)]
+        )
         width = 0.8 / (2 * len(bars))
         k = 0
         for bench, label, colour in bars:
             for metric, hatch, pname in ((p50, "", "p50"), (p99, "//", "p99")):
                 got = {(t, c): s["median"] for t, pts in series(bench, metric).items() for c, s in pts}
                 xs = [i - 0.4 + width * (k + 0.5) for i in range(len(cells))]
-                ax.bar(xs, [got.get(cell, 0) for cell in cells], width, color="white" if hatch else colour,
-                       edgecolor=colour, hatch=hatch, label=f"{pname} {label}")
+                ax.bar(
+                    xs,
+                    [got.get(cell, 0) for cell in cells],
+                    width,
+                    color="white" if hatch else colour,
+                    edgecolor=colour,
+                    hatch=hatch,
+                    label=f"{pname} {label}",
+                )
                 k += 1
         ax.set_xticks(range(len(cells)), [f"T={t:g}\nc{c}" for t, c in cells])
         ax.set_title(f"{what} (ms)")

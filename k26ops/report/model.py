@@ -41,10 +41,10 @@ class HostView:
     host: str
     status: str = "ok"
     error: str | None = None
-    bench: dict | None = None             # the new figures
-    baseline: dict | None = None          # the baseline's, same shape (cells with figures)
+    bench: dict | None = None  # the new figures
+    baseline: dict | None = None  # the baseline's, same shape (cells with figures)
     baseline_host: str | None = None
-    rows: list[dict] = field(default_factory=list)      # bench --compare's rows
+    rows: list[dict] = field(default_factory=list)  # bench --compare's rows
     settings_differ: list[str] = field(default_factory=list)
     gate: dict | None = None
     phases: list[tuple[str, list[tuple[str, float]]]] = field(default_factory=list)  # (whose, phases)
@@ -56,12 +56,12 @@ class HostView:
 
 @dataclass
 class ReportView:
-    kind: str                 # bench, compare, gate, deploy
+    kind: str  # bench, compare, gate, deploy
     title: str
-    new_label: str            # "new", a release or a tag
+    new_label: str  # "new", a release or a tag
     baseline_label: str | None
     hosts: list[HostView]
-    generated: str = ""       # when the page was made (the caller's clock: build_html stays pure)
+    generated: str = ""  # when the page was made (the caller's clock: build_html stays pure)
     notes: list[str] = field(default_factory=list)
     watch: dict | None = None  # the run's gateway watch (zero healthy workers ever?)
 
@@ -87,33 +87,47 @@ def _median_only(value) -> dict:
 
 def milestone_phases(ttfgt) -> list[tuple[str, float]]:
     """[(phase, seconds)] between a TTFGT record's milestones: `to weights loaded 20.5`."""
-    ms = [m for m in (ttfgt or {}).get("milestones") or []
-          if isinstance(m, dict) and isinstance(m.get("at_s"), (int, float)) and m.get("name")]
+    ms = [
+        m
+        for m in (ttfgt or {}).get("milestones") or []
+        if isinstance(m, dict) and isinstance(m.get("at_s"), (int, float)) and m.get("name")
+    ]
     return [(f"to {b['name']}", round(b["at_s"] - a["at_s"], 2)) for a, b in zip(ms, ms[1:])]
 
 
-def _phases(data: dict, new_label: str, base: dict | None, base_label: str | None
-            ) -> tuple[list[tuple[str, list[tuple[str, float]]]], str]:
+def _phases(
+    data: dict, new_label: str, base: dict | None, base_label: str | None
+) -> tuple[list[tuple[str, list[tuple[str, float]]]], str]:
     """The restart's phases: this run's (the deploy's `ttfgt`, else its bench's last start),
     the baseline's stored bench's beside them; else a restart's wait for /health."""
-    mine = milestone_phases(data.get("ttfgt")) or milestone_phases(((data.get("bench") or {}).get("startup") or {})
-                                                                    .get("ttfgt"))
+    mine = milestone_phases(data.get("ttfgt")) or milestone_phases(
+        ((data.get("bench") or {}).get("startup") or {}).get("ttfgt")
+    )
     if mine:
         theirs = milestone_phases(((base or {}).get("startup") or {}).get("ttfgt"))
         rows = ([(base_label or "baseline", theirs)] if theirs else []) + [(new_label, mine)]
         return rows, "time to first good token: seconds from the stop, between milestones"
     h = data.get("health")
     if data.get("engine_restarted") and isinstance(h, dict) and isinstance(h.get("wait_s"), (int, float)):
-        return ([(new_label, [("until /health", float(h["wait_s"]))])],
-                "the restart (phases not recorded: the wait for /health)")
+        return (
+            [(new_label, [("until /health", float(h["wait_s"]))])],
+            "the restart (phases not recorded: the wait for /health)",
+        )
     return [], ""
 
 
-def host_view(host: str, data: dict, stored: dict | None = None, gpus: int = 8, new_label: str = "new",
-              base_label: str | None = None) -> HostView:
+def host_view(
+    host: str,
+    data: dict,
+    stored: dict | None = None,
+    gpus: int = 8,
+    new_label: str = "new",
+    base_label: str | None = None,
+) -> HostView:
     """One host's view from its run result (`data`) and, when at hand, the baseline's stored bench."""
-    v = HostView(host=host, status=data.get("status") or "ok", error=data.get("error"),
-                 bench=data.get("bench"), gpus=gpus)
+    v = HostView(
+        host=host, status=data.get("status") or "ok", error=data.get("error"), bench=data.get("bench"), gpus=gpus
+    )
     cmp = data.get("compare") or {}
     gate = data.get("gate")
     v.rows = list(cmp.get("rows") or [])
@@ -136,15 +150,29 @@ def host_view(host: str, data: dict, stored: dict | None = None, gpus: int = 8, 
     return v
 
 
-def from_run(doc: dict, *, stored: dict[str, dict] | None = None, gpus: dict[str, int] | None = None,
-             generated: str = "", source: str = "the run") -> ReportView:
+def from_run(
+    doc: dict,
+    *,
+    stored: dict[str, dict] | None = None,
+    gpus: dict[str, int] | None = None,
+    generated: str = "",
+    source: str = "the run",
+) -> ReportView:
     """The view of a `--json` run document (bench, bench --compare, deploy --gate)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("hosts"), dict):
-        raise UserError(f"{source}: not a k26ops --json run document (no \"hosts\" mapping); "
-                        "save one with `k26ops --json bench ... > run.json`")
+        raise UserError(
+            f'{source}: not a k26ops --json run document (no "hosts" mapping); '
+            "save one with `k26ops --json bench ... > run.json`"
+        )
     hosts = doc["hosts"]
-    tag = next((d.get("compare", {}).get("tag") or (d.get("gate") or {}).get("tag")
-                for d in hosts.values() if isinstance(d, dict) and (d.get("compare") or d.get("gate"))), None)
+    tag = next(
+        (
+            d.get("compare", {}).get("tag") or (d.get("gate") or {}).get("tag")
+            for d in hosts.values()
+            if isinstance(d, dict) and (d.get("compare") or d.get("gate"))
+        ),
+        None,
+    )
     views = []
     for name, data in hosts.items():
         if not isinstance(data, dict):
@@ -160,21 +188,35 @@ def from_run(doc: dict, *, stored: dict[str, dict] | None = None, gpus: dict[str
         kind = "compare" if tag else "bench"
     watch = doc.get("traffic") if isinstance(doc.get("traffic"), dict) else None
     if not any(v.bench or v.gate or v.phases or v.traffic or v.gpu_changes is not None for v in views) and not watch:
-        raise UserError(f"{source}: nothing to draw: no host has a bench, a gate, restart phases, "
-                        "GPU changes or gateway traffic")
-    title = {"gate": f"Canary gate against {tag}", "compare": f"Bench against {tag}",
-             "bench": "Engine bench", "deploy": "Deploy"}[kind]
-    return ReportView(kind=kind, title=title, new_label="new", baseline_label=tag, hosts=views,
-                      generated=generated, watch=watch)
+        raise UserError(
+            f"{source}: nothing to draw: no host has a bench, a gate, restart phases, GPU changes or gateway traffic"
+        )
+    title = {
+        "gate": f"Canary gate against {tag}",
+        "compare": f"Bench against {tag}",
+        "bench": "Engine bench",
+        "deploy": "Deploy",
+    }[kind]
+    return ReportView(
+        kind=kind, title=title, new_label="new", baseline_label=tag, hosts=views, generated=generated, watch=watch
+    )
 
 
-def from_baselines(old_tag: str, old: dict[str, dict], new_tag: str, new: dict[str, dict], *,
-                   gpus: dict[str, int] | None = None, generated: str = "") -> ReportView:
+def from_baselines(
+    old_tag: str,
+    old: dict[str, dict],
+    new_tag: str,
+    new: dict[str, dict],
+    *,
+    gpus: dict[str, int] | None = None,
+    generated: str = "",
+) -> ReportView:
     """Two baselines' stored benches side by side: NEW's figures beside OLD's, host by host."""
     for tag, stored in ((old_tag, old), (new_tag, new)):
         if not stored:
-            raise UserError(f"baseline {tag!r} has no bench results (take one with "
-                            "`k26ops snapshot --tag NAME --bench`)")
+            raise UserError(
+                f"baseline {tag!r} has no bench results (take one with `k26ops snapshot --tag NAME --bench`)"
+            )
     views = []
     for host, bench in new.items():
         base_host = host if host in old else next(iter(old))
@@ -182,8 +224,14 @@ def from_baselines(old_tag: str, old: dict[str, dict], new_tag: str, new: dict[s
         v.baseline_host = base_host
         v.settings_differ = figs.spec_differences(bench, old[base_host])
         views.append(v)
-    return ReportView(kind="compare", title=f"{new_tag} against {old_tag}", new_label=new_tag,
-                      baseline_label=old_tag, hosts=views, generated=generated)
+    return ReportView(
+        kind="compare",
+        title=f"{new_tag} against {old_tag}",
+        new_label=new_tag,
+        baseline_label=old_tag,
+        hosts=views,
+        generated=generated,
+    )
 
 
 def metric_label(metric: str) -> str:

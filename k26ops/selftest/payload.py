@@ -71,9 +71,15 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NO_GPU = 0, 1, 2, 3
 RESULT_MARK = "K26OPS_SELFTEST_RESULT "
 CHECKS = ["gpus", "versions", "cuda_graph", "triton", "matmul", "allreduce", "nvcc"]
 # Base timeout (s) and extra seconds per GPU, per check.
-TIMEOUTS = {"gpus": (90, 0), "versions": (60, 0), "cuda_graph": (60, 20),
-            "triton": (120, 30), "matmul": (60, 20), "allreduce": (300, 15),
-            "nvcc": (240, 0)}
+TIMEOUTS = {
+    "gpus": (90, 0),
+    "versions": (60, 0),
+    "cuda_graph": (60, 20),
+    "triton": (120, 30),
+    "matmul": (60, 20),
+    "allreduce": (300, 15),
+    "nvcc": (240, 0),
+}
 # Rough dense bf16 floors (TFLOP/s) per compute capability major.minor: about
 # half the datasheet dense rate, so a healthy card passes and a throttled or
 # misconfigured one (wrong clocks, PCIe-starved, MIG slice) does not.
@@ -83,9 +89,9 @@ TOOLCHAIN_GLOBS = ["/opt/k26ops/toolchain", "/usr/local"]
 
 # ----------------------------------------------------------------- helpers
 
+
 def _result(status, figure=None, unit=None, expected=None, detail="", **data):
-    return {"status": status, "figure": figure, "unit": unit,
-            "expected": expected, "detail": detail, "data": data}
+    return {"status": status, "figure": figure, "unit": unit, "expected": expected, "detail": detail, "data": data}
 
 
 def _expect(lo=None, hi=None, text=None):
@@ -108,29 +114,39 @@ def _err_line(exc: BaseException) -> str:
 
 def _torch():
     import torch  # lazily: the parent never imports it
+
     return torch
 
 
 # ------------------------------------------------------------------ checks
 # Each check_* runs in a child process and returns a _result(...) dict.
 
+
 def check_gpus(args):
     try:
         torch = _torch()
     except Exception as e:  # ImportError, or a broken install
-        return _result("no-gpu", detail="torch not importable with %s: %s"
-                       % (sys.executable, _err_line(e)))
+        return _result("no-gpu", detail="torch not importable with %s: %s" % (sys.executable, _err_line(e)))
     if not torch.cuda.is_available():
-        return _result("no-gpu", detail="torch %s sees no CUDA device "
-                       "(torch.cuda.is_available() is False; CUDA_VISIBLE_DEVICES=%r)"
-                       % (torch.__version__, os.environ.get("CUDA_VISIBLE_DEVICES")))
+        return _result(
+            "no-gpu",
+            detail="torch %s sees no CUDA device "
+            "(torch.cuda.is_available() is False; CUDA_VISIBLE_DEVICES=%r)"
+            % (torch.__version__, os.environ.get("CUDA_VISIBLE_DEVICES")),
+        )
     n = torch.cuda.device_count()
     gpus = []
     for i in range(n):
         p = torch.cuda.get_device_properties(i)
-        gpus.append({"index": i, "name": p.name, "compute_cap": "%d.%d" % (p.major, p.minor),
-                     "memory_mib": p.total_memory // (1 << 20),
-                     "sm_count": p.multi_processor_count})
+        gpus.append(
+            {
+                "index": i,
+                "name": p.name,
+                "compute_cap": "%d.%d" % (p.major, p.minor),
+                "memory_mib": p.total_memory // (1 << 20),
+                "sm_count": p.multi_processor_count,
+            }
+        )
     problems = []
     if args.expect_gpus is not None and n != args.expect_gpus:
         problems.append("%d GPUs visible, expected %d" % (n, args.expect_gpus))
@@ -139,17 +155,30 @@ def check_gpus(args):
         if bad:
             problems.append("compute capability %s, expected %s" % (",".join(bad), ",".join(args.expect_cc)))
     names = sorted({"%s (cc %s)" % (g["name"], g["compute_cap"]) for g in gpus})
-    exp = _expect(args.expect_gpus, args.expect_gpus,
-                  "%s GPUs, cc %s" % (args.expect_gpus if args.expect_gpus is not None else "any",
-                                      ",".join(args.expect_cc) if args.expect_cc else "any"))
-    return _result("fail" if problems else "pass", n, "GPUs", exp,
-                   "; ".join(problems) if problems else "%d x %s" % (n, ", ".join(names)),
-                   per_gpu=gpus, torch=torch.__version__)
+    exp = _expect(
+        args.expect_gpus,
+        args.expect_gpus,
+        "%s GPUs, cc %s"
+        % (
+            args.expect_gpus if args.expect_gpus is not None else "any",
+            ",".join(args.expect_cc) if args.expect_cc else "any",
+        ),
+    )
+    return _result(
+        "fail" if problems else "pass",
+        n,
+        "GPUs",
+        exp,
+        "; ".join(problems) if problems else "%d x %s" % (n, ", ".join(names)),
+        per_gpu=gpus,
+        torch=torch.__version__,
+    )
 
 
 def _nvml_driver_version():
     # lazy: runs on the host; the CLI imports this file for its tables only
     import ctypes
+
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError as e:
@@ -166,6 +195,7 @@ def _nvml_driver_version():
 def _cuda_driver_api_version():
     # lazy: runs on the host; the CLI imports this file for its tables only
     import ctypes
+
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
@@ -182,8 +212,12 @@ def check_versions(args):
     driver, derr = _nvml_driver_version()
     if driver is None:  # NVML missing in the container: ask nvidia-smi
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if out.returncode == 0 and out.stdout.strip():
                 driver, derr = out.stdout.split()[0], None
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -194,6 +228,7 @@ def check_versions(args):
     try:
         # host: triton is in the engine's python on a GPU host, never on the control node
         import triton
+
         triton_v = triton.__version__
     except Exception:
         pass
@@ -207,14 +242,26 @@ def check_versions(args):
     elif runtime and tuple(map(int, cuda_driver.split("."))) < tuple(map(int, runtime.split(".")[:2])):
         problems.append("driver supports CUDA %s < torch's CUDA runtime %s" % (cuda_driver, runtime))
     detail = "driver %s, CUDA driver API %s, torch %s (CUDA runtime %s), triton %s" % (
-        driver, cuda_driver, torch.__version__, runtime, triton_v)
-    return _result("fail" if problems else "pass", None, None,
-                   _expect(text="driver >= %d, driver CUDA >= runtime CUDA" % args.min_driver),
-                   "; ".join(problems) + " | " + detail if problems else detail,
-                   driver=driver, cuda_driver_api=cuda_driver, cuda_runtime=runtime,
-                   torch=torch.__version__, triton=triton_v,
-                   cudnn=(torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None),
-                   nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None)
+        driver,
+        cuda_driver,
+        torch.__version__,
+        runtime,
+        triton_v,
+    )
+    return _result(
+        "fail" if problems else "pass",
+        None,
+        None,
+        _expect(text="driver >= %d, driver CUDA >= runtime CUDA" % args.min_driver),
+        "; ".join(problems) + " | " + detail if problems else detail,
+        driver=driver,
+        cuda_driver_api=cuda_driver,
+        cuda_runtime=runtime,
+        torch=torch.__version__,
+        triton=triton_v,
+        cudnn=(torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None),
+        nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
+    )
 
 
 MISMATCH_RE = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
@@ -282,10 +329,14 @@ def check_cuda_graph(args):
         per_gpu.append(row)
     ok_n = sum(1 for r in per_gpu if r.get("replay_ok") and r.get("mismatch_detected"))
     msg = per_gpu[0].get("mismatch") if per_gpu else None
-    return _result("fail" if problems else "pass", ok_n, "GPUs ok",
-                   _expect(len(per_gpu), len(per_gpu), "capture+replay ok and 8-vs-33 mismatch raised on every GPU"),
-                   "; ".join(problems) if problems else "capture+replay ok on %d GPU(s); mismatch raised: %s" % (ok_n, msg),
-                   per_gpu=per_gpu)
+    return _result(
+        "fail" if problems else "pass",
+        ok_n,
+        "GPUs ok",
+        _expect(len(per_gpu), len(per_gpu), "capture+replay ok and 8-vs-33 mismatch raised on every GPU"),
+        "; ".join(problems) if problems else "capture+replay ok on %d GPU(s); mismatch raised: %s" % (ok_n, msg),
+        per_gpu=per_gpu,
+    )
 
 
 def check_triton(args):
@@ -327,11 +378,18 @@ def check_triton(args):
             problems.append("GPU %d: %s" % (d, row["error"]))
         per_gpu.append(row)
     ok_n = sum(1 for r in per_gpu if r.get("ok"))
-    return _result("fail" if problems else "pass", ok_n, "GPUs ok",
-                   _expect(len(per_gpu), len(per_gpu), "kernel compiles and is correct on every GPU"),
-                   "; ".join(problems) if problems else "triton %s kernel ok on %d GPU(s), first call (compile) %s ms"
-                   % (triton.__version__, ok_n, per_gpu[0].get("first_call_ms") if per_gpu else None),
-                   per_gpu=per_gpu, triton=triton.__version__)
+    return _result(
+        "fail" if problems else "pass",
+        ok_n,
+        "GPUs ok",
+        _expect(len(per_gpu), len(per_gpu), "kernel compiles and is correct on every GPU"),
+        "; ".join(problems)
+        if problems
+        else "triton %s kernel ok on %d GPU(s), first call (compile) %s ms"
+        % (triton.__version__, ok_n, per_gpu[0].get("first_call_ms") if per_gpu else None),
+        per_gpu=per_gpu,
+        triton=triton.__version__,
+    )
 
 
 def check_matmul(args):
@@ -360,7 +418,7 @@ def check_matmul(args):
             torch.cuda.synchronize(dev)
             ms = start.elapsed_time(end) / iters
             row["ms"] = round(ms, 3)
-            row["tflops"] = round(2 * size ** 3 / (ms * 1e-3) / 1e12, 1)
+            row["tflops"] = round(2 * size**3 / (ms * 1e-3) / 1e12, 1)
             del a, b, c
             torch.cuda.empty_cache()
             if floor is not None and row["tflops"] < floor:
@@ -372,13 +430,23 @@ def check_matmul(args):
     vals = [r["tflops"] for r in per_gpu if "tflops" in r]
     worst = min(vals) if vals else None
     floors = [f for f in floor_all if f is not None]
-    exp = _expect(min(floors) if floors else None, None,
-                  "bf16 %dx%dx%d, per-GPU minimum" % (size, size, size) if floors
-                  else "no floor known for this GPU (pass --min-tflops)")
-    return _result("fail" if problems else "pass", worst, "TFLOP/s", exp,
-                   "; ".join(problems) if problems else "bf16 %d^3: min %s, max %s TFLOP/s over %d GPU(s)"
-                   % (size, worst, max(vals) if vals else None, len(vals)),
-                   per_gpu=per_gpu)
+    exp = _expect(
+        min(floors) if floors else None,
+        None,
+        "bf16 %dx%dx%d, per-GPU minimum" % (size, size, size)
+        if floors
+        else "no floor known for this GPU (pass --min-tflops)",
+    )
+    return _result(
+        "fail" if problems else "pass",
+        worst,
+        "TFLOP/s",
+        exp,
+        "; ".join(problems)
+        if problems
+        else "bf16 %d^3: min %s, max %s TFLOP/s over %d GPU(s)" % (size, worst, max(vals) if vals else None, len(vals)),
+        per_gpu=per_gpu,
+    )
 
 
 def _free_port():
@@ -398,17 +466,26 @@ def check_allreduce(args):
     procs = []
     outdir = tempfile.mkdtemp(prefix="k26ops-allreduce-")
     for r in range(n):
-        cmd = [sys.executable, os.path.abspath(__file__), "--_rank", "%d,%d,%d" % (r, n, port),
-               "--allreduce-mb", str(args.allreduce_mb)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(outdir, "r%d.out" % r), "w"),
-                                      stderr=subprocess.STDOUT))
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--_rank",
+            "%d,%d,%d" % (r, n, port),
+            "--allreduce-mb",
+            str(args.allreduce_mb),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=open(os.path.join(outdir, "r%d.out" % r), "w"), stderr=subprocess.STDOUT
+            )
+        )
     rcs = [p.wait() for p in procs]
     with open(os.path.join(outdir, "r0.out")) as f:
         out0 = f.read()
     res = None
     for line in out0.splitlines():
         if line.startswith(RESULT_MARK):
-            res = json.loads(line[len(RESULT_MARK):])
+            res = json.loads(line[len(RESULT_MARK) :])
     if res is None or any(rcs):
         tails = []
         for r in range(n):
@@ -420,14 +497,25 @@ def check_allreduce(args):
     bw = res["busbw_gbps"]
     ok = res["correct"] and (floor is None or bw >= floor)
     detail = "%d GPUs, %s MiB bf16: bus bandwidth %.1f GB/s (alg %.1f GB/s), small-message latency %.1f us" % (
-        n, args.allreduce_mb, bw, res["algbw_gbps"], res["sizes"][0]["us"])
+        n,
+        args.allreduce_mb,
+        bw,
+        res["algbw_gbps"],
+        res["sizes"][0]["us"],
+    )
     if not res["correct"]:
         detail = "WRONG SUM; " + detail
     elif not ok:
         detail = "bus bandwidth %.1f GB/s < %.1f; %s" % (bw, floor, detail)
-    return _result("pass" if ok else "fail", bw, "GB/s",
-                   _expect(floor, None, "NCCL all-reduce bus bandwidth, %d MiB bf16" % args.allreduce_mb),
-                   detail, world_size=n, **res)
+    return _result(
+        "pass" if ok else "fail",
+        bw,
+        "GB/s",
+        _expect(floor, None, "NCCL all-reduce bus bandwidth, %d MiB bf16" % args.allreduce_mb),
+        detail,
+        world_size=n,
+        **res,
+    )
 
 
 def allreduce_rank(rank, world, port, mb):
@@ -435,10 +523,10 @@ def allreduce_rank(rank, world, port, mb):
     torch = _torch()
     # host: torch is in the engine's python on a GPU host, never on the control node
     import torch.distributed as dist
+
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, world_size=world,
-                            rank=rank, device_id=dev)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, world_size=world, rank=rank, device_id=dev)
     t = torch.full((1024,), float(rank + 1), device=dev)
     dist.all_reduce(t)
     correct = bool(torch.all(t == world * (world + 1) / 2).item())
@@ -456,14 +544,30 @@ def allreduce_rank(rank, world, port, mb):
         torch.cuda.synchronize()
         sec = (time.perf_counter() - t0) / iters
         algbw = nbytes / sec / 1e9
-        sizes.append({"bytes": nbytes, "us": round(sec * 1e6, 1), "algbw_gbps": round(algbw, 2),
-                      "busbw_gbps": round(algbw * 2 * (world - 1) / world, 2)})
+        sizes.append(
+            {
+                "bytes": nbytes,
+                "us": round(sec * 1e6, 1),
+                "algbw_gbps": round(algbw, 2),
+                "busbw_gbps": round(algbw * 2 * (world - 1) / world, 2),
+            }
+        )
     dist.destroy_process_group()
     if rank == 0:
         last = sizes[-1]
-        print(RESULT_MARK + json.dumps({"correct": correct, "busbw_gbps": last["busbw_gbps"],
-                                        "algbw_gbps": last["algbw_gbps"], "sizes": sizes,
-                                        "nccl": ".".join(map(str, torch.cuda.nccl.version()))}), flush=True)
+        print(
+            RESULT_MARK
+            + json.dumps(
+                {
+                    "correct": correct,
+                    "busbw_gbps": last["busbw_gbps"],
+                    "algbw_gbps": last["algbw_gbps"],
+                    "sizes": sizes,
+                    "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                }
+            ),
+            flush=True,
+        )
 
 
 CU_SRC = r"""
@@ -488,8 +592,12 @@ def find_nvcc(given=None):
     found = shutil.which("nvcc")
     if found:
         return found
-    for pat in ("/opt/k26ops/toolchain/cuda-*/bin/nvcc", "/opt/k26ops/toolchain/*/bin/nvcc",
-                "/usr/local/cuda/bin/nvcc", "/usr/local/cuda-*/bin/nvcc"):
+    for pat in (
+        "/opt/k26ops/toolchain/cuda-*/bin/nvcc",
+        "/opt/k26ops/toolchain/*/bin/nvcc",
+        "/usr/local/cuda/bin/nvcc",
+        "/usr/local/cuda-*/bin/nvcc",
+    ):
         hits = sorted(glob.glob(pat))
         if hits:
             return hits[-1]
@@ -501,7 +609,9 @@ def check_nvcc(args):
     nvcc = find_nvcc(args.nvcc)
     if nvcc is None:
         st = "fail" if args.nvcc else "skip"
-        return _result(st, None, None, None, "nvcc not found (%s)" % (args.nvcc or "PATH, /opt/k26ops/toolchain, /usr/local/cuda*"))
+        return _result(
+            st, None, None, None, "nvcc not found (%s)" % (args.nvcc or "PATH, /opt/k26ops/toolchain, /usr/local/cuda*")
+        )
     ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
     m = re.search(r"release (\d+\.\d+), V([\d.]+)", ver)
     version = m.group(2) if m else None
@@ -520,17 +630,35 @@ def check_nvcc(args):
     compile_s = round(time.perf_counter() - t0, 2)
     if c.returncode != 0:
         err = (c.stderr or c.stdout).strip().splitlines()
-        return _result("fail", None, None, None, "nvcc %s -arch=%s failed: %s" % (version, arch, err[-1] if err else c.returncode),
-                       nvcc=nvcc, version=version, arch=arch)
+        return _result(
+            "fail",
+            None,
+            None,
+            None,
+            "nvcc %s -arch=%s failed: %s" % (version, arch, err[-1] if err else c.returncode),
+            nvcc=nvcc,
+            version=version,
+            arch=arch,
+        )
     r = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     ok = r.returncode == 0
-    return _result("pass" if ok else "fail", compile_s, "s compile", None,
-                   "nvcc %s built %s and it ran: %s" % (version, arch, r.stdout.strip()) if ok
-                   else "nvcc %s built %s but it exited %d: %s" % (version, arch, r.returncode, (r.stdout + r.stderr).strip()[:300]),
-                   nvcc=nvcc, version=version, arch=arch)
+    return _result(
+        "pass" if ok else "fail",
+        compile_s,
+        "s compile",
+        None,
+        "nvcc %s built %s and it ran: %s" % (version, arch, r.stdout.strip())
+        if ok
+        else "nvcc %s built %s but it exited %d: %s"
+        % (version, arch, r.returncode, (r.stdout + r.stderr).strip()[:300]),
+        nvcc=nvcc,
+        version=version,
+        arch=arch,
+    )
 
 
 # ------------------------------------------------------------------ driver
+
 
 def run_child(name, args, argv):
     """Run one check in a subprocess with a timeout; never raises, never hangs."""
@@ -552,7 +680,7 @@ def run_child(name, args, argv):
         res = None
         for line in out.splitlines():
             if line.startswith(RESULT_MARK):
-                res = json.loads(line[len(RESULT_MARK):])
+                res = json.loads(line[len(RESULT_MARK) :])
         if res is None:
             tail = [l for l in (err or out).strip().splitlines() if l.strip()]
             res = _result("error", detail="exit %d: %s" % (p.returncode, tail[-1][:500] if tail else "no output"))
@@ -564,20 +692,34 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         prog="payload.py",
         description="k26ops self-test: checks this GPU host can run the engine; prints one JSON document "
-                    "(schema in the module docstring). Exit 0 pass, 1 fail, 2 usage, 3 no GPU.")
+        "(schema in the module docstring). Exit 0 pass, 1 fail, 2 usage, 3 no GPU.",
+    )
     ap.add_argument("--expect-gpus", type=int, default=None, help="GPUs the host must have (e.g. 8)")
-    ap.add_argument("--expect-cc", type=lambda s: [p for p in s.split(",") if p], default=None,
-                    help="allowed compute capabilities, comma-separated: 12.0,10.x")
+    ap.add_argument(
+        "--expect-cc",
+        type=lambda s: [p for p in s.split(",") if p],
+        default=None,
+        help="allowed compute capabilities, comma-separated: 12.0,10.x",
+    )
     ap.add_argument("--min-driver", type=int, default=580, help="minimum driver major (580 for CUDA 13)")
-    ap.add_argument("--nvcc", default=None, help="nvcc to test (default: PATH, /opt/k26ops/toolchain, /usr/local/cuda*)")
+    ap.add_argument(
+        "--nvcc", default=None, help="nvcc to test (default: PATH, /opt/k26ops/toolchain, /usr/local/cuda*)"
+    )
     ap.add_argument("--matmul-size", type=int, default=8192, help="bf16 matmul M=N=K")
     ap.add_argument("--min-tflops", type=float, default=None, help="per-GPU bf16 floor (default by compute capability)")
     ap.add_argument("--allreduce-mb", type=int, default=256, help="largest all-reduce message in MiB")
-    ap.add_argument("--min-busbw", type=float, default=10.0,
-                    help="all-reduce bus bandwidth floor in GB/s (default 10: a sick PCIe host; "
-                         "raise it for NVLink hosts)")
-    ap.add_argument("--checks", type=lambda s: [p for p in s.split(",") if p], default=CHECKS,
-                    help="comma-separated subset of: " + ",".join(CHECKS))
+    ap.add_argument(
+        "--min-busbw",
+        type=float,
+        default=10.0,
+        help="all-reduce bus bandwidth floor in GB/s (default 10: a sick PCIe host; raise it for NVLink hosts)",
+    )
+    ap.add_argument(
+        "--checks",
+        type=lambda s: [p for p in s.split(",") if p],
+        default=CHECKS,
+        help="comma-separated subset of: " + ",".join(CHECKS),
+    )
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every per-check timeout")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_rank", default=None, help=argparse.SUPPRESS)
@@ -613,10 +755,17 @@ def main(argv=None):
         print(json.dumps({"schema": SCHEMA, "status": "fail", "reason": "run payload.py as a file, not from stdin"}))
         return EXIT_USAGE
     t0 = time.perf_counter()
-    doc = {"schema": SCHEMA, "status": None, "reason": None, "host": socket.gethostname(),
-           "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "duration_s": None,
-           "python": {"version": sys.version.split()[0], "executable": sys.executable},
-           "expected": {"gpus": args.expect_gpus, "compute_cap": args.expect_cc}, "checks": []}
+    doc = {
+        "schema": SCHEMA,
+        "status": None,
+        "reason": None,
+        "host": socket.gethostname(),
+        "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "duration_s": None,
+        "python": {"version": sys.version.split()[0], "executable": sys.executable},
+        "expected": {"gpus": args.expect_gpus, "compute_cap": args.expect_cc},
+        "checks": [],
+    }
     checks = ["gpus"] + [c for c in args.checks if c != "gpus"]
     for name in checks:
         print("k26ops selftest: %s ..." % name, file=sys.stderr, flush=True)

@@ -68,9 +68,16 @@ def summarize(doc: dict) -> list[dict]:
         fig = _fmt_num(c.get("figure"))
         if fig and c.get("unit"):
             fig = f"{fig} {c['unit']}"
-        rows.append({"check": c.get("name", "?"), "status": c.get("status", "?"), "figure": fig,
-                     "expected": _fmt_expected(c.get("expected")), "detail": c.get("detail", ""),
-                     "seconds": _fmt_num(c.get("duration_s"))})
+        rows.append(
+            {
+                "check": c.get("name", "?"),
+                "status": c.get("status", "?"),
+                "figure": fig,
+                "expected": _fmt_expected(c.get("expected")),
+                "detail": c.get("detail", ""),
+                "seconds": _fmt_num(c.get("duration_s")),
+            }
+        )
     if doc.get("status") == "no-gpu":
         rows = [dict(r, status="no-gpu") if r["check"] == "gpus" else r for r in rows]
     return rows
@@ -85,7 +92,15 @@ def headline(doc: dict) -> dict:
         return c.get("figure") if c and c.get("status") in ("pass", "fail") else None
 
     versions = (by.get("versions") or {}).get("data", {})
-    return {"status": doc.get("status"), "reason": doc.get("reason"), "host": doc.get("host"),
-            "gpus": fig("gpus"), "min_tflops": fig("matmul"), "allreduce_busbw_gbps": fig("allreduce"),
-            "driver": versions.get("driver"), "cuda_runtime": versions.get("cuda_runtime"),
-            "torch": versions.get("torch"), "exit_code": EXIT_CODES.get(doc.get("status"), EXIT_FAIL)}
+    return {
+        "status": doc.get("status"),
+        "reason": doc.get("reason"),
+        "host": doc.get("host"),
+        "gpus": fig("gpus"),
+        "min_tflops": fig("matmul"),
+        "allreduce_busbw_gbps": fig("allreduce"),
+        "driver": versions.get("driver"),
+        "cuda_runtime": versions.get("cuda_runtime"),
+        "torch": versions.get("torch"),
+        "exit_code": EXIT_CODES.get(doc.get("status"), EXIT_FAIL),
+    }

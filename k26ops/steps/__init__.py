@@ -27,8 +27,8 @@ from typing import Callable
 
 from k26ops import interrupt
 from k26ops.errors import Interrupted, StepFailed  # noqa: F401 (re-exported: the steps' failure types)
-from k26ops.layout import Layout
 from k26ops.inventory import Host
+from k26ops.layout import Layout
 from k26ops.shell import q, tied_to_channel  # noqa: F401 (re-exported)
 from k26ops.transport.ssh import Session
 
@@ -143,9 +143,14 @@ def check_interrupted(what: str = "") -> None:
 
 
 def text_diff(path: str, old: str | None, new: str) -> str:
-    return "".join(difflib.unified_diff((old or "").splitlines(True), new.splitlines(True),
-                                        fromfile=f"a{path}" if old is not None else "/dev/null",
-                                        tofile=f"b{path}"))
+    return "".join(
+        difflib.unified_diff(
+            (old or "").splitlines(True),
+            new.splitlines(True),
+            fromfile=f"a{path}" if old is not None else "/dev/null",
+            tofile=f"b{path}",
+        )
+    )
 
 
 class Elapsed:

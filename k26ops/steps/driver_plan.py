@@ -33,8 +33,10 @@ class PlanError(Exception):
 def distribution(osr: dict) -> tuple[str, str]:
     dist = (str(osr.get("id") or ""), str(osr.get("version_id") or ""))
     if dist not in SUPPORTED:
-        raise PlanError(f"{osr.get('pretty_name') or 'unknown distribution'}: the driver step supports "
-                        "Ubuntu 22.04/24.04 and Debian 12")
+        raise PlanError(
+            f"{osr.get('pretty_name') or 'unknown distribution'}: the driver step supports "
+            "Ubuntu 22.04/24.04 and Debian 12"
+        )
     return dist
 
 
@@ -50,9 +52,11 @@ def packages(dist: tuple[str, str], source: str, branch: int, fabric: bool) -> l
     """The packages to install (the first is the driver's own)."""
     if source == "distro":
         if dist[0] != "ubuntu":
-            raise PlanError(f"Debian 12's own NVIDIA driver packages are {DEBIAN12_OWN}, below the pinned "
-                            f"branch {branch}: set nvidia_driver_source: nvidia (NVIDIA's CUDA repository, "
-                            f"{repo_url(dist)})")
+            raise PlanError(
+                f"Debian 12's own NVIDIA driver packages are {DEBIAN12_OWN}, below the pinned "
+                f"branch {branch}: set nvidia_driver_source: nvidia (NVIDIA's CUDA repository, "
+                f"{repo_url(dist)})"
+            )
         return [f"nvidia-driver-{branch}-open"] + ([f"nvidia-fabricmanager-{branch}"] if fabric else [])
     if source == "nvidia":
         return ["nvidia-open"] + ([f"cuda-drivers-fabricmanager-{branch}"] if fabric else [])
@@ -61,10 +65,12 @@ def packages(dist: tuple[str, str], source: str, branch: int, fabric: bool) -> l
 
 def pin_text(branch: int) -> str:
     """apt preferences holding NVIDIA's driver packages on one branch."""
-    return ("# k26ops: hold the NVIDIA driver on branch %d (nvidia_driver_branch)\n"
-            "Package: nvidia-* libnvidia-* cuda-drivers* libcuda1 libxnvctrl0 firmware-nvidia-gsp\n"
-            "Pin: version %d.*\n"
-            "Pin-Priority: 1001\n" % (branch, branch))
+    return (
+        "# k26ops: hold the NVIDIA driver on branch %d (nvidia_driver_branch)\n"
+        "Package: nvidia-* libnvidia-* cuda-drivers* libcuda1 libxnvctrl0 firmware-nvidia-gsp\n"
+        "Pin: version %d.*\n"
+        "Pin-Priority: 1001\n" % (branch, branch)
+    )
 
 
 def parse_policy(stdout: str) -> dict[str, dict]:

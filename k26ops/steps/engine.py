@@ -33,36 +33,44 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from k26ops.host import preflight
 from k26ops.engine import units
-from k26ops.errors import UserError
 from k26ops.engine.host import UNIT_DIR, EngineHost, agent, foreign_listener, lab_standin_text, mapping, wait_ready
-from k26ops.engine.state import exit_status_text, run_identity, start_limit_hit
-from k26ops.facts.xid import parse_bus_ids
-from k26ops.hostvars import Var, declare
 from k26ops.engine.multinode import serves_http
+from k26ops.engine.state import exit_status_text, run_identity, start_limit_hit
+from k26ops.errors import UserError
+from k26ops.facts.xid import parse_bus_ids
+from k26ops.host import preflight
+from k26ops.hostvars import Var, declare
 from k26ops.runstate import HostState
-from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff
-from k26ops.steps import traffic
+from k26ops.steps import Change, HostContext, Step, StepFailed, text_diff, traffic, warmstart
 from k26ops.steps.release import ReleaseDecision
-from k26ops.steps import warmstart
 
 # Lab fixture, read as a file (nothing outside `lab` imports it); installed only on `lab: true` hosts.
 DEFAULT_HEALTH_TIMEOUT = 1800.0
-declare(__name__, "the engine's service",
-        Var("unit_settings", "mapping", {}, "extra [Service] settings for the engine unit, in systemd's "
-            "spelling (CPUAffinity, User, MemoryMax, Nice, ...; docs/how-to/engine-unit.md)"),
-        Var("health_timeout", "number (s)", DEFAULT_HEALTH_TIMEOUT, "seconds to wait for the engine's /health"),
-        Var("rollback_health_timeout", "number (s)", None, "seconds to wait for /health after a rollback",
-            "health_timeout"))
+declare(
+    __name__,
+    "the engine's service",
+    Var(
+        "unit_settings",
+        "mapping",
+        {},
+        "extra [Service] settings for the engine unit, in systemd's "
+        "spelling (CPUAffinity, User, MemoryMax, Nice, ...; docs/how-to/engine-unit.md)",
+    ),
+    Var("health_timeout", "number (s)", DEFAULT_HEALTH_TIMEOUT, "seconds to wait for the engine's /health"),
+    Var(
+        "rollback_health_timeout", "number (s)", None, "seconds to wait for /health after a rollback", "health_timeout"
+    ),
+)
 
 
 class EngineFailed(StepFailed):
     """The engine did not become healthy: one-line message plus the journal tail
     (redacted) and the classifier's diagnosis for the report."""
 
-    def __init__(self, message: str, journal_tail: str = "", diagnosis: dict | None = None,
-                 outcome: dict | None = None):
+    def __init__(
+        self, message: str, journal_tail: str = "", diagnosis: dict | None = None, outcome: dict | None = None
+    ):
         super().__init__(message)
         # what the steps had learned (health, smoke, rollback) stays in the report
         self.details = {**(outcome or {}), "journal_tail": journal_tail, "diagnosis": diagnosis or {}}
@@ -93,16 +101,32 @@ class ServiceState(HostState):
     unsettled: bool = False  # a killed run's install, never seen healthy: prev/ holds what ran before it
 
     @classmethod
-    def build(cls, eh: EngineHost, *, secrets: list[str] | None = None, unit: str | None = None,
-              unit_path: str | None = None, env_path: str | None = None, port: int | None = None,
-              show: dict | None = None, secrets_path: str | None = None) -> "ServiceState":
+    def build(
+        cls,
+        eh: EngineHost,
+        *,
+        secrets: list[str] | None = None,
+        unit: str | None = None,
+        unit_path: str | None = None,
+        env_path: str | None = None,
+        port: int | None = None,
+        show: dict | None = None,
+        secrets_path: str | None = None,
+    ) -> "ServiceState":
         """The one constructor: what is not given comes from the engine host (inventory, profile)."""
         host, default_port = eh.target()
         unit = unit or eh.unit
-        return cls(unit=unit, unit_path=unit_path or f"{UNIT_DIR}/{unit}", env_path=env_path or eh.env_path,
-                   secrets_path=secrets_path or units.secrets_file_beside(env_path or eh.env_path),
-                   host=host, port=port or default_port, secrets=eh.secrets() if secrets is None else secrets,
-                   api_key=eh.api_key(), show=show)
+        return cls(
+            unit=unit,
+            unit_path=unit_path or f"{UNIT_DIR}/{unit}",
+            env_path=env_path or eh.env_path,
+            secrets_path=secrets_path or units.secrets_file_beside(env_path or eh.env_path),
+            host=host,
+            port=port or default_port,
+            secrets=eh.secrets() if secrets is None else secrets,
+            api_key=eh.api_key(),
+            show=show,
+        )
 
     @classmethod
     def of(cls, ctx: HostContext, params: dict | None = None) -> "ServiceState":
@@ -122,6 +146,7 @@ class LookedAhead(HostState):
 
 # ---------------------------------------------------------------- service step
 
+
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -134,15 +159,14 @@ def looked_ahead(ctx: HostContext, step: Step, host: str, port: int) -> dict | N
     that serves no HTTP)."""
     if ctx.check or not serves_http(ctx.vars) or step not in ctx.steps:
         return None
-    later = ctx.steps[ctx.steps.index(step) + 1:]
+    later = ctx.steps[ctx.steps.index(step) + 1 :]
     health = next((s for s in later if isinstance(s, HealthStep)), None)
     smoke = next((s for s in later if isinstance(s, SmokeStep)), None)
     if health is None or smoke is None:
         return None
     poll = {"port": port, "host": host, "window": health.window()}
     body, smoke_timeout = smoke.request()
-    return {"poll": poll, "smoke": {"port": port, "host": host, **body},
-            "timeout": poll["window"] + smoke_timeout}
+    return {"poll": poll, "smoke": {"port": port, "host": host, **body}, "timeout": poll["window"] + smoke_timeout}
 
 
 class ServiceStep(Step):
@@ -173,8 +197,7 @@ class ServiceStep(Step):
             return
         bad = preflight.deploy_refusals(ctx.facts, ctx.vars, preflight.engine_wanted(ctx.vars))
         if bad:
-            raise StepFailed("preflight: " + "; ".join(f"{c.name}: {c.detail}" for c in bad)
-                             + "; nothing was changed")
+            raise StepFailed("preflight: " + "; ".join(f"{c.name}: {c.detail}" for c in bad) + "; nothing was changed")
 
     def plan(self, ctx: HostContext) -> list[Change]:
         eh = EngineHost(ctx, self.params)
@@ -192,16 +215,31 @@ class ServiceStep(Step):
         def render(release_id):
             full = env
             if release_id:
-                c, full = warmstart.cache_for(ctx.vars, warmstart.engine_version_for(ctx), release_id,
-                                              units.engine_argv(profile), warmstart.gpus_of(ctx.facts), env)
+                c, full = warmstart.cache_for(
+                    ctx.vars,
+                    warmstart.engine_version_for(ctx),
+                    release_id,
+                    units.engine_argv(profile),
+                    warmstart.gpus_of(ctx.facts),
+                    env,
+                )
                 cache[:] = [c]
-            return (units.render_unit({**settings, "profile": profile, "release_id": release_id, "env_file": epath}),
-                    units.render_env({"env": full}))
+            return (
+                units.render_unit({**settings, "profile": profile, "release_id": release_id, "env_file": epath}),
+                units.render_env({"env": full}),
+            )
 
         host, port = eh.target()
         api_key = eh.api_key()
-        req = {"unit": unit, "unit_path": upath, "env_path": epath, "current": eh.layout.current,
-               "lab_module": lab_path, "secrets_path": spath, "state_dir": ctx.state_dir}
+        req = {
+            "unit": unit,
+            "unit_path": upath,
+            "env_path": epath,
+            "current": eh.layout.current,
+            "lab_module": lab_path,
+            "secrets_path": spath,
+            "state_dir": ctx.state_dir,
+        }
         release = ReleaseDecision.of(ctx)
         texts = render(release.release_id) if release.release_id else None
         ahead = looked_ahead(ctx, self, host, port)
@@ -209,9 +247,12 @@ class ServiceStep(Step):
         if texts and ahead and not release.changed:
             # One agent call reads the host and, if it is already as planned, checks health and smoke too.
             op, timeout = "converge", 120.0 + ahead.pop("timeout")
-            want = {"unit_sha": sha256(texts[0]), "env_sha": sha256(texts[1]),
-                    "secrets_sha": sha256(secret_text) if secret_text is not None else None,
-                    "lab_module_sha": sha256(lab_text) if lab_text is not None else None}
+            want = {
+                "unit_sha": sha256(texts[0]),
+                "env_sha": sha256(texts[1]),
+                "secrets_sha": sha256(secret_text) if secret_text is not None else None,
+                "lab_module_sha": sha256(lab_text) if lab_text is not None else None,
+            }
             req.update(ahead, api_key=api_key, want=want)
         cur = agent(ctx.session, op, timeout=timeout, **req)
         if texts is None:
@@ -220,21 +261,33 @@ class ServiceStep(Step):
         refuse_foreign_unit(ctx, unit, upath, cur)
         secrets = eh.secrets(env, cur["env"], cur.get("secrets"))
         show = cur["show"]
-        svc = ServiceState.build(eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port,
-                                 show=show, secrets_path=spath).put(ctx)
+        svc = ServiceState.build(
+            eh, secrets=secrets, unit=unit, unit_path=upath, env_path=epath, port=port, show=show, secrets_path=spath
+        ).put(ctx)
         svc.unsettled = bool(cur.get("prev_unsettled"))
 
         changes: list[Change] = []
         todo: dict = {}
         reasons = []
         plan_secret_config(spath, cur, secret_text, changes, todo, reasons)
+
         def verb(key: str) -> str:
             return "install" if cur[key] is None else "update"
 
-        plan_file(cur, "unit", upath, unit_text, f"{verb('unit')} {upath} (checked with systemd-analyze verify first)",
-                  secrets, changes, todo, reasons)
-        if not plan_file(cur, "env", epath, env_text, f"{verb('env')} {epath} (mode 0600)", secrets, changes, todo,
-                         reasons) and cur["env_mode"] not in (None, 0o600):
+        plan_file(
+            cur,
+            "unit",
+            upath,
+            unit_text,
+            f"{verb('unit')} {upath} (checked with systemd-analyze verify first)",
+            secrets,
+            changes,
+            todo,
+            reasons,
+        )
+        if not plan_file(
+            cur, "env", epath, env_text, f"{verb('env')} {epath} (mode 0600)", secrets, changes, todo, reasons
+        ) and cur["env_mode"] not in (None, 0o600):
             changes.append(Change(f"chmod 0600 {epath} (was {cur['env_mode']:04o})"))
             todo["env_mode"] = True
         if lab_path and cur["lab_module_sha"] != sha256(lab_text):
@@ -267,24 +320,37 @@ class ServiceStep(Step):
             traffic.before_stop(ctx, svc, restart=bool(todo.get("restart")))
         ctx.progress(f"service: installing {svc.unit}")
         try:
-            res = agent(ctx.session, "apply", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
-                        env_path=svc.env_path, secrets_path=svc.secrets_path, state_dir=ctx.state_dir,
-                        lab_module=EngineHost(ctx).lab_module_path, port=svc.port, **todo)
+            res = agent(
+                ctx.session,
+                "apply",
+                timeout=700,
+                unit=svc.unit,
+                unit_path=svc.unit_path,
+                env_path=svc.env_path,
+                secrets_path=svc.secrets_path,
+                state_dir=ctx.state_dir,
+                lab_module=EngineHost(ctx).lab_module_path,
+                port=svc.port,
+                **todo,
+            )
         except StepFailed:
             svc.changed = True  # it may have replaced files before it failed (a full disk): roll back
             raise
         if not res.get("ok"):
             if res.get("error") == "port":  # checked before anything was written
-                raise StepFailed(f"refusing to start {svc.unit}: "
-                                 f"{foreign_listener(svc.port, svc.unit, res['holder'], svc.secrets)}; nothing changed")
+                raise StepFailed(
+                    f"refusing to start {svc.unit}: "
+                    f"{foreign_listener(svc.port, svc.unit, res['holder'], svc.secrets)}; nothing changed"
+                )
             out = units.redact(res.get("output") or "", svc.secrets)
             if res.get("error") == "verify":
                 lines = [l for l in out.splitlines() if l.strip()]
-                raise StepFailed(f"systemd-analyze verify rejected the new {svc.unit}; the installed unit "
-                                 f"was left in place: {' | '.join(lines[-3:])[:400]}")
+                raise StepFailed(
+                    f"systemd-analyze verify rejected the new {svc.unit}; the installed unit "
+                    f"was left in place: {' | '.join(lines[-3:])[:400]}"
+                )
             svc.changed = True  # files may have been replaced: a later failure rolls back
-            raise StepFailed(f"systemctl {res.get('error')} {svc.unit} failed: "
-                             f"{' '.join(out.split())[-300:]}")
+            raise StepFailed(f"systemctl {res.get('error')} {svc.unit} failed: {' '.join(out.split())[-300:]}")
         svc.changed = True
         svc.restarted = bool(todo.get("restart") or todo.get("start"))
         if svc.restarted:  # the time to first good token counts from here (health and smoke finish it)
@@ -305,6 +371,7 @@ class ServiceStep(Step):
 
 # ---------------------------------------------------------------- rollback
 
+
 def foreign_unit(unit: str, upath: str, text: str | None, show: dict) -> str | None:
     """Why the unit is not k26ops' to overwrite, or None: the file at `upath`
     lacks UNIT_MARKER, or systemd loads the unit from another file (ssh.service
@@ -321,15 +388,25 @@ def refuse_foreign_unit(ctx: HostContext, unit: str, upath: str, cur: dict) -> N
     """k26ops only overwrites units it made (foreign_unit): one line naming the host and unit."""
     why = foreign_unit(unit, upath, cur.get("unit"), cur.get("show") or {})
     if why:
-        raise StepFailed(f"refusing engine_unit {unit}: {why}; k26ops only overwrites units "
-                         "it made: name another unit (engine_unit)")
+        raise StepFailed(
+            f"refusing engine_unit {unit}: {why}; k26ops only overwrites units it made: name another unit (engine_unit)"
+        )
 
 
 FILE_REASONS = {"unit": "unit", "env": "env file"}  # what a restart names for a replaced file
 
 
-def plan_file(cur: dict, key: str, path: str, text: str, what: str, secrets: list[str], changes: list[Change],
-              todo: dict, reasons: list[str]) -> bool:
+def plan_file(
+    cur: dict,
+    key: str,
+    path: str,
+    text: str,
+    what: str,
+    secrets: list[str],
+    changes: list[Change],
+    todo: dict,
+    reasons: list[str],
+) -> bool:
     """The unit's or env file's plan (`key` "unit" or "env", cur[key] its text on the host or None):
     when it differs from `text`, a change saying `what` with its redacted diff, the text for the
     agent's apply and the restart's reason; True if so. Deploy's and rollback's service steps."""
@@ -341,8 +418,9 @@ def plan_file(cur: dict, key: str, path: str, text: str, what: str, secrets: lis
     return True
 
 
-def plan_secret_config(spath: str, cur: dict, text: str | None, changes: list[Change], todo: dict,
-                       reasons: list[str]) -> None:
+def plan_secret_config(
+    spath: str, cur: dict, text: str | None, changes: list[Change], todo: dict, reasons: list[str]
+) -> None:
     """The engine's secret-flags file (0600): installed, updated, chmod-ed or
     removed as the profile's secret flags say; its diff shows only which keys."""
     keys = ", ".join(line.split(":", 1)[0] for line in (text or "").splitlines()[1:])
@@ -359,8 +437,9 @@ def plan_secret_config(spath: str, cur: dict, text: str | None, changes: list[Ch
         reasons.append("secret flags")
 
 
-def plan_unit_run(show: dict, unit: str, changes: list[Change], todo: dict, reasons: list[str],
-                  start_note: str = "") -> None:
+def plan_unit_run(
+    show: dict, unit: str, changes: list[Change], todo: dict, reasons: list[str], start_note: str = ""
+) -> None:
     """Enable the unit; restart it when `reasons` (what it runs changed) and it is up, else start it
     if it is down. The engine's and the gateway's service steps."""
     if show.get("UnitFileState") != "enabled":
@@ -375,8 +454,9 @@ def plan_unit_run(show: dict, unit: str, changes: list[Change], todo: dict, reas
         todo["start"] = True
 
 
-def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, unit: str,
-                            changes: list[Change], todo: dict, reasons: list[str]) -> list[Change]:
+def plan_enable_and_restart(
+    ctx: HostContext, svc: ServiceState, show: dict, unit: str, changes: list[Change], todo: dict, reasons: list[str]
+) -> list[Change]:
     """After the files are planned: enable the unit, and restart it only when
     something it runs changed (its files, the release); start it if it is down."""
     if ReleaseDecision.of(ctx).changed:
@@ -388,6 +468,7 @@ def plan_enable_and_restart(ctx: HostContext, svc: ServiceState, show: dict, uni
     svc.restart_reasons = reasons
     return changes
 
+
 def rollback(ctx: HostContext, svc: ServiceState) -> str:
     """Put back the previous unit, env file and `current`, restart; a short phrase for the report."""
     release = ReleaseDecision.of(ctx)
@@ -396,9 +477,18 @@ def rollback(ctx: HostContext, svc: ServiceState) -> str:
     prev = release.previous if release.changed else None
     ctx.progress("rolling back to the previous unit, env file and release")
     try:
-        res = agent(ctx.session, "rollback", timeout=700, unit=svc.unit, unit_path=svc.unit_path,
-                    env_path=svc.env_path, secrets_path=svc.secrets_path, state_dir=ctx.state_dir,
-                    current=ctx.layout.current, previous_release=prev)
+        res = agent(
+            ctx.session,
+            "rollback",
+            timeout=700,
+            unit=svc.unit,
+            unit_path=svc.unit_path,
+            env_path=svc.env_path,
+            secrets_path=svc.secrets_path,
+            state_dir=ctx.state_dir,
+            current=ctx.layout.current,
+            previous_release=prev,
+        )
     except StepFailed as exc:
         return f"rollback failed: {exc}"
     if not res.get("ok"):
@@ -409,8 +499,9 @@ def rollback(ctx: HostContext, svc: ServiceState) -> str:
     show = res["show"]
     base = run_identity(show)
     timeout = float(ctx.vars.get("rollback_health_timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
-    w = wait_ready(ctx.session, svc.unit, svc.host, svc.port, base=base, timeout=timeout,
-                   secrets=svc.secrets, window=5.0)
+    w = wait_ready(
+        ctx.session, svc.unit, svc.host, svc.port, base=base, timeout=timeout, secrets=svc.secrets, window=5.0
+    )
     if w.state == "healthy":
         what = "unit, env file" + (" and release" if prev else "")
         return f"rolled back the {what}; the previous engine is healthy again"
@@ -419,12 +510,14 @@ def rollback(ctx: HostContext, svc: ServiceState) -> str:
     if w.state == "crashed":
         r = w.poll
         d, _msg, _tail = name_crash(ctx, svc, r, "after the rollback")
-        return (f"rolled back, but the previous engine crashed too ({r['why']}): {crash_label(d)}"
-                + (f": {d.evidence[:200]}" if d.evidence else ""))
+        return f"rolled back, but the previous engine crashed too ({r['why']}): {crash_label(d)}" + (
+            f": {d.evidence[:200]}" if d.evidence else ""
+        )
     return "rolled back, but the previous engine is not healthy yet"
 
 
 # ---------------------------------------------------------------- naming a crash
+
 
 def _classify(ctx: HostContext, text: str, bus_ids: dict | None = None):
     # lazy: the crash signatures (about 20 ms) only when the engine died
@@ -438,8 +531,11 @@ def crash_label(d) -> str:
     """The signature of a dead engine's log (with the GPU for a hardware fault), or what its
     log lacked (signature None: no error line)."""
     gpu = (d.detail or {}).get("gpu") if d.signature == "gpu-hardware-fault" else None
-    return (d.signature + (f" on GPU {gpu}" if gpu is not None else "") if d.signature else
-            "no error in its log (an OOM kill or a signal leaves none: read the kernel log)")
+    return (
+        d.signature + (f" on GPU {gpu}" if gpu is not None else "")
+        if d.signature
+        else "no error in its log (an OOM kill or a signal leaves none: read the kernel log)"
+    )
 
 
 def crash_text(crash: dict, secrets) -> tuple[str, dict]:
@@ -458,8 +554,12 @@ def name_crash(ctx: HostContext, svc: ServiceState, crash: dict, when: str):
     text, bus_ids = crash_text(crash, svc.secrets)
     d = _classify(ctx, text, bus_ids)
     status = (crash.get("show") or {}).get("ExecMainStatus")
-    msg = (f"{svc.unit} crashed {when} ({crash['why']}" + (f", exit status {exit_status_text(status)}" if status else "")
-           + f"): {crash_label(d)}" + (f": {d.evidence[:240]}" if d.evidence else ""))
+    msg = (
+        f"{svc.unit} crashed {when} ({crash['why']}"
+        + (f", exit status {exit_status_text(status)}" if status else "")
+        + f"): {crash_label(d)}"
+        + (f": {d.evidence[:240]}" if d.evidence else "")
+    )
     tail = "\n".join(text.splitlines()[-40:])
     if crash.get("exit_line"):
         tail += "\n" + units.redact(crash["exit_line"], svc.secrets)
@@ -470,8 +570,7 @@ def journal_diagnosis(ctx: HostContext, svc: ServiceState, base: dict | None):
     """An engine that is alive but failing: its recent journal, and the crash it
     names if any (None when nothing known is in it)."""
     try:
-        r = agent(ctx.session, "tail", unit=svc.unit, lines=400,
-                  invocation=(base or {}).get("InvocationID"))
+        r = agent(ctx.session, "tail", unit=svc.unit, lines=400, invocation=(base or {}).get("InvocationID"))
     except StepFailed:
         return None, ""
     return known_crash(ctx, svc, r.get("journal"))
@@ -486,6 +585,7 @@ def known_crash(ctx: HostContext, svc: ServiceState, journal: str | None):
 
 
 # ---------------------------------------------------------------- health
+
 
 def fail_and_roll_back(ctx: HostContext, svc: ServiceState, message: str, journal: str = "", diag=None) -> None:
     ctx.progress(f"failed: {message}")
@@ -526,11 +626,21 @@ class HealthStep(Step):
             return []
         timeout = float(self.params.get("timeout") or ctx.vars.get("health_timeout") or DEFAULT_HEALTH_TIMEOUT)
         ws = warmstart.WarmStart.get(ctx) if svc.restarted else None
-        w = wait_ready(ctx.session, svc.unit, svc.host, svc.port, base=svc.base,
-                       timeout=timeout, secrets=svc.secrets, window=self.window(),
-                       interruptible=True, request={"cache": ws.cache.request()} if ws and ws.cache else None,
-                       on_wait=lambda w: ctx.progress(f"health: {w.poll['state']} {w.elapsed:.0f}s"
-                                                      + (f": {w.last_line}" if w.last_line else "")))
+        w = wait_ready(
+            ctx.session,
+            svc.unit,
+            svc.host,
+            svc.port,
+            base=svc.base,
+            timeout=timeout,
+            secrets=svc.secrets,
+            window=self.window(),
+            interruptible=True,
+            request={"cache": ws.cache.request()} if ws and ws.cache else None,
+            on_wait=lambda w: ctx.progress(
+                f"health: {w.poll['state']} {w.elapsed:.0f}s" + (f": {w.last_line}" if w.last_line else "")
+            ),
+        )
         el, r, last = w.elapsed, w.poll, w.last_line
         if w.state == "interrupted":
             fail_and_roll_back(ctx, svc, f"interrupted (Ctrl-C, SIGTERM or SIGHUP) {el:.0f}s into the health wait")
@@ -551,11 +661,16 @@ class HealthStep(Step):
             fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
         ctx.report["health"] = {"state": "timeout", "wait_s": round(el, 2)}
         d, tail = journal_diagnosis(ctx, svc, w.base)
-        fail_and_roll_back(ctx, svc, f"{svc.unit} not healthy after {timeout:.0f}s ({r['state']}, "
-                        f"/health {r.get('health')}; the engine is still running)"
-              + (f"; last log line: {last}" if last else "")
-              + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
-              tail, d.to_json() if d else None)
+        fail_and_roll_back(
+            ctx,
+            svc,
+            f"{svc.unit} not healthy after {timeout:.0f}s ({r['state']}, "
+            f"/health {r.get('health')}; the engine is still running)"
+            + (f"; last log line: {last}" if last else "")
+            + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
+            tail,
+            d.to_json() if d else None,
+        )
         return []  # pragma: no cover - fail_and_roll_back raises
 
     def apply(self, ctx, changes):  # pragma: no cover - plan never returns changes
@@ -576,8 +691,10 @@ def smoke_requests(params: dict) -> list[dict]:
     path); `sampled: false` in the step's params leaves the second out."""
     reqs = [{"name": "greedy", "sampling": {"temperature": 0}}]
     if params.get("sampled", True) is not False:
-        sampled = {**SAMPLED, **mapping(params.get("sampled") if isinstance(params.get("sampled"), dict) else None,
-                                         "smoke sampled")}
+        sampled = {
+            **SAMPLED,
+            **mapping(params.get("sampled") if isinstance(params.get("sampled"), dict) else None, "smoke sampled"),
+        }
         reqs.append({"name": "sampled", "sampling": sampled})
     return reqs
 
@@ -586,9 +703,14 @@ def smoke_record(res: dict) -> dict:
     """One answered smoke request as the report and the baseline keep it."""
     body = res["body"]
     meta = body.get("meta_info") or {}
-    return {"ok": True, "sampling": res["sampling"], "latency_s": res["latency_s"],
-            "spec_accept_length": meta.get("spec_accept_length"),
-            "completion_tokens": meta.get("completion_tokens"), "text": body["text"][:80]}
+    return {
+        "ok": True,
+        "sampling": res["sampling"],
+        "latency_s": res["latency_s"],
+        "spec_accept_length": meta.get("spec_accept_length"),
+        "completion_tokens": meta.get("completion_tokens"),
+        "text": body["text"][:80],
+    }
 
 
 def smoke_outcome(results: list[dict]) -> dict:
@@ -614,20 +736,37 @@ def record_start(ctx: HostContext, ws: "warmstart.WarmStart", r: dict) -> None:
     into the host's report (`ttfgt`, `warm_start`) and one progress line each."""
     st = r["startup"]
     at = {x["name"]: x.get("at") for x in r["results"]}
-    t = warmstart.timeline(stop_at=ws.stop_at, started_at=st.get("started_at"), ready_at=ws.ready_at,
-                           greedy_at=at.get("greedy"), sampled_at=at.get("sampled"), log=st.get("log") or "",
-                           tz_offset=st.get("tz_offset") or 0, metrics=warmstart.parse_metrics(st.get("metrics")))
+    t = warmstart.timeline(
+        stop_at=ws.stop_at,
+        started_at=st.get("started_at"),
+        ready_at=ws.ready_at,
+        greedy_at=at.get("greedy"),
+        sampled_at=at.get("sampled"),
+        log=st.get("log") or "",
+        tz_offset=st.get("tz_offset") or 0,
+        metrics=warmstart.parse_metrics(st.get("metrics")),
+    )
     ctx.report["ttfgt"] = t
     ctx.progress(warmstart.summary(t))
     if ws.cache:
         cached = {x["name"]: x.get("cache") for x in r["results"]}
-        c = warmstart.compiled(ws.before, [("start", ws.ready_cache), ("first greedy answer", cached.get("greedy")),
-                                           ("first sampled answer", cached.get("sampled"))])
+        c = warmstart.compiled(
+            ws.before,
+            [
+                ("start", ws.ready_cache),
+                ("first greedy answer", cached.get("greedy")),
+                ("first sampled answer", cached.get("sampled")),
+            ],
+        )
         ctx.report["warm_start"] = {**c, "cache_dir": ws.cache.dir}
         ctx.progress(c["verdict"])
     # kept on the host for `bench` (its `@start` figures: compare, gate, snapshot --bench)
-    rec = {"release": ReleaseDecision.of(ctx).release_id, "stop_at": ws.stop_at, "ttfgt": t,
-           "warm_start": ctx.report.get("warm_start")}
+    rec = {
+        "release": ReleaseDecision.of(ctx).release_id,
+        "stop_at": ws.stop_at,
+        "ttfgt": t,
+        "warm_start": ctx.report.get("warm_start"),
+    }
     ctx.session.put((json.dumps(rec, sort_keys=True) + "\n").encode(), ctx.layout.last_start_file, mode=0o600)
 
 
@@ -649,16 +788,31 @@ class SmokeStep(Step):
             body, timeout = self.request()
             if ws:  # a start this run made: its phases, and what it compiled per request
                 body.update(startup=warmstart.STARTUP_REQUEST, **({"cache": ws.cache.request()} if ws.cache else {}))
-            r = agent(ctx.session, "smoke", timeout=timeout, port=svc.port, host=svc.host,
-                      unit=svc.unit, base=svc.base, api_key=svc.api_key, **body)
+            r = agent(
+                ctx.session,
+                "smoke",
+                timeout=timeout,
+                port=svc.port,
+                host=svc.host,
+                unit=svc.unit,
+                base=svc.base,
+                api_key=svc.api_key,
+                **body,
+            )
         if r["failed"]:
             self._failed(ctx, svc, r)
         rec = smoke_outcome(r["results"])
         ctx.report["smoke"] = rec
         if ws and r.get("startup"):
             record_start(ctx, ws, r)
-        ctx.progress("smoke: " + ", ".join(f"{k} {v['latency_s'] * 1000:.0f} ms accept {v['spec_accept_length']}"
-                                           for k, v in rec.items() if isinstance(v, dict) and "latency_s" in v))
+        ctx.progress(
+            "smoke: "
+            + ", ".join(
+                f"{k} {v['latency_s'] * 1000:.0f} ms accept {v['spec_accept_length']}"
+                for k, v in rec.items()
+                if isinstance(v, dict) and "latency_s" in v
+            )
+        )
         return []
 
     def request(self) -> tuple[dict, float]:
@@ -666,22 +820,35 @@ class SmokeStep(Step):
         reqs = smoke_requests(self.params)
         # a cold engine's first sampled request JIT-builds sampling kernels: 102 s on an H200 (tests/data/rehearsal)
         per = float(self.params.get("timeout") or 300)
-        body = {"prompt": str(self.params.get("prompt") or "Say hello in one short sentence."),
-                "max_new_tokens": int(self.params.get("max_new_tokens") or 16), "timeout_s": per,
-                "requests": reqs}
+        body = {
+            "prompt": str(self.params.get("prompt") or "Say hello in one short sentence."),
+            "max_new_tokens": int(self.params.get("max_new_tokens") or 16),
+            "timeout_s": per,
+            "requests": reqs,
+        }
         return body, per * len(reqs) + 30
 
     def _failed(self, ctx: HostContext, svc: ServiceState, r: dict) -> None:
         if r.get("foreign"):
-            ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": None, "crashed": False,
-                                   "holder": r["foreign"]}
+            ctx.report["smoke"] = {
+                "ok": False,
+                "failed": r["failed"],
+                "status": None,
+                "crashed": False,
+                "holder": r["foreign"],
+            }
             fail_and_roll_back(ctx, svc, foreign_listener(svc.port, svc.unit, r["foreign"], svc.secrets))
         last = r["results"][-1]
         what = f"the {r['failed']} smoke request (temperature {last['sampling'].get('temperature')})"
         if r.get("crash"):
             d, msg, tail = name_crash(ctx, svc, r["crash"], f"on {what}")
-            ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"],
-                                     "crashed": True, "signature": d.signature}
+            ctx.report["smoke"] = {
+                "ok": False,
+                "failed": r["failed"],
+                "status": last["status"],
+                "crashed": True,
+                "signature": d.signature,
+            }
             fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
         body = last["body"]
         why = f"HTTP {last['status']}" if last["status"] else "no answer"
@@ -689,10 +856,15 @@ class SmokeStep(Step):
         alive = r.get("alive") or {}
         d, tail = known_crash(ctx, svc, r.get("journal"))
         ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}
-        fail_and_roll_back(ctx, svc, f"{what} to /generate failed ({why}: {detail}); the engine did not die "
-                        f"(pid {alive.get('MainPID')}, {alive.get('state')})"
-              + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
-              tail, d.to_json() if d else None)
+        fail_and_roll_back(
+            ctx,
+            svc,
+            f"{what} to /generate failed ({why}: {detail}); the engine did not die "
+            f"(pid {alive.get('MainPID')}, {alive.get('state')})"
+            + (f"; its log names {d.signature}: {d.evidence[:200]}" if d else ""),
+            tail,
+            d.to_json() if d else None,
+        )
 
     def apply(self, ctx, changes):  # pragma: no cover
         pass

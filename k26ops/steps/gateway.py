@@ -24,20 +24,29 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from k26ops.transport import agents
-from k26ops.host import ownership
 from k26ops.engine import units
 from k26ops.errors import UserError
+from k26ops.host import ownership
 from k26ops.layout import switch_current
 from k26ops.release import enginelock, installer, wheelhouse, wheelsource
 from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 from k26ops.steps.engine import foreign_unit, plan_file, plan_unit_run
-from k26ops.steps.gateway_spec import (ENV_FILE, GROUP, LAUNCHER, GatewayHost, engines_of, load_lock, lock_path,
-                                       named_gateways, release_id)
+from k26ops.steps.gateway_spec import (
+    ENV_FILE,
+    GROUP,
+    LAUNCHER,
+    GatewayHost,
+    engines_of,
+    load_lock,
+    lock_path,
+    named_gateways,
+    release_id,
+)
 from k26ops.steps.release import prune
 from k26ops.traffic.gateway import Gateway, GatewayError
+from k26ops.transport import agents
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -67,8 +76,10 @@ def _python(ctx: HostContext) -> str:
 
 
 def _read_current(rel: str, rid: str) -> str:
-    return (f"cd {q(rel)} 2>/dev/null && {{ readlink current; echo ===; test -f {q(rid)}/manifest.json && "
-            "echo complete; }; true")
+    return (
+        f"cd {q(rel)} 2>/dev/null && {{ readlink current; echo ===; test -f {q(rid)}/manifest.json && "
+        "echo complete; }; true"
+    )
 
 
 class GatewayRelease(Step):
@@ -89,12 +100,15 @@ class GatewayRelease(Step):
         d = GatewayDecision.of(ctx)
         lock = load_lock(lock_path(ctx.vars))
         if lock.python != _python(ctx):
-            raise StepFailed(f"the gateway lock {lock.path.name} is for python {lock.python}, this host has python "
-                             f"{_python(ctx)}: make one with `k26ops gateway lock {lock.version} --python "
-                             f"{_python(ctx)}` and set gateway_lock")
+            raise StepFailed(
+                f"the gateway lock {lock.path.name} is for python {lock.python}, this host has python "
+                f"{_python(ctx)}: make one with `k26ops gateway lock {lock.version} --python "
+                f"{_python(ctx)}` and set gateway_lock"
+            )
         ctx.progress(f"gateway: the {len(lock.entries)} locked wheels of sglang-router {lock.version}")
-        d.wheels = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=lock.python,
-                                     hashes=True)
+        d.wheels = wheelhouse.ensure(
+            enginelock.requirement_lines(lock.entries), no_deps=True, python=lock.python, hashes=True
+        )
         d.lock, d.release_id = lock, release_id(lock)
 
     def plan(self, ctx: HostContext) -> list[Change]:
@@ -118,21 +132,28 @@ class GatewayRelease(Step):
             return []
         changes = []
         if not complete:
-            changes.append(Change(f"build gateway release {rid} in {rel}/{rid} (sglang-router {d.lock.version}, "
-                                  f"{len(d.wheels)} wheels, lock {d.lock.sha256[:12]})", action="build"))
+            changes.append(
+                Change(
+                    f"build gateway release {rid} in {rel}/{rid} (sglang-router {d.lock.version}, "
+                    f"{len(d.wheels)} wheels, lock {d.lock.sha256[:12]})",
+                    action="build",
+                )
+            )
         changes.append(Change(f"switch gateway current: {d.previous or '(none)'} -> {rid}", action="switch"))
         keep = int(self.params.get("keep", 3))
         d.prune = ownership.prune_plan(ownership.releases(ctx.session, rel), rid, keep, set())
         if d.prune:
-            changes.append(Change(f"prune {len(d.prune)} old gateway release(s) (keep {keep}): " + ", ".join(d.prune),
-                                  action="prune"))
+            changes.append(
+                Change(
+                    f"prune {len(d.prune)} old gateway release(s) (keep {keep}): " + ", ".join(d.prune), action="prune"
+                )
+            )
         return changes
 
     def _plan_rollback(self, ctx: HostContext, gw: GatewayHost, d: GatewayDecision) -> list[Change]:
         cur = ctx.run(_read_current(gw.releases_root, "current")).stdout.partition("===")[0].strip() or None
         older = [r for r in ownership.releases(ctx.session, gw.releases_root) if r != cur]
-        complete = [r for r in older
-                    if ctx.run(f"test -f {q(gw.releases_root + '/' + r + '/manifest.json')}").ok]
+        complete = [r for r in older if ctx.run(f"test -f {q(gw.releases_root + '/' + r + '/manifest.json')}").ok]
         if not complete:
             raise StepFailed(f"no previous gateway release to roll back to in {gw.releases_root} (current: {cur})")
         d.previous, d.release_id = cur, complete[0]
@@ -160,31 +181,47 @@ class GatewayRelease(Step):
         rid, wh = d.release_id, ctx.layout.wheelhouse_dir
         path = f"{gw.releases_root}/{rid}"
         wheelhouse.need_free(ctx.session, gw.releases_root, 3 * sum(w.size for w in d.wheels), f"gateway release {rid}")
-        ctx.run(f"rm -rf {q(path)} && mkdir -p {q(path)}/k26ops && echo {q(rid)} > {q(path + '/' + ownership.RELEASE_MARKER)}",
-                check=True)
+        ctx.run(
+            f"rm -rf {q(path)} && mkdir -p {q(path)}/k26ops && echo {q(rid)} > {q(path + '/' + ownership.RELEASE_MARKER)}",
+            check=True,
+        )
         how = installer.choice(ctx.vars, ctx.host.name)
         tools = [installer.uv_wheel()] if how == "uv" else []
         try:
             wheelsource.deliver(ctx, d.wheels + tools, wh)
             if tools and not ctx.run(f"test -x {q(installer.uv_path(ctx.root))}").ok:
-                got = agents.run(ctx.session, "store", "uv", what="store agent", wheel=f"{wh}/{tools[0].name}",
-                                 sha256=tools[0].sha256, dest=installer.uv_path(ctx.root))
+                got = agents.run(
+                    ctx.session,
+                    "store",
+                    "uv",
+                    what="store agent",
+                    wheel=f"{wh}/{tools[0].name}",
+                    sha256=tools[0].sha256,
+                    dest=installer.uv_path(ctx.root),
+                )
                 if not got.get("ok"):
                     raise StepFailed(f"installing uv: {got.get('error')}")
             ctx.session.put_file(LAUNCHER, f"{path}/k26ops/gateway_launch.py")
             ctx.session.put(wheelhouse.requirements_file(d.wheels).encode(), f"{path}/k26ops/requirements.txt")
             ctx.progress(f"building gateway release {rid} ({how} install --require-hashes from the pushed wheels)")
             # the launcher's --help imports the router (its Rust module included) and exits 0: the venv works
-            script = (f"set -e; cd {q(path)}; python3 -m venv venv; "
-                      f"{installer.install_command(how, ctx.root, wh, True)}; "
-                      "venv/bin/python k26ops/gateway_launch.py --help >/dev/null")
+            script = (
+                f"set -e; cd {q(path)}; python3 -m venv venv; "
+                f"{installer.install_command(how, ctx.root, wh, True)}; "
+                "venv/bin/python k26ops/gateway_launch.py --help >/dev/null"
+            )
             res = ctx.run(tied_to_channel(script), timeout=1800)
             if not res.ok:
                 lines = (res.stdout + "\n" + res.stderr).strip().splitlines()
                 raise StepFailed(f"building gateway release {rid} failed: {lines[-1] if lines else 'no output'}")
-            manifest = {"release_id": rid, "sglang_router": d.lock.version, "python": d.lock.python,
-                        "lock_sha256": d.lock.sha256, "wheels": [{"name": w.name, "sha256": w.sha256} for w in d.wheels],
-                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip"}
+            manifest = {
+                "release_id": rid,
+                "sglang_router": d.lock.version,
+                "python": d.lock.python,
+                "lock_sha256": d.lock.sha256,
+                "wheels": [{"name": w.name, "sha256": w.sha256} for w in d.wheels],
+                "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip",
+            }
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{path}/manifest.json")
         except BaseException:
             ctx.run(f"rm -rf {q(path)}")
@@ -192,6 +229,7 @@ class GatewayRelease(Step):
 
 
 # ---------------------------------------------------------------- the unit
+
 
 def _agent_paths(gw: GatewayHost) -> dict:
     return {"unit": gw.unit, "unit_path": gw.unit_path, "env_path": ENV_FILE, "secrets_path": None}
@@ -203,8 +241,9 @@ class GatewayService(Step):
 
     def plan(self, ctx: HostContext) -> list[Change]:
         gw, d = _gw(ctx), GatewayDecision.of(ctx)
-        cur = agents.run(ctx.session, "engine", "read", what="engine agent", current=gw.current, lab_module=None,
-                         **_agent_paths(gw))
+        cur = agents.run(
+            ctx.session, "engine", "read", what="engine agent", current=gw.current, lab_module=None, **_agent_paths(gw)
+        )
         rid = d.release_id or (os.path.basename(cur["current"]) if cur["current"] else None)
         why = foreign_unit(gw.unit, gw.unit_path, cur.get("unit"), cur.get("show") or {})
         if why:
@@ -212,10 +251,28 @@ class GatewayService(Step):
         secrets = [gw.admin_key] if gw.admin_key else []
         changes, todo, reasons = [], {}, []
         verb = {k: "install" if cur[k] is None else "update" for k in ("unit", "env")}
-        plan_file(cur, "unit", gw.unit_path, gw.render_unit(rid), f"{verb['unit']} {gw.unit_path} (checked with "
-                  "systemd-analyze verify first)", secrets, changes, todo, reasons)
-        if not plan_file(cur, "env", ENV_FILE, gw.render_env(), f"{verb['env']} {ENV_FILE} (mode 0600)", secrets,
-                         changes, todo, reasons) and cur["env_mode"] not in (None, 0o600):
+        plan_file(
+            cur,
+            "unit",
+            gw.unit_path,
+            gw.render_unit(rid),
+            f"{verb['unit']} {gw.unit_path} (checked with systemd-analyze verify first)",
+            secrets,
+            changes,
+            todo,
+            reasons,
+        )
+        if not plan_file(
+            cur,
+            "env",
+            ENV_FILE,
+            gw.render_env(),
+            f"{verb['env']} {ENV_FILE} (mode 0600)",
+            secrets,
+            changes,
+            todo,
+            reasons,
+        ) and cur["env_mode"] not in (None, 0o600):
             changes.append(Change(f"chmod 0600 {ENV_FILE} (was {cur['env_mode']:04o})"))
         if d.changed:
             reasons.append("release")
@@ -227,14 +284,25 @@ class GatewayService(Step):
         gw, d = _gw(ctx), GatewayDecision.of(ctx)
         ctx.progress(f"gateway: installing {gw.unit}")
         d.service_changed = True  # from here on a failure rolls the files back
-        res = agents.run(ctx.session, "engine", "apply", 700, what="engine agent", state_dir=gw.state_dir,
-                         lab_module=None, **_agent_paths(gw), **d.todo)
+        res = agents.run(
+            ctx.session,
+            "engine",
+            "apply",
+            700,
+            what="engine agent",
+            state_dir=gw.state_dir,
+            lab_module=None,
+            **_agent_paths(gw),
+            **d.todo,
+        )
         if not res.get("ok"):
             out = units.redact(res.get("output") or "", [gw.admin_key] if gw.admin_key else [])
             if res.get("error") == "verify":
                 d.service_changed = False
-                raise StepFailed(f"systemd-analyze verify rejected the new {gw.unit}; the installed unit was left "
-                                 f"in place: {' | '.join(out.splitlines()[-3:])[:400]}")
+                raise StepFailed(
+                    f"systemd-analyze verify rejected the new {gw.unit}; the installed unit was left "
+                    f"in place: {' | '.join(out.splitlines()[-3:])[:400]}"
+                )
             raise StepFailed(f"systemctl {res.get('error')} {gw.unit} failed: {' '.join(out.split())[-300:]}")
         d.restarted = bool(d.todo.get("restart") or d.todo.get("start"))
         ctx.report["gateway_restarted"] = d.restarted
@@ -251,8 +319,17 @@ def roll_back(ctx: HostContext) -> str:
     gw, d = _gw(ctx), GatewayDecision.of(ctx)
     ctx.progress("gateway: rolling back to the previous unit, env file and release")
     try:
-        res = agents.run(ctx.session, "engine", "rollback", 700, what="engine agent", state_dir=gw.state_dir,
-                         current=gw.current, previous_release=d.previous if d.changed else None, **_agent_paths(gw))
+        res = agents.run(
+            ctx.session,
+            "engine",
+            "rollback",
+            700,
+            what="engine agent",
+            state_dir=gw.state_dir,
+            current=gw.current,
+            previous_release=d.previous if d.changed else None,
+            **_agent_paths(gw),
+        )
     except StepFailed as exc:
         return f"gateway rollback failed: {exc}"
     if not res.get("ok"):
@@ -276,9 +353,19 @@ def roll_back(ctx: HostContext) -> str:
 
 # ---------------------------------------------------------------- health
 
+
 def poll(ctx: HostContext, gw: GatewayHost, timeout: float) -> dict:
-    return agents.run(ctx.session, "gateway", "poll", timeout + 60, what="gateway agent", unit=gw.unit,
-                      host=gw.poll_host, port=gw.port, wait=timeout)
+    return agents.run(
+        ctx.session,
+        "gateway",
+        "poll",
+        timeout + 60,
+        what="gateway agent",
+        unit=gw.unit,
+        host=gw.poll_host,
+        port=gw.port,
+        wait=timeout,
+    )
 
 
 class GatewayHealth(Step):
@@ -314,6 +401,7 @@ class GatewayHealth(Step):
 
 
 # ---------------------------------------------------------------- workers (the Gateway API)
+
 
 def api(gw: GatewayHost, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
     """One Gateway API call from the control node: (status, parsed JSON or text), status 0 with the
@@ -354,8 +442,9 @@ def register(gw: GatewayHost, engines: list[dict], timeout: float) -> dict:
                 body = {"url": e["url"], **({"api_key": e["api_key"]} if e.get("api_key") else {})}
                 status, answer = api(gw, "POST", "/workers", body)
                 if status not in (200, 201, 202):
-                    raise StepFailed(f"POST {gw.url}/workers {e['url']} ({e['name']}) answered {status}: "
-                                     f"{str(answer)[:200]}")
+                    raise StepFailed(
+                        f"POST {gw.url}/workers {e['url']} ({e['name']}) answered {status}: {str(answer)[:200]}"
+                    )
                 posted = time.monotonic()
                 if e["name"] not in added:
                     added.append(e["name"])
@@ -364,7 +453,11 @@ def register(gw: GatewayHost, engines: list[dict], timeout: float) -> dict:
     while True:
         ok = [e["name"] for e in engines if (have.get(e["url"]) or {}).get("is_healthy")]
         if len(ok) == len(engines) or time.monotonic() >= end:
-            return {"registered": added, "healthy": ok, "unhealthy": [e["name"] for e in engines if e["name"] not in ok]}
+            return {
+                "registered": added,
+                "healthy": ok,
+                "unhealthy": [e["name"] for e in engines if e["name"] not in ok],
+            }
         time.sleep(0.5)
         have = listed(gw)
 
@@ -427,8 +520,10 @@ def drain_targets(inv, hosts) -> None:
             urls.append(gh.url if gh else g)
             keys |= {gh.admin_key} if gh and gh.admin_key else set()
         if len(keys) > 1 and h.vars.get("model_gateway_api_key") is None:
-            raise UserError(f"{h.name}: inventory var gateways: {', '.join(names)} have different admin keys: "
-                            "give the host model_gateway_api_key (one key all of them accept)")
+            raise UserError(
+                f"{h.name}: inventory var gateways: {', '.join(names)} have different admin keys: "
+                "give the host model_gateway_api_key (one key all of them accept)"
+            )
         h.vars["model_gateway"] = urls
         if keys and h.vars.get("model_gateway_api_key") is None:
             h.vars["model_gateway_api_key"] = keys.pop()

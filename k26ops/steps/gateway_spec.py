@@ -26,10 +26,10 @@ from pathlib import Path
 
 from k26ops import resources
 from k26ops.engine import units
+from k26ops.engine.profile import profile_for, recipe_for
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.layout import UNIT_DIR, Layout, check_unit_name
-from k26ops.engine.profile import profile_for, recipe_for
 from k26ops.release import enginelock
 
 GROUP = "gateway"
@@ -44,22 +44,49 @@ LAUNCHER = units.TEMPLATES_DIR / "gateway_launch.py"
 UNIT_TEMPLATE = "sglang-router.service.j2"
 STOP_GRACE = 180  # --shutdown-grace-period-secs (the router's default, set explicitly)
 # Flags the rendered command line sets itself (or the launcher, from the env file).
-MANAGED_FLAGS = frozenset({"--host", "--port", "--prometheus-host", "--prometheus-port", "--worker-urls",
-                           "--control-plane-api-keys", "--api-key", "--shutdown-grace-period-secs"})
+MANAGED_FLAGS = frozenset(
+    {
+        "--host",
+        "--port",
+        "--prometheus-host",
+        "--prometheus-port",
+        "--worker-urls",
+        "--control-plane-api-keys",
+        "--api-key",
+        "--shutdown-grace-period-secs",
+    }
+)
 
-declare(__name__, "the managed gateway (hosts of the group `gateway`)",
-        Var("gateway_lock", "path (local)", None, "the gateway's lock (pinned sglang-router wheels with sha256)",
-            f"playbooks/gateway/sglang-router-{DEFAULT_VERSION}.lock"),
-        Var("gateway_port", "int", DEFAULT_PORT, "the gateway's HTTP port (--port)"),
-        Var("gateway_bind", "str", "0.0.0.0", "the address the gateway listens on (--host)"),
-        Var("gateway_metrics_port", "int", DEFAULT_METRICS_PORT, "the gateway's Prometheus port (--prometheus-port)"),
-        Var("gateway_flags", "mapping|list", {}, "extra sglang-router flags (not the ones k26ops sets)"),
-        Var("gateway_unit", "str", DEFAULT_UNIT, "the gateway's systemd unit name (NAME.service)"),
-        Var("gateway_admin_key", "str (secret)", None, "the gateway's admin API key (control plane; never in argv)"),
-        Var("gateway_health_timeout", "number (s)", 120.0, "seconds to wait for the gateway's /health and its "
-            "registered workers"),
-        Var("gateways", "list", [], "an engine host's gateways: names of `gateway` group hosts, or URLs; where "
-            "model_gateway is not set, the drain goes through them (their URLs and admin key)"))
+declare(
+    __name__,
+    "the managed gateway (hosts of the group `gateway`)",
+    Var(
+        "gateway_lock",
+        "path (local)",
+        None,
+        "the gateway's lock (pinned sglang-router wheels with sha256)",
+        f"playbooks/gateway/sglang-router-{DEFAULT_VERSION}.lock",
+    ),
+    Var("gateway_port", "int", DEFAULT_PORT, "the gateway's HTTP port (--port)"),
+    Var("gateway_bind", "str", "0.0.0.0", "the address the gateway listens on (--host)"),
+    Var("gateway_metrics_port", "int", DEFAULT_METRICS_PORT, "the gateway's Prometheus port (--prometheus-port)"),
+    Var("gateway_flags", "mapping|list", {}, "extra sglang-router flags (not the ones k26ops sets)"),
+    Var("gateway_unit", "str", DEFAULT_UNIT, "the gateway's systemd unit name (NAME.service)"),
+    Var("gateway_admin_key", "str (secret)", None, "the gateway's admin API key (control plane; never in argv)"),
+    Var(
+        "gateway_health_timeout",
+        "number (s)",
+        120.0,
+        "seconds to wait for the gateway's /health and its registered workers",
+    ),
+    Var(
+        "gateways",
+        "list",
+        [],
+        "an engine host's gateways: names of `gateway` group hosts, or URLs; where "
+        "model_gateway is not set, the drain goes through them (their URLs and admin key)",
+    ),
+)
 
 
 def _int(hvars: dict, key: str, default: int, host: str) -> int:
@@ -91,13 +118,17 @@ def load_lock(path: Path) -> GatewayLock:
     m = re.fullmatch(r"sglang-router==(\S+)", pin)
     found = [v for n, v, _ in lock.entries if enginelock._norm(n) == "sglang-router"]
     if not m or found != [m.group(1)]:
-        raise UserError(f"{path}: not a gateway lock: its header must say `# engine: sglang-router==VERSION` "
-                        "and the wheels must hold that sglang-router (remake it with `k26ops gateway lock`)")
+        raise UserError(
+            f"{path}: not a gateway lock: its header must say `# engine: sglang-router==VERSION` "
+            "and the wheels must hold that sglang-router (remake it with `k26ops gateway lock`)"
+        )
     return GatewayLock(path, m.group(1), lock.meta["python"], lock.entries, lock.sha256)
 
 
-LOCK_HEADER = ("# k26ops gateway lock: made by `k26ops gateway lock {version} --python {python}`; review\n"
-               "# changes as a diff. Gateway hosts install exactly these wheels (--require-hashes --no-index).\n")
+LOCK_HEADER = (
+    "# k26ops gateway lock: made by `k26ops gateway lock {version} --python {python}`; review\n"
+    "# changes as a diff. Gateway hosts install exactly these wheels (--require-hashes --no-index).\n"
+)
 
 
 def make_lock(version: str, python: str, index_urls=()) -> str:
@@ -106,8 +137,12 @@ def make_lock(version: str, python: str, index_urls=()) -> str:
     if not re.fullmatch(r"\d+(\.\d+)*([a-z0-9.+-]*)", version) or not re.fullmatch(r"3\.\d+", python):
         raise UserError(f"gateway lock: expected VERSION like 0.3.2 and --python like 3.11, got {version!r} {python!r}")
     entries = enginelock.resolve_requirements([f"sglang-router=={version}"], python, index_urls)
-    meta = {"source": "registry", "engine": f"sglang-router=={version}", "python": python,
-            "platform": enginelock.platform_line(python)}
+    meta = {
+        "source": "registry",
+        "engine": f"sglang-router=={version}",
+        "python": python,
+        "platform": enginelock.platform_line(python),
+    }
     out = [LOCK_HEADER.format(version=version, python=python)]
     out += [f"# {k}: {v}\n" for k, v in meta.items()]
     for name, ver, sha in sorted(entries, key=lambda e: e[0].lower()):
@@ -141,13 +176,23 @@ class GatewayHost:
         unit = check_unit_name(str(v.get("gateway_unit") or DEFAULT_UNIT))
         key = v.get("gateway_admin_key")
         if key is not None and (not isinstance(key, str) or not key.isprintable() or " " in key):
-            raise UserError(f"{host.name}: inventory var gateway_admin_key: expected one word of text (value not shown)")
+            raise UserError(
+                f"{host.name}: inventory var gateway_admin_key: expected one word of text (value not shown)"
+            )
         bind = str(v.get("gateway_bind") or "0.0.0.0")
         if not re.fullmatch(r"[0-9A-Za-z.:\[\]-]+", bind):
             raise UserError(f"{host.name}: inventory var gateway_bind: not an address: {bind!r}")
-        return cls(host.name, str(host.address or host.name), _int(v, "gateway_port", DEFAULT_PORT, host.name), bind,
-                   _int(v, "gateway_metrics_port", DEFAULT_METRICS_PORT, host.name), unit,
-                   tuple(extra_flags(v.get("gateway_flags"), host.name)), key or None, Layout.of(v))
+        return cls(
+            host.name,
+            str(host.address or host.name),
+            _int(v, "gateway_port", DEFAULT_PORT, host.name),
+            bind,
+            _int(v, "gateway_metrics_port", DEFAULT_METRICS_PORT, host.name),
+            unit,
+            tuple(extra_flags(v.get("gateway_flags"), host.name)),
+            key or None,
+            Layout.of(v),
+        )
 
     @property
     def releases_root(self) -> str:
@@ -179,16 +224,30 @@ class GatewayHost:
 
     def argv(self) -> list[str]:
         cur = self.current
-        return [f"{cur}/venv/bin/python", f"{cur}/k26ops/gateway_launch.py", "--host", self.bind,
-                "--port", str(self.port), "--prometheus-host", self.bind, "--prometheus-port", str(self.metrics_port),
-                "--shutdown-grace-period-secs", str(STOP_GRACE), *self.flags]
+        return [
+            f"{cur}/venv/bin/python",
+            f"{cur}/k26ops/gateway_launch.py",
+            "--host",
+            self.bind,
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            self.bind,
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--shutdown-grace-period-secs",
+            str(STOP_GRACE),
+            *self.flags,
+        ]
 
     def env(self) -> dict:
         return {KEY_ENV: self.admin_key} if self.admin_key else {}
 
     def render_unit(self, release: str | None) -> str:
-        text = units.render(UNIT_TEMPLATE, {"argv": self.argv(), "release_id": release, "env_file": ENV_FILE,
-                                            "timeout_stop_sec": STOP_GRACE + 30})
+        text = units.render(
+            UNIT_TEMPLATE,
+            {"argv": self.argv(), "release_id": release, "env_file": ENV_FILE, "timeout_stop_sec": STOP_GRACE + 30},
+        )
         if not text.startswith(units.UNIT_MARKER):
             raise UserError(f"template {UNIT_TEMPLATE} must start with the line '{units.UNIT_MARKER}...'")
         return text
@@ -202,12 +261,15 @@ def extra_flags(value, host: str) -> list[str]:
     words = units.flag_words(value if value not in (None, {}) else None, f"{host}: inventory var gateway_flags")
     for w in words:
         if w.split("=", 1)[0] in MANAGED_FLAGS:
-            raise UserError(f"{host}: inventory var gateway_flags may not set {w.split('=', 1)[0]}: k26ops sets it "
-                            "(gateway_port, gateway_bind, gateway_metrics_port, gateway_admin_key, `gateways`)")
+            raise UserError(
+                f"{host}: inventory var gateway_flags may not set {w.split('=', 1)[0]}: k26ops sets it "
+                "(gateway_port, gateway_bind, gateway_metrics_port, gateway_admin_key, `gateways`)"
+            )
     return words
 
 
 # ---------------------------------------------------------------- which engines a gateway routes to
+
 
 def named_gateways(host) -> list[str]:
     """An engine host's `gateways` entries (names or URLs)."""
@@ -238,6 +300,12 @@ def engine_workers(hosts) -> list[dict]:
         port = int(prof.get("port") or 30000)
         addr = str(h.address or h.name)
         url = f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}"
-        out.append({"name": h.name, "url": url, "gateways": names,
-                    "api_key": units.engine_flag_secrets(prof).get("--api-key") or None})
+        out.append(
+            {
+                "name": h.name,
+                "url": url,
+                "gateways": names,
+                "api_key": units.engine_flag_secrets(prof).get("--api-key") or None,
+            }
+        )
     return out

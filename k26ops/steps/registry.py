@@ -12,6 +12,19 @@ from k26ops.steps.release import Release
 from k26ops.steps.toolchain import CudaToolkit
 from k26ops.steps.traffic import TrafficStep
 
-STEPS: dict[str, type[Step]] = {cls.name: cls for cls in (
-    CudaToolkit, Driver, Release, ServiceStep, HealthStep, SmokeStep, TrafficStep,
-    GatewayRelease, GatewayService, GatewayHealth, GatewayWorkers)}
+STEPS: dict[str, type[Step]] = {
+    cls.name: cls
+    for cls in (
+        CudaToolkit,
+        Driver,
+        Release,
+        ServiceStep,
+        HealthStep,
+        SmokeStep,
+        TrafficStep,
+        GatewayRelease,
+        GatewayService,
+        GatewayHealth,
+        GatewayWorkers,
+    )
+}

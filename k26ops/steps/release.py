@@ -29,21 +29,36 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k26ops.transport import agents
-from k26ops.host import ownership
 from k26ops.engine import units
-from k26ops.release import (engine_flags, engine_source, enginelock, installer, launch_rules, patchset,
-                            prepcache, wheelhouse, wheelsource)
-from k26ops.release import recipe as recipe_mod
+from k26ops.engine.profile import (
+    effective_recipe,
+    engine_profile,
+    lock_for,
+    profile_for,  # noqa: F401 (re-exported)
+    recipe_for,
+    release_override,
+)
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
 from k26ops.facts.base import Fact, safe
+from k26ops.host import ownership
 from k26ops.layout import Layout, switch_current
+from k26ops.release import (
+    engine_flags,
+    engine_source,
+    enginelock,
+    installer,
+    launch_rules,
+    patchset,
+    prepcache,
+    wheelhouse,
+    wheelsource,
+)
+from k26ops.release import recipe as recipe_mod
+from k26ops.runstate import HostState
 from k26ops.shell import q
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
-from k26ops.engine.profile import (effective_recipe, engine_profile, lock_for, profile_for,  # noqa: F401 (re-exported)
-                            recipe_for, release_override)
-from k26ops.runstate import HostState
+from k26ops.transport import agents
 from k26ops.weights import manifest as mf
 
 PATCHSET_SCRIPT = Path(patchset.__file__)
@@ -52,6 +67,7 @@ PATCHSET_SCRIPT = Path(patchset.__file__)
 @dataclass
 class Prepared:
     """What the control node knows about a release before any host builds it."""
+
     release_id: str
     recipe: recipe_mod.Recipe
     engine: dict  # provenance: base, source, wheel, lock
@@ -69,8 +85,13 @@ class Prepared:
         r = self.recipe
         return {
             "release_id": self.release_id,
-            "recipe": {"name": r.name, "sglang": r.sglang, "install": r.install, "pins": r.pins,
-                       "toolkit": {"method": r.toolkit.method, "version": r.toolkit.version}},
+            "recipe": {
+                "name": r.name,
+                "sglang": r.sglang,
+                "install": r.install,
+                "pins": r.pins,
+                "toolkit": {"method": r.toolkit.method, "version": r.toolkit.version},
+            },
             "engine": self.engine,
             "requirements_sha256": hashlib.sha256(self.requirements.encode()).hexdigest(),
             "wheels": [{"name": w.name, "sha256": w.sha256} for w in self.wheels],
@@ -118,8 +139,10 @@ def point_current(ctx: HostContext, rid: str, *, restoring: bool = False) -> Non
     res = run(switch_current(ctx.releases_root, rid, require_manifest=not restoring))
     if not res.ok:  # one line: what the host said (`current` a directory, no manifest), not the script
         said = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        raise StepFailed(f"switching {ctx.releases_root}/current to {rid} failed: "
-                         + (said[-1][:300] if said else f"exit {res.exited} (is its manifest.json there?)"))
+        raise StepFailed(
+            f"switching {ctx.releases_root}/current to {rid} failed: "
+            + (said[-1][:300] if said else f"exit {res.exited} (is its manifest.json there?)")
+        )
 
 
 def undo_switch(ctx: HostContext) -> str | None:
@@ -168,8 +191,11 @@ def expected_state(r: recipe_mod.Recipe, tags: tuple = ()) -> dict:
     checks these values, so the two cannot drift."""
     lock = lock_for(r)
     patches = patchset.load_series(r.series, tuple(r.tags) + tuple(tags))
-    return {"release_id": recipe_mod.release_id(r, lock.sha256, patches),
-            "sglang_version": engine_version(r, lock), "cuda_version": r.toolkit.version}
+    return {
+        "release_id": recipe_mod.release_id(r, lock.sha256, patches),
+        "sglang_version": engine_version(r, lock),
+        "cuda_version": r.toolkit.version,
+    }
 
 
 def before_hosts(hosts) -> None:
@@ -204,8 +230,17 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
     lock = lock_for(r)
     if lock.meta["python"] != py:
         raise StepFailed(recipe_mod.python_mismatch(r, lock.meta["python"], py))
-    key = json.dumps([str(r.source), r.base, r.git and r.git.url, lock.sha256, list(tags), py,
-                      [list(x) for x in ov.get("patches") or []]])
+    key = json.dumps(
+        [
+            str(r.source),
+            r.base,
+            r.git and r.git.url,
+            lock.sha256,
+            list(tags),
+            py,
+            [list(x) for x in ov.get("patches") or []],
+        ]
+    )
     # --check plans from the engine wheel alone (its flags, the series applied to its files): the
     # locked dependency wheels (GBs for a full registry closure) are fetched by the run that builds
     only_engine = bool(ctx.check)
@@ -226,31 +261,54 @@ def prepare(ctx: HostContext, tags: tuple = ()) -> Prepared:
                 deps = []
             else:
                 ctx.progress(f"downloading the {len(lock.entries)} locked wheels for {rid} (once for all hosts)")
-                deps = wheelhouse.ensure(enginelock.requirement_lines(lock.entries), no_deps=True, python=py,
-                                         hashes=True)
+                deps = wheelhouse.ensure(
+                    enginelock.requirement_lines(lock.entries), no_deps=True, python=py, hashes=True
+                )
             wheels = [engine] + deps
-            source = {"git": g.url, "commit": g.commit, "subdir": g.subdir,
-                      "built": "prebuilt wheel" if g.wheel_sha256 else "pip wheel on the control node"}
+            source = {
+                "git": g.url,
+                "commit": g.commit,
+                "subdir": g.subdir,
+                "built": "prebuilt wheel" if g.wheel_sha256 else "pip wheel on the control node",
+            }
         else:  # the locked set, the sglang wheel among it: exactly those files, nothing resolved here
             entries = [e for e in lock.entries if enginelock._norm(e[0]) == "sglang"] if only_engine else lock.entries
-            ctx.progress(f"downloading {'the sglang wheel (--check)' if only_engine else f'the {len(entries)} locked wheels'}"
-                         f" for {rid} (once for all hosts)")
+            ctx.progress(
+                f"downloading {'the sglang wheel (--check)' if only_engine else f'the {len(entries)} locked wheels'}"
+                f" for {rid} (once for all hosts)"
+            )
             wheels = wheelhouse.ensure(enginelock.requirement_lines(entries), no_deps=True, python=py, hashes=True)
             sg = [w for w in wheels if wheelhouse.wheel_name_version(w.name)[0].lower() == "sglang"]
             if not sg:
                 raise UserError(f"{lock.path}: no sglang wheel among the locked wheels")
             engine = sg[0]
             source = {"registry": f"sglang=={r.sglang}", "install": r.install}
-        provenance = {"base": r.base, "source": source, "wheel": {"name": engine.name, "sha256": engine.sha256},
-                      "lock": {"file": lock.path.name, "sha256": lock.sha256, "wheels": len(lock.entries)}}
+        provenance = {
+            "base": r.base,
+            "source": source,
+            "wheel": {"name": engine.name, "sha256": engine.sha256},
+            "lock": {"file": lock.path.name, "sha256": lock.sha256, "wheels": len(lock.entries)},
+        }
         site, pdir = work / "site-packages", work / "patches"
         if not (work / prepcache.MARK).exists():  # assembled once per release id on this node
             _assemble(work, r, patches, engine, {name: Path(f) for name, f in ov.get("patches") or []})
             prepcache.prune()
         prepcache.used(work)
         pstate = patchset.load_state(work / "patch-state")
-        prep = Prepared(rid, r, provenance, engine, lock, patches, pdir, wheels,
-                        wheelhouse.requirements_file(wheels), pstate, site, complete=not only_engine)
+        prep = Prepared(
+            rid,
+            r,
+            provenance,
+            engine,
+            lock,
+            patches,
+            pdir,
+            wheels,
+            wheelhouse.requirements_file(wheels),
+            pstate,
+            site,
+            complete=not only_engine,
+        )
         _PREP[(key, only_engine)] = prep
         return prep
 
@@ -265,7 +323,7 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(profile)
     if not ov.get("engine_argv"):
         check_launch(ctx.host.name, argv)
-    flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]
+    flags = argv[argv.index("-m") + 2 :] if "-m" in argv else argv[1:]
     # the secret flags reach the engine through its --config file: checked by name, never by value
     flags += [w for flag in units.engine_flag_secrets(profile) for w in (flag, "secret")]
     # A release's sources never change (its id is their content), so a command
@@ -301,17 +359,22 @@ def _read_current(releases_root: str, release: str) -> str:
     rebuilt, not taken as the release), then the probes left applied to `current`; read by
     `_current_and_complete`."""
     probes = " ".join(f"current/{d}/state.json" for d in PROBE_DIRS)
-    return (f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
-            f"test -f {q(release)}/manifest.json && tail -c 1 {q(release)}/manifest.json | grep -q '}}' && "
-            "echo complete; echo ===; "
-            f"for f in {probes}; do test -f \"$f\" && echo \"$f\"; done; }}; true")
+    return (
+        f"cd {q(releases_root)} 2>/dev/null && {{ readlink current; echo ===; "
+        f"test -f {q(release)}/manifest.json && tail -c 1 {q(release)}/manifest.json | grep -q '}}' && "
+        "echo complete; echo ===; "
+        f'for f in {probes}; do test -f "$f" && echo "$f"; done; }}; true'
+    )
 
 
 def _current_and_complete(out: str, rc: int = 0) -> dict:
     target, _, rest = out.partition("===")
     rest, _, probes = rest.partition("===")
-    return {"current": target.strip() or None, "complete": "complete" in rest,
-            "probes": [ln.split("/")[1] for ln in probes.split() if ln.count("/") == 2]}
+    return {
+        "current": target.strip() or None,
+        "complete": "complete" in rest,
+        "probes": [ln.split("/")[1] for ln in probes.split() if ln.count("/") == 2],
+    }
 
 
 def revert_probes(ctx: HostContext, release_dir: str, dirs: list[str]) -> list[str]:
@@ -320,16 +383,30 @@ def revert_probes(ctx: HostContext, release_dir: str, dirs: list[str]) -> list[s
     man = json.loads(ctx.run(f"cat {q(release_dir + '/manifest.json')}", check=True).stdout)
     done = []
     for sdir in dirs:
-        r = agents.run(ctx.session, "probe", "revert", 300, what="probe agent", release=release_dir,
-                       site=man["site_packages"], probe_state=sdir)
+        r = agents.run(
+            ctx.session,
+            "probe",
+            "revert",
+            300,
+            what="probe agent",
+            release=release_dir,
+            site=man["site_packages"],
+            probe_state=sdir,
+        )
         done += r.get("done") or []
     return done
 
 
 def current_fact(releases_root: str) -> Fact:
     """Where `current` points and whether that release is complete (its manifest.json)."""
-    return Fact(CURRENT_FACT, _read_current(releases_root, "current"), safe(_current_and_complete), 10.0,
-                own="release_current", own_args=(releases_root, "current"))
+    return Fact(
+        CURRENT_FACT,
+        _read_current(releases_root, "current"),
+        safe(_current_and_complete),
+        10.0,
+        own="release_current",
+        own_args=(releases_root, "current"),
+    )
 
 
 class Release(Step):
@@ -370,16 +447,24 @@ class Release(Step):
         changes = []
         if not complete:
             lock = f", lock {prep.lock.sha256[:12]}" if prep.lock else ""
-            changes.append(Change(f"build release {rid} in {rel}/{rid} ({prep.recipe.base_short}, "
-                                  f"wheel {prep.engine_wheel.sha256[:12]}{lock}, {len(prep.patches)} patch(es))",
-                                  action="build"))
+            changes.append(
+                Change(
+                    f"build release {rid} in {rel}/{rid} ({prep.recipe.base_short}, "
+                    f"wheel {prep.engine_wheel.sha256[:12]}{lock}, {len(prep.patches)} patch(es))",
+                    action="build",
+                )
+            )
         changes.append(Change(f"switch current: {current or '(none)'} -> {rid}", action="switch"))
         keep = int(self.params.get("keep", 3))
         pins = set(ctx.run(f"cat {q(ctx.pins_file)} 2>/dev/null; true").stdout.split())
         prune = d.prune = ownership.prune_plan(ownership.releases(ctx.session, rel), rid, keep, pins)
         if prune:
-            changes.append(Change(f"prune {len(prune)} old release(s) (keep {keep}, k26ops releases only): "
-                                  + ", ".join(prune), action="prune"))
+            changes.append(
+                Change(
+                    f"prune {len(prune)} old release(s) (keep {keep}, k26ops releases only): " + ", ".join(prune),
+                    action="prune",
+                )
+            )
         return changes
 
     @staticmethod
@@ -387,8 +472,17 @@ class Release(Step):
         """The release is current, but a probe a killed run left is applied to it: reverted, and
         the engine restarted on the release's own files (as after a switch)."""
         d.probes = list(probes or [])
-        return [Change(f"revert the probe left applied in release {rid} ({', '.join(d.probes)}) and restart "
-                       "the engine on the release's own files", action="unprobe")] if d.probes else []
+        return (
+            [
+                Change(
+                    f"revert the probe left applied in release {rid} ({', '.join(d.probes)}) and restart "
+                    "the engine on the release's own files",
+                    action="unprobe",
+                )
+            ]
+            if d.probes
+            else []
+        )
 
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         d = ReleaseDecision.of(ctx)
@@ -419,19 +513,33 @@ class Release(Step):
         d = f"{rel}/{rid}"
         wh = f"{ctx.root}/wheelhouse"
         # the venv unpacks the wheels: about three times their size (a rough floor, said as such)
-        wheelhouse.need_free(ctx.session, rel, 3 * sum(w.size for w in prep.wheels),
-                             f"release {rid} (about 3x its {len(prep.wheels)} wheels)")
+        wheelhouse.need_free(
+            ctx.session,
+            rel,
+            3 * sum(w.size for w in prep.wheels),
+            f"release {rid} (about 3x its {len(prep.wheels)} wheels)",
+        )
         # a release built again starts with an empty engine cache: two builds never share compiled objects
-        ctx.run(f"rm -rf {q(d)} {q(engine_cache.release_cache(ctx.root, rid))} && mkdir -p {q(d)}/k26ops/patches && "
-                f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}", check=True)
+        ctx.run(
+            f"rm -rf {q(d)} {q(engine_cache.release_cache(ctx.root, rid))} && mkdir -p {q(d)}/k26ops/patches && "
+            f"echo {q(rid)} > {q(d + '/' + ownership.RELEASE_MARKER)}",
+            check=True,
+        )
         how = installer.choice(ctx.vars, ctx.host.name)
         tools = [installer.uv_wheel()] if how == "uv" else []
         try:
             # the engine wheel built here is on no index; the locked ones are
             wheelsource.deliver(ctx, prep.wheels + tools, wh, local=(prep.engine_wheel,) if prep.recipe.git else ())
             if tools and not ctx.run(f"test -x {q(installer.uv_path(ctx.root))}").ok:
-                got = agents.run(ctx.session, "store", "uv", what="store agent", wheel=f"{wh}/{tools[0].name}",
-                                 sha256=tools[0].sha256, dest=installer.uv_path(ctx.root))
+                got = agents.run(
+                    ctx.session,
+                    "store",
+                    "uv",
+                    what="store agent",
+                    wheel=f"{wh}/{tools[0].name}",
+                    sha256=tools[0].sha256,
+                    dest=installer.uv_path(ctx.root),
+                )
                 if not got.get("ok"):
                     raise StepFailed(f"installing uv: {got.get('error')}")
             link_mode = store_ready(ctx) if tools else None
@@ -439,35 +547,52 @@ class Release(Step):
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
             ctx.session.put(prep.requirements.encode(), f"{d}/k26ops/requirements.txt")
-            ctx.progress(f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels"
-                         + (f", {link_mode} from the store)" if link_mode else ")"))
+            ctx.progress(
+                f"building release {rid} (venv, {how} install --require-hashes from the pushed wheels"
+                + (f", {link_mode} from the store)" if link_mode else ")")
+            )
             no_deps = prep.recipe.git is None and prep.recipe.no_deps
             script = (
                 f"set -e; cd {q(d)}; python3 -m venv venv; "
                 f"{installer.install_command(how, ctx.root, wh, no_deps, link_mode or 'hardlink')}; "
                 "SP=$(venv/bin/python k26ops/patchset.py site); "
-                f"python3 k26ops/patchset.py apply --root \"$SP\" --series k26ops/patches/series "
+                f'python3 k26ops/patchset.py apply --root "$SP" --series k26ops/patches/series '
                 f"--state patch-state --base {q(prep.recipe.base)} >/dev/null; "
-                "python3 k26ops/patchset.py verify --root \"$SP\" --state patch-state; "
-                "echo \"SITE=$SP\"")
+                'python3 k26ops/patchset.py verify --root "$SP" --state patch-state; '
+                'echo "SITE=$SP"'
+            )
             for attempt in (1, 2):
                 res = ctx.run(tied_to_channel(script), timeout=3600)
                 if not res.ok:
                     lines = (res.stdout + "\n" + res.stderr.replace("\0", "")).strip().splitlines()
-                    raise StepFailed(f"building release {rid} failed: "
-                                     f"{disk_full(ctx, rel, lines) or (lines[-1] if lines else 'no output')}")
+                    raise StepFailed(
+                        f"building release {rid} failed: "
+                        f"{disk_full(ctx, rel, lines) or (lines[-1] if lines else 'no output')}"
+                    )
                 site = res.stdout.rsplit("SITE=", 1)[1].strip()
                 if not tools:
                     break
                 # uv's lock files 0600, the store's files read-only (shared with the release's links)
-                agents.run(ctx.session, "store", "seal", 600, what="store agent", store=installer.store_dir(ctx.root),
-                           locks=[f"{d}/venv/.lock"])
+                agents.run(
+                    ctx.session,
+                    "store",
+                    "seal",
+                    600,
+                    what="store agent",
+                    store=installer.store_dir(ctx.root),
+                    locks=[f"{d}/venv/.lock"],
+                )
                 if not self._store_damage(ctx, prep, site, rid, attempt):
                     break
                 ctx.run(f"cd {q(d)} && rm -rf venv patch-state", check=True)
             self._verify_hashes(ctx, prep, site)
-            manifest = {**prep.manifest(), "site_packages": site, "engine_argv": ReleaseDecision.of(ctx).engine_argv,
-                        "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip", "link_mode": link_mode}
+            manifest = {
+                **prep.manifest(),
+                "site_packages": site,
+                "engine_argv": ReleaseDecision.of(ctx).engine_argv,
+                "installer": f"uv {installer.UV_VERSION}" if how == "uv" else "pip",
+                "link_mode": link_mode,
+            }
             ctx.session.put(json.dumps(manifest, indent=1, sort_keys=True).encode(), f"{d}/manifest.json")
         except BaseException:
             ctx.run(f"rm -rf {q(d)}")
@@ -478,18 +603,34 @@ class Release(Step):
         deleted from or changed in the store would be missing or changed here. Its store
         entries are dropped so the install runs again and uv unpacks those wheels from the
         wheelhouse (True); a second failure is the host's to explain."""
-        v = agents.run(ctx.session, "baseline", "verify", 600, what="release verify", site=site,
-                       skip=sorted(patchset.expected_hashes(prep.patch_state)))
+        v = agents.run(
+            ctx.session,
+            "baseline",
+            "verify",
+            600,
+            what="release verify",
+            site=site,
+            skip=sorted(patchset.expected_hashes(prep.patch_state)),
+        )
         bad = v["bad"]
         if not bad:
             return False
         what = ", ".join(f"{b['path']} ({b['why']})" for b in bad[:3])
         if attempt > 1:
-            raise StepFailed(f"release {rid}: {len(bad)} file(s) differ from their wheels' RECORD after "
-                             f"re-unpacking them: {what}")
+            raise StepFailed(
+                f"release {rid}: {len(bad)} file(s) differ from their wheels' RECORD after re-unpacking them: {what}"
+            )
         ctx.progress(f"the release store is damaged ({len(bad)} file(s): {what}); unpacking those wheels again")
-        agents.run(ctx.session, "store", "evict", 600, what="store agent", store=installer.store_dir(ctx.root),
-                   inodes=[b["ino"] for b in bad if b.get("ino")], dists=sorted({b["dist"] for b in bad}))
+        agents.run(
+            ctx.session,
+            "store",
+            "evict",
+            600,
+            what="store agent",
+            store=installer.store_dir(ctx.root),
+            inodes=[b["ino"] for b in bad if b.get("ino")],
+            dists=sorted({b["dist"] for b in bad}),
+        )
         ctx.report.setdefault("store_repaired", []).extend(b["path"] for b in bad)
         return True
 
@@ -500,8 +641,11 @@ class Release(Step):
             return
         files = " ".join(q(f"{site}/{p}") for p in sorted(expected))
         res = ctx.run(f"sha256sum {files}", check=True)
-        got = {line.split(None, 1)[1].strip()[len(site) + 1:]: line.split()[0]
-               for line in res.stdout.splitlines() if line.strip()}
+        got = {
+            line.split(None, 1)[1].strip()[len(site) + 1 :]: line.split()[0]
+            for line in res.stdout.splitlines()
+            if line.strip()
+        }
         bad = [p for p, h in expected.items() if got.get(p) != h]
         if bad:
             raise StepFailed(f"release files differ from the control node's build: {', '.join(bad)}")
@@ -518,8 +662,9 @@ def disk_full(ctx: HostContext, path: str, lines: list[str]) -> str | None:
     except (IndexError, ValueError):
         free_kb = None
     if hit or (free_kb is not None and free_kb < 64 * 1024):
-        return (f"disk full ({free_kb // 1024 if free_kb is not None else '?'} MiB free on {path}): "
-                + (hit[-1].strip()[:160] if hit else (lines[-1] if lines else "no output")))
+        return f"disk full ({free_kb // 1024 if free_kb is not None else '?'} MiB free on {path}): " + (
+            hit[-1].strip()[:160] if hit else (lines[-1] if lines else "no output")
+        )
     return None
 
 
@@ -529,8 +674,10 @@ def store_ready(ctx: HostContext) -> str:
     got = agents.run(ctx.session, "store", "prepare", 120, what="store agent", store=installer.store_dir(ctx.root))
     if got["held"]:
         h = got["held"][0]
-        raise StepFailed(f"the release store's lock {h['path']} is held by pid {h['pid']} (user {h['user']}: "
-                         f"{h['command'][:80]}); uv would wait for it: stop that process; nothing was installed")
+        raise StepFailed(
+            f"the release store's lock {h['path']} is held by pid {h['pid']} (user {h['user']}: "
+            f"{h['command'][:80]}); uv would wait for it: stop that process; nothing was installed"
+        )
     return got["link_mode"]
 
 

@@ -17,20 +17,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from k26ops.engine.profile import inventory_recipe
 from k26ops.facts.base import Fact, safe
+from k26ops.host.preflight import driver_version
 from k26ops.hostvars import Var, declare
 from k26ops.layout import Layout
 from k26ops.release import wheelhouse, wheelsource
-from k26ops.host.preflight import driver_version
 from k26ops.runstate import HostState
 from k26ops.shell import q
-from k26ops.engine.profile import inventory_recipe
 from k26ops.steps import Change, HostContext, Step, StepFailed, tied_to_channel
 
 KERNEL = "__global__ void k26(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 MARKER = "k26ops-verified"
-declare(__name__, "the CUDA toolchain",
-        Var("cuda_method", "str", None, "how the CUDA toolkit is installed", "the recipe's"))
+declare(
+    __name__, "the CUDA toolchain", Var("cuda_method", "str", None, "how the CUDA toolkit is installed", "the recipe's")
+)
 
 
 host_recipe = inventory_recipe  # the name the steps know
@@ -62,12 +63,22 @@ VERIFIED_FACT = "cuda_toolchains_verified"
 def verified_fact(root: str) -> Fact:
     """{toolchain dir: the GPU architectures its marker says nvcc was verified for}."""
     tc = f"{root}/toolchain"
-    cmd = (f"for f in {q(tc)}/*/{MARKER}; do [ -f \"$f\" ] && printf '%s\\t%s\\n' \"${{f%/*}}\" "
-           "\"$(tr '\\n' ' ' < \"$f\")\"; done; true")
-    return Fact(VERIFIED_FACT, cmd, safe(lambda out, rc: {d: archs.split() for d, _, archs in
-                                                           (line.partition("\t") for line in out.splitlines())
-                                                           if archs}), 10.0,
-                own="toolchains_verified", own_args=(tc, MARKER))
+    cmd = (
+        f'for f in {q(tc)}/*/{MARKER}; do [ -f "$f" ] && printf \'%s\\t%s\\n\' "${{f%/*}}" '
+        "\"$(tr '\\n' ' ' < \"$f\")\"; done; true"
+    )
+    return Fact(
+        VERIFIED_FACT,
+        cmd,
+        safe(
+            lambda out, rc: {
+                d: archs.split() for d, _, archs in (line.partition("\t") for line in out.splitlines()) if archs
+            }
+        ),
+        10.0,
+        own="toolchains_verified",
+        own_args=(tc, MARKER),
+    )
 
 
 class CudaToolkit(Step):
@@ -93,11 +104,15 @@ class CudaToolkit(Step):
         method, version, min_driver = self._spec(ctx)
         _, major = driver_version(ctx.facts)
         if major is None:
-            raise StepFailed("no NVIDIA driver found (nvidia-smi): deploy never installs drivers; "
-                             f"`k26ops provision` installs an R{min_driver}+ driver first")
+            raise StepFailed(
+                "no NVIDIA driver found (nvidia-smi): deploy never installs drivers; "
+                f"`k26ops provision` installs an R{min_driver}+ driver first"
+            )
         if major < min_driver:
-            raise StepFailed(f"driver {major} is older than CUDA {version} needs (>= {min_driver}); "
-                             "deploy never changes drivers: `k26ops provision` upgrades it (with a reboot)")
+            raise StepFailed(
+                f"driver {major} is older than CUDA {version} needs (>= {min_driver}); "
+                "deploy never changes drivers: `k26ops provision` upgrades it (with a reboot)"
+            )
         want_archs = archs(ctx.facts)
         tp = ToolkitPlan(archs=want_archs).put(ctx)
         if method == "pip":
@@ -111,14 +126,12 @@ class CudaToolkit(Step):
                     verified = {d: ctx.run(f"cat {q(d)}/{MARKER} 2>/dev/null").stdout.split()}
                 if verified.get(d) == want_archs:
                     return []
-            return [Change(f"install CUDA {version} toolkit (pip) into {d}, verify nvcc for "
-                           + ", ".join(want_archs))]
+            return [Change(f"install CUDA {version} toolkit (pip) into {d}, verify nvcc for " + ", ".join(want_archs))]
         if method == "apt":
             tk = ctx.facts.get("cuda_toolkit") or {}
             d = f"/usr/local/cuda-{version}"
             tp.nvcc = f"{d}/bin/nvcc"
-            if any(i.get("path") == f"{d}/bin/nvcc" and i.get("release") == version
-                   for i in tk.get("installs", [])):
+            if any(i.get("path") == f"{d}/bin/nvcc" and i.get("release") == version for i in tk.get("installs", [])):
                 return []
             return [Change(f"install cuda-toolkit-{version.replace('.', '-')} (apt, NVIDIA repository)")]
         raise StepFailed(f"unknown CUDA toolkit method {method!r} (pip or apt)")
@@ -140,8 +153,9 @@ class CudaToolkit(Step):
         wheelsource.deliver(ctx, wheels, wh)
         d = self.toolchain_dir(ctx, version)
         part = f"{d}.partial"
-        wheelhouse.need_free(ctx.session, ctx.root, 3 * sum(w.size for w in wheels),
-                             f"the CUDA {version} toolkit (about 3x its wheels)")
+        wheelhouse.need_free(
+            ctx.session, ctx.root, 3 * sum(w.size for w in wheels), f"the CUDA {version} toolkit (about 3x its wheels)"
+        )
         ctx.progress(f"installing CUDA {version} (pip) into {d}")
         script = (
             f"set -e; rm -rf {q(part)}; python3 -m venv {q(part)}; "
@@ -151,10 +165,10 @@ class CudaToolkit(Step):
             # so bin/nvcc is a wrapper that runs the real one (not a symlink).
             # Its dir from $0 by the shell itself, not dirname: every deploy's
             # facts run `nvcc --version` (issue 31: host CPU per deploy).
-            f"mkdir -p {q(part)}/bin; rel=\"${{n#{part}/}}\"; "
+            f'mkdir -p {q(part)}/bin; rel="${{n#{part}/}}"; '
             "printf '#!/bin/sh\\n# k26ops: CUDA toolkit (pip method)\\n"
-            "case \"$0\" in */*) d=\"${0%%/*}\";; *) d=.;; esac\\n"
-            "exec \"$d/../%s\" \"$@\"\\n' \"$rel\" > " + q(part) + "/bin/nvcc; "
+            'case "$0" in */*) d="${0%%/*}";; *) d=.;; esac\\n'
+            'exec "$d/../%s" "$@"\\n\' "$rel" > ' + q(part) + "/bin/nvcc; "
             f"chmod 755 {q(part)}/bin/nvcc"
         )
         res = ctx.run(tied_to_channel(script), timeout=1800)  # pip dies with the run
@@ -169,9 +183,12 @@ class CudaToolkit(Step):
             raise
         # Only a verified toolchain takes the place of the old one. (nvcc does
         # not care where its venv lives; pip's script shebangs are not used.)
-        ctx.run(f"set -e; rm -rf {q(d)}.old; if [ -e {q(d)} ]; then mv {q(d)} {q(d)}.old; fi; "
-                f"mv {q(part)} {q(d)}; rm -rf {q(d)}.old; "
-                f"printf '%s\\n' {q(' '.join(ToolkitPlan.of(ctx).archs))} > {q(d)}/{MARKER}", check=True)
+        ctx.run(
+            f"set -e; rm -rf {q(d)}.old; if [ -e {q(d)} ]; then mv {q(d)} {q(d)}.old; fi; "
+            f"mv {q(part)} {q(d)}; rm -rf {q(d)}.old; "
+            f"printf '%s\\n' {q(' '.join(ToolkitPlan.of(ctx).archs))} > {q(d)}/{MARKER}",
+            check=True,
+        )
 
     def _apply_apt(self, ctx, version):
         osr = ctx.facts.get("os_release") or {}
@@ -180,18 +197,23 @@ class CudaToolkit(Step):
         dist = "ubuntu" + str(osr.get("version_id", "")).replace(".", "")
         repo = f"https://developer.download.nvidia.com/compute/cuda/repos/{dist}/x86_64"
         pkg = f"cuda-toolkit-{version.replace('.', '-')}"
-        ctx.run("set -e; export DEBIAN_FRONTEND=noninteractive; t=$(mktemp -d); "
-                f"curl -fsSL -o \"$t/keyring.deb\" {q(repo + '/cuda-keyring_1.1-1_all.deb')}; "
-                "dpkg -i \"$t/keyring.deb\"; rm -rf \"$t\"; apt-get update -qq; "
-                f"apt-get install -y -qq --no-install-recommends {q(pkg)}", timeout=3600, check=True)
+        ctx.run(
+            "set -e; export DEBIAN_FRONTEND=noninteractive; t=$(mktemp -d); "
+            f'curl -fsSL -o "$t/keyring.deb" {q(repo + "/cuda-keyring_1.1-1_all.deb")}; '
+            'dpkg -i "$t/keyring.deb"; rm -rf "$t"; apt-get update -qq; '
+            f"apt-get install -y -qq --no-install-recommends {q(pkg)}",
+            timeout=3600,
+            check=True,
+        )
 
     def _verify(self, ctx, nvcc: str, version: str) -> None:
         want = ToolkitPlan.of(ctx).archs
         arch_flags = " ".join(f"-gencode arch=compute_{a[3:]},code={a}" for a in want)
         res = ctx.run(
             f"set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; {q(nvcc)} --version; "
-            f"printf %s {q(KERNEL)} > \"$t/k.cu\"; {q(nvcc)} {arch_flags} -c -o \"$t/k.o\" \"$t/k.cu\"",
-            timeout=600)
+            f'printf %s {q(KERNEL)} > "$t/k.cu"; {q(nvcc)} {arch_flags} -c -o "$t/k.o" "$t/k.cu"',
+            timeout=600,
+        )
         if res.exited != 0 or f"release {version}" not in res.stdout:
             tail = (res.stderr.replace("\0", "").strip() or res.stdout).strip().splitlines()[-1:] or ["no output"]
             raise StepFailed(f"CUDA {version} toolkit did not verify: {tail[0]}")

@@ -49,8 +49,10 @@ def unit_settings(ctx: HostContext, settings: dict) -> dict:
     have = settings.get("timeout_stop_sec")
     if have is not None:
         if not isinstance(have, (int, float)) or have <= cfg.drain_timeout:
-            raise StepFailed(f"unit_settings timeout_stop_sec {have!r} is not larger than drain_timeout "
-                             f"{cfg.drain_timeout:g}: systemd would SIGKILL a drain; nothing was changed")
+            raise StepFailed(
+                f"unit_settings timeout_stop_sec {have!r} is not larger than drain_timeout "
+                f"{cfg.drain_timeout:g}: systemd would SIGKILL a drain; nothing was changed"
+            )
         return settings
     return {**settings, "timeout_stop_sec": want}
 
@@ -104,8 +106,15 @@ def before_stop(ctx: HostContext, svc, *, restart: bool) -> None:
     cfg = config(ctx)
     if ctx.check or not cfg.drains or not serves_http(ctx.vars):
         return
-    d = Drain(cfg, ctx.host.name, ctx.session, engine_host=svc.host, engine_port=svc.port,
-              engine_api_key=svc.api_key, progress=ctx.progress)
+    d = Drain(
+        cfg,
+        ctx.host.name,
+        ctx.session,
+        engine_host=svc.host,
+        engine_port=svc.port,
+        engine_api_key=svc.api_key,
+        progress=ctx.progress,
+    )
     Rotation(drain=d).put(ctx)
     ctx.report["traffic"] = d.record
     if restart:
@@ -152,7 +161,14 @@ class TrafficStep(Step):
     def apply(self, ctx: HostContext, changes: list[Change]) -> None:
         eh = EngineHost(ctx)
         host, port = eh.target()
-        d = Drain(replace(config(ctx), gateways=tuple(c.action for c in changes)), ctx.host.name, ctx.session,
-                  engine_host=host, engine_port=port, engine_api_key=eh.api_key(), progress=ctx.progress)
+        d = Drain(
+            replace(config(ctx), gateways=tuple(c.action for c in changes)),
+            ctx.host.name,
+            ctx.session,
+            engine_host=host,
+            engine_port=port,
+            engine_api_key=eh.api_key(),
+            progress=ctx.progress,
+        )
         d.put_back()
         ctx.report["traffic"] = {**d.record, "registered": [Gateway(c.action).name for c in changes]}

@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass, field
 
 from k26ops.engine import units
+from k26ops.engine.profile import effective_recipe, lock_for
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
 from k26ops.layout import Layout
-from k26ops.engine.profile import effective_recipe, lock_for
 from k26ops.rehearsal.plan import capture_times
 from k26ops.runstate import HostState
 from k26ops.steps.release import ReleaseDecision, engine_version
@@ -36,8 +36,15 @@ from k26ops.steps.release import ReleaseDecision, engine_version
 # What the agents send back of a start (one home: the agents get these with the request)
 LOG_LINES = ("Load weight end", "CUDA graph end", "cuda graph end", "fired up")
 METRIC_NAMES = ("startup_time_seconds", "weight_load_duration_seconds", "startup_cuda_graph_time_seconds")
-MILESTONES = ("stop", "process started", "weights loaded", "graphs captured", "ready", "first greedy answer",
-              "first sampled answer")
+MILESTONES = (
+    "stop",
+    "process started",
+    "weights loaded",
+    "graphs captured",
+    "ready",
+    "first greedy answer",
+    "first sampled answer",
+)
 STARTUP_REQUEST = {"lines": list(LOG_LINES), "metrics": list(METRIC_NAMES)}
 
 _STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)([.,]\d+)?[\] ]")
@@ -57,15 +64,20 @@ class Cache:
 
     def request(self, owner: str | None = None) -> dict:
         """What an agent needs to make or measure it."""
-        return {"dir": self.dir, "top": self.top, "suffixes": list(engine_cache.KERNEL_SUFFIXES),
-                **({"owner": owner} if owner else {})}
+        return {
+            "dir": self.dir,
+            "top": self.top,
+            "suffixes": list(engine_cache.KERNEL_SUFFIXES),
+            **({"owner": owner} if owner else {}),
+        }
 
     def to_json(self) -> dict:
         return {"dir": self.dir, "variables": sorted(self.variables), "kept_from_engine_env": self.kept}
 
 
-def cache_for(hvars: dict, engine_version: str | None, release_id: str, argv: list[str],
-              gpus: list[dict] | None, env: dict) -> tuple[Cache, dict]:
+def cache_for(
+    hvars: dict, engine_version: str | None, release_id: str, argv: list[str], gpus: list[dict] | None, env: dict
+) -> tuple[Cache, dict]:
     """(the cache of `release_id` for this command line on these GPUs, `env` with its variables)."""
     layout = Layout.of(hvars)
     d = engine_cache.cache_dir(layout.root, release_id, argv, gpus)
@@ -82,7 +94,7 @@ def cache_in_env(hvars: dict, env_text: str | None) -> Cache | None:
     for _since, table in engine_cache.CACHE_VARS:
         for var, sub in table.items():
             value = env.get(var) or ""
-            d = value[:-len(sub) - 1] if sub and value.endswith("/" + sub) else value if not sub else ""
+            d = value[: -len(sub) - 1] if sub and value.endswith("/" + sub) else value if not sub else ""
             if d.startswith(top) and d.count("/") == top.count("/") + 1:
                 want = {k: f"{d}/{s}" if s else d for k, s in table.items()}
                 return Cache(d, top.rstrip("/"), want, sorted(k for k in want if env.get(k) != want[k]))
@@ -119,6 +131,7 @@ class WarmStart(HostState):
 
 
 # ---------------------------------------------------------------- the engine's own account
+
 
 def _when(line: str, tz_offset: float) -> float | None:
     """The engine's timestamp on a log line (`[2026-12-01 23:57:32 TP0]`, host local time) as unix time."""
@@ -194,17 +207,31 @@ def capture_seconds(log: str, metrics: dict) -> tuple[float | None, str | None]:
     return (c["total_s"], "log") if c["total_s"] is not None else (None, None)
 
 
-def timeline(*, stop_at: float | None, started_at: float | None, ready_at: float | None,
-             greedy_at: float | None, sampled_at: float | None, log: str = "", tz_offset: float = 0,
-             metrics: dict | None = None, started_source: str = "systemd") -> dict:
+def timeline(
+    *,
+    stop_at: float | None,
+    started_at: float | None,
+    ready_at: float | None,
+    greedy_at: float | None,
+    sampled_at: float | None,
+    log: str = "",
+    tz_offset: float = 0,
+    metrics: dict | None = None,
+    started_source: str = "systemd",
+) -> dict:
     """A start's time to first good token, on the host's clock (see the module doc)."""
     metrics = metrics or {}
     marks = log_marks(log, tz_offset)
     ready, ready_src = (marks["ready"], "log") if marks.get("ready") else (ready_at, "k26ops")
-    points = [("stop", stop_at, "k26ops"), ("process started", started_at, started_source),
-              ("weights loaded", marks.get("weights loaded"), "log"),
-              ("graphs captured", marks.get("graphs captured"), "log"), ("ready", ready, ready_src),
-              ("first greedy answer", greedy_at, "k26ops"), ("first sampled answer", sampled_at, "k26ops")]
+    points = [
+        ("stop", stop_at, "k26ops"),
+        ("process started", started_at, started_source),
+        ("weights loaded", marks.get("weights loaded"), "log"),
+        ("graphs captured", marks.get("graphs captured"), "log"),
+        ("ready", ready, ready_src),
+        ("first greedy answer", greedy_at, "k26ops"),
+        ("first sampled answer", sampled_at, "k26ops"),
+    ]
     t0 = stop_at if stop_at is not None else started_at
     out: dict = {"milestones": [], "clock": "host"}
     at_s: dict = {}
@@ -218,10 +245,13 @@ def timeline(*, stop_at: float | None, started_at: float | None, ready_at: float
     def since(a, b):
         return round(at_s[a] - at_s[b], 2) if a in at_s and b in at_s else None
 
-    out.update(stop_s=since("process started", "stop"), ready_s=since("ready", "process started"),
-               first_greedy_s=since("first greedy answer", "ready"),
-               first_sampled_s=since("first sampled answer", "ready"),
-               total_s=out["milestones"][-1]["at_s"] if out["milestones"] else None)
+    out.update(
+        stop_s=since("process started", "stop"),
+        ready_s=since("ready", "process started"),
+        first_greedy_s=since("first greedy answer", "ready"),
+        first_sampled_s=since("first sampled answer", "ready"),
+        total_s=out["milestones"][-1]["at_s"] if out["milestones"] else None,
+    )
     out["weights_s"], out["weights_source"] = weights_seconds(log, metrics)
     out["capture_s"], out["capture_source"] = capture_seconds(log, metrics)
     startup = _metric(metrics, "startup_time_seconds")
@@ -243,9 +273,13 @@ def compiled(before: dict | None, phases: list[tuple[str, dict | None]]) -> dict
         files, size = files + g["files"], size + g["bytes"]
         prev = after
     n = sum(by.values())
-    verdict = ("warm start: no new kernel compiled" if n == 0 else
-               f"cold start: {n} new kernel{'s' if n != 1 else ''} compiled ("
-               + ", ".join(f"{k}: {v}" for k, v in by.items() if v) + ")")
+    verdict = (
+        "warm start: no new kernel compiled"
+        if n == 0
+        else f"cold start: {n} new kernel{'s' if n != 1 else ''} compiled ("
+        + ", ".join(f"{k}: {v}" for k, v in by.items() if v)
+        + ")"
+    )
     return {"compiled_new": n, "by_phase": by, "files_new": files, "bytes_new": size, "verdict": verdict}
 
 

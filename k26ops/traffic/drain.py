@@ -34,14 +34,15 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
 
-from k26ops.transport import agents
-from k26ops.engine.host import EngineHost, agent as engine_agent, wait_ready
+from k26ops.engine.host import EngineHost, wait_ready
+from k26ops.engine.host import agent as engine_agent
+from k26ops.engine.multinode import serves_http
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.hostvars import Var, declare
 from k26ops.interrupt import requested as interrupt_requested
 from k26ops.layout import DEFAULT_PORT
-from k26ops.engine.multinode import serves_http
 from k26ops.traffic.gateway import Gateway, GatewayError, check_url, normal_url
+from k26ops.transport import agents
 
 DEFAULT_DRAIN_TIMEOUT = 300.0
 DEFAULT_MIN_SERVING = 1
@@ -51,26 +52,52 @@ HOOK_TIMEOUT_S = 120.0
 SMOKE_TIMEOUT_S = 300.0  # a cold engine's first request may JIT-build kernels (k26ops.steps.engine)
 PUT_BACK_TIMEOUT_S = 300.0  # the gateway's registration workflow checks the worker before it serves
 
-declare(__name__, "traffic: gateways and the drain",
-        Var("model_gateway", "URL or list of URLs", None,
-            "the SGLang Model Gateway(s) (sglang-router) that route to this host: its worker is taken out "
-            "(DELETE /workers/ID) before the engine stops and put back (POST /workers) once it is healthy"),
-        Var("model_gateway_api_key", "str (secret)", None,
-            "the gateways' admin key (--control-plane-api-keys ...:admin:KEY; never printed)"),
-        Var("worker_url", "URL", None, "this engine as the gateways know it",
-            "http://ADDRESS:ENGINE_PORT"),
-        Var("drain", "gateway|hook|plain|none", None,
-            "how a stop is drained: gateway (model_gateway), hook (drain_hook), plain (SGLang's own drain "
-            "on SIGTERM, within TimeoutStopSec), none (as before: no drain)",
-            "gateway with model_gateway, hook with drain_hook, else none"),
-        Var("drain_hook", "command", None,
-            "run on the control node (no shell) with K26OPS_DRAIN=out before the stop and =in after "
-            "health and smoke; K26OPS_HOST, K26OPS_WORKER_URL set (HAProxy, nginx, Envoy)"),
-        Var("drain_timeout", "number (s)", DEFAULT_DRAIN_TIMEOUT,
-            "longest wait for in-flight requests; the unit's TimeoutStopSec is larger",
-            f"p99 end-to-end latency of the host's stored bench, else {DEFAULT_DRAIN_TIMEOUT:g}"),
-        Var("min_serving", "int", DEFAULT_MIN_SERVING,
-            "healthy workers every gateway keeps while a host is out of rotation (at least 1)"))
+declare(
+    __name__,
+    "traffic: gateways and the drain",
+    Var(
+        "model_gateway",
+        "URL or list of URLs",
+        None,
+        "the SGLang Model Gateway(s) (sglang-router) that route to this host: its worker is taken out "
+        "(DELETE /workers/ID) before the engine stops and put back (POST /workers) once it is healthy",
+    ),
+    Var(
+        "model_gateway_api_key",
+        "str (secret)",
+        None,
+        "the gateways' admin key (--control-plane-api-keys ...:admin:KEY; never printed)",
+    ),
+    Var("worker_url", "URL", None, "this engine as the gateways know it", "http://ADDRESS:ENGINE_PORT"),
+    Var(
+        "drain",
+        "gateway|hook|plain|none",
+        None,
+        "how a stop is drained: gateway (model_gateway), hook (drain_hook), plain (SGLang's own drain "
+        "on SIGTERM, within TimeoutStopSec), none (as before: no drain)",
+        "gateway with model_gateway, hook with drain_hook, else none",
+    ),
+    Var(
+        "drain_hook",
+        "command",
+        None,
+        "run on the control node (no shell) with K26OPS_DRAIN=out before the stop and =in after "
+        "health and smoke; K26OPS_HOST, K26OPS_WORKER_URL set (HAProxy, nginx, Envoy)",
+    ),
+    Var(
+        "drain_timeout",
+        "number (s)",
+        DEFAULT_DRAIN_TIMEOUT,
+        "longest wait for in-flight requests; the unit's TimeoutStopSec is larger",
+        f"p99 end-to-end latency of the host's stored bench, else {DEFAULT_DRAIN_TIMEOUT:g}",
+    ),
+    Var(
+        "min_serving",
+        "int",
+        DEFAULT_MIN_SERVING,
+        "healthy workers every gateway keeps while a host is out of rotation (at least 1)",
+    ),
+)
 
 
 BENCH_FIGURE = "e2e_p99_ms"  # k26ops.enginebench.run.METRICS: the requests' p99 end-to-end latency
@@ -85,8 +112,10 @@ def bench_p99_of(host: str) -> tuple[float, str] | None:
     from k26ops.baselines.repo import Baselines, default_dir
 
     path = default_dir()
-    stamp = tuple((path / ".git" / f).stat().st_mtime_ns if (path / ".git" / f).exists() else 0
-                  for f in ("refs/tags", "packed-refs"))
+    stamp = tuple(
+        (path / ".git" / f).stat().st_mtime_ns if (path / ".git" / f).exists() else 0
+        for f in ("refs/tags", "packed-refs")
+    )
     key = (str(path), stamp, host)
     with _GUARD:
         if key in _P99:
@@ -98,8 +127,11 @@ def bench_p99_of(host: str) -> tuple[float, str] | None:
             if tag.error or host not in ((tag.index or {}).get("hosts") or {}):
                 continue
             bench = repo.host_bench(tag.commit, host) or {}
-            p99 = [c["figures"][BENCH_FIGURE]["median"] for c in bench.get("cells") or []
-                   if BENCH_FIGURE in (c.get("figures") or {})]
+            p99 = [
+                c["figures"][BENCH_FIGURE]["median"]
+                for c in bench.get("cells") or []
+                if BENCH_FIGURE in (c.get("figures") or {})
+            ]
             if p99:
                 found = (round(max(p99) / 1000.0, 3), f"baseline {tag.name}")
                 break
@@ -186,8 +218,17 @@ class TrafficConfig:
             dt, dt_from = DEFAULT_DRAIN_TIMEOUT, "default"
         ms = _number(hv, "min_serving", name, DEFAULT_MIN_SERVING, least=1, integer=True)
         configured = any(hv.get(k) is not None for k in ("model_gateway", "drain", "drain_hook"))
-        return cls(mode=mode, gateways=gws, api_key=key or None, hook=hook, worker_url=wurl,
-                   drain_timeout=dt, drain_timeout_from=dt_from, min_serving=ms, configured=configured)
+        return cls(
+            mode=mode,
+            gateways=gws,
+            api_key=key or None,
+            hook=hook,
+            worker_url=wurl,
+            drain_timeout=dt,
+            drain_timeout_from=dt_from,
+            min_serving=ms,
+            configured=configured,
+        )
 
     @property
     def drains(self) -> bool:
@@ -200,15 +241,18 @@ class TrafficConfig:
     def summary(self) -> str:
         """One line for `check`: what a stop does to traffic here."""
         if self.mode == "none":
-            return "no gateway, drain hook or drain mode set: an engine restart drops its in-flight requests (as before)"
+            return (
+                "no gateway, drain hook or drain mode set: an engine restart drops its in-flight requests (as before)"
+            )
         tail = f"drain_timeout {self.drain_timeout:g}s ({self.drain_timeout_from}), TimeoutStopSec {self.timeout_stop_sec()}"
         if self.mode == "gateway":
-            return (f"out of rotation at {', '.join(Gateway(u).name for u in self.gateways)} before a stop, "
-                    f"min_serving {self.min_serving}; {tail}")
+            return (
+                f"out of rotation at {', '.join(Gateway(u).name for u in self.gateways)} before a stop, "
+                f"min_serving {self.min_serving}; {tail}"
+            )
         if self.mode == "hook":
             return f"drain_hook {self.hook[0]} before a stop and after health; {tail}"
         return f"plain: SGLang's own drain on SIGTERM; {tail}"
-
 
     def check(self) -> tuple[bool, str]:
         """`check`: (ok, one line): the summary, and for gateway mode what every gateway says of
@@ -219,8 +263,9 @@ class TrafficConfig:
                 w = gw.find(self.worker_url)
             except GatewayError as exc:
                 return False, f"{line}; {exc}"
-            line += (f"; {gw.name}: {self.worker_url} " + ("not registered (a deploy registers it)" if w is None
-                                                             else "healthy" if w.healthy else "unhealthy"))
+            line += f"; {gw.name}: {self.worker_url} " + (
+                "not registered (a deploy registers it)" if w is None else "healthy" if w.healthy else "unhealthy"
+            )
         return ok, line
 
 
@@ -270,9 +315,17 @@ class Drain:
     out: bool = False
 
     def __post_init__(self):
-        self.record = {"mode": self.cfg.mode, "drain_timeout_s": self.cfg.drain_timeout, "drain_s": None,
-                       "requests": None, "left": None, "out_of_rotation_s": None, "stop_to_serving_s": None,
-                       "put_back": False, "zero_healthy_seen": False}
+        self.record = {
+            "mode": self.cfg.mode,
+            "drain_timeout_s": self.cfg.drain_timeout,
+            "drain_s": None,
+            "requests": None,
+            "left": None,
+            "out_of_rotation_s": None,
+            "stop_to_serving_s": None,
+            "put_back": False,
+            "zero_healthy_seen": False,
+        }
 
     def gateways(self) -> list[Gateway]:
         return [Gateway(u, self.cfg.api_key) for u in self.cfg.gateways]
@@ -296,8 +349,10 @@ class Drain:
                 self.record["requests"] = self._inflight(0.0).get("running_total")
         except (Interrupted, KeyboardInterrupt):
             back = self._undo_out()
-            raise Interrupted(f"interrupted (Ctrl-C, SIGTERM or SIGHUP) during the drain; {back}; "
-                              "the engine was not stopped and keeps serving") from None
+            raise Interrupted(
+                f"interrupted (Ctrl-C, SIGTERM or SIGHUP) during the drain; {back}; "
+                "the engine was not stopped and keeps serving"
+            ) from None
         except (StepFailed, GatewayError) as exc:
             back = self._undo_out()
             raise StepFailed(f"drain: {exc}" + (f"; {back}" if back else "") + "; the engine was not stopped") from None
@@ -328,18 +383,30 @@ class Drain:
                 others = _others_out(gw.url, self.host)
             el = time.monotonic() - t0
             if not others or el > self.wait_for_others_s:
-                raise StepFailed(f"not taken out of rotation: gateway {gw.name} would keep {len(healthy)} healthy "
-                                 f"worker(s), fewer than min_serving {need}" + (f" ({', '.join(others)} still out)"
-                                                                              if others else ""))
-            self.progress(f"waiting: gateway {gw.name} has {len(healthy)} other healthy worker(s), min_serving "
-                          f"{need}; {', '.join(others)} out of rotation, {el:.0f} s")
+                raise StepFailed(
+                    f"not taken out of rotation: gateway {gw.name} would keep {len(healthy)} healthy "
+                    f"worker(s), fewer than min_serving {need}"
+                    + (f" ({', '.join(others)} still out)" if others else "")
+                )
+            self.progress(
+                f"waiting: gateway {gw.name} has {len(healthy)} other healthy worker(s), min_serving "
+                f"{need}; {', '.join(others)} out of rotation, {el:.0f} s"
+            )
             if interrupt_requested.is_set():
                 raise Interrupted("interrupted")
             time.sleep(1.0)
 
     def _inflight(self, window: float) -> dict:
-        res = agents.run(self.session, "engine", "inflight", window + 30, what="host agent",
-                         port=self.engine_port, host=self.engine_host, window=window)
+        res = agents.run(
+            self.session,
+            "engine",
+            "inflight",
+            window + 30,
+            what="host agent",
+            port=self.engine_port,
+            host=self.engine_host,
+            window=window,
+        )
         if res.get("metrics"):
             res["running_total"] = int(res["running"]) + int(res.get("queued") or 0)
         return res
@@ -353,8 +420,10 @@ class Drain:
             el = time.monotonic() - t0
             if not res.get("metrics"):  # no --enable-metrics: the stop's own SGLang drain waits for them
                 self.record.update(drain_s=round(el, 2), metrics=False)
-                self.progress(f"drained: the engine's /metrics does not count requests (HTTP {res.get('status')}); "
-                              "its own drain on SIGTERM waits for them")
+                self.progress(
+                    f"drained: the engine's /metrics does not count requests (HTTP {res.get('status')}); "
+                    "its own drain on SIGTERM waits for them"
+                )
                 return
             n = res["running_total"]
             if first is None:
@@ -362,8 +431,10 @@ class Drain:
                 self.record["requests"] = n
             if n == 0 or el >= self.cfg.drain_timeout:
                 self.record.update(drain_s=round(el, 2), left=n)
-                self.progress(f"drained in {el:.0f} s ({first} request(s) waited for"
-                              + (f", {n} still in flight: the stop's own drain waits for them)" if n else ")"))
+                self.progress(
+                    f"drained in {el:.0f} s ({first} request(s) waited for"
+                    + (f", {n} still in flight: the stop's own drain waits for them)" if n else ")")
+                )
                 return
             self.progress(f"draining, {n} request{'s' if n != 1 else ''} in flight, {el:.0f} s")
             if interrupt_requested.is_set():
@@ -413,8 +484,10 @@ class Drain:
                     self.progress(f"back into rotation at {gw.name}")
                     got = gw.wait_healthy(url, PUT_BACK_TIMEOUT_S, interruptible=False)
                     if got is None:
-                        raise StepFailed(f"gateway {gw.name} did not list {url} as healthy within "
-                                         f"{PUT_BACK_TIMEOUT_S:.0f}s after POST /workers")
+                        raise StepFailed(
+                            f"gateway {gw.name} did not list {url} as healthy within "
+                            f"{PUT_BACK_TIMEOUT_S:.0f}s after POST /workers"
+                        )
             finally:
                 _mark(gw.url, self.host, False)
         return ", ".join(gw.name for gw, _ in targets)
@@ -423,8 +496,14 @@ class Drain:
     def _hook(self, phase: str) -> None:
         env = dict(os.environ, K26OPS_DRAIN=phase, K26OPS_HOST=self.host, K26OPS_WORKER_URL=self.cfg.worker_url)
         try:
-            p = subprocess.run(list(self.cfg.hook), env=env, capture_output=True, text=True,
-                               timeout=HOOK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            p = subprocess.run(
+                list(self.cfg.hook),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=HOOK_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise StepFailed(f"drain_hook ({phase}) {self.cfg.hook[0]}: {type(exc).__name__}: {exc}") from None
         if p.returncode != 0:
@@ -432,8 +511,7 @@ class Drain:
             raise StepFailed(f"drain_hook ({phase}) {self.cfg.hook[0]} exited {p.returncode}: {last}")
 
 
-def for_session(session, progress: Callable[[str], None] = lambda m: None,
-                hvars: dict | None = None) -> Drain | None:
+def for_session(session, progress: Callable[[str], None] = lambda m: None, hvars: dict | None = None) -> Drain | None:
     """The host's drain for a stop made outside a deploy's service step (reboot, provision's
     reboot, diagnose cuda-graph, rehearse --stop-serving); None where the host does not drain."""
     host = session.host
@@ -443,16 +521,33 @@ def for_session(session, progress: Callable[[str], None] = lambda m: None,
         return None
     eh = EngineHost(SimpleNamespace(vars=hv, state={}, session=session, host=host))
     addr, port = eh.target()
-    return Drain(cfg, host.name, session, engine_host=addr, engine_port=port, engine_api_key=eh.api_key(),
-                 progress=progress, secrets=eh.secrets())
+    return Drain(
+        cfg,
+        host.name,
+        session,
+        engine_host=addr,
+        engine_port=port,
+        engine_api_key=eh.api_key(),
+        progress=progress,
+        secrets=eh.secrets(),
+    )
 
 
 def smoke_before_put_back(d: Drain, session, unit: str | None) -> None:
     """One greedy /generate on the worker itself (the deploy's smoke request, k26ops.steps.engine) before
     it goes back into rotation; StepFailed (left out of rotation) when it does not answer with text."""
-    r = engine_agent(session, "smoke", timeout=SMOKE_TIMEOUT_S + 30, port=d.engine_port, host=d.engine_host,
-                     unit=unit, api_key=d.engine_api_key, prompt="Say hello in one short sentence.",
-                     max_new_tokens=8, timeout_s=SMOKE_TIMEOUT_S)
+    r = engine_agent(
+        session,
+        "smoke",
+        timeout=SMOKE_TIMEOUT_S + 30,
+        port=d.engine_port,
+        host=d.engine_host,
+        unit=unit,
+        api_key=d.engine_api_key,
+        prompt="Say hello in one short sentence.",
+        max_new_tokens=8,
+        timeout_s=SMOKE_TIMEOUT_S,
+    )
     d.progress("smoke before putting it back: " + ("failed" if r.get("failed") else "answered"))
     if r.get("failed"):
         last = (r.get("results") or [{}])[-1]
@@ -465,9 +560,18 @@ def back_when_healthy(d: Drain, session, unit: str, timeout: float) -> None:
     on the host (`session`: a new one after a reboot) and a smoke request, then put it back; StepFailed
     (left out of rotation) when it does not."""
     d.session = session
-    w = wait_ready(session, unit, d.engine_host, d.engine_port, base=None, timeout=timeout, secrets=d.secrets,
-                   on_wait=lambda r: d.progress(f"waiting for the engine before putting it back: "
-                                                f"{r.poll['state']} {r.elapsed:.0f}s"))
+    w = wait_ready(
+        session,
+        unit,
+        d.engine_host,
+        d.engine_port,
+        base=None,
+        timeout=timeout,
+        secrets=d.secrets,
+        on_wait=lambda r: d.progress(
+            f"waiting for the engine before putting it back: {r.poll['state']} {r.elapsed:.0f}s"
+        ),
+    )
     if w.state != "healthy":
         raise StepFailed(f"the engine is {w.state} after {w.elapsed:.0f}s: left out of rotation")
     smoke_before_put_back(d, session, unit)

@@ -72,8 +72,13 @@ class Worker:
 
     @classmethod
     def of(cls, d: dict) -> "Worker":
-        return cls(id=str(d.get("id") or ""), url=normal_url(d.get("url") or ""),
-                   healthy=bool(d.get("is_healthy")), load=d.get("load"), raw=d)
+        return cls(
+            id=str(d.get("id") or ""),
+            url=normal_url(d.get("url") or ""),
+            healthy=bool(d.get("is_healthy")),
+            load=d.get("load"),
+            raw=d,
+        )
 
 
 class Gateway:
@@ -96,8 +101,9 @@ class Gateway:
         return f"Gateway({self.name})"
 
     # ---------------------------------------------------------------- HTTP
-    def request(self, method: str, path: str, body: dict | None = None,
-                timeout: float | None = None) -> tuple[int, object]:
+    def request(
+        self, method: str, path: str, body: dict | None = None, timeout: float | None = None
+    ) -> tuple[int, object]:
         """(status, decoded JSON or text). GatewayError when the gateway does not answer."""
         cls = http.client.HTTPSConnection if self._tls else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=timeout or self.timeout)
@@ -114,8 +120,11 @@ class Gateway:
             raw = res.read()
             status = res.status
         except (OSError, http.client.HTTPException) as exc:
-            raise GatewayError(f"gateway {self.name}: {method} {path}: {type(exc).__name__}: {exc}"
-                               .replace(self._key or "\0", "<redacted>")) from None
+            raise GatewayError(
+                f"gateway {self.name}: {method} {path}: {type(exc).__name__}: {exc}".replace(
+                    self._key or "\0", "<redacted>"
+                )
+            ) from None
         finally:
             conn.close()
         text = raw.decode("utf-8", "replace")
@@ -127,9 +136,11 @@ class Gateway:
     def _ok(self, method: str, path: str, body: dict | None = None, want=(200,)) -> object:
         status, out = self.request(method, path, body)
         if status == 401:
-            raise GatewayError(f"gateway {self.name}: {method} {path}: 401 Unauthorized (model_gateway_api_key: "
-                               f"{'wrong' if self._key else 'none given'}; the gateway's --control-plane-api-keys "
-                               "admin key is needed)")
+            raise GatewayError(
+                f"gateway {self.name}: {method} {path}: 401 Unauthorized (model_gateway_api_key: "
+                f"{'wrong' if self._key else 'none given'}; the gateway's --control-plane-api-keys "
+                "admin key is needed)"
+            )
         if status not in want:
             detail = out.get("error") or out.get("message") if isinstance(out, dict) else out
             if isinstance(detail, dict):
@@ -190,12 +201,17 @@ class Gateway:
         """/readiness: {"ready": bool, "healthy_workers", "total_workers"} (503 is an answer, not an error)."""
         status, out = self.request("GET", "/readiness")
         d = out if isinstance(out, dict) else {}
-        return {"ready": status == 200, "healthy_workers": d.get("healthy_workers"),
-                "total_workers": d.get("total_workers"), "status": d.get("status") or d.get("reason")}
+        return {
+            "ready": status == 200,
+            "healthy_workers": d.get("healthy_workers"),
+            "total_workers": d.get("total_workers"),
+            "status": d.get("status") or d.get("reason"),
+        }
 
     # ---------------------------------------------------------------- waits
-    def wait_gone(self, worker_id: str, timeout: float = 30.0, interval: float = 0.2,
-                  interruptible: bool = False) -> bool:
+    def wait_gone(
+        self, worker_id: str, timeout: float = 30.0, interval: float = 0.2, interruptible: bool = False
+    ) -> bool:
         """Until the removal of `worker_id` is done (404); False on timeout (or interrupt, if interruptible)."""
         end = time.monotonic() + timeout
         while self.worker(worker_id) is not None:
@@ -204,8 +220,14 @@ class Gateway:
             time.sleep(interval)
         return True
 
-    def wait_healthy(self, url: str, timeout: float, interval: float = 0.5, interruptible: bool = False,
-                     on_wait: Callable[[float], None] = lambda s: None) -> Worker | None:
+    def wait_healthy(
+        self,
+        url: str,
+        timeout: float,
+        interval: float = 0.5,
+        interruptible: bool = False,
+        on_wait: Callable[[float], None] = lambda s: None,
+    ) -> Worker | None:
         """Until the worker for `url` is listed and healthy; None on timeout (or interrupt, if interruptible)."""
         t0 = time.monotonic()
         while True:
@@ -260,7 +282,14 @@ class Watch:
 
     def report(self) -> dict:
         """{"zero_worker_windows": N, "gateways": {name: {"min_healthy", "zero_worker_windows", "error"?}}}."""
-        return {"zero_worker_windows": sum(self.zero_windows.values()),
-                "gateways": {n: {"min_healthy": self.min_healthy[n], "zero_worker_windows": self.zero_windows[n],
-                                 **({"error": self.errors[n]} if n in self.errors else {})}
-                             for n in self.zero_windows}}
+        return {
+            "zero_worker_windows": sum(self.zero_windows.values()),
+            "gateways": {
+                n: {
+                    "min_healthy": self.min_healthy[n],
+                    "zero_worker_windows": self.zero_windows[n],
+                    **({"error": self.errors[n]} if n in self.errors else {}),
+                }
+                for n in self.zero_windows
+            },
+        }

@@ -41,7 +41,7 @@ class Hub:
         self._one_at_a_time = threading.Lock()
 
     def serves(self, name: str, op: str, interpreter: str, tied: bool) -> bool:
-        return (not self.closed and not tied and interpreter == "python3" and (name, op) in self.ops)
+        return not self.closed and not tied and interpreter == "python3" and (name, op) in self.ops
 
     def call(self, name: str, op: str, timeout: float, what: str, req: dict) -> dict:
         with self._one_at_a_time:  # one request in flight on the channel
@@ -61,9 +61,10 @@ class Hub:
         except (OSError, EOFError, TimeoutError, ssh.OutputTooLarge) as exc:
             err = self.proc.stderr_tail()
             self.close(stop=True)
-            why = {TimeoutError: f"no answer within {timeout:g}s",
-                   ssh.OutputTooLarge: f"printed more than {ssh.OUTPUT_LIMIT >> 20} MiB"}.get(type(exc)) or (
-                err or f"the hub ended ({type(exc).__name__})")
+            why = {
+                TimeoutError: f"no answer within {timeout:g}s",
+                ssh.OutputTooLarge: f"printed more than {ssh.OUTPUT_LIMIT >> 20} MiB",
+            }.get(type(exc)) or (err or f"the hub ended ({type(exc).__name__})")
             raise agents.AgentFailed(f"{what} ({op}) on {host} through the agent hub: {why}") from None
         self.sent.add(name)
         self.calls += 1
@@ -101,7 +102,7 @@ class _Lines:
             if start >= 0:
                 end = self.buf.find(b"\n", start + 1)
                 if end >= 0:
-                    text = self.buf[start + 1 + len(ANSWER):end].decode()
+                    text = self.buf[start + 1 + len(ANSWER) : end].decode()
                     self.buf = self.buf[end:]
                     return text
             left = deadline - time.monotonic()
@@ -156,8 +157,13 @@ class _LocalProcess(_Lines):
     def __init__(self, cmd: str):
         super().__init__()
         self.err = tempfile.TemporaryFile()
-        self.p = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=self.err, start_new_session=True)
+        self.p = subprocess.Popen(
+            ["/bin/sh", "-c", cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            start_new_session=True,
+        )
 
     def send(self, data: bytes) -> None:
         self.p.stdin.write(data)

@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from k26ops.transport import ssh
 from k26ops.errors import Interrupted, StepFailed
-from k26ops.transport.fleet import interrupt_requested
 from k26ops.shell import q, tied_to_channel
+from k26ops.transport import ssh
+from k26ops.transport.fleet import interrupt_requested
 from k26ops.transport.ssh import Cancelled, OutputTooLarge
 
 DIR = Path(__file__).resolve().parent.parent / "agents"
@@ -53,8 +53,17 @@ def command(name: str, python: str = "python3", tied: bool = False) -> str:
     return tied_to_channel(cmd, stdin=True) if tied else cmd
 
 
-def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None = None,
-        interpreter: str = "python3", tied: bool = False, **req) -> dict:
+def run(
+    session,
+    name: str,
+    op: str,
+    timeout: float = 120.0,
+    *,
+    what: str | None = None,
+    interpreter: str = "python3",
+    tied: bool = False,
+    **req,
+) -> dict:
     """Run one operation of agent `name` on the host: one remote command, the
     request as JSON on stdin, the answer the last JSON line of stdout.
     `session`: anything with .run(command, stdin=, timeout=) giving .exited,
@@ -71,11 +80,12 @@ def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None
     if tied:
         kw["cancel"] = interrupt_requested
     try:
-        res = session.run(command(name, interpreter, tied), stdin=json.dumps({"op": op, **req}), timeout=timeout,
-                          **kw)
+        res = session.run(command(name, interpreter, tied), stdin=json.dumps({"op": op, **req}), timeout=timeout, **kw)
     except OutputTooLarge:
-        raise AgentFailed(f"{what} ({op}) on {host} printed more than {ssh.OUTPUT_LIMIT >> 20} MiB: stopped reading "
-                          "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)") from None
+        raise AgentFailed(
+            f"{what} ({op}) on {host} printed more than {ssh.OUTPUT_LIMIT >> 20} MiB: stopped reading "
+            "(an agent answers in one JSON line; is python3 on the host a wrapper that prints?)"
+        ) from None
     except Cancelled:
         raise Interrupted(f"interrupted (Ctrl-C, SIGTERM or SIGHUP) during the {what} on {host}") from None
     lines = res.stdout.strip().splitlines()
@@ -85,5 +95,6 @@ def run(session, name: str, op: str, timeout: float = 120.0, *, what: str | None
     try:
         return json.loads(lines[-1])
     except ValueError:
-        raise AgentFailed(f"{what} ({op}) on {host} printed no JSON answer as its last line: "
-                          f"{lines[-1][:200]!r}") from None
+        raise AgentFailed(
+            f"{what} ({op}) on {host} printed no JSON answer as its last line: {lines[-1][:200]!r}"
+        ) from None

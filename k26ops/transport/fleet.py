@@ -47,9 +47,15 @@ class HostResult:
     uploaded: int = 0  # bytes of files the control node sent to the host
 
     def to_json(self) -> dict:
-        return {"host": self.host, "status": self.status, "error": self.error,
-                "elapsed": round(self.elapsed, 3), "commands": self.commands, "uploaded": self.uploaded,
-                **self.data}
+        return {
+            "host": self.host,
+            "status": self.status,
+            "error": self.error,
+            "elapsed": round(self.elapsed, 3),
+            "commands": self.commands,
+            "uploaded": self.uploaded,
+            **self.data,
+        }
 
 
 class Outcome(dict):
@@ -86,8 +92,7 @@ class Connections:
         with self._lock:
             s = self.sessions.get(host.name)
         if s is None:
-            s = connect(host, accept_new=self.opt.accept_new_host_keys,
-                        connect_timeout=self.opt.connect_timeout)
+            s = connect(host, accept_new=self.opt.accept_new_host_keys, connect_timeout=self.opt.connect_timeout)
             with self._lock:
                 self.sessions[host.name] = s
         return s
@@ -108,10 +113,14 @@ class Connections:
 class Fleet:
     """One batch of hosts run in parallel (k26ops.orchestrate.rollout.run builds it: the one driver)."""
 
-    def __init__(self, hosts: list[Host], options: FleetOptions | None = None,
-                 on_event: Callable[[str, str], None] | None = None,
-                 on_result: Callable[[HostResult], None] | None = None,
-                 connections: Connections | None = None):
+    def __init__(
+        self,
+        hosts: list[Host],
+        options: FleetOptions | None = None,
+        on_event: Callable[[str, str], None] | None = None,
+        on_result: Callable[[HostResult], None] | None = None,
+        connections: Connections | None = None,
+    ):
         self.hosts = hosts
         self.opt = options or FleetOptions()
         self.on_event = reporter(on_event or (lambda host, msg: None))
@@ -150,8 +159,10 @@ class Fleet:
                         self.on_result(res)
                     cond.notify_all()
 
-        threads = [threading.Thread(target=worker, daemon=True, name=f"k26ops-fork-{i}")
-                   for i in range(max(1, min(self.opt.forks, len(self.hosts))))]
+        threads = [
+            threading.Thread(target=worker, daemon=True, name=f"k26ops-fork-{i}")
+            for i in range(max(1, min(self.opt.forks, len(self.hosts))))
+        ]
         try:
             for t in threads:  # inside: a Ctrl-C while the workers start (the first may already run) is handled
                 t.start()
@@ -161,8 +172,9 @@ class Fleet:
                     for name, t0 in list(started.items()):
                         if name not in done and now - t0 > self.opt.deadline:
                             done.add(name)
-                            results[name] = HostResult(name, FAILED, f"deadline of {self.opt.deadline:.0f}s exceeded",
-                                                       elapsed=now - t0)
+                            results[name] = HostResult(
+                                name, FAILED, f"deadline of {self.opt.deadline:.0f}s exceeded", elapsed=now - t0
+                            )
                             self.on_result(results[name])
                             self._close(name)
                     cond.wait(timeout=0.2)
@@ -181,8 +193,11 @@ class Fleet:
                     if name not in done:
                         done.add(name)
                         r.status = INTERRUPTED
-                        r.error = ("interrupted before this host started" if name not in started else
-                                   "interrupted; its restore did not finish in time (run again to converge)")
+                        r.error = (
+                            "interrupted before this host started"
+                            if name not in started
+                            else "interrupted; its restore did not finish in time (run again to converge)"
+                        )
             self.close()
             raise FleetInterrupted([results[h.name] for h in self.hosts]) from None
         return [results[h.name] for h in self.hosts]

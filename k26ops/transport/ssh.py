@@ -53,10 +53,6 @@ OUTPUT_LIMIT = 64 << 20
 USER_KNOWN_HOSTS = Path(os.path.expanduser("~/.ssh/known_hosts"))
 
 
-
-
-
-
 class OutputTooLarge(Exception):
     """A command printed more than OUTPUT_LIMIT bytes: we stopped reading and closed its channel."""
 
@@ -77,9 +73,11 @@ def install_as_root(tmp: str, remote_path: str, mode: int) -> str:
     """Shell line (run by the login user) that has root copy `tmp` (the login
     user's upload) to a temp name beside `remote_path`, chmod and rename it into
     place; the temp names are removed whatever happens."""
-    inner = (f'set -e; t=$(mktemp {q(remote_path + ".k26ops-tmp-XXXXXX")}); '
-             f'trap \'rm -f "$t"\' EXIT; cp {q(tmp)} "$t"; chmod {mode:o} "$t"; '
-             f'mv -fT "$t" {q(remote_path)}; trap - EXIT')
+    inner = (
+        f"set -e; t=$(mktemp {q(remote_path + '.k26ops-tmp-XXXXXX')}); "
+        f'trap \'rm -f "$t"\' EXIT; cp {q(tmp)} "$t"; chmod {mode:o} "$t"; '
+        f'mv -fT "$t" {q(remote_path)}; trap - EXIT'
+    )
     return f"{as_root(inner)}; rc=$?; rm -f {q(tmp)}; exit $rc"
 
 
@@ -117,7 +115,8 @@ class _StrictPolicy(paramiko.MissingHostKeyPolicy):
         if not self.accept_new:
             raise HostKeyRefused(
                 f"unknown host key {key.get_name()} {fingerprint(key)} for {hostname}: "
-                "verify it, add it to known_hosts or rerun with --accept-new-host-keys")
+                "verify it, add it to known_hosts or rerun with --accept-new-host-keys"
+            )
         if self.record_to is not None:
             self.record_to.parent.mkdir(parents=True, exist_ok=True)
             with open(self.record_to, "a") as fh:
@@ -146,8 +145,15 @@ class Session:
         self.uploaded = 0  # bytes of file contents sent to this host (put, put_file)
         self._lock = threading.Lock()
 
-    def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None,
-            check: bool = False, cancel: threading.Event | None = None) -> Result:
+    def run(
+        self,
+        command: str,
+        *,
+        stdin: str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> Result:
         """`cancel`: an event that, once set, ends the command at once (its channel is
         closed: a command made with steps.tied_to_channel dies with it) with Cancelled."""
         self.count_command()
@@ -203,8 +209,7 @@ class CommandFailed(Exception):
         self.result = result
         first = command.strip().splitlines()[0] if command.strip() else command
         detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
-        super().__init__(f"`{first[:80]}` exited {result.exited}"
-                         + (f": {detail[-1][:300]}" if detail else ""))
+        super().__init__(f"`{first[:80]}` exited {result.exited}" + (f": {detail[-1][:300]}" if detail else ""))
 
 
 class SSHSession(Session):
@@ -241,6 +246,7 @@ class SSHSession(Session):
         def upload(sftp, tmp):
             with sftp.open(tmp, "wb") as fh:
                 fh.write(data)
+
         self._put(upload, remote_path, mode)
 
     def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
@@ -294,9 +300,11 @@ def _drain(chan: paramiko.Channel, timeout: float, cancel: threading.Event | Non
     while True:
         busy = False
         while chan.recv_ready():
-            out.write(chan.recv(65536)); busy = True
+            out.write(chan.recv(65536))
+            busy = True
         while chan.recv_stderr_ready():
-            err.write(chan.recv_stderr(65536)); busy = True
+            err.write(chan.recv_stderr(65536))
+            busy = True
         if out.tell() + err.tell() > OUTPUT_LIMIT:
             raise _too_much()
         if cancel is not None and cancel.is_set():
@@ -328,8 +336,13 @@ class LocalSession(Session):
         OUTPUT_LIMIT and `cancel`; on any of these our ends of the pipes close first
         (as a channel would: a steps.tied_to_channel command ends its work), then
         its process group is killed."""
-        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             if stdin is not None:
                 proc.stdin.write(stdin.encode())
@@ -346,9 +359,15 @@ class LocalSession(Session):
                     bufs[f].write(data)
                 else:
                     reading.remove(f)
-            why = ("output" if sum(b.tell() for b in bufs.values()) > OUTPUT_LIMIT
-                   else "cancel" if cancel is not None and cancel.is_set()
-                   else "timeout" if time.monotonic() > deadline else None)
+            why = (
+                "output"
+                if sum(b.tell() for b in bufs.values()) > OUTPUT_LIMIT
+                else "cancel"
+                if cancel is not None and cancel.is_set()
+                else "timeout"
+                if time.monotonic() > deadline
+                else None
+            )
         if not why:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -375,6 +394,7 @@ class LocalSession(Session):
         def write(tmp):
             with open(tmp, "wb") as fh:
                 fh.write(data)
+
         self._put(write, remote_path, mode)
 
     def put_file(self, local_path, remote_path: str, mode: int = 0o644) -> None:
@@ -475,9 +495,14 @@ def _gateway(spec: str | None, timeout: float):
     for hop in spec.split(","):
         user, _, rest = hop.rpartition("@")
         hostname, _, port = rest.partition(":")
-        gw = Connection(hostname, user=user or None, port=int(port) if port else None,
-                        gateway=gw, connect_timeout=timeout,
-                        connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout})
+        gw = Connection(
+            hostname,
+            user=user or None,
+            port=int(port) if port else None,
+            gateway=gw,
+            connect_timeout=timeout,
+            connect_kwargs={"banner_timeout": timeout, "auth_timeout": timeout},
+        )
     return gw
 
 
@@ -510,8 +535,10 @@ def failure(exc: BaseException, hop: Connection, timeout: float, via_bastion: bo
     if isinstance(exc, paramiko.AuthenticationException):
         return f"authentication failed as {hop.user}: {exc}"
     if isinstance(exc, paramiko.ChannelException):
-        return (f"the bastion could not open a connection to port {hop.port} "
-                f"(refused, unreachable or name unknown from the bastion: {exc})")
+        return (
+            f"the bastion could not open a connection to port {hop.port} "
+            f"(refused, unreachable or name unknown from the bastion: {exc})"
+        )
     if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
         msg = str(exc) or exc.__class__.__name__
         if "banner" in msg.lower():
@@ -523,26 +550,32 @@ def failure(exc: BaseException, hop: Connection, timeout: float, via_bastion: bo
     return None
 
 
-def connect(host: Host, *, accept_new: bool = False,
-            connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Session:
+def connect(host: Host, *, accept_new: bool = False, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Session:
     """Open the host's one connection for this run. Raises HostKeyRefused or Unreachable."""
     if host.connection == "local":
         return _checked(LocalSession(host), getpass.getuser())
-    kwargs = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout,
-              "allow_agent": True}
+    kwargs = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout, "allow_agent": True}
     if host.identity_file:
         kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
         kwargs["look_for_keys"] = False
         kwargs["allow_agent"] = False
-    conn = Connection(host.address, user=host.user or None, port=host.port or None,
-                      connect_kwargs=kwargs, connect_timeout=connect_timeout,
-                      gateway=_gateway(host.gateway, connect_timeout),
-                      config=Config(overrides={"load_ssh_configs": True}))
+    conn = Connection(
+        host.address,
+        user=host.user or None,
+        port=host.port or None,
+        connect_kwargs=kwargs,
+        connect_timeout=connect_timeout,
+        gateway=_gateway(host.gateway, connect_timeout),
+        config=Config(overrides={"load_ssh_configs": True}),
+    )
     _strict(conn, host, accept_new)
     hops = _hops(conn)
     for i, hop in enumerate(hops):  # bastions first, so a failure names its hop
-        what = (f"bastion {_hop_name(hop)}" if hop is not conn
-                else f"host {_hop_name(hop)}" + (f" (via bastion {_hop_name(hops[i - 1])})" if i else ""))
+        what = (
+            f"bastion {_hop_name(hop)}"
+            if hop is not conn
+            else f"host {_hop_name(hop)}" + (f" (via bastion {_hop_name(hops[i - 1])})" if i else "")
+        )
         try:
             hop.open()
         except BaseException as exc:
@@ -553,7 +586,8 @@ def connect(host: Host, *, accept_new: bool = False,
                 raise HostKeyRefused(
                     f"{what}: host key for {exc.hostname} CHANGED: offered {exc.key.get_name()} "
                     f"{fingerprint(exc.key)}, known_hosts has {fingerprint(exc.expected_key)}; refusing "
-                    "(if the host was reinstalled, remove the old key from known_hosts)") from None
+                    "(if the host was reinstalled, remove the old key from known_hosts)"
+                ) from None
             why = failure(exc, hop, connect_timeout, via_bastion=bool(i))
             if why is None:
                 raise
@@ -570,5 +604,3 @@ def _checked(session: Session, user: str) -> Session:
         session.close()
         raise
     return session
-
-

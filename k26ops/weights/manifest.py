@@ -96,7 +96,7 @@ def parse(text: str, where: str = "<manifest>") -> Manifest:
             continue
         if line.startswith("#"):
             if line.startswith("# source: "):
-                source = line[len("# source: "):].strip()
+                source = line[len("# source: ") :].strip()
             continue
         parts = line.split(None, 2)
         if len(parts) != 3 or not _SHA.fullmatch(parts[0]) or not parts[1].isdigit():
@@ -122,6 +122,7 @@ def load(path: Path) -> Manifest:
 
 # -- from the Hub ------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class HubSpec:
     repo_id: str
@@ -137,15 +138,23 @@ def hub_spec(text: str) -> HubSpec:
     if not m or not _REPO.fullmatch(m.group(1)):
         raise UserError(f"{text!r}: want hf://ORG/REPO@REVISION (e.g. hf://moonshotai/Kimi-K2.6@<40-hex commit>)")
     if not _REV.fullmatch(m.group(2)):
-        raise UserError(f"{text!r}: the revision must be the full 40-hex commit, not {m.group(2)!r} "
-                        "(a branch or tag moves; the Hub's commit list gives it)")
+        raise UserError(
+            f"{text!r}: the revision must be the full 40-hex commit, not {m.group(2)!r} "
+            "(a branch or tag moves; the Hub's commit list gives it)"
+        )
     return HubSpec(m.group(1), m.group(2))
 
 
 def hub_request(spec: HubSpec, token: str | None) -> dict:
     """The keyword arguments of `HfApi.list_repo_tree` for this manifest."""
-    return {"repo_id": spec.repo_id, "revision": spec.revision, "repo_type": "model",
-            "recursive": True, "expand": True, "token": token or False}
+    return {
+        "repo_id": spec.repo_id,
+        "revision": spec.revision,
+        "repo_type": "model",
+        "recursive": True,
+        "expand": True,
+        "token": token or False,
+    }
 
 
 def from_hub(spec: HubSpec, token: str | None = None, api=None) -> Manifest:
@@ -155,8 +164,10 @@ def from_hub(spec: HubSpec, token: str | None = None, api=None) -> Manifest:
         from huggingface_hub import HfApi  # optional: the `hub` extra, only for an hf:// manifest
         from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled  # optional: as above
     except ImportError:
-        raise UserError("huggingface_hub is not installed on this control node: "
-                        "pip install 'k26ops[hub]' (or make the manifest from a reference copy)") from None
+        raise UserError(
+            "huggingface_hub is not installed on this control node: "
+            "pip install 'k26ops[hub]' (or make the manifest from a reference copy)"
+        ) from None
     api = api or HfApi()
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # its retry warnings: the one line below says it
     entries = []
@@ -167,19 +178,26 @@ def from_hub(spec: HubSpec, token: str | None = None, api=None) -> Manifest:
             lfs = getattr(item, "lfs", None)
             sha = getattr(lfs, "sha256", None) if lfs is not None else None
             if sha is None:
-                raise UserError(f"{spec}: {item.path} is a plain git file (no LFS sha256 on the Hub): "
-                                "make the manifest from a reference copy of this revision")
+                raise UserError(
+                    f"{spec}: {item.path} is a plain git file (no LFS sha256 on the Hub): "
+                    "make the manifest from a reference copy of this revision"
+                )
             entries.append(Entry(item.path, int(lfs.size if lfs.size is not None else item.size), sha))
     except OfflineModeIsEnabled:
-        raise UserError(f"{spec}: the Hub is not reachable from here (HF_HUB_OFFLINE is set): make the manifest "
-                        "on a node that reaches huggingface.co, or from a reference copy") from None
+        raise UserError(
+            f"{spec}: the Hub is not reachable from here (HF_HUB_OFFLINE is set): make the manifest "
+            "on a node that reaches huggingface.co, or from a reference copy"
+        ) from None
     except HfHubHTTPError as exc:
         code = getattr(getattr(exc, "response", None), "status_code", None)
-        raise UserError(f"{spec}: the Hub refused the listing (HTTP {code}): "
-                        f"{str(exc).splitlines()[0][:160]}") from None
+        raise UserError(
+            f"{spec}: the Hub refused the listing (HTTP {code}): {str(exc).splitlines()[0][:160]}"
+        ) from None
     except (OSError, ConnectionError) as exc:
-        raise UserError(f"{spec}: the Hub is not reachable from here ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0][:160] if str(exc) else 'no answer'})") from None
+        raise UserError(
+            f"{spec}: the Hub is not reachable from here ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:160] if str(exc) else 'no answer'})"
+        ) from None
     except Exception as exc:  # requests' and httpx's connection errors are not OSError subclasses
         if "connect" in type(exc).__name__.lower() or "timeout" in type(exc).__name__.lower():
             raise UserError(f"{spec}: the Hub is not reachable from here ({type(exc).__name__})") from None
@@ -193,6 +211,7 @@ def from_hub(spec: HubSpec, token: str | None = None, api=None) -> Manifest:
 
 
 # -- from a reference copy ---------------------------------------------------
+
 
 def hash_file(path: str, buf_size: int = CHUNK) -> tuple[int, str]:
     h, n = hashlib.sha256(), 0
@@ -239,6 +258,7 @@ def from_dir(root: Path | str, source: str = "", workers: int | None = None) -> 
 
 # -- the fast comparison (sizes and the file set) -----------------------------
 
+
 @dataclass(frozen=True)
 class Stat:
     size: int
@@ -282,5 +302,9 @@ def compare(manifest: Manifest, files: dict[str, Stat], record: dict | None = No
     extra = sorted(p for p in files if p not in want)
     refused = [p for p in extra if p.endswith(REFUSED_EXTRA)]
     problems += [f"{p} is not in the manifest (found {files[p].size} bytes)" for p in refused]
-    return {"problems": problems, "ignored": [p for p in extra if p not in refused],
-            "changed": changed, "verified": verified}
+    return {
+        "problems": problems,
+        "ignored": [p for p in extra if p not in refused],
+        "changed": changed,
+        "verified": verified,
+    }

@@ -59,8 +59,11 @@ class Site:
             return None
         served = []
         for shard in lacking:
-            peers = [h for h in self.holders[shard] if h != host and h not in self.failed
-                     and self.uploads.get(h, 0) < self.max_uploads]
+            peers = [
+                h
+                for h in self.holders[shard]
+                if h != host and h not in self.failed and self.uploads.get(h, 0) < self.max_uploads
+            ]
             if peers:
                 src = min(peers, key=lambda h: (self.uploads.get(h, 0), h))
                 served.append((len(self.holders[shard]), shard, src))

@@ -27,19 +27,27 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-from k26ops.transport import agents
 from k26ops.errors import StepFailed, UserError
-from k26ops.transport.fleet import Connections, Fleet, FleetInterrupted, Outcome, exit_code
 from k26ops.hostvars import Var, declare
 from k26ops.interrupt import check as check_interrupted
+from k26ops.transport import agents
+from k26ops.transport.fleet import Connections, Fleet, FleetInterrupted, Outcome, exit_code
 from k26ops.weights import hostops
 from k26ops.weights import manifest as mf
 from k26ops.weights.plan import ORIGIN, WAIT, Site
 
-declare(__name__, "model weights sync (k26ops model sync)",
-        Var("model_site", "str", "default", "hosts of one site share one origin download of the model"),
-        Var("model_peer_address", "str", None, "address other hosts of the site reach this host's sshd on",
-            "the address this node connects to"))
+declare(
+    __name__,
+    "model weights sync (k26ops model sync)",
+    Var("model_site", "str", "default", "hosts of one site share one origin download of the model"),
+    Var(
+        "model_peer_address",
+        "str",
+        None,
+        "address other hosts of the site reach this host's sshd on",
+        "the address this node connects to",
+    ),
+)
 DISK_MARGIN = 1 << 30  # free space kept beyond the shards a host still needs
 HUB_ENDPOINT = "https://huggingface.co"
 
@@ -80,8 +88,13 @@ def endpoint(session) -> dict:
     addr = session.host.vars.get("model_peer_address") or conn.host
     port = int(conn.port or 22)
     name = addr if port == 22 else f"[{addr}]:{port}"
-    return {"kind": "peer", "address": addr, "port": port, "user": conn.user or "root",
-            "host_keys": [f"{name} {key.get_name()} {key.get_base64()}"]}
+    return {
+        "kind": "peer",
+        "address": addr,
+        "port": port,
+        "user": conn.user or "root",
+        "host_keys": [f"{name} {key.get_name()} {key.get_base64()}"],
+    }
 
 
 def _say(opts: SyncOptions, host: str, msg: str) -> None:
@@ -89,13 +102,16 @@ def _say(opts: SyncOptions, host: str, msg: str) -> None:
         opts.progress(host, msg)
 
 
-def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOptions,
-         inventory_hosts: dict | None = None) -> tuple[list, dict]:
+def sync(
+    hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOptions, inventory_hosts: dict | None = None
+) -> tuple[list, dict]:
     """Run the sync; (per-host results, totals). `wants`: host name -> hostops.Wanted."""
     origin = opts.origin
     if not origin:
-        raise UserError("no origin: the recipe's model.source is not set; pass --origin "
-                        "(hf://ORG/REPO@REVISION, https://MIRROR/PATH or HOST:/PATH)")
+        raise UserError(
+            "no origin: the recipe's model.source is not set; pass --origin "
+            "(hf://ORG/REPO@REVISION, https://MIRROR/PATH or HOST:/PATH)"
+        )
     hp = split_host_path(origin)
     if origin.startswith("hf://"):
         mf.hub_spec(origin)
@@ -103,8 +119,10 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
     if hp:
         origin_host = (inventory_hosts or {}).get(hp[0])
         if origin_host is None:
-            raise UserError(f"origin {origin!r}: {hp[0]} is not a host of the inventory (a path on a host "
-                            "is read over that host's SSH, with the host key this node knows)")
+            raise UserError(
+                f"origin {origin!r}: {hp[0]} is not a host of the inventory (a path on a host "
+                "is read over that host's SSH, with the host key this node knows)"
+            )
     conns = Connections(fleet_options)
     run_id = f"k26ops-model-sync-{os.getpid()}-{int(time.time())}"
     looked: dict[str, dict] = {}
@@ -123,20 +141,31 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
             if prep["foreign"]:
                 rel, size = prep["foreign"][0]
                 e = m.by_path()[rel]
-                raise StepFailed(f"{w.model_path}/{rel} ({size} bytes) is not the manifest's ({e.size} bytes, sha256 "
-                                 f"{e.sha256[:12]}) and k26ops did not write it: sync never replaces a file it did not "
-                                 "write; move it away, then sync again")
+                raise StepFailed(
+                    f"{w.model_path}/{rel} ({size} bytes) is not the manifest's ({e.size} bytes, sha256 "
+                    f"{e.sha256[:12]}) and k26ops did not write it: sync never replaces a file it did not "
+                    "write; move it away, then sync again"
+                )
             have = set(prep["have"])
             need = [e for e in m.entries if e.path not in have]
             want_bytes = sum(e.size - prep["partial"].get(e.path, 0) for e in need)
             if want_bytes + DISK_MARGIN > prep["free"]:
-                raise StepFailed(f"{w.model_path}: {prep['free'] / 1e9:.1f} GB free, the {len(need)} missing file(s) "
-                                 f"need {want_bytes / 1e9:.1f} GB (+{DISK_MARGIN >> 30} GiB margin): nothing fetched")
+                raise StepFailed(
+                    f"{w.model_path}: {prep['free'] / 1e9:.1f} GB free, the {len(need)} missing file(s) "
+                    f"need {want_bytes / 1e9:.1f} GB (+{DISK_MARGIN >> 30} GiB margin): nothing fetched"
+                )
             d = hostops.sync_dir(session.host.vars)
-            keys = {role: agents.run(session, "weights", "keygen", 60, what="model sync (keygen)",
-                                     dir=f"{d}/{role}")["pub"] for role in ("peer", "origin")}
-            looked[session.host.name] = {"need": {e.path for e in need}, "keys": keys, "dir": d,
-                                         "endpoint": endpoint(session), "have": len(have)}
+            keys = {
+                role: agents.run(session, "weights", "keygen", 60, what="model sync (keygen)", dir=f"{d}/{role}")["pub"]
+                for role in ("peer", "origin")
+            }
+            looked[session.host.name] = {
+                "need": {e.path for e in need},
+                "keys": keys,
+                "dir": d,
+                "endpoint": endpoint(session),
+                "have": len(have),
+            }
             return Outcome(have=len(have), need=len(need), need_bytes=want_bytes)
 
         looks = {r.host: r for r in Fleet(hosts, fleet_options, connections=conns).run(look)}
@@ -154,13 +183,23 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
                     auth_targets.setdefault(h.name, []).append((others, wants[h.name].model_path))
         if origin_host is not None:
             auth_targets.setdefault(origin_host.name, []).append(
-                ([looked[h.name]["keys"]["origin"] for h in ready], hp[1]))
+                ([looked[h.name]["keys"]["origin"] for h in ready], hp[1])
+            )
         all_by_name = {h.name: h for h in hosts} | ({origin_host.name: origin_host} if origin_host else {})
 
         def authorize(session):
             for keys, d in auth_targets.get(session.host.name, []):
-                res = agents.run(session, "weights", "authorize", 60, what="model sync (authorize)",
-                                 keys=keys, dir=d, marker=run_id, ttl_s=ttl)
+                res = agents.run(
+                    session,
+                    "weights",
+                    "authorize",
+                    60,
+                    what="model sync (authorize)",
+                    keys=keys,
+                    dir=d,
+                    marker=run_id,
+                    ttl_s=ttl,
+                )
                 if not res.get("ok"):
                     raise StepFailed(res["why"])
             return Outcome()
@@ -176,9 +215,11 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
         plans = {}
         for site, site_hosts in sites.items():
             ok_hosts = [h for h in site_hosts if auths.get(h.name) is None or auths[h.name].status in ("ok", "changed")]
-            plans[site] = Site({e.path: e.size for e in m.entries},
-                               {h.name: set(looked[h.name]["need"]) for h in ok_hosts},
-                               max_uploads=opts.max_uploads)
+            plans[site] = Site(
+                {e.path: e.size for e in m.entries},
+                {h.name: set(looked[h.name]["need"]) for h in ok_hosts},
+                max_uploads=opts.max_uploads,
+            )
             for h in ok_hosts:
                 for e in m.entries:
                     if e.path not in looked[h.name]["need"]:
@@ -206,8 +247,7 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
                     e = by_path[rel]
                     if src == ORIGIN:
                         if origin_src is not None:
-                            source = ({"kind": "local", "path": hp[1]} if origin_host.name == name
-                                      else origin_src)
+                            source = {"kind": "local", "path": hp[1]} if origin_host.name == name else origin_src
                             key = f"{looked[name]['dir']}/origin/id_ed25519"
                         else:
                             source, key = {"kind": "http", "url": origin_url(origin, rel)}, None
@@ -216,8 +256,15 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
                         source, key = dict(looked[src]["endpoint"]), f"{looked[name]['dir']}/peer/id_ed25519"
                         label = src
                     try:
-                        res = hostops.fetch(session, w, e, source, key, opts.bwlimit_kbps,
-                                            opts.token if source.get("kind") == "http" and origin.startswith("hf://") else None)
+                        res = hostops.fetch(
+                            session,
+                            w,
+                            e,
+                            source,
+                            key,
+                            opts.bwlimit_kbps,
+                            opts.token if source.get("kind") == "http" and origin.startswith("hf://") else None,
+                        )
                     except BaseException:
                         site.done(name, rel, src, False)
                         raise
@@ -226,25 +273,39 @@ def sync(hosts: list, fleet_options, m: mf.Manifest, wants: dict, opts: SyncOpti
                     secs += res["seconds"]
                     srcs[label] = srcs.get(label, 0) + 1
                     gbps = res["bytes"] / res["seconds"] / 1e9 if res["seconds"] > 0 else 0.0
-                    _say(opts, name, f"{rel} from {label}: {res['bytes'] / 1e6:.1f} MB in {res['seconds']:.2f} s "
-                                     f"({gbps:.2f} GB/s)" + (f", resumed at {res['resumed'] / 1e6:.1f} MB" if res["resumed"] else ""))
+                    _say(
+                        opts,
+                        name,
+                        f"{rel} from {label}: {res['bytes'] / 1e6:.1f} MB in {res['seconds']:.2f} s "
+                        f"({gbps:.2f} GB/s)"
+                        + (f", resumed at {res['resumed'] / 1e6:.1f} MB" if res["resumed"] else ""),
+                    )
             except BaseException:
                 site.drop(name)
                 raise
             wall = time.monotonic() - t0
-            return Outcome(changed=bool(srcs), fetched=sum(srcs.values()), fetched_bytes=got,
-                           sources=srcs, gbps=round(got / wall / 1e9, 3) if got and wall > 0 else None,
-                           have=looked[name]["have"])
+            return Outcome(
+                changed=bool(srcs),
+                fetched=sum(srcs.values()),
+                fetched_bytes=got,
+                sources=srcs,
+                gbps=round(got / wall / 1e9, 3) if got and wall > 0 else None,
+                have=looked[name]["have"],
+            )
 
         results = Fleet(hosts, fleet_options, connections=conns).run(transfer)
         for r in results:  # a host refused in phase 1 or 2 reports why there
             if r.host in looks and looks[r.host].status not in ("ok", "changed"):
                 r.error = looks[r.host].error
                 r.status = looks[r.host].status
-        totals = {"bytes_from_origin": sum(p.origin_bytes for p in plans.values()),
-                  "bytes_between_hosts": sum(p.peer_bytes for p in plans.values()),
-                  "bytes_through_control_node": 0, "wall_s": round(time.monotonic() - t_start, 3),
-                  "manifest": m.sha256, "sites": len(plans)}
+        totals = {
+            "bytes_from_origin": sum(p.origin_bytes for p in plans.values()),
+            "bytes_between_hosts": sum(p.peer_bytes for p in plans.values()),
+            "bytes_through_control_node": 0,
+            "wall_s": round(time.monotonic() - t_start, 3),
+            "manifest": m.sha256,
+            "sites": len(plans),
+        }
         return results, totals
     finally:
         conns.close()

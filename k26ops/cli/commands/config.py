@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 import click
 
 from k26ops import config
@@ -24,8 +23,10 @@ def effective(settings: Settings) -> dict:
         out["inventory"] = {"value": settings.inventory, "source": inv_source}
     else:
         lab_inv = settings.lab_path / "inventory.yml"
-        out["inventory"] = {"value": str(lab_inv) if lab_inv.exists() else None,
-                            "source": "the running lab's" if lab_inv.exists() else "none (no lab running)"}
+        out["inventory"] = {
+            "value": str(lab_inv) if lab_inv.exists() else None,
+            "source": "the running lab's" if lab_inv.exists() else "none (no lab running)",
+        }
     path, source = config.baselines_dir()
     out["baselines"] = {"value": str(path), "source": source}
     path, source = config.recipes_dir()
@@ -33,11 +34,19 @@ def effective(settings: Settings) -> dict:
     for name in ("forks", "deadline", "connect_timeout"):
         out[name] = {"value": getattr(settings, name), "source": settings.sources.get(name, "default")}
     pattern = config.load().get("targets")
-    out["targets"] = {"value": pattern, "source": f"config {config.config_path()}" if pattern else
-                      "default (the hosts that set gpus_per_host, else every host)"}
+    out["targets"] = {
+        "value": pattern,
+        "source": f"config {config.config_path()}"
+        if pattern
+        else "default (the hosts that set gpus_per_host, else every host)",
+    }
     batch = config.load().get("batch")
-    out["batch"] = {"value": batch, "source": f"config {config.config_path()}" if batch else
-                    "default (deploy/rollback: one host at a time where a gateway or drain_hook is set, else all)"}
+    out["batch"] = {
+        "value": batch,
+        "source": f"config {config.config_path()}"
+        if batch
+        else "default (deploy/rollback: one host at a time where a gateway or drain_hook is set, else all)",
+    }
     return out
 
 

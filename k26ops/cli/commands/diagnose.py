@@ -12,25 +12,25 @@ from __future__ import annotations
 
 import io
 import sys
-from datetime import datetime
 import time
+from datetime import datetime
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from k26ops.engine import units
 from k26ops.cli import jsonout, tables
 from k26ops.cli.pipe import quiet
 from k26ops.cli.report import run_and_report
 from k26ops.diagnose import logread
+from k26ops.engine import units
 from k26ops.engine.host import EngineHost
 from k26ops.engine.state import START_LIMIT, reset_hint, start_limit_hit
 from k26ops.errors import EXIT_INTERRUPTED, UserError
 from k26ops.release import patchset
-from k26ops.transport.fleet import Connections, Outcome
 from k26ops.shell import q
 from k26ops.steps import session_context
+from k26ops.transport.fleet import Connections, Outcome
 from k26ops.transport.ssh import HostKeyRefused, Unreachable
 
 
@@ -43,8 +43,11 @@ def _read(path: str):
     """The log, read in bounded memory and time (k26ops.diagnose.logread: its first and last
     MiBs, lines cut at 4 KiB): a logread.Read."""
     if path == "-":
-        return logread.read_bounded(sys.stdin.buffer if hasattr(sys.stdin, "buffer") else
-                                    io.BytesIO(sys.stdin.read().encode("utf-8", "replace")))
+        return logread.read_bounded(
+            sys.stdin.buffer
+            if hasattr(sys.stdin, "buffer")
+            else io.BytesIO(sys.stdin.read().encode("utf-8", "replace"))
+        )
     try:
         with open(path, "rb") as fh:
             return logread.read_bounded(fh)
@@ -71,8 +74,7 @@ def _print_human(d) -> None:
     if d.evidence:
         at = f" (line {d.line})" if d.line else ""
         console.print(f"[bold]evidence{at}:[/] {escape(d.evidence)}")
-    where = [f"{k} {v}" for k, v in (("rank", d.rank), ("phase", d.phase),
-                                      ("algorithm", d.algorithm)) if v]
+    where = [f"{k} {v}" for k, v in (("rank", d.rank), ("phase", d.phase), ("algorithm", d.algorithm)) if v]
     if where:
         console.print(f"[bold]where:[/] {escape(', '.join(where))}")
     if d.detail:
@@ -82,8 +84,11 @@ def _print_human(d) -> None:
 
 @group.command(name="log")
 @click.argument("file", metavar="FILE|-")
-@click.option("--base", metavar="BASE", help="The engine base the log came from (sglang==VER or sglang@COMMIT): "
-              "picks the fix that fits that code base.")
+@click.option(
+    "--base",
+    metavar="BASE",
+    help="The engine base the log came from (sglang==VER or sglang@COMMIT): picks the fix that fits that code base.",
+)
 @click.pass_context
 def log_cmd(ctx, file, base):
     """Classify a local SGLang log (a file, or - for stdin). Exit 0: a known crash
@@ -102,9 +107,18 @@ def log_cmd(ctx, file, base):
     note = got.note()
     settings = ctx.find_root().obj
     if getattr(settings, "as_json", False):
-        jsonout.emit({**diagnosis.to_json(), **({"read": {"note": note, "lines": got.lines, "left_out": got.left_out,
-                                                          "cut": got.cut}} if note else {})},
-                     exit_code(diagnosis), indent=2)
+        jsonout.emit(
+            {
+                **diagnosis.to_json(),
+                **(
+                    {"read": {"note": note, "lines": got.lines, "left_out": got.left_out, "cut": got.cut}}
+                    if note
+                    else {}
+                ),
+            },
+            exit_code(diagnosis),
+            indent=2,
+        )
     else:
         if note:
             click.echo(f"k26ops: {file}: {note}", err=True)
@@ -114,10 +128,16 @@ def log_cmd(ctx, file, base):
 
 # ---------------------------------------------------------------- diagnose service
 
+
 @group.command(name="service")
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
-@click.option("--lines", type=click.IntRange(100, 1000000), default=20000, show_default=True,
-              help="Journal entries searched per host for the last crash.")
+@click.option(
+    "--lines",
+    type=click.IntRange(100, 1000000),
+    default=20000,
+    show_default=True,
+    help="Journal entries searched per host for the last crash.",
+)
 @click.pass_obj
 def service_cmd(settings, unit, lines):
     """Classify the engine's last crash on each host, from its journal. Exit 0: every
@@ -133,12 +153,18 @@ def service_cmd(settings, unit, lines):
         name = eh.unit
         r = journal.last_crash(session, name, lines=lines)
         show = r.get("show") or {}
-        out = Outcome(unit=name, state=show.get("ActiveState") or "unknown", crashes=r.get("crashes", 0),
-                      start_limit_hit=start_limit_hit(show))
+        out = Outcome(
+            unit=name,
+            state=show.get("ActiveState") or "unknown",
+            crashes=r.get("crashes", 0),
+            start_limit_hit=start_limit_hit(show),
+        )
         if out["start_limit_hit"]:  # systemd gave up restarting it: nothing starts it until reset-failed
             out["state"] = f"failed ({START_LIMIT})"
-            out["start_limit"] = (f"{name} hit systemd's start limit ({show.get('NRestarts')} restarts, "
-                                  f"Result={show.get('Result')}): {reset_hint(name)}")
+            out["start_limit"] = (
+                f"{name} hit systemd's start limit ({show.get('NRestarts')} restarts, "
+                f"Result={show.get('Result')}): {reset_hint(name)}"
+            )
         if not r.get("invocation"):
             out.update(signature=None, crashed=False, summary="no crash in the journal")
             return out
@@ -148,10 +174,17 @@ def service_cmd(settings, unit, lines):
         when = None
         if r.get("ended_us"):
             when = datetime.fromtimestamp(int(r["ended_us"]) / 1e6).astimezone().isoformat(timespec="seconds")
-        out.update(crashed=True, crashed_at=when, exit=r.get("why"), invocation=r["invocation"],
-                   current_invocation=bool(r.get("current")), **d.to_json(),
-                   summary=f"{d.signature}: {d.evidence[:120]}" if d.evidence else (
-                       d.signature or "no error in the crashed run's log"))
+        out.update(
+            crashed=True,
+            crashed_at=when,
+            exit=r.get("why"),
+            invocation=r["invocation"],
+            current_invocation=bool(r.get("current")),
+            **d.to_json(),
+            summary=f"{d.signature}: {d.evidence[:120]}"
+            if d.evidence
+            else (d.signature or "no error in the crashed run's log"),
+        )
         return out
 
     def render(results):
@@ -162,7 +195,9 @@ def service_cmd(settings, unit, lines):
                 con.print(f"[bold]{res.host}[/]: {escape(data['start_limit'])}")
             if not data.get("crashed"):
                 continue
-            con.print(f"[bold]{res.host}[/]: last crash {data.get('crashed_at') or ''} ({escape(str(data.get('exit')))})")
+            con.print(
+                f"[bold]{res.host}[/]: last crash {data.get('crashed_at') or ''} ({escape(str(data.get('exit')))})"
+            )
             # lazy: the crash signatures and their tables (about 20-50 ms) only when a log is classified
             from k26ops.diagnose.classify import Diagnosis
 
@@ -170,25 +205,50 @@ def service_cmd(settings, unit, lines):
             _print_human(Diagnosis(**fields))
 
     def unnamed(results) -> int:
-        return 1 if any(r.data.get("crashed") and r.data.get("signature") in (None, "unclassified")
-                        for r in results) else 0
+        return (
+            1
+            if any(r.data.get("crashed") and r.data.get("signature") in (None, "unclassified") for r in results)
+            else 0
+        )
 
-    run_and_report(settings, work, title="engine: last crash",
-                   columns=[("unit", "state"), ("crashed at", "crashed_at"), ("signature", "signature"),
-                            ("phase", "phase"), ("rank", "rank")],
-                   render=render, exit_with=unnamed)
+    run_and_report(
+        settings,
+        work,
+        title="engine: last crash",
+        columns=[
+            ("unit", "state"),
+            ("crashed at", "crashed_at"),
+            ("signature", "signature"),
+            ("phase", "phase"),
+            ("rank", "rank"),
+        ],
+        render=render,
+        exit_with=unnamed,
+    )
 
 
 # ---------------------------------------------------------------- diagnose cuda-graph
+
 
 @group.command(name="cuda-graph")
 @click.option("--host", "host_name", required=True, metavar="HOST", help="The one host to probe.")
 @click.option("--unit", metavar="NAME", help="Engine unit (default: inventory engine_unit, else k26-engine.service).")
 @click.option("--force", is_flag=True, help="Probe even when the deployed files differ from the release manifest.")
-@click.option("--timeout", "ready_timeout", type=click.FloatRange(1), default=1800, show_default=True,
-              help="Seconds to wait for the probed engine to be ready.")
-@click.option("--requests", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="Requests sent to reach the speculative verify path.")
+@click.option(
+    "--timeout",
+    "ready_timeout",
+    type=click.FloatRange(1),
+    default=1800,
+    show_default=True,
+    help="Seconds to wait for the probed engine to be ready.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(1, 20),
+    default=3,
+    show_default=True,
+    help="Requests sent to reach the speculative verify path.",
+)
 @click.option("-y", "--yes", is_flag=True, help="Restart a serving engine without asking.")
 @click.option("-C", "--check", is_flag=True, help="Show what it would do; change nothing.")
 @click.pass_obj
@@ -224,12 +284,15 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
         session = Connections(settings.fleet_options()).session(host)
     except (Unreachable, HostKeyRefused) as exc:
         raise UserError(f"{host.name}: {exc}", exit_code=1) from None
+
     def confirm(plan: list[str], serving: bool) -> bool:
         if yes or not serving:
             return True
         if not sys.stdin.isatty():
-            raise probe.Declined(f"{host.name}: the engine is serving and diagnose cuda-graph restarts it "
-                                 "twice: pass -y to go ahead (--check shows the plan); nothing changed")
+            raise probe.Declined(
+                f"{host.name}: the engine is serving and diagnose cuda-graph restarts it "
+                "twice: pass -y to go ahead (--check shows the plan); nothing changed"
+            )
         for line in plan:
             err.print(f"  {host.name}: {line}", markup=False)
         return click.confirm(f"{host.name}: restart the serving engine?", err=True, default=False)
@@ -237,8 +300,17 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
     rep = None
     try:
         try:
-            rep = probe.run_probe(session, host, unit=unit, force=force, ready_timeout=ready_timeout,
-                                  requests=requests, progress=progress, check=check, confirm=confirm)
+            rep = probe.run_probe(
+                session,
+                host,
+                unit=unit,
+                force=force,
+                ready_timeout=ready_timeout,
+                requests=requests,
+                progress=progress,
+                check=check,
+                confirm=confirm,
+            )
         except KeyboardInterrupt as exc:
             click.echo(f"k26ops: interrupted; {host.name}: {_restore_line(exc)}", err=True)
             sys.exit(EXIT_INTERRUPTED)
@@ -246,15 +318,26 @@ def cuda_graph_cmd(settings, host_name, unit, force, ready_timeout, requests, ye
             raise
         except Exception as exc:  # after restore: one line, never a traceback
             text = str(exc).strip().splitlines()
-            raise UserError(f"{host.name}: diagnose cuda-graph failed: {text[0] if text else exc.__class__.__name__}"
-                            f" ({_restore_line(exc)})", exit_code=1) from None
+            raise UserError(
+                f"{host.name}: diagnose cuda-graph failed: {text[0] if text else exc.__class__.__name__}"
+                f" ({_restore_line(exc)})",
+                exit_code=1,
+            ) from None
     finally:
         session.close()
     if check:
         if settings.as_json:
-            jsonout.emit({"host": rep.host, "check": True, "release": rep.release, "canonical": rep.canonical,
-                          "plan": rep.plan, "hosts": {rep.host: {"release": rep.release, "plan": rep.plan}}},
-                         indent=2)
+            jsonout.emit(
+                {
+                    "host": rep.host,
+                    "check": True,
+                    "release": rep.release,
+                    "canonical": rep.canonical,
+                    "plan": rep.plan,
+                    "hosts": {rep.host: {"release": rep.release, "plan": rep.plan}},
+                },
+                indent=2,
+            )
         else:
             click.echo(f"{host.name}: would (nothing changed):")
             for line in rep.plan:
@@ -282,13 +365,20 @@ def _print_probe(settings, rep, code: int) -> None:
 
     if getattr(settings, "as_json", False):
         one = {k: rep.to_json().get(k) for k in ("release", "canonical", "crashed", "crash_when", "restore_errors")}
-        jsonout.emit({**rep.to_json(), "summary": probe.summary(rep),
-                      "hosts": {rep.host: {**one, "signature": (rep.diagnosis or {}).get("signature")}}},
-                     code, indent=2)
+        jsonout.emit(
+            {
+                **rep.to_json(),
+                "summary": probe.summary(rep),
+                "hosts": {rep.host: {**one, "signature": (rep.diagnosis or {}).get("signature")}},
+            },
+            code,
+            indent=2,
+        )
         return
     con = Console(highlight=False, soft_wrap=True)
-    con.print(f"[bold]{rep.host}[/]: release {rep.release}, "
-              + ("canonical" if rep.canonical else "NOT canonical (--force)"))
+    con.print(
+        f"[bold]{rep.host}[/]: release {rep.release}, " + ("canonical" if rep.canonical else "NOT canonical (--force)")
+    )
     for note in rep.notes:
         con.print(f"  note: {escape(note)}")
     if rep.drift:

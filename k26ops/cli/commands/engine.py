@@ -17,9 +17,9 @@ import yaml
 
 from k26ops import config
 from k26ops.cli import jsonout
-from k26ops.release import enginelock, engine_source, inputs
-from k26ops.release import recipe as recipe_mod
 from k26ops.errors import UserError
+from k26ops.release import engine_source, enginelock, inputs
+from k26ops.release import recipe as recipe_mod
 
 
 @click.group(name="engine")
@@ -32,16 +32,19 @@ def _diff(path: Path, old: str, new: str) -> str:
         shown = Path(path).resolve().relative_to(Path.cwd())
     except ValueError:
         shown = Path(path)
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                        fromfile=f"a/{shown}", tofile=f"b/{shown}"))
+    return "".join(
+        difflib.unified_diff(old.splitlines(True), new.splitlines(True), fromfile=f"a/{shown}", tofile=f"b/{shown}")
+    )
 
 
-def _recipe(name: str, source_url: str | None, check_series_base: bool = True,
-            registry_ok: bool = False) -> recipe_mod.Recipe:
+def _recipe(
+    name: str, source_url: str | None, check_series_base: bool = True, registry_ok: bool = False
+) -> recipe_mod.Recipe:
     r = recipe_mod.load(name, check_series_base)
     if r.git is None and not registry_ok:
-        raise UserError(f"{r.source}: the engine is a registry release (engine.sglang); pin is for "
-                        "git sources (engine.source)")
+        raise UserError(
+            f"{r.source}: the engine is a registry release (engine.sglang); pin is for git sources (engine.source)"
+        )
     if r.git is None and source_url:
         raise UserError(f"--source-url: {r.source} is a registry release (engine.sglang), it has no git source")
     return recipe_mod.with_source_url(r, source_url, "--source-url") if source_url else r
@@ -83,8 +86,14 @@ def _emit(settings, data: dict, diff: str, summary: str, r: recipe_mod.Recipe | 
     if diff:
         click.echo(diff.rstrip("\n"))
     others = [p for p in (r.pythons if r else ()) if p != r.python]
-    click.echo(summary + (f" (python {r.python}; engine.python also lists {', '.join(others)}: lock each "
-                          "with --python)" if others else ""))
+    click.echo(
+        summary
+        + (
+            f" (python {r.python}; engine.python also lists {', '.join(others)}: lock each with --python)"
+            if others
+            else ""
+        )
+    )
 
 
 @group.command(name="pin")
@@ -110,12 +119,18 @@ def pin_cmd(settings, recipe, ref, source_url, check):
         path.write_text(new)
     lock_note = ""
     if diff:
-        lock_note = (f"; next: the series {r.series} is written for the old base: make patches/<base>/series for "
-                     f"sglang@{commit} (re-verify each patch against that commit, `# Base:` and `Base:` lines), point "
-                     f"patches.series at it, and run `k26ops engine lock {path}`")
+        lock_note = (
+            f"; next: the series {r.series} is written for the old base: make patches/<base>/series for "
+            f"sglang@{commit} (re-verify each patch against that commit, `# Base:` and `Base:` lines), point "
+            f"patches.series at it, and run `k26ops engine lock {path}`"
+        )
     what = "unchanged" if not diff else ("would pin" if check else "pinned")
-    _emit(settings, {"recipe": str(path), "ref": ref, "commit": commit, "changed": bool(diff), "written": bool(diff) and not check},
-          diff, f"{path}: {ref} is {commit}: {what}{lock_note}")
+    _emit(
+        settings,
+        {"recipe": str(path), "ref": ref, "commit": commit, "changed": bool(diff), "written": bool(diff) and not check},
+        diff,
+        f"{path}: {ref} is {commit}: {what}{lock_note}",
+    )
 
 
 def _for_python(r: recipe_mod.Recipe, python: str | None) -> recipe_mod.Recipe:
@@ -123,8 +138,10 @@ def _for_python(r: recipe_mod.Recipe, python: str | None) -> recipe_mod.Recipe:
     if python is None:
         return r
     if python not in listed:
-        raise UserError(f"--python {python}: {r.source} locks for python {', '.join(listed)}: add \"{python}\" "
-                        "to its engine.python (a list: one lock each) first")
+        raise UserError(
+            f'--python {python}: {r.source} locks for python {", ".join(listed)}: add "{python}" '
+            "to its engine.python (a list: one lock each) first"
+        )
     return recipe_mod.for_python(r, python)
 
 
@@ -151,11 +168,19 @@ def _placed(r: recipe_mod.Recipe, out: Path | None, check: bool) -> recipe_mod.R
 @group.command(name="lock")
 @click.argument("recipe", metavar="RECIPE")
 @click.option("--source-url", metavar="URL", help="Fetch from this URL instead of the recipe's (a mirror).")
-@click.option("--python", "python", metavar="X.Y",
-              help="Lock for this python, one of the recipe's engine.python (default: the last listed).")
-@click.option("--out", metavar="DIR", type=click.Path(path_type=Path),
-              help="Write the lock (and a copy of the recipe) into DIR, not beside the recipe. Default for a "
-                   "recipe shipped in an installed wheel: your recipes dir (config `recipes`, $K26OPS_RECIPES).")
+@click.option(
+    "--python",
+    "python",
+    metavar="X.Y",
+    help="Lock for this python, one of the recipe's engine.python (default: the last listed).",
+)
+@click.option(
+    "--out",
+    metavar="DIR",
+    type=click.Path(path_type=Path),
+    help="Write the lock (and a copy of the recipe) into DIR, not beside the recipe. Default for a "
+    "recipe shipped in an installed wheel: your recipes dir (config `recipes`, $K26OPS_RECIPES).",
+)
 @click.option("--check", is_flag=True, help="Show the change; write nothing.")
 @click.pass_obj
 def lock_cmd(settings, recipe, source_url, python, out, check):
@@ -174,19 +199,36 @@ def lock_cmd(settings, recipe, source_url, python, out, check):
     say(f"resolving the dependencies of {built.name} for python {r.python}, manylinux x86_64")
     entries = enginelock.resolve(built.path, r.python, r.index_urls)
     declared = recipe_mod.load(recipe).git.url  # a mirror of the same commit gives the same lock
-    meta = {"source": declared, "commit": g.commit, "subdir": g.subdir, "engine": f"{built.dist} {built.version}",
-            "python": r.python, "platform": enginelock.platform_line(r.python)}
+    meta = {
+        "source": declared,
+        "commit": g.commit,
+        "subdir": g.subdir,
+        "engine": f"{built.dist} {built.version}",
+        "python": r.python,
+        "platform": enginelock.platform_line(r.python),
+    }
     text = enginelock.render(recipe, meta, entries)
     old = r.lock_path.read_text() if r.lock_path.exists() else ""
     diff = _diff(r.lock_path, old, text)
     if diff and not check:
         r.lock_path.write_text(text)
     what = "unchanged" if not diff else ("would write" if check else "written")
-    _emit(settings, {"recipe": str(r.source), "lock": str(r.lock_path), "commit": g.commit, "engine_wheel":
-                     {"name": built.name, "sha256": built.sha256}, "wheels": len(entries), "changed": bool(diff),
-                     "written": bool(diff) and not check},
-          diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for {g.url} @ {g.commit[:12]} "
-                f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}", r)
+    _emit(
+        settings,
+        {
+            "recipe": str(r.source),
+            "lock": str(r.lock_path),
+            "commit": g.commit,
+            "engine_wheel": {"name": built.name, "sha256": built.sha256},
+            "wheels": len(entries),
+            "changed": bool(diff),
+            "written": bool(diff) and not check,
+        },
+        diff,
+        f"{r.lock_path}: {len(entries)} locked wheel(s) for {g.url} @ {g.commit[:12]} "
+        f"(engine wheel {built.name}, sha256 {built.sha256[:12]}): {what}",
+        r,
+    )
 
 
 def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say) -> None:
@@ -194,8 +236,10 @@ def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say
     requirements (sglang, its pins with their extras); `install: no-deps` installs the
     sglang wheel alone (`pip --no-deps`), so that one wheel is the whole lock."""
     reqs = r.requirements()
-    say(f"resolving {' '.join(reqs)}{' (no deps)' if r.no_deps else ''} for python {r.python}, "
-        f"{enginelock.platform_line(r.python)}")
+    say(
+        f"resolving {' '.join(reqs)}{' (no deps)' if r.no_deps else ''} for python {r.python}, "
+        f"{enginelock.platform_line(r.python)}"
+    )
     entries = enginelock.resolve_requirements(reqs, r.python, r.index_urls, no_deps=r.no_deps)
     text = enginelock.render(recipe, enginelock.registry_meta(r), entries)
     old = r.lock_path.read_text() if r.lock_path.exists() else ""
@@ -204,8 +248,20 @@ def _lock_registry(settings, recipe: str, r: recipe_mod.Recipe, check: bool, say
         r.lock_path.write_text(text)
     what = "unchanged" if not diff else ("would write" if check else "written")
     cuda = enginelock.cuda_runtime(entries)
-    _emit(settings, {"recipe": str(r.source), "lock": str(r.lock_path), "engine": f"sglang=={r.sglang}",
-                     "commit": None, "wheels": len(entries), "cuda_runtime": [{"name": n, "version": v} for n, v in cuda],
-                     "changed": bool(diff), "written": bool(diff) and not check},
-          diff, f"{r.lock_path}: {len(entries)} locked wheel(s) for sglang=={r.sglang} (install: {r.install}, "
-                f"{len(cuda)} CUDA runtime wheel(s)): {what}", r)
+    _emit(
+        settings,
+        {
+            "recipe": str(r.source),
+            "lock": str(r.lock_path),
+            "engine": f"sglang=={r.sglang}",
+            "commit": None,
+            "wheels": len(entries),
+            "cuda_runtime": [{"name": n, "version": v} for n, v in cuda],
+            "changed": bool(diff),
+            "written": bool(diff) and not check,
+        },
+        diff,
+        f"{r.lock_path}: {len(entries)} locked wheel(s) for sglang=={r.sglang} (install: {r.install}, "
+        f"{len(cuda)} CUDA runtime wheel(s)): {what}",
+        r,
+    )

@@ -8,21 +8,25 @@ from pathlib import Path
 import click
 
 from k26ops import inventory
-from k26ops.transport import agents
-from k26ops.orchestrate import playbook
-from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli import jsonout
+from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.commands.deploy import render_changes
 from k26ops.cli.report import run_and_report
 from k26ops.cli.rollout import run_rollout
 from k26ops.errors import UserError
-from k26ops.transport.fleet import Outcome
+from k26ops.orchestrate import playbook
 from k26ops.orchestrate.rollout import playbook_work
 from k26ops.steps.gateway import GatewayWorkers, api, check_engines
 from k26ops.steps.gateway_spec import GROUP, GatewayHost, engine_workers, make_lock
+from k26ops.transport import agents
+from k26ops.transport.fleet import Outcome
 
-COLUMNS = [("release", "gateway_release"), ("changed", "_changed"), ("health", "_gw_health"),
-           ("workers", "_gw_workers")]
+COLUMNS = [
+    ("release", "gateway_release"),
+    ("changed", "_changed"),
+    ("health", "_gw_health"),
+    ("workers", "_gw_workers"),
+]
 
 
 class GatewaySettings:
@@ -86,8 +90,17 @@ def _run(settings, *, check: bool, diff: bool, rollback: bool, batch=None, max_f
             _summary(out)
         return out
 
-    run_rollout(gs, work, canary=0, batch=batch, max_fail=max_fail, title=title, columns=COLUMNS,
-                render=lambda results: render_changes(results, check=check, diff=diff), stopped="not deployed")
+    run_rollout(
+        gs,
+        work,
+        canary=0,
+        batch=batch,
+        max_fail=max_fail,
+        title=title,
+        columns=COLUMNS,
+        render=lambda results: render_changes(results, check=check, diff=diff),
+        stopped="not deployed",
+    )
 
 
 @click.group(name="gateway")
@@ -127,43 +140,82 @@ def status_cmd(settings):
 
     def work(session):
         gw = by_name[session.host.name]
-        r = agents.run(session, "gateway", "status", what="gateway agent", unit=gw.unit, host=gw.poll_host,
-                       port=gw.port, current=gw.current)
+        r = agents.run(
+            session,
+            "gateway",
+            "status",
+            what="gateway agent",
+            unit=gw.unit,
+            host=gw.poll_host,
+            port=gw.port,
+            current=gw.current,
+        )
         show, ready = r["show"], r.get("readiness") or {}
         named = [e for e in engines if set(e["gateways"]) & {gw.name, gw.url}]
         status, body = api(gw, "GET", "/workers") if r.get("health") == 200 else (0, None)
         workers = body.get("workers") if status == 200 and isinstance(body, dict) else None
         healthy = [w for w in workers or [] if w.get("is_healthy")]
-        missing = [e["name"] for e in named if workers is not None
-                   and e["url"] not in {w.get("url", "").rstrip("/") for w in workers}]
+        missing = [
+            e["name"]
+            for e in named
+            if workers is not None and e["url"] not in {w.get("url", "").rstrip("/") for w in workers}
+        ]
         serving = show.get("ActiveState") == "active" and r.get("health") == 200
-        return Outcome(url=gw.url, unit=gw.unit, state=show.get("ActiveState") or "unknown",
-                       health="healthy" if r.get("health") == 200 else f"HTTP {r['health']}" if r.get("health")
-                       else "-", ready="ready" if ready.get("status") == 200 else
-                       f"not ready ({ready.get('status')})" if ready else "-",
-                       release=(r.get("current") or "").rsplit("/", 1)[-1] or None,
-                       workers=(f"{len(healthy)}/{len(workers)} healthy" if workers is not None
-                                else f"unknown (GET /workers: {status or 'no answer'})"),
-                       registered=[w.get("url") for w in workers or []], named=[e["name"] for e in named],
-                       missing=missing, serving=serving, pid=show.get("MainPID") or None)
+        return Outcome(
+            url=gw.url,
+            unit=gw.unit,
+            state=show.get("ActiveState") or "unknown",
+            health="healthy" if r.get("health") == 200 else f"HTTP {r['health']}" if r.get("health") else "-",
+            ready="ready" if ready.get("status") == 200 else f"not ready ({ready.get('status')})" if ready else "-",
+            release=(r.get("current") or "").rsplit("/", 1)[-1] or None,
+            workers=(
+                f"{len(healthy)}/{len(workers)} healthy"
+                if workers is not None
+                else f"unknown (GET /workers: {status or 'no answer'})"
+            ),
+            registered=[w.get("url") for w in workers or []],
+            named=[e["name"] for e in named],
+            missing=missing,
+            serving=serving,
+            pid=show.get("MainPID") or None,
+        )
 
     def render(results):
         for r in results:
             if r.data and r.data.get("missing"):
-                click.echo(f"k26ops: {r.host}: not registered there: {', '.join(r.data['missing'])} "
-                           "(`k26ops gateway deploy` registers them)", err=True)
+                click.echo(
+                    f"k26ops: {r.host}: not registered there: {', '.join(r.data['missing'])} "
+                    "(`k26ops gateway deploy` registers them)",
+                    err=True,
+                )
 
-    run_and_report(gs, work, title="gateway status", render=render,
-                   exit_with=lambda results: 1 if any(r.data and not r.data.get("serving") for r in results) else 0,
-                   columns=[("state", "state"), ("health", "health"), ("ready", "ready"), ("release", "release"),
-                            ("workers", "workers"), ("url", "url")])
+    run_and_report(
+        gs,
+        work,
+        title="gateway status",
+        render=render,
+        exit_with=lambda results: 1 if any(r.data and not r.data.get("serving") for r in results) else 0,
+        columns=[
+            ("state", "state"),
+            ("health", "health"),
+            ("ready", "ready"),
+            ("release", "release"),
+            ("workers", "workers"),
+            ("url", "url"),
+        ],
+    )
 
 
 @group.command(name="lock")
 @click.argument("version")
 @click.option("--python", "python", default="3.11", show_default=True, help="The gateway hosts' python3 (X.Y).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
-              help="Write the lock here (default: stdout); point gateway_lock at it.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write the lock here (default: stdout); point gateway_lock at it.",
+)
 @click.pass_obj
 def lock_cmd(settings, version, python, output):
     """Make a gateway lock: sglang-router==VERSION and its dependencies, each wheel with its sha256."""
@@ -174,8 +226,9 @@ def lock_cmd(settings, version, python, output):
         except OSError as exc:
             raise UserError(f"{output}: cannot write the lock: {exc.strerror}") from None
     if settings.as_json:
-        jsonout.emit({"hosts": {}, "version": version, "python": python, "lock": text,
-                      "output": str(output) if output else None})
+        jsonout.emit(
+            {"hosts": {}, "version": version, "python": python, "lock": text, "output": str(output) if output else None}
+        )
     elif output:
         click.echo(f"wrote {output} (sglang-router {version}, python {python})", err=True)
     else:

@@ -6,18 +6,17 @@ import click
 from rich.markup import escape
 
 from k26ops import facts as facts_mod
-from k26ops.host import preflight
 from k26ops.cli.report import run_and_report, wide_console
 from k26ops.facts.platform import platform_fact
-from k26ops.transport.fleet import Outcome
+from k26ops.host import preflight
 from k26ops.release import installer, wheelsource
 from k26ops.traffic.drain import TrafficConfig
+from k26ops.transport.fleet import Outcome
 
 
 def _gather(session, want: dict | None = None):
     """Every fact in one call; with `want` (preflight.engine_wanted) the model, drafter and platform too."""
-    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) + [platform_fact()]
-                                                       if want else [])
+    extra = preflight.host_facts(session.host.vars) + (preflight.engine_facts(want) + [platform_fact()] if want else [])
     return facts_mod.gather(session, extra=extra)
 
 
@@ -29,22 +28,39 @@ def facts_cmd(settings):
     def work(session):
         f = _gather(session)
         g = f["gpus"]
-        return Outcome(facts=f, gpus=g.get("count"),
-                       gpu=(g["gpus"][0]["name"] if g.get("gpus") else g.get("error")),
-                       cc=", ".join(sorted({x["compute_cap"] for x in g.get("gpus", []) if x.get("compute_cap")})),
-                       link=f["gpu_topology"].get("interconnect"),
-                       driver=f["nvidia_smi"].get("driver_version"),
-                       health=preflight.health_summary(f),
-                       modules=(f.get("nvidia_module") or {}).get("flavour") or "-",
-                       nvswitch=len((f.get("nvswitch") or {}).get("pci_switches") or []),
-                       cuda=(f["cuda_toolkit"] or {}).get("version"),
-                       os=" ".join(str((f["os_release"] or {}).get(k) or "") for k in ("id", "version_id")).strip(),
-                       python=(f["python3"] or {}).get("version"))
+        return Outcome(
+            facts=f,
+            gpus=g.get("count"),
+            gpu=(g["gpus"][0]["name"] if g.get("gpus") else g.get("error")),
+            cc=", ".join(sorted({x["compute_cap"] for x in g.get("gpus", []) if x.get("compute_cap")})),
+            link=f["gpu_topology"].get("interconnect"),
+            driver=f["nvidia_smi"].get("driver_version"),
+            health=preflight.health_summary(f),
+            modules=(f.get("nvidia_module") or {}).get("flavour") or "-",
+            nvswitch=len((f.get("nvswitch") or {}).get("pci_switches") or []),
+            cuda=(f["cuda_toolkit"] or {}).get("version"),
+            os=" ".join(str((f["os_release"] or {}).get(k) or "") for k in ("id", "version_id")).strip(),
+            python=(f["python3"] or {}).get("version"),
+        )
 
-    run_and_report(settings, work, title="facts",
-                   columns=[("GPUs", "gpus"), ("GPU", "gpu"), ("cc", "cc"), ("health", "health"), ("link", "link"),
-                            ("driver", "driver"), ("modules", "modules"), ("NVSwitch", "nvswitch"),
-                            ("nvcc", "cuda"), ("OS", "os"), ("python", "python")])
+    run_and_report(
+        settings,
+        work,
+        title="facts",
+        columns=[
+            ("GPUs", "gpus"),
+            ("GPU", "gpu"),
+            ("cc", "cc"),
+            ("health", "health"),
+            ("link", "link"),
+            ("driver", "driver"),
+            ("modules", "modules"),
+            ("NVSwitch", "nvswitch"),
+            ("nvcc", "cuda"),
+            ("OS", "os"),
+            ("python", "python"),
+        ],
+    )
 
 
 @click.command(name="check")
@@ -67,9 +83,15 @@ def check_cmd(settings):
         if recipes[session.host.name]["ok"]:  # the lock against this host (python, platform, GPUs)
             checks.append(preflight.lock_check(session.host.vars, gathered))
         checks.append(launch[session.host.name])
-        checks += preflight.evaluate(gathered, {**session.host.vars, "_drafter": want["drafter"],
-                                                "_model_path": want["model_path"],
-                                                "_weights": want.get("weights")})
+        checks += preflight.evaluate(
+            gathered,
+            {
+                **session.host.vars,
+                "_drafter": want["drafter"],
+                "_model_path": want["model_path"],
+                "_weights": want.get("weights"),
+            },
+        )
         if traffic[session.host.name].configured:
             checks.append(preflight.Check("traffic", *traffic[session.host.name].check()))
         failed = [c for c in checks if not c.ok]
@@ -85,8 +107,11 @@ def check_cmd(settings):
                 for c in r.data.get("checks", []):
                     con.print(f"  {r.host}: [green]ok[/] {c['check']}: {escape(c['detail'])}", highlight=False)
         if not any(t.configured for t in traffic.values()):  # said once, not per host: not ok for traffic
-            con.print("  traffic: no host names a model_gateway, drain_hook or drain mode: an engine restart "
-                      "drops its in-flight requests, as before (docs/how-to/gateway-and-drain.md)", highlight=False)
+            con.print(
+                "  traffic: no host names a model_gateway, drain_hook or drain mode: an engine restart "
+                "drops its in-flight requests, as before (docs/how-to/gateway-and-drain.md)",
+                highlight=False,
+            )
 
     run_and_report(settings, work, title="preflight", columns=[("verdict", "verdict")], render=render)
 

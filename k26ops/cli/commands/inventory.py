@@ -13,15 +13,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from k26ops.engine import units
 from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
-from k26ops.inventory import Host, Inventory, Vault, load, variables
-from k26ops.inventory.yamlsrc import oneline
-
-from k26ops.inventory.native import FIELDS  # a host's connection fields, as the inventory reads them
+from k26ops.engine import units
 from k26ops.host.preflight import recipe_lock
+from k26ops.inventory import Host, Inventory, Vault, load, variables
+from k26ops.inventory.native import FIELDS  # a host's connection fields, as the inventory reads them
+from k26ops.inventory.yamlsrc import oneline
 
 
 def jsonable(value, _path: tuple = ()):
@@ -156,8 +155,9 @@ def _plain_table(title: Text, cols: list, rows: list[list]) -> None:
 
 
 _options = [
-    click.option("--inventory", "-i", "inventory", metavar="PATH",
-                 help="Inventory YAML (overrides the global --inventory)."),
+    click.option(
+        "--inventory", "-i", "inventory", metavar="PATH", help="Inventory YAML (overrides the global --inventory)."
+    ),
     click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
 ]
 
@@ -175,8 +175,14 @@ def group():
 
 @group.command("list")
 @_with_options
-@click.option("--limit", "-l", "limit", metavar="PATTERN", shell_complete=host_patterns,
-              help="Only these hosts or groups (overrides the global --limit).")
+@click.option(
+    "--limit",
+    "-l",
+    "limit",
+    metavar="PATTERN",
+    shell_complete=host_patterns,
+    help="Only these hosts or groups (overrides the global --limit).",
+)
 @click.pass_obj
 def list_cmd(settings: Settings, inventory, as_json, limit):
     """Every selected host: address, port, user, gateway, groups, merged vars."""
@@ -199,11 +205,27 @@ def list_cmd(settings: Settings, inventory, as_json, limit):
         return
     console = tables.console()
     title = Text(f"{inv.path} ({inv.shape} shape, {len(hosts)} of {len(inv.hosts)} hosts)")
-    cols = [tables.Col("host", keep=True), tables.Col("address", keep=True), tables.Col("port", keep=True),
-            tables.Col("user", keep=True), tables.Col("groups"), tables.Col("gateway"),
-            tables.Col("identity file")]
-    rows = [[_cell(h.name), _cell(h.address), _cell(h.port), _user_text(h), ", ".join(h.groups),
-             _cell(h.gateway), _cell(h.identity_file)] for h in hosts]
+    cols = [
+        tables.Col("host", keep=True),
+        tables.Col("address", keep=True),
+        tables.Col("port", keep=True),
+        tables.Col("user", keep=True),
+        tables.Col("groups"),
+        tables.Col("gateway"),
+        tables.Col("identity file"),
+    ]
+    rows = [
+        [
+            _cell(h.name),
+            _cell(h.address),
+            _cell(h.port),
+            _user_text(h),
+            ", ".join(h.groups),
+            _cell(h.gateway),
+            _cell(h.identity_file),
+        ]
+        for h in hosts
+    ]
     big = len(rows) > BIG_LIST
     if big:
         _plain_table(title, cols, rows)

@@ -13,31 +13,54 @@ import click
 from k26ops.cli import jsonout
 from k26ops.cli.commands.bench import baselines_option
 from k26ops.cli.report import run_and_report
+from k26ops.engine.multinode import serves_http
 from k26ops.enginebench.run import agent, target
 from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
-from k26ops.transport.fleet import Outcome
 from k26ops.monitoring import check, grafana, prometheus
 from k26ops.monitoring.targets import baseline_accepts, host_target
-from k26ops.engine.multinode import serves_http
 from k26ops.steps import HostContext, StepFailed
+from k26ops.transport.fleet import Outcome
 
 DASHBOARD = "grafana/k26ops-dashboard.json"
 
 
 @click.command(name="monitoring")
-@click.option("--out", "out_dir", default="k26ops-monitoring", show_default=True, metavar="DIR",
-              type=click.Path(file_okay=False), help="Directory to write the files into (made if missing).")
-@click.option("--baseline", "tag", metavar="TAG",
-              help="Baseline whose stored bench gives each host's accept length for the drift alert.")
-@click.option("--accept-drop", type=click.FloatRange(0.1, 90), default=10.0, show_default=True, metavar="PCT",
-              help="Alert when the live accept length stays this many percent below the baseline's for 15 min.")
-@click.option("--api-key-file", metavar="PATH",
-              help="Name this file (on the Prometheus server) for the engine's api key instead of writing "
-                   "the key into DIR/secrets/.")
-@click.option("--verify", is_flag=True,
-              help="Also ask each engine for its /metrics (from the host, over SSH) and fail on a "
-                   "dashboard metric it does not serve.")
+@click.option(
+    "--out",
+    "out_dir",
+    default="k26ops-monitoring",
+    show_default=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Directory to write the files into (made if missing).",
+)
+@click.option(
+    "--baseline",
+    "tag",
+    metavar="TAG",
+    help="Baseline whose stored bench gives each host's accept length for the drift alert.",
+)
+@click.option(
+    "--accept-drop",
+    type=click.FloatRange(0.1, 90),
+    default=10.0,
+    show_default=True,
+    metavar="PCT",
+    help="Alert when the live accept length stays this many percent below the baseline's for 15 min.",
+)
+@click.option(
+    "--api-key-file",
+    metavar="PATH",
+    help="Name this file (on the Prometheus server) for the engine's api key instead of writing "
+    "the key into DIR/secrets/.",
+)
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also ask each engine for its /metrics (from the host, over SSH) and fail on a "
+    "dashboard metric it does not serve.",
+)
 @baselines_option("Baselines repository for --baseline")
 @click.pass_obj
 def monitoring_cmd(settings, out_dir, tag, accept_drop, api_key_file, verify, baselines_dir):
@@ -55,8 +78,10 @@ def monitoring_cmd(settings, out_dir, tag, accept_drop, api_key_file, verify, ba
         targets.append(t)
         warnings += warn
         if not h.vars.get("monitoring"):
-            warnings.append(f"{h.name}: inventory var monitoring is not set: its engine may run without "
-                            "--enable-metrics (set `monitoring: true` and deploy)")
+            warnings.append(
+                f"{h.name}: inventory var monitoring is not set: its engine may run without "
+                "--enable-metrics (set `monitoring: true` and deploy)"
+            )
     files = prometheus.files(targets, accept_drop_pct=accept_drop, key_file=api_key_file)
     files.texts[DASHBOARD] = json.dumps(grafana.dashboard(), indent=1) + "\n"
     out = Path(out_dir).expanduser()
@@ -67,8 +92,10 @@ def monitoring_cmd(settings, out_dir, tag, accept_drop, api_key_file, verify, ba
         jsonout.emit({"out": str(out), "files": written, "targets": [t.host for t in targets]})
     elif not settings.as_json:
         click.echo(f"wrote {len(written)} files to {out}: " + ", ".join(written))
-        click.echo(f"Prometheus: prometheus --config.file={out / 'prometheus.yml'} (or merge its scrape_configs); "
-                   f"Grafana: import {out / DASHBOARD}")
+        click.echo(
+            f"Prometheus: prometheus --config.file={out / 'prometheus.yml'} (or merge its scrape_configs); "
+            f"Grafana: import {out / DASHBOARD}"
+        )
     if verify:
         _verify(settings, grafana.used_names(grafana.dashboard()))
 
@@ -99,12 +126,15 @@ def _verify(settings, used: set[str]) -> None:
         t = target(ctx)
         got = agent(session, "metrics", timeout=30, host=t["host"], port=t["port"], api_key=t["api_key"])
         if got.get("status") != 200:
-            raise StepFailed(f"/metrics at {t['host']}:{t['port']} answered {got.get('status') or got.get('error')}"
-                             " (is the engine running with --enable-metrics? `monitoring: true` and deploy)")
+            raise StepFailed(
+                f"/metrics at {t['host']}:{t['port']} answered {got.get('status') or got.get('error')}"
+                " (is the engine running with --enable-metrics? `monitoring: true` and deploy)"
+            )
         lacking = check.missing(used, check.family_names(got["text"]))
         if lacking:
-            raise StepFailed(f"the dashboard uses {len(lacking)} metric(s) this engine does not serve: "
-                             + ", ".join(lacking))
+            raise StepFailed(
+                f"the dashboard uses {len(lacking)} metric(s) this engine does not serve: " + ", ".join(lacking)
+            )
         return Outcome(verdict=f"serves all {len([n for n in used if n.startswith('sglang:')])} engine metrics")
 
     run_and_report(settings, work, title="monitoring --verify", columns=[("verdict", "verdict")])

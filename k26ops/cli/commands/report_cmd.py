@@ -14,11 +14,20 @@ from k26ops.report import model
 
 @click.command(name="report")
 @click.argument("run_json", required=False, metavar="[RUN.json]", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--compare", "tags", nargs=2, metavar="OLD NEW",
-              help="Two baseline tags: NEW's stored bench beside OLD's (`snapshot --bench`).")
+@click.option(
+    "--compare",
+    "tags",
+    nargs=2,
+    metavar="OLD NEW",
+    help="Two baseline tags: NEW's stored bench beside OLD's (`snapshot --bench`).",
+)
 @report_option("it")
-@click.option("--gpus", type=click.IntRange(1, 4096), metavar="N",
-              help="GPUs per host for tok/s per GPU (default: from each host's engine profile, else 8).")
+@click.option(
+    "--gpus",
+    type=click.IntRange(1, 4096),
+    metavar="N",
+    help="GPUs per host for tok/s per GPU (default: from each host's engine profile, else 8).",
+)
 @baselines_option()
 @click.pass_obj
 def report_cmd(settings, run_json, tags, report_path, gpus, baselines_dir):
@@ -27,8 +36,9 @@ def report_cmd(settings, run_json, tags, report_path, gpus, baselines_dir):
     baseline. From a saved run (`k26ops --json bench --compare TAG > run.json`, `deploy --gate`)
     or from two baselines (--compare OLD NEW)."""
     if bool(run_json) == bool(tags):
-        raise UserError("report: give a saved run (RUN.json, from `k26ops --json bench ...`) or "
-                        "--compare OLD NEW, one of the two")
+        raise UserError(
+            "report: give a saved run (RUN.json, from `k26ops --json bench ...`) or --compare OLD NEW, one of the two"
+        )
     per = (lambda names: {n: gpus for n in names}) if gpus else None
     if tags:
         old, new = (stored_benches(baselines_dir, t) for t in tags)

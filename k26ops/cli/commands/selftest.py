@@ -60,29 +60,42 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from k26ops.host import preflight
-from k26ops.orchestrate import rollout
 from k26ops.cli import jsonout, tables
 from k26ops.cli.report import verbose_events
-from k26ops.layout import Layout
 from k26ops.errors import EXIT_HOST_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, UserError
-from k26ops.transport.fleet import FAILED, OK, HostResult, Outcome
+from k26ops.host import preflight
 from k26ops.hostvars import Var, declare
+from k26ops.layout import Layout
+from k26ops.orchestrate import rollout
 from k26ops.selftest import payload as payload_mod
 from k26ops.selftest.report import headline, summarize, validate
 from k26ops.shell import q
+from k26ops.transport.fleet import FAILED, OK, HostResult, Outcome
 
 NO_GPU = "no-gpu"
 PAYLOAD = Path(payload_mod.__file__)
 MARGIN_S = 120.0
-STATUS_STYLE = {"pass": "green", "skip": "magenta", "fail": "red", "timeout": "red", "error": "red",
-                "no-gpu": "yellow", OK: "green", FAILED: "red", NO_GPU: "yellow", "unreachable": "red",
-                "interrupted": "magenta"}
+STATUS_STYLE = {
+    "pass": "green",
+    "skip": "magenta",
+    "fail": "red",
+    "timeout": "red",
+    "error": "red",
+    "no-gpu": "yellow",
+    OK: "green",
+    FAILED: "red",
+    NO_GPU: "yellow",
+    "unreachable": "red",
+    "interrupted": "magenta",
+}
 SHOWN = {OK: "pass", NO_GPU: "no GPU"}
-declare(__name__, "the self-test",
-        Var("nvcc", "path", None, "nvcc for the self-test", "{k26ops_root}/toolchain/cuda-*/bin/nvcc"),
-        Var("selftest_min_tflops", "number", None, "lowest acceptable matmul TFLOPS"),
-        Var("selftest_min_busbw", "number", None, "lowest acceptable NCCL bus bandwidth (GB/s)"))
+declare(
+    __name__,
+    "the self-test",
+    Var("nvcc", "path", None, "nvcc for the self-test", "{k26ops_root}/toolchain/cuda-*/bin/nvcc"),
+    Var("selftest_min_tflops", "number", None, "lowest acceptable matmul TFLOPS"),
+    Var("selftest_min_busbw", "number", None, "lowest acceptable NCCL bus bandwidth (GB/s)"),
+)
 
 
 class SelftestFailed(Exception):
@@ -100,8 +113,16 @@ def payload_args(hv: dict, nvcc: str | None, opts: dict) -> list[str]:
     e = preflight.expectations(hv)
     cc = e["compute_capability"]
     cc = ",".join(map(str, cc)) if isinstance(cc, (list, tuple)) else str(cc)
-    args = ["--expect-gpus", str(int(e["gpus_per_host"])), "--expect-cc", cc,
-            "--min-driver", str(int(e["min_driver"])), "--timeout-scale", str(opts["timeout_scale"])]
+    args = [
+        "--expect-gpus",
+        str(int(e["gpus_per_host"])),
+        "--expect-cc",
+        cc,
+        "--min-driver",
+        str(int(e["min_driver"])),
+        "--timeout-scale",
+        str(opts["timeout_scale"]),
+    ]
     if nvcc:
         args += ["--nvcc", nvcc]
     tflops = opts.get("min_tflops") or hv.get("selftest_min_tflops")
@@ -124,15 +145,22 @@ def _probe(session, python: str | None) -> dict:
     nvcc = hv.get("nvcc")
     script = (
         f"d=$(mktemp -d {q(root + '/state/selftest.XXXXXX')} 2>/dev/null "
-        "|| mktemp -d /tmp/k26ops-selftest.XXXXXX) || exit 1; echo \"dir=$d\"; "
-        + (f"if [ -x {q(python)} ] || command -v {q(python)} >/dev/null 2>&1; then echo python={q(python)}; "
-           "echo src=--python; fi; " if python else
-           f"if [ -x {q(rel_py)} ]; then echo python={q(rel_py)}; echo src=release; "
-           "elif p=$(command -v python3); then echo \"python=$p\"; echo src=python3; fi; ")
-        + (f"[ -x {q(nvcc)} ] && echo nvcc={q(nvcc)}; " if nvcc else
-           f"n=$(ls -d {q(root)}/toolchain/cuda-*/bin/nvcc 2>/dev/null | tail -1); "
-           "[ -n \"$n\" ] && echo \"nvcc=$n\"; ")
-        + "command -v timeout >/dev/null 2>&1 && echo timeout=yes; true")
+        '|| mktemp -d /tmp/k26ops-selftest.XXXXXX) || exit 1; echo "dir=$d"; '
+        + (
+            f"if [ -x {q(python)} ] || command -v {q(python)} >/dev/null 2>&1; then echo python={q(python)}; "
+            "echo src=--python; fi; "
+            if python
+            else f"if [ -x {q(rel_py)} ]; then echo python={q(rel_py)}; echo src=release; "
+            'elif p=$(command -v python3); then echo "python=$p"; echo src=python3; fi; '
+        )
+        + (
+            f"[ -x {q(nvcc)} ] && echo nvcc={q(nvcc)}; "
+            if nvcc
+            else f"n=$(ls -d {q(root)}/toolchain/cuda-*/bin/nvcc 2>/dev/null | tail -1); "
+            '[ -n "$n" ] && echo "nvcc=$n"; '
+        )
+        + "command -v timeout >/dev/null 2>&1 && echo timeout=yes; true"
+    )
     res = session.run(script, timeout=60)
     found = {}
     for line in res.stdout.splitlines():
@@ -154,7 +182,9 @@ def make_work(opts: dict):
         d = p["dir"]
         if not p.get("python"):
             session.run(f"rm -rf {q(d)}", timeout=30)
-            raise RuntimeError(f"no python to run the self-test: {opts['python'] + ' not found' if opts.get('python') else 'no release python at ' + p['release_python'] + ' and no python3'}")
+            raise RuntimeError(
+                f"no python to run the self-test: {opts['python'] + ' not found' if opts.get('python') else 'no release python at ' + p['release_python'] + ' and no python3'}"
+            )
         python, source = p["python"], p.get("src")
         used = f"{python} ({'release' if source == 'release' else 'fallback: python3, no release python' if source == 'python3' else '--python'})"
         gpus = int(preflight.expectations(hv)["gpus_per_host"])
@@ -165,8 +195,7 @@ def make_work(opts: dict):
         try:
             session.put(payload, remote, 0o755)
             guard = f"timeout -k 15 {int(limit)} " if p.get("timeout") else ""
-            cmd = (f"{guard}{q(python)} {q(remote)} {' '.join(q(a) for a in args)}; "
-                   f"rc=$?; rm -rf {q(d)}; exit $rc")
+            cmd = f"{guard}{q(python)} {q(remote)} {' '.join(q(a) for a in args)}; rc=$?; rm -rf {q(d)}; exit $rc"
             res = session.run(cmd, timeout=limit + 30)
             ran = True
         except TimeoutError:
@@ -183,13 +212,13 @@ def make_work(opts: dict):
             doc = json.loads(res.stdout)
         except ValueError:
             tail = [ln for ln in (res.stderr + res.stdout).strip().splitlines() if ln.strip()]
-            raise RuntimeError(f"payload with {used} exited {res.exited} without a result"
-                               + (f": {tail[-1][:300]}" if tail else "")) from None
+            raise RuntimeError(
+                f"payload with {used} exited {res.exited} without a result" + (f": {tail[-1][:300]}" if tail else "")
+            ) from None
         problems = validate(doc)
         if problems:
             raise RuntimeError(f"payload output invalid: {'; '.join(problems[:3])}")
-        return Outcome(python=python, python_source=source, python_used=used, selftest=doc,
-                       headline=headline(doc))
+        return Outcome(python=python, python_source=source, python_used=used, selftest=doc, headline=headline(doc))
 
     return work
 
@@ -214,13 +243,17 @@ def exit_code(results: list[HostResult]) -> int:
 
 def checks_table(doc: dict, title: str | None = None) -> Table:
     """One row per check of a payload document (the report's summarize())."""
-    table = Table("check", "status", "figure", "expected", "time", "detail", title=title,
-                  title_justify="left")
+    table = Table("check", "status", "figure", "expected", "time", "detail", title=title, title_justify="left")
     for row in summarize(doc):
         st = row["status"]
-        table.add_row(row["check"], f"[{STATUS_STYLE.get(st, 'white')}]{st}[/]", row["figure"],
-                      escape(row["expected"]), f"{row['seconds']}s" if row["seconds"] else "",
-                      escape(row["detail"]))
+        table.add_row(
+            row["check"],
+            f"[{STATUS_STYLE.get(st, 'white')}]{st}[/]",
+            row["figure"],
+            escape(row["expected"]),
+            f"{row['seconds']}s" if row["seconds"] else "",
+            escape(row["detail"]),
+        )
     return table
 
 
@@ -242,7 +275,7 @@ def host_line(r: HostResult) -> str:
         figs.append(f"torch {h['torch']}")
     parts = [head]
     if r.status == NO_GPU:
-        parts.append(escape(r.error[len("no GPU: "):] if r.error else ""))
+        parts.append(escape(r.error[len("no GPU: ") :] if r.error else ""))
     elif r.error:
         parts.append(escape(r.error))
     if figs and r.status != NO_GPU:
@@ -285,9 +318,12 @@ def from_file(settings, path: str) -> None:
     problems = validate(doc)
     if problems:
         raise UserError(f"{path}: not a self-test result: {'; '.join(problems[:3])}")
-    r = HostResult(str(doc.get("host") or Path(path).stem), OK,
-                   data={"selftest": doc, "headline": headline(doc)},
-                   elapsed=float(doc.get("duration_s") or 0))
+    r = HostResult(
+        str(doc.get("host") or Path(path).stem),
+        OK,
+        data={"selftest": doc, "headline": headline(doc)},
+        elapsed=float(doc.get("duration_s") or 0),
+    )
     classify([r])
     code = exit_code([r])
     if settings.as_json:
@@ -298,20 +334,49 @@ def from_file(settings, path: str) -> None:
 
 
 @click.command(name="selftest")
-@click.option("--python", metavar="PATH", help="Python on the host to run the payload with "
-              "(default: the current release's venv python, else python3).")
-@click.option("--checks", metavar="NAME[,NAME]",
-              help="Only these checks (gpus always runs): " + ",".join(payload_mod.CHECKS) + ".")
-@click.option("--host-timeout", type=click.FloatRange(10), default=None, metavar="SECONDS",
-              help="Deadline per host (default: the sum of the payload's per-check timeouts + 120s).")
-@click.option("--timeout-scale", type=click.FloatRange(0.1, 100), default=1.0, show_default=True,
-              help="Multiply every per-check timeout.")
-@click.option("--min-tflops", type=click.FloatRange(0), default=None,
-              help="Per-GPU bf16 floor (default: by compute capability; host var selftest_min_tflops).")
-@click.option("--min-busbw", type=click.FloatRange(0), default=None,
-              help="All-reduce bus bandwidth floor, GB/s (default 10; host var selftest_min_busbw).")
-@click.option("--from-file", "saved", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Show a payload JSON saved earlier instead of running (no host contacted).")
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Python on the host to run the payload with (default: the current release's venv python, else python3).",
+)
+@click.option(
+    "--checks",
+    metavar="NAME[,NAME]",
+    help="Only these checks (gpus always runs): " + ",".join(payload_mod.CHECKS) + ".",
+)
+@click.option(
+    "--host-timeout",
+    type=click.FloatRange(10),
+    default=None,
+    metavar="SECONDS",
+    help="Deadline per host (default: the sum of the payload's per-check timeouts + 120s).",
+)
+@click.option(
+    "--timeout-scale",
+    type=click.FloatRange(0.1, 100),
+    default=1.0,
+    show_default=True,
+    help="Multiply every per-check timeout.",
+)
+@click.option(
+    "--min-tflops",
+    type=click.FloatRange(0),
+    default=None,
+    help="Per-GPU bf16 floor (default: by compute capability; host var selftest_min_tflops).",
+)
+@click.option(
+    "--min-busbw",
+    type=click.FloatRange(0),
+    default=None,
+    help="All-reduce bus bandwidth floor, GB/s (default 10; host var selftest_min_busbw).",
+)
+@click.option(
+    "--from-file",
+    "saved",
+    metavar="PATH",
+    type=click.Path(dir_okay=False),
+    help="Show a payload JSON saved earlier instead of running (no host contacted).",
+)
 @click.pass_obj
 def selftest_cmd(settings, python, checks, host_timeout, timeout_scale, min_tflops, min_busbw, saved):
     """Run the GPU self-test on each host: GPUs, versions, CUDA graphs, Triton,
@@ -324,14 +389,20 @@ def selftest_cmd(settings, python, checks, host_timeout, timeout_scale, min_tflo
     if checks:
         unknown = [c for c in checks.split(",") if c and c not in payload_mod.CHECKS]
         if unknown:
-            raise UserError(f"--checks: unknown check(s) {','.join(unknown)} "
-                            f"(known: {','.join(payload_mod.CHECKS)})")
-    opts = {"python": python, "checks": checks, "host_timeout": host_timeout,
-            "timeout_scale": timeout_scale, "min_tflops": min_tflops, "min_busbw": min_busbw}
+            raise UserError(f"--checks: unknown check(s) {','.join(unknown)} (known: {','.join(payload_mod.CHECKS)})")
+    opts = {
+        "python": python,
+        "checks": checks,
+        "host_timeout": host_timeout,
+        "timeout_scale": timeout_scale,
+        "min_tflops": min_tflops,
+        "min_busbw": min_busbw,
+    }
     err = Console(stderr=True)
     t0 = time.monotonic()
-    run = rollout.run(settings.selected_hosts(), make_work(opts), settings.fleet_options(),
-                      on_event=verbose_events(settings))
+    run = rollout.run(
+        settings.selected_hosts(), make_work(opts), settings.fleet_options(), on_event=verbose_events(settings)
+    )
     results = run.results
     classify(results)
     code = EXIT_INTERRUPTED if run.interrupted else exit_code(results)
