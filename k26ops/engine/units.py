@@ -23,6 +23,7 @@ import jinja2
 import yaml
 
 from k26ops import resources
+from k26ops.engine import profile_table
 from k26ops.errors import UserError
 from k26ops.layout import Layout
 
@@ -39,28 +40,8 @@ SECRETS_FILE = "/etc/k26ops/sglang-secrets.yaml"
 # The first line of every unit k26ops renders: a unit without it is not k26ops' to overwrite.
 UNIT_MARKER = "# Managed by k26ops"
 
-# Flags engine_argv sets itself; extra_args may not repeat them.
-MANAGED_FLAGS = frozenset(
-    {
-        "--model-path",
-        "--tp-size",
-        "--trust-remote-code",
-        "--served-model-name",
-        "--speculative-algorithm",
-        "--speculative-draft-model-path",
-        "--speculative-ddtree-budget",
-        "--speculative-dflash-block-size",
-        "--page-size",
-        "--disable-cuda-graph",
-        "--cuda-graph-max-bs-decode",
-        "--cuda-graph-max-bs-prefill",
-        "--host",
-        "--port",
-        "--nnodes",
-        "--node-rank",
-        "--dist-init-addr",
-    }
-)
+# Flags engine_argv sets itself (the profile table's); extra_args may not repeat them.
+MANAGED_FLAGS = profile_table.MANAGED
 
 UNIT_DEFAULTS = {
     "description": "SGLang engine (k26ops)",
@@ -181,13 +162,7 @@ def _req(profile: Mapping, key: str):
     return profile[key]
 
 
-def _int(profile: Mapping, key: str, minimum: int = 0) -> int | None:
-    value = profile.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UserError(f"engine profile: {key} must be an integer >= {minimum}, got {value!r}")
-    return value
+_int = profile_table.integer
 
 
 def _extra_args(extra) -> list[str]:
@@ -229,47 +204,16 @@ def flag_words(extra, what: str) -> list[str]:
 
 
 def engine_argv(profile: Mapping) -> list[str]:
-    """The engine's command line (python -m launch_module and flags) for a profile.
-
-    Keys: model_path (required), draft_model_path, launch_module
-    (sglang.launch_server), python or release_dir, tp_size (8),
-    trust_remote_code (True), served_model_name, speculative_algorithm (DDTREE),
-    speculative_ddtree_budget, speculative_dflash_block_size, page_size,
-    attention_backend / prefill_ / decode_attention_backend, disable_cuda_graph, cuda_graph_max_bs_decode, cuda_graph_max_bs_prefill,
-    host (127.0.0.1), port (30000), nnodes (1) with node_rank and
-    dist_init_addr from the caller when > 1, extra_args."""
+    """The engine's command line (python -m launch_module and flags) for a profile: the flags
+    from the profile table (k26ops.engine.profile_table, its keys and defaults: docs/reference/profile.md),
+    then multinode's (nnodes > 1, with node_rank and dist_init_addr from the caller), extra_args."""
     # the default host's release, when the profile names neither
     python = profile.get("python") or f"{profile.get('release_dir') or Layout().current}/venv/bin/python"
     module = profile.get("launch_module") or LAUNCH_MODULE
     if not isinstance(module, str) or not _MODULE.fullmatch(module):
         raise UserError(f"engine profile: launch_module is not a Python module name: {module!r}")
-    argv = [str(python), "-m", module, "--model-path", str(_req(profile, "model_path"))]
-    argv += ["--tp-size", str(_int(profile, "tp_size", 1) or 8)]
-    if profile.get("trust_remote_code", True):
-        argv.append("--trust-remote-code")
-    if profile.get("served_model_name"):
-        argv += ["--served-model-name", str(profile["served_model_name"])]
-    algo = profile.get("speculative_algorithm", "DDTREE")
-    if algo:
-        argv += ["--speculative-algorithm", str(algo)]
-        if profile.get("draft_model_path"):  # required by DFLASH/DDTREE: k26ops.release.launch_rules says so
-            argv += ["--speculative-draft-model-path", str(profile["draft_model_path"])]
-        for key in ("speculative_ddtree_budget", "speculative_dflash_block_size"):
-            if (value := _int(profile, key, 1)) is not None:
-                argv += ["--" + key.replace("_", "-"), str(value)]
-    if (page := _int(profile, "page_size", 1)) is not None:
-        argv += ["--page-size", str(page)]
-    for key in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
-        if profile.get(key):
-            argv += ["--" + key.replace("_", "-"), str(profile[key])]
-    if profile.get("disable_cuda_graph"):
-        argv.append("--disable-cuda-graph")
-    else:
-        for key in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill"):
-            if (value := _int(profile, key, 1)) is not None:
-                argv += ["--" + key.replace("_", "-"), str(value)]
-    argv += ["--host", str(profile.get("host") or "127.0.0.1")]
-    argv += ["--port", str(_int(profile, "port", 1) or 30000)]
+    _req(profile, "model_path")
+    argv = [str(python), "-m", module, *profile_table.argv(profile)]
     nnodes = _int(profile, "nnodes", 1) or 1
     if nnodes > 1:
         rank = _int(profile, "node_rank", 0)
