@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from k26ops.engine import launch
 from k26ops.engine import profile_table as T
-from k26ops.engine import units
 from k26ops.errors import UserError
 from k26ops.release import recipe
 
@@ -32,7 +32,7 @@ FULL = {
 
 
 def test_the_command_line_is_the_table_in_order():
-    argv = units.engine_argv(FULL)
+    argv = launch.engine_argv(FULL)
     assert argv[:3] == ["/opt/py", "-m", "sglang.launch_server"]
     flags = [w for w in argv if w.startswith("--")]
     table = [k.flag for k in T.KEYS if k.flag and k.name not in T.MULTINODE and k.name != "disable_cuda_graph"]
@@ -49,35 +49,35 @@ def test_the_command_line_is_the_table_in_order():
 
 
 def test_defaults_when_and_unless():
-    argv = units.engine_argv({"model_path": "/m", "python": "/p", "draft_model_path": "/d"})
+    argv = launch.engine_argv({"model_path": "/m", "python": "/p", "draft_model_path": "/d"})
     assert argv == ["/p", "-m", "sglang.launch_server", "--model-path", "/m", "--tp-size", "8",
                     "--trust-remote-code", "--speculative-algorithm", "DDTREE",
                     "--speculative-draft-model-path", "/d", "--host", "127.0.0.1", "--port", "30000"]  # fmt: skip
     # no speculative algorithm: none of its keys; no CUDA graphs: none of their sizes
-    argv = units.engine_argv({**FULL, "speculative_algorithm": None, "disable_cuda_graph": True, "tp_size": None})
+    argv = launch.engine_argv({**FULL, "speculative_algorithm": None, "disable_cuda_graph": True, "tp_size": None})
     assert "--speculative-draft-model-path" not in argv and "--speculative-ddtree-budget" not in argv
     assert "--disable-cuda-graph" in argv and "--cuda-graph-max-bs-decode" not in argv
     assert argv[argv.index("--tp-size") + 1] == "8"
-    assert "--trust-remote-code" not in units.engine_argv({**FULL, "trust_remote_code": False})
+    assert "--trust-remote-code" not in launch.engine_argv({**FULL, "trust_remote_code": False})
 
 
 @pytest.mark.parametrize("key", [k.name for k in T.KEYS if k.kind == "int" and k.name not in T.MULTINODE])
 def test_every_integer_key_is_refused_below_its_minimum_naming_it(key):
     low = T.BY_NAME[key].minimum - 1
     with pytest.raises(UserError, match=rf"engine profile: {key} must be an integer >= \d+, got {low}"):
-        units.engine_argv({**FULL, key: low})
+        launch.engine_argv({**FULL, key: low})
     with pytest.raises(UserError, match=key):
-        units.engine_argv({**FULL, key: True})
+        launch.engine_argv({**FULL, key: True})
 
 
 def test_the_recipe_allowed_keys_and_managed_flags_are_the_tables():
     assert set(recipe.PROFILE_INT) | recipe.PROFILE_OTHER == {k.name for k in T.KEYS if k.recipe}
     assert recipe.PROFILE_INT == {k.name: k.minimum for k in T.KEYS if k.recipe and k.kind == "int"}
-    assert units.MANAGED_FLAGS == {k.flag for k in T.KEYS if k.flag}
+    assert launch.MANAGED_FLAGS == {k.flag for k in T.KEYS if k.flag}
     # a flag the table sets may not come again in extra_args (attention backends included)
     for flag in ("--attention-backend", "--page-size", "--node-rank"):
         with pytest.raises(UserError, match="extra_args"):
-            units.engine_argv({**FULL, "extra_args": [flag, "x"]})
+            launch.engine_argv({**FULL, "extra_args": [flag, "x"]})
 
 
 def test_a_new_flag_is_one_row():

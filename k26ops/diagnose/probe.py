@@ -32,7 +32,7 @@ from typing import Callable
 from k26ops import resources
 from k26ops.diagnose.classify import classify
 from k26ops.diagnose.signatures import PROBE_WATCHED
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 from k26ops.engine.host import EngineHost, wait_ready
 from k26ops.engine.host import agent as engine_agent
 from k26ops.errors import StepFailed, UserError
@@ -366,7 +366,9 @@ def _workflow(
         restarted = True
         cursor = r.get("cursor")
         if not r.get("ok"):
-            raise ProbeFailed(f"systemctl restart {uname} failed: {units.redact(r.get('error') or '', secrets)}")
+            raise ProbeFailed(
+                f"systemctl restart {uname} failed: {secret_policy.redact(r.get('error') or '', secrets)}"
+            )
         base = {k: r["show"].get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
         crashed = None
         w = wait_ready(
@@ -423,7 +425,7 @@ def _workflow(
         rep.crashed = crashed is not None
         progress("collecting the journal since the restart")
         j = agent(session, "journal", unit=uname, cursor=cursor)
-        text = units.redact(j.get("text") or "", secrets)
+        text = secret_policy.redact(j.get("text") or "", secrets)
         d = classify(text, st.get("base"))
         rep.watched = watched_counts(text)
         if crashed is None and d.signature in (None, "unclassified"):
@@ -477,9 +479,9 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
             rep.restore_errors.append(str(exc))
             return
         rep.restored = r.get("done", [])
-        rep.restore_errors += [units.redact(e, secrets) for e in (r.get("errors") or [])]
+        rep.restore_errors += [secret_policy.redact(e, secrets) for e in (r.get("errors") or [])]
         if r.get("error"):
-            rep.restore_errors.append(units.redact(r["error"], secrets))
+            rep.restore_errors.append(secret_policy.redact(r["error"], secrets))
         show = r.get("show") or {}
         if was_active and restarted and r.get("ok"):
             base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}

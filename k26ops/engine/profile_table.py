@@ -1,5 +1,5 @@
 """The engine profile's keys: one table, from which the recipe's allowed `engine_profile` keys
-and their checks (release.recipe), the engine's command line (engine.units.engine_argv) and the
+and their checks (release.recipe), the engine's command line (engine.launch.engine_argv) and the
 flags extra_args may not repeat (MANAGED) are all made. A new engine flag is one row here and
 its test (tests/test_profile_table.py); docs/reference/profile.md is printed from the table.
 
