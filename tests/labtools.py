@@ -165,12 +165,12 @@ def cli(
 def _forget_run_state() -> None:
     """What one k26ops process keeps in module globals for its one run: a next
     in-process run must start as a fresh process would."""
+    from k26ops import interrupt
     from k26ops.cli import jsonout
     from k26ops.engine import secret_policy
     from k26ops.steps import release
-    from k26ops.transport import fleet
 
-    fleet.interrupt_requested.clear()
+    interrupt.requested.clear()
     secret_policy.set_secret_policy()
     jsonout.CURRENT["command"] = ""
     release._PREP.clear()

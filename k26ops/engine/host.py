@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from k26ops import interrupt
 from k26ops.engine import launch, secret_policy, systemd, units
 from k26ops.engine import profile as profile_mod
 from k26ops.errors import UserError
@@ -37,7 +38,6 @@ from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live 
     check_unit_name,
 )
 from k26ops.transport import agents
-from k26ops.transport.fleet import interrupt_requested
 
 # Lab fixture: the engine stand-in, shipped as one file with the real engine's recorded start
 # phases filled in (tests/data/standin/start-phases.json; issue 43). Never outside the lab.
@@ -256,7 +256,7 @@ def wait_ready(
     last = ""
     while True:
         el = time.monotonic() - t0
-        if interruptible and interrupt_requested.is_set():
+        if interruptible and interrupt.requested.is_set():
             return Ready("interrupted", el, p, base, last)
         w = max(0.5, min(window, timeout - el))
         req = dict(request or {}, **({"journal_lines": journal_lines} if journal_lines is not None else {}))
