@@ -176,13 +176,13 @@ def cli(
 def _forget_run_state() -> None:
     """What one k26ops process keeps in module globals for its one run: a next
     in-process run must start as a fresh process would."""
+    from k26ops import interrupt
     from k26ops.cli import jsonout
-    from k26ops.engine import units
+    from k26ops.engine import secret_policy
     from k26ops.steps import release
-    from k26ops.transport import fleet
 
-    fleet.interrupt_requested.clear()
-    units.set_secret_policy()
+    interrupt.requested.clear()
+    secret_policy.set_secret_policy()
     jsonout.CURRENT["command"] = ""
     release._PREP.clear()
     release._FLAGS.clear()
@@ -313,7 +313,7 @@ import time  # noqa: E402
 
 import yaml  # noqa: E402
 
-from k26ops.engine import units  # noqa: E402
+from k26ops.engine import launch  # noqa: E402
 
 # Hostile path values: each would run `touch` if it reached a shell unquoted.
 HOSTILE = [
@@ -396,7 +396,7 @@ class Standin:
     def __init__(self, tmp: Path, *flags: str, env: dict | None = None, python: str = sys.executable, **profile):
         self.port = free_port()
         self.out, self.err = tmp / f"out-{self.port}.log", tmp / f"err-{self.port}.log"
-        argv = units.engine_argv(
+        argv = launch.engine_argv(
             {
                 "python": python,
                 "model_path": "/models/Kimi-K2.6",

@@ -486,8 +486,8 @@ def test_wheelfetch_a_silent_or_trickling_relay_fails_fast(host, tmp_path, monke
 
 
 def test_wheelfetch_ctrl_c_ends_the_fetch_and_its_agent_at_once(host, tmp_path):
+    from k26ops import interrupt
     from k26ops.steps import Interrupted
-    from k26ops.transport.fleet import interrupt_requested
 
     relay = Stalled("silent", every=0.1)  # READ_TIMEOUT (15 s) would end it later: Ctrl-C must not wait for it
     w = SimpleNamespace(name="a-1-py3-none-any.whl", sha256="0" * 64, size=1)
@@ -496,7 +496,7 @@ def test_wheelfetch_ctrl_c_ends_the_fetch_and_its_agent_at_once(host, tmp_path):
         deadline = time.monotonic() + 10
         while relay.conns < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
-        interrupt_requested.set()
+        interrupt.requested.set()
 
     threading.Thread(target=ctrl_c_once_connected, daemon=True).start()
     t0 = time.monotonic()
@@ -504,7 +504,7 @@ def test_wheelfetch_ctrl_c_ends_the_fetch_and_its_agent_at_once(host, tmp_path):
         with pytest.raises(Interrupted, match="during the wheel fetch agent on local"):
             wheelsource._fetch(SimpleNamespace(session=host), [w], str(tmp_path / "wh"), relay.url)
     finally:
-        interrupt_requested.clear()
+        interrupt.requested.clear()
     assert time.monotonic() - t0 < 8  # the agent's own wait: READ_TIMEOUT, 15 s (60 s before)
     deadline = time.monotonic() + 5  # the agent is gone: its connection to the relay closed
     while relay.closed < relay.conns and time.monotonic() < deadline:

@@ -46,7 +46,7 @@ def test_a_call_leaves_no_state_for_the_next(tmp_path):
     proc = cli("--json", "inventory", "list", env={"K26OPS_INVENTORY": str(inv), "K26OPS_X": "1"})
     assert proc.returncode == 0, proc.stderr
     from k26ops.cli import jsonout
-    from k26ops.engine import units
+    from k26ops.engine import secret_policy
 
     assert (
         dict(os.environ),
@@ -55,7 +55,7 @@ def test_a_call_leaves_no_state_for_the_next(tmp_path):
         signal.getsignal(signal.SIGTERM),
         signal.getsignal(signal.SIGHUP),
     ) == before
-    assert not units.EXTRA_SECRET_NAMES and jsonout.CURRENT["command"] == ""
+    assert not secret_policy.EXTRA_SECRET_NAMES and jsonout.CURRENT["command"] == ""
     # the next call does not see the first one's --json nor its inventory
     again = cli("inventory", "list")
     assert not again.stdout.startswith("{") and str(inv) not in again.stdout + again.stderr

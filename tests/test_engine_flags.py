@@ -193,7 +193,7 @@ def test_boolean_optional_flags_take_no_value_and_have_their_no_forms(real):
 
 
 def test_list_flags_take_all_their_values_and_the_mapping_form_renders_them_once(real):
-    from k26ops.engine import units
+    from k26ops.engine import launch
 
     assert real.flags["--cuda-graph-bs-decode"].nargs == "+"  # Optional[List[int]] -> nargs '+'
     ef.validate(["--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "--tp-size", "8"], real.root, real)
@@ -201,7 +201,7 @@ def test_list_flags_take_all_their_values_and_the_mapping_form_renders_them_once
         ef.validate(["--cuda-graph-bs-decode", "--tp-size", "8"], real.root, real)
     with pytest.raises(UserError, match=r"--cuda-graph-bs-decode x: not an int \(sglang 0.5.23, fields/exec_.py:\d+\)"):
         ef.validate(["--cuda-graph-bs-decode", "1", "x"], real.root, real)
-    argv = units.engine_argv(
+    argv = launch.engine_argv(
         {
             "model_path": "/m",
             "speculative_algorithm": None,

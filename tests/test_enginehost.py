@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from k26ops.engine import units
+from k26ops.engine import secret_policy, units
 from k26ops.engine.host import DEFAULT_ROOT, EngineHost, Layout, poll_target
 from k26ops.errors import UserError
 from k26ops.steps import HostContext
@@ -106,8 +106,8 @@ def test_secrets_are_every_known_value_longest_first(monkeypatch):
     assert set(got) == {"tok-inv", "hf_controlnode", "hf_old_one_on_host"}
     assert got == sorted(got, key=len, reverse=True)
     assert "not-secret" not in eh.secrets()
-    text = units.redact("a tok-inv b hf_old_one_on_host", got)
-    assert "tok-inv" not in text and "hf_old" not in text and units.REDACTED in text
+    text = secret_policy.redact("a tok-inv b hf_old_one_on_host", got)
+    assert "tok-inv" not in text and "hf_old" not in text and secret_policy.REDACTED in text
 
 
 def test_poll_target_asks_a_wildcard_bind_on_loopback():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from k26ops.engine import units
+from k26ops.engine import launch, units
 from labtools import STANDIN, Standin
 
 PYTHONS = [sys.executable] + (["/usr/bin/python3"] if os.path.exists("/usr/bin/python3") else [])
@@ -236,7 +236,7 @@ def test_startup_log_shows_the_key_unless_the_release_carries_the_redaction_patc
         "extra_args": ["--api-key", "sk-standin-0123456789"],
         "secrets_file": str(secrets),
     }
-    secrets.write_text(units.engine_launch(profile)[1])
+    secrets.write_text(launch.engine_launch(profile)[1])
     s = standins("--api-key", "sk-standin-0123456789", env={"PYTHONPATH": str(site)}, secrets_file=str(secrets))
     s.wait_ready()
     s.stop()

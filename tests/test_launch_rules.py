@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from k26ops.engine import units  # noqa: E402
+from k26ops.engine import launch
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import launch_rules
 from k26ops.release import recipe as rc  # noqa: E402
@@ -21,7 +21,7 @@ from labtools import REPO, cli  # noqa: E402
 def argv_for(recipe_name: str, **over) -> list[str]:
     prof = profile_for({"model_path": "/models/Kimi-K2.6"}, rc.load(recipe_name))
     prof.update(over)
-    return units.engine_argv({k: v for k, v in prof.items() if v is not None})
+    return launch.engine_argv({k: v for k, v in prof.items() if v is not None})
 
 
 @pytest.mark.parametrize("name", ["k26-tp8-ddtree", "lab", "k26-tp8-dflash-0.5.23", "lab-registry"])

@@ -42,6 +42,10 @@ LAYERS: list[tuple[str, str, list[str]]] = [
         [
             "k26ops.inventory",
             "=k26ops.engine",
+            "k26ops.engine.profile_table",
+            "k26ops.engine.launch",
+            "k26ops.engine.systemd",
+            "k26ops.engine.secret_policy",
             "k26ops.engine.units",
             "k26ops.release.recipe",
             "k26ops.release.inputs",

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import yaml
 
-from k26ops.engine import profile, units
+from k26ops.engine import launch, profile
 from k26ops.monitoring import check, grafana, metrics, prometheus
 from k26ops.release import recipe as recipe_mod
 from labtools import REPO, Standin, cli
@@ -267,11 +267,11 @@ def test_the_dashboard_fits_grafanas_own_schema():
 def test_monitoring_runs_the_engine_with_metrics():
     r = recipe_mod.load(None)
     base = {"recipe": None, "model_path": "/models/k", "extra_flags": ["--api-key", "k"]}
-    off = units.engine_argv(profile.profile_for(base, r))
-    on = units.engine_argv(profile.profile_for({**base, "monitoring": True}, r))
+    off = launch.engine_argv(profile.profile_for(base, r))
+    on = launch.engine_argv(profile.profile_for({**base, "monitoring": True}, r))
     assert "--enable-metrics" not in off and on.count("--enable-metrics") == 1
     twice = profile.profile_for({**base, "monitoring": True, "extra_flags": ["--enable-metrics"]}, r)
-    assert units.engine_argv(twice).count("--enable-metrics") == 1
+    assert launch.engine_argv(twice).count("--enable-metrics") == 1
     assert profile.with_metrics({"--mem-fraction-static": 0.8}) == {
         "--mem-fraction-static": 0.8,
         "--enable-metrics": True,

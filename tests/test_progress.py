@@ -30,7 +30,10 @@ def test_step_counter_is_read_from_step_messages():
     p = HostProgress("lab1")
     assert p.update("gathering facts", 0.0) == ["start"]
     assert p.update(step_message(1, 5, "cuda_toolkit", "planning"), 1.0) == ["1/5 cuda_toolkit"]
-    assert p.update("1/5 cuda_toolkit: applying 2 change(s)", 2.0) == []  # same step: no new event
+    assert p.update(step_message(1, 5, "cuda_toolkit", "applying 2 change(s)"), 2.0) == []  # same step: none
+    assert p.message == "applying 2 change(s)"
+    # a step's own message that reads like the form is a message, not a step: events are typed
+    assert p.update("2/5 lookalike: text", 2.5) == [] and p.step == "1/5 cuda_toolkit"
     assert p.update(step_message(3, 5, "service", "planning"), 3.0) == ["3/5 service"]
     assert p.update("waiting for /health (12 s)", 4.0) == []  # a step's own message keeps the counter
     assert p.state().plain == "3/5 service waiting for /health (12 s)"
@@ -60,7 +63,7 @@ def test_plain_lines_one_per_event():
 def test_verbose_prints_every_message():
     board, buf, _ = _plain_board(["lab1"], verbose=True)
     board.update("lab1", "connecting")
-    board.update("lab1", "1/1 smoke: planning")
+    board.update("lab1", step_message(1, 1, "smoke", "planning"))
     assert buf.getvalue().splitlines() == ["lab1: start", "lab1: connecting", "lab1: 1/1 smoke: planning"]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k26ops.engine import units
+from k26ops.engine import launch
 from k26ops.rehearsal import plan
 from k26ops.steps.warmstart import MILESTONES
 from labtools import cli, cli_json, free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
@@ -51,7 +51,7 @@ PROFILE = {
 
 
 def test_argv_keeps_the_units_engine_flags_and_changes_only_what_a_rehearsal_must():
-    unit = units.engine_argv(PROFILE)
+    unit = launch.engine_argv(PROFILE)
     argv, changes = plan.rehearsal_argv(unit, plan.Options(mem_fraction=0.07), port=31234, has_draft=True)
     kept = [
         "--speculative-algorithm",

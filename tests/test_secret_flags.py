@@ -25,7 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_release  # noqa: E402
 
 from k26ops.cli import cli  # noqa: E402
-from k26ops.engine import units  # noqa: E402
+from k26ops.engine import (
+    launch,
+    secret_policy,
+    units,  # noqa: E402
+)
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.lab.fixtures import engine_standin  # noqa: E402
 from k26ops.steps.engine import foreign_unit  # noqa: E402
@@ -85,7 +89,7 @@ def test_the_engine_reads_the_secret_flags_from_its_config_file(tmp_path, key, v
         "extra_args": {"api-key": key, "admin-api-key": "adm-" + key[:5]},
         "secrets_file": str(tmp_path / "sglang-secrets.yaml"),
     }
-    argv, text = units.engine_launch(profile)
+    argv, text = launch.engine_launch(profile)
     assert key not in " ".join(argv) and argv[-2:] == ["--config", profile["secrets_file"]]
     Path(profile["secrets_file"]).write_text(text)
     flags = argv[3:]
@@ -97,7 +101,7 @@ def test_the_engine_reads_the_secret_flags_from_its_config_file(tmp_path, key, v
 
 
 def test_a_profile_without_secret_flags_has_no_config_file_and_keeps_its_own():
-    argv, text = units.engine_launch({**PROFILE, "extra_args": ["--config", "/etc/mine.yaml"]})
+    argv, text = launch.engine_launch({**PROFILE, "extra_args": ["--config", "/etc/mine.yaml"]})
     assert text is None and argv[-2:] == ["--config", "/etc/mine.yaml"]
 
 
@@ -111,16 +115,16 @@ def test_a_profile_without_secret_flags_has_no_config_file_and_keeps_its_own():
 )
 def test_secret_flags_that_cannot_reach_the_engine_are_refused(profile, needle):
     with pytest.raises(UserError, match=needle):
-        units.engine_launch({**PROFILE, **profile})
+        launch.engine_launch({**PROFILE, **profile})
 
 
 def test_the_secrets_file_lives_beside_the_env_file():
-    assert units.secrets_file_beside(units.ENV_FILE) == units.SECRETS_FILE
-    assert units.secrets_file_beside("/srv/eng/prod.env") == "/srv/eng/prod-secrets.yaml"
+    assert launch.secrets_file_beside(units.ENV_FILE) == launch.SECRETS_FILE
+    assert launch.secrets_file_beside("/srv/eng/prod.env") == "/srv/eng/prod-secrets.yaml"
 
 
 def test_list_flags_named_like_secrets_stay_on_the_command_line():
-    argv, text = units.engine_launch({**PROFILE, "extra_args": ["--bucket-time-to-first-token", "0.1", "0.5"]})
+    argv, text = launch.engine_launch({**PROFILE, "extra_args": ["--bucket-time-to-first-token", "0.1", "0.5"]})
     assert argv[-3:] == ["--bucket-time-to-first-token", "0.1", "0.5"] and text is None
 
 
@@ -139,15 +143,15 @@ URL_VALUES = {
 
 def test_credentials_inside_values_are_secrets_whatever_the_name():
     env = {k: v for k, (v, _c) in URL_VALUES.items()} | {"GIT": "git+ssh://git@github.com/o/r", "X": "plain"}
-    assert sorted(units.secrets_of(env)) == sorted(c for _v, c in URL_VALUES.values())
-    shown = units.redact_vars({"engine_env": env, "mirrors": [env["DATABASE_URL"]]})
+    assert sorted(secret_policy.secrets_of(env)) == sorted(c for _v, c in URL_VALUES.values())
+    shown = secret_policy.redact_vars({"engine_env": env, "mirrors": [env["DATABASE_URL"]]})
     assert "pw-Zq81x" not in str(shown) and "0123456789abcdef" not in str(shown)
     assert shown["engine_env"]["DATABASE_URL"] == "postgres://app:<redacted>@db.example:5432/app"
     assert shown["engine_env"]["GIT"] == "git+ssh://git@github.com/o/r" and shown["engine_env"]["X"] == "plain"
-    base = units.env_for_baseline(units.render_env({"env": env}))
+    base = secret_policy.env_for_baseline(units.render_env({"env": env}))
     assert all(c not in base for _v, c in URL_VALUES.values()) and "git@github.com" in base
-    assert units.env_for_baseline(base) == base
-    assert all(c in units.secret_values({"engine_env": env}) for _v, c in URL_VALUES.values())
+    assert secret_policy.env_for_baseline(base) == base
+    assert all(c in secret_policy.secret_values({"engine_env": env}) for _v, c in URL_VALUES.values())
 
 
 def test_every_aliased_copy_is_redacted_and_walked_once():
@@ -155,18 +159,18 @@ def test_every_aliased_copy_is_redacted_and_walked_once():
     from the one redacted copy (an alias bomb has millions of places); a recursive
     value still comes back (the walk never loops)."""
     inner = {"hf_token": "v-Secret-1", "flags": ["--api-key", "v-Secret-2"], "n": 1}
-    shown = units.redact_vars({"a": [inner, inner], "b": inner, "c": {"d": inner}})
+    shown = secret_policy.redact_vars({"a": [inner, inner], "b": inner, "c": {"d": inner}})
     assert "v-Secret" not in str(shown) and shown["b"]["n"] == 1
     assert shown["a"][0] is shown["a"][1] is shown["b"] is shown["c"]["d"]
     loop = {"hf_token": "v-Secret-3"}
     loop["self"] = [loop]
-    assert units.redact_vars({"x": loop, "y": loop})["y"]["hf_token"] == units.REDACTED
+    assert secret_policy.redact_vars({"x": loop, "y": loop})["y"]["hf_token"] == secret_policy.REDACTED
 
 
 @pytest.mark.parametrize("name", ["hf_tokn", "HF_TOKN", "DB_PASWORD", "MY_SECRT", "OPENAI_APIKY", "gcp_credentails"])
 def test_typod_secret_names_are_secret(name):
-    assert units.is_secret_key(name)
-    assert units.redact_vars({name: "v-Secret-1"}) == {name: units.REDACTED}
+    assert secret_policy.is_secret_key(name)
+    assert secret_policy.redact_vars({name: "v-Secret-1"}) == {name: secret_policy.REDACTED}
 
 
 @pytest.mark.parametrize(
@@ -181,7 +185,7 @@ def test_typod_secret_names_are_secret(name):
     ],
 )
 def test_near_words_that_are_not_secrets(name):
-    assert not units.is_secret_key(name)
+    assert not secret_policy.is_secret_key(name)
 
 
 def test_inventory_show_masks_a_typod_secret_under_its_unknown_key_warning(tmp_path):

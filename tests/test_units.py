@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k26ops.engine import units
+from k26ops.engine import launch, secret_policy, systemd, units
 from k26ops.errors import UserError
 
 HOSTILE = [
@@ -272,27 +272,27 @@ needs_dump = pytest.mark.skipif(not _can_dump() and not os.environ.get("CI"), re
 
 @pytest.mark.parametrize("arg", HOSTILE)
 def test_systemd_quote_round_trips_in_test_parser(arg):
-    assert systemd_split(f"/bin/x {units.systemd_quote(arg)}") == ["/bin/x", arg]
+    assert systemd_split(f"/bin/x {systemd.systemd_quote(arg)}") == ["/bin/x", arg]
 
 
 def test_systemd_quote_plain_words_stay_readable():
-    assert units.systemd_quote("--tp-size") == "--tp-size"
-    assert units.systemd_quote("/models/Kimi-K2.6") == "/models/Kimi-K2.6"
-    assert units.systemd_quote("50%") == "50%%"
-    assert units.systemd_quote("a b") == '"a b"'
-    assert units.systemd_quote("") == '""'
+    assert systemd.systemd_quote("--tp-size") == "--tp-size"
+    assert systemd.systemd_quote("/models/Kimi-K2.6") == "/models/Kimi-K2.6"
+    assert systemd.systemd_quote("50%") == "50%%"
+    assert systemd.systemd_quote("a b") == '"a b"'
+    assert systemd.systemd_quote("") == '""'
 
 
 @pytest.mark.parametrize("arg", ["a\nb", "a\rb", "nul\x00", "bell\x07", "\x7f"])
 def test_systemd_quote_refuses_control_characters(arg):
     with pytest.raises(UserError):
-        units.systemd_quote(arg)
+        systemd.systemd_quote(arg)
 
 
 @given(st.lists(st.text(st.characters(blacklist_categories=("Cs", "Cc"))), max_size=6))
 @settings(max_examples=300, deadline=None)
 def test_any_printable_argv_round_trips(args):
-    line = units.systemd_exec(["/bin/x", *args])
+    line = systemd.systemd_exec(["/bin/x", *args])
     assert systemd_split(line) == ["/bin/x", *args]
 
 
@@ -304,7 +304,7 @@ def test_real_systemd_parses_hostile_argv_back_exactly():
         "model_path": "/models/my model %i $(reboot)",
         "extra_args": [a for pair in zip(["--x"] * len(HOSTILE), HOSTILE) for a in pair],
     }
-    argv = units.engine_argv(profile)
+    argv = launch.engine_argv(profile)
     argv[0] = "/usr/bin/python3"
     unit = units.render_unit({"argv": argv})
     (parsed,) = systemd_dump_commands(unit)
@@ -324,7 +324,7 @@ def test_real_systemd_parses_hostile_argv_back_exactly():
 @settings(max_examples=15, deadline=None)
 def test_real_systemd_agrees_on_generated_argvs(argvs):
     """Many generated command lines at once (ExecStartPre= may repeat)."""
-    lines = "".join(f"ExecStartPre={units.systemd_exec(['/bin/echo', *a])}\n" for a in argvs)
+    lines = "".join(f"ExecStartPre={systemd.systemd_exec(['/bin/echo', *a])}\n" for a in argvs)
     dumped = systemd_dump_commands(f"[Service]\n{lines}ExecStart=/bin/true\n")
     assert dumped[:-1] == [["/bin/echo", *[w.replace("$", "$$") for w in a]] for a in argvs]
 
@@ -333,7 +333,7 @@ def test_real_systemd_agrees_on_generated_argvs(argvs):
 
 
 def test_engine_argv_profile():
-    argv = units.engine_argv(
+    argv = launch.engine_argv(
         {**PROFILE, "extra_args": {"mem-fraction-static": 0.85, "--enable-metrics": True, "--off": False}}
     )
     assert argv[:3] == ["/opt/k26ops/releases/current/venv/bin/python", "-m", "sglang.launch_server"]
@@ -356,7 +356,7 @@ def test_engine_argv_profile():
 
 
 def test_engine_argv_lab_module_disable_graph_and_multinode():
-    argv = units.engine_argv(
+    argv = launch.engine_argv(
         {
             **PROFILE,
             "launch_module": "k26ops_engine_standin",
@@ -396,7 +396,7 @@ def test_engine_argv_lab_module_disable_graph_and_multinode():
 )
 def test_engine_argv_bad_profiles_are_user_errors(bad, needle):
     with pytest.raises(UserError, match=re.escape(needle)):
-        units.engine_argv({**PROFILE, **bad})
+        launch.engine_argv({**PROFILE, **bad})
 
 
 # ---------------------------------------------------------------- rendering
@@ -461,7 +461,7 @@ def test_secret_flag_kept_out_of_the_unit_and_the_engines_argv(extra):
     engine's command line, not even as a ${VAR} systemd would expand from the env
     file (that put it in the process's argv: `ps`, `systemctl status`)."""
     profile = {**PROFILE, "extra_args": extra}
-    argv = units.engine_argv(profile)
+    argv = launch.engine_argv(profile)
     unit = units.render_unit({"profile": profile})
     assert "sk-UNIT-Secret-91" not in unit and "sk-UNIT-Secret-91" not in " ".join(argv)
     assert not [w for w in argv if "$" in w], argv  # nothing for systemd to expand into the argv
@@ -531,7 +531,7 @@ ENV_VALUES = [
 def test_env_file_round_trips_through_posix_shell_and_systemd_rules(tmp_path):
     env = {f"V{i}": v for i, v in enumerate(ENV_VALUES)}
     text = units.render_env({"env": env})
-    assert {k: v for k, v, _s, _e in units.parse_env(text)} == env
+    assert {k: v for k, v, _s, _e in systemd.parse_env(text)} == env
     f = tmp_path / "env"
     f.write_text(text)
     for key, value in env.items():
@@ -547,7 +547,7 @@ def test_env_file_round_trips_through_posix_shell_and_systemd_rules(tmp_path):
 
 def test_parse_env_systemd_shapes():
     text = '# c\n; c\nA=1 \nB=\'x y\' "z"\nC=a\\\nb\nD="multi\\\nline"\nE = spaced\n'
-    assert {k: v for k, v, *_ in units.parse_env(text)} == {
+    assert {k: v for k, v, *_ in systemd.parse_env(text)} == {
         "A": "1",
         "B": "x yz",
         "C": "ab",
@@ -568,13 +568,16 @@ def test_env_file_refuses_bad_entries(env):
 def test_redact_all_spellings():
     secret = 'hf_"ab$c\\d'
     text = (
-        f"token={secret} env={units.env_quote(secret)} arg={units.systemd_quote(secret)} "
+        f"token={secret} env={systemd.env_quote(secret)} arg={systemd.systemd_quote(secret)} "
         f'sh={shlex.quote(secret)} json="hf_\\"ab$c\\\\d"'
     )
-    out = units.redact(text, [secret])
+    out = secret_policy.redact(text, [secret])
     assert "ab$c" not in out and out.count("<redacted>") == 5
-    assert units.redact("HF_TOKEN=hf_1 other", {"HF_TOKEN": "hf_1", "MODEL": "other"}) == "HF_TOKEN=<redacted> other"
-    assert units.redact("nothing", []) == "nothing"
+    assert (
+        secret_policy.redact("HF_TOKEN=hf_1 other", {"HF_TOKEN": "hf_1", "MODEL": "other"})
+        == "HF_TOKEN=<redacted> other"
+    )
+    assert secret_policy.redact("nothing", []) == "nothing"
 
 
 def test_env_for_baseline_masks_secret_keys_only():
@@ -588,12 +591,12 @@ def test_env_for_baseline_masks_secret_keys_only():
         "PATH": "/bin",
     }
     text = units.render_env({"env": env}) + "hf_token='multi\nline'\n"
-    out = units.env_for_baseline(text)
+    out = secret_policy.env_for_baseline(text)
     for value in ["hf_abc", "ghp_x", 'S3_ACCESS_KEY="k"', '"s"', '"p"', "multi", "line"]:
         assert value not in out
     assert 'CUDA_HOME="/usr/local/cuda"' in out and 'PATH="/bin"' in out
     assert out.count("<redacted>") == 6
-    assert units.env_for_baseline(out) == out  # stable: a second pass changes nothing
+    assert secret_policy.env_for_baseline(out) == out  # stable: a second pass changes nothing
 
 
 def test_a_template_is_compiled_once_per_process_and_again_when_edited(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from k26ops.engine import units
+from k26ops.engine import launch, units
 from k26ops.facts import engine_cache
 from k26ops.facts.gpu import parse_gpus
 from k26ops.lab.fixtures import engine_standin
@@ -33,7 +33,7 @@ from k26ops.steps import warmstart
 DATA = Path(__file__).resolve().parent / "data"
 H200 = parse_gpus((DATA / "facts/h200x2-smi-query-noheader-nounits.txt").read_text(), 0)["gpus"]
 RTX = parse_gpus((DATA / "facts/constructed-rtxpro6000x8-query-noheader-nounits.txt").read_text(), 0)["gpus"]
-ARGV = units.engine_argv(
+ARGV = launch.engine_argv(
     {
         "python": "/opt/k26ops/releases/current/venv/bin/python",
         "model_path": "/m",
@@ -53,7 +53,7 @@ def test_the_cache_dir_is_keyed_by_release_gpu_tp_and_speculative_profile():
     assert engine_cache.key(ARGV, RTX) == "rtx-pro-6000-blackwell-server-edition-sm120-tp8-ddtree-bs8-budget32"
     tp4 = [w if w != "8" or ARGV[i - 1] != "--tp-size" else "4" for i, w in enumerate(ARGV)]
     assert engine_cache.key(tp4, H200).endswith("-tp4-ddtree-bs8-budget32")
-    dflash = units.engine_argv(
+    dflash = launch.engine_argv(
         {
             "python": "/p",
             "model_path": "/m",

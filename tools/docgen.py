@@ -4,7 +4,8 @@
     python3 tools/docgen.py --check   # exit 1 naming each page that differs from the code
 
 Each page has one source in the code: the CLI (click's command tree, `k26ops.cli.cli`),
-the crash signatures (`k26ops.diagnose.signatures.SIGNATURES`), the exit codes
+the crash signatures (`k26ops.diagnose.signatures.SIGNATURES`), the engine profile keys
+(`k26ops.engine.profile_table.KEYS`), the exit codes
 (`k26ops.errors.EXIT_MEANINGS`), the inventory variables (`k26ops.hostvars` declarations,
 as `k26ops inventory vars --markdown` prints them) and the `--json` schemas (docs/json/).
 tests/test_docs_reference.py fails when a page in the tree differs from what this writes.
@@ -27,6 +28,7 @@ from k26ops import errors  # noqa: E402
 from k26ops.cli import cli  # noqa: E402
 from k26ops.cli.pipe import EXIT_CLOSED_PIPE  # noqa: E402
 from k26ops.diagnose import signatures as S  # noqa: E402
+from k26ops.engine import profile_table  # noqa: E402
 from k26ops.inventory import variables  # noqa: E402
 
 REF = ROOT / "docs" / "reference"
@@ -165,6 +167,30 @@ def exit_codes_page() -> str:
     return "\n".join(out) + "\n"
 
 
+def profile_page() -> str:
+    out = [
+        "# Engine profile keys\n",
+        _banner("`k26ops.engine.profile_table.KEYS`"),
+        "The keys of an engine profile: a recipe's `engine_profile` (the *recipe* column), then the "
+        "inventory's `engine_profile` over it. Each key with a flag becomes that engine flag, in this "
+        "order; `extra_args` may not repeat any of them. Cross-field rules (DDTree needs page_size 1, "
+        "...) are the launch rules' (k26ops/release/launch_rules.py). A new engine flag is one row of "
+        "`KEYS` and its test (tests/test_profile_table.py).\n",
+        "| key | type | flag | default | minimum | given | recipe | what |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for k in profile_table.KEYS:
+        given = f"with `{k.when}`" if k.when else f"without `{k.unless}`" if k.unless else "-"
+        if k.name in profile_table.MULTINODE:
+            given = "`nnodes` > 1"
+        default = "-" if k.default is None else f"`{k.default}`"
+        out.append(
+            f"| `{k.name}` | {k.kind} | {f'`{k.flag}`' if k.flag else '-'} | {default} | "
+            f"{k.minimum if k.minimum is not None else '-'} | {given} | {'yes' if k.recipe else 'no'} | {_cell(k.doc)} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def json_page() -> str:
     out = [
         "# `--json` schemas\n",
@@ -194,6 +220,7 @@ PAGES = {
     "cli.md": cli_page,
     "signatures.md": signatures_page,
     "exit-codes.md": exit_codes_page,
+    "profile.md": profile_page,
     "inventory.md": variables.markdown,
     "json-schemas.md": json_page,
 }

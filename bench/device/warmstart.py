@@ -5,7 +5,7 @@ compiled into the release's engine cache (device tool; bench/device/h200_warmsta
     python3 bench/device/warmstart.py INVENTORY LABEL [--wipe] > LABEL.json
 
 The host is the inventory's one `connection: local` host (no systemd on the device).
-What starts is what the unit would run: the command line `units.engine_launch` renders
+What starts is what the unit would run: the command line `launch.engine_launch` renders
 from the host's profile, with the environment the unit's env file gets (EngineHost.env
 plus the release's engine cache variables, steps.warmstart.cache_for: the same dir
 `k26ops rehearse` fills), plus `--load-format dummy` for both models (the device's
@@ -32,7 +32,7 @@ import sys
 import time
 
 from k26ops import facts
-from k26ops.engine import units
+from k26ops.engine import launch
 from k26ops.engine.host import EngineHost
 from k26ops.inventory import load
 from k26ops.steps import HostContext, warmstart
@@ -59,7 +59,7 @@ def main() -> int:
     ctx = HostContext(session=session, host=host, vars=dict(host.vars), facts=facts.gather(session, ["gpus"]))
     eh = EngineHost(ctx)
     profile = eh.profile()
-    argv, secret = units.engine_launch(profile)
+    argv, secret = launch.engine_launch(profile)
     if secret is not None:
         sys.exit("warmstart.py: the profile has secret engine flags; this script writes no --config file for them")
     argv += ["--load-format", "dummy", "--speculative-draft-load-format", "dummy"]
@@ -113,7 +113,7 @@ def main() -> int:
             host="127.0.0.1",
             unit=None,
             base=None,
-            api_key=units.engine_flag_secrets(profile).get("--api-key"),
+            api_key=launch.engine_flag_secrets(profile).get("--api-key"),
             cache=req,
             startup=warmstart.STARTUP_REQUEST,
             **body,

@@ -10,7 +10,7 @@ from k26ops.baselines import hostscript
 from k26ops.baselines.repo import Baselines
 from k26ops.baselines.snapshot import sha256
 from k26ops.baselines.validate import BaselineCorrupt
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 
 
 def load_index(baselines_dir=None, warn=lambda line: None) -> list[tuple[str, dict]]:
@@ -76,7 +76,7 @@ def host_drift(
     record_bad = [f"{b['path']} ({b['why']})" for b in r.get("record_bad") or []]  # vs the wheels' RECORD
     changed += [x for x in record_bad if x.split(" (")[0] not in changed]
     unit_sha = sha256(p.get("unit"))
-    env_sha = sha256(units.env_for_baseline(p["env"])) if p.get("env") is not None else None
+    env_sha = sha256(secret_policy.env_for_baseline(p["env"])) if p.get("env") is not None else None
     out = {
         "release": r["current"],
         "canonical": bool(m) and not changed,

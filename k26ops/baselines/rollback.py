@@ -31,7 +31,7 @@ import yaml
 
 from k26ops.baselines import drift, hostscript
 from k26ops.baselines.repo import Baselines
-from k26ops.engine import profile, units
+from k26ops.engine import launch, profile, secret_policy, systemd
 from k26ops.engine.host import EngineHost
 from k26ops.errors import UserError
 from k26ops.orchestrate.rollout import playbook_work
@@ -207,22 +207,25 @@ class BaselineService(engine_steps.ServiceStep):
             return
         eh = EngineHost(ctx)
         # a tag from before the secrets file kept secret flags in the env file as K26OPS_SECRET_*
-        want = {**eh.env(), **{units.secret_ref_name(f): v for f, v in units.engine_flag_secrets(eh.profile()).items()}}
-        for key, value, start, end in reversed(units.parse_env(env_text)):
-            if value == b["record"]["env"].get("marker", units.REDACTED):  # a secret name or a credential in it
+        want = {
+            **eh.env(),
+            **{secret_policy.secret_ref_name(f): v for f, v in launch.engine_flag_secrets(eh.profile()).items()},
+        }
+        for key, value, start, end in reversed(systemd.parse_env(env_text)):
+            if value == b["record"]["env"].get("marker", secret_policy.REDACTED):  # a secret name or a credential in it
                 if want.get(key) in (None, ""):
                     raise StepFailed(
                         f"the baseline's env file needs {key}: set it in the inventory "
                         f"(or the control node's environment) as for a deploy"
                     )
-                env_text = env_text[:start] + units.env_quote(want[key]) + env_text[end:]
+                env_text = env_text[:start] + systemd.env_quote(want[key]) + env_text[end:]
         BaselineEnv(env_text).put(ctx)
 
     def plan(self, ctx: HostContext) -> list[Change]:
         b = _b(self, ctx)
         rec = b["record"]
         unit, upath, epath = rec["unit"]["name"], rec["unit"]["path"], rec["env"]["path"]
-        spath = units.secrets_file_beside(epath)
+        spath = launch.secrets_file_beside(epath)
         eh = EngineHost(ctx)
         cur = engine_steps.agent(
             ctx.session,
@@ -252,7 +255,7 @@ class BaselineService(engine_steps.ServiceStep):
         secret_text = None
         bu = baseline_unit(ctx, b).put(ctx)
         if b["unit_text"] is not None and f"--config {spath}" in b["unit_text"]:
-            secret_text = units.engine_launch(eh.profile())[1]
+            secret_text = launch.engine_launch(eh.profile())[1]
             if secret_text is None:
                 raise StepFailed(
                     f"the baseline's unit reads secret engine flags from {spath}: set them "

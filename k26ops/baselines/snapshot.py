@@ -22,7 +22,7 @@ from k26ops import facts as facts_mod
 from k26ops.baselines import hostscript
 from k26ops.baselines.pins import pin_release
 from k26ops.baselines.repo import Baselines, check_tag_name
-from k26ops.engine import units
+from k26ops.engine import secret_policy, systemd
 from k26ops.engine.host import EngineHost, agent, foreign_listener
 from k26ops.engine.multinode import serves_http
 from k26ops.enginebench.run import run_host
@@ -162,7 +162,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         if isinstance(data, (dict, list)):
             data = json.dumps(data, indent=1, sort_keys=True) + "\n"
         if isinstance(data, str):
-            data = (units.redact(data, secrets) if redact else data).encode()
+            data = (secret_policy.redact(data, secrets) if redact else data).encode()
         files[f"{base}/{path}"] = data
 
     drift = sorted(p for p, h in (m.get("patched_files") or {}).items() if rel["hashes"].get(p) != h)
@@ -202,8 +202,10 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
         if ln.strip() and not ln.lstrip().startswith("#")
     ]
     env_text = raw.get("env")
-    env_base = units.env_for_baseline(env_text) if env_text is not None else None
-    secret_keys = sorted({k for k, v, _s, _e in units.parse_env(env_text or "") if units.is_secret_item(k, v)})
+    env_base = secret_policy.env_for_baseline(env_text) if env_text is not None else None
+    secret_keys = sorted(
+        {k for k, v, _s, _e in systemd.parse_env(env_text or "") if secret_policy.is_secret_item(k, v)}
+    )
     unit_text = raw.get("unit")
     health, smoke = raw["health"], raw.get("smoke")
     health_state = health["state"]
@@ -236,7 +238,7 @@ def gather_host(session, tag: str, now: str) -> tuple[Outcome, dict[str, bytes],
             "file": env_file,
             "sha256_redacted": sha256(env_base),
             "secret_keys": secret_keys,
-            "marker": units.REDACTED,
+            "marker": secret_policy.REDACTED,
         },
         "patched_files": m.get("patched_files") or {},
         "drift": drift,
@@ -429,7 +431,7 @@ def snapshot(
                 + "".join(f"  file {p} sha256 {(s or 'deleted')[:16]}\n" for p, s in sorted(r["patched_files"].items()))
                 + f"  unit {r['unit']['path']} sha256 {(r['unit']['sha256'] or 'missing')[:16]}\n"
                 f"  env {r['env']['path']} (secrets {', '.join(r['env']['secret_keys']) or 'none'}: "
-                f"recorded as {units.REDACTED})"
+                f"recorded as {secret_policy.REDACTED})"
             )
         msg_head = f"{title}\n\n" + (f"{message}\n\n" if message else "")
         commit_msg = msg_head + body + "\n\n" + "\n".join(detail) + f"\n\nTaken {now} by k26ops snapshot.\n"

@@ -5,12 +5,12 @@ even while a step is silent), the step counter (`3/5 service`) and the last
 message; a finished host shows its result. When stderr is not a terminal (CI
 logs, `| tee`) or --json, one line per host event -- start, each new step,
 done/failed -- so progress shows as it happens; -v adds every message.
-Steps announce themselves as `i/n name: what` (k26ops.orchestrate.playbook.step_message).
+Steps announce themselves with a k26ops.steps.StepEvent (`i/n name: what` as text; the
+board reads its fields), made by k26ops.orchestrate.playbook.step_message.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-STEP = re.compile(r"^(\d+)/(\d+) (\S+): (.*)$", re.S)  # playbook.step_message's form
+from k26ops.steps import StepEvent
+
 RESULT_STYLE = {"ok": "green", "changed": "yellow"}
 
 
@@ -41,13 +42,11 @@ class HostProgress:
         if self.t0 is None:
             self.t0 = now
             lines.append("start")
-        m = STEP.match(msg)
-        if m:
-            step = f"{m.group(1)}/{m.group(2)} {m.group(3)}"
-            if step != self.step:
-                self.step = step
-                lines.append(step)
-            self.message = m.group(4)
+        if isinstance(msg, StepEvent):  # a step's own event: its counter from the fields
+            if msg.step != self.step:
+                self.step = msg.step
+                lines.append(msg.step)
+            self.message = msg.what
         else:
             self.message = msg
         return lines

@@ -32,7 +32,7 @@ from typing import Callable
 from k26ops import resources
 from k26ops.diagnose.classify import classify
 from k26ops.diagnose.signatures import PROBE_WATCHED
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 from k26ops.engine.host import EngineHost, wait_ready
 from k26ops.engine.host import agent as engine_agent
 from k26ops.errors import StepFailed, UserError
@@ -233,22 +233,24 @@ def run_probe(
         rep.graphs_enabled_by_dropin = exec_start is not None
         try:
             _workflow(
-                session,
-                rep,
-                st,
-                uname,
-                ehost,
-                port,
-                patch_text,
-                exec_start,
-                was_active,
-                secrets,
-                ready_timeout,
-                requests,
-                progress,
-                classify,
-                api_key=eh.api_key(),
-                drain=drain_mod.for_session(session, progress),
+                ProbeRun(
+                    session=session,
+                    rep=rep,
+                    st=st,
+                    unit=uname,
+                    host=ehost,
+                    port=port,
+                    patch_text=patch_text,
+                    exec_start=exec_start,
+                    was_active=was_active,
+                    secrets=secrets,
+                    ready_timeout=ready_timeout,
+                    requests=requests,
+                    progress=progress,
+                    classify=classify,
+                    api_key=eh.api_key(),
+                    drain=drain_mod.for_session(session, progress),
+                )
             )
         except BaseException as exc:  # restored already; let the caller say how the restore went
             exc.probe_report = rep
@@ -324,24 +326,34 @@ def describe_drift(drift: list) -> str:
     return f"{len(drift)} file(s) differ from the release manifest: " + ", ".join(parts) + more
 
 
-def _workflow(
-    session,
-    rep,
-    st,
-    uname,
-    ehost,
-    port,
-    patch_text,
-    exec_start,
-    was_active,
-    secrets,
-    ready_timeout,
-    requests,
-    progress,
-    classify,
-    api_key=None,
-    drain=None,
-) -> None:
+@dataclass
+class ProbeRun:
+    """One probe's inputs, read before any change (run_probe) and passed whole to the workflow
+    and its restore."""
+
+    session: object
+    rep: ProbeReport
+    st: dict  # the host agent's prepare answer (release, site, base, unit text, env ...)
+    unit: str
+    host: str  # where the engine answers (EngineHost.target)
+    port: int
+    patch_text: str
+    exec_start: str | None  # the drop-in's ExecStart= when the unit turns CUDA graphs off
+    was_active: bool
+    secrets: list
+    ready_timeout: float
+    requests: int
+    progress: Callable[[str], None]
+    classify: Callable
+    api_key: str | None = None
+    drain: object | None = None
+
+
+def _workflow(run: ProbeRun) -> None:
+    session, rep, st, uname, ehost, port = run.session, run.rep, run.st, run.unit, run.host, run.port
+    patch_text, exec_start, was_active, secrets = run.patch_text, run.exec_start, run.was_active, run.secrets
+    ready_timeout, requests, progress, classify = run.ready_timeout, run.requests, run.progress, run.classify
+    api_key, drain = run.api_key, run.drain
     restarted = False
     try:
         progress(f"applying the probe patch to release {st['release_id']}")
@@ -366,7 +378,9 @@ def _workflow(
         restarted = True
         cursor = r.get("cursor")
         if not r.get("ok"):
-            raise ProbeFailed(f"systemctl restart {uname} failed: {units.redact(r.get('error') or '', secrets)}")
+            raise ProbeFailed(
+                f"systemctl restart {uname} failed: {secret_policy.redact(r.get('error') or '', secrets)}"
+            )
         base = {k: r["show"].get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
         crashed = None
         w = wait_ready(
@@ -423,7 +437,7 @@ def _workflow(
         rep.crashed = crashed is not None
         progress("collecting the journal since the restart")
         j = agent(session, "journal", unit=uname, cursor=cursor)
-        text = units.redact(j.get("text") or "", secrets)
+        text = secret_policy.redact(j.get("text") or "", secrets)
         d = classify(text, st.get("base"))
         rep.watched = watched_counts(text)
         if crashed is None and d.signature in (None, "unclassified"):
@@ -431,24 +445,15 @@ def _workflow(
         else:
             rep.diagnosis = d.to_json()
     finally:
-        _restore(
-            session,
-            rep,
-            st,
-            uname,
-            ehost,
-            port,
-            was_active,
-            restarted,
-            secrets,
-            progress,
-            ready_timeout,
-            drain if restarted else None,
-        )
+        _restore(run, restarted)
 
 
-def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secrets, progress, ready_timeout, drain=None):
-    """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this."""
+def _restore(run: ProbeRun, restarted: bool):
+    """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this (restarted: the
+    probe restarted the engine; only then does its drain put it back into rotation)."""
+    session, rep, st, uname, ehost, port = run.session, run.rep, run.st, run.unit, run.host, run.port
+    was_active, secrets, progress, ready_timeout = run.was_active, run.secrets, run.progress, run.ready_timeout
+    drain = run.drain if restarted else None
     interrupted = []
     old = None
     try:
@@ -477,9 +482,9 @@ def _restore(session, rep, st, uname, ehost, port, was_active, restarted, secret
             rep.restore_errors.append(str(exc))
             return
         rep.restored = r.get("done", [])
-        rep.restore_errors += [units.redact(e, secrets) for e in (r.get("errors") or [])]
+        rep.restore_errors += [secret_policy.redact(e, secrets) for e in (r.get("errors") or [])]
         if r.get("error"):
-            rep.restore_errors.append(units.redact(r["error"], secrets))
+            rep.restore_errors.append(secret_policy.redact(r["error"], secrets))
         show = r.get("show") or {}
         if was_active and restarted and r.get("ok"):
             base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}

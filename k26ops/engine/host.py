@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from k26ops import interrupt
+from k26ops.engine import launch, secret_policy, systemd, units
 from k26ops.engine import profile as profile_mod
-from k26ops.engine import units
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live in layout)
@@ -37,7 +38,6 @@ from k26ops.layout import (  # noqa: F401 (re-exported: the engine's names live 
     check_unit_name,
 )
 from k26ops.transport import agents
-from k26ops.transport.fleet import interrupt_requested
 
 # Lab fixture: the engine stand-in, shipped as one file with the real engine's recorded start
 # phases filled in (tests/data/standin/start-phases.json; issue 43). Never outside the lab.
@@ -124,7 +124,7 @@ class EngineHost:
     @property
     def secrets_path(self) -> str:
         """The engine's secret flags (--api-key ...), root-only, beside the env file."""
-        return units.secrets_file_beside(self.env_path)
+        return launch.secrets_file_beside(self.env_path)
 
     @property
     def is_lab(self) -> bool:
@@ -149,7 +149,7 @@ class EngineHost:
     def api_key(self) -> str | None:
         """The engine's --api-key (an extra flag kept in the root-only secrets
         file), which every request but /health* must carry; None when it has none."""
-        return units.engine_flag_secrets(self.profile()).get("--api-key") or None
+        return launch.engine_flag_secrets(self.profile()).get("--api-key") or None
 
     def target(self) -> tuple[str, int]:
         """(address, port) to poll the engine at, from the host itself."""
@@ -184,11 +184,11 @@ class EngineHost:
         """Every value to redact, longest first: the env's secrets (default: `env()`),
         those in the host's current env file and secrets file, secret-named vars at
         any depth, secret flags' values, !vault values, and the passed-through environment."""
-        out = units.secrets_of(self.env() if env is None else env)
+        out = secret_policy.secrets_of(self.env() if env is None else env)
         if old_env_text:
-            out += [v for k, v, _s, _e in units.parse_env(old_env_text) if units.is_secret_key(k) and v]
-        out += units.secret_config_values(old_secret_config)
-        out += units.secret_values(self.vars)
+            out += [v for k, v, _s, _e in systemd.parse_env(old_env_text) if secret_policy.is_secret_key(k) and v]
+        out += launch.secret_config_values(old_secret_config)
+        out += secret_policy.secret_values(self.vars)
         for name in PASS_ENV:
             if os.environ.get(name):
                 out.append(os.environ[name])
@@ -206,7 +206,7 @@ def foreign_listener(port: int, unit: str, holder: dict, secrets: list[str] | No
     what = (
         (
             f"pid {holder.get('pid')} (user {holder.get('user')}: "
-            f"{units.redact(str(holder.get('command') or '?'), secrets or [])})"
+            f"{secret_policy.redact(str(holder.get('command') or '?'), secrets or [])})"
         )
         if holder.get("pid")
         else (str(holder.get("command") or "an unknown process"))
@@ -256,7 +256,7 @@ def wait_ready(
     last = ""
     while True:
         el = time.monotonic() - t0
-        if interruptible and interrupt_requested.is_set():
+        if interruptible and interrupt.requested.is_set():
             return Ready("interrupted", el, p, base, last)
         w = max(0.5, min(window, timeout - el))
         req = dict(request or {}, **({"journal_lines": journal_lines} if journal_lines is not None else {}))
@@ -269,7 +269,7 @@ def wait_ready(
         if p["state"] in ("healthy", "crashed", "foreign"):
             return Ready(p["state"], el, p, base, last)
         if p.get("last_line"):
-            last = units.redact(p["last_line"], secrets)
+            last = secret_policy.redact(p["last_line"], secrets)
         on_wait(Ready("waiting", el, p, base, last))
         if el >= timeout:
             return Ready("timeout", el, p, base, last)

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 from k26ops import config
-from k26ops.engine import multinode, units
+from k26ops.engine import launch, multinode
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.layout import DEFAULT_PORT
@@ -79,7 +79,7 @@ PROFILE_VARS = declare(
         "the DFlash drafter's directory (--speculative-draft-model-path)",
         "the recipe's drafter path",
     ),
-    Var("launch_module", "str", units.LAUNCH_MODULE, "python -m module that starts the engine"),
+    Var("launch_module", "str", launch.LAUNCH_MODULE, "python -m module that starts the engine"),
     Var("served_model_name", "str", None, "--served-model-name"),
 )
 
@@ -150,7 +150,7 @@ def profile_for(vars: dict, r: recipe_mod.Recipe) -> dict:
     if vars.get("monitoring"):
         prof["extra_args"] = with_metrics(prof.get("extra_args"))
     if vars.get("engine_env_file"):  # the secret flags' --config file lives beside it (EngineHost.secrets_path)
-        prof["secrets_file"] = units.secrets_file_beside(vars["engine_env_file"])
+        prof["secrets_file"] = launch.secrets_file_beside(vars["engine_env_file"])
     return prof
 
 

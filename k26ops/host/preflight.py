@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from k26ops.engine import units
+from k26ops.engine import launch
 from k26ops.engine.profile import DEFAULT_MODEL_PATH, lock_for, profile_for, recipe_for
 from k26ops.errors import UserError
 from k26ops.facts import smi_q
@@ -204,7 +204,7 @@ def launch_check(host_vars: dict) -> Check:
     """The engine's own start-up rules on this host's command line (a deploy refuses these
     before any host: k26ops/release/launch_rules.py)."""
     try:
-        argv = units.engine_argv(profile_for(host_vars, recipe_for(host_vars)))
+        argv = launch.engine_argv(profile_for(host_vars, recipe_for(host_vars)))
     except UserError as exc:
         return Check("launch_rules", False, str(exc))
     bad = launch_rules.violations(argv)

@@ -19,7 +19,7 @@ import re
 from collections import deque
 from pathlib import Path
 
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
 from k26ops.inventory import ansible, native, sources, variables
@@ -130,7 +130,7 @@ def _secret_policy(hosts: dict) -> None:
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise UserError(f"host {show(h.name)}: {var} must be a list of names, got {show(v)}")
             into.update(v)
-    units.set_secret_policy(names, patterns)
+    secret_policy.set_secret_policy(names, patterns)
 
 
 def _where(graph: Graph, o: Origin) -> str:

@@ -3,7 +3,7 @@ gateway answer, its api key, and the baseline's accept length. No host is contac
 
 from __future__ import annotations
 
-from k26ops.engine import profile, units
+from k26ops.engine import launch, profile
 from k26ops.engine.host import poll_target
 from k26ops.errors import UserError
 from k26ops.monitoring.prometheus import HostTarget
@@ -53,7 +53,7 @@ def host_target(h, baseline_accept: float | None = None) -> tuple[HostTarget, li
             f"scrape {h.address}:{port} (set engine_profile host: 0.0.0.0, or scrape from the host)"
         )
     mon = settings(h.vars, h.name) or {"dcgm_port": DCGM_PORT}
-    key = units.engine_flag_secrets(prof).get("--api-key") or None
+    key = launch.engine_flag_secrets(prof).get("--api-key") or None
     return HostTarget(
         host=h.name,
         engine=f"{_wrap(addr)}:{port}",

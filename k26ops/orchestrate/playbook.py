@@ -22,7 +22,7 @@ from k26ops.host import ownership, preflight
 from k26ops.host.lock import HostLock
 from k26ops.layout import Layout
 from k26ops.release import wheelsource
-from k26ops.steps import HostContext, Interrupted, RunOptions, Step, StepFailed
+from k26ops.steps import HostContext, Interrupted, RunOptions, Step, StepEvent, StepFailed
 from k26ops.steps.release import ReleaseDecision
 from k26ops.transport.agenthub import Hub
 from k26ops.transport.fleet import Outcome, reporter
@@ -53,9 +53,10 @@ def fact_names(steps: list[Step]) -> list[str] | None:
     return None if None in declared else sorted({n for d in declared for n in d})
 
 
-def step_message(i: int, n: int, name: str, what: str) -> str:
-    """`3/5 service: planning`: the form the CLI's progress board reads its step counter from."""
-    return f"{i}/{n} {name}: {what}"
+def step_message(i: int, n: int, name: str, what: str) -> StepEvent:
+    """`3/5 service: planning`, with its parts as fields (steps.StepEvent: the CLI's progress
+    board reads its step counter from them)."""
+    return StepEvent(i, n, name, what)
 
 
 def _shown(path: Path) -> str:

@@ -46,7 +46,7 @@ DROP_WITH_VALUE = (
     "--speculative-draft-model-path",
 )
 DROP_BARE = ("--skip-tokenizer-init",)
-SECRETS_SUFFIX = "-secrets.yaml"  # units.secrets_file_beside
+SECRETS_SUFFIX = "-secrets.yaml"  # launch.secrets_file_beside
 
 
 @dataclass
@@ -93,7 +93,7 @@ def rehearsal_argv(argv: list[str], opts: Options, *, port: int, has_draft: bool
         flag, inline = _split(words[i])
         nxt = inline if inline is not None else (words[i + 1] if i + 1 < len(words) else "")
         if flag == "--config" and nxt.endswith(SECRETS_SUFFIX):
-            seen["--api-key"] = None  # k26ops' secrets file (units.engine_argv): the secret flags, dropped
+            seen["--api-key"] = None  # k26ops' secrets file (launch.engine_argv): the secret flags, dropped
             i += 1 if inline is None else 0
         elif flag in DROP_WITH_VALUE:
             val = inline

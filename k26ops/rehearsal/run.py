@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from k26ops import facts
-from k26ops.engine import units
+from k26ops.engine import launch, secret_policy
 from k26ops.engine.host import LAB_MODULE, EngineHost, lab_standin_text, wait_ready
 from k26ops.engine.profile import effective_recipe
 from k26ops.enginebench.run import BenchSpec, run_host
@@ -148,7 +148,7 @@ def rehearse(
         release_dir = f"{layout.releases_root}/{opts.release}"
     release_dir = release_dir or layout.current
     profile["release_dir"] = release_dir
-    unit_argv = units.engine_argv(profile)
+    unit_argv = launch.engine_argv(profile)
     serving_port = eh.target()[1]
     port = opts.port or serving_port + 100
     t0 = time.monotonic()
@@ -181,7 +181,7 @@ def rehearse(
     model, draft = _configs(ctx, profile, recipe, opts, report)
     argv, changes = plan.rehearsal_argv(unit_argv, opts, port=port, has_draft=draft is not None)
     report["changes"] = changes
-    report["argv"] = units.redact(" ".join(argv), secrets)
+    report["argv"] = secret_policy.redact(" ".join(argv), secrets)
     report["cuda_graphs"] = plan.graphs_on(argv)
     env = dict(eh.env() if env is None else env)
     cache, env = _cache(ctx, chk.get("release_id"), argv, env, report, unit_argv)
@@ -216,7 +216,7 @@ def rehearse(
         )
         if not st.get("ok"):
             raise StepFailed(
-                f"rehearsal: the engine could not be started: {units.redact(st.get('error') or '', secrets)}"
+                f"rehearsal: the engine could not be started: {secret_policy.redact(st.get('error') or '', secrets)}"
             )
         handle = st["handle"]
         report["started_at"], report["tz_offset"] = st.get("at"), st.get("tz_offset") or 0
@@ -231,7 +231,7 @@ def rehearse(
         if handle:
             progress("stopping the rehearsal engine and removing its temp dir")
             stop = agent(ctx.session, "stop", timeout=300, handle=handle, with_log=True, record=record)
-            log = units.redact(stop.get("log") or "", secrets)
+            log = secret_policy.redact(stop.get("log") or "", secrets)
             report["cleanup"] = {"done": stop.get("done"), "left": stop.get("left")}
             report["capture"] = plan.capture_times(log, report.get("metrics"))
             report["engine_lines"] = plan.engine_lines(log)
@@ -376,7 +376,7 @@ def _serve(ctx, opts, report, handle, port, model, secrets, progress, requests, 
             report["state"] = "failed"
             report["why"] = (
                 f"the {s['failed']} request failed (HTTP {last['status']}: "
-                f"{units.redact(str(last['body'])[:200], secrets)}); the engine did not die"
+                f"{secret_policy.redact(str(last['body'])[:200], secrets)}); the engine did not die"
             )
         return
     greedy = report["smoke"].get("greedy") or {}

@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from k26ops import config, resources
+from k26ops.engine import profile_table
 from k26ops.errors import UserError
 from k26ops.inventory import path_problem
 from k26ops.release import inputs, patchset
@@ -38,31 +39,9 @@ _VERSION = re.compile(r"\d+(\.\d+)*([.+-]?[A-Za-z0-9]+)*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GPU_PINS = ("torch", "triton", "flashinfer-python")
 _TOP = {"name", "description", "engine", "cuda_toolkit", "patches", "drafter", "engine_profile", "rehearsal", "model"}
-# engine_profile keys understood by units.engine_argv (plus extra_args)
-PROFILE_INT = {
-    "tp_size": 1,
-    "speculative_ddtree_budget": 1,
-    "speculative_dflash_block_size": 1,
-    "page_size": 1,
-    "cuda_graph_max_bs_decode": 1,
-    "cuda_graph_max_bs_prefill": 1,
-    "port": 1,
-    "nnodes": 1,
-}
-PROFILE_OTHER = {
-    "model_path",
-    "draft_model_path",
-    "launch_module",
-    "served_model_name",
-    "speculative_algorithm",
-    "trust_remote_code",
-    "disable_cuda_graph",
-    "host",
-    "extra_args",
-    "attention_backend",
-    "prefill_attention_backend",
-    "decode_attention_backend",
-}
+# engine_profile keys and their checks: the profile table's (k26ops.engine.profile_table)
+PROFILE_INT = profile_table.recipe_int_minimums()
+PROFILE_OTHER = profile_table.recipe_keys() - set(PROFILE_INT)
 
 
 @dataclass(frozen=True)

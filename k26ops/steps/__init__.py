@@ -40,6 +40,27 @@ class Change:
     action: str | None = None  # what apply does for it ("build", "switch"...): apply reads this, never `what`
 
 
+class StepEvent(str):
+    """A progress message that says which step runs: its text `3/5 service: planning` for
+    whoever prints messages, its parts as fields for the CLI's progress board (which reads
+    the fields, never the text)."""
+
+    i: int
+    n: int
+    name: str
+    what: str
+
+    def __new__(cls, i: int, n: int, name: str, what: str) -> StepEvent:
+        self = super().__new__(cls, f"{i}/{n} {name}: {what}")
+        self.i, self.n, self.name, self.what = i, n, name, what
+        return self
+
+    @property
+    def step(self) -> str:
+        """`3/5 service`: the board's step counter."""
+        return f"{self.i}/{self.n} {self.name}"
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """The run's inputs from the command line, the same for every host: built once

@@ -33,7 +33,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from k26ops.engine import units
+from k26ops.engine import launch, secret_policy, units
 from k26ops.engine.host import UNIT_DIR, EngineHost, agent, foreign_listener, lab_standin_text, mapping, wait_ready
 from k26ops.engine.multinode import serves_http
 from k26ops.engine.state import exit_status_text, run_identity, start_limit_hit
@@ -120,7 +120,7 @@ class ServiceState(HostState):
             unit=unit,
             unit_path=unit_path or f"{UNIT_DIR}/{unit}",
             env_path=env_path or eh.env_path,
-            secrets_path=secrets_path or units.secrets_file_beside(env_path or eh.env_path),
+            secrets_path=secrets_path or launch.secrets_file_beside(env_path or eh.env_path),
             host=host,
             port=port or default_port,
             secrets=eh.secrets() if secrets is None else secrets,
@@ -204,7 +204,7 @@ class ServiceStep(Step):
         unit, upath, epath, spath = eh.unit, eh.unit_path, eh.env_path, eh.secrets_path
         profile = eh.profile()
         env = eh.env()
-        secret_text = units.engine_launch(profile)[1]  # profile errors before any host access
+        secret_text = launch.engine_launch(profile)[1]  # profile errors before any host access
         lab_path = eh.lab_module_path if eh.is_lab else None
         lab_text = lab_standin_text() if lab_path else None
         settings = units.unit_settings(mapping(ctx.vars.get("unit_settings"), "unit_settings"))
@@ -219,7 +219,7 @@ class ServiceStep(Step):
                     ctx.vars,
                     warmstart.engine_version_for(ctx),
                     release_id,
-                    units.engine_argv(profile),
+                    launch.engine_argv(profile),
                     warmstart.gpus_of(ctx.facts),
                     env,
                 )
@@ -342,7 +342,7 @@ class ServiceStep(Step):
                     f"refusing to start {svc.unit}: "
                     f"{foreign_listener(svc.port, svc.unit, res['holder'], svc.secrets)}; nothing changed"
                 )
-            out = units.redact(res.get("output") or "", svc.secrets)
+            out = secret_policy.redact(res.get("output") or "", svc.secrets)
             if res.get("error") == "verify":
                 lines = [l for l in out.splitlines() if l.strip()]
                 raise StepFailed(
@@ -412,7 +412,7 @@ def plan_file(
     agent's apply and the restart's reason; True if so. Deploy's and rollback's service steps."""
     if cur[key] == text:
         return False
-    changes.append(Change(what, units.redact(text_diff(path, cur[key], text), secrets)))
+    changes.append(Change(what, secret_policy.redact(text_diff(path, cur[key], text), secrets)))
     todo[f"{key}_text"] = text
     reasons.append(FILE_REASONS[key])
     return True
@@ -542,9 +542,9 @@ def crash_text(crash: dict, secrets) -> tuple[str, dict]:
     """The text a dead engine is named from: its journal, then the kernel's NVRM lines of the
     same time (the agent's crash report carries them: an Xid there is the cause, the engine's
     error its symptom), redacted; and the GPUs' bus ids -> index."""
-    text = units.redact(crash.get("journal") or "", secrets)
+    text = secret_policy.redact(crash.get("journal") or "", secrets)
     if crash.get("kernel"):
-        text += ("\n" if text and not text.endswith("\n") else "") + units.redact(crash["kernel"], secrets)
+        text += ("\n" if text and not text.endswith("\n") else "") + secret_policy.redact(crash["kernel"], secrets)
     return text, {g["bus_id"]: g["index"] for g in parse_bus_ids(crash.get("bus_ids") or "")}
 
 
@@ -562,7 +562,7 @@ def name_crash(ctx: HostContext, svc: ServiceState, crash: dict, when: str):
     )
     tail = "\n".join(text.splitlines()[-40:])
     if crash.get("exit_line"):
-        tail += "\n" + units.redact(crash["exit_line"], svc.secrets)
+        tail += "\n" + secret_policy.redact(crash["exit_line"], svc.secrets)
     return d, msg, tail
 
 
@@ -578,7 +578,7 @@ def journal_diagnosis(ctx: HostContext, svc: ServiceState, base: dict | None):
 
 def known_crash(ctx: HostContext, svc: ServiceState, journal: str | None):
     """A living engine's journal: (the known crash it names or None, its redacted tail)."""
-    text = units.redact(journal or "", svc.secrets)
+    text = secret_policy.redact(journal or "", svc.secrets)
     d = _classify(ctx, text) if text else None
     tail = "\n".join(text.splitlines()[-40:])
     return (d if d and d.signature not in (None, "unclassified") else None), tail
@@ -852,7 +852,9 @@ class SmokeStep(Step):
             fail_and_roll_back(ctx, svc, msg, tail, d.to_json())
         body = last["body"]
         why = f"HTTP {last['status']}" if last["status"] else "no answer"
-        detail = units.redact(json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc.secrets)
+        detail = secret_policy.redact(
+            json.dumps(body)[:200] if isinstance(body, dict) else str(body)[:200], svc.secrets
+        )
         alive = r.get("alive") or {}
         d, tail = known_crash(ctx, svc, r.get("journal"))
         ctx.report["smoke"] = {"ok": False, "failed": r["failed"], "status": last["status"], "crashed": False}

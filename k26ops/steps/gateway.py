@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 from k26ops.errors import UserError
 from k26ops.host import ownership
 from k26ops.layout import switch_current
@@ -296,7 +296,7 @@ class GatewayService(Step):
             **d.todo,
         )
         if not res.get("ok"):
-            out = units.redact(res.get("output") or "", [gw.admin_key] if gw.admin_key else [])
+            out = secret_policy.redact(res.get("output") or "", [gw.admin_key] if gw.admin_key else [])
             if res.get("error") == "verify":
                 d.service_changed = False
                 raise StepFailed(
@@ -386,7 +386,7 @@ class GatewayHealth(Step):
             agents.run(ctx.session, "engine", "settle", 60, what="engine agent", state_dir=gw.state_dir)
             return []
         secrets = [gw.admin_key] if gw.admin_key else []
-        tail = [line for line in units.redact(r.get("journal") or "", secrets).splitlines() if line.strip()]
+        tail = [line for line in secret_policy.redact(r.get("journal") or "", secrets).splitlines() if line.strip()]
         what = r.get("why") or f"not healthy after {timeout:.0f}s (/health {r.get('health')})"
         msg = f"{gw.unit} {what}" + (f"; last log line: {tail[-1][:300]}" if tail else "")
         ctx.report["gateway_health"] = {"state": r["state"]}

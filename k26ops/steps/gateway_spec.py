@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k26ops import resources
-from k26ops.engine import units
+from k26ops.engine import launch, units
 from k26ops.engine.profile import profile_for, recipe_for
 from k26ops.errors import UserError
 from k26ops.hostvars import Var, declare
@@ -258,7 +258,7 @@ class GatewayHost:
 
 def extra_flags(value, host: str) -> list[str]:
     """`gateway_flags`: a list of words or a mapping flag -> value (True: bare flag); never a flag k26ops sets."""
-    words = units.flag_words(value if value not in (None, {}) else None, f"{host}: inventory var gateway_flags")
+    words = launch.flag_words(value if value not in (None, {}) else None, f"{host}: inventory var gateway_flags")
     for w in words:
         if w.split("=", 1)[0] in MANAGED_FLAGS:
             raise UserError(
@@ -305,7 +305,7 @@ def engine_workers(hosts) -> list[dict]:
                 "name": h.name,
                 "url": url,
                 "gateways": names,
-                "api_key": units.engine_flag_secrets(prof).get("--api-key") or None,
+                "api_key": launch.engine_flag_secrets(prof).get("--api-key") or None,
             }
         )
     return out

@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k26ops.engine import units
+from k26ops.engine import launch
 from k26ops.engine.profile import (
     effective_recipe,
     engine_profile,
@@ -205,7 +205,7 @@ def before_hosts(hosts) -> None:
     for h in hosts:
         r = recipe_for(h.vars, cache=cache)
         try:
-            argv = units.engine_argv(profile_for(h.vars, r))
+            argv = launch.engine_argv(profile_for(h.vars, r))
         except UserError as exc:
             raise UserError(f"{h.name}: {exc}") from None
         check_launch(h.name, argv)
@@ -320,12 +320,12 @@ def validate_flags(ctx: HostContext, prep: Prepared) -> list[str]:
     """The engine's command line, its flags checked against the release's own sources."""
     ov = release_override(ctx) or {}
     profile = engine_profile(ctx, prep.recipe)
-    argv = list(ov["engine_argv"]) if ov.get("engine_argv") else units.engine_argv(profile)
+    argv = list(ov["engine_argv"]) if ov.get("engine_argv") else launch.engine_argv(profile)
     if not ov.get("engine_argv"):
         check_launch(ctx.host.name, argv)
     flags = argv[argv.index("-m") + 2 :] if "-m" in argv else argv[1:]
     # the secret flags reach the engine through its --config file: checked by name, never by value
-    flags += [w for flag in units.engine_flag_secrets(profile) for w in (flag, "secret")]
+    flags += [w for flag in launch.engine_flag_secrets(profile) for w in (flag, "secret")]
     # A release's sources never change (its id is their content), so a command
     # line validated once against them is remembered beside them on this node.
     seen = prep.sources.parent / "validated-argv"

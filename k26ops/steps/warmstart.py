@@ -24,7 +24,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from k26ops.engine import units
+from k26ops.engine import systemd
 from k26ops.engine.profile import effective_recipe, lock_for
 from k26ops.errors import UserError
 from k26ops.facts import engine_cache
@@ -90,7 +90,7 @@ def cache_in_env(hvars: dict, env_text: str | None) -> Cache | None:
     """The release cache an env file points the engine at (a baseline's, restored by a
     rollback), or None: the first cache variable whose value is a dir under engine-cache."""
     top = f"{Layout.of(hvars).root}/{engine_cache.SUBDIR}/"
-    env = {k: v for k, v, _s, _e in units.parse_env(env_text or "")}
+    env = {k: v for k, v, _s, _e in systemd.parse_env(env_text or "")}
     for _since, table in engine_cache.CACHE_VARS:
         for var, sub in table.items():
             value = env.get(var) or ""

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
 
+from k26ops import interrupt
 from k26ops.engine.host import EngineHost, wait_ready
 from k26ops.engine.host import agent as engine_agent
 from k26ops.engine.multinode import serves_http
 from k26ops.errors import Interrupted, StepFailed, UserError
 from k26ops.hostvars import Var, declare
-from k26ops.interrupt import requested as interrupt_requested
 from k26ops.layout import DEFAULT_PORT
 from k26ops.traffic.gateway import Gateway, GatewayError, check_url, normal_url
 from k26ops.transport import agents
@@ -376,7 +376,7 @@ class Drain:
                     self._removed.append((gw, me.id))
                     _mark(gw.url, self.host, True)
                     if not gw.wait_gone(me.id, interruptible=True):
-                        if interrupt_requested.is_set():
+                        if interrupt.requested.is_set():
                             raise Interrupted("interrupted")
                         raise StepFailed(f"gateway {gw.name} still lists worker {me.id} 30s after DELETE")
                     return
@@ -392,7 +392,7 @@ class Drain:
                 f"waiting: gateway {gw.name} has {len(healthy)} other healthy worker(s), min_serving "
                 f"{need}; {', '.join(others)} out of rotation, {el:.0f} s"
             )
-            if interrupt_requested.is_set():
+            if interrupt.requested.is_set():
                 raise Interrupted("interrupted")
             time.sleep(1.0)
 
@@ -437,7 +437,7 @@ class Drain:
                 )
                 return
             self.progress(f"draining, {n} request{'s' if n != 1 else ''} in flight, {el:.0f} s")
-            if interrupt_requested.is_set():
+            if interrupt.requested.is_set():
                 raise Interrupted("interrupted")
 
     def _undo_out(self) -> str:

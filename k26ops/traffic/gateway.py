@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import quote, urlsplit
 
-from k26ops.interrupt import requested as interrupt_requested
+from k26ops import interrupt
 
 
 class GatewayError(Exception):
@@ -215,7 +215,7 @@ class Gateway:
         """Until the removal of `worker_id` is done (404); False on timeout (or interrupt, if interruptible)."""
         end = time.monotonic() + timeout
         while self.worker(worker_id) is not None:
-            if time.monotonic() >= end or (interruptible and interrupt_requested.is_set()):
+            if time.monotonic() >= end or (interruptible and interrupt.requested.is_set()):
                 return False
             time.sleep(interval)
         return True
@@ -235,7 +235,7 @@ class Gateway:
             if w is not None and w.healthy:
                 return w
             el = time.monotonic() - t0
-            if el >= timeout or (interruptible and interrupt_requested.is_set()):
+            if el >= timeout or (interruptible and interrupt.requested.is_set()):
                 return None
             on_wait(el)
             time.sleep(interval)

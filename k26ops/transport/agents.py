@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from k26ops import interrupt
 from k26ops.errors import Interrupted, StepFailed
 from k26ops.shell import q, tied_to_channel
 from k26ops.transport import ssh
-from k26ops.transport.fleet import interrupt_requested
 from k26ops.transport.ssh import Cancelled, OutputTooLarge
 
 DIR = Path(__file__).resolve().parent.parent / "agents"
@@ -69,7 +69,7 @@ def run(
     `session`: anything with .run(command, stdin=, timeout=) giving .exited,
     .stdout, .stderr (an SSH session, or a local runner in tests).
     `tied` (a long operation): the agent dies when our channel closes, and
-    Ctrl-C (fleet.interrupt_requested) closes it at once: Interrupted.
+    Ctrl-C (interrupt.requested) closes it at once: Interrupted.
     What the agent prints is bounded (ssh.OUTPUT_LIMIT): more is AgentFailed."""
     what = what or f"{name} agent"
     hub = getattr(session, "hub", None)  # one python3 for the run's short reads (k26ops.transport.agenthub)
@@ -78,7 +78,7 @@ def run(
     host = getattr(getattr(session, "host", None), "name", "the host")
     kw: dict = {}
     if tied:
-        kw["cancel"] = interrupt_requested
+        kw["cancel"] = interrupt.requested
     try:
         res = session.run(command(name, interpreter, tied), stdin=json.dumps({"op": op, **req}), timeout=timeout, **kw)
     except OutputTooLarge:

@@ -7,7 +7,7 @@ counted from when its work started; a host past its deadline is reported
 `failed` (deadline exceeded) and its connection is closed so its worker
 unblocks, while the other hosts go on.
 
-Ctrl-C (and SIGTERM/SIGHUP, which the CLI turns into it) sets `interrupt_requested`:
+Ctrl-C (and SIGTERM/SIGHUP, which the CLI turns into it) sets `interrupt.requested`:
 no new host starts, and each running host's work sees it at its next remote
 command and handles it like a failure of its step (the deploy rolls the host
 back to its previous unit, env file and release). The run waits up to
@@ -33,7 +33,6 @@ DEFAULT_DEADLINE = 3600.0
 DEFAULT_INTERRUPT_GRACE = 180.0
 # Set on Ctrl-C/SIGTERM/SIGHUP: work in progress stops at its next remote command and restores the host.
 # (Not `INTERRUPTED`: that is the host status above, which a host still queued at the interrupt gets.)
-interrupt_requested = interrupt.requested  # the Event, under the name callers know
 
 
 @dataclass
@@ -143,7 +142,7 @@ class Fleet:
 
         def worker():
             while True:
-                if interrupt_requested.is_set():
+                if interrupt.requested.is_set():
                     return  # no new host starts once interrupted
                 try:
                     host = todo.get_nowait()
@@ -179,7 +178,7 @@ class Fleet:
                             self._close(name)
                     cond.wait(timeout=0.2)
         except KeyboardInterrupt:
-            interrupt_requested.set()
+            interrupt.requested.set()
             self.on_event("*", "interrupted: restoring the hosts that were changing (Ctrl-C again to stop now)")
             try:  # running hosts restore what they changed; then they report as failed (interrupted)
                 end = time.monotonic() + self.opt.interrupt_grace

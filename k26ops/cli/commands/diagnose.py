@@ -23,7 +23,7 @@ from k26ops.cli import jsonout, tables
 from k26ops.cli.pipe import quiet
 from k26ops.cli.report import run_and_report
 from k26ops.diagnose import logread
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 from k26ops.engine.host import EngineHost
 from k26ops.engine.state import START_LIMIT, reset_hint, start_limit_hit
 from k26ops.errors import EXIT_INTERRUPTED, UserError
@@ -170,7 +170,7 @@ def service_cmd(settings, unit, lines):
             return out
         env = session.run(f"cat {q(eh.env_path)} 2>/dev/null").stdout
         secrets = eh.secrets(old_env_text=env)
-        d = classify(units.redact(r.get("text") or "", secrets))
+        d = classify(secret_policy.redact(r.get("text") or "", secrets))
         when = None
         if r.get("ended_us"):
             when = datetime.fromtimestamp(int(r["ended_us"]) / 1e6).astimezone().isoformat(timespec="seconds")

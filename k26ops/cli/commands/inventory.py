@@ -16,7 +16,7 @@ from rich.text import Text
 from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import host_patterns
 from k26ops.cli.context import Settings
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 from k26ops.host.preflight import recipe_lock
 from k26ops.inventory import Host, Inventory, Vault, load, variables
 from k26ops.inventory.native import FIELDS  # a host's connection fields, as the inventory reads them
@@ -49,7 +49,7 @@ def jsonable(value, _path: tuple = ()):
 def host_json(host: Host, origins: bool = False) -> dict:
     out = {f: getattr(host, f) for f in FIELDS}
     out["groups"] = list(host.groups)
-    out["vars"] = jsonable(units.redact_vars(host.vars))  # secrets never printed
+    out["vars"] = jsonable(secret_policy.redact_vars(host.vars))  # secrets never printed
     out["notes"] = list(host.notes)
     if origins:
         out["origins"] = dict(host.origins)
@@ -93,7 +93,7 @@ def value_text(value) -> str:
 
 
 def _vars_text(values: dict) -> Text:
-    shown = jsonable(units.redact_vars(values))  # secrets never printed
+    shown = jsonable(secret_policy.redact_vars(values))  # secrets never printed
     return Text("\n".join(f"{k}={value_text(v)}" for k, v in shown.items()))
 
 
@@ -274,7 +274,7 @@ def show_cmd(settings: Settings, inventory, as_json, host):
     for f in FIELDS:
         table.add_row(f, _text(getattr(h, f)), _text(h.origins.get(f, "default")))
     table.add_row("groups", Text(", ".join(h.groups)), Text(""))
-    for k, v in jsonable(units.redact_vars(h.vars)).items():
+    for k, v in jsonable(secret_policy.redact_vars(h.vars)).items():
         table.add_row(Text(f"vars.{k}"), Text(value_text(v)), Text(""))
     tables.print_table(console, table)  # piped: whole values, never folded at 80
     _print_lines(console, _notes_lines([h]))

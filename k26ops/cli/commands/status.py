@@ -12,7 +12,7 @@ from rich.console import Console
 
 from k26ops.cli import jsonout, logview
 from k26ops.cli.report import run_and_report
-from k26ops.engine import units
+from k26ops.engine import secret_policy
 from k26ops.engine.host import EngineHost, agent, foreign_listener
 from k26ops.engine.state import EngineState, engine_state
 from k26ops.errors import UserError
@@ -279,7 +279,7 @@ def logs_cmd(settings, lines, follow, unit, since, pattern, show_all, interval):
             shown = [
                 line
                 for line in (
-                    units.redact(logview.drop_hostname(line), secrets[name])
+                    secret_policy.redact(logview.drop_hostname(line), secrets[name])
                     for line in r["lines"]
                     if show_all or not logview.own_request(line)
                 )
