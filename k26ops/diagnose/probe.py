@@ -27,7 +27,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from k26ops import resources
 from k26ops.diagnose.classify import classify
@@ -331,7 +331,7 @@ class ProbeRun:
     """One probe's inputs, read before any change (run_probe) and passed whole to the workflow
     and its restore."""
 
-    session: object
+    session: Any
     rep: ProbeReport
     st: dict  # the host agent's prepare answer (release, site, base, unit text, env ...)
     unit: str
@@ -346,7 +346,7 @@ class ProbeRun:
     progress: Callable[[str], None]
     classify: Callable
     api_key: str | None = None
-    drain: object | None = None
+    drain: Any = None  # traffic.drain.Drain, or None where the host does not drain
 
 
 def _workflow(run: ProbeRun) -> None:
