@@ -10,7 +10,7 @@ system-deps:
 	  && command -v chromium >/dev/null && command -v promtool >/dev/null \
 	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      systemd-container debootstrap openssh-client git make patch \
-	      chromium prometheus >/dev/null)  # the report in a browser, promtool: tests/test_report.py, test_monitoring.py
+	      chromium prometheus >/dev/null)  # the report in a browser, promtool: tests/features/test_report.py, test_monitoring.py
 
 python-deps:
 	$(PIP) install -q -e '.[test]'

@@ -7,7 +7,7 @@ EXIT_HOST_FAILED = 1  # at least one host failed or was unreachable
 EXIT_USAGE = 2  # bad input: inventory, option, file; nothing was changed
 EXIT_NO_GPU = 3  # selftest: a host has no GPU
 EXIT_INTERRUPTED = 130  # Ctrl-C
-EXIT_MEANINGS = {  # 141 is k26ops.cli.pipe.EXIT_CLOSED_PIPE (tests/test_docs_reference.py holds them together)
+EXIT_MEANINGS = {  # 141 is k26ops.cli.pipe.EXIT_CLOSED_PIPE (tests/architecture/test_docs_reference.py holds them together)
     EXIT_OK: "every host ok (or changed); `diagnose log`/`service`: a known crash was named, or the log "
     'holds no error at all ("no crash found")',
     EXIT_HOST_FAILED: "at least one host failed, was unreachable or was skipped; `diagnose log`: the log holds "

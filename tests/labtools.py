@@ -105,13 +105,6 @@ def lab_ssh(
     )
 
 
-def lab_out(lab, host: str, command: str) -> str:
-    """`command`'s stdout on lab host `host` (a RunningLab); a non-zero exit fails the test."""
-    proc = lab_ssh(lab.dir, lab.port(host), command)
-    assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
-    return proc.stdout
-
-
 def k26ops(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None):
     """Run the real CLI in a subprocess (as a user would)."""
     full_env = {**os.environ, **(env or {})}
@@ -493,6 +486,13 @@ class RunningLab:
 
     def port(self, name: str) -> int:
         return next(h.port for h in self.hosts if h.name == name)
+
+    def ssh(self, host: str, command: str, timeout: float = 60) -> str:
+        """`command`'s stdout on lab host `host` (OpenSSH, the lab's key, strict host key
+        checking); a non-zero exit fails the test. The one way tests run a command on a lab host."""
+        proc = lab_ssh(self.dir, self.port(host), command, timeout=timeout)
+        assert proc.returncode == 0, (host, command, proc.stdout, proc.stderr)
+        return proc.stdout
 
     def down(self) -> None:
         self.lab.down()

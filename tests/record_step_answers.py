@@ -1,5 +1,5 @@
 """Record what a real lab host answers to the deploy steps (the source of the
-answers in tests/data/steps/*.json, which tests/test_step_plans.py replays
+answers in tests/data/steps/*.json, which tests/engine/test_step_plans.py replays
 without a host).
 
     python3 tests/record_step_answers.py OUT.json     # as root; boots a private 1-host lab

@@ -3,7 +3,7 @@ imported here so the registry is whole before the CLI loads an inventory or prin
 the variables' table. The CLI is the layer that may import them all; the registry
 itself sits in the base layer, where every reader can declare into it.
 
-tests/test_inventory_vars.py holds this list to the modules that call `declare`.
+tests/inventory/test_inventory_vars.py holds this list to the modules that call `declare`.
 """
 
 from k26ops import inventory, layout  # noqa: F401 (declarations)

@@ -1,7 +1,7 @@
 """The engine profile's keys: one table, from which the recipe's allowed `engine_profile` keys
 and their checks (release.recipe), the engine's command line (engine.launch.engine_argv) and the
 flags extra_args may not repeat (MANAGED) are all made. A new engine flag is one row here and
-its test (tests/test_profile_table.py); docs/reference/profile.md is printed from the table.
+its test (tests/engine/test_profile_table.py); docs/reference/profile.md is printed from the table.
 
 Cross-field rules (DDTree needs page_size 1, a block size, ...) are not here: they are
 release.launch_rules', checked on the command line this table makes.

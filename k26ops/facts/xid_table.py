@@ -3,7 +3,7 @@
 `CATALOG` holds, for every Xid of NVIDIA's catalogue for Ampere and newer GPUs
 (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Table 1), its
 mnemonic, NVIDIA's description and the immediate resolution bucket, as read on 2026-12-07
-(the excerpt is tests/data/facts/nvidia-xid-catalog.txt; tests/test_facts_xid_catalog.py
+(the excerpt is tests/data/facts/nvidia-xid-catalog.txt; tests/facts/test_facts_xid_catalog.py
 checks the two agree). `XID_TABLE` derives k26ops' (meaning, kind, action) from it: the bucket
 gives the action, a few rows the bucket does not settle are overridden below, each with why.
 Kinds: "hardware" (the GPU, its memory, links or firmware: a fault to act on), "application"
@@ -281,7 +281,7 @@ XID_TABLE: dict[int, tuple[str, str, str]] = {xid: _entry(xid) for xid in CATALO
 
 # NVSwitch SXids: NVIDIA's severity tables of the Fabric Manager user guide (DU-09883-001_v1.3, Appendix
 # D), recorded in tests/data/facts/nvidia-sxid-catalog.txt (source in its header and MANIFEST.json;
-# tests/test_facts_xid_catalog.py checks the two agree). sxid -> (NVIDIA's name, the guide's section)
+# tests/facts/test_facts_xid_catalog.py checks the two agree). sxid -> (NVIDIA's name, the guide's section)
 SXID_CATALOG: dict[int, tuple[str, str]] = {
     10001: ("Host_priv_error", "D.7"),
     10002: ("Host_priv_timeout", "D.7"),

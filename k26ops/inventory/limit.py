@@ -2,7 +2,7 @@
 
 An operator coming from Ansible types `gpu:!b300`, `web:&staging`,
 `rtx[0:2]`, `~rtx0[12]`, `*.example.com` and must get the hosts Ansible would
-give (tests/test_limit_patterns.py compares with ansible-core itself):
+give (tests/cli/test_limit_patterns.py compares with ansible-core itself):
 
 * a limit with a comma is a comma list; without one it is a single pattern if
   it reads as one host address (`rtx[01:03]`, `host:22`, an IPv6 address),

@@ -13,7 +13,7 @@ playbooks/recipes/lab.model was made from them with `k26ops model manifest`):
   (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length,
   the JSON header (tensor -> dtype, shape, data_offsets; keys sorted, no spaces),
   padded with spaces to a multiple of 8, then the tensors' bytes back to back.
-  tests/test_weights.py loads every shard with the real `safetensors` package.
+  tests/features/test_weights.py loads every shard with the real `safetensors` package.
 
 Built once per machine in the cache (written to a temp dir, renamed into place) and
 bound read-only into every lab host at LAB_MODEL.

@@ -1,5 +1,5 @@
 """The metric names k26ops' dashboard and alerts query: one table, with where each
-name was seen. A renamed metric is caught by tests/test_monitoring.py (the dashboard
+name was seen. A renamed metric is caught by tests/features/test_monitoring.py (the dashboard
 may use only names the lab's engine stand-in serves, and the stand-in only names of
 this table), not by an empty panel.
 

@@ -1,6 +1,6 @@
 """A client of the SGLang Model Gateway's worker API (PyPI `sglang-router`, read on 0.3.2).
 
-What 0.3.2 answers (run on loopback in front of engine stand-ins, tests/test_traffic_gateway.py):
+What 0.3.2 answers (run on loopback in front of engine stand-ins, tests/traffic/test_traffic_gateway.py):
 - `POST /workers {"url", "api_key"?}` -> 202 `{"status": "accepted", "worker_id", "url", "location"}`;
   a background workflow checks the worker (its /server_info, /get_model_info) and registers
   it, so the worker appears in `GET /workers` only later;

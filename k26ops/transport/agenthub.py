@@ -27,7 +27,7 @@ import time
 
 from k26ops.transport import agents, ssh
 
-ANSWER = "k26ops-hub-answer "  # agents/hub.py's answer prefix (tests/test_agents.py checks they agree)
+ANSWER = "k26ops-hub-answer "  # agents/hub.py's answer prefix (tests/transport/test_agents.py checks they agree)
 
 
 class Hub:
