@@ -168,9 +168,12 @@ class Lab:
         log=print,
         raise_limits: bool = True,
         deployed: bool = False,
+        limits_use: dict[str, int] | None = None,
     ) -> list[LabHost]:
         """Boot `count` hosts; with `deployed`, on the cached deployed layer (k26ops/lab/deployed.py:
-        the lab recipe already deployed and its engine serving), built first if missing."""
+        the lab recipe already deployed and its engine serving), built first if missing.
+        `limits_use`: what the machine's processes hold, for the limits check (read live when not
+        given: a test passes one reading, as other labs boot and stop meanwhile)."""
         _preflight()
         existing = self.hosts()
         if existing:
@@ -204,7 +207,9 @@ class Lab:
         layer = None
         if deployed:  # before this lab raises limits or boots: the build boots a lab of its own
             layer = deployed_layer.ensure(rootfs.ensure(log=log), build_layer, log=log)
-        raised = limits.ensure(count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log, lab=self._id)
+        raised = limits.ensure(
+            count, may_raise=raise_limits, proc_sys=self.proc_sys, log=log, lab=self._id, use=limits_use
+        )
         started: list[LabHost] = []
         try:
             image = rootfs.ensure(log=log)

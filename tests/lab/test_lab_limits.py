@@ -81,7 +81,8 @@ def _sys_copy(value: int) -> Path:
 
 def test_lab_refuses_up_front_or_raises_for_its_run_and_puts_back():
     lab_dir = Path(tempfile.mkdtemp(prefix="k26ops-test-limits-", dir="/var/tmp"))
-    use = limits.in_use()[INOTIFY]
+    now = limits.in_use()  # read once: other workers' labs boot and stop meanwhile (a full run: 60, then 49)
+    use = now[INOTIFY]
     old = use + 20  # what root uses now fits, one more host (12 + 32 floor) does not
     proc_sys = _sys_copy(old)
     inotify_file = proc_sys / limits.LIMITS[0].path
@@ -89,14 +90,14 @@ def test_lab_refuses_up_front_or_raises_for_its_run_and_puts_back():
     port = free_port_block(1)
     try:
         with pytest.raises(UserError) as exc:
-            lab.up(1, port, log=lambda m: None, raise_limits=False)
+            lab.up(1, port, log=lambda m: None, raise_limits=False, limits_use=now)
         msg = str(exc.value)
         assert f"fs.inotify.max_user_instances is {old}" in msg and "sysctl -w fs.inotify.max_user_instances=" in msg
         assert lab.hosts() == [] and not lab.state_file.exists()  # refused before any host booted
         assert inotify_file.read_text().strip() == str(old)
 
         said = []
-        hosts = lab.up(1, port, log=said.append)
+        hosts = lab.up(1, port, log=said.append, limits_use=now)
         assert len(hosts) == 1 and lab.status()[0]["ssh"]
         raised = int(inotify_file.read_text())
         assert raised >= use + 32 + 12
