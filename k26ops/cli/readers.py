@@ -7,12 +7,12 @@ tests/inventory/test_inventory_vars.py holds this list to the modules that call 
 """
 
 from k26ops import inventory, layout  # noqa: F401 (declarations)
-from k26ops.cli.commands import selftest  # noqa: F401 (declarations)
 from k26ops.engine import host as enginehost  # noqa: F401 (declarations)
 from k26ops.engine import multinode, profile  # noqa: F401 (declarations)
 from k26ops.host import preflight  # noqa: F401 (declarations)
 from k26ops.inventory import fields, variables  # noqa: F401 (declarations)
 from k26ops.release import installer, wheelsource  # noqa: F401 (declarations)
+from k26ops.selftest import run as selftest_run  # noqa: F401 (declarations)
 from k26ops.steps import driver, engine, gateway_spec, toolchain  # noqa: F401 (declarations)
 from k26ops.traffic import drain  # noqa: F401 (declarations)
 from k26ops.weights import sync  # noqa: F401 (declarations)

@@ -160,7 +160,7 @@ def _run_on_host(
         lock.acquire()  # refuses a login that is not root first
         if st["state"] != "owned":
             ownership.claim(session, root)
-        wheelsource.admit(host, lock)  # a wheel relay is written to only from here on
+        wheelsource.admit(session, lock)  # a wheel relay is written to only from here on
     try:
         progress("gathering facts")
         extra = preflight.host_facts(host.vars)
@@ -235,5 +235,5 @@ def _run_on_host(
             out["stale_lock"] = lock.stale
         return out
     finally:
-        if lock and not wheelsource.keeps(host, lock):  # a relay's lock is kept until its batch ends
+        if lock and not wheelsource.keeps(session, lock):  # a relay's lock is kept until its batch ends
             lock.release()

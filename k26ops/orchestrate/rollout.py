@@ -171,17 +171,24 @@ def run(
                 on_result(r)
 
         fleet = Fleet(part, options, on_event=on_event, on_result=ended, connections=conns)
-        wheelsource.CURRENT = relay
+
+        def in_batch(session, relay=relay):
+            """The host's work with its batch's relay on its session (wheelsource.deliver reads it)."""
+            session.relay = relay
+            try:
+                return keep_details(session)
+            finally:
+                session.relay = None
+
         try:
-            for r in fleet.run(keep_details):
+            for r in fleet.run(in_batch):
                 results[r.host] = r
         except FleetInterrupted as exc:
             for r in exc.results:
                 results[r.host] = r
             out.interrupted = exc
         finally:
-            wheelsource.CURRENT.stop()
-            wheelsource.CURRENT = None
+            relay.stop()
             for h in part:  # the relay's pushes may come after its own work
                 s = conns.sessions.get(h.name)
                 if s and h.name in results:

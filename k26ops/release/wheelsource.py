@@ -107,8 +107,9 @@ def deliver(ctx, wheels: list, remote_dir: str, local: tuple = ()) -> dict:
     `local`: the wheels no index has (built on the control node). Returns
     what came from where: {"pushed": [...], "index": [...], "peer": [...]}."""
     s = settings(ctx.host)
+    batch = getattr(ctx.session, "relay", None)  # the rollout batch's relay, on the host's session
     got: dict = {"pushed": [], "index": [], "peer": []}
-    if s.mode == "push" or (s.mode == "peer" and CURRENT is None):
+    if s.mode == "push" or (s.mode == "peer" and batch is None):
         got["pushed"] = _push(ctx, wheels, remote_dir)
         return _note(ctx, got)
     todo = wheelhouse.missing(ctx.session, wheels, remote_dir)
@@ -122,23 +123,23 @@ def deliver(ctx, wheels: list, remote_dir: str, local: tuple = ()) -> dict:
             _download(ctx, from_index, remote_dir, s.index_url)
             got["index"] = [w.name for w in from_index]
         todo = [w for w in todo if w.name in local_names]
-    elif s.mode == "peer" and CURRENT is not None and CURRENT.relay.name != ctx.host.name:
-        url, why = CURRENT.serve(todo)
+    elif s.mode == "peer" and batch is not None and batch.relay.name != ctx.host.name:
+        url, why = batch.serve(todo)
         if url:
-            ctx.progress(f"fetching {len(todo)} wheel(s) from relay {CURRENT.relay.name}")
+            ctx.progress(f"fetching {len(todo)} wheel(s) from relay {batch.relay.name}")
             refused, why = _fetch(ctx, todo, remote_dir, url)
             if refused:
                 raise StepFailed(
-                    f"wheel {refused[0]} from relay {CURRENT.relay.name} ({url}) has sha256 "
+                    f"wheel {refused[0]} from relay {batch.relay.name} ({url}) has sha256 "
                     f"{refused[1][:16]}..., the release expects {refused[2][:16]}...: refused "
                     "(the relay's copy is not the control node's)"
                 )
             if not why:
                 got["peer"] = [w.name for w in todo]
                 return _note(ctx, got)
-        ctx.progress(f"relay {CURRENT.relay.name} unavailable ({why}): pushing the wheels")
-    elif s.mode == "peer" and CURRENT is not None:  # the relay itself: one push, shared with serve()
-        CURRENT.receive(todo)
+        ctx.progress(f"relay {batch.relay.name} unavailable ({why}): pushing the wheels")
+    elif s.mode == "peer" and batch is not None:  # the relay itself: one push, shared with serve()
+        batch.receive(todo)
         got["pushed"] = [w.name for w in todo]
         return _note(ctx, got)
     if todo:
@@ -354,15 +355,17 @@ def _is_peer(host) -> bool:
         return False
 
 
-def admit(host, lock) -> None:
-    """playbook.run_on_host: `host` is locked by this run and its root is k26ops's."""
-    if CURRENT is not None:
-        CURRENT.admit(host, lock)
+def admit(session, lock) -> None:
+    """playbook.run_on_host: the session's host is locked by this run and its root is k26ops's."""
+    batch = getattr(session, "relay", None)
+    if batch is not None:
+        batch.admit(session.host, lock)
 
 
-def keeps(host, lock) -> bool:
+def keeps(session, lock) -> bool:
     """playbook.run_on_host's end: True when the batch keeps `lock` for its relay."""
-    return CURRENT is not None and CURRENT.keeps(host, lock)
+    batch = getattr(session, "relay", None)
+    return batch is not None and batch.keeps(session.host, lock)
 
 
 def _answers(session, addr: str, port: int) -> bool:
@@ -375,6 +378,3 @@ def _answers(session, addr: str, port: int) -> bool:
         )
     except agents.AgentFailed:
         return False
-
-
-CURRENT: Batch | None = None  # the batch being rolled out (k26ops.orchestrate.rollout sets it); None: no relay

@@ -142,6 +142,7 @@ class Session:
         self.host = host
         self.commands = 0
         self.hub = None  # k26ops.transport.agenthub.Hub while a playbook runs: agents.run asks it first
+        self.relay = None  # k26ops.release.wheelsource.Batch of the rollout batch this host runs in, if any
         self.uploaded = 0  # bytes of file contents sent to this host (put, put_file)
         self._lock = threading.Lock()
 

@@ -327,6 +327,27 @@ def diagram() -> str:
     return "\n  |  imports only from below\n".join(rows)
 
 
+def commands_importing_commands(graph) -> list[str]:
+    return [
+        f"{a} (line {line}) imports {b}"
+        for a, deps in sorted(graph.items())
+        if a.startswith("k26ops.cli.commands.")
+        for b, line in sorted(deps.items())
+        if b.startswith("k26ops.cli.commands.")
+    ]
+
+
+def test_a_command_imports_no_other_command():
+    """Options and renderers two commands share live in k26ops.cli (benchopts, changes,
+    rehearseopts, batchopts, tables ...), never in one command's module for another to import."""
+    graph = imports()
+    assert commands_importing_commands(graph) == []
+    graph["k26ops.cli.commands.deploy"]["k26ops.cli.commands.bench"] = 1  # the rule catches one
+    assert commands_importing_commands(graph) == [
+        "k26ops.cli.commands.deploy (line 1) imports k26ops.cli.commands.bench"
+    ]
+
+
 def test_readme_diagram_is_the_layer_table():
     text = (ROOT / "README.md").read_text()
     m = re.search(r"<!-- layers: made by tests/architecture/test_layers.py -->\n```\n(.*?)\n```", text, re.S)

@@ -43,7 +43,7 @@ def test_figures_are_never_in_e_notation():
 
 
 def test_compare_says_which_way_is_better(capsys):
-    from k26ops.cli.commands.bench import render_bench, render_compare
+    from k26ops.cli.benchopts import render_bench, render_compare
 
     now, base = _bench(20833.3, 48.0, 3.2), _bench(25000.0, 40.0, 3.2)
     rows = {r["figure"]: r for r in figs.compare(now, base)}
@@ -76,7 +76,7 @@ def test_inventory_show_piped_keeps_long_values_whole(tmp_path):
 
 
 DIFF_SCRIPT = """
-from k26ops.cli.commands.deploy import render_changes
+from k26ops.cli.changes import render_changes
 from k26ops.transport.fleet import HostResult
 d = "--- a/etc/k26ops/sglang.env\\n+++ b/etc/k26ops/sglang.env\\n@@ -1 +1 @@\\n-A=1\\n+A=2\\n"
 render_changes([HostResult("h", "changed", data={"steps": [{"step": "service", "changes": ["env"],

@@ -12,9 +12,10 @@ import pytest
 from rich.console import Console
 
 from k26ops import inventory
-from k26ops.cli.commands.selftest import checks_table, default_host_timeout, payload_args
+from k26ops.cli.commands.selftest import checks_table
 from k26ops.host.preflight import expectations
 from k26ops.selftest.report import validate
+from k26ops.selftest.run import default_host_timeout, payload_args
 from labtools import cli, cli_json, k26ops, k26ops_json, lab_ssh
 
 DATA = Path(__file__).parent.parent / "data"
@@ -112,7 +113,7 @@ def test_local_selftest_expectations_from_host_vars(local_json):
 def test_host_deadline(tmp_path, monkeypatch):
     """A python that never answers: the host fails at its deadline, one line. The
     deadline is the default one made 1 s (the option's floor is 10 s: 10 s of waiting)."""
-    from k26ops.cli.commands import selftest
+    from k26ops.selftest import run as selftest
 
     hung = tmp_path / "hung-python"
     hung.write_text("#!/bin/sh\nsleep 300\n")

@@ -628,7 +628,7 @@ def test_recorded_real_rehearsal_with_fewer_layers_serves():
 def test_deploy_prints_one_rehearsal_line_per_host(capsys):
     """deploy --rehearse printed nothing about a passing rehearsal unless --json (issue 45 item 5);
     each figure has one format, the rehearse table's too."""
-    from k26ops.cli.commands.deploy import render_changes
+    from k26ops.cli.changes import render_changes
     from k26ops.cli.commands.rehearse import _columns
     from k26ops.rehearsal import summary
     from k26ops.transport.fleet import HostResult

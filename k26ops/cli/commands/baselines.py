@@ -11,8 +11,8 @@ from rich.text import Text
 
 from k26ops.cli import jsonout, tables
 from k26ops.cli.batchopts import batch_option, default_batch, max_fail_option
-from k26ops.cli.commands.bench import baselines_option, bench_options, render_bench, spec_from
-from k26ops.cli.commands.deploy import render_changes
+from k26ops.cli.benchopts import baselines_option, bench_options, render_bench, spec_from
+from k26ops.cli.changes import render_changes
 from k26ops.cli.complete import baseline_tags
 from k26ops.cli.report import print_results, wide_console
 from k26ops.cli.rollout import print_rollout, run_rollout

@@ -8,9 +8,9 @@ import click
 
 from k26ops.cli import htmlreport
 from k26ops.cli.batchopts import batch_option, default_batch, max_fail_option
-from k26ops.cli.commands.bench import baselines_option
-from k26ops.cli.commands.rehearse import options_from, rehearsal_options
-from k26ops.cli.report import wide_console
+from k26ops.cli.benchopts import baselines_option
+from k26ops.cli.changes import render_changes
+from k26ops.cli.rehearseopts import options_from, rehearsal_options
 from k26ops.cli.rollout import run_rollout
 from k26ops.enginebench.figures import DEFAULT_GATE, parse_figure
 from k26ops.enginebench.gate import BenchGate, plan_gate
@@ -19,49 +19,9 @@ from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
 from k26ops.orchestrate import playbook
 from k26ops.orchestrate.rollout import canary_batches, playbook_work
-from k26ops.rehearsal import summary as rehearsal_summary
 from k26ops.rehearsal.run import Gate
 from k26ops.steps import RunOptions
 from k26ops.transport.fleet import exit_code
-
-DIFF_STYLE = (
-    ("+++", {"bold": True}),
-    ("---", {"bold": True}),
-    ("@@", {"fg": "cyan"}),
-    ("+", {"fg": "green"}),
-    ("-", {"fg": "red"}),
-)
-
-
-def colour_diff(text: str) -> str:
-    """A unified diff with git's colours; click.echo drops them when stdout is not
-    a terminal, so a pipe or a file gets the diff verbatim."""
-    out = []
-    for line in text.split("\n"):
-        style = next((st for mark, st in DIFF_STYLE if line.startswith(mark)), None)
-        out.append(click.style(line, **style) if style else line)
-    return "\n".join(out)
-
-
-def render_changes(results, *, check: bool, diff: bool) -> None:
-    """What changed (or would), the diffs, and any stale lock that was cleared."""
-    con = wide_console()
-    for r in results:
-        for s in r.data.get("steps", []):
-            mark = "[yellow]would change[/]" if check else "[yellow]changed[/]"
-            for c in s["changes"]:
-                con.print(f"  {r.host}: {s['step']}: {mark}: {c}")
-            if diff:
-                for d in s.get("diffs", []):
-                    click.echo(colour_diff(d.rstrip("\n")))  # never wrapped; colour on a terminal only
-        if r.data.get("rehearsal"):  # deploy --rehearse: what the rehearsal measured, one line
-            con.print(f"  {r.host}: {rehearsal_summary.line(r.data['rehearsal'])}", highlight=False)
-        if r.data.get("stale_lock"):
-            o = r.data["stale_lock"]
-            con.print(
-                f"  {r.host}: note: a run that died held this host "
-                f"({o.get('user')}@{o.get('control_node')} pid {o.get('pid')} since {o.get('since')})"
-            )
 
 
 def run_playbook(

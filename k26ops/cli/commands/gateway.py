@@ -10,7 +10,7 @@ import click
 from k26ops import inventory
 from k26ops.cli import jsonout
 from k26ops.cli.batchopts import batch_option, max_fail_option
-from k26ops.cli.commands.deploy import render_changes
+from k26ops.cli.changes import render_changes
 from k26ops.cli.report import run_and_report
 from k26ops.cli.rollout import run_rollout
 from k26ops.errors import UserError

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from k26ops.cli import jsonout
-from k26ops.cli.commands.bench import baselines_option
+from k26ops.cli.benchopts import baselines_option
 from k26ops.cli.report import run_and_report
 from k26ops.engine.multinode import serves_http
 from k26ops.enginebench.run import agent, target

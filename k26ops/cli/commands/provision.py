@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from k26ops.cli.batchopts import batch_option, max_fail_option
-from k26ops.cli.commands.deploy import render_changes
+from k26ops.cli.changes import render_changes
 from k26ops.cli.globalopts import _finite
 from k26ops.cli.rollout import run_rollout
 from k26ops.host.reboot import DEFAULT_TIMEOUT, reboot_work

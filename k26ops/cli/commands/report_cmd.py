@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from k26ops.cli import jsonout
-from k26ops.cli.commands.bench import baselines_option
+from k26ops.cli.benchopts import baselines_option
 from k26ops.cli.htmlreport import inventory_gpus, read_run, report_option, stamp, write
 from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
