@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -437,8 +438,10 @@ def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scra
 
 
 def _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb):
-    """`deploy --json` of an env whose new engine never gets ready, returned (still running) once its
-    new env file is on the host: the restart is done and the health wait has begun."""
+    """`deploy --json` of an env whose new engine never gets ready, returned (still running) once the
+    health step has begun: its new env file is on the host, the restart is done, and the progress
+    line of the health step is out (stderr). Waiting a fixed time after the env file instead once
+    found the restart's agent still running on a loaded machine (a full run: `host agent (apply)`)."""
     doc = yaml.safe_load(solo_inv.read_text())
     doc["vars"]["engine_env"] = {"K26OPS_STANDIN_LOAD_SECONDS": "600"}  # the new engine never gets ready
     slow = tmp_path / "slow.yml"
@@ -449,6 +452,11 @@ def _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb):
         while "K26OPS_STANDIN_LOAD_SECONDS" not in solo.ssh("lab1", "cat /etc/k26ops/sglang.env"):
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.3)
+        said = b""  # read raw from the pipe (no text buffer that select cannot see), until the health step
+        while not re.search(rb"lab1: \d+/\d+ health\b", said):
+            assert time.monotonic() < deadline and proc.poll() is None, (said, proc.communicate())
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                said += os.read(proc.stderr.fileno(), 65536)
     except BaseException:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
