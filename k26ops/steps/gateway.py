@@ -44,7 +44,7 @@ from k26ops.steps.gateway_spec import (
     named_gateways,
     release_id,
 )
-from k26ops.steps.release import prune
+from k26ops.steps.release import deliver_wheels, prune
 from k26ops.traffic.gateway import Gateway, GatewayError
 from k26ops.transport import agents
 
@@ -186,21 +186,8 @@ class GatewayRelease(Step):
             check=True,
         )
         how = installer.choice(ctx.vars, ctx.host.name)
-        tools = [installer.uv_wheel()] if how == "uv" else []
         try:
-            wheelsource.deliver(ctx, d.wheels + tools, wh)
-            if tools and not ctx.run(f"test -x {q(installer.uv_path(ctx.root))}").ok:
-                got = agents.run(
-                    ctx.session,
-                    "store",
-                    "uv",
-                    what="store agent",
-                    wheel=f"{wh}/{tools[0].name}",
-                    sha256=tools[0].sha256,
-                    dest=installer.uv_path(ctx.root),
-                )
-                if not got.get("ok"):
-                    raise StepFailed(f"installing uv: {got.get('error')}")
+            deliver_wheels(ctx, d.wheels, wh, how)
             ctx.session.put_file(LAUNCHER, f"{path}/k26ops/gateway_launch.py")
             ctx.session.put(wheelhouse.requirements_file(d.wheels).encode(), f"{path}/k26ops/requirements.txt")
             ctx.progress(f"building gateway release {rid} ({how} install --require-hashes from the pushed wheels)")

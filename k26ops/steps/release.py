@@ -526,23 +526,10 @@ class Release(Step):
             check=True,
         )
         how = installer.choice(ctx.vars, ctx.host.name)
-        tools = [installer.uv_wheel()] if how == "uv" else []
         try:
             # the engine wheel built here is on no index; the locked ones are
-            wheelsource.deliver(ctx, prep.wheels + tools, wh, local=(prep.engine_wheel,) if prep.recipe.git else ())
-            if tools and not ctx.run(f"test -x {q(installer.uv_path(ctx.root))}").ok:
-                got = agents.run(
-                    ctx.session,
-                    "store",
-                    "uv",
-                    what="store agent",
-                    wheel=f"{wh}/{tools[0].name}",
-                    sha256=tools[0].sha256,
-                    dest=installer.uv_path(ctx.root),
-                )
-                if not got.get("ok"):
-                    raise StepFailed(f"installing uv: {got.get('error')}")
-            link_mode = store_ready(ctx) if tools else None
+            deliver_wheels(ctx, prep.wheels, wh, how, local=(prep.engine_wheel,) if prep.recipe.git else ())
+            link_mode = store_ready(ctx) if how == "uv" else None
             ctx.session.put_file(PATCHSET_SCRIPT, f"{d}/k26ops/patchset.py")
             for f in sorted(prep.patch_dir.iterdir()):
                 ctx.session.put_file(f, f"{d}/k26ops/patches/{f.name}")
@@ -570,7 +557,7 @@ class Release(Step):
                         f"{disk_full(ctx, rel, lines) or (lines[-1] if lines else 'no output')}"
                     )
                 site = res.stdout.rsplit("SITE=", 1)[1].strip()
-                if not tools:
+                if how != "uv":
                     break
                 # uv's lock files 0600, the store's files read-only (shared with the release's links)
                 agents.run(
@@ -666,6 +653,26 @@ def disk_full(ctx: HostContext, path: str, lines: list[str]) -> str | None:
             hit[-1].strip()[:160] if hit else (lines[-1] if lines else "no output")
         )
     return None
+
+
+def deliver_wheels(ctx: HostContext, wheels: list, wh: str, how: str, local: tuple = ()) -> None:
+    """A release build's wheels into the host's wheelhouse `wh` (wheelsource.deliver, `local`: built
+    here, on no index), with uv's own wheel and uv installed from it when `how` is uv. Shared by the
+    engine's and the gateway's release steps."""
+    tools = [installer.uv_wheel()] if how == "uv" else []
+    wheelsource.deliver(ctx, wheels + tools, wh, local=local)
+    if tools and not ctx.run(f"test -x {q(installer.uv_path(ctx.root))}").ok:
+        got = agents.run(
+            ctx.session,
+            "store",
+            "uv",
+            what="store agent",
+            wheel=f"{wh}/{tools[0].name}",
+            sha256=tools[0].sha256,
+            dest=installer.uv_path(ctx.root),
+        )
+        if not got.get("ok"):
+            raise StepFailed(f"installing uv: {got.get('error')}")
 
 
 def store_ready(ctx: HostContext) -> str:
