@@ -38,14 +38,20 @@ _int = profile_table.integer
 
 def _extra_args(extra) -> list[str]:
     """extra_args (flag_words), none of the flags engine_argv sets itself."""
-    out = flag_words(extra, "engine profile: extra_args")
-    for word in out:
-        if word.split("=", 1)[0] in MANAGED_FLAGS:
-            raise UserError(
-                f"engine profile: extra_args may not set {word.split('=', 1)[0]}; "
-                "it comes from the profile's own setting"
-            )
-    return out
+    return unmanaged_words(
+        extra, "engine profile: extra_args", MANAGED_FLAGS, "; it comes from the profile's own setting"
+    )
+
+
+def unmanaged_words(value, what: str, managed, why: str) -> list[str]:
+    """flag_words(value, what), none of them a flag in `managed` (k26ops sets those itself): UserError
+    `{what} may not set FLAG{why}`. The engine's extra_args and the gateway's gateway_flags."""
+    words = flag_words(value, what)
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag in managed:
+            raise UserError(f"{what} may not set {flag}{why}")
+    return words
 
 
 def flag_words(extra, what: str) -> list[str]:

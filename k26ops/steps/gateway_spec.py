@@ -258,14 +258,12 @@ class GatewayHost:
 
 def extra_flags(value, host: str) -> list[str]:
     """`gateway_flags`: a list of words or a mapping flag -> value (True: bare flag); never a flag k26ops sets."""
-    words = launch.flag_words(value if value not in (None, {}) else None, f"{host}: inventory var gateway_flags")
-    for w in words:
-        if w.split("=", 1)[0] in MANAGED_FLAGS:
-            raise UserError(
-                f"{host}: inventory var gateway_flags may not set {w.split('=', 1)[0]}: k26ops sets it "
-                "(gateway_port, gateway_bind, gateway_metrics_port, gateway_admin_key, `gateways`)"
-            )
-    return words
+    return launch.unmanaged_words(
+        value if value not in (None, {}) else None,
+        f"{host}: inventory var gateway_flags",
+        MANAGED_FLAGS,
+        ": k26ops sets it (gateway_port, gateway_bind, gateway_metrics_port, gateway_admin_key, `gateways`)",
+    )
 
 
 # ---------------------------------------------------------------- which engines a gateway routes to
