@@ -35,6 +35,7 @@ from k26ops.diagnose.signatures import PROBE_WATCHED
 from k26ops.engine import secret_policy
 from k26ops.engine.host import EngineHost, wait_ready
 from k26ops.engine.host import agent as engine_agent
+from k26ops.engine.state import run_identity
 from k26ops.errors import StepFailed, UserError
 from k26ops.host.lock import HostLock, HostLocked
 from k26ops.release import patchset
@@ -348,6 +349,21 @@ class ProbeRun:
     api_key: str | None = None
     drain: Any = None  # traffic.drain.Drain, or None where the host does not drain
 
+    def ready_wait(self, base: dict, journal_lines: int, on_wait):
+        """The engine's ready-wait after a restart of this probe (or of its restore); `base` the
+        restarted run's identity (engine.state.run_identity)."""
+        return wait_ready(
+            self.session,
+            self.unit,
+            self.host,
+            self.port,
+            base=base,
+            timeout=self.ready_timeout,
+            secrets=self.secrets,
+            journal_lines=journal_lines,
+            on_wait=on_wait,
+        )
+
 
 def _workflow(run: ProbeRun) -> None:
     session, rep, st, uname, ehost, port = run.session, run.rep, run.st, run.unit, run.host, run.port
@@ -381,18 +397,12 @@ def _workflow(run: ProbeRun) -> None:
             raise ProbeFailed(
                 f"systemctl restart {uname} failed: {secret_policy.redact(r.get('error') or '', secrets)}"
             )
-        base = {k: r["show"].get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
+        base = run_identity(r["show"])
         crashed = None
-        w = wait_ready(
-            session,
-            uname,
-            ehost,
-            port,
-            base=base,
-            timeout=ready_timeout,
-            secrets=secrets,
-            journal_lines=50,
-            on_wait=lambda w: progress(
+        w = run.ready_wait(
+            base,
+            50,
+            lambda w: progress(
                 f"waiting for ready: {w.poll['state']} {w.elapsed:.0f}s" + (f": {w.last_line}" if w.last_line else "")
             ),
         )
@@ -451,8 +461,8 @@ def _workflow(run: ProbeRun) -> None:
 def _restore(run: ProbeRun, restarted: bool):
     """Drop-in out, probe reverted, engine back as it was; Ctrl-C waits for this (restarted: the
     probe restarted the engine; only then does its drain put it back into rotation)."""
-    session, rep, st, uname, ehost, port = run.session, run.rep, run.st, run.unit, run.host, run.port
-    was_active, secrets, progress, ready_timeout = run.was_active, run.secrets, run.progress, run.ready_timeout
+    session, rep, st, uname = run.session, run.rep, run.st, run.unit
+    was_active, secrets, progress = run.was_active, run.secrets, run.progress
     drain = run.drain if restarted else None
     interrupted = []
     old = None
@@ -487,17 +497,10 @@ def _restore(run: ProbeRun, restarted: bool):
             rep.restore_errors.append(secret_policy.redact(r["error"], secrets))
         show = r.get("show") or {}
         if was_active and restarted and r.get("ok"):
-            base = {k: show.get(k) for k in ("MainPID", "NRestarts", "InvocationID")}
-            w = wait_ready(
-                session,
-                uname,
-                ehost,
-                port,
-                base=base,
-                timeout=ready_timeout,
-                secrets=secrets,
-                journal_lines=30,
-                on_wait=lambda w: progress(f"restoring: waiting for the engine: {w.poll['state']} {w.elapsed:.0f}s"),
+            w = run.ready_wait(
+                run_identity(show),
+                30,
+                lambda w: progress(f"restoring: waiting for the engine: {w.poll['state']} {w.elapsed:.0f}s"),
             )
             if w.state == "healthy":
                 rep.restored.append(f"the engine is healthy again ({w.elapsed:.0f}s)")
