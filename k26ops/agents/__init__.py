@@ -7,7 +7,7 @@ request on stdin ({"op": NAME, ...}), one JSON answer as the last line of
 stdout. k26ops.transport.agents.run is the one caller; the modules are linted and unit-tested here
 like the rest of k26ops (tests/transport/test_agents.py), never imported at run time.
 
-Host Python: 3.10 or newer (OLDEST_PYTHON). The oldest supported host is
+Host Python: 3.10 or newer (k26ops.transport.agents.OLDEST_PYTHON). The oldest supported host is
 Ubuntu 22.04 (python3 3.10); Debian 12, the lab's, has 3.11 and Ubuntu 24.04
 3.12. tests/transport/test_agents.py parses every agent with that grammar and checks
 that it imports only standard-library modules.
