@@ -437,6 +437,16 @@ def test_full_state_dir_refuses_the_lock_in_one_line_and_the_next_run_works(scra
         lab_ssh(lab.dir, lab.port("lab1"), f"rm -f /usr/local/bin/df; umount -l {STATE}; true")
 
 
+def _wait_for_env(solo, proc, marker: str) -> float:
+    """Wait (at most 180 s, while `proc` runs) until lab1's engine env file holds `marker`: the
+    deploy's new env is on the host. Returns the deadline, for the caller's next wait."""
+    deadline = time.monotonic() + 180
+    while marker not in solo.ssh("lab1", "cat /etc/k26ops/sglang.env"):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    return deadline
+
+
 def _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb):
     """`deploy --json` of an env whose new engine never gets ready, returned (still running) once the
     health step has begun: its new env file is on the host, the restart is done, and the progress
@@ -448,10 +458,7 @@ def _deploy_stuck_in_the_health_wait(solo, solo_inv, tmp_path, pb):
     slow.write_text(yaml.safe_dump(doc))
     proc = start("-i", str(slow), "--json", "deploy", "--playbook", str(pb))
     try:
-        deadline = time.monotonic() + 180
-        while "K26OPS_STANDIN_LOAD_SECONDS" not in solo.ssh("lab1", "cat /etc/k26ops/sglang.env"):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.3)
+        deadline = _wait_for_env(solo, proc, "K26OPS_STANDIN_LOAD_SECONDS")
         said = b""  # read raw from the pipe (no text buffer that select cannot see), until the health step
         while not re.search(rb"lab1: \d+/\d+ health\b", said):
             assert time.monotonic() < deadline and proc.poll() is None, (said, proc.communicate())
@@ -572,10 +579,7 @@ def test_a_deploy_killed_after_its_install_is_rolled_back_by_the_rerun(solo, sol
     bad.write_text(yaml.safe_dump(doc))
     proc = start("-i", str(bad), "--json", "deploy", "--playbook", str(pb))
     try:
-        deadline = time.monotonic() + 180
-        while "K26OPS_STANDIN_CRASH" not in solo.ssh("lab1", "cat /etc/k26ops/sglang.env"):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        _wait_for_env(solo, proc, "K26OPS_STANDIN_CRASH")
         os.killpg(proc.pid, signal.SIGKILL)  # no restore at all
         proc.communicate(timeout=30)
     finally:
