@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from labtools import file_order, private_lab, whole_file_seconds
+from labtools.labs import private_lab
+from labtools.order import file_order, whole_file_seconds
 
 LAB_HOSTS = int(os.environ.get("K26OPS_TEST_LAB_HOSTS", "3"))
 # Tests never read the operator's own ~/.config/k26ops/config.toml (k26ops.config);
@@ -81,7 +82,7 @@ def _no_engine_unit(running) -> None:
     (the layer's releases, toolchain and wheelhouse stay)."""
     from k26ops.engine.units import ENV_FILE
     from k26ops.layout import DEFAULT_UNIT, UNIT_DIR, Layout
-    from labtools import lab_ssh
+    from labtools.invoke import lab_ssh
 
     cmd = (
         f"systemctl disable --now {DEFAULT_UNIT} && rm -f {UNIT_DIR}/{DEFAULT_UNIT} {ENV_FILE} "
@@ -98,7 +99,7 @@ def _warn_failed_units(running) -> None:
     whoever sees a later test trip over one); never fails the run."""
     import warnings
 
-    from labtools import lab_ssh
+    from labtools.invoke import lab_ssh
 
     for h in running.hosts:
         res = lab_ssh(running.dir, h.port, "systemctl --failed --no-legend --plain", timeout=20)
@@ -175,7 +176,7 @@ FILE_SECONDS = "k26ops/file_seconds"  # pytest's cache: the seconds each test fi
 
 def _longest_files_first(config, items):
     """On xdist workers (`make test`: -n 2 --dist loadfile --no-loadscope-reorder, so the
-    controller hands out files in this order): labtools.file_order. Every worker computes
+    controller hands out files in this order): labtools.order.file_order. Every worker computes
     the same order from the same cache file (written only by the controller, at the end of
     a run), as xdist requires."""
     seconds = config.cache.get(FILE_SECONDS, {}) if getattr(config, "cache", None) else {}

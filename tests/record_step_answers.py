@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labtools import cli, free_port_block  # noqa: E402
+from labtools.invoke import cli
+from labtools.ports import free_port_block
 
 
 def main(out: Path) -> None:

@@ -21,7 +21,8 @@ import json  # noqa: E402
 
 from k26ops.enginebench import figures as figs  # noqa: E402
 from k26ops.report import model, page  # noqa: E402
-from labtools import REPO, browse  # noqa: E402
+from labtools import REPO  # noqa: E402
+from labtools.browser import browse  # noqa: E402
 
 DATA = REPO / "tests/data/serving"
 NB = json.loads((DATA / "h200-bench-sglang.json").read_text())["hosts"]["h200"]["bench"]

@@ -1,6 +1,6 @@
 """One JSON shape for every command (docs/reference/json.md): the envelope and each
 command's schema, errors included, through the real CLI. (Commands that need
-hosts are checked the same way by labtools.k26ops_json in their own tests.)"""
+hosts are checked the same way by labtools.invoke.k26ops_json in their own tests.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import json
 import pytest
 from jsonshape import SCHEMAS, schema, validate
 
-from labtools import REPO, cli, cli_json
+from labtools import REPO
+from labtools.invoke import cli, cli_json
 
 INVENTORY = """\
 all:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labtools import parsed
+from labtools.source import parsed
 
 PKG = Path(__file__).resolve().parent.parent.parent / "k26ops"
 

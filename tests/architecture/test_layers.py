@@ -13,7 +13,7 @@ import functools
 import re
 from pathlib import Path
 
-from labtools import parsed
+from labtools.source import parsed
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PKG = ROOT / "k26ops"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from labtools import REPO, file_order, whole_file_seconds
+from labtools import REPO
+from labtools.order import file_order, whole_file_seconds
 
 
 def _collected(*args: str) -> list[str]:
@@ -43,14 +44,14 @@ def test_an_outer_fixture_keeps_a_test_out_of_the_inner_loop():
 
 
 def test_no_test_module_imports_conftest_or_another_test_module():
-    """Shared helpers live in tests/labtools.py (issue 32 item 6): a test module that imports
+    """Shared helpers live in tests/labtools/ (issue 32 item 6): a test module that imports
     conftest.py or another test module runs that module's top level twice, under two names
     (pytest loads conftest and test modules itself), and hides where a helper lives."""
     import ast  # lazy: this test only
 
     tests = REPO / "tests"
     found = []
-    for path in sorted(tests.glob("*.py")):
+    for path in sorted(p for p in tests.rglob("*.py") if "data" not in p.relative_to(tests).parts):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = (
                 [a.name for a in node.names]
@@ -60,9 +61,9 @@ def test_no_test_module_imports_conftest_or_another_test_module():
                 else []
             )
             found += [
-                f"{path.name}:{node.lineno}: {n}"
+                f"{path.relative_to(tests)}:{node.lineno}: {n}"
                 for n in names
-                if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")
+                if any(part == "conftest" or part.startswith("test_") for part in n.split("."))
             ]
     assert not found, "import a helper from labtools instead:\n" + "\n".join(found)
 

@@ -17,7 +17,7 @@ from k26ops.orchestrate import playbook
 from k26ops.runstate import HostState
 from k26ops.steps import HostContext, RunOptions, Step
 from k26ops.steps.release import ReleaseDecision
-from labtools import parsed
+from labtools.source import parsed
 
 PKG = Path(__file__).resolve().parent.parent.parent / "k26ops"
 

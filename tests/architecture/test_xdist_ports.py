@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-import labtools
 from k26ops.lab.machines import ENGINE_PORT_OFFSET
-from labtools import free_port_block
+from labtools import ports
+from labtools.ports import free_port_block
 
 # (count, start, stop) as the tests call it: the lab fixtures' default range and the
 # overlapping ranges of the tests that pick an engine or rehearsal port
@@ -50,5 +50,5 @@ def test_workers_never_pick_the_same_port(workers, monkeypatch):
 
 
 def test_the_engine_offset_is_the_labs():
-    """labtools keeps its own copy (importing the lab machinery costs seconds per test run)."""
-    assert labtools.ENGINE_PORT_OFFSET == ENGINE_PORT_OFFSET
+    """labtools.ports keeps its own copy (importing the lab machinery costs seconds per test run)."""
+    assert ports.ENGINE_PORT_OFFSET == ENGINE_PORT_OFFSET

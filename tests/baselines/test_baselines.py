@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from k26ops.steps.warmstart import MILESTONES
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
+from labtools.ports import free_port_block
+from labtools.recipes import recipe_with_extra_patch
 
 TAG = "k26-baseline-working"
 TOKEN = "hf_BASELINESECRET_0a1b2c3d4e5f"
@@ -270,7 +272,7 @@ API_KEY = "sk-lab-ROLLBACKKEY-4d2e9b"
 def apikey_lab(tmp_path_factory):
     """A private 1-host lab whose engine runs with --api-key (the stand-in then
     answers 401 on every path but /health*, as SGLang does)."""
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     d = tmp_path_factory.mktemp("rbapikey")
     with private_lab(1, "rbapikey", deployed=True) as lab:

@@ -21,7 +21,7 @@ from k26ops.baselines.validate import BaselineCorrupt
 from k26ops.enginebench import figures as figs
 from k26ops.enginebench.stored import stored_benches
 from k26ops.errors import UserError
-from labtools import cli, cli_json
+from labtools.invoke import cli, cli_json
 
 RID = "sglang-0.5.23-lab-0123456789ab"
 

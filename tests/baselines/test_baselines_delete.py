@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
+from labtools.ports import free_port_block
+from labtools.recipes import recipe_with_extra_patch
 
 HOST = "lab2"
 RELEASES = "/opt/k26ops/test-delete-releases"

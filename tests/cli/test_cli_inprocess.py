@@ -1,4 +1,4 @@
-"""labtools.cli, the in-process CLI the pure tests use: it answers as the real
+"""labtools.invoke.cli, the in-process CLI the pure tests use: it answers as the real
 `python -m k26ops` does (exit code, stdout, stderr), and one call leaves
 nothing behind for the next (environment, cwd, argv, signal handlers, the
 run's module state)."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from labtools import cli, k26ops
+from labtools.invoke import cli, k26ops
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,12 @@
 """Noise and stale help (issue 34.10): each inventory warning once per command,
 options listed only where they mean something, the help's defaults as the code
 has them, and a lab started with --dir found by later commands. The CLI in this
-process (labtools.cli), in a subprocess where it reaches the lab; a `connection:
+process (labtools.invoke.cli), in a subprocess where it reaches the lab; a `connection:
 local` host (no SSH, no GPU)."""
 
 from __future__ import annotations
 
-from labtools import cli, k26ops
+from labtools.invoke import cli, k26ops
 
 
 def test_deploy_check_prints_each_unknown_key_warning_once(tmp_path):

@@ -29,8 +29,8 @@ def test_a_deploy_reads_its_inventory_once_per_purpose(tmp_path, monkeypatch):
     (was one per step: 6 reads per deploy; an inventory of 100,000 hosts takes seconds)."""
     import socket
 
-    import labtools
     from k26ops import inventory
+    from labtools import invoke
 
     with socket.socket() as s:  # a loopback port nobody listens on: the host is unreachable
         s.bind(("127.0.0.1", 0))
@@ -44,7 +44,7 @@ def test_a_deploy_reads_its_inventory_once_per_purpose(tmp_path, monkeypatch):
     reads = []
     real = inventory.load
     monkeypatch.setattr(inventory, "load", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
-    proc = labtools.cli(
+    proc = invoke.cli(
         "--json",
         "-i",
         str(inv),

@@ -21,15 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import (
-    REPO,
-    free_port_block,
-    harmless_patch,
-    k26ops_json,
-    lab_recipe_copy,
-    private_lab,
-    write_series,
-)
+from labtools import REPO
+from labtools.invoke import k26ops_json
+from labtools.labs import private_lab
+from labtools.ports import free_port_block
+from labtools.recipes import harmless_patch, lab_recipe_copy, write_series
 
 RELEASES = "/opt/k26ops/releases"
 UNIT = "k26-engine.service"

@@ -10,7 +10,7 @@ import git
 
 from k26ops.cli import cli
 from k26ops.cli.complete import host_patterns
-from labtools import cli as k26ops_cli
+from labtools.invoke import cli as k26ops_cli
 
 INVENTORY = """\
 all:

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from k26ops.cli import cli, hoist_global_flags
-from labtools import cli as k26ops_cli
+from labtools.invoke import cli as k26ops_cli
 
 
 def _show(*args, env=None) -> dict:

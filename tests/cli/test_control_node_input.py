@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import engine_source  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
-from labtools import cli, recipe_for, tiny_engine  # noqa: E402
+from labtools.invoke import cli
+from labtools.recipes import recipe_for, tiny_engine
 
 
 def hostile_urls(d: Path) -> list[str]:

@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 from k26ops.enginebench import figures as figs
-from labtools import REPO, k26ops
+from labtools import REPO
+from labtools.invoke import k26ops
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labtools import cli
+from labtools.invoke import cli
 
 
 @pytest.mark.parametrize("cmd", ["reboot", "provision"])

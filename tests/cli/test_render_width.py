@@ -12,7 +12,7 @@ from k26ops.cli.context import Settings
 from k26ops.cli.report import print_results
 from k26ops.cli.rollout import print_rollout
 from k26ops.transport.fleet import HostResult
-from labtools import cli
+from labtools.invoke import cli
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 HOST = "gpu-rtx01.dc1"

@@ -16,7 +16,7 @@ from k26ops.cli.commands.selftest import checks_table
 from k26ops.host.preflight import expectations
 from k26ops.selftest.report import validate
 from k26ops.selftest.run import default_host_timeout, payload_args
-from labtools import cli, cli_json, k26ops, k26ops_json, lab_ssh
+from labtools.invoke import cli, cli_json, k26ops, k26ops_json, lab_ssh
 
 DATA = Path(__file__).parent.parent / "data"
 H200_X2 = DATA / "selftest-h200-x2.json"

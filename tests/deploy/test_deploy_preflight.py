@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from k26ops.facts.model import INDEX, model_command, parse_model  # noqa: E402
 from k26ops.facts.smi_q import parse_health  # noqa: E402
 from k26ops.host import preflight  # noqa: E402
-from labtools import cli, cli_json, k26ops_json, lab_ssh  # noqa: E402
+from labtools.invoke import cli, cli_json, k26ops_json, lab_ssh
 
 DATA = Path(__file__).parent.parent / "data" / "facts"
 

@@ -18,7 +18,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sglang_release import CACHE as TEST_CACHE
 
-from labtools import cli, free_port_block, harmless_patch, k26ops, lab_recipe_copy, private_lab, write_series
+from labtools.invoke import cli, k26ops
+from labtools.labs import private_lab
+from labtools.ports import free_port_block
+from labtools.recipes import harmless_patch, lab_recipe_copy, write_series
 
 TOKEN = "hf_INPUTSECRET_77aa88bb99cc"
 TOKEN2 = "hf_OTHERSECRET_1122334455"

@@ -20,14 +20,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import free_port_block, k26ops, k26ops_json
+from labtools.invoke import k26ops, k26ops_json
+from labtools.ports import free_port_block
 
 REPO = Path(__file__).resolve().parent.parents[1]
 
 
 @pytest.fixture(scope="module")
 def h(tmp_path_factory):
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     d = tmp_path_factory.mktemp("faults-rehearse")
     with private_lab(1, "faults-rehearse", deployed=True) as lab:

@@ -16,7 +16,8 @@ import re
 import pytest
 import yaml
 
-from labtools import k26ops, lab_ssh, private_lab
+from labtools.invoke import k26ops, lab_ssh
+from labtools.labs import private_lab
 
 KNOB = "/etc/k26ops-lab/nvidia-smi.env"
 

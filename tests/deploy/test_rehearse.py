@@ -26,7 +26,9 @@ import yaml
 from k26ops.engine import launch
 from k26ops.rehearsal import plan
 from k26ops.steps.warmstart import MILESTONES
-from labtools import cli, cli_json, free_port_block, k26ops, k26ops_json, recipe_with_extra_patch
+from labtools.invoke import cli, cli_json, k26ops, k26ops_json
+from labtools.ports import free_port_block
+from labtools.recipes import recipe_with_extra_patch
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "rehearsal"
 PROFILE = {
@@ -356,7 +358,7 @@ def test_local_rehearsal_without_configs_is_one_line(local_host, tmp_path):
 
 @pytest.fixture(scope="module")
 def labhost(tmp_path_factory):
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     d = tmp_path_factory.mktemp("rehearse")
     with private_lab(1, "rehearse", deployed=True) as lab:

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from k26ops.cli import cli
-from labtools import cli as k26ops_cli
+from labtools.invoke import cli as k26ops_cli
 
 LOGS = Path(__file__).parent.parent / "data/logs"
 ROOT = Path(__file__).resolve().parent.parents[1]

@@ -20,7 +20,9 @@ import pytest
 import yaml
 from jsonshape import validate
 
-from labtools import REPO, free_port_block, k26ops, k26ops_json
+from labtools import REPO
+from labtools.invoke import k26ops, k26ops_json
+from labtools.ports import free_port_block
 
 UNIT = "k26-engine.service"
 PLAYBOOK = "name: engine\nsteps:\n  - release: {keep: 3}\n  - service: {}\n  - health: {}\n"
@@ -37,7 +39,7 @@ BASE_ENV = {
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     d = tmp_path_factory.mktemp("diagprobe")
     (d / "engine.yml").write_text(PLAYBOOK)
@@ -100,7 +102,7 @@ def test_probe_names_the_none_field_and_restores_everything(host):
     proc = k26ops("-i", inv, "--json", "diagnose", "cuda-graph", "-y", "--host", host["name"], timeout=300)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     rep = json.loads(proc.stdout)
-    validate(rep)  # as labtools.k26ops_json does (this test also reads the progress on stderr)
+    validate(rep)  # as labtools.invoke.k26ops_json does (this test also reads the progress on stderr)
     assert rep["exit_code"] == proc.returncode
     d = rep["diagnosis"]
     assert d["signature"] == "cuda-graph-none-field"

@@ -17,7 +17,7 @@ import shlex
 
 import yaml
 
-from labtools import k26ops_json, lab_ssh
+from labtools.invoke import k26ops_json, lab_ssh
 
 HOST = "lab1"
 LOG = "/var/tmp/k26ops-test-python3.log"

@@ -16,7 +16,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from k26ops.engine.state import engine_state  # noqa: E402
-from labtools import k26ops, k26ops_json, lab_ssh  # noqa: E402
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
 
 UNIT = "k26-engine.service"
 
@@ -99,7 +99,7 @@ def _inv(lab, tmp_path) -> str:
 @pytest.fixture
 def deployed_host():
     """A private 1-host lab booted deployed (the test breaks its engine; it needs no first deploy)."""
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     with private_lab(1, "enginestate", deployed=True) as running:
         yield running

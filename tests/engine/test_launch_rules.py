@@ -15,7 +15,8 @@ from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import launch_rules
 from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.steps.release import profile_for  # noqa: E402
-from labtools import REPO, cli  # noqa: E402
+from labtools import REPO
+from labtools.invoke import cli
 
 
 def argv_for(recipe_name: str, **over) -> list[str]:

@@ -11,7 +11,7 @@ import yaml
 from k26ops import inventory
 from k26ops.engine import multinode
 from k26ops.errors import UserError
-from labtools import k26ops
+from labtools.invoke import k26ops
 
 
 def _inv(tmp_path, text: str):

@@ -31,7 +31,9 @@ from k26ops.steps import Change, Step
 from k26ops.steps.registry import STEPS
 from k26ops.steps.release import ReleaseDecision
 from k26ops.transport.ssh import q
-from labtools import REPO, free_port_block, k26ops, k26ops_json, lab_ssh
+from labtools import REPO
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
+from labtools.ports import free_port_block
 
 UNIT = "k26-engine.service"
 ENV_FILE = "/etc/k26ops/sglang.env"

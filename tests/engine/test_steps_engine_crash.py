@@ -12,7 +12,7 @@ from pathlib import Path
 
 from k26ops.diagnose.classify import classify
 from k26ops.steps.engine import crash_label, crash_text
-from labtools import lab_bus_ids, lab_kernel_log
+from labtools.fixtures import lab_bus_ids, lab_kernel_log
 
 LOGS = Path(__file__).parent.parent / "data" / "logs"
 IMA = (LOGS / "ima_replay_tp8.log").read_text()

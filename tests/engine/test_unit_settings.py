@@ -15,7 +15,7 @@ from k26ops.engine.state import engine_state, exit_status_text
 from k26ops.errors import UserError
 from k26ops.facts.engine_user import parse_engine_user
 from k26ops.host import preflight
-from labtools import cli
+from labtools.invoke import cli
 
 DATA = Path(__file__).parent.parent / "data" / "facts"
 

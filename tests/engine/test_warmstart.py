@@ -340,7 +340,7 @@ def test_the_lab_installs_the_stand_in_with_the_recording_filled_in(tmp_path):
 
 
 def test_a_stand_in_without_its_recording_says_so_and_stops(tmp_path):
-    from labtools import Standin
+    from labtools.fixtures import Standin
 
     bad = tmp_path / "phases.json"
     bad.write_text(json.dumps({"cold": {"ready_s": 1}, "warm": {}}))
@@ -379,7 +379,7 @@ def test_a_stand_in_start_is_warm_when_its_cache_holds_what_the_cold_start_wrote
     """The stand-in process, started twice on one cache dir: the first start compiles its graphs'
     kernels and, at its first sampled request, the sampling kernels (the cold recording's seconds);
     the second compiles nothing, and its capture takes the warm recording's seconds."""
-    from labtools import Standin
+    from labtools.fixtures import Standin
 
     doc = json.loads(PHASES_FILE.read_text())
     cache = tmp_path / "engine-cache"

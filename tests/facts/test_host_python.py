@@ -22,7 +22,7 @@ from k26ops.errors import UserError  # noqa: E402
 from k26ops.facts.platform import parse_platform, wheel_platform_problem  # noqa: E402
 from k26ops.host import preflight  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
-from labtools import cli, k26ops_json  # noqa: E402
+from labtools.invoke import cli, k26ops_json
 
 DATA = Path(__file__).parent.parent / "data" / "facts"
 PROD = "k26-tp8-dflash-0.5.23"

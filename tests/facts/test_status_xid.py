@@ -9,14 +9,14 @@ from pathlib import Path
 
 from k26ops.cli.commands.status import xid_lines
 from k26ops.facts import xid
-from labtools import lab_bus_ids
+from labtools.fixtures import lab_bus_ids
 
 DATA = Path(__file__).resolve().parent.parents[1] / "tests" / "data" / "facts"
 
 
 def replay(tmp_path: Path, name: str, at: float) -> str:
     """The gpu_xid command's output on a lab host replaying recorded `name` (stamped `at`)."""
-    from labtools import lab_kernel_log
+    from labtools.fixtures import lab_kernel_log
 
     return lab_kernel_log(tmp_path, name, at, xid.XID_COMMAND)
 

@@ -20,7 +20,10 @@ import yaml
 
 from k26ops.enginebench import accept
 from k26ops.lab import gpufaults
-from labtools import REPO, browse, k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools import REPO
+from labtools.browser import browse
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
+from labtools.recipes import recipe_with_extra_patch
 
 HOSTS = ("lab1", "lab2")
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16

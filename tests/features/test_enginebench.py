@@ -15,10 +15,10 @@ from k26ops.agents import loadgen
 from k26ops.enginebench import accept as accept_mod
 from k26ops.enginebench import figures as figs
 from k26ops.errors import UserError
-from labtools import cli
+from labtools.invoke import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from labtools import Standin  # noqa: E402  (the stand-in as a subprocess)
+from labtools.fixtures import Standin
 
 # What the stand-in is told, and how close the measured figures must be.
 TOKS, TTFT_MS, ACCEPT, ACCEPT_SAMPLED, OUT = 100.0, 40.0, 3.2, 2.4, 16

@@ -18,7 +18,9 @@ import yaml
 from k26ops.engine import launch, profile
 from k26ops.monitoring import check, grafana, metrics, prometheus
 from k26ops.release import recipe as recipe_mod
-from labtools import REPO, Standin, cli
+from labtools import REPO
+from labtools.fixtures import Standin
+from labtools.invoke import cli
 
 INVENTORY = """\
 all:

@@ -10,7 +10,7 @@ import json
 
 import yaml
 
-from labtools import k26ops_json, lab_ssh
+from labtools.invoke import k26ops_json, lab_ssh
 
 HOST = "lab1"
 UNIT = "/etc/systemd/system/k26-engine.service"

@@ -12,7 +12,9 @@ import pytest
 
 from k26ops.enginebench import figures as figs
 from k26ops.report import charts, model, page
-from labtools import REPO, browse, cli, colour_pixels
+from labtools import REPO
+from labtools.browser import browse, colour_pixels
+from labtools.invoke import cli
 
 DATA = REPO / "tests/data/serving"
 NEW = json.loads((DATA / "h200-bench-sglang.json").read_text())  # the real engine, SGLang's benchmark

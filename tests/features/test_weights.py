@@ -23,7 +23,8 @@ from k26ops.transport import agents
 from k26ops.transport.ssh import LocalSession
 from k26ops.weights import manifest as mf
 from k26ops.weights.plan import ORIGIN, WAIT, Site
-from labtools import REPO, cli, cli_json, k26ops
+from labtools import REPO
+from labtools.invoke import cli, cli_json, k26ops
 
 LAB_MANIFEST = REPO / "playbooks/recipes/lab.model"
 

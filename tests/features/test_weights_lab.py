@@ -21,7 +21,9 @@ import yaml
 
 from k26ops.lab import model_fixture
 from k26ops.weights import manifest as mf
-from labtools import REPO, k26ops, k26ops_json, private_lab
+from labtools import REPO
+from labtools.invoke import k26ops, k26ops_json
+from labtools.labs import private_lab
 
 MODEL = "/srv/k26/model"
 ORIGIN = "lab1:/models/Kimi-K2.6"

@@ -17,7 +17,8 @@ from k26ops.cli import cli
 from k26ops.host.lock import HostLock, HostLocked
 from k26ops.inventory import load
 from k26ops.transport.ssh import connect, q
-from labtools import HOSTILE, k26ops, k26ops_json, lab_ssh
+from labtools.hostile import HOSTILE
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
 
 USER = "k26"
 NOPASSWD = f"{USER} ALL=(ALL) NOPASSWD:ALL"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from k26ops.inventory import yamlsrc  # noqa: E402
-from labtools import cli  # noqa: E402
+from labtools.invoke import cli
 
 # The classic "billion laughs", inside vars where k26ops merges and walks it.
 BOMB = "".join(f"  {c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))

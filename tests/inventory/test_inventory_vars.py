@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from k26ops.cli import cli, hoist_global_flags
 from k26ops.inventory import load, variables
-from labtools import parsed
+from labtools.source import parsed
 
 ROOT = Path(__file__).resolve().parent.parents[1]
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from k26ops.lab import rootfs
 from k26ops.lab.machines import _port_free
-from labtools import cli, free_port_block, k26ops, k26ops_json, lab_ssh, private_lab
+from labtools.invoke import cli, k26ops, k26ops_json, lab_ssh
+from labtools.labs import private_lab
+from labtools.ports import free_port_block
 
 
 def _pids() -> list[int]:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from k26ops.errors import UserError
-from labtools import LAB_RECIPE, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools.invoke import k26ops_json, lab_ssh
+from labtools.recipes import LAB_RECIPE, recipe_with_extra_patch
 
 
 def test_a_cached_layer_is_rebuilt_when_the_release_id_changes(tmp_path, monkeypatch):
@@ -82,7 +83,7 @@ def test_the_unit_gets_the_hosts_own_port_and_only_that(tmp_path):
 def test_deployed_hosts_are_converged_serving_and_each_its_own():
     """Two hosts on the deployed layer: the engine serves on each host's own port from
     boot, a deploy changes nothing, no run's state is left, and identities differ."""
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     with private_lab(2, "deployed", deployed=True) as lab:
         seen = {}
@@ -123,7 +124,7 @@ def test_links_into_the_layers_store_copy_no_data_up():
     venv: on a deployed host that copies up metadata, not the files' data (overlayfs
     metacopy), so a host's first new release does not copy the whole store into its
     upper dir (30 s under load without it). The linked files read as the layer's."""
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     with private_lab(1, "metacopy", deployed=True) as lab:
         h = lab.hosts[0]

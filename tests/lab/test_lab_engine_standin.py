@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from k26ops.engine import launch, units
-from labtools import STANDIN, Standin
+from labtools.fixtures import STANDIN, Standin
 
 PYTHONS = [sys.executable] + (["/usr/bin/python3"] if os.path.exists("/usr/bin/python3") else [])
 LOG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP\d+\] ", re.M)

@@ -13,7 +13,7 @@ DATA = Path(__file__).parent.parent / "data" / "facts"
 
 
 def test_facts_and_check_name_each_replayed_fault_and_its_action(scratch_lab):
-    from labtools import k26ops_json, lab_ssh
+    from labtools.invoke import k26ops_json, lab_ssh
 
     def put(**recorded):
         cmd = gpufaults.clear() + " && " + gpufaults.install(**{k: (DATA / v).read_text() for k, v in recorded.items()})
@@ -84,7 +84,7 @@ def test_facts_and_check_name_each_replayed_fault_and_its_action(scratch_lab):
 
 
 def test_status_names_an_xid_since_the_engine_started(scratch_lab):
-    from labtools import k26ops, k26ops_json, lab_ssh
+    from labtools.invoke import k26ops, k26ops_json, lab_ssh
 
     def ssh(cmd):
         res = lab_ssh(scratch_lab.dir, scratch_lab.base_port, cmd)
@@ -116,7 +116,7 @@ def test_deploy_names_a_crash_after_an_xid_as_the_gpu_fault(scratch_lab, tmp_pat
 
     import yaml
 
-    from labtools import k26ops_json, lab_ssh
+    from labtools.invoke import k26ops_json, lab_ssh
 
     ima = base64.b64encode((Path(__file__).parent.parent / "data/logs/ima_replay_tp8.log").read_bytes()).decode()
     cmd = f"echo {ima} | base64 -d > /var/lib/k26-ima.log && chmod 0644 /var/lib/k26-ima.log && " + gpufaults.install(

@@ -14,7 +14,7 @@ import pytest
 from k26ops.errors import UserError
 from k26ops.lab import limits
 from k26ops.lab.machines import Lab, own_cgroups
-from labtools import free_port_block
+from labtools.ports import free_port_block
 
 INOTIFY = "fs.inotify.max_user_instances"
 BOOTED = {INOTIFY: 0, "fs.inotify.max_user_watches": 0, "kernel.pid_max": 0, "kernel.threads-max": 0, "fs.file-max": 0}
@@ -148,7 +148,7 @@ def test_a_base_port_whose_engine_ports_overflow_is_one_line(tmp_path):
 
 
 def test_cli_no_raise_limits_refuses_in_one_line_naming_the_sysctl(tmp_path):
-    from labtools import cli
+    from labtools.invoke import cli
 
     if not limits.needed(64, limits.read(), limits.in_use()):
         pytest.skip("this machine's limits already fit 64 more lab hosts (raised by hand?)")

@@ -166,7 +166,7 @@ def test_old_driver_mode_falls_back_and_says_so():
 
 
 def test_check_on_a_lab_host_with_a_failed_gpu_names_it(scratch_lab):
-    from labtools import k26ops, k26ops_json, lab_ssh
+    from labtools.invoke import k26ops, k26ops_json, lab_ssh
 
     port = scratch_lab.base_port
     res = lab_ssh(
@@ -219,7 +219,7 @@ def test_q_replays_a_recorded_output_with_the_lab_gpus_bus_ids_or_refuses():
 def test_check_and_facts_on_a_lab_host_replaying_recorded_q_outputs(scratch_lab):
     import base64
 
-    from labtools import k26ops, k26ops_json, lab_ssh
+    from labtools.invoke import k26ops, k26ops_json, lab_ssh
 
     port = scratch_lab.base_port
 
@@ -258,7 +258,7 @@ def test_check_and_facts_on_a_lab_host_replaying_recorded_q_outputs(scratch_lab)
 def test_a_lab_host_reads_its_recorded_q_and_check_prints_only_what_is_not_ok(scratch_lab):
     """Issue 45 item 6: every lab host showed "ok, -q unread" (the stand-in refused -q) and `check`
     printed 11 ok lines per host, one of them with the refusal's ERROR in it."""
-    from labtools import k26ops, k26ops_json, lab_ssh
+    from labtools.invoke import k26ops, k26ops_json, lab_ssh
 
     res = lab_ssh(scratch_lab.dir, scratch_lab.base_port, "rm -f /etc/k26ops-lab/nvidia-smi.env")
     assert res.returncode == 0, res.stderr

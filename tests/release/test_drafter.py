@@ -13,7 +13,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from k26ops.facts.drafter import drafter_command, parse_drafter  # noqa: E402
 from k26ops.host.preflight import drafter_check  # noqa: E402
-from labtools import k26ops_json  # noqa: E402
+from labtools.invoke import k26ops_json
 
 MARK = "== k26ops-drafter "
 

@@ -23,7 +23,9 @@ import sglang_release  # noqa: E402
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import engine_source, enginelock  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
-from labtools import REPO, cli, git, recipe_for, tiny_engine  # noqa: E402
+from labtools import REPO
+from labtools.invoke import cli
+from labtools.recipes import git, recipe_for, tiny_engine
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ def _module_cache(tmp_path_factory) -> Path:
 @pytest.fixture
 def built_cache(_module_cache, monkeypatch):
     """An engine/git cache shared by this module's tests whose subject is not the build
-    itself: the same tiny engine (same files, same commit: labtools.git) is built once
+    itself: the same tiny engine (same files, same commit: labtools.recipes.git) is built once
     (a pip build, 2-7 s) for all of them, and its build kept for the next run."""
     monkeypatch.setenv("K26OPS_ENGINE_CACHE", str(_module_cache))
     monkeypatch.delenv("K26OPS_GIT_CACHE", raising=False)

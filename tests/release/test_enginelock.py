@@ -21,7 +21,8 @@ from k26ops.errors import UserError  # noqa: E402
 from k26ops.release import enginelock  # noqa: E402
 from k26ops.release import recipe as rc  # noqa: E402
 from k26ops.steps.release import lock_for  # noqa: E402
-from labtools import REPO, cli  # noqa: E402
+from labtools import REPO
+from labtools.invoke import cli
 
 REG = rc.RECIPES_DIR / "k26-tp8-dflash-0.5.23.yml"
 

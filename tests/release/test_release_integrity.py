@@ -23,7 +23,8 @@ import yaml
 from k26ops.inventory import load
 from k26ops.transport import agents
 from k26ops.transport.ssh import connect, q
-from labtools import k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools.invoke import k26ops_json, lab_ssh
+from labtools.recipes import recipe_with_extra_patch
 
 ROOT = "/srv/k26-integrity"
 BOOK = "name: release-only\nsteps:\n  - release: {keep: 5}\n"

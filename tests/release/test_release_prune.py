@@ -13,7 +13,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from labtools import k26ops, recipe_with_extra_patch  # noqa: E402
+from labtools.invoke import k26ops
+from labtools.recipes import recipe_with_extra_patch
 
 HOST = "lab3"
 RELEASE_ONLY = "name: r\nsteps:\n  - release: {keep: 2}\n"

@@ -17,7 +17,9 @@ import yaml
 from k26ops.inventory import load
 from k26ops.steps import release
 from k26ops.transport.ssh import connect, q
-from labtools import k26ops, k26ops_json, lab_ssh, private_lab, recipe_with_extra_patch
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
+from labtools.labs import private_lab
+from labtools.recipes import recipe_with_extra_patch
 
 # The subject is the release step (its installer, its store, prune): a deploy of only that
 # step. The default playbook's toolkit (per k26ops_root: ~400 MB of pip CUDA wheels in

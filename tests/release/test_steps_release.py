@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import harmless_patch, k26ops, k26ops_json, lab_base, lab_recipe_copy, write_series
+from labtools.invoke import k26ops, k26ops_json
+from labtools.recipes import harmless_patch, lab_base, lab_recipe_copy, write_series
 
 ENGINE_STEPS = "name: engine\nsteps:\n  - cuda_toolkit: {}\n  - release: {keep: 3}\n"
 TREE_HASH = (

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import free_port_block, k26ops, k26ops_json, lab_ssh, private_lab
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
+from labtools.labs import private_lab
+from labtools.ports import free_port_block
 
 ENGINE_STEPS = "name: engine\nsteps:\n  - cuda_toolkit: {}\n  - release: {keep: 3}\n"
 WH = "/opt/k26ops/wheelhouse"

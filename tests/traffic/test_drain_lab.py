@@ -26,7 +26,10 @@ import time
 import pytest
 import yaml
 
-from labtools import REPO, free_port_block, k26ops, k26ops_json, private_lab, sglang_router
+from labtools import REPO
+from labtools.invoke import k26ops, k26ops_json
+from labtools.labs import private_lab, sglang_router
+from labtools.ports import free_port_block
 
 pytest.importorskip("sglang_router")
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from k26ops.engine import units
-from labtools import free_port
+from labtools.ports import free_port
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "drain"
 STANDIN = Path(__file__).resolve().parent.parent.parent / "k26ops/lab/fixtures/engine_standin.py"

@@ -11,7 +11,9 @@ import urllib.request
 import pytest
 import yaml
 
-from labtools import REPO, free_port_block, k26ops, k26ops_json
+from labtools import REPO
+from labtools.invoke import k26ops, k26ops_json
+from labtools.ports import free_port_block
 
 KEY = "gw-admin-Secret-9f3k"
 UNIT = "k26-gateway.service"
@@ -20,7 +22,7 @@ LOCK_031 = REPO / "tests/data/gateway/sglang-router-0.3.1.lock"
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    from labtools import private_lab
+    from labtools.labs import private_lab
 
     d = tmp_path_factory.mktemp("gateway")
     with private_lab(2, "gateway", deployed=True) as lab:

@@ -15,7 +15,8 @@ from k26ops.errors import UserError
 from k26ops.inventory import Host
 from k26ops.steps import gateway_spec as spec
 from k26ops.steps.gateway import check_engines
-from labtools import REPO, cli, cli_json
+from labtools import REPO
+from labtools.invoke import cli, cli_json
 
 KEY = "adm:n-Secret-4711"
 

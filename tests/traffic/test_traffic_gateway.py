@@ -29,7 +29,8 @@ from k26ops.inventory.model import Host
 from k26ops.traffic.drain import Drain, TrafficConfig
 from k26ops.traffic.gateway import Gateway, GatewayError, Watch
 from k26ops.transport.ssh import LocalSession
-from labtools import free_port, sglang_router
+from labtools.labs import sglang_router
+from labtools.ports import free_port
 
 STANDIN = Path(__file__).resolve().parent.parent.parent / "k26ops/lab/fixtures/engine_standin.py"
 pytest.importorskip("sglang_router")

@@ -29,7 +29,7 @@ from k26ops.inventory import Host
 from k26ops.release import wheelsource
 from k26ops.transport import agents, ssh
 from k26ops.transport.ssh import LocalSession
-from labtools import parsed
+from labtools.source import parsed
 
 ROOT = Path(__file__).resolve().parent.parents[1]
 AGENTS = sorted(p for p in agents.DIR.glob("*.py") if p.name != "__init__.py")

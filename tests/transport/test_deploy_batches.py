@@ -12,7 +12,8 @@ import re
 import pytest
 import yaml
 
-from labtools import k26ops, k26ops_json, lab_ssh, recipe_with_extra_patch
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
+from labtools.recipes import recipe_with_extra_patch
 
 HOSTS = ("lab1", "lab2", "lab3")
 SHORT = ["--input-len", "16", "--output-len", "16", "--num-prompts", "4"]

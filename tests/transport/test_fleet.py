@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from labtools import HOSTILE, k26ops, k26ops_json, lab_ssh
+from labtools.hostile import HOSTILE
+from labtools.invoke import k26ops, k26ops_json, lab_ssh
 
 
 def _inventory(

@@ -9,7 +9,8 @@ from __future__ import annotations
 import yaml
 
 from k26ops.host import preflight
-from labtools import k26ops_json, lab_ssh, private_lab
+from labtools.invoke import k26ops_json, lab_ssh
+from labtools.labs import private_lab
 
 ROOT = "/srv/k26-custom-root"
 

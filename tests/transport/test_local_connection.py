@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from k26ops import inventory
-from labtools import cli
+from labtools.invoke import cli
 
 LOCAL = "hosts:\n  here:\n    connection: local\n"
 

@@ -12,7 +12,7 @@ from k26ops import inventory
 from k26ops.orchestrate import rollout
 from k26ops.orchestrate.rollout import Size, canary_batches, parse_batches, parse_size
 from k26ops.transport.fleet import FleetOptions
-from labtools import cli
+from labtools.invoke import cli
 
 NAMES = [f"h{i}" for i in range(1, 11)]
 
