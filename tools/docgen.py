@@ -30,6 +30,7 @@ from k26ops.cli.pipe import EXIT_CLOSED_PIPE  # noqa: E402
 from k26ops.diagnose import signatures as S  # noqa: E402
 from k26ops.engine import profile_table  # noqa: E402
 from k26ops.inventory import variables  # noqa: E402
+from k26ops.release import launch_rules  # noqa: E402
 
 REF = ROOT / "docs" / "reference"
 
@@ -174,7 +175,7 @@ def profile_page() -> str:
         "The keys of an engine profile: a recipe's `engine_profile` (the *recipe* column), then the "
         "inventory's `engine_profile` over it. Each key with a flag becomes that engine flag, in this "
         "order; `extra_args` may not repeat any of them. Cross-field rules (DDTree needs page_size 1, "
-        "...) are the launch rules' (k26ops/release/launch_rules.py). A new engine flag is one row of "
+        "...) are in the table below. A new engine flag is one row of "
         "`KEYS` and its test (tests/engine/test_profile_table.py).\n",
         "| key | type | flag | default | minimum | given | recipe | what |",
         "|---|---|---|---|---|---|---|---|",
@@ -188,6 +189,20 @@ def profile_page() -> str:
             f"| `{k.name}` | {k.kind} | {f'`{k.flag}`' if k.flag else '-'} | {default} | "
             f"{k.minimum if k.minimum is not None else '-'} | {given} | {'yes' if k.recipe else 'no'} | {_cell(k.doc)} |"
         )
+    out += [
+        "\n## Cross-field rules\n",
+        "From `k26ops.release.launch_rules.RULES`, their one home. Each is judged on the whole engine "
+        "command line before any host changes, and those marked *recipe* also on a recipe's "
+        "`engine_profile` when the recipe names its speculative algorithm (the error then names the "
+        "recipe's file, line and key). A new rule is one `Rule` there and its test.\n",
+        "| rule | algorithms | flag | recipe | fix | read from |",
+        "|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| `{r.name}` | {', '.join(r.algorithms)} | `{r.flag}` | {'yes' if r.recipe else 'no'} | {_cell(r.fix)} | "
+        f"{_cell(r.where)} |"
+        for r in launch_rules.RULES
+    ]
     return "\n".join(out) + "\n"
 
 

@@ -624,6 +624,8 @@ CONFIG_RULE_MESSAGES = (
         + _
         + r"line",
     ),
+    # k26ops' own rule too (the engine defaults the budget)
+    ("budget-given", r"DDTREE" + _ + r"needs" + _ + r"a" + _ + r"tree" + _ + r"budget"),
 )
 # argparse's own refusal, as launch_server prints it before anything starts:
 # "launch_server.py: error: unrecognized arguments: --reasoning_parser kimi_k2" (sgl-project/sglang#12818).

@@ -6,16 +6,27 @@ start loading on every host, in a restart loop. These rules are the checks the
 engine makes in its argument hooks, read from the engine source at a named
 commit (`SOURCE`); each names where it comes from, so when the base moves the
 rule can be re-read. A violation is one line naming the flag and the fix.
+
+This module is the one home of the profile's cross-field rules. They are judged twice:
+on a recipe's `engine_profile` alone when the recipe is read (`profile_violations`: a
+recipe names its speculation completely, so the error can name the recipe's file, line
+and key), and on the whole rendered command line, inventory included, before any host
+changes (`violations`). A rule with `recipe=False` reads what only the inventory may give.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
+
+from k26ops.engine import profile_table
 
 # Where the rules were read: sglang PR #29907 (DDTree) at this commit.
 PR29907 = "93e9850e430035f8a363fd881a6a0c5436b95108"
 HOOK = f"python/sglang/srt/arg_groups/speculative_hook.py @ {PR29907[:12]} (sglang PR #29907)"
+# Rules that are k26ops' own, not the engine's: what k26ops must know before a restart.
+K26OPS = "k26ops: checked before any host, where the engine would decide only after the weights load"
 
 
 class LaunchRuleError(ValueError):
@@ -104,6 +115,7 @@ class Rule:
     where: str
     fix: str
     check: Callable[[dict], str | None]  # the problem, or None
+    recipe: bool = True  # judged on a recipe's engine_profile alone (False: reads what the inventory gives)
 
 
 def _block_size_given(flags):
@@ -147,6 +159,7 @@ RULES: tuple[Rule, ...] = (
             if f.get("--speculative-draft-model-path") not in (None, True, "")
             else "DFLASH/DDTREE speculative decoding needs a drafter path"
         ),
+        recipe=False,  # the recipe's drafter.path, or the inventory's draft_model_path
     ),
     Rule(
         "no-dp-attention",
@@ -210,14 +223,27 @@ RULES: tuple[Rule, ...] = (
     ),
     # _handle_ddtree infers a missing block size from the drafter's config after the
     # weights load, then refuses a full tree without triton: so k26ops needs it given.
+    # For DFLASH too: given, `k26ops check` compares it with the drafter's config.json.
     Rule(
         "block-size-given",
-        ("DDTREE",),
+        ("DFLASH", "DDTREE"),
         "--speculative-dflash-block-size",
-        f"{HOOK}:_handle_ddtree",
+        f"{HOOK}:_handle_ddtree; {K26OPS}",
         "set engine_profile speculative_dflash_block_size to the drafter's block size "
         "(its config.json dflash_config.block_size)",
         _block_size_given,
+    ),
+    # The engine's default budget (block size - 1) is a chain, not a tree; the budget also
+    # sets the verify graph's shape (budget + 1 tokens a request) and the full-tree rule below.
+    Rule(
+        "budget-given",
+        ("DDTREE",),
+        "--speculative-ddtree-budget",
+        K26OPS,
+        "set engine_profile speculative_ddtree_budget (DDTree's token budget)",
+        lambda f: (
+            None if _int(f, "--speculative-ddtree-budget") is not None else "DDTREE needs a tree budget, none given"
+        ),
     ),
     Rule(
         "full-tree-triton",
@@ -230,13 +256,30 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def violations(argv: list[str], engine=None) -> list[LaunchRuleError]:
+def violations(argv: list[str], engine=None, rules: tuple[Rule, ...] = RULES) -> list[LaunchRuleError]:
+    """The rules an engine command line breaks (with `engine`: read with its own flag table)."""
     flags = parse_flags(argv, engine)
     algo = str(flags.get("--speculative-algorithm") or "").upper()
     out = []
-    for rule in RULES:
+    for rule in rules:
         if algo in rule.algorithms:
             problem = rule.check(flags)
             if problem:
                 out.append(LaunchRuleError(rule, problem))
     return out
+
+
+def profile_violations(profile: Mapping) -> list[tuple[str, LaunchRuleError]]:
+    """The recipe-judged rules a recipe's engine_profile breaks, each with the profile key
+    to change: the flag's row in the profile table, else `extra_args` (where the flag was given).
+    A recipe that names no speculative algorithm leaves speculation to the inventory: judged
+    at deploy only. One that names it names the keys its rules read."""
+    if not profile.get("speculative_algorithm"):
+        return []
+    extra = profile.get("extra_args") or []
+    argv = profile_table.argv(profile) + [str(a) for a in extra]
+    keys = {k.flag: k.name for k in profile_table.KEYS if k.flag}
+    return [
+        (keys.get(bad.rule.flag, "extra_args"), bad)
+        for bad in violations(argv, rules=tuple(r for r in RULES if r.recipe))
+    ]

@@ -27,7 +27,7 @@ from k26ops import config, resources
 from k26ops.engine import profile_table
 from k26ops.errors import UserError
 from k26ops.inventory import path_problem
-from k26ops.release import inputs, patchset
+from k26ops.release import inputs, launch_rules, patchset
 
 RECIPES_DIR = resources.path("playbooks", "recipes")
 DEFAULT_RECIPE = "k26-tp8-ddtree"
@@ -439,25 +439,8 @@ def parse(text: str, path: Path | str = "<recipe>", check_series_base: bool = Tr
         v = profile.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
             raise c.err(("engine_profile", k), f"must be an integer >= {lo}, got {v!r}")
-    algo = profile.get("speculative_algorithm")
-    if isinstance(algo, str) and algo.upper() == "DDTREE":
-        if profile.get("speculative_ddtree_budget") is None:
-            raise c.err(("engine_profile",), "speculative_algorithm DDTREE needs speculative_ddtree_budget")
-        if profile.get("page_size", 1) != 1:
-            raise c.err(("engine_profile", "page_size"), "DDTREE needs page_size 1")
-    if (
-        isinstance(algo, str)
-        and algo.upper() in ("DFLASH", "DDTREE")
-        and profile.get("speculative_dflash_block_size") is None
-    ):
-        # Without it the engine reads the drafter's config.json after the weights load
-        # (_handle_dflash/_handle_ddtree), so DDTree's full-tree/triton rule could not be
-        # checked before a restart; given here, `k26ops check` compares it with the drafter.
-        raise c.err(
-            ("engine_profile",),
-            f"speculative_algorithm {algo.upper()} needs speculative_dflash_block_size "
-            "(the drafter's block size: its config.json dflash_config.block_size)",
-        )
+    for key, bad in launch_rules.profile_violations(profile):  # the cross-field rules' one home
+        raise c.err(("engine_profile", key), f"{bad.detail}; fix: {bad.rule.fix}")
     drafter = None
     if top.get("drafter") is not None:
         dr = c.mapping(top["drafter"], ("drafter",), {"path", "block_size", "repo", "revision"})

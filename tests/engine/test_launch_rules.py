@@ -3,6 +3,7 @@ _handle_ddtree) evaluated on the rendered command line, before any host changes.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -153,8 +154,46 @@ def test_dflash_and_ddtree_recipes_must_give_the_block_size(recipe):
     with pytest.raises(UserError) as ei:
         rc.parse(text.replace(line + "\n", ""), path)
     msg = str(ei.value)
-    assert msg.startswith(f"{path}:") and "engine_profile: speculative_algorithm" in msg
-    assert "needs speculative_dflash_block_size" in msg and "\n" not in msg
+    assert msg.startswith(f"{path}:") and "engine_profile.speculative_dflash_block_size: " in msg
+    assert "set engine_profile speculative_dflash_block_size" in msg and "\n" not in msg
     with pytest.raises(UserError) as ei:
         rc.parse(text.replace(line, line.replace(": 8", ": 16", 1)), path)
     assert "drafter.block_size: 8 differs from engine_profile speculative_dflash_block_size 16" in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "line, to, key, says",
+    [
+        ("speculative_ddtree_budget", "", "speculative_ddtree_budget", "DDTREE needs a tree budget"),
+        ("page_size", "  page_size: 16", "page_size", "DDTREE supports only page size 1, got 16"),
+        ("attention_backend", "  attention_backend: flashinfer", "attention_backend", "full tree"),
+        ("port", "  port: 30000\n  extra_args: [--enable-dp-attention]", "extra_args", "dp attention"),
+    ],
+)
+def test_a_recipe_is_judged_by_the_launch_rules_naming_its_file_line_and_key(line, to, key, says):
+    """The cross-field rules have one home, launch_rules: recipe.parse asks it about the
+    recipe's engine_profile and names the key to change (extra_args for a flag given there)."""
+    path = REPO / "playbooks/recipes/k26-tp8-ddtree.yml"
+    text, n = re.subn(rf"(?m)^  {line}:.*$\n?", to + "\n" if to else "", path.read_text(), count=1)
+    assert n == 1
+    with pytest.raises(UserError) as ei:
+        rc.parse(text, path)
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}:") and f"engine_profile.{key}: " in msg and says in msg and "\n" not in msg
+
+
+def test_a_recipe_that_names_no_algorithm_leaves_speculation_to_the_inventory():
+    """Judged at deploy, on the whole command line: the inventory's engine_profile may complete it."""
+    assert launch_rules.profile_violations({"tp_size": 8}) == []
+    assert [key for key, _bad in launch_rules.profile_violations({"speculative_algorithm": "DDTREE"})] == [
+        "page_size",
+        "speculative_dflash_block_size",
+        "speculative_ddtree_budget",
+    ]
+
+
+def test_recipe_parse_holds_no_cross_field_rule_of_its_own():
+    """Where does a rule like "DDTREE needs page size 1" go: launch_rules only (issue 48). The
+    recipe's parser names no algorithm, so a copied rule cannot creep back unseen."""
+    source = (REPO / "k26ops/release/recipe.py").read_text()
+    assert not re.search(r"\bDDTREE\b|\bDFLASH\b|speculative_algorithm", source), "rules go in launch_rules.RULES"
