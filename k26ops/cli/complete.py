@@ -12,8 +12,8 @@ import re
 
 from click.shell_completion import CompletionItem
 
-from k26ops import config, inventory
-from k26ops.cli.context import Settings
+from k26ops import config
+from k26ops.cli.context import Settings, load_inventory
 
 _LAST_TERM = re.compile(r"^(.*[,:])?([!&]?)([^,:]*)$", re.S)
 
@@ -24,7 +24,7 @@ def _inventory(ctx):
         params.update({k: v for k, v in c.params.items() if v is not None})
     path = params.get("inventory") or params.get("global_inventory")
     settings = Settings(inventory=path or config.load().get("inventory"), lab_dir=params.get("lab_dir"))
-    return inventory.load(settings.inventory_path())
+    return load_inventory(settings.inventory_path())
 
 
 def _chain(ctx) -> list:

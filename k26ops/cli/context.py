@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from k26ops import config, inventory
-from k26ops.engine import multinode
+from k26ops.engine import multinode, secret_policy
 from k26ops.errors import UserError
 from k26ops.inventory.targets import targets
 from k26ops.transport.fleet import FleetOptions
@@ -46,6 +46,14 @@ def default_lab_dir() -> Path:
     if remembered and remembered.is_absolute() and remembered.is_dir():
         return remembered
     return Path.home() / ".local/share/k26ops/lab"
+
+
+def load_inventory(path) -> inventory.Inventory:
+    """The CLI's one way to load an inventory: its secret policy (secret_vars,
+    secret_patterns) is put in force before anything is printed or sent."""
+    inv = inventory.load(path)
+    secret_policy.use(inv.secret_policy)
+    return inv
 
 
 @dataclass
@@ -126,10 +134,11 @@ class Settings:
             key = None  # inventory.load names the problem
         inv = self.loaded.get(key) if key else None
         if inv is None:
-            inv = inventory.load(path)
+            inv = load_inventory(path)
             if key:
                 self.loaded.clear()
                 self.loaded[key] = inv
+        secret_policy.use(inv.secret_policy)  # a cached one's too
         for w in getattr(inv, "warnings", []):
             if w not in self.said:
                 self.said.add(w)

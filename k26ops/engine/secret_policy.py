@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from k26ops.engine.systemd import env_quote, parse_env, systemd_quote
 from k26ops.errors import UserError
@@ -20,9 +21,42 @@ REDACTED = "<redacted>"
 # ---------------------------------------------------------------- secrets
 
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS")
-# Extra names the inventory marks secret (`secret_vars`, `secret_patterns`), set per run.
-EXTRA_SECRET_NAMES: set[str] = set()
-EXTRA_SECRET_PATTERNS: list[str] = []
+
+
+@dataclass(frozen=True)
+class SecretPolicy:
+    """The names an inventory marks secret beyond the built-in words (`secret_vars`) and its
+    glob patterns (`secret_patterns`): made by inventory.load, put in force by the command
+    that runs on that inventory (`use`)."""
+
+    names: frozenset[str] = frozenset()  # upper case, no leading dashes
+    patterns: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, names: Iterable = (), patterns: Iterable = ()) -> "SecretPolicy":
+        return cls(frozenset(str(n).upper().lstrip("-") for n in names), tuple(str(p) for p in patterns))
+
+    def marks(self, name: str) -> bool:
+        """`name` is one the inventory declared secret (by name or pattern)."""
+        bare = str(name).upper().lstrip("-")
+        return bare in self.names or any(fnmatch.fnmatchcase(bare, p.upper()) for p in self.patterns)
+
+
+# The policy in force for this process's one run. Process-wide on purpose: every
+# redaction (output, logs, baselines, the engine's argv) must see the inventory's names,
+# and about 25 call sites, many with no inventory at hand, would each have to remember
+# a parameter; one forgotten would print a secret. Only `use` changes it.
+_IN_FORCE = SecretPolicy()
+
+
+def use(policy: SecretPolicy) -> None:
+    """Put `policy` in force for this run (the CLI, once it has loaded the inventory)."""
+    global _IN_FORCE
+    _IN_FORCE = policy
+
+
+def in_force() -> SecretPolicy:
+    return _IN_FORCE
 
 
 def is_secret_key(name: str) -> bool:
@@ -31,9 +65,7 @@ def is_secret_key(name: str) -> bool:
     GCP_CREDENTIALS, K26OPS_SECRET_*; not --max-total-tokens (TOKENS counts
     things) nor --tokenizer-path. Plus the inventory's secret_vars / secret_patterns."""
     up = str(name).upper()
-    if up.lstrip("-") in EXTRA_SECRET_NAMES or any(
-        fnmatch.fnmatchcase(up.lstrip("-"), p.upper()) for p in EXTRA_SECRET_PATTERNS
-    ):
+    if _IN_FORCE.marks(up):
         return True
     words = [w for w in re.split(r"[^A-Z0-9]+", up) if w]
     if words and words[-1] in ("FILE", "PATH", "DIR", "FILENAME", "FILES"):
@@ -97,13 +129,6 @@ def mask_credentials(value: str) -> str:
     for cred in sorted(set(credentials_in(value)), key=len, reverse=True):
         value = value.replace(cred, REDACTED)
     return value
-
-
-def set_secret_policy(names=(), patterns=()) -> None:
-    """The inventory's own secret names and glob patterns (see is_secret_key)."""
-    EXTRA_SECRET_NAMES.clear()
-    EXTRA_SECRET_NAMES.update(str(n).upper().lstrip("-") for n in names)
-    EXTRA_SECRET_PATTERNS[:] = [str(p) for p in patterns]
 
 
 def secrets_of(env: Mapping) -> list[str]:

@@ -82,7 +82,7 @@ def _load(path: Path | str, ssh_config) -> Inventory:
     ssh = SSHConfig(default_path() if ssh_config is True else Path(ssh_config) if ssh_config else None)
     notes: dict = {}
     hosts = {name: _host(graph, name, shape, ssh, warnings, notes) for name in graph.hosts}
-    _secret_policy(hosts)
+    secrets = _secret_policy(hosts)
     groups = {g: graph.group_hosts(g) for g in graph.groups}
     children = {g: list(node.children) for g, node in graph.groups.items()}
     members = {g: list(node.hosts) for g, node in graph.groups.items()}
@@ -95,6 +95,7 @@ def _load(path: Path | str, ssh_config) -> Inventory:
         children=children,
         members=members,
         unknown_vars=unknown,
+        secret_policy=secrets,
     )
 
 
@@ -118,9 +119,10 @@ def _vars_dirs(graph: Graph, base: Path) -> None:
                     node.file_lines[var] = At(line_of(data, var) or 1, f)
 
 
-def _secret_policy(hosts: dict) -> None:
+def _secret_policy(hosts: dict) -> secret_policy.SecretPolicy:
     """The inventory's own secret names (`secret_vars`) and glob patterns
-    (`secret_patterns`), at any level: they hold for every output of this run."""
+    (`secret_patterns`), at any level: the command puts them in force for every output
+    of its run (secret_policy.use); loading changes nothing."""
     names, patterns = set(), set()
     for h in hosts.values():
         for var, into in zip(SECRETS, (names, patterns)):
@@ -130,7 +132,7 @@ def _secret_policy(hosts: dict) -> None:
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise UserError(f"host {show(h.name)}: {var} must be a list of names, got {show(v)}")
             into.update(v)
-    secret_policy.set_secret_policy(names, patterns)
+    return secret_policy.SecretPolicy.of(names, patterns)
 
 
 def _where(graph: Graph, o: Origin) -> str:

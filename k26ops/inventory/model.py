@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k26ops.engine.secret_policy import SecretPolicy
 from k26ops.errors import UserError
 
 
@@ -38,6 +39,7 @@ class Inventory:
     children: dict[str, list[str]] = field(default_factory=dict)
     members: dict[str, list[str]] = field(default_factory=dict)  # group -> its own hosts, in order
     unknown_vars: list[str] = field(default_factory=list)  # also in warnings (k26ops.inventory.variables)
+    secret_policy: SecretPolicy = SecretPolicy()  # its secret_vars / secret_patterns (see secret_policy.use)
 
     def check_strict(self, strict: bool) -> None:
         """--strict: a variable k26ops does not read is an error (exit 2), not a warning."""

@@ -55,7 +55,7 @@ def test_a_call_leaves_no_state_for_the_next(tmp_path):
         signal.getsignal(signal.SIGTERM),
         signal.getsignal(signal.SIGHUP),
     ) == before
-    assert not secret_policy.EXTRA_SECRET_NAMES and jsonout.CURRENT["command"] == ""
+    assert secret_policy.in_force() == secret_policy.SecretPolicy() and jsonout.CURRENT["command"] == ""
     # the next call does not see the first one's --json nor its inventory
     again = cli("inventory", "list")
     assert not again.stdout.startswith("{") and str(inv) not in again.stdout + again.stderr

@@ -237,3 +237,67 @@ def test_a_unit_template_without_the_marker_is_refused(tmp_path):
     (tmp_path / units.UNIT_TEMPLATE).write_text("[Service]\nExecStart={{ argv | systemd_exec }}\n")
     with pytest.raises(UserError, match="must start with the line '# Managed by k26ops"):
         units.render_unit({"argv": ["/bin/true"]}, templates_dir=tmp_path)
+
+
+def test_loading_an_inventory_puts_no_policy_in_force_the_command_does(tmp_path):
+    """inventory.load is pure (issue 48: no hidden channel): it returns the inventory's
+    secret_vars / secret_patterns as its SecretPolicy; the command puts them in force."""
+    import yaml
+
+    from k26ops import inventory
+    from k26ops.engine import secret_policy
+
+    inv = tmp_path / "inv.yml"
+    doc = {
+        "vars": {"secret_vars": ["my_passphrase"], "secret_patterns": ["*_SIGNATURE"]},
+        "hosts": {"h": {"address": "127.0.0.1"}},
+    }
+    inv.write_text(yaml.safe_dump(doc))
+    before = secret_policy.in_force()
+    loaded = inventory.load(inv, ssh_config=None)
+    assert secret_policy.in_force() == before and not secret_policy.is_secret_key("MY_PASSPHRASE")
+    assert loaded.secret_policy == secret_policy.SecretPolicy.of(["MY_PASSPHRASE"], ["*_SIGNATURE"])
+    try:
+        secret_policy.use(loaded.secret_policy)
+        assert secret_policy.is_secret_key("my_passphrase") and secret_policy.is_secret_key("CORP_SIGNATURE")
+        assert secret_policy.redact_vars({"MY_PASSPHRASE": "x"}) == {"MY_PASSPHRASE": secret_policy.REDACTED}
+    finally:
+        secret_policy.use(before)
+
+
+def test_a_command_puts_the_inventorys_secret_names_in_force(tmp_path):
+    """The CLI's one place that loads the inventory for a command puts its policy in force
+    before printing: a value named only by secret_vars never shows."""
+    import yaml
+
+    from labtools.invoke import cli
+
+    inv = tmp_path / "inv.yml"
+    doc = {"vars": {"secret_vars": ["MY_PASSPHRASE"], "MY_PASSPHRASE": "hunter2-x"}, "hosts": {"h": {}}}
+    doc["hosts"]["h"]["address"] = "127.0.0.1"
+    inv.write_text(yaml.safe_dump(doc))
+    for args in (("inventory", "show", "h"), ("--json", "inventory", "list")):
+        proc = cli("-i", str(inv), *args)
+        assert proc.returncode == 0, proc.stderr
+        assert "hunter2-x" not in proc.stdout + proc.stderr and "MY_PASSPHRASE" in proc.stdout, args
+
+
+def test_only_the_clis_load_inventory_loads_an_inventory():
+    """Every command's inventory goes through cli.context.load_inventory, which puts its
+    secret policy in force; a second loader would print the secret_vars it did not apply."""
+    import ast
+
+    from labtools import REPO
+    from labtools.source import parsed
+
+    found = []
+    for path in sorted((REPO / "k26ops").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("k26ops/inventory/") or rel == "k26ops/cli/context.py":
+            continue
+        for node in ast.walk(parsed(path)):
+            if isinstance(node, ast.ImportFrom) and node.module == "k26ops.inventory":
+                found += [f"{rel}:{node.lineno}" for a in node.names if a.name == "load"]
+            if isinstance(node, ast.Attribute) and node.attr == "load" and getattr(node.value, "id", "") == "inventory":
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, "load it with k26ops.cli.context.load_inventory: " + ", ".join(found)

@@ -109,7 +109,7 @@ def _forget_run_state() -> None:
     from k26ops.steps import release
 
     interrupt.requested.clear()
-    secret_policy.set_secret_policy()
+    secret_policy.use(secret_policy.SecretPolicy())
     jsonout.CURRENT["command"] = ""
     release._PREP.clear()
     release._FLAGS.clear()

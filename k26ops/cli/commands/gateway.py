@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from k26ops import inventory
 from k26ops.cli import jsonout
 from k26ops.cli.batchopts import batch_option, max_fail_option
 from k26ops.cli.changes import render_changes
+from k26ops.cli.context import load_inventory
 from k26ops.cli.report import run_and_report
 from k26ops.cli.rollout import run_rollout
 from k26ops.errors import UserError
@@ -42,7 +42,7 @@ class GatewaySettings:
 
     def selected_hosts(self):
         s = self._s
-        inv = self.inventory_obj = inventory.load(s.inventory_path())
+        inv = self.inventory_obj = load_inventory(s.inventory_path())
         for w in getattr(inv, "warnings", []):
             if w not in s.said:
                 s.said.add(w)

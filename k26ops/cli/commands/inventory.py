@@ -15,10 +15,10 @@ from rich.text import Text
 
 from k26ops.cli import jsonout, tables
 from k26ops.cli.complete import host_patterns
-from k26ops.cli.context import Settings
+from k26ops.cli.context import Settings, load_inventory
 from k26ops.engine import secret_policy
 from k26ops.host.preflight import recipe_lock
-from k26ops.inventory import Host, Inventory, Vault, load, variables
+from k26ops.inventory import Host, Inventory, Vault, variables
 from k26ops.inventory.native import FIELDS  # a host's connection fields, as the inventory reads them
 from k26ops.inventory.yamlsrc import oneline
 
@@ -59,7 +59,7 @@ def host_json(host: Host, origins: bool = False) -> dict:
 def _load(settings: Settings, inventory: str | None) -> Inventory:
     if inventory:
         settings.inventory = inventory
-    inv = load(settings.inventory_path())
+    inv = load_inventory(settings.inventory_path())
     for warning in inv.warnings:
         click.echo(oneline(f"k26ops: warning: {warning}"), err=True)
     inv.check_strict(settings.strict)
