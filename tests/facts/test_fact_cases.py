@@ -88,7 +88,7 @@ ELSEWHERE = {
     "h200x2-gather-input.json": "the command list the recorded gather was given; its output is the next one",
     "h200x2-gather-output.json": "every fact in one gather: test_facts_parsers, parse_results",
     "h200x2-python3-sysversion.txt": "sys.version, no fact's output: test_facts_parsers compares it with --version",
-    "h200x2-smi-version.txt": "nvidia-smi --version, no fact runs it: the lab's nvidia-smi copies it, test_lab_nvidia_smi",
+    "h200x2-smi-version.txt": "nvidia-smi --version, no fact runs it: test_lab_nvidia_smi (the lab's copy of it)",
     "h200x2-smi-help-query-gpu.txt": "nvidia-smi's list of query fields, where the gpus fact's fields come from",
 }
 
