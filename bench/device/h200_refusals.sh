@@ -4,6 +4,11 @@
 # differs from --speculative-dflash-block-size, a model path or drafter path that does
 # not exist. Each start's log goes to $OUT/<case>.log with its exit (or ready) state,
 # so the classifier and the preflight rules are tested on what the engine really says.
+# CASES=oom: instead, the engine running out of GPU memory while it initialises its
+# attention backend (issue 46: no public log of that phase had the whole traceback): a
+# plain tiny Qwen3, the flashinfer backend, and --mem-fraction-static so high that the KV
+# pool leaves less than the backend's workspace (512 MiB for Qwen3) free; two fractions,
+# in case one leaves room enough (the log names the phase either way).
 # Carry what bench/device/h200_serve.sh carries.
 set -uo pipefail
 OUT=${OUT:-/tmp/k26out}; mkdir -p "$OUT"
@@ -40,7 +45,20 @@ case_run() {  # $1 name, $2 seconds to wait, rest: args
   kill -KILL -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null
   el "$name: $state"
 }
-case_run model-path-missing 120 $(base /models/no-such-model /models/tiny-dflash 8)
-case_run drafter-path-missing 200 $(base /models/tiny-qwen3 /models/no-such-drafter 8)
-case_run drafter-block-size-4-vs-8 300 $(base /models/tiny-qwen3 /models/tiny-dflash 4)
+plain_flashinfer() {  # $1 --mem-fraction-static
+  echo --model-path /models/tiny-qwen3 --load-format dummy --attention-backend flashinfer \
+       --sampling-backend pytorch --grammar-backend none --tp-size 1 --trust-remote-code --host 127.0.0.1 \
+       --port 30000 --context-length 2048 --max-running-requests 4 --cuda-graph-max-bs-decode 4 \
+       --mem-fraction-static "$1"
+}
+if [ "${CASES:-refusals}" = oom ]; then
+  for frac in 0.996 0.999; do
+    case_run "attn-init-oom-$frac" 240 $(plain_flashinfer "$frac")
+    grep -n -i -E 'memory pool end|out of memory|init_attention|flashinfer_backend|Capture' "$OUT/attn-init-oom-$frac.log" | head -12
+  done
+else
+  case_run model-path-missing 120 $(base /models/no-such-model /models/tiny-dflash 8)
+  case_run drafter-path-missing 200 $(base /models/tiny-qwen3 /models/no-such-drafter 8)
+  case_run drafter-block-size-4-vs-8 300 $(base /models/tiny-qwen3 /models/tiny-dflash 4)
+fi
 el done
