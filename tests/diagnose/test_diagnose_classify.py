@@ -739,6 +739,20 @@ def test_vllm_engine_dead_error_after_a_requested_stop_is_no_error():
     assert classify(dead).error_found
 
 
+@pytest.mark.parametrize(
+    "name", ["vllm_enginedead_after_requested_stop.log", "vllm_enginedead_after_external_sigterm.log"]
+)
+def test_real_engine_dead_error_is_quiet_because_of_the_stop_marker(name):
+    """The two real logs (vllm#48745: systemctl stop; vllm#50067: a SIGTERM from outside) are quiet
+    because of vLLM's '[shutdown] ...' line, not because EngineDeadError goes unread: without that line
+    the same EngineDeadError is an error, also where the paste shortened it to '... EngineDeadError: ...'."""
+    text = (LOGS / name).read_text()
+    assert not classify(text).error_found
+    bare = "".join(line for line in text.splitlines(keepends=True) if "[shutdown]" not in line)
+    d = classify(bare)
+    assert d.error_found and d.signature == "unclassified" and "EngineDeadError: EngineCore" in d.evidence
+
+
 def test_a_kill_that_echoes_a_requested_stop_is_not_a_kill():
     text = (
         "[2026-05-20 08:02:44] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...\n"
