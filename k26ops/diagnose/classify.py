@@ -63,6 +63,7 @@ class _Log:
                 stopping = False
             elif stopping and chains.STOP_ECHO.search(line.text):
                 self.stop_echo.add(k)
+        self.stop_echo.update(_script_end_echoes(self.lines))
         for k in [k for k in self.stop_echo if chains.is_exception(self.lines[k].text)]:
             start = chains.block_start(self.lines, k)  # the traceback that ends in an echo is one too
             self.stop_echo.update(range(start if start is not None else k, k + 1))
@@ -95,6 +96,21 @@ class _Log:
     def span_text(self, m: re.Match) -> tuple[int, str]:
         first, last = self.index(m.start()), self.index(max(m.start(), m.end() - 1))
         return first, " ".join(self.lines[k].text for k in range(first, last + 1))
+
+
+def _script_end_echoes(lines: list[Line]) -> list[int]:
+    """vLLM's offline client saying its engine 'died unexpectedly' after the log's last progress bar
+    showed every prompt processed: the script's end, not a crash (vllm-project/vllm-ascend#5699,
+    vllm#32468). Before the last prompt finished it stays an error; an error of its own stays one."""
+    bars = [
+        (k, found[-1]) for k, line in enumerate(lines) if (found := list(chains.OFFLINE_PROGRESS.finditer(line.text)))
+    ]
+    if not bars:
+        return []
+    last, m = bars[-1]  # a pasted tqdm line may hold several states: its last is where the bar stopped
+    if m.group("what") != "Processed prompts" or m.group("n") != m.group("total") or m.group("n") == "0":
+        return []
+    return [k for k in range(last + 1, len(lines)) if chains.ENGINE_GONE.search(lines[k].text)]
 
 
 def _graph_context(log: _Log, i: int, sig: S.Signature) -> bool:

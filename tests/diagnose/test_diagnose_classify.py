@@ -753,6 +753,29 @@ def test_real_engine_dead_error_is_quiet_because_of_the_stop_marker(name):
     assert d.error_found and d.signature == "unclassified" and "EngineDeadError: EngineCore" in d.evidence
 
 
+def test_engine_died_unexpectedly_after_the_last_prompt_is_the_scripts_end():
+    """vLLM's offline client says its engine 'died unexpectedly' at a script's normal end
+    (vllm-project/vllm-ascend#5699, vllm#32468): after every prompt was processed it is the exit's
+    echo. The variants below are CONSTRUCTED from that real log: before the last prompt finished, with
+    an error of its own before it, or alone (vllm#32468's one line: nothing says the run finished) it
+    stays an error."""
+    text = (LOGS / "vllm_offline_script_end_engine_died_unexpectedly.log").read_text()
+    assert not classify(text).error_found
+    lines = text.splitlines(keepends=True)
+    died = lines[-1]
+    assert "died unexpectedly" in died
+    mid_run = "".join(line for line in lines if "Processed prompts: 100%" not in line)
+    d = classify(mid_run)
+    assert d.error_found and "died unexpectedly" in d.evidence
+    d = classify("".join(lines[:-1]) + "RuntimeError: Worker failed with error 'boom'\n" + died)
+    assert d.error_found and d.evidence.startswith("RuntimeError")
+    assert classify(died).error_found
+    assert classify(
+        "ERROR 01-16 17:16:49 [core_client.py:605] Engine core proc EngineCore_DP0 died unexpectedly, "
+        "shutting down client.\n"
+    ).error_found
+
+
 def test_a_kill_that_echoes_a_requested_stop_is_not_a_kill():
     text = (
         "[2026-05-20 08:02:44] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...\n"
