@@ -105,6 +105,12 @@ STOP_ECHO = re.compile(
     r"Main process exited, code=exited, status=\d+|Failed with result 'exit-code'",
     re.IGNORECASE,
 )
+# vLLM's offline LLM: its progress bars ("Adding requests: 100%|...| 4/4", "Processed prompts: 100%|...| 4/4");
+# the client finding its engine process gone, after a crash and at a script's normal end alike (vllm#32468)
+OFFLINE_PROGRESS = re.compile(
+    r"(?P<what>Adding requests|Processed prompts):\s*\d+%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)"
+)
+ENGINE_GONE = re.compile(r"Engine core proc \S+ died unexpectedly, shutting down client")
 # Python's report of an exception it ignored (in a __del__, a weakref callback, atexit), then its traceback.
 IGNORED = re.compile(r"^Exception ignored (?:in|on|while)\b")
 # Lines that say the process died or is going down.

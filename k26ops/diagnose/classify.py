@@ -63,6 +63,7 @@ class _Log:
                 stopping = False
             elif stopping and chains.STOP_ECHO.search(line.text):
                 self.stop_echo.add(k)
+        self.stop_echo.update(_script_end_echoes(self.lines))
         for k in [k for k in self.stop_echo if chains.is_exception(self.lines[k].text)]:
             start = chains.block_start(self.lines, k)  # the traceback that ends in an echo is one too
             self.stop_echo.update(range(start if start is not None else k, k + 1))
@@ -95,6 +96,21 @@ class _Log:
     def span_text(self, m: re.Match) -> tuple[int, str]:
         first, last = self.index(m.start()), self.index(max(m.start(), m.end() - 1))
         return first, " ".join(self.lines[k].text for k in range(first, last + 1))
+
+
+def _script_end_echoes(lines: list[Line]) -> list[int]:
+    """vLLM's offline client saying its engine 'died unexpectedly' after the log's last progress bar
+    showed every prompt processed: the script's end, not a crash (vllm-project/vllm-ascend#5699,
+    vllm#32468). Before the last prompt finished it stays an error; an error of its own stays one."""
+    bars = [
+        (k, found[-1]) for k, line in enumerate(lines) if (found := list(chains.OFFLINE_PROGRESS.finditer(line.text)))
+    ]
+    if not bars:
+        return []
+    last, m = bars[-1]  # a pasted tqdm line may hold several states: its last is where the bar stopped
+    if m.group("what") != "Processed prompts" or m.group("n") != m.group("total") or m.group("n") == "0":
+        return []
+    return [k for k in range(last + 1, len(lines)) if chains.ENGINE_GONE.search(lines[k].text)]
 
 
 def _graph_context(log: _Log, i: int, sig: S.Signature) -> bool:
@@ -324,13 +340,14 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
     if pick is None:
         return None
     gpus = sorted({e.gpu for e in (hardware or [pick]) if e.gpu is not None})
+    action = X.worst_action(hardware) if hardware else pick.action  # the named fault's, or a worse one's beside it
     detail = {
         "xid": pick.xid,
         "pci": pick.pci,
         "gpu": pick.gpu,
         "uuid": pick.uuid,
         "source": pick.source,
-        "action": pick.action,
+        "action": action,
         "meaning": pick.meaning,
         "events": len(events),
     }
@@ -338,23 +355,18 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
         detail["caused_by"] = pick.caused_by
     if len(gpus) > 1:
         detail["gpus"] = gpus
+    if also := _also(pick, hardware):
+        detail["also"] = also
     engine_error = (
-        soft.error_found and soft.signature and "NVRM" not in soft.evidence and soft.signature != S.GPU_ERROR_TEXT.id
+        soft.error_found
+        and soft.signature
+        and not X.reports_gpu(soft.evidence)  # a kernel or nvidia-smi fault line is none of the engine's
+        and soft.signature != S.GPU_ERROR_TEXT.id
     )
     if engine_error:
         detail["symptom"] = soft.signature
         detail["symptom_evidence"] = soft.evidence[:300]
-    where = (
-        f"GPU {pick.gpu} ({pick.pci})"
-        if pick.gpu is not None
-        else f"the GPU at PCI {pick.pci}"
-        if pick.pci
-        else f"the driver's {pick.name}"
-        if pick.name
-        else "a GPU"
-    )
-    if pick.source == "sxid":
-        where = f"NVSwitch {pick.name} (PCI {pick.pci})"
+    where = _where(pick) + (f" link {pick.link}" if pick.link is not None else "")
     said = f"The engine's own error ({soft.signature}: {soft.evidence[:120]})" if engine_error else ""
     symptom = (
         (
@@ -377,7 +389,12 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
             phase=soft.phase,
             algorithm=soft.algorithm,
             suggestion=S.GPU_FAULT_SUGGESTION.format(
-                where=where, xid=pick.label, meaning=pick.meaning, symptom=symptom, action=X.ACTION_TEXT[pick.action]
+                where=where,
+                xid=pick.label,
+                meaning=pick.meaning,
+                also=f"Also: {also}. " if also else "",
+                symptom=symptom,
+                action=X.ACTION_TEXT[action],
             ),
         )
     if soft.error_found and soft.signature != S.UNCLASSIFIED:
@@ -393,6 +410,38 @@ def _gpu_fault(text: str, soft: Diagnosis, bus_ids: dict | None) -> Diagnosis | 
         algorithm=soft.algorithm,
         suggestion=S.GPU_APP_SUGGESTION.format(where=where, xid=pick.label, meaning=pick.meaning, symptom=symptom),
     )
+
+
+def _where(e: X.XidEvent) -> str:
+    """The device an event names: a GPU by index or PCI id, the driver's GPUn, or an NVSwitch."""
+    if e.source == "sxid":
+        return f"NVSwitch {e.name} (PCI {e.pci})"
+    if e.gpu is not None:
+        return f"GPU {e.gpu} ({e.pci})"
+    return f"the GPU at PCI {e.pci}" if e.pci else f"the driver's {e.name}" if e.name else "a GPU"
+
+
+MAX_ALSO = 8
+
+
+def _also(pick: X.XidEvent, hardware: list[X.XidEvent]) -> str:
+    """The other hardware faults beside the named one, so that none goes unsaid (gpud's README capture:
+    Xid 79, then fatal SXid 20034 on five NVSwitch links): one entry per kind and device, its links
+    listed; repeats of the named one's kind on its device left out."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for e in hardware:
+        if e.label == pick.label and _where(e) == _where(pick) and e.link == pick.link:
+            continue  # the named fault, or its repeats
+        name = f" {X.SXID_TABLE[e.xid][0]}" if e.source == "sxid" and e.xid in X.SXID_TABLE else ""
+        links = groups.setdefault((f"{e.label}{name}", _where(e)), [])
+        if e.link is not None and e.link not in links:
+            links.append(e.link)
+    entries = [
+        f"{what} on {where}" + (f" link{'s' if len(links) > 1 else ''} {', '.join(map(str, links))}" if links else "")
+        for (what, where), links in groups.items()
+    ]
+    more = f"; and {len(entries) - MAX_ALSO} more" if len(entries) > MAX_ALSO else ""
+    return "; ".join(entries[:MAX_ALSO]) + more
 
 
 def classify(text: str, base: str | None = None, bus_ids: dict | None = None) -> Diagnosis:

@@ -53,6 +53,9 @@ _PLAIN_PREFIXES = [
     re.compile(r"^\|\s*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*\|\s*[\w.\-]+\s*\|\s?"),
     # plain logging timestamps: "2026-05-20 08:02:44,123 " / "INFO 05-20 08:02:44 "
     re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:-\s+)?"),
+    # a paste's own elision before the text it kept: "... EngineDeadError: EngineCore encountered an
+    # issue." (vllm-project/vllm#50067); unread, the exception line under it was no error at all
+    re.compile(r"^(?:\.\.\.|…)\s+(?=\S)"),
 ]
 # SGLang "[2026-05-20 08:02:44 TP7] " or "[2026-05-20 08:02:44 DP2 TP2 EP2] "
 _SGLANG = re.compile(

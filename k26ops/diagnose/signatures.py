@@ -1108,7 +1108,7 @@ GPU_APP_FAULT = "gpu-xid-app-fault"
 GPU_HARDWARE_TITLE = "the GPU failed under the engine (kernel NVRM Xid, GSP, NVSwitch SXid or nvidia-smi)"
 GPU_APP_TITLE = "the GPU reported a fault of the program running on it (kernel NVRM Xid)"
 GPU_FAULT_SUGGESTION = (
-    "{where}: {xid}, {meaning}. Action: {action}. {symptom}"
+    "{where}: {xid}, {meaning}. {also}Action: {action}. {symptom}"
     "NVIDIA's Xid catalogue: " + "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 )
 GPU_APP_SUGGESTION = (

@@ -92,6 +92,7 @@ class XidEvent:
     # "nvidia-smi" (a GPU nvidia-smi cannot open; `xid` None)
     source: str = "xid"
     label: str = ""  # how to name it: "Xid 79", "SXid 12028 (fatal)", "GSP", "nvidia-smi"
+    link: int | None = None  # an NVSwitch SXid's link: its "Link 48" or its Severity line's "Engine instance 48"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -130,6 +131,9 @@ SXID_LINE = re.compile(
     r"(?P<sxid>\d+), (?P<rest>.*?)\s*$"
 )
 SXID_SEVERITY = re.compile(r"^(?P<sev>Non-fatal|Fatal)\b,?\s*(?P<what>.*)$", re.IGNORECASE)
+# the link an SXid line names: "Fatal, Link 48 LTSSM Fault Up"; its Severity line's "Engine instance 48" (the
+# driver logs a link's error with the link as the instance: NVSWITCH_REPORT_FATAL/NONFATAL)
+SXID_LINK = re.compile(r"^(?:(?:Non-fatal|Fatal),\s*Link|Severity \d+ Engine instance)\s+(?P<link>\d+)\b", re.I)
 # The GSP firmware's faults, in the driver's own words (open-gpu-kernel-modules #446, #1080, #1200)
 GSP_FAULTS = (
     (
@@ -238,20 +242,27 @@ def _other_event(raw: str, i: int, events: list[XidEvent]) -> XidEvent | None:
     if "SXid" in raw and (m := SXID_LINE.search(raw)):
         pci, sxid, rest = norm_pci(m.group("pci")), int(m.group("sxid")), m.group("rest")
         sev = SXID_SEVERITY.match(rest)
+        link = int(n.group("link")) if (n := SXID_LINK.match(rest)) else None
+        # the same SXid of that switch and link (a Data line names no link: the latest of that SXid)
         prev = next(
             (
                 e
-                for e in reversed(events[-6:])
-                if e.source == "sxid" and e.pci == pci and e.xid == sxid and i - e.line <= 6
+                for e in reversed(events[-12:])
+                if e.source == "sxid"
+                and e.pci == pci
+                and e.xid == sxid
+                and i - e.line <= 6
+                and (link is None or e.link is None or e.link == link)
             ),
             None,
         )
-        # the same SXid of that switch: a Data/Severity line folds in, and so does the severity-word line
-        # of an event whose first line had none (a second severity-word line is another link's error)
+        # a Data/Severity line folds in, and so does the severity-word line of an event whose first line
+        # had none (a second severity-word line is another error); the severity-word line is the evidence
         if prev is not None and (not sev or not SXID_SEVERITY.match(prev.message)):
+            prev.link = prev.link if prev.link is not None else link
             if sev:
                 _sxid_severity(prev, sev)
-                prev.message = rest
+                prev.message, prev.line, prev.text = rest, i, raw[raw.index(m.group("switch")) :].strip()
             return None
         e = XidEvent(
             xid=sxid,
@@ -265,6 +276,7 @@ def _other_event(raw: str, i: int, events: list[XidEvent]) -> XidEvent | None:
             meaning=f"NVSwitch SXid {sxid}: severity not in these lines nor in NVIDIA's SXid tables",
             kind="unknown",
             label=f"SXid {sxid}",
+            link=link,
         )
         if sxid in SXID_TABLE:  # a Data/Severity line alone: NVIDIA's table gives the severity
             name, severity, e.kind, e.action = SXID_TABLE[sxid]
@@ -301,6 +313,12 @@ def _sxid_severity(e: XidEvent, sev: re.Match) -> None:
     e.meaning = f"NVSwitch SXid {e.xid}{name}, {'fatal' if fatal else 'non-fatal'}: {sev.group('what')}" + (
         FATAL_SXID_NOTE if fatal else ""
     )
+
+
+def reports_gpu(line: str) -> bool:
+    """Whether a line is one of the GPU's own reports this parser reads (an NVRM line, an NVSwitch SXid,
+    nvidia-smi failing to open a GPU): a fault's evidence, never an engine's error that it caused."""
+    return "NVRM" in line or bool(SXID_LINE.search(line)) or bool(SMI_HANDLE.search(line))
 
 
 def label(event: dict) -> str:

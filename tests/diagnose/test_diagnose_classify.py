@@ -739,6 +739,73 @@ def test_vllm_engine_dead_error_after_a_requested_stop_is_no_error():
     assert classify(dead).error_found
 
 
+@pytest.mark.parametrize(
+    "name", ["vllm_enginedead_after_requested_stop.log", "vllm_enginedead_after_external_sigterm.log"]
+)
+def test_real_engine_dead_error_is_quiet_because_of_the_stop_marker(name):
+    """The two real logs (vllm#48745: systemctl stop; vllm#50067: a SIGTERM from outside) are quiet
+    because of vLLM's '[shutdown] ...' line, not because EngineDeadError goes unread: without that line
+    the same EngineDeadError is an error, also where the paste shortened it to '... EngineDeadError: ...'."""
+    text = (LOGS / name).read_text()
+    assert not classify(text).error_found
+    bare = "".join(line for line in text.splitlines(keepends=True) if "[shutdown]" not in line)
+    d = classify(bare)
+    assert d.error_found and d.signature == "unclassified" and "EngineDeadError: EngineCore" in d.evidence
+
+
+def test_a_fatal_nvswitch_sxid_beside_a_gpus_xid_is_named_too():
+    """gpud's README capture: Xid 79 (the evidence), then fatal SXid 20034 on five links of three NVSwitches.
+    The SXids are named beside it (switch, PCI id, links, NVIDIA's name), once per link, and an SXid line is
+    no 'engine error' that the GPU fault caused."""
+    d = classify_file(LOGS / "kernel_xid79_sxid20034_fatal.log")
+    assert (d.signature, d.detail["xid"], d.detail["action"], d.line) == ("gpu-hardware-fault", 79, "reboot", 3)
+    assert d.detail["also"] == (
+        "SXid 20034 (fatal) LTSSM Fault Up on NVSwitch nvidia-nvswitch1 (PCI 0000:06:00) link 48; "
+        "SXid 20034 (fatal) LTSSM Fault Up on NVSwitch nvidia-nvswitch0 (PCI 0000:05:00) links 63, 62; "
+        "SXid 20034 (fatal) LTSSM Fault Up on NVSwitch nvidia-nvswitch2 (PCI 0000:07:00) links 60, 37"
+    )
+    assert "symptom" not in d.detail and "engine's own error" not in d.suggestion
+    assert "Also: SXid 20034 (fatal) LTSSM Fault Up" in d.suggestion
+    # the user's Talos journal: the fatal SXid 24007 (by its Severity line) first, the GPU's Xid 62 beside it
+    d = classify_file(LOGS / "kernel_sxid24007_xid62_talos_journal.log")
+    assert (d.detail["xid"], d.detail["source"], d.detail["action"]) == (24007, "sxid", "reboot")
+    assert d.detail["also"] == "Xid 62 on the GPU at PCI 0000:48:00"
+    assert d.suggestion.startswith("NVSwitch nvidia-nvswitch1 (PCI 0000:aa:00) link 12: SXid 24007 (fatal)")
+    # the action is the worst of the faults named: the same lines, the GPU's Xid 62 moved first (reordered)
+    lines = (LOGS / "kernel_sxid24007_xid62_talos_journal.log").read_text().splitlines(keepends=True)
+    d = classify("".join([lines[4]] + lines[:4] + lines[5:]))
+    assert (d.detail["xid"], d.detail["action"]) == (62, "reboot") and "SXid 24007 (fatal)" in d.detail["also"]
+    assert "Action: drain the host and reboot it" in d.suggestion
+    # non-fatal SXids are no fault, beside a fault or alone
+    quiet = (LOGS / "kernel_sxid_nvswitch_nonfatal_boot.log").read_text()
+    assert not classify(quiet).error_found
+    d = classify(quiet + (LOGS / "kernel_xid79_fallen_off_bus_journal.log").read_text())
+    assert d.detail["xid"] == 79 and "also" not in d.detail
+
+
+def test_engine_died_unexpectedly_after_the_last_prompt_is_the_scripts_end():
+    """vLLM's offline client says its engine 'died unexpectedly' at a script's normal end
+    (vllm-project/vllm-ascend#5699, vllm#32468): after every prompt was processed it is the exit's
+    echo. The variants below are CONSTRUCTED from that real log: before the last prompt finished, with
+    an error of its own before it, or alone (vllm#32468's one line: nothing says the run finished) it
+    stays an error."""
+    text = (LOGS / "vllm_offline_script_end_engine_died_unexpectedly.log").read_text()
+    assert not classify(text).error_found
+    lines = text.splitlines(keepends=True)
+    died = lines[-1]
+    assert "died unexpectedly" in died
+    mid_run = "".join(line for line in lines if "Processed prompts: 100%" not in line)
+    d = classify(mid_run)
+    assert d.error_found and "died unexpectedly" in d.evidence
+    d = classify("".join(lines[:-1]) + "RuntimeError: Worker failed with error 'boom'\n" + died)
+    assert d.error_found and d.evidence.startswith("RuntimeError")
+    assert classify(died).error_found
+    assert classify(
+        "ERROR 01-16 17:16:49 [core_client.py:605] Engine core proc EngineCore_DP0 died unexpectedly, "
+        "shutting down client.\n"
+    ).error_found
+
+
 def test_a_kill_that_echoes_a_requested_stop_is_not_a_kill():
     text = (
         "[2026-05-20 08:02:44] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...\n"

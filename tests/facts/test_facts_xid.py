@@ -91,6 +91,45 @@ def test_nvswitch_sxid_seen_only_by_its_data_line_takes_nvidias_severity():
     assert "LTSSM Fault Up" in f.meaning
 
 
+def test_nvswitch_sxid_one_event_per_link_with_that_links_line_as_evidence():
+    """gpud's README capture: SXid 20034 on five links of three NVSwitches, their Severity and Data lines
+    interleaved. The driver logs a link's error with the link as its instance (NVSWITCH_REPORT_FATAL), so a
+    'Severity 1 Engine instance 37' line folds into Link 37's event, and nvidia-nvswitch2's link 60, seen
+    only by its Severity line, is an event of its own, not a part of link 37's: no line counted twice."""
+    text = log("kernel_xid79_sxid20034_fatal.log")
+    sx = [e for e in X.parse_kernel_text(text) if e.source == "sxid"]
+    assert [(e.name, e.pci, e.link) for e in sx] == [
+        ("nvidia-nvswitch1", "0000:06:00", 48),
+        ("nvidia-nvswitch0", "0000:05:00", 63),
+        ("nvidia-nvswitch2", "0000:07:00", 60),
+        ("nvidia-nvswitch2", "0000:07:00", 37),
+        ("nvidia-nvswitch0", "0000:05:00", 62),
+    ]
+    lines = text.splitlines()
+    for e in sx:
+        assert e.text in lines[e.line] and (f"Link {e.link} " in e.text or f"instance {e.link} " in e.text)
+        assert (e.label, e.kind, e.action) == ("SXid 20034 (fatal)", "hardware", "reboot")
+        assert "LTSSM Fault Up" in e.meaning
+    assert [e.line for e in sx if "Fatal, Link" in e.text] == [i for i, ln in enumerate(lines) if "Fatal, Link" in ln]
+    # nvtrust#124: the Data line comes first; the line naming the severity and link is the evidence
+    (q,) = X.parse_kernel_text(log("kernel_sxid_nvswitch_nonfatal_boot.log"))
+    assert (q.link, q.line) == (44, 1) and q.text.endswith("22013, Non-fatal, Link 44 Minion Link DLREQ interrupt")
+
+
+def test_a_fatal_sxid_seen_by_its_severity_line_beside_a_gpus_xid62():
+    """A user's Talos journal (open-gpu-kernel-modules#1118, 8x A100 under vLLM): SXid 24007 by its Severity
+    and Data lines (one event, link 12; fatal in NVIDIA's tables), then Xid 62 and Xid 45 of the GPU."""
+    events = X.parse_kernel_text(log("kernel_sxid24007_xid62_talos_journal.log"))
+    assert [(e.label, e.pci, e.link, e.kind) for e in events] == [
+        ("SXid 24007 (fatal)", "0000:aa:00", 12, "hardware"),
+        ("Xid 62", "0000:48:00", None, "hardware"),
+        ("Xid 45", "0000:48:00", None, "echo"),
+        ("Xid 45", "0000:48:00", None, "echo"),
+    ]
+    assert events[0].action == "reboot" and "sourcetrack timeout error" in events[0].meaning
+    assert events[1].uuid == "GPU-5fc0bcec-c2e1-38dc-8994-2a9f9f3b709e" and events[2].name == "VLLM::Worker"
+
+
 def test_gsp_firmware_faults_are_hardware_with_a_reset():
     (e,) = X.parse_kernel_text(log("gsp_heartbeat_timeout_journal.log"))  # two lines, one fault
     assert (e.source, e.xid, e.kind, e.action, e.pci, e.name) == ("gsp", 119, "hardware", "reset-gpu", None, "GPU0")
