@@ -56,6 +56,10 @@ if [ "${CASES:-refusals}" = oom ]; then
     case_run "attn-init-oom-$frac" 240 $(plain_flashinfer "$frac")
     grep -n -i -E 'memory pool end|out of memory|init_attention|flashinfer_backend|Capture' "$OUT/attn-init-oom-$frac.log" | head -12
   done
+  # the same with the recipe's DFLASH drafter (its worker has an attention backend of its own); argparse's last wins
+  case_run attn-init-oom-dflash-0.999 240 $(base /models/tiny-qwen3 /models/tiny-dflash 8) \
+    --attention-backend flashinfer --mem-fraction-static 0.999
+  grep -n -i -E 'memory pool end|out of memory|init_attention|flashinfer_backend|Capture' "$OUT/attn-init-oom-dflash-0.999.log" | head -12
 else
   case_run model-path-missing 120 $(base /models/no-such-model /models/tiny-dflash 8)
   case_run drafter-path-missing 200 $(base /models/tiny-qwen3 /models/no-such-drafter 8)
