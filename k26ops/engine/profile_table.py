@@ -4,7 +4,8 @@ flags extra_args may not repeat (MANAGED) are all made. A new engine flag is one
 its test (tests/engine/test_profile_table.py); docs/reference/profile.md is printed from the table.
 
 Cross-field rules (DDTree needs page_size 1, a block size, ...) are not here: they are
-release.launch_rules', checked on the command line this table makes.
+release.launch_rules', checked on the command line this table makes (and on a recipe's
+engine_profile when the recipe is read).
 """
 
 from __future__ import annotations
