@@ -7,7 +7,7 @@
 # CASES=oom: instead, the engine running out of GPU memory while it initialises its
 # attention backend (issue 46: no public log of that phase had the whole traceback): a
 # plain tiny Qwen3, the flashinfer backend, and --mem-fraction-static so high that the KV
-# pool leaves less than the backend's workspace (512 MiB for Qwen3) free; two fractions,
+# pool leaves less than the backend's workspace (512 MiB for Qwen3) free; FRACS fractions,
 # in case one leaves room enough (the log names the phase either way).
 # Carry what bench/device/h200_serve.sh carries.
 set -uo pipefail
@@ -52,7 +52,7 @@ plain_flashinfer() {  # $1 --mem-fraction-static
        --mem-fraction-static "$1"
 }
 if [ "${CASES:-refusals}" = oom ]; then
-  for frac in 0.996 0.999; do
+  for frac in ${FRACS:-0.999 0.996}; do
     case_run "attn-init-oom-$frac" 240 $(plain_flashinfer "$frac")
     grep -n -i -E 'memory pool end|out of memory|init_attention|flashinfer_backend|Capture' "$OUT/attn-init-oom-$frac.log" | head -12
   done
