@@ -315,10 +315,17 @@ def _sxid_severity(e: XidEvent, sev: re.Match) -> None:
     )
 
 
+# The driver's own lines whatever prefix a paste kept: its asserts (`NVRM: GPU0 nvAssertFailedNoLog`,
+# seen without `NVRM:` once prefixes are stripped) and the other NVIDIA kernel modules' messages
+# (`nvidia-peermem nv_get_p2p_free_callback:127 ERROR ...` beside an Xid 109).
+_DRIVER_LINE = re.compile(r"NVRM|\bnvAssert\w*Failed|\bnvidia-(?:peermem|uvm|modeset|nvlink|drm|fs)\b")
+
+
 def reports_gpu(line: str) -> bool:
-    """Whether a line is one of the GPU's own reports this parser reads (an NVRM line, an NVSwitch SXid,
-    nvidia-smi failing to open a GPU): a fault's evidence, never an engine's error that it caused."""
-    return "NVRM" in line or bool(SXID_LINE.search(line)) or bool(SMI_HANDLE.search(line))
+    """Whether a line is one of the GPU's or its driver's own reports (an NVRM line or another NVIDIA
+    kernel module's, an NVSwitch SXid, nvidia-smi failing to open a GPU): a fault's evidence, never
+    an engine's error that it caused."""
+    return bool(_DRIVER_LINE.search(line)) or bool(SXID_LINE.search(line)) or bool(SMI_HANDLE.search(line))
 
 
 def label(event: dict) -> str:

@@ -997,3 +997,12 @@ def test_a_stop_lasts_until_the_next_start():
     assert not classify(stop).error_found
     d = classify(stop + again)
     assert d.signature == "process-killed" and d.line == 4
+
+
+@pytest.mark.parametrize("name", ["gsp_heartbeat_timeout_journal.log", "kernel_xid13_109_dmesg.log"])
+def test_a_driver_line_is_no_engine_error_the_fault_caused(name):
+    """The driver's own lines (an `nvAssertFailedNoLog` assert, shown without its `NVRM:` once prefixes
+    are stripped; nvidia-peermem's ERROR beside an Xid 109) are the fault's, not a symptom in the engine."""
+    d = classify_file(LOGS / name)
+    assert d.signature == "gpu-hardware-fault"
+    assert "symptom" not in d.detail and "engine's own error" not in d.suggestion, d.detail
