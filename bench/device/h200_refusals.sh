@@ -56,6 +56,7 @@ if [ "${CASES:-refusals}" = oom ]; then
     case_run "attn-init-oom-$frac" 240 $(plain_flashinfer "$frac")
     grep -n -i -E 'memory pool end|out of memory|init_attention|flashinfer_backend|Capture' "$OUT/attn-init-oom-$frac.log" | head -12
   done
+  [ "${DFLASH:-1}" = 1 ] || { el done; exit 0; }
   # the same with the recipe's DFLASH drafter (its worker has an attention backend of its own); argparse's last wins
   case_run attn-init-oom-dflash-0.999 240 $(base /models/tiny-qwen3 /models/tiny-dflash 8) \
     --attention-backend flashinfer --mem-fraction-static 0.999
