@@ -112,24 +112,10 @@ class BenchLab:
         return path
 
     def ssh(self, name: str, command: str, check: bool = True, timeout: float = 120) -> str:
+        from k26ops.lab.access import ssh_argv
+
         res = subprocess.run(
-            [
-                "ssh",
-                "-i",
-                str(self.dir / "id_ed25519"),
-                "-o",
-                f"UserKnownHostsFile={self.dir / 'known_hosts'}",
-                "-o",
-                "StrictHostKeyChecking=yes",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "ConnectTimeout=10",
-                "-p",
-                str(self.port(name)),
-                "root@127.0.0.1",
-                command,
-            ],
+            ssh_argv(self.dir, self.port(name), command),
             capture_output=True,
             text=True,
             timeout=timeout,

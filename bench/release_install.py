@@ -58,21 +58,14 @@ def lock_lines(text: str) -> list[str]:
 
 def push(b, host: str, src: Path, dest: str) -> None:
     """tar over ssh (setup, not timed)."""
-    ssh = [
-        "ssh",
-        "-i",
-        str(b.dir / "id_ed25519"),
-        "-o",
-        f"UserKnownHostsFile={b.dir / 'known_hosts'}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-p",
-        str(b.port(host)),
-        "root@127.0.0.1",
+    from k26ops.lab.access import ssh_argv
+
+    ssh = ssh_argv(
+        b.dir,
+        b.port(host),
         f"mkdir -p {shlex.quote(dest)} && tar -C {shlex.quote(dest)} -xf -",
-    ]
+        connect_timeout=None,
+    )
     tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
     subprocess.run(ssh, stdin=tar.stdout, check=True)
     tar.wait()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from k26ops.lab.access import ssh_argv
 from labtools import REPO
 
 
@@ -16,23 +17,7 @@ def lab_ssh(
 ) -> subprocess.CompletedProcess:
     """OpenSSH with the lab's key and known_hosts (or `known_hosts`), strict host key checking."""
     return subprocess.run(
-        [
-            "ssh",
-            "-i",
-            str(lab_dir / "id_ed25519"),
-            "-o",
-            f"UserKnownHostsFile={known_hosts or lab_dir / 'known_hosts'}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=10",
-            "-p",
-            str(port),
-            f"{user}@127.0.0.1",
-            command,
-        ],
+        ssh_argv(lab_dir, port, command, user=user, known_hosts=known_hosts),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import click
 from rich.console import Console
 from rich.table import Table
@@ -9,6 +11,7 @@ from rich.table import Table
 from k26ops.cli import jsonout, tables
 from k26ops.cli.context import default_lab_dir, remember_lab_dir
 from k26ops.lab import DEFAULT_BASE_PORT
+from k26ops.lab.access import ssh_argv
 
 
 def _lab(ctx, directory):
@@ -73,10 +76,7 @@ def up(ctx, count, directory, base_port, raise_limits, deployed):
         return
     click.echo(f"lab up: {len(hosts)} hosts ({', '.join(h.name for h in hosts)})")
     click.echo(f"inventory: {lab.inventory_file}")
-    click.echo(
-        f"ssh: ssh -i {lab.dir}/id_ed25519 -o UserKnownHostsFile={lab.dir}/known_hosts "
-        f"-o StrictHostKeyChecking=yes -p {hosts[0].port} root@127.0.0.1"
-    )
+    click.echo(f"ssh: {shlex.join(ssh_argv(lab.dir, hosts[0].port, batch=False, connect_timeout=None))}")
 
 
 @group.command()
