@@ -19,10 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_inventory_bounds import BOMB, alias_values, big_inventory, many_hosts  # noqa: E402
-
 from k26ops.errors import UserError  # noqa: E402
 from k26ops.inventory import load  # noqa: E402
+from labtools.inventories import BOMB, alias_values, big_inventory, many_hosts  # noqa: E402
 
 
 def timed(fn, reps: int) -> list[float]:
