@@ -27,18 +27,18 @@ import importlib.metadata
 import json
 import os
 import random
-import secrets
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import common
 import yaml
+
+sys.path.insert(0, str(common.REPO / "tests"))
+from labtools.labs import sglang_router  # noqa: E402  (the real router on loopback, as the tests run it)
 
 RATE = float(os.environ.get("K26BENCH_RATE", "22"))  # requests per second, all kinds
 LONG_EVERY = 10  # one request in ten is a long stream
@@ -47,68 +47,6 @@ LONG_TOKENS = 210  # 21 s at 10 tokens/s
 SHORT_TOKENS = 4
 LOAD_S = float(os.environ.get("K26BENCH_LOAD_S", "10"))
 TAIL_S = 5.0  # traffic goes on this long after the deploy ends
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Router:
-    """The real sglang-router on loopback, with an admin key for its worker API."""
-
-    def __init__(self, workdir: Path):
-        self.port, self.metrics_port = free_port(), free_port()
-        self.key = secrets.token_hex(16)
-        self.log = open(workdir / "router.log", "w")
-        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")  # loopback only
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sglang_router.launch_router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                str(self.metrics_port),
-                "--control-plane-api-keys",
-                f"bench:bench:admin:{self.key}",
-                "--log-level",
-                "warn",
-                "--policy",
-                "round_robin",
-            ],  # every host gets traffic (cache_aware sends one prompt to one worker)
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30:
-            try:
-                if get(self.port, "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("sglang-router did not answer /health in 30 s")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 def get(port: int, path: str, key: str | None = None, timeout: float = 5.0) -> tuple[int, object]:
@@ -128,7 +66,7 @@ def get(port: int, path: str, key: str | None = None, timeout: float = 5.0) -> t
 class Watcher(threading.Thread):
     """GET /workers every 0.25 s: windows (and seconds) with zero healthy workers."""
 
-    def __init__(self, router: Router):
+    def __init__(self, router: SimpleNamespace):
         super().__init__(daemon=True)
         self.router, self.stop_ev = router, threading.Event()
         self.windows, self.zero_s, self.samples, self.min_healthy = 0, 0.0, 0, None
@@ -158,7 +96,7 @@ class Watcher(threading.Thread):
 class Traffic:
     """Steady open-loop traffic through the gateway; every request counted."""
 
-    def __init__(self, router: Router, rate: float):
+    def __init__(self, router: SimpleNamespace, rate: float):
         self.router, self.rate = router, rate
         self.lock = threading.Lock()
         self.ok = self.failed = self.long_ok = self.long_failed = 0
@@ -234,7 +172,7 @@ class Traffic:
         return self.ok + self.failed
 
 
-def inventory(b: common.BenchLab, name: str, router: Router | None, recipe: str | None) -> Path:
+def inventory(b: common.BenchLab, name: str, router: SimpleNamespace | None, recipe: str | None) -> Path:
     inv = yaml.safe_load(b.inventory.read_text())
     v = inv.setdefault("vars", {})
     v["engine_env"] = {"K26OPS_STANDIN_DECODE_TOKS": str(DECODE_TOKS), "K26OPS_STANDIN_LOAD_SECONDS": str(LOAD_S)}
@@ -250,7 +188,7 @@ def inventory(b: common.BenchLab, name: str, router: Router | None, recipe: str 
     return path
 
 
-def register_all(b: common.BenchLab, router: Router) -> None:
+def register_all(b: common.BenchLab, router: SimpleNamespace) -> None:
     """Every engine registered with the gateway (POST /workers) and healthy there."""
     from k26ops.traffic.gateway import Gateway
 
@@ -265,8 +203,9 @@ def register_all(b: common.BenchLab, router: Router) -> None:
 
 def run_mode(b: common.BenchLab, mode: str, recipe_new: str, recipe_old: str | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"zd-{mode}-", dir=b.dir))
-    router = Router(work)
-    try:
+    # round_robin: every host gets traffic (cache_aware sends one prompt to one worker)
+    with sglang_router(work, "--policy", "round_robin") as started:
+        router = SimpleNamespace(**started)  # url, port, key, log
         drain = mode == "drain"
         env = {"K26OPS_INVENTORY": str(b.inventory), "K26OPS_LAB_DIR": str(b.dir)}
         # converge on the old release with the same settings (no traffic yet), then register every engine
@@ -317,8 +256,6 @@ def run_mode(b: common.BenchLab, mode: str, recipe_new: str, recipe_old: str | N
             "deploy_exit": proc.returncode,
             "deploy_error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [""])[-1][:300],
         }
-    finally:
-        router.stop()
 
 
 def recipes(d: Path) -> tuple[str, str]:
