@@ -138,7 +138,8 @@ class Settings:
             if key:
                 self.loaded.clear()
                 self.loaded[key] = inv
-        secret_policy.use(inv.secret_policy)  # a cached one's too
+        else:
+            secret_policy.use(inv.secret_policy)  # as load_inventory does for a fresh one
         for w in getattr(inv, "warnings", []):
             if w not in self.said:
                 self.said.add(w)

@@ -102,12 +102,16 @@ def _script_end_echoes(lines: list[Line]) -> list[int]:
     """vLLM's offline client saying its engine 'died unexpectedly' after the log's last progress bar
     showed every prompt processed: the script's end, not a crash (vllm-project/vllm-ascend#5699,
     vllm#32468). Before the last prompt finished it stays an error; an error of its own stays one."""
-    bars = [
-        (k, found[-1]) for k, line in enumerate(lines) if (found := list(chains.OFFLINE_PROGRESS.finditer(line.text)))
-    ]
-    if not bars:
+    last, m = next(
+        (
+            (k, found[-1])  # a pasted tqdm line may hold several states: its last is where the bar stopped
+            for k in range(len(lines) - 1, -1, -1)
+            if (found := list(chains.OFFLINE_PROGRESS.finditer(lines[k].text)))
+        ),
+        (-1, None),
+    )
+    if m is None:
         return []
-    last, m = bars[-1]  # a pasted tqdm line may hold several states: its last is where the bar stopped
     if m.group("what") != "Processed prompts" or m.group("n") != m.group("total") or m.group("n") == "0":
         return []
     return [k for k in range(last + 1, len(lines)) if chains.ENGINE_GONE.search(lines[k].text)]
@@ -429,8 +433,9 @@ def _also(pick: X.XidEvent, hardware: list[X.XidEvent]) -> str:
     Xid 79, then fatal SXid 20034 on five NVSwitch links): one entry per kind and device, its links
     listed; repeats of the named one's kind on its device left out."""
     groups: dict[tuple[str, str], list[int]] = {}
+    named = _where(pick)
     for e in hardware:
-        if e.label == pick.label and _where(e) == _where(pick) and e.link == pick.link:
+        if e.label == pick.label and _where(e) == named and e.link == pick.link:
             continue  # the named fault, or its repeats
         name = f" {X.SXID_TABLE[e.xid][0]}" if e.source == "sxid" and e.xid in X.SXID_TABLE else ""
         links = groups.setdefault((f"{e.label}{name}", _where(e)), [])
