@@ -39,6 +39,7 @@ import yaml
 
 sys.path.insert(0, str(common.REPO / "tests"))
 from labtools.labs import sglang_router  # noqa: E402  (the real router on loopback, as the tests run it)
+from labtools.recipes import recipe_with_extra_patch  # noqa: E402
 
 RATE = float(os.environ.get("K26BENCH_RATE", "22"))  # requests per second, all kinds
 LONG_EVERY = 10  # one request in ten is a long stream
@@ -259,45 +260,10 @@ def run_mode(b: common.BenchLab, mode: str, recipe_new: str, recipe_old: str | N
 
 
 def recipes(d: Path) -> tuple[str, str]:
-    """(the lab recipe, a copy of it whose series adds one harmless line to the lab marker
-    module: a second release of the same engine)."""
-    from k26ops.release import recipe
-
-    src = recipe.load("lab")
-    series_dir = src.series.parent
-    lines = [ln for ln in src.series.read_text().splitlines()]
-    out = d / "release2"
-    out.mkdir()
-    extra = out / "bench-second-release.patch"
-    marker = "sglang/srt/speculative/ddtree_lab_fixture.py"
-    extra.write_text(
-        f"k26ops bench: a second lab release\n\nBase: {src.base} (k26ops lab fixture)\n\n"
-        f"--- a/{marker}\n+++ b/{marker}\n@@ -1,2 +1,3 @@\n"
-        ' """k26ops LAB fixture: marks the lab DDTree source; no DDTree code here."""\n'
-        " PATCHED_BY_LAB_SERIES = True  # k26ops LAB fixture patch: every lab release has one "
-        "patched file\n+# bench/zero_downtime.py: second release\n"
-    )
-    series = []
-    for ln in lines:
-        word = ln.split("#", 1)[0].strip()
-        if word and not ln.lstrip().startswith("#"):
-            name, *rest = word.split()
-            ln = " ".join([str((series_dir / name).resolve()), *rest])
-        series.append(ln)
-    series.append(str(extra))
-    (out / "series").write_text("\n".join(series) + "\n")
-    doc = yaml.safe_load(Path(src.source).read_text())
-    lock = Path(src.source).with_suffix(".lock")
-    (out / lock.name).write_bytes(lock.read_bytes())
-    doc["engine"]["lock"] = lock.name
-    doc["patches"]["series"] = str(out / "series")
-    for key in ("model_config", "draft_config"):  # rehearsal configs beside the recipe
-        rel = (doc.get("rehearsal") or {}).get(key)
-        if rel:
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            (out / rel).write_bytes((Path(src.source).parent / rel).read_bytes())
-    (out / "lab-second.yml").write_text(yaml.safe_dump(doc))
-    return "lab", str(out / "lab-second.yml")
+    """(the lab recipe, a copy of it with one harmless patch more: a second release of the same
+    engine), made as the tests make it (labtools.recipes: the lock, rehearsal configs and model
+    manifest copied beside it)."""
+    return "lab", str(recipe_with_extra_patch(d / "release2", "bench-second-release"))
 
 
 def main() -> int:
